@@ -1,0 +1,75 @@
+// FeatureBuffer: one sequence's encoded feature rows at contiguous absolute
+// positions [head(), end()), kept in a ring so that dropping head rows is O(1)
+// and no erase ever runs on the per-round hot path (the anchor erased from the
+// front of a vector every TRIM_CHUNK rows: a memmove of the whole window).
+//
+// Invariants:
+//  * rows are contiguous in position: the row of position p (head <= p < end)
+//    lives in slot (head_slot + (p - head)) % capacity;
+//  * capacity only grows (re-linearising the ring), and only when asked to
+//    make room for more rows than it has free slots.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace dspark {
+
+class FeatureBuffer {
+public:
+    // A writable run of free slots for rows about to be appended.
+    struct Span {
+        std::uint8_t* data = nullptr;
+        std::size_t rows = 0;
+    };
+
+    FeatureBuffer() = default;
+    explicit FeatureBuffer(std::size_t row_bytes) : row_bytes_(row_bytes) {}
+
+    std::size_t row_bytes() const noexcept { return row_bytes_; }
+    std::int64_t head() const noexcept { return head_pos_; }
+    std::int64_t end() const noexcept { return head_pos_ + static_cast<std::int64_t>(count_); }
+    std::size_t size() const noexcept { return count_; }
+    std::size_t capacity() const noexcept { return cap_; }
+    std::size_t bytes_allocated() const noexcept { return data_.size(); }
+
+    // Forget every row; the next row appended is at position `pos`. Keeps the
+    // allocation (a server reuses its slots).
+    void reset(std::int64_t pos) noexcept;
+    // Release the allocation too.
+    void release() noexcept;
+
+    const std::uint8_t* row(std::int64_t pos) const noexcept { return data_.data() + slot(pos) * row_bytes_; }
+
+    // Ensure n more rows fit without dropping any: grows to at least
+    // size() + n rows, doubling (at least `min_rows`) but not past `max_rows`
+    // unless size() + n needs more.
+    void reserve_back(std::size_t n, std::size_t min_rows = 64, std::size_t max_rows = SIZE_MAX);
+    // Up to two spans covering the next n free slots (call reserve_back first).
+    void back_spans(std::size_t n, Span& first, Span& second) noexcept;
+    // The n rows written into back_spans(n) become part of the buffer.
+    void commit_back(std::size_t n) noexcept { count_ += n; }
+
+    // Drop rows below new_head (clamped to [head, end]).
+    void drop_front(std::int64_t new_head) noexcept;
+    // Drop rows at and above new_end (clamped to [head, end]).
+    void drop_back(std::int64_t new_end) noexcept;
+
+    // Copy rows [from, to) (inside [head, end)) to dst, contiguous, oldest first.
+    void copy_out(std::int64_t from, std::int64_t to, std::uint8_t* dst) const noexcept;
+
+private:
+    std::size_t slot(std::int64_t pos) const noexcept {
+        std::size_t s = head_slot_ + static_cast<std::size_t>(pos - head_pos_);
+        return s >= cap_ ? s - cap_ : s;
+    }
+
+    std::size_t row_bytes_ = 0;
+    std::vector<std::uint8_t> data_;  // cap_ * row_bytes_
+    std::size_t cap_ = 0;             // rows
+    std::size_t head_slot_ = 0;
+    std::int64_t head_pos_ = 0;
+    std::size_t count_ = 0;
+};
+
+}  // namespace dspark

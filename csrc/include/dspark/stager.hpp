@@ -1,0 +1,174 @@
+// Stager: the per-sequence staging state machine of DESIGN.md section 2.
+//
+// The pure-Python twin (src/dspark_core/reference.py) spells out the same
+// rules; this implementation must match it op for op (the hypothesis state
+// machine in tests/ checks plans, rows, exceptions and state after every
+// call). Differences are physical only: rows live in a ring (FeatureBuffer),
+// rows below the horizon are dropped lazily in TRIM_CHUNK chunks, and a long
+// prefill never holds more than the rows a later round can stage.
+//
+// Thread safety: every public method takes the Stager's mutex, so calls from
+// several threads are safe (the Python binding releases the GIL around them).
+// Every rejected call throws before it changes any state.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "dspark/feature_buffer.hpp"
+#include "dspark/row_format.hpp"
+
+namespace dspark {
+
+// Head rows below the horizon are dropped once this many have piled up.
+inline constexpr std::int64_t TRIM_CHUNK = 512;
+// Positions stay below this so that pos + block never overflows.
+inline constexpr std::int64_t MAX_POSITION = std::int64_t(1) << 62;
+
+struct StagerOptions {
+    std::int64_t feature_dim = 0;
+    std::int64_t block_size = 0;
+    std::int64_t window = 0;
+    std::int64_t max_seqs = 1;
+    Storage storage = Storage::F32;
+    std::int64_t max_failures = 3;
+    NonFinite nonfinite = NonFinite::Error;
+};
+
+// Why draft() staged nothing, in the order the reasons are checked.
+enum class Skip : std::uint8_t { None = 0, Disabled = 1, Empty = 2, NoContext = 3, MissingRows = 4 };
+
+enum class FailStage : std::uint8_t { Decode = 0, Crop = 1 };
+
+// One sequence's round, as planned by draft(). Context rows are the absolute
+// positions [first_row, start), staged at drafter positions
+// [first_row - pos_base, start - pos_base); the block follows at
+// [start - pos_base, start - pos_base + B); crop_from == start - pos_base.
+struct RoundPlan {
+    std::int64_t seq = 0;
+    Skip skip = Skip::None;
+    bool rebase = false;
+    bool clear_cache = false;
+    std::int64_t start = 0;
+    std::int64_t pos_base = -1;
+    std::int64_t first_row = 0;
+    std::int64_t n_rows = 0;
+    std::int64_t crop_from = -1;
+};
+
+// Protocol state of one sequence (the reference's state() dict).
+struct SeqState {
+    bool started = false;
+    std::int64_t end = 0;
+    std::int64_t horizon = 0;
+    std::int64_t n_cache = 0;
+    std::int64_t pos_base = 0;
+    std::int64_t n_retained = 0;
+    std::int64_t n_pending = 0;
+    bool open_round = false;
+    std::int64_t consecutive_failures = 0;
+    bool disabled = false;
+    bool restage_owed = false;
+    bool first_round = true;
+    std::int64_t tentative_rows = 0;
+};
+
+// Counters since the sequence's last begin().
+struct SeqStats {
+    std::int64_t rounds = 0, commits = 0, failures = 0, rebases = 0;
+    std::int64_t staged_rows = 0, restaged_rows = 0, skips = 0;
+    std::int64_t trims = 0, trimmed_rows = 0;
+    std::int64_t rows = 0, peak_rows = 0, bytes = 0, peak_bytes = 0;
+};
+
+class Stager {
+public:
+    // Throws ConfigError for an unusable configuration (window <= 2 * block, ...).
+    explicit Stager(const StagerOptions& options);
+
+    const StagerOptions& options() const noexcept { return opt_; }
+    std::int64_t w_keep() const noexcept { return w_keep_; }
+    std::size_t row_bytes() const noexcept { return row_bytes_; }
+
+    // Throws unless `seq` exists (std::invalid_argument) and has no open round
+    // (StateError): the checks every call but commit/fail starts with.
+    void check_ready(std::int64_t seq) const;
+    // Throws unless `seq` exists and has an open round.
+    void check_open(std::int64_t seq) const;
+
+    void begin(std::int64_t seq);
+    // n rows at positions[0..n) of element type `type`, contiguous rows of
+    // feature_dim elements.
+    void process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows,
+                 ElemType type);
+    // n rows already in storage format (n * row_bytes bytes).
+    void process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n,
+                         const std::uint8_t* data, std::size_t nbytes);
+    // Plans a round and appends its rows (storage format) to `rows_out`.
+    RoundPlan draft(std::int64_t seq, std::int64_t n_past, std::vector<std::uint8_t>& rows_out);
+    // One plan per sequence; rows of all of them appended to `rows_out` in order.
+    void draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
+                    std::vector<RoundPlan>& plans, std::vector<std::uint8_t>& rows_out);
+    void commit(std::int64_t seq);
+    // Returns true when this failure disabled the sequence (log it once).
+    bool fail(std::int64_t seq, FailStage stage);
+    void accept(std::int64_t seq, std::int64_t n_accepted);
+
+    void rollback(std::int64_t seq, std::int64_t n_past);
+    void shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard);
+    void fork(std::int64_t src, std::int64_t dst);
+    std::vector<std::uint8_t> snapshot(std::int64_t seq) const;
+    void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes);
+
+    SeqState state(std::int64_t seq) const;
+    SeqStats stats(std::int64_t seq) const;
+
+private:
+    struct Seq {
+        bool started = false;
+        std::int64_t end = 0;       // next expected position
+        std::int64_t horizon = 0;   // oldest stageable position
+        std::int64_t n_cache = 0;   // drafter cache holds [pos_base, n_cache)
+        std::int64_t pos_base = 0;
+        bool restage_owed = false;
+        bool first_round = true;
+        bool disabled = false;
+        std::int64_t failures = 0;
+        bool accept_open = false;   // rows since the last draft may be dropped by accept
+        std::int64_t tentative = 0;
+        bool open = false;
+        std::int64_t open_start = 0, open_base = 0;
+        FeatureBuffer buf;
+        SeqStats stats;
+    };
+
+    Seq& get(std::int64_t seq);
+    const Seq& get(std::int64_t seq) const;
+    Seq& ready(std::int64_t seq);
+    Seq& opened(std::int64_t seq);
+
+    std::int64_t firm_end(const Seq& s) const noexcept;
+    std::int64_t horizon_after(const Seq& s) const noexcept;
+    void advance_horizon(Seq& s) noexcept;
+    static void note_size(Seq& s) noexcept;
+    void fresh_seq(Seq& s) const;
+
+    template <class Encode>
+    void ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, std::size_t n,
+                Encode&& encode, bool fallible);
+    void validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
+                            std::size_t n) const;
+    RoundPlan plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, std::vector<std::uint8_t>& out);
+
+    StagerOptions opt_;
+    std::int64_t w_keep_;
+    std::size_t row_bytes_;
+    std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
+    std::vector<Seq> seqs_;
+    mutable std::mutex mu_;
+};
+
+const char* skip_name(Skip s) noexcept;
+
+}  // namespace dspark

@@ -1,0 +1,543 @@
+#include "dspark/stager.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "dspark/errors.hpp"
+
+namespace dspark {
+
+namespace {
+
+// The first allocation of a sequence's ring: enough for a few rounds; it
+// grows (doubling) up to W + TRIM_CHUNK + B + 1 rows as context arrives.
+constexpr std::size_t FIRST_ALLOCATION_ROWS = 64;
+
+std::string seq_msg(std::int64_t seq) { return "sequence " + std::to_string(seq); }
+
+void require_count(const char* name, std::int64_t v) {
+    if (v < 0 || v >= MAX_POSITION)
+        throw std::invalid_argument(std::string(name) + " must be in [0, 2**62), got " + std::to_string(v));
+}
+
+}  // namespace
+
+const char* skip_name(Skip s) noexcept {
+    switch (s) {
+        case Skip::Disabled: return "disabled";
+        case Skip::Empty: return "empty";
+        case Skip::NoContext: return "no_context";
+        case Skip::MissingRows: return "missing_rows";
+        default: return "";
+    }
+}
+
+Stager::Stager(const StagerOptions& o) : opt_(o) {
+    if (o.feature_dim < 1) throw ConfigError("feature_dim must be >= 1, got " + std::to_string(o.feature_dim));
+    if (o.block_size < 1) throw ConfigError("block_size must be >= 1, got " + std::to_string(o.block_size));
+    if (o.window < 1) throw ConfigError("window must be >= 1, got " + std::to_string(o.window));
+    if (o.max_seqs < 1) throw ConfigError("max_seqs must be >= 1, got " + std::to_string(o.max_seqs));
+    if (o.max_failures < 1) throw ConfigError("max_failures must be >= 1, got " + std::to_string(o.max_failures));
+    // A rebase keeps W / 2 rows and must still fit a block: W > 2B (never an abort).
+    if (o.window <= 2 * o.block_size)
+        throw ConfigError("window (" + std::to_string(o.window) + ") must be greater than 2 * block_size (2 * " +
+                          std::to_string(o.block_size) + " = " + std::to_string(2 * o.block_size) + ")");
+    if (o.window >= MAX_POSITION) throw ConfigError("window is too large");
+    row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));  // ConfigError for q + D % 32
+    w_keep_ = std::min(o.window / 2, o.window - o.block_size);
+    max_rows_ = static_cast<std::size_t>(o.window + TRIM_CHUNK + o.block_size + 1);
+    seqs_.resize(static_cast<std::size_t>(o.max_seqs));
+    for (auto& s : seqs_) fresh_seq(s);
+}
+
+void Stager::fresh_seq(Seq& s) const {
+    FeatureBuffer buf = std::move(s.buf);
+    s = Seq{};
+    s.buf = std::move(buf);
+    if (s.buf.row_bytes() != row_bytes_) s.buf = FeatureBuffer(row_bytes_);
+    s.buf.reset(0);
+    note_size(s);
+}
+
+// -- lookups -----------------------------------------------------------------
+
+const Stager::Seq& Stager::get(std::int64_t seq) const {
+    if (seq < 0 || seq >= opt_.max_seqs)
+        throw std::invalid_argument("unknown sequence " + std::to_string(seq) + " (this Stager has sequences 0.." +
+                                    std::to_string(opt_.max_seqs - 1) + ")");
+    return seqs_[static_cast<std::size_t>(seq)];
+}
+Stager::Seq& Stager::get(std::int64_t seq) { return const_cast<Seq&>(static_cast<const Stager*>(this)->get(seq)); }
+
+Stager::Seq& Stager::ready(std::int64_t seq) {
+    Seq& s = get(seq);
+    if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
+    return s;
+}
+
+Stager::Seq& Stager::opened(std::int64_t seq) {
+    Seq& s = get(seq);
+    if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
+    return s;
+}
+
+void Stager::check_ready(std::int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = get(seq);
+    if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
+}
+
+void Stager::check_open(std::int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = get(seq);
+    if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
+}
+
+// -- the horizon ---------------------------------------------------------------
+// See reference.py: with f the smallest end an accept can leave, a later round
+// at start >= f needs rows >= start - K if it rebases, rows >= n_cache if not;
+// it must rebase when owed or when f - pos_base + B > W.
+
+std::int64_t Stager::firm_end(const Seq& s) const noexcept {
+    return (s.accept_open && s.tentative > 0) ? s.end - s.tentative + 1 : s.end;
+}
+
+std::int64_t Stager::horizon_after(const Seq& s) const noexcept {
+    const std::int64_t f = firm_end(s);
+    const bool forced = s.restage_owed || f - s.pos_base + opt_.block_size > opt_.window;
+    const std::int64_t need = forced ? f - w_keep_ : std::min(s.n_cache, f - w_keep_);
+    return std::max(s.horizon, need);
+}
+
+void Stager::note_size(Seq& s) noexcept {
+    s.stats.rows = static_cast<std::int64_t>(s.buf.size());
+    s.stats.bytes = static_cast<std::int64_t>(s.buf.bytes_allocated());
+    s.stats.peak_rows = std::max(s.stats.peak_rows, s.stats.rows);
+    s.stats.peak_bytes = std::max(s.stats.peak_bytes, s.stats.bytes);
+}
+
+void Stager::advance_horizon(Seq& s) noexcept {
+    if (s.started) s.horizon = horizon_after(s);
+    // Lazy trim: dead head rows go once a chunk of them has piled up. With the
+    // ring this is O(1); the chunking bounds memory at W + TRIM_CHUNK + B + 1.
+    const std::int64_t dead = s.horizon - s.buf.head();
+    if (s.started && dead >= TRIM_CHUNK) {
+        s.buf.drop_front(s.horizon);
+        s.stats.trims += 1;
+        s.stats.trimmed_rows += dead;
+    }
+    note_size(s);
+}
+
+// -- ingest -------------------------------------------------------------------
+
+void Stager::validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* pos, std::size_t n) const {
+    for (std::size_t i = 0; i < n; ++i)
+        if (pos[i] < 0 || pos[i] >= MAX_POSITION)
+            throw std::invalid_argument("position " + std::to_string(pos[i]) + " is out of range [0, 2**62)");
+    for (std::size_t i = 1; i < n; ++i)
+        if (pos[i] != pos[i - 1] + 1)
+            throw std::invalid_argument(seq_msg(seq_id) + ": positions must be contiguous (+1 each row)");
+    if (n && s.started && pos[0] != s.end)
+        throw std::invalid_argument(seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) +
+                                    ", got " + std::to_string(pos[0]));
+}
+
+// encode(first_row, n_rows, dst) converts input rows [first_row, first_row +
+// n_rows) into dst and returns the index (relative to first_row) of the first
+// row holding a non-finite value, or -1. check(first_row, n_rows) only checks.
+// Atomic: nothing observable changes unless every row is accepted.
+template <class Encode>
+void Stager::ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, std::size_t n, Encode&& encode,
+                    bool fallible) {
+    if (n == 0) return;
+    const std::int64_t p0 = positions[0];
+    auto reject = [&](std::int64_t row) {
+        throw std::invalid_argument(seq_msg(seq_id) + ": row " + std::to_string(row) + " (position " +
+                                    std::to_string(p0 + row) + ") holds a non-finite value; nothing was appended");
+    };
+
+    // The state after a successful append, to know which input rows survive.
+    Seq after_meta;
+    after_meta.started = true;
+    after_meta.end = p0 + static_cast<std::int64_t>(n);
+    after_meta.horizon = s.started ? s.horizon : p0;
+    after_meta.n_cache = s.started ? s.n_cache : p0;
+    after_meta.pos_base = s.started ? s.pos_base : p0;
+    after_meta.restage_owed = s.restage_owed;
+    after_meta.accept_open = s.accept_open;
+    after_meta.tentative = s.tentative;
+    if (after_meta.accept_open) {
+        after_meta.tentative += static_cast<std::int64_t>(n);
+        if (after_meta.tentative > opt_.block_size + 1) after_meta.accept_open = false, after_meta.tentative = 0;
+    }
+    const std::int64_t h_new = horizon_after(after_meta);
+    // Input rows below the new horizon are never stored (bounded ingest).
+    const std::size_t skip = static_cast<std::size_t>(std::clamp<std::int64_t>(h_new - p0, 0, std::int64_t(n)));
+    const std::size_t keep = n - skip;
+    const std::int64_t old_live_from = s.started ? std::max(s.horizon, s.buf.head()) : p0;
+    const std::size_t old_live = s.started ? static_cast<std::size_t>(s.end - old_live_from) : 0;
+
+    // Fused check-and-convert straight into free ring slots when the rows that
+    // are still stageable now fit beside the new ones (every round). Otherwise
+    // (a prefill chunk longer than the window) check the whole input first:
+    // then nothing can fail and the old rows can go before converting.
+    const bool fused = fallible && skip == 0 && old_live + keep <= max_rows_;
+    if (fallible && !fused) {
+        const std::int64_t bad = encode(0, n, nullptr);
+        if (bad >= 0) reject(bad);
+    }
+    if (s.started) {
+        if (!fused) {
+            s.buf.drop_front(std::min(h_new, s.end));  // cannot fail any more
+        } else if (s.buf.size() + keep > s.buf.capacity()) {
+            s.buf.drop_front(old_live_from);  // rows below the old horizon: invisible
+        }
+    }
+    if (!s.started || s.buf.size() == 0) s.buf.reset(p0 + static_cast<std::int64_t>(skip));
+    if (keep) {
+        s.buf.reserve_back(keep, FIRST_ALLOCATION_ROWS, max_rows_);
+        FeatureBuffer::Span a, b;
+        s.buf.back_spans(keep, a, b);
+        std::int64_t bad = encode(skip, a.rows, a.data);
+        if (b.rows) {
+            const std::int64_t bad2 = encode(skip + a.rows, b.rows, b.data);
+            if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(a.rows) + bad2;
+        }
+        // Only free slots were written: rejecting here leaves every row as it was.
+        if (fused && bad >= 0) reject(bad);
+        s.buf.commit_back(keep);
+    }
+    // Success: publish the new state.
+    if (!s.started) {
+        s.started = true;
+        s.horizon = s.n_cache = s.pos_base = p0;
+    }
+    s.end = after_meta.end;
+    s.accept_open = after_meta.accept_open;
+    s.tentative = after_meta.tentative;
+    s.horizon = h_new;
+    advance_horizon(s);
+}
+
+void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    validate_positions(seq, s, positions, n);
+    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
+    const std::size_t in_row = dim * elem_bytes(type);
+    const auto* src = static_cast<const std::uint8_t*>(rows);
+    const bool fallible = opt_.nonfinite == NonFinite::Error;
+    auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
+        const std::uint8_t* from = src + first * in_row;
+        const std::int64_t bad = dst ? encode_rows(from, type, dst, opt_.storage, count, dim, opt_.nonfinite)
+                                     : find_nonfinite(from, type, count * dim);
+        return bad < 0 ? -1 : bad / static_cast<std::int64_t>(dim);
+    };
+    ingest(seq, s, positions, n, encode, fallible);
+}
+
+namespace {
+// First row (of n encoded rows) whose stored values are not all finite: the
+// element values for float storages, the block scales for q formats.
+std::int64_t first_nonfinite_encoded(const std::uint8_t* data, Storage st, std::size_t n, std::size_t dim,
+                                     std::size_t row_bytes) {
+    switch (st) {
+        case Storage::F32:
+        case Storage::F16:
+        case Storage::BF16: {
+            const ElemType t = st == Storage::F32 ? ElemType::F32 : st == Storage::F16 ? ElemType::F16 : ElemType::BF16;
+            const std::int64_t bad = find_nonfinite(data, t, n * dim);
+            return bad < 0 ? -1 : bad / static_cast<std::int64_t>(dim);
+        }
+        default: {
+            const std::size_t block = st == Storage::Q8_0 ? Q8_0_BLOCK_BYTES : Q4_0_BLOCK_BYTES;
+            for (std::size_t r = 0; r < n; ++r)
+                for (std::size_t off = 0; off < row_bytes; off += block) {
+                    std::uint16_t d;
+                    std::memcpy(&d, data + r * row_bytes + off, 2);
+                    if ((d & 0x7c00u) == 0x7c00u) return static_cast<std::int64_t>(r);  // fp16 inf / nan
+                }
+            return -1;
+        }
+    }
+}
+}  // namespace
+
+void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n, const std::uint8_t* data,
+                             std::size_t nbytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    if (nbytes != n * row_bytes_)
+        throw std::invalid_argument("encoded rows must be " + std::to_string(n) + " x " + std::to_string(row_bytes_) +
+                                    " bytes (" + storage_name(opt_.storage) + "), got " + std::to_string(nbytes));
+    validate_positions(seq, s, positions, n);
+    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
+    const bool fallible = opt_.nonfinite == NonFinite::Error;
+    auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
+        const std::uint8_t* from = data + first * row_bytes_;
+        if (dst) std::memcpy(dst, from, count * row_bytes_);
+        return fallible ? first_nonfinite_encoded(from, opt_.storage, count, dim, row_bytes_) : -1;
+    };
+    ingest(seq, s, positions, n, encode, fallible);
+}
+
+// -- rounds -------------------------------------------------------------------
+
+RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, std::vector<std::uint8_t>& out) {
+    RoundPlan p;
+    p.seq = seq_id;
+    p.start = start;
+    if (s.disabled) p.skip = Skip::Disabled;
+    else if (!s.started) p.skip = Skip::Empty;
+    else if (start <= s.n_cache) p.skip = Skip::NoContext;
+    else if (s.end != start) p.skip = Skip::MissingRows;
+    if (p.skip != Skip::None) {
+        s.stats.skips += 1;  // a skip changes no protocol state and opens no round
+        return p;
+    }
+    const bool rebase = s.restage_owed || start - s.pos_base + opt_.block_size > opt_.window;
+    std::int64_t base, lo;
+    if (rebase) {
+        const std::int64_t keep = std::min(start - s.horizon, w_keep_);
+        base = lo = start - keep;
+    } else {
+        base = s.pos_base;
+        lo = s.n_cache;
+    }
+    // Structurally guaranteed by the horizon rule; checked because a wrong
+    // answer here would stage garbage into the drafter.
+    if (lo < s.buf.head() || lo < s.horizon || start > s.buf.end())
+        throw std::logic_error("dspark internal error: staged rows are not buffered");
+    p.rebase = rebase;
+    p.clear_cache = rebase || s.first_round;
+    p.pos_base = base;
+    p.first_row = lo;
+    p.n_rows = start - lo;
+    p.crop_from = start - base;
+    const std::size_t at = out.size();
+    out.resize(at + static_cast<std::size_t>(p.n_rows) * row_bytes_);
+    s.buf.copy_out(lo, start, out.data() + at);
+
+    s.open = true;
+    s.open_start = start;
+    s.open_base = base;
+    s.accept_open = true;
+    s.tentative = 0;
+    s.stats.rounds += 1;
+    s.stats.staged_rows += p.n_rows;
+    if (rebase) {
+        s.stats.rebases += 1;
+        s.stats.restaged_rows += p.n_rows;
+    }
+    return p;
+}
+
+RoundPlan Stager::draft(std::int64_t seq, std::int64_t n_past, std::vector<std::uint8_t>& rows_out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    require_count("n_past", n_past);
+    return plan_round(seq, s, n_past, rows_out);
+}
+
+void Stager::draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
+                        std::vector<RoundPlan>& plans, std::vector<std::uint8_t>& rows_out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Validate everything first: a rejected batch changes nothing.
+    for (std::size_t i = 0; i < n; ++i) get(seqs[i]);
+    for (std::size_t i = 0; i < n; ++i) ready(seqs[i]);
+    for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = i + 1; j < n; ++j)
+            if (seqs[i] == seqs[j]) throw std::invalid_argument("draft_many: sequence ids must be unique");
+    for (std::size_t i = 0; i < n; ++i) require_count("n_past", n_pasts[i]);
+    plans.clear();
+    plans.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) plans.push_back(plan_round(seqs[i], get(seqs[i]), n_pasts[i], rows_out));
+}
+
+void Stager::commit(std::int64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = opened(seq);
+    s.open = false;
+    s.n_cache = s.open_start;
+    s.pos_base = s.open_base;
+    s.restage_owed = false;
+    s.first_round = false;
+    s.failures = 0;
+    s.stats.commits += 1;
+    advance_horizon(s);
+}
+
+bool Stager::fail(std::int64_t seq, FailStage stage) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = opened(seq);
+    if (stage != FailStage::Decode && stage != FailStage::Crop)
+        throw std::invalid_argument("stage must be 'decode' or 'crop'");
+    // The drafter cache is unknown now: restage cleanly from the retained rows,
+    // which are kept (the anchor dropped them and then soft-skipped forever).
+    s.open = false;
+    s.restage_owed = true;
+    s.first_round = false;
+    s.failures += 1;
+    s.stats.failures += 1;
+    bool just_disabled = false;
+    if (s.failures >= opt_.max_failures && !s.disabled) {
+        s.disabled = true;
+        just_disabled = true;
+    }
+    advance_horizon(s);
+    return just_disabled;
+}
+
+void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    if (n_accepted < 0 || n_accepted > opt_.block_size)
+        throw std::invalid_argument("n_accepted must be in [0, " + std::to_string(opt_.block_size) + "], got " +
+                                    std::to_string(n_accepted));
+    if (!s.accept_open || s.tentative == 0) return;
+    // Only rows appended since the last draft can go: never the retained head.
+    const std::int64_t keep = std::min(s.tentative, n_accepted + 1);
+    const std::int64_t new_end = s.end - s.tentative + keep;
+    s.buf.drop_back(new_end);
+    s.end = new_end;
+    s.tentative = 0;
+    advance_horizon(s);
+}
+
+// -- lifecycle ----------------------------------------------------------------
+
+void Stager::begin(std::int64_t seq) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fresh_seq(ready(seq));
+}
+
+void Stager::rollback(std::int64_t seq, std::int64_t n_past) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    require_count("n_past", n_past);
+    if (!s.started || n_past >= s.end) return;
+    s.buf.drop_back(n_past);
+    if (s.buf.size() == 0) s.buf.reset(n_past);
+    s.end = n_past;
+    s.horizon = std::min(s.horizon, n_past);
+    if (s.n_cache > n_past) {
+        s.n_cache = n_past;
+        s.restage_owed = true;
+    }
+    s.pos_base = std::min(s.pos_base, s.n_cache);
+    if (s.horizon > s.n_cache) s.restage_owed = true;  // rows pending since the cache end are gone
+    s.accept_open = false;
+    s.tentative = 0;
+    advance_horizon(s);
+}
+
+void Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    if (n_keep < 0 || n_discard < 0)
+        throw std::invalid_argument("n_keep and n_discard must be >= 0, got " + std::to_string(n_keep) + ", " +
+                                    std::to_string(n_discard));
+    require_count("n_keep", n_keep);
+    require_count("n_discard", n_discard);
+    if (!s.started || n_discard == 0) return;
+    const std::int64_t hi = n_keep + n_discard;
+    if (hi > s.end)
+        throw std::invalid_argument("shift of [" + std::to_string(n_keep) + ", " + std::to_string(hi) +
+                                    ") reaches past the end of the sequence (" + std::to_string(s.end) + ")");
+    auto moved = [&](std::int64_t x) { return x < n_keep ? x : (x < hi ? n_keep : x - n_discard); };
+    // Rebuild the live rows [horizon, end) without the discarded range.
+    const std::int64_t from = std::max(s.horizon, s.buf.head());
+    FeatureBuffer nb(row_bytes_);
+    const std::int64_t new_h = moved(s.horizon);
+    nb.reset(new_h);
+    std::vector<std::uint8_t> tmp;
+    auto append = [&](std::int64_t a, std::int64_t b) {
+        if (b <= a) return;
+        tmp.resize(static_cast<std::size_t>(b - a) * row_bytes_);
+        s.buf.copy_out(a, b, tmp.data());
+        const std::size_t k = static_cast<std::size_t>(b - a);
+        nb.reserve_back(k);
+        FeatureBuffer::Span x, y;
+        nb.back_spans(k, x, y);
+        std::memcpy(x.data, tmp.data(), x.rows * row_bytes_);
+        if (y.rows) std::memcpy(y.data, tmp.data() + x.rows * row_bytes_, y.rows * row_bytes_);
+        nb.commit_back(k);
+    };
+    append(from, std::min(s.end, n_keep));
+    append(std::max(from, hi), s.end);
+    s.buf = std::move(nb);
+    s.end = moved(s.end);
+    s.horizon = new_h;
+    s.n_cache = moved(s.n_cache);
+    s.pos_base = moved(s.pos_base);
+    s.restage_owed = true;
+    s.accept_open = false;
+    s.tentative = 0;
+    advance_horizon(s);
+}
+
+void Stager::fork(std::int64_t src, std::int64_t dst) {
+    std::lock_guard<std::mutex> lock(mu_);
+    get(src);
+    get(dst);
+    Seq& a = ready(src);
+    Seq& b = ready(dst);
+    if (src == dst) throw std::invalid_argument("fork needs two different sequences, got " + std::to_string(src) + " twice");
+    Seq c;
+    c.started = a.started;
+    c.end = a.end;
+    c.horizon = a.horizon;
+    c.n_cache = a.n_cache;
+    c.pos_base = a.pos_base;
+    c.restage_owed = a.started;  // the child's drafter cache is empty
+    c.first_round = a.first_round;
+    c.disabled = a.disabled;
+    c.failures = a.failures;
+    c.accept_open = a.accept_open;
+    c.tentative = a.tentative;
+    c.buf = FeatureBuffer(row_bytes_);
+    const std::int64_t from = a.started ? std::max(a.horizon, a.buf.head()) : 0;
+    c.buf.reset(from);
+    if (a.started && a.end > from) {
+        const std::size_t k = static_cast<std::size_t>(a.end - from);
+        c.buf.reserve_back(k);
+        FeatureBuffer::Span x, y;
+        c.buf.back_spans(k, x, y);  // fresh buffer: one span
+        a.buf.copy_out(from, a.end, x.data);
+        c.buf.commit_back(k);
+    }
+    b = std::move(c);
+    advance_horizon(b);
+}
+
+// -- introspection ---------------------------------------------------------------
+
+SeqState Stager::state(std::int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = get(seq);
+    SeqState o;
+    o.started = s.started;
+    o.end = s.end;
+    o.horizon = s.horizon;
+    o.n_cache = s.n_cache;
+    o.pos_base = s.pos_base;
+    o.n_retained = s.started ? std::max<std::int64_t>(0, s.n_cache - s.horizon) : 0;
+    o.n_pending = s.started ? s.end - std::max(s.n_cache, s.horizon) : 0;
+    o.open_round = s.open;
+    o.consecutive_failures = s.failures;
+    o.disabled = s.disabled;
+    o.restage_owed = s.restage_owed;
+    o.first_round = s.first_round;
+    o.tentative_rows = s.accept_open ? s.tentative : 0;
+    return o;
+}
+
+SeqStats Stager::stats(std::int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return get(seq).stats;
+}
+
+}  // namespace dspark

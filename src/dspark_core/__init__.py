@@ -1,0 +1,44 @@
+"""dspark_core: drafter staging for capture-based speculative decoding.
+
+The package keeps a target model's captured feature rows in a compact
+per-sequence buffer, stages them for a DSpark / DFlash block drafter inside
+the positions it was trained on (windowing and rebasing), recovers from
+drafter failures without losing its window, and converts rows between f32,
+f16, bf16, q8_0 and q4_0 bit-exactly with ggml.
+
+Layers: a C++ core (``csrc/``) -> Cython bindings (``_stager``,
+``_row_format``) -> this Python layer (config, metadata, loop, CLI). The
+pure-Python twin :class:`dspark_core.reference.ReferenceStager` implements
+the same protocol and is the test oracle.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from ._stager import Stager
+from .config import STORAGES, TRIM_CHUNK, StagerConfig
+from .context_plan import ContextPlan, plan_context
+from .drafter_info import DrafterInfo, DrafterMetadataError
+from .errors import ConfigError, StateError
+from .formats import dequantize_rows, quantize_rows, row_bytes
+from .stage_plan import BatchPlan, StagePlan
+
+__all__ = [
+    "__version__",
+    "Stager",
+    "StagerConfig",
+    "StagePlan",
+    "BatchPlan",
+    "ConfigError",
+    "StateError",
+    "TRIM_CHUNK",
+    "STORAGES",
+    "quantize_rows",
+    "dequantize_rows",
+    "row_bytes",
+    "DrafterInfo",
+    "DrafterMetadataError",
+    "ContextPlan",
+    "plan_context",
+]

@@ -1,0 +1,340 @@
+# cython: language_level=3
+"""Thin Cython wrapper of the C++ Stager (dspark/stager.hpp).
+
+Argument *types* are normalised here with the same helpers the reference twin
+uses (``_args``), so both raise the same exceptions; every *value* is checked
+again by the C++ core, which never trusts its caller. Copies and conversions
+run with the GIL released; the core's mutex makes concurrent calls safe.
+"""
+import logging
+
+import numpy as np
+
+cimport numpy as cnp
+from cpython.bytes cimport PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint8_t
+from libcpp cimport bool
+from libcpp.vector cimport vector
+
+from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
+from dspark_core._lib_stager cimport (
+    Stager as CStager, StagerOptions, RoundPlan, SeqState, SeqStats, Skip, FailStage,
+    TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
+)
+
+from dspark_core._args import as_count, as_encoded, as_index, as_positions, as_rows, row_dtype_code
+from dspark_core.config import STORAGES, NONFINITE_POLICIES, StagerConfig
+from dspark_core.errors import ConfigError, StateError
+from dspark_core.stage_plan import BatchPlan, StagePlan
+from dspark_core import _row_format
+
+cnp.import_array()
+dspark_set_error_types(ConfigError, StateError)
+
+#: The core's lazy-trim chunk (rows); equals ``config.TRIM_CHUNK``.
+TRIM_CHUNK = C_TRIM_CHUNK
+MAX_POSITION = C_MAX_POSITION
+
+logger = logging.getLogger("dspark_core")
+
+_SKIPS = (None, "disabled", "empty", "no_context", "missing_rows")
+_FAIL_STAGES = {"decode": FailStage.Decode, "crop": FailStage.Crop}
+_U8 = np.dtype(np.uint8)
+_I32 = np.dtype(np.int32)
+
+
+cdef class _Bytes:
+    """A C++ byte vector exposed through the buffer protocol (zero-copy to numpy)."""
+    cdef vector[uint8_t] v
+    cdef Py_ssize_t _shape[1]
+    cdef Py_ssize_t _strides[1]
+
+    def __getbuffer__(self, Py_buffer* b, int flags):
+        self._shape[0] = <Py_ssize_t>self.v.size()
+        self._strides[0] = 1
+        b.buf = <void*>self.v.data()
+        b.format = "B"
+        b.internal = NULL
+        b.itemsize = 1
+        b.len = self._shape[0]
+        b.ndim = 1
+        b.obj = self
+        b.readonly = 0
+        b.shape = self._shape
+        b.strides = self._strides
+        b.suboffsets = NULL
+
+    def __releasebuffer__(self, Py_buffer* b):
+        pass
+
+
+cdef class Stager:
+    """Windowed drafter staging for ``config.max_seqs`` sequences (C++ core).
+
+    See DESIGN.md section 2 for the round protocol::
+
+        st.begin(seq)
+        st.process(seq, positions, rows)   # after every target decode
+        plan = st.draft(seq, n_past)       # -> StagePlan (plan.skip = reason)
+        st.commit(seq) / st.fail(seq, stage)
+        st.accept(seq, n_accepted)         # after verification
+
+    A rejected call raises (``ValueError``, ``TypeError``, ``StateError``) and
+    changes no state. Safe to call from several threads.
+    """
+
+    cdef CStager* _core
+    cdef readonly object config
+    cdef int64_t _D
+    cdef int64_t _B
+    cdef int64_t _max_seqs
+    cdef size_t _row_bytes
+    cdef object _stage_dtype
+    cdef object _storage
+    cdef bint _view_rows
+
+    def __cinit__(self, config):
+        if not isinstance(config, StagerConfig):
+            raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
+        cdef StagerOptions o
+        o.feature_dim = config.feature_dim
+        o.block_size = config.block_size
+        o.window = config.window
+        o.max_seqs = config.max_seqs
+        o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
+        o.max_failures = config.max_failures
+        o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
+        self._core = new CStager(o)
+        self.config = config
+        self._D = config.feature_dim
+        self._B = config.block_size
+        self._max_seqs = config.max_seqs
+        self._row_bytes = self._core.row_bytes()
+        self._stage_dtype = config.numpy_stage_dtype
+        self._storage = config.storage
+        # Staged rows are a free view of the encoded bytes when formats agree.
+        self._view_rows = (config.storage, config.stage_dtype) in (
+            ("f32", "float32"), ("f16", "float16"), ("bf16", "bfloat16"))
+
+    def __dealloc__(self):
+        del self._core
+
+    def __repr__(self):
+        c = self.config
+        return (f"Stager(feature_dim={c.feature_dim}, block_size={c.block_size}, window={c.window}, "
+                f"max_seqs={c.max_seqs}, storage={c.storage!r})")
+
+    @property
+    def w_keep(self):
+        """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
+        return self._core.w_keep()
+
+    cdef int64_t _seq(self, seq) except -1:
+        i = as_index("seq", seq)
+        if not 0 <= i < self._max_seqs:
+            raise ValueError(f"unknown sequence {i} (this Stager has sequences 0..{self._max_seqs - 1})")
+        return i
+
+    cdef object _decode(self, encoded):
+        if self._view_rows:
+            return encoded.view(self._stage_dtype).reshape(encoded.shape[0], self._D)
+        return _row_format.decode(encoded, self._storage, self._D, self._stage_dtype)
+
+    cdef object _plan(self, RoundPlan& p, object data, size_t offset):
+        cdef int64_t n = p.n_rows
+        if <int>p.skip != 0:  # dspark::Skip::None
+            return StagePlan(
+                seq=p.seq, start=p.start, skip=_SKIPS[<int>p.skip], rebase=False, clear_cache=False,
+                positions=np.zeros(0, _I32), block_positions=np.zeros(0, _I32), crop_from=-1,
+                pos_base=-1, encoded_rows=np.zeros((0, self._row_bytes), _U8),
+                rows=np.zeros((0, self._D), self._stage_dtype))
+        enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
+        lo = p.first_row - p.pos_base
+        return StagePlan(
+            seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
+            positions=np.arange(lo, lo + n, dtype=_I32),
+            block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
+            crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc,
+            rows=enc.view(self._stage_dtype).reshape(n, self._D) if self._view_rows else None,
+            decode=None if self._view_rows else self._decode_fn())
+
+    def _decode_fn(self):
+        storage, dim, dtype = self._storage, self._D, self._stage_dtype
+        return lambda enc: _row_format.decode(enc, storage, dim, dtype)
+
+    # -- round protocol ---------------------------------------------------
+    def begin(self, seq):
+        """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
+        cdef int64_t s = self._seq(seq)
+        self._core.begin(s)
+
+    def process(self, seq, positions, rows):
+        """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_ready(s)
+        pos = as_positions(positions)
+        arr = as_rows(rows, self._D)
+        if arr.shape[0] != pos.shape[0]:
+            raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
+        cdef ElemType t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
+        cdef size_t n = pos.shape[0]
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
+        cdef const void* rp = cnp.PyArray_DATA(arr)
+        with nogil:
+            self._core.process(s, pp, n, rp, t)
+
+    def process_encoded(self, seq, positions, data):
+        """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat)."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_ready(s)
+        pos = as_positions(positions)
+        buf = as_encoded(data, pos.shape[0], self._row_bytes)
+        cdef size_t n = pos.shape[0]
+        cdef size_t nbytes = buf.shape[0]
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
+        cdef const uint8_t* dp = <const uint8_t*>cnp.PyArray_DATA(buf)
+        with nogil:
+            self._core.process_encoded(s, pp, n, dp, nbytes)
+
+    def draft(self, seq, n_past):
+        """Plan this round for a target at ``n_past``: a :class:`StagePlan` (opens a round unless skipped)."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_ready(s)
+        cdef int64_t start = as_count("n_past", n_past)
+        cdef _Bytes out = _Bytes()
+        cdef RoundPlan p
+        with nogil:
+            p = self._core.draft(s, start, out.v)
+        return self._plan(p, np.frombuffer(out, _U8), 0)
+
+    def draft_many(self, seqs, n_pasts):
+        """Plans for several sequences as one drafter batch (:class:`BatchPlan`)."""
+        seq_list = [as_index("seq", x) for x in seqs]
+        past_list = [as_index("n_past", x) for x in n_pasts]
+        if len(seq_list) != len(past_list):
+            raise ValueError(f"{len(seq_list)} sequences for {len(past_list)} n_past values")
+        for x in seq_list:
+            self._seq(x)
+        for x in seq_list:
+            self._core.check_ready(x)
+        if len(set(seq_list)) != len(seq_list):
+            raise ValueError("draft_many: sequence ids must be unique")
+        for x in past_list:
+            as_count("n_past", x)
+        sv = np.asarray(seq_list, dtype=np.int64)
+        pv = np.asarray(past_list, dtype=np.int64)
+        cdef size_t n = len(seq_list)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* np_ = <const int64_t*>cnp.PyArray_DATA(pv)
+        cdef vector[RoundPlan] plans
+        cdef _Bytes out = _Bytes()
+        with nogil:
+            self._core.draft_many(sp, np_, n, plans, out.v)
+        data = np.frombuffer(out, _U8)
+        result = []
+        cdef size_t offset = 0
+        cdef size_t i
+        for i in range(plans.size()):
+            result.append(self._plan(plans[i], data, offset))
+            offset += plans[i].n_rows * self._row_bytes
+        return BatchPlan(result)
+
+    def commit(self, seq):
+        """The drafter decode and crop of the open round succeeded."""
+        cdef int64_t s = self._seq(seq)
+        self._core.commit(s)
+
+    def fail(self, seq, stage="decode"):
+        """The drafter ``stage`` ("decode" or "crop") failed: the next round restages cleanly."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_open(s)
+        if stage not in _FAIL_STAGES:
+            raise ValueError(f"stage must be one of ('decode', 'crop'), got {stage!r}")
+        cdef FailStage fs = _FAIL_STAGES[stage]
+        cdef bool just_disabled = self._core.fail(s, fs)
+        if just_disabled:
+            logger.warning(
+                "sequence %d: drafting disabled after %d consecutive drafter failures (last: %s); "
+                "begin() re-enables it", s, self.config.max_failures, stage)
+
+    def accept(self, seq, n_accepted):
+        """Keep the rows of the accepted tokens (``n_accepted + 1``) of the last verify batch."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_ready(s)
+        n = as_index("n_accepted", n_accepted)
+        if not 0 <= n <= self._B:
+            raise ValueError(f"n_accepted must be in [0, {self._B}], got {n}")
+        self._core.accept(s, n)
+
+    # -- lifecycle ----------------------------------------------------------
+    def rollback(self, seq, n_past):
+        """The target rolled back to ``n_past``: drop rows ``>= n_past`` (restage if the cache reached past it)."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_ready(s)
+        cdef int64_t p = as_count("n_past", n_past)
+        self._core.rollback(s, p)
+
+    def shift(self, seq, n_keep, n_discard):
+        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_ready(s)
+        cdef int64_t k = as_count("n_keep", n_keep)
+        cdef int64_t d = as_count("n_discard", n_discard)
+        self._core.shift(s, k, d)
+
+    def fork(self, src, dst):
+        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round."""
+        cdef int64_t a = self._seq(src)
+        cdef int64_t b = self._seq(dst)
+        self._core.fork(a, b)
+
+    def snapshot(self, seq):
+        """The sequence's state as versioned, checksummed bytes (``snapshot_format``)."""
+        cdef int64_t s = self._seq(seq)
+        cdef vector[uint8_t] v
+        with nogil:
+            v = self._core.snapshot(s)
+        return PyBytes_FromStringAndSize(<const char*>v.data(), v.size())
+
+    def restore(self, seq, data):
+        """Replace the sequence's state with a snapshot; bad data raises ValueError and changes nothing."""
+        cdef int64_t s = self._seq(seq)
+        self._core.check_ready(s)
+        try:
+            raw = bytes(memoryview(data))
+        except TypeError:
+            raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
+        cdef const uint8_t* dp = <const uint8_t*><const char*>raw
+        cdef size_t n = len(raw)
+        with nogil:
+            self._core.restore(s, dp, n)
+
+    # -- introspection ------------------------------------------------------
+    def state(self, seq):
+        """The sequence's protocol state as a dict (the same keys as the reference's)."""
+        cdef int64_t s = self._seq(seq)
+        cdef SeqState st = self._core.state(s)
+        return {
+            "started": st.started, "end": st.end, "horizon": st.horizon, "n_cache": st.n_cache,
+            "pos_base": st.pos_base, "n_retained": st.n_retained, "n_pending": st.n_pending,
+            "open_round": st.open_round, "consecutive_failures": st.consecutive_failures,
+            "disabled": st.disabled, "restage_owed": st.restage_owed, "first_round": st.first_round,
+            "tentative_rows": st.tentative_rows,
+        }
+
+    def stats(self, seq):
+        """Counters since the sequence's last ``begin`` (rounds, rebases, restaged rows, trims, peak rows, bytes)."""
+        cdef int64_t s = self._seq(seq)
+        cdef SeqStats t = self._core.stats(s)
+        return {
+            "rounds": t.rounds, "commits": t.commits, "failures": t.failures, "rebases": t.rebases,
+            "staged_rows": t.staged_rows, "restaged_rows": t.restaged_rows, "skips": t.skips,
+            "trims": t.trims, "trimmed_rows": t.trimmed_rows, "rows": t.rows, "peak_rows": t.peak_rows,
+            "bytes": t.bytes, "peak_bytes": t.peak_bytes,
+        }
+
+    def buffered_positions(self, seq):
+        """``(horizon, end)``: the absolute positions that can still be staged."""
+        st = self.state(seq)
+        return (st["horizon"], st["end"]) if st["started"] else (0, 0)
+

@@ -1,0 +1,53 @@
+"""The ``dspark-core`` command: ``simulate`` (the main job), ``inspect``, ``fuzz``.
+
+Each subcommand lives in ``dspark_core.commands.<name>`` and provides
+``add_parser(subparsers)``, which registers its parser with a ``run(args) -> int``
+function as the ``func`` default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import Sequence
+
+__all__ = ["main", "build_parser"]
+
+#: Subcommands, in the order ``--help`` lists them.
+COMMANDS = ("simulate", "inspect", "fuzz")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser with every subcommand registered."""
+    from . import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="dspark-core",
+        description="Drafter-staging core for capture-based speculative decoding.",
+    )
+    parser.add_argument("--version", action="version", version=f"dspark-core {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f"dspark_core.commands.{name}").add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``dspark-core``. Without a command it runs ``simulate``."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not args_list or args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version", "-v", "-vv", "--verbose"):
+        args_list = ["simulate", *args_list]
+    args = parser.parse_args(args_list)
+    if args.command is None:
+        args = parser.parse_args(["simulate", *args_list])
+    level = logging.WARNING - 10 * min(args.verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

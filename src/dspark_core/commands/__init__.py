@@ -1,0 +1,1 @@
+"""Subcommands of ``dspark-core`` (see :mod:`dspark_core.cli`)."""

@@ -1,0 +1,207 @@
+"""Stager configuration: the window, block and storage a Stager runs with.
+
+Invariants checked here (and again in the C++ core, which never trusts its
+caller):
+
+* ``window > 2 * block_size``: a rebase keeps ``w_keep = window // 2`` rows and
+  still has room for a block; below that a rebase would thrash every round.
+* q formats need ``feature_dim % 32 == 0`` (GGML blocks of 32).
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .errors import ConfigError
+
+__all__ = [
+    "TRIM_CHUNK",
+    "STORAGES",
+    "STAGE_DTYPES",
+    "NONFINITE_POLICIES",
+    "MAX_SEQS_LIMIT",
+    "StagerConfig",
+    "window_for",
+    "stage_dtype_name",
+]
+
+#: Head rows that can never be restaged again are dropped lazily, this many at
+#: a time, so no trim runs on the per-round hot path. Mirrors the C++
+#: ``dspark::TRIM_CHUNK`` (a test keeps them equal).
+TRIM_CHUNK = 512
+
+#: Storage formats of the feature buffer (GGML layouts for the q formats).
+STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+
+#: dtypes ``plan.rows`` can be staged in.
+STAGE_DTYPES = ("float32", "float16", "bfloat16")
+
+#: What ``process`` does with NaN / Inf inputs.
+NONFINITE_POLICIES = ("error", "zero", "clamp_f16")
+
+#: Upper bound on ``max_seqs`` (a sanity limit, not a memory reservation:
+#: buffers are allocated when a sequence first receives rows).
+MAX_SEQS_LIMIT = 1 << 16
+
+_QK = 32
+
+
+def stage_dtype_name(dtype: Any) -> str:
+    """Normalise a stage dtype (``np.float32``, ``"bfloat16"``, ...) to its name."""
+    if isinstance(dtype, str):
+        name = dtype
+    else:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError as exc:
+            raise ConfigError(f"stage_dtype {dtype!r} is not a dtype; use one of {STAGE_DTYPES}") from exc
+    if name not in STAGE_DTYPES:
+        raise ConfigError(f"stage_dtype {name!r} is not supported; use one of {STAGE_DTYPES}")
+    return name
+
+
+def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    try:
+        v = operator.index(value)
+    except TypeError as exc:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from exc
+    if v < minimum:
+        raise ConfigError(f"{name} must be >= {minimum}, got {v}")
+    return v
+
+
+def window_for(n_ctx_train: int, n_batch: int, cap: int | None = None) -> int:
+    """The drafter window: ``min(n_ctx_train, n_batch)``, lowered (never raised) by ``cap``."""
+    w = min(_positive_int("n_ctx_train", n_ctx_train), _positive_int("n_batch", n_batch))
+    if cap is not None:
+        w = min(w, _positive_int("window cap", cap))
+    return w
+
+
+@dataclass(frozen=True)
+class StagerConfig:
+    """Configuration of a :class:`~dspark_core.Stager` (and of the reference twin).
+
+    Args:
+        feature_dim: width ``D`` of a feature row (``n_capture * n_embd_target``).
+        block_size: drafter block size ``B`` (query rows per round).
+        window: ``W``, the drafter positions ``[0, W)`` the drafter may run at.
+            Must be greater than ``2 * block_size``.
+        max_seqs: number of sequences (slots), ids ``0 .. max_seqs - 1``.
+        storage: buffer storage format, one of :data:`STORAGES`.
+        max_failures: consecutive ``fail`` calls after which a sequence is
+            disabled (until ``begin``).
+        stage_dtype: dtype of ``plan.rows`` (``float32``, ``float16`` or ``bfloat16``).
+        nonfinite: ``"error"`` (reject the call), ``"zero"`` or ``"clamp_f16"``.
+
+    Raises:
+        ConfigError: for any value that cannot work, naming it.
+    """
+
+    feature_dim: int
+    block_size: int
+    window: int
+    max_seqs: int = 1
+    storage: str = "f32"
+    max_failures: int = 3
+    stage_dtype: str = "float32"
+    nonfinite: str = "error"
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "feature_dim", _positive_int("feature_dim", self.feature_dim))
+        set_(self, "block_size", _positive_int("block_size", self.block_size))
+        set_(self, "window", _positive_int("window", self.window))
+        set_(self, "max_seqs", _positive_int("max_seqs", self.max_seqs))
+        set_(self, "max_failures", _positive_int("max_failures", self.max_failures))
+        if self.max_seqs > MAX_SEQS_LIMIT:
+            raise ConfigError(f"max_seqs ({self.max_seqs}) exceeds the limit {MAX_SEQS_LIMIT}")
+        if self.window <= 2 * self.block_size:
+            raise ConfigError(
+                f"window ({self.window}) must be greater than 2 * block_size "
+                f"(2 * {self.block_size} = {2 * self.block_size})"
+            )
+        if self.storage not in STORAGES:
+            raise ConfigError(f"storage {self.storage!r} is not supported; use one of {STORAGES}")
+        if self.storage.startswith("q") and self.feature_dim % _QK:
+            raise ConfigError(
+                f"storage {self.storage!r} needs feature_dim % 32 == 0, got feature_dim {self.feature_dim}"
+            )
+        set_(self, "stage_dtype", stage_dtype_name(self.stage_dtype))
+        if self.nonfinite not in NONFINITE_POLICIES:
+            raise ConfigError(f"nonfinite {self.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
+
+    # -- derived values -------------------------------------------------
+    @property
+    def w_keep(self) -> int:
+        """``K``: rows kept on a rebase, ``min(W // 2, W - B)`` (== ``W // 2`` since ``W > 2B``)."""
+        return min(self.window // 2, self.window - self.block_size)
+
+    @property
+    def max_buffered_rows(self) -> int:
+        """Upper bound on rows a sequence ever holds: ``W + TRIM_CHUNK + B + 1``."""
+        return self.window + TRIM_CHUNK + self.block_size + 1
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one stored row."""
+        d = self.feature_dim
+        return {
+            "f32": 4 * d,
+            "f16": 2 * d,
+            "bf16": 2 * d,
+            "q8_0": d // _QK * (2 + _QK),
+            "q4_0": d // _QK * (2 + _QK // 2),
+        }[self.storage]
+
+    @property
+    def numpy_stage_dtype(self) -> np.dtype:
+        """``stage_dtype`` as a numpy dtype (bfloat16 from ml_dtypes)."""
+        if self.stage_dtype == "bfloat16":
+            import ml_dtypes
+
+            return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(self.stage_dtype)
+
+    def fingerprint(self) -> tuple[int, str, int, int]:
+        """What a snapshot must match to be restored: (feature_dim, storage, window, block_size)."""
+        return (self.feature_dim, self.storage, self.window, self.block_size)
+
+    def replace(self, **changes: Any) -> "StagerConfig":
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    # -- constructors ---------------------------------------------------
+    @classmethod
+    def from_limits(
+        cls,
+        feature_dim: int,
+        block_size: int,
+        n_ctx_train: int,
+        n_batch: int,
+        cap: int | None = None,
+        **kw: Any,
+    ) -> "StagerConfig":
+        """Window from the drafter's trained range and the batch size.
+
+        ``window = min(n_ctx_train, n_batch)``, lowered by ``cap`` when given.
+        """
+        return cls(feature_dim, block_size, window_for(n_ctx_train, n_batch, cap), **kw)
+
+    @classmethod
+    def from_plan(cls, plan: Any, feature_dim: int | None = None, **kw: Any) -> "StagerConfig":
+        """Configuration from a :class:`~dspark_core.ContextPlan` (see ``plan_context``).
+
+        ``feature_dim`` defaults to the plan's (taken from the drafter GGUF when
+        its tensors give it); ``max_seqs`` to the plan's ``n_parallel``.
+        """
+        d = feature_dim if feature_dim is not None else getattr(plan, "feature_dim", None)
+        if d is None:
+            raise ConfigError("feature_dim is unknown: the plan does not give it, pass feature_dim=")
+        kw.setdefault("max_seqs", plan.n_parallel)
+        kw.setdefault("storage", plan.storage)
+        return cls(d, plan.block_size, plan.window, **kw)

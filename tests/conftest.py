@@ -1,0 +1,38 @@
+"""Shared fixtures: every Stager test runs against the C++ core and the reference twin."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, settings
+
+from dspark_core import Stager, StagerConfig
+from dspark_core.reference import ReferenceStager
+
+# CI runs a few more examples than a local run; both are bounded.
+settings.register_profile("ci", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("ci" if os.environ.get("CI") else "dev")
+
+STAGERS = {"core": Stager, "reference": ReferenceStager}
+
+
+@pytest.fixture(params=sorted(STAGERS))
+def make_stager(request):
+    """A factory ``make_stager(config_or_kwargs)`` for the parametrised implementation."""
+    cls = STAGERS[request.param]
+
+    def make(config: StagerConfig | None = None, **kw):
+        return cls(config if config is not None else StagerConfig(**kw))
+
+    make.kind = request.param
+    return make
+
+
+def feature_rows(positions, dim: int, version: int = 0, dtype=np.float32) -> np.ndarray:
+    """Rows whose values identify their position (and a version, to tell re-sent rows apart)."""
+    pos = np.asarray(positions, dtype=np.float64)
+    rows = pos[:, None] * 1.0 + version * 0.25 + np.arange(dim)[None, :] * 1e-3
+    return rows.astype(dtype)
