@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Row-format conversion throughput: dspark_core vs memcpy, numpy/ml_dtypes, gguf-py.
+
+Prints a markdown table. Throughput is GB/s of the *float32 side* of each
+conversion (rows * dim * 4 bytes, whatever the storage), so every row is
+comparable with the memcpy baseline (``np.copyto`` of a float32 array of the
+same size, measured in the same run). Times are the median of N repeats, all
+single-threaded, into preallocated outputs.
+
+    python bench/bench_convert.py            # 512 x 25,600 rows (~2 min max)
+    python bench/bench_convert.py --quick    # 64 x 25,600, 3 repeats
+
+Not a test (never collected by pytest: no ``test_`` names, lives in bench/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from typing import Callable
+
+import gguf
+import ml_dtypes
+import numpy as np
+
+from dspark_core import formats
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+QT = {
+    "bf16": gguf.GGMLQuantizationType.BF16,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def median_time(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up (page faults, caches)
+    ts = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def gbps(nbytes: int, seconds: float) -> float:
+    return nbytes / seconds / 1e9
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=None, help="rows (default 512, --quick 64)")
+    ap.add_argument("--dim", type=int, default=25600, help="feature dim (default 25,600)")
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7, --quick 3)")
+    ap.add_argument("--gguf-rows", type=int, default=8, help="rows for the (slow) gguf-py column")
+    ap.add_argument("--quick", action="store_true", help="small, fast run")
+    args = ap.parse_args(argv)
+    rows = args.rows or (64 if args.quick else 512)
+    reps = args.repeats or (3 if args.quick else 9)
+    dim = args.dim
+    grows = min(args.gguf_rows, rows)
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, dim), dtype=np.float32)
+    x[:, rng.choice(dim, 8, replace=False)] *= 1e3  # a few massive channels
+    nbytes = x.nbytes
+    gbytes = grows * dim * 4
+    xs = np.ascontiguousarray(x[:grows])
+
+    print(f"# Row conversion throughput ({rows} x {dim:,} float32 = {nbytes / 1e6:.1f} MB)")
+    print()
+    print(f"- command: `{' '.join([os.path.basename(sys.executable)] + sys.argv)}`")
+    print(f"- machine: {cpu_model()}, {os.cpu_count()} logical cores; {platform.platform()}")
+    print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}")
+    print(f"- numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, gguf {getattr(gguf, '__version__', '?')}")
+    print(f"- dspark SIMD paths: {formats.simd_paths()}, best = {formats.best_simd_path()}")
+    print(f"- GB/s of the float32 side; median of {reps}; single thread; gguf-py on {grows} rows")
+    print()
+
+    dst32 = np.empty_like(x)
+    t_memcpy = median_time(lambda: np.copyto(dst32, x), reps)
+    mem = gbps(nbytes, t_memcpy)
+    print(f"memcpy baseline at start (np.copyto float32 -> float32): **{mem:.2f} GB/s**")
+    print()
+
+    best = formats.best_simd_path()
+    header = ["storage", "direction", f"dspark {best}", "dspark scalar", "numpy/ml_dtypes", "gguf-py",
+              "memcpy (same moment)", f"{best} / memcpy"]
+
+    def memcpy_now() -> float:
+        # Re-measured next to every row: shared machines drift a lot.
+        return gbps(nbytes, median_time(lambda: np.copyto(dst32, x), reps))
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join(["---"] * len(header)) + "|")
+
+    def fmt(v: float | None) -> str:
+        return "-" if v is None else f"{v:.2f}"
+
+    for storage in formats.STORAGES:
+        enc = formats.quantize_rows(x, storage)
+        enc_out = np.empty_like(enc)
+        enc_small = formats.quantize_rows(xs, storage)
+        out32 = np.empty((rows, dim), np.float32)
+        out16 = np.empty((rows, dim), np.float16)
+
+        # ---- encode from f32
+        res = {}
+        for p in (best, "scalar"):
+            with formats.simd_path(p):
+                res[p] = gbps(nbytes, median_time(lambda: formats.quantize_rows(x, storage, out=enc_out), reps))
+        npv = None
+        if storage in ("f32", "f16", "bf16"):
+            tgt = {"f32": dst32, "f16": out16, "bf16": enc_out}[storage]
+            npv = gbps(nbytes, median_time(lambda: np.copyto(tgt, x, casting="unsafe"), reps))
+        if storage == "f32":
+            gg = None
+        elif storage == "f16":
+            gg = gbps(gbytes, median_time(lambda: gguf.quantize(xs, gguf.GGMLQuantizationType.F16), reps))
+        else:
+            with np.errstate(all="ignore"):
+                gg = gbps(gbytes, median_time(lambda: gguf.quantize(xs, QT[storage]), max(1, reps // 2)))
+        m = memcpy_now()
+        print(f"| {storage} | encode f32 -> {storage} | {fmt(res[best])} | {fmt(res['scalar'])} | {fmt(npv)} "
+              f"| {fmt(gg)} | {m:.2f} | {res[best] / m:.2f} |")
+
+        # ---- decode to f32 / f16
+        for od, out in ((np.float32, out32), (np.float16, out16)):
+            odn = np.dtype(od).name
+            for p in (best, "scalar"):
+                with formats.simd_path(p):
+                    res[p] = gbps(nbytes, median_time(
+                        lambda: formats.dequantize_rows(enc, storage, dim, od, out=out), reps))
+            npv = None
+            if storage in ("f32", "f16", "bf16"):
+                npv = gbps(nbytes, median_time(lambda: np.copyto(out, enc, casting="unsafe"), reps))
+            if storage == "f32":
+                gg = None
+            else:
+                raw = enc_small.view(np.uint8)
+                if storage == "f16":
+                    fn = lambda: gguf.dequantize(raw.view(np.float16), gguf.GGMLQuantizationType.F16).astype(od)  # noqa: E731
+                elif storage == "bf16":
+                    fn = lambda: gguf.dequantize(raw, QT["bf16"]).astype(od)  # noqa: E731
+                else:
+                    bb = 34 if storage == "q8_0" else 18
+                    fn = lambda: gguf.dequantize(raw.reshape(-1, bb), QT[storage]).astype(od)  # noqa: E731
+                with np.errstate(all="ignore"):
+                    gg = gbps(gbytes, median_time(fn, reps))
+            m = memcpy_now()
+            print(f"| {storage} | decode {storage} -> {odn} | {fmt(res[best])} | {fmt(res['scalar'])} "
+                  f"| {fmt(npv)} | {fmt(gg)} | {m:.2f} | {res[best] / m:.2f} |")
+    print()
+    print("numpy/ml_dtypes = `np.copyto(dst, src, casting='unsafe')` (astype into a preallocated array); "
+          "gguf-py includes its allocations.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,452 @@
+// Row formats: scalar (portable) kernels, which are the definition every SIMD
+// path must match byte for byte, plus runtime dispatch and the public entry
+// points of row_format.hpp. See DESIGN.md section 3.
+//
+// Quantizers follow ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref
+// (ggml-quants.c) exactly for finite input. For blocks holding a NaN (only
+// reachable under NonFinite::Error, whose output the caller discards, or the
+// Python "keep" policy) they follow gguf-py's numpy code on x86: the NaN is
+// the block's max, so d is that NaN and every quant is 0.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "dspark/errors.hpp"
+#include "dspark/row_format.hpp"
+#include "row_format_kernels.hpp"
+
+namespace dspark {
+namespace detail {
+
+// ----------------------------------------------------------------- scalar ---
+
+static void s_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_f16_scalar(src[i]);
+}
+static void s_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16_scalar(src[i]);
+}
+static void s_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32_scalar(src[i]);
+}
+static void s_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) dst[i] = bf16_to_f32_scalar(src[i]);
+}
+
+static inline void store_u16(std::uint8_t* p, std::uint16_t v) {
+    p[0] = static_cast<std::uint8_t>(v & 0xff);
+    p[1] = static_cast<std::uint8_t>(v >> 8);
+}
+static inline std::uint16_t load_u16(const std::uint8_t* p) {
+    return static_cast<std::uint16_t>(p[0] | (p[1] << 8));
+}
+
+void quantize_block_q8_0_scalar(const float* x, std::uint8_t* out) {
+    float amax = 0.0f;
+    bool has_nan = false;
+    float nan_abs = 0.0f;
+    for (std::size_t j = 0; j < QK; ++j) {
+        const float a = std::fabs(x[j]);
+        if (a != a) {
+            if (!has_nan) { has_nan = true; nan_abs = a; }
+        } else if (a > amax) {
+            amax = a;
+        }
+    }
+    if (has_nan) amax = nan_abs;
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(out, f32_to_f16_scalar(d));
+    for (std::size_t j = 0; j < QK; ++j) {
+        const float x0 = x[j] * id;
+        // roundf: half away from zero; NaN/Inf -> cvtt gives INT32_MIN -> low byte 0.
+        out[2 + j] = static_cast<std::uint8_t>(cvtt_i32(std::round(x0)) & 0xff);
+    }
+}
+
+void quantize_block_q4_0_scalar(const float* x, std::uint8_t* out) {
+    float amax = 0.0f;
+    float max = 0.0f;
+    for (std::size_t j = 0; j < QK; ++j) {
+        const float v = x[j];
+        if (v != v) { max = v; amax = -1.0f; break; }  // first NaN is "the max" (numpy argmax)
+        if (amax < std::fabs(v)) {
+            amax = std::fabs(v);
+            max = v;
+        }
+    }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    store_u16(out, f32_to_f16_scalar(d));
+    for (std::size_t j = 0; j < QK / 2; ++j) {
+        const float x0 = x[j] * id + 8.5f;
+        const float x1 = x[QK / 2 + j] * id + 8.5f;
+        const std::uint32_t q0 = std::min<std::uint32_t>(15u, static_cast<std::uint32_t>(cvtt_i32(x0)) & 0xffu);
+        const std::uint32_t q1 = std::min<std::uint32_t>(15u, static_cast<std::uint32_t>(cvtt_i32(x1)) & 0xffu);
+        out[2 + j] = static_cast<std::uint8_t>(q0 | (q1 << 4));
+    }
+}
+
+static void s_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    for (std::size_t b = 0; b < nb; ++b) quantize_block_q8_0_scalar(src + b * QK, dst + b * Q8_0_BLOCK_BYTES);
+}
+static void s_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    for (std::size_t b = 0; b < nb; ++b) quantize_block_q4_0_scalar(src + b * QK, dst + b * Q4_0_BLOCK_BYTES);
+}
+static void s_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
+    for (std::size_t b = 0; b < nb; ++b) {
+        const std::uint8_t* blk = src + b * Q8_0_BLOCK_BYTES;
+        const float d = f16_to_f32_scalar(load_u16(blk));
+        for (std::size_t j = 0; j < QK; ++j)
+            dst[b * QK + j] = static_cast<float>(static_cast<std::int8_t>(blk[2 + j])) * d;
+    }
+}
+static void s_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
+    for (std::size_t b = 0; b < nb; ++b) {
+        const std::uint8_t* blk = src + b * Q4_0_BLOCK_BYTES;
+        const float d = f16_to_f32_scalar(load_u16(blk));
+        for (std::size_t j = 0; j < QK / 2; ++j) {
+            const int lo = (blk[2 + j] & 0x0f) - 8;
+            const int hi = (blk[2 + j] >> 4) - 8;
+            dst[b * QK + j] = static_cast<float>(lo) * d;
+            dst[b * QK + QK / 2 + j] = static_cast<float>(hi) * d;
+        }
+    }
+}
+static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+        if ((f32_bits(src[i]) & 0x7f800000u) == 0x7f800000u) return static_cast<std::int64_t>(i);
+    return -1;
+}
+
+const Kernels kScalarKernels = {
+    s_f32_to_f16,      s_f32_to_bf16,     s_f16_to_f32,      s_bf16_to_f32,       s_quantize_q8_0,
+    s_quantize_q4_0,   s_dequantize_q8_0, s_dequantize_q4_0, s_find_nonfinite_f32,
+};
+
+}  // namespace detail
+
+// --------------------------------------------------------------- dispatch ---
+
+namespace {
+
+using detail::Kernels;
+
+const Kernels* kernels_for(SimdPath p) noexcept {
+    switch (p) {
+        case SimdPath::Scalar: return &detail::kScalarKernels;
+#if defined(DSPARK_X86)
+        case SimdPath::Avx2: return &detail::kAvx2Kernels;
+        case SimdPath::Avx512: return &detail::kAvx512Kernels;
+#endif
+        default: return nullptr;
+    }
+}
+
+SimdPath initial_path() noexcept {
+    const char* env = std::getenv("DSPARK_SIMD");
+    if (env != nullptr) {
+        std::string s(env);
+        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        SimdPath want = best_simd_path();
+        bool known = true;
+        if (s == "scalar") want = SimdPath::Scalar;
+        else if (s == "avx2") want = SimdPath::Avx2;
+        else if (s == "avx512" || s == "avx-512") want = SimdPath::Avx512;
+        else known = false;
+        if (known && simd_supported(want)) return want;
+    }
+    return best_simd_path();
+}
+
+std::atomic<int> g_active{-1};
+
+const Kernels& active_kernels() noexcept { return *kernels_for(active_simd_path()); }
+
+bool is_q(Storage s) noexcept { return s == Storage::Q8_0 || s == Storage::Q4_0; }
+
+void check_storage(Storage s) {
+    if (static_cast<unsigned>(s) >= static_cast<unsigned>(STORAGE_COUNT))
+        throw TypeError("dspark: unknown storage format code " + std::to_string(static_cast<unsigned>(s)));
+}
+void check_elem(ElemType t) {
+    if (static_cast<unsigned>(t) > 2u)
+        throw TypeError("dspark: unknown element type code " + std::to_string(static_cast<unsigned>(t)));
+}
+
+std::size_t checked_elems(std::size_t n_rows, std::size_t dim) {
+    if (dim != 0 && n_rows > std::numeric_limits<std::size_t>::max() / dim / 4)
+        throw std::invalid_argument("dspark: n_rows * dim overflows");
+    return n_rows * dim;
+}
+
+// Byte offset of element `off` (a multiple of 32 for q formats) in storage s.
+std::size_t storage_offset(Storage s, std::size_t off) noexcept {
+    switch (s) {
+        case Storage::F32: return off * 4;
+        case Storage::F16:
+        case Storage::BF16: return off * 2;
+        case Storage::Q8_0: return off / QK * Q8_0_BLOCK_BYTES;
+        case Storage::Q4_0: return off / QK * Q4_0_BLOCK_BYTES;
+    }
+    return 0;
+}
+
+// Elements per conversion chunk: small enough to stay in L1/L2 between the
+// widen / check / policy / encode steps, a multiple of QK.
+constexpr std::size_t CHUNK = 4096;
+
+void apply_policy(const float* src, float* dst, std::size_t n, NonFinite policy) noexcept {
+    if (policy == NonFinite::Zero) {
+        for (std::size_t i = 0; i < n; ++i) {
+            const float v = src[i];
+            dst[i] = (detail::f32_bits(v) & 0x7f800000u) == 0x7f800000u ? 0.0f : v;
+        }
+    } else {  // ClampF16
+        for (std::size_t i = 0; i < n; ++i) {
+            float v = src[i];
+            if (v != v) v = 0.0f;
+            v = v < -65504.0f ? -65504.0f : v;
+            v = v > 65504.0f ? 65504.0f : v;
+            dst[i] = v;
+        }
+    }
+}
+
+void encode_chunk(const Kernels& k, const float* p, std::size_t len, Storage out, std::uint8_t* dst) {
+    switch (out) {
+        case Storage::F32: std::memcpy(dst, p, len * 4); break;
+        case Storage::F16: k.f32_to_f16(p, reinterpret_cast<std::uint16_t*>(dst), len); break;
+        case Storage::BF16: k.f32_to_bf16(p, reinterpret_cast<std::uint16_t*>(dst), len); break;
+        case Storage::Q8_0: k.quantize_q8_0(p, dst, len / QK); break;
+        case Storage::Q4_0: k.quantize_q4_0(p, dst, len / QK); break;
+    }
+}
+
+}  // namespace
+
+bool simd_supported(SimdPath p) noexcept {
+    switch (p) {
+        case SimdPath::Scalar: return true;
+#if defined(DSPARK_X86)
+        case SimdPath::Avx2:
+            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        case SimdPath::Avx512:
+            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+                   __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+#endif
+        default: return false;
+    }
+}
+
+SimdPath best_simd_path() noexcept {
+    if (simd_supported(SimdPath::Avx512)) return SimdPath::Avx512;
+    if (simd_supported(SimdPath::Avx2)) return SimdPath::Avx2;
+    return SimdPath::Scalar;
+}
+
+SimdPath active_simd_path() noexcept {
+    int v = g_active.load(std::memory_order_acquire);
+    if (v < 0) {
+        int expected = -1;
+        g_active.compare_exchange_strong(expected, static_cast<int>(initial_path()),
+                                         std::memory_order_acq_rel);
+        v = g_active.load(std::memory_order_acquire);
+    }
+    return static_cast<SimdPath>(v);
+}
+
+void set_simd_path(SimdPath p) {
+    if (!simd_supported(p))
+        throw std::invalid_argument(std::string("dspark: SIMD path '") + simd_path_name(p) +
+                                    "' is not supported on this CPU/build");
+    g_active.store(static_cast<int>(p), std::memory_order_release);
+}
+
+const char* simd_path_name(SimdPath p) noexcept {
+    switch (p) {
+        case SimdPath::Scalar: return "scalar";
+        case SimdPath::Avx2: return "avx2";
+        case SimdPath::Avx512: return "avx512";
+    }
+    return "?";
+}
+
+// ------------------------------------------------------------ public API ---
+
+std::size_t elem_bytes(ElemType t) noexcept {
+    switch (t) {
+        case ElemType::F32: return 4;
+        case ElemType::F16:
+        case ElemType::BF16: return 2;
+    }
+    return 0;
+}
+
+const char* storage_name(Storage s) noexcept {
+    switch (s) {
+        case Storage::F32: return "f32";
+        case Storage::F16: return "f16";
+        case Storage::BF16: return "bf16";
+        case Storage::Q8_0: return "q8_0";
+        case Storage::Q4_0: return "q4_0";
+    }
+    return "?";
+}
+
+Storage storage_from_name(std::string_view name) {
+    for (int i = 0; i < STORAGE_COUNT; ++i) {
+        const auto s = static_cast<Storage>(i);
+        if (name == storage_name(s)) return s;
+    }
+    throw ConfigError("dspark: unknown storage '" + std::string(name) +
+                      "' (expected one of f32, f16, bf16, q8_0, q4_0)");
+}
+
+std::size_t row_bytes(Storage s, std::size_t dim) {
+    check_storage(s);
+    if (is_q(s) && (dim == 0 || dim % QK != 0))
+        throw ConfigError(std::string("dspark: storage ") + storage_name(s) +
+                          " needs a feature dim that is a positive multiple of 32, got " +
+                          std::to_string(dim));
+    switch (s) {
+        case Storage::F32: return dim * 4;
+        case Storage::F16:
+        case Storage::BF16: return dim * 2;
+        case Storage::Q8_0: return dim / QK * Q8_0_BLOCK_BYTES;
+        case Storage::Q4_0: return dim / QK * Q4_0_BLOCK_BYTES;
+    }
+    return 0;
+}
+
+std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
+    check_elem(in);
+    if (n_elems == 0) return -1;
+    if (src == nullptr) throw std::invalid_argument("dspark: find_nonfinite: null source");
+    switch (in) {
+        case ElemType::F32:
+            return active_kernels().find_nonfinite_f32(static_cast<const float*>(src), n_elems);
+        case ElemType::F16: {
+            const auto* h = static_cast<const std::uint16_t*>(src);
+            for (std::size_t i = 0; i < n_elems; ++i)
+                if ((h[i] & 0x7c00u) == 0x7c00u) return static_cast<std::int64_t>(i);
+            return -1;
+        }
+        case ElemType::BF16: {
+            const auto* b = static_cast<const std::uint16_t*>(src);
+            for (std::size_t i = 0; i < n_elems; ++i)
+                if ((b[i] & 0x7f80u) == 0x7f80u) return static_cast<std::int64_t>(i);
+            return -1;
+        }
+    }
+    return -1;
+}
+
+std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, std::size_t n_rows,
+                         std::size_t dim, NonFinite policy) {
+    check_elem(in);
+    check_storage(out);
+    if (static_cast<unsigned>(policy) > 2u)
+        throw std::invalid_argument("dspark: unknown non-finite policy code");
+    (void)row_bytes(out, dim);  // validates dim for q formats
+    const std::size_t n = checked_elems(n_rows, dim);
+    if (n == 0) return -1;
+    if (src == nullptr || dst == nullptr) throw std::invalid_argument("dspark: encode_rows: null pointer");
+
+    const Kernels& k = active_kernels();
+    auto* out_bytes = static_cast<std::uint8_t*>(dst);
+    std::int64_t first_bad = -1;
+
+    // Fast paths without a temporary: same type in and out under Error.
+    if (policy == NonFinite::Error &&
+        ((in == ElemType::F32 && out == Storage::F32) || (in == ElemType::F16 && out == Storage::F16) ||
+         (in == ElemType::BF16 && out == Storage::BF16))) {
+        // Copy in L2-sized pieces and check each piece while it is cache-hot
+        // (one pass over memory, not two).
+        constexpr std::size_t PIECE = 1u << 16;  // elements
+        const std::size_t eb = elem_bytes(in);
+        for (std::size_t off = 0; off < n; off += PIECE) {
+            const std::size_t len = std::min(PIECE, n - off);
+            const auto* s = static_cast<const std::uint8_t*>(src) + off * eb;
+            std::memcpy(out_bytes + off * eb, s, len * eb);
+            if (first_bad < 0) {
+                const std::int64_t i = find_nonfinite(out_bytes + off * eb, in, len);
+                if (i >= 0) first_bad = static_cast<std::int64_t>(off) + i;
+            }
+        }
+        return first_bad;
+    }
+
+    alignas(64) float tmp[CHUNK];
+    for (std::size_t off = 0; off < n; off += CHUNK) {
+        const std::size_t len = std::min(CHUNK, n - off);
+        const float* p;
+        switch (in) {
+            case ElemType::F32: p = static_cast<const float*>(src) + off; break;
+            case ElemType::F16:
+                k.f16_to_f32(static_cast<const std::uint16_t*>(src) + off, tmp, len);
+                p = tmp;
+                break;
+            default:
+                k.bf16_to_f32(static_cast<const std::uint16_t*>(src) + off, tmp, len);
+                p = tmp;
+                break;
+        }
+        if (policy == NonFinite::Error) {
+            if (first_bad < 0) {
+                const std::int64_t i = k.find_nonfinite_f32(p, len);
+                if (i >= 0) first_bad = static_cast<std::int64_t>(off) + i;
+            }
+        } else {
+            apply_policy(p, tmp, len, policy);
+            p = tmp;
+        }
+        encode_chunk(k, p, len, out, out_bytes + storage_offset(out, off));
+    }
+    return first_bad;
+}
+
+void decode_rows(const void* src, Storage in, void* dst, ElemType out, std::size_t n_rows, std::size_t dim) {
+    check_storage(in);
+    check_elem(out);
+    (void)row_bytes(in, dim);
+    const std::size_t n = checked_elems(n_rows, dim);
+    if (n == 0) return;
+    if (src == nullptr || dst == nullptr) throw std::invalid_argument("dspark: decode_rows: null pointer");
+
+    if ((in == Storage::F32 && out == ElemType::F32) || (in == Storage::F16 && out == ElemType::F16) ||
+        (in == Storage::BF16 && out == ElemType::BF16)) {
+        std::memcpy(dst, src, n * elem_bytes(out));
+        return;
+    }
+    const Kernels& k = active_kernels();
+    const auto* in_bytes = static_cast<const std::uint8_t*>(src);
+    alignas(64) float tmp[CHUNK];
+    for (std::size_t off = 0; off < n; off += CHUNK) {
+        const std::size_t len = std::min(CHUNK, n - off);
+        const std::uint8_t* s = in_bytes + storage_offset(in, off);
+        float* f = out == ElemType::F32 ? static_cast<float*>(dst) + off : tmp;
+        const float* p = f;
+        switch (in) {
+            case Storage::F32: p = reinterpret_cast<const float*>(s); break;
+            case Storage::F16: k.f16_to_f32(reinterpret_cast<const std::uint16_t*>(s), f, len); break;
+            case Storage::BF16: k.bf16_to_f32(reinterpret_cast<const std::uint16_t*>(s), f, len); break;
+            case Storage::Q8_0: k.dequantize_q8_0(s, f, len / QK); break;
+            case Storage::Q4_0: k.dequantize_q4_0(s, f, len / QK); break;
+        }
+        switch (out) {
+            case ElemType::F32:
+                if (p != f) std::memcpy(f, p, len * 4);
+                break;
+            case ElemType::F16: k.f32_to_f16(p, static_cast<std::uint16_t*>(dst) + off, len); break;
+            case ElemType::BF16: k.f32_to_bf16(p, static_cast<std::uint16_t*>(dst) + off, len); break;
+        }
+    }
+}
+
+}  // namespace dspark

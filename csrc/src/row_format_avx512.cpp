@@ -1,0 +1,275 @@
+// AVX-512 (F/BW/VL/DQ) + F16C row-format kernels. No AVX512-BF16 (it flushes
+// subnormals) and no FMA. Byte-identical to the scalar kernels.
+#if defined(DSPARK_X86)
+// GCC 12's own avx512fintrin.h trips -Wmaybe-uninitialized (_mm512_undefined_*).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include "row_format_kernels.hpp"
+
+namespace dspark {
+namespace detail {
+namespace {
+
+constexpr int kRne = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+inline __m512 abs16(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)));
+}
+
+inline std::uint16_t f16_of(float d) {
+    return static_cast<std::uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(d), kRne), 0));
+}
+
+inline void store_d(std::uint8_t* p, std::uint16_t h) {
+    p[0] = static_cast<std::uint8_t>(h & 0xff);
+    p[1] = static_cast<std::uint8_t>(h >> 8);
+}
+
+inline float load_d(const std::uint8_t* p) {
+    const int h = p[0] | (p[1] << 8);
+    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+}
+
+// roundf (half away from zero), exact.
+inline __m512 roundf16(__m512 v) {
+    const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __mmask16 ge = _mm512_cmp_ps_mask(abs16(_mm512_sub_ps(v, t)), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    const __m512 sone = _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(INT32_MIN)),
+                        _mm512_castps_si512(_mm512_set1_ps(1.0f))));
+    return _mm512_mask_add_ps(t, ge, t, sone);
+}
+
+void x_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i h0 = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRne);
+        const __m256i h1 = _mm512_cvtps_ph(_mm512_loadu_ps(src + i + 16), kRne);
+        _mm512_storeu_si512(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
+    }
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRne));
+    kScalarKernels.f32_to_f16(src + i, dst + i, n - i);
+}
+
+void x_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+    kScalarKernels.f16_to_f32(src + i, dst + i, n - i);
+}
+
+inline __m256i bf16_16(__m512i u) {
+    const __mmask16 isnan =
+        _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+    r = _mm512_mask_or_epi32(r, isnan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+    return _mm512_cvtepi32_epi16(r);
+}
+
+void x_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const __m256i r0 = bf16_16(_mm512_loadu_si512(src + i));
+        const __m256i r1 = bf16_16(_mm512_loadu_si512(src + i + 16));
+        _mm512_storeu_si512(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1));
+    }
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_16(_mm512_loadu_si512(src + i)));
+    kScalarKernels.f32_to_bf16(src + i, dst + i, n - i);
+}
+
+void x_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
+    std::size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
+    }
+    kScalarKernels.bf16_to_f32(src + i, dst + i, n - i);
+}
+
+inline bool any_nan(__m512 a, __m512 b) {
+    return (_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(b, b, _CMP_UNORD_Q)) != 0;
+}
+
+// Quantizers work on groups of 16 blocks: pass 1 finds each block's max,
+// then d, id and the fp16 d are computed for all 16 at once (exact IEEE
+// division per lane, same as the scalar code), then pass 2 quantizes. This
+// keeps the long per-block dependency chain (reduce -> div -> div -> cvt)
+// out of the way. Blocks holding a NaN go to the scalar block code.
+constexpr std::size_t G = 16;
+
+inline void q8_block(const float* x, std::uint8_t* out, float id) {
+    const __m512 vid = _mm512_set1_ps(id);
+    // cvtt gives INT32_MIN for NaN/Inf; vpmovdb keeps the low byte (0).
+    const __m128i q0 = _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(roundf16(_mm512_mul_ps(_mm512_loadu_ps(x), vid))));
+    const __m128i q1 =
+        _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(roundf16(_mm512_mul_ps(_mm512_loadu_ps(x + 16), vid))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2), q0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 18), q1);
+}
+
+inline void q4_block(const float* x, std::uint8_t* out, float id) {
+    const __m512i lowbyte = _mm512_set1_epi32(0xff);
+    const __m512i fifteen = _mm512_set1_epi32(15);
+    const __m512 half8 = _mm512_set1_ps(8.5f);
+    const __m512 vid = _mm512_set1_ps(id);
+    const __m512i q0 = _mm512_min_epi32(
+        _mm512_and_si512(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x), vid), half8)), lowbyte),
+        fifteen);
+    const __m512i q1 = _mm512_min_epi32(
+        _mm512_and_si512(_mm512_cvttps_epi32(_mm512_add_ps(_mm512_mul_ps(_mm512_loadu_ps(x + 16), vid), half8)),
+                         lowbyte),
+        fifteen);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2), _mm512_cvtepi32_epi8(_mm512_or_si512(q0, _mm512_slli_epi32(q1, 4))));
+}
+
+// d and id for 16 blocks from their (signed, for q4_0) max and divisor.
+inline void scales16(const float* m, float divisor, float* id, std::uint16_t* dh) {
+    const __m512 d = _mm512_div_ps(_mm512_loadu_ps(m), _mm512_set1_ps(divisor));
+    const __mmask16 nz = _mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_UQ);  // d != 0 (true for NaN)
+    _mm512_storeu_ps(id, _mm512_maskz_div_ps(nz, _mm512_set1_ps(1.0f), d));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dh), _mm512_cvtps_ph(d, kRne));
+}
+
+void x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    alignas(64) float amax[G], id[G];
+    alignas(32) std::uint16_t dh[G];
+    std::size_t b = 0;
+    for (; b + G <= nb; b += G) {
+        const float* x = src + b * QK;
+        std::uint8_t* out = dst + b * Q8_0_BLOCK_BYTES;
+        __mmask16 nan = 0;
+        for (std::size_t k = 0; k < G; ++k) {
+            const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
+            nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+            amax[k] = _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1)));
+        }
+        if (nan) {
+            for (std::size_t k = 0; k < G; ++k) quantize_block_q8_0_scalar(x + k * QK, out + k * Q8_0_BLOCK_BYTES);
+            continue;
+        }
+        scales16(amax, 127.0f, id, dh);
+        for (std::size_t k = 0; k < G; ++k) {
+            store_d(out + k * Q8_0_BLOCK_BYTES, dh[k]);
+            q8_block(x + k * QK, out + k * Q8_0_BLOCK_BYTES, id[k]);
+        }
+    }
+    for (; b < nb; ++b) {
+        const float* x = src + b * QK;
+        std::uint8_t* out = dst + b * Q8_0_BLOCK_BYTES;
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        if (any_nan(v0, v1)) { quantize_block_q8_0_scalar(x, out); continue; }
+        const float a = _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1)));
+        const float d = a / 127.0f;
+        const float i = d != 0.0f ? 1.0f / d : 0.0f;
+        store_d(out, f16_of(d));
+        q8_block(x, out, i);
+    }
+}
+
+// Signed value of the first element of largest magnitude (+0 if all zero).
+inline float q4_max(const float* x, __m512 v0, __m512 v1) {
+    const __m512 a0 = abs16(v0), a1 = abs16(v1);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+    if (!(amax > 0.0f)) return 0.0f;
+    const __m512 am = _mm512_set1_ps(amax);
+    const unsigned mask = static_cast<unsigned>(_mm512_cmp_ps_mask(a0, am, _CMP_EQ_OQ)) |
+                          (static_cast<unsigned>(_mm512_cmp_ps_mask(a1, am, _CMP_EQ_OQ)) << 16);
+    return x[__builtin_ctz(mask)];
+}
+
+void x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    alignas(64) float mx[G], id[G];
+    alignas(32) std::uint16_t dh[G];
+    std::size_t b = 0;
+    for (; b + G <= nb; b += G) {
+        const float* x = src + b * QK;
+        std::uint8_t* out = dst + b * Q4_0_BLOCK_BYTES;
+        __mmask16 nan = 0;
+        for (std::size_t k = 0; k < G; ++k) {
+            const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
+            nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+            mx[k] = q4_max(x + k * QK, v0, v1);
+        }
+        if (nan) {
+            for (std::size_t k = 0; k < G; ++k) quantize_block_q4_0_scalar(x + k * QK, out + k * Q4_0_BLOCK_BYTES);
+            continue;
+        }
+        scales16(mx, -8.0f, id, dh);
+        for (std::size_t k = 0; k < G; ++k) {
+            store_d(out + k * Q4_0_BLOCK_BYTES, dh[k]);
+            q4_block(x + k * QK, out + k * Q4_0_BLOCK_BYTES, id[k]);
+        }
+    }
+    for (; b < nb; ++b) {
+        const float* x = src + b * QK;
+        std::uint8_t* out = dst + b * Q4_0_BLOCK_BYTES;
+        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        if (any_nan(v0, v1)) { quantize_block_q4_0_scalar(x, out); continue; }
+        const float d = q4_max(x, v0, v1) / -8.0f;
+        const float i = d != 0.0f ? 1.0f / d : 0.0f;
+        store_d(out, f16_of(d));
+        q4_block(x, out, i);
+    }
+}
+
+void x_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
+    for (std::size_t b = 0; b < nb; ++b) {
+        const std::uint8_t* blk = src + b * Q8_0_BLOCK_BYTES;
+        const __m512 d = _mm512_set1_ps(load_d(blk));
+        float* y = dst + b * QK;
+        const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
+        const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0)), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1)), d));
+    }
+}
+
+void x_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
+    const __m512i m4 = _mm512_set1_epi32(0x0f);
+    const __m512i eight = _mm512_set1_epi32(8);
+    for (std::size_t b = 0; b < nb; ++b) {
+        const std::uint8_t* blk = src + b * Q4_0_BLOCK_BYTES;
+        const __m512 d = _mm512_set1_ps(load_d(blk));
+        float* y = dst + b * QK;
+        const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
+        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(w, m4), eight);
+        const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(w, 4), eight);
+        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+    }
+}
+
+std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __mmask16 m[4];
+        for (int k = 0; k < 4; ++k) {
+            const __m512i u = _mm512_loadu_si512(src + i + 16 * k);
+            m[k] = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, e), e);
+        }
+        if ((m[0] | m[1] | m[2] | m[3]) != 0) {
+            for (int k = 0; k < 4; ++k)
+                if (m[k]) return static_cast<std::int64_t>(i + 16 * k + __builtin_ctz(static_cast<unsigned>(m[k])));
+        }
+    }
+    const std::int64_t r = kScalarKernels.find_nonfinite_f32(src + i, n - i);
+    return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
+}
+
+}  // namespace
+
+const Kernels kAvx512Kernels = {
+    x_f32_to_f16,      x_f32_to_bf16,     x_f16_to_f32,      x_bf16_to_f32,        x_quantize_q8_0,
+    x_quantize_q4_0,   x_dequantize_q8_0, x_dequantize_q4_0, x_find_nonfinite_f32,
+};
+
+}  // namespace detail
+}  // namespace dspark
+#endif  // DSPARK_X86

@@ -1,0 +1,123 @@
+// Internal: per-SIMD-path kernel tables of the row-format conversions.
+//
+// Every kernel works on a flat run of elements (rows are contiguous and the
+// q formats' blocks are contiguous too, so n_rows rows of `dim` elements are
+// just n_rows * dim / 32 consecutive blocks). The scalar table is the
+// definition; the AVX2 and AVX-512 tables must produce identical bytes.
+//
+// The scalar bit helpers below are `static inline` on purpose: this header is
+// included by translation units compiled for different ISAs, and an inline
+// function with external linkage could be merged by the linker into the
+// AVX-512 copy and then be called on a CPU without AVX-512.
+#pragma once
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "dspark/row_format.hpp"
+
+namespace dspark {
+namespace detail {
+
+struct Kernels {
+    // f32 -> f16 (IEEE binary16, round to nearest even, NaN kept quiet).
+    void (*f32_to_f16)(const float* src, std::uint16_t* dst, std::size_t n);
+    // f32 -> bf16 (ggml's rounding; NaN kept quiet).
+    void (*f32_to_bf16)(const float* src, std::uint16_t* dst, std::size_t n);
+    // Exact widenings.
+    void (*f16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
+    void (*bf16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
+    // Quantize / dequantize n_blocks blocks of 32 elements.
+    void (*quantize_q8_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
+    void (*quantize_q4_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
+    void (*dequantize_q8_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
+    void (*dequantize_q4_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
+    // Index of the first NaN / +-Inf among n floats, or -1.
+    std::int64_t (*find_nonfinite_f32)(const float* src, std::size_t n);
+};
+
+extern const Kernels kScalarKernels;
+#if defined(DSPARK_X86)
+extern const Kernels kAvx2Kernels;
+extern const Kernels kAvx512Kernels;
+#endif
+
+// Scalar single-block quantizers (defined in row_format.cpp, compiled for the
+// baseline ISA). The SIMD kernels hand blocks holding a NaN to these, so NaN
+// handling has exactly one definition.
+void quantize_block_q8_0_scalar(const float* x, std::uint8_t* out);
+void quantize_block_q4_0_scalar(const float* x, std::uint8_t* out);
+
+// ---------------------------------------------------------------------------
+// Bit helpers (internal linkage in every TU; see the note at the top).
+
+static inline std::uint32_t f32_bits(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+static inline float bits_f32(std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// IEEE binary32 -> binary16, round to nearest even; overflow -> +-inf,
+// subnormals exact; NaN -> quiet NaN keeping the top 9 payload bits (what
+// F16C's vcvtps2ph does; numpy's astype(float16) agrees for quiet NaNs).
+static inline std::uint16_t f32_to_f16_scalar(float f) {
+    const std::uint32_t x = f32_bits(f);
+    const std::uint32_t sign = (x >> 16) & 0x8000u;
+    const std::uint32_t ax = x & 0x7fffffffu;
+    if (ax > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((ax >> 13) & 0x3ffu));
+    if (ax >= 0x47800000u) return static_cast<std::uint16_t>(sign | 0x7c00u);  // >= 65536 (and inf)
+    if (ax >= 0x38800000u) {  // normal in f16 (>= 2^-14); a carry may round up to inf
+        const std::uint32_t r = ax - 0x38000000u;  // rebias exponent 127 -> 15
+        return static_cast<std::uint16_t>(sign | ((r + 0x0fffu + ((r >> 13) & 1u)) >> 13));
+    }
+    // Subnormal (or zero) in f16: the grid is 2^-24; adding 0.5f rounds |f|
+    // to that grid with the FPU's round-to-nearest-even (0.5 has ulp 2^-24).
+    const float t = bits_f32(ax) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (f32_bits(t) - 0x3f000000u));
+}
+
+// binary16 -> binary32, exact; a signalling NaN comes back quiet (as F16C).
+static inline float f16_to_f32_scalar(std::uint16_t h) {
+    const std::uint32_t sign = static_cast<std::uint32_t>(h & 0x8000u) << 16;
+    const std::uint32_t exp = (h >> 10) & 0x1fu;
+    const std::uint32_t man = h & 0x3ffu;
+    std::uint32_t u;
+    if (exp == 0) {
+        if (man == 0) return bits_f32(sign);
+        const float v = static_cast<float>(man) * 5.9604644775390625e-08f;  // man * 2^-24, exact
+        u = sign | f32_bits(v);
+    } else if (exp == 31) {
+        u = sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0u);
+    } else {
+        u = sign | ((exp + 112u) << 23) | (man << 13);
+    }
+    return bits_f32(u);
+}
+
+// ggml_compute_fp32_to_bf16.
+static inline std::uint16_t f32_to_bf16_scalar(float f) {
+    const std::uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 64u);
+    return static_cast<std::uint16_t>((u + (0x7fffu + ((u >> 16) & 1u))) >> 16);
+}
+
+static inline float bf16_to_f32_scalar(std::uint16_t b) {
+    return bits_f32(static_cast<std::uint32_t>(b) << 16);
+}
+
+// x86 cvttss2si semantics: truncate toward zero; NaN or out of int32 range
+// gives INT32_MIN. (numpy's float -> int8/uint8 casts and the C code's
+// (int8_t) casts compile to this and keep the low byte.)
+static inline std::int32_t cvtt_i32(float v) {
+    if (!(std::fabs(v) < 2147483648.0f)) return INT32_MIN;
+    return static_cast<std::int32_t>(v);
+}
+
+}  // namespace detail
+}  // namespace dspark

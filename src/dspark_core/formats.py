@@ -1,0 +1,197 @@
+"""Row formats: encode feature rows into a storage dtype and decode them back.
+
+Storage layouts are GGML's (``f32``, ``f16``, ``bf16``, ``q8_0``, ``q4_0``) and
+the conversions are bit-exact with ggml's reference quantizers (and so with
+``gguf.quantize`` / ``gguf.dequantize``) on every SIMD path. The work happens
+in the C++ core (``dspark_core._row_format``) with the GIL released.
+
+Example::
+
+    >>> import numpy as np
+    >>> from dspark_core import formats
+    >>> x = np.random.default_rng(0).standard_normal((4, 64), dtype=np.float32)
+    >>> q = formats.quantize_rows(x, "q8_0")          # uint8 (4, 68)
+    >>> y = formats.dequantize_rows(q, "q8_0", 64)    # float32 (4, 64)
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import ml_dtypes
+import numpy as np
+
+from . import _row_format
+
+__all__ = [
+    "STORAGES",
+    "NONFINITE_POLICIES",
+    "quantize_rows",
+    "dequantize_rows",
+    "find_nonfinite",
+    "row_bytes",
+    "storage_dtype",
+    "simd_paths",
+    "best_simd_path",
+    "active_simd_path",
+    "set_simd_path",
+    "simd_path",
+]
+
+#: Storage formats, in the C++ enum's order.
+STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+
+#: What :func:`quantize_rows` does with NaN / +-Inf inputs.
+NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "keep")
+
+#: Input / output element dtypes.
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+def _check_float_dtype(dtype: object, what: str) -> np.dtype:
+    dt = np.dtype(dtype)  # type: ignore[call-overload]
+    if dt not in _FLOAT_DTYPES:
+        raise TypeError(
+            f"{what}: dtype {dt} is not supported; expected float32, float16 or bfloat16 (ml_dtypes)"
+        )
+    return dt
+
+
+def row_bytes(storage: str, feature_dim: int) -> int:
+    """Bytes of one row of ``feature_dim`` elements stored as ``storage``.
+
+    Raises :class:`dspark_core.errors.ConfigError` for an unknown storage or a
+    q format with ``feature_dim % 32 != 0``.
+    """
+    return int(_row_format.row_bytes(storage, int(feature_dim)))
+
+
+def storage_dtype(storage: str) -> np.dtype:
+    """numpy dtype :func:`quantize_rows` returns for ``storage``.
+
+    float32 / float16 / bfloat16 for the float formats, uint8 for q formats.
+    """
+    return np.dtype(_row_format.storage_out_dtype(storage))
+
+
+def _as_rows(x: object, what: str) -> np.ndarray:
+    """Coerce input to a C-contiguous 2-D array of a supported float dtype."""
+    if not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+        if x.dtype == np.float64:
+            raise TypeError(
+                f"{what}: got float64 data; pass float32, float16 or bfloat16 (convert explicitly)"
+            )
+    _check_float_dtype(x.dtype, what)
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    elif x.ndim != 2:
+        raise ValueError(f"{what}: expected a 1-D row or a 2-D (n_rows, feature_dim) array, got shape {x.shape}")
+    return np.ascontiguousarray(x)
+
+
+def quantize_rows(
+    x: np.ndarray, storage: str, *, nonfinite: str = "error", out: np.ndarray | None = None
+) -> np.ndarray:
+    """Encode rows ``x`` (float32 / float16 / bfloat16, shape (n, D) or (D,)) as ``storage``.
+
+    Returns a new array: uint8 (n, row_bytes) for ``q8_0`` / ``q4_0``;
+    float16 / bfloat16 (ml_dtypes) (n, D) for ``f16`` / ``bf16``; a float32
+    copy for ``f32``. A 1-D input is one row (the result is still 2-D).
+
+    ``nonfinite`` decides what NaN / +-Inf inputs do:
+
+    * ``"error"`` (default): raise ``ValueError`` naming the row and column of
+      the first non-finite value;
+    * ``"zero"``: replace them with 0;
+    * ``"clamp_f16"``: NaN -> 0, then clamp every value to [-65504, 65504];
+    * ``"keep"``: convert as-is (NaN stays a quiet NaN, as gguf-py does; a q
+      block holding a NaN gets ``d = NaN`` and zero quants).
+
+    ``out``, when given, must be a writeable C-contiguous array of exactly the
+    result's dtype and shape; it is filled and returned (no allocation).
+
+    Raises ``TypeError`` for another input dtype and
+    :class:`dspark_core.errors.ConfigError` for an unknown storage or a q
+    format with ``D % 32 != 0``.
+    """
+    if nonfinite not in NONFINITE_POLICIES:
+        raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
+    rows = _as_rows(x, "quantize_rows")
+    out, bad = _row_format.encode(rows, storage, nonfinite, out)
+    if nonfinite == "error" and bad >= 0:
+        dim = rows.shape[1]
+        r, c = divmod(int(bad), dim)
+        v = rows.reshape(-1)[bad]
+        raise ValueError(
+            f"non-finite value {float(v)!r} at row {r}, column {c} (nonfinite='error'; "
+            "use nonfinite='zero', 'clamp_f16' or 'keep' to accept it)"
+        )
+    return out
+
+
+def dequantize_rows(
+    data: np.ndarray,
+    storage: str,
+    feature_dim: int,
+    out_dtype: object = np.float32,
+    out: np.ndarray | None = None,
+) -> np.ndarray:
+    """Decode rows stored as ``storage`` back to floats, shape (n, feature_dim).
+
+    ``data`` holds whole rows: the uint8 (n, row_bytes) array
+    :func:`quantize_rows` returned, any C-contiguous array with the same
+    bytes, or the storage's float dtype (n, feature_dim). Decoding is exact in
+    float32; to float16 / bfloat16 it is one round-to-nearest-even step of the
+    float32 value. Writes into ``out`` (C-contiguous, right shape and dtype)
+    when given and returns it.
+    """
+    dt = _check_float_dtype(out_dtype, "dequantize_rows out_dtype")
+    if not isinstance(data, np.ndarray):
+        raise TypeError(f"dequantize_rows: data must be a numpy array, got {type(data).__name__}")
+    data = np.ascontiguousarray(data)
+    return _row_format.decode(data, storage, int(feature_dim), dt, out)
+
+
+def find_nonfinite(x: np.ndarray) -> int:
+    """Flat index of the first NaN / +-Inf in ``x`` (float32/float16/bfloat16), or -1."""
+    _check_float_dtype(x.dtype, "find_nonfinite")
+    return int(_row_format.find_nonfinite(np.ascontiguousarray(x)))
+
+
+def simd_paths() -> list[str]:
+    """SIMD kernel paths this CPU and build support (``"scalar"`` first)."""
+    return list(_row_format.simd_paths())
+
+
+def best_simd_path() -> str:
+    """The fastest supported path (the default unless ``DSPARK_SIMD`` says otherwise)."""
+    return str(_row_format.best_simd_path())
+
+
+def active_simd_path() -> str:
+    """The path conversions use now."""
+    return str(_row_format.active_simd_path())
+
+
+def set_simd_path(name: str) -> None:
+    """Select the SIMD path process-wide (every path gives identical bytes).
+
+    ``ValueError`` for an unknown or unsupported path.
+    """
+    _row_format.set_simd_path(name)
+
+
+@contextlib.contextmanager
+def simd_path(name: str) -> Iterator[str]:
+    """Context manager running its body on SIMD path ``name`` (for tests).
+
+    Process-wide, so not for use from several threads at once.
+    """
+    saved = active_simd_path()
+    set_simd_path(name)
+    try:
+        yield name
+    finally:
+        set_simd_path(saved)

@@ -1,0 +1,122 @@
+"""Pure numpy / gguf-py twin of :mod:`dspark_core.formats` (test oracle).
+
+Deliberately simple: the non-finite policy is applied with numpy, then the
+encoding is ``numpy.astype(float16)`` for f16 and ``gguf.quantize`` for bf16,
+q8_0 and q4_0 (gguf-py matches ggml's reference C quantizers byte for byte);
+decoding is ``gguf.dequantize``. Same return layouts as ``formats``.
+
+One deliberate deviation from gguf-py, following ggml's C code: a q4_0 block
+whose elements are all zero stores ``d = -0.0`` (fp16 0x8000). ggml keeps the
+running max at +0 and computes ``+0 / -8``; gguf-py takes the block's first
+element, which gives +0 (0x0000) when that element is ``-0.0``.
+"""
+
+from __future__ import annotations
+
+import gguf
+import ml_dtypes
+import numpy as np
+
+__all__ = ["encode", "decode", "apply_nonfinite", "STORAGES"]
+
+STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+_QT = {
+    "bf16": gguf.GGMLQuantizationType.BF16,
+    "q8_0": gguf.GGMLQuantizationType.Q8_0,
+    "q4_0": gguf.GGMLQuantizationType.Q4_0,
+}
+_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _rows_f32(x: np.ndarray) -> np.ndarray:
+    """Widen float32/float16/bfloat16 input to a 2-D float32 array (exact)."""
+    x = np.asarray(x)
+    if x.dtype not in (np.dtype(np.float32), np.dtype(np.float16), _BF16):
+        raise TypeError(f"unsupported dtype {x.dtype} (expected float32, float16 or bfloat16)")
+    if x.ndim == 1:
+        x = x.reshape(1, -1)
+    return np.array(x, dtype=np.float32)  # a copy, so policies can edit it
+
+
+def apply_nonfinite(x: np.ndarray, nonfinite: str) -> np.ndarray:
+    """Apply a non-finite policy to float32 ``x`` (2-D), returning float32."""
+    if nonfinite in ("keep",):
+        return x
+    if nonfinite == "error":
+        bad = np.flatnonzero(~np.isfinite(x))
+        if bad.size:
+            r, c = divmod(int(bad[0]), x.shape[1])
+            raise ValueError(f"non-finite value {float(x[r, c])!r} at row {r}, column {c}")
+        return x
+    if nonfinite == "zero":
+        return np.where(np.isfinite(x), x, np.float32(0)).astype(np.float32)
+    if nonfinite == "clamp_f16":
+        x = np.where(np.isnan(x), np.float32(0), x)
+        return np.clip(x, np.float32(-65504), np.float32(65504)).astype(np.float32)
+    raise ValueError(f"unknown nonfinite policy {nonfinite!r}")
+
+
+def _bf16_bits(x: np.ndarray) -> np.ndarray:
+    """ggml's fp32 -> bf16 rounding (gguf-py BF16 quantizer), as uint16."""
+    return gguf.quantize(np.ascontiguousarray(x, dtype=np.float32), _QT["bf16"]).view(np.uint16)
+
+
+def encode(x: np.ndarray, storage: str, nonfinite: str = "error") -> np.ndarray:
+    """Encode rows of ``x`` (2-D, or 1-D as one row) as ``storage``.
+
+    Returns float32 / float16 / bfloat16 (n, D) for the float formats and
+    uint8 (n, row_bytes) for q8_0 / q4_0.
+    """
+    if storage not in STORAGES:
+        raise ValueError(f"unknown storage {storage!r}")
+    x = apply_nonfinite(_rows_f32(x), nonfinite)
+    n, dim = x.shape
+    if storage == "f32":
+        return x
+    if storage == "f16":
+        with np.errstate(over="ignore", invalid="ignore"):
+            return x.astype(np.float16)
+    if storage == "bf16":
+        return _bf16_bits(x).reshape(n, dim).view(_BF16)
+    if dim % 32:
+        raise ValueError(f"{storage} needs dim % 32 == 0, got {dim}")
+    with np.errstate(all="ignore"):
+        q = gguf.quantize(x, _QT[storage]).reshape(n, dim // 32 * _BLOCK_BYTES[storage])
+    if storage == "q4_0":
+        # ggml C quirk: an all-zero block stores d = -0.0 (see module docstring).
+        blocks = q.reshape(-1, 18)
+        zero = np.all(x.reshape(-1, 32) == 0, axis=1)
+        blocks[zero, 0] = 0x00
+        blocks[zero, 1] = 0x80
+    return q
+
+
+def decode(data: np.ndarray, storage: str, dim: int, out_dtype: object = np.float32) -> np.ndarray:
+    """Decode rows stored as ``storage`` to ``out_dtype`` (n, dim).
+
+    float32 via ``gguf.dequantize`` (exact); float16 / bfloat16 as one
+    round-to-nearest-even step of that float32 value.
+    """
+    if storage not in STORAGES:
+        raise ValueError(f"unknown storage {storage!r}")
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    if storage == "f32":
+        f = raw.view(np.float32).copy()
+    elif storage == "f16":
+        f = raw.view(np.float16).astype(np.float32)
+    elif storage == "bf16":
+        f = gguf.dequantize(raw, _QT["bf16"])
+    else:
+        with np.errstate(all="ignore"):  # d = inf times a zero quant -> NaN, as ggml
+            f = gguf.dequantize(raw.reshape(-1, _BLOCK_BYTES[storage]), _QT[storage])
+    f = np.asarray(f, dtype=np.float32).reshape(-1, dim)
+    dt = np.dtype(out_dtype)  # type: ignore[call-overload]
+    if dt == np.float32:
+        return f
+    if dt == np.float16:
+        with np.errstate(over="ignore", invalid="ignore"):
+            return f.astype(np.float16)
+    if dt == _BF16:
+        return _bf16_bits(f).reshape(f.shape).view(_BF16)
+    raise TypeError(f"unsupported out_dtype {dt}")
