@@ -122,13 +122,18 @@ void Stager::advance_horizon(Seq& s) noexcept {
     if (s.started) s.horizon = horizon_after(s);
     // Lazy trim: dead head rows go once a chunk of them has piled up. With the
     // ring this is O(1); the chunking bounds memory at W + TRIM_CHUNK + B + 1.
-    const std::int64_t dead = s.horizon - s.buf.head();
-    if (s.started && dead >= TRIM_CHUNK) {
-        s.buf.drop_front(s.horizon);
-        s.stats.trims += 1;
-        s.stats.trimmed_rows += dead;
-    }
+    if (s.started && s.horizon - s.buf.head() >= TRIM_CHUNK) trim_head(s, s.horizon);
     note_size(s);
+}
+
+void Stager::trim_head(Seq& s, std::int64_t new_head) noexcept {
+    const std::int64_t before = s.buf.head();
+    s.buf.drop_front(new_head);
+    const std::int64_t k = s.buf.head() - before;
+    if (k > 0) {
+        s.stats.trims += 1;
+        s.stats.trimmed_rows += k;
+    }
 }
 
 // -- ingest -------------------------------------------------------------------
@@ -191,9 +196,9 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, 
     }
     if (s.started) {
         if (!fused) {
-            s.buf.drop_front(std::min(h_new, s.end));  // cannot fail any more
+            trim_head(s, std::min(h_new, s.end));  // cannot fail any more
         } else if (s.buf.size() + keep > s.buf.capacity()) {
-            s.buf.drop_front(old_live_from);  // rows below the old horizon: invisible
+            trim_head(s, old_live_from);  // rows below the old horizon: invisible
         }
     }
     if (!s.started || s.buf.size() == 0) s.buf.reset(p0 + static_cast<std::int64_t>(skip));

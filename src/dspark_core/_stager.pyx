@@ -284,8 +284,8 @@ cdef class Stager:
 
     def fork(self, src, dst):
         """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round."""
-        cdef int64_t a = self._seq(src)
-        cdef int64_t b = self._seq(dst)
+        cdef int64_t a = self._seq(as_index("src", src))
+        cdef int64_t b = self._seq(as_index("dst", dst))
         self._core.fork(a, b)
 
     def snapshot(self, seq):

@@ -151,6 +151,8 @@ private:
     std::int64_t firm_end(const Seq& s) const noexcept;
     std::int64_t horizon_after(const Seq& s) const noexcept;
     void advance_horizon(Seq& s) noexcept;
+    // Drop head rows below new_head (all below the horizon), counting a trim.
+    static void trim_head(Seq& s, std::int64_t new_head) noexcept;
     static void note_size(Seq& s) noexcept;
     void fresh_seq(Seq& s) const;
 
