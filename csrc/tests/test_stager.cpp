@@ -1,0 +1,220 @@
+// C++ unit tests of the Stager state machine (no Python). The anchor's loop
+// scenario with window crossing, the memory bound, atomic rejection, and the
+// lifecycle operations. The Python suite compares the core with the reference
+// twin op for op; these tests keep the core testable on its own.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "check.hpp"
+#include "dspark/errors.hpp"
+#include "dspark/stager.hpp"
+
+using namespace dspark;
+
+namespace {
+
+constexpr std::int64_t D = 32;
+
+StagerOptions opts(std::int64_t B, std::int64_t W, Storage st = Storage::F32, std::int64_t seqs = 1) {
+    StagerOptions o;
+    o.feature_dim = D;
+    o.block_size = B;
+    o.window = W;
+    o.max_seqs = seqs;
+    o.storage = st;
+    return o;
+}
+
+// Rows whose first element is the position (plus a version tag).
+std::vector<float> rows_for(std::int64_t from, std::int64_t n, float version = 0) {
+    std::vector<float> r(static_cast<std::size_t>(n * D));
+    for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t c = 0; c < D; ++c) r[static_cast<std::size_t>(i * D + c)] = float(from + i) + version + 0.001f * float(c);
+    return r;
+}
+
+std::vector<std::int64_t> span(std::int64_t from, std::int64_t n) {
+    std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = from + i;
+    return p;
+}
+
+void process(Stager& s, std::int64_t seq, std::int64_t from, std::int64_t n, float version = 0) {
+    auto p = span(from, n);
+    auto r = rows_for(from, n, version);
+    s.process(seq, p.data(), p.size(), r.data(), ElemType::F32);
+}
+
+float first_value(const std::vector<std::uint8_t>& rows, std::size_t row) {
+    float v;
+    std::memcpy(&v, rows.data() + row * D * 4, 4);
+    return v;
+}
+
+}  // namespace
+
+TEST_CASE(anchor_loop_crosses_the_window) {
+    // B = 7, W = 20, K = 10; a 5-row prompt; accepts 7, 3, 0, 7, 5, 1, 4.
+    Stager s(opts(7, 20));
+    CHECK_EQ(s.w_keep(), 10);
+    process(s, 0, 0, 5);
+    struct Want { std::int64_t start; bool rebase; std::int64_t lo, base; };
+    const Want want[] = {{5, false, 0, 0},   {13, false, 5, 0},  {17, true, 7, 7},   {18, false, 17, 7},
+                         {26, true, 16, 16}, {32, true, 22, 22}, {34, false, 32, 22}, {39, true, 29, 29}};
+    const std::int64_t accepts[] = {7, 3, 0, 7, 5, 1, 4};
+    std::int64_t n_past = 5;
+    for (int r = 0; r < 8; ++r) {
+        CHECK_EQ(n_past, want[r].start);
+        std::vector<std::uint8_t> rows;
+        RoundPlan p = s.draft(0, n_past, rows);
+        CHECK(p.skip == Skip::None);
+        CHECK_EQ(p.rebase, want[r].rebase);
+        CHECK_EQ(p.clear_cache, want[r].rebase || r == 0);
+        CHECK_EQ(p.first_row, want[r].lo);
+        CHECK_EQ(p.pos_base, want[r].base);
+        CHECK_EQ(p.n_rows, want[r].start - want[r].lo);
+        CHECK_EQ(p.crop_from, want[r].start - want[r].base);
+        CHECK(p.crop_from + 7 <= 20);
+        CHECK_EQ(rows.size(), std::size_t(p.n_rows * D * 4));
+        s.commit(0);
+        if (r == 7) break;
+        process(s, 0, n_past, 8, 0.25f * float(r + 1));
+        s.accept(0, accepts[r]);
+        n_past += accepts[r] + 1;
+    }
+    CHECK_EQ(s.stats(0).rebases, 4);
+}
+
+TEST_CASE(config_errors_are_exceptions_not_aborts) {
+    CHECK_THROWS(Stager(opts(10, 20)), ConfigError);   // W <= 2B
+    CHECK_THROWS(Stager(opts(0, 20)), ConfigError);
+    StagerOptions q = opts(4, 20, Storage::Q4_0);
+    q.feature_dim = 33;                                  // q formats need D % 32 == 0
+    CHECK_THROWS(Stager(q), ConfigError);
+    StagerOptions m = opts(4, 20);
+    m.max_seqs = 0;
+    CHECK_THROWS(Stager(m), ConfigError);
+}
+
+TEST_CASE(rejected_calls_change_nothing) {
+    Stager s(opts(4, 12));
+    process(s, 0, 0, 6);
+    auto before = s.snapshot(0);
+    auto p = span(7, 2);  // gap: expected 6
+    auto r = rows_for(7, 2);
+    CHECK_THROWS(s.process(0, p.data(), 2, r.data(), ElemType::F32), std::invalid_argument);
+    auto q = span(6, 3);
+    auto bad = rows_for(6, 3);
+    bad[D + 3] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS(s.process(0, q.data(), 3, bad.data(), ElemType::F32), std::invalid_argument);
+    CHECK(s.snapshot(0) == before);
+    std::vector<std::uint8_t> unused;
+    CHECK_THROWS(s.draft(0, -1, unused), std::invalid_argument);
+    CHECK_THROWS(s.accept(0, 5), std::invalid_argument);
+    CHECK_THROWS(s.begin(1), std::invalid_argument);  // unknown sequence
+    CHECK_THROWS(s.commit(0), StateError);           // no open round
+    std::vector<std::uint8_t> rows;
+    s.draft(0, 6, rows);
+    CHECK_THROWS(process(s, 0, 6, 1), StateError);   // open round
+    CHECK_THROWS(s.snapshot(0), StateError);
+    s.commit(0);
+    CHECK(s.state(0).n_cache == 6);
+}
+
+TEST_CASE(prefill_of_100k_rows_stays_bounded) {
+    const std::int64_t B = 16, W = 1024;
+    Stager s(opts(B, W));
+    std::vector<float> chunk(static_cast<std::size_t>(4096 * D), 1.0f);
+    for (std::int64_t n = 0; n < 100000; n += 4096) {
+        const std::int64_t k = std::min<std::int64_t>(4096, 100000 - n);
+        auto p = span(n, k);
+        s.process(0, p.data(), p.size(), chunk.data(), ElemType::F32);
+    }
+    const SeqStats st = s.stats(0);
+    CHECK(st.peak_rows <= W + TRIM_CHUNK + B + 1);
+    std::vector<std::uint8_t> rows;
+    RoundPlan p = s.draft(0, 100000, rows);
+    CHECK(p.rebase);
+    CHECK_EQ(p.n_rows, W / 2);
+    CHECK_EQ(p.pos_base, 100000 - W / 2);
+}
+
+TEST_CASE(fail_keeps_retained_rows_and_disables_after_max) {
+    StagerOptions o = opts(4, 12);
+    o.max_failures = 2;
+    Stager s(o);
+    process(s, 0, 0, 30);
+    std::vector<std::uint8_t> rows;
+    RoundPlan a = s.draft(0, 30, rows);
+    CHECK(a.rebase && a.n_rows == 6);
+    CHECK(!s.fail(0, FailStage::Decode));
+    process(s, 0, 30, 1);
+    rows.clear();
+    RoundPlan b = s.draft(0, 31, rows);
+    CHECK(b.rebase && b.n_rows == 6 && first_value(rows, 0) == 25.0f);
+    CHECK(s.fail(0, FailStage::Crop));  // second consecutive failure disables (reported once)
+    rows.clear();
+    CHECK(s.draft(0, 31, rows).skip == Skip::Disabled);
+    s.begin(0);
+    CHECK(!s.state(0).disabled);
+}
+
+TEST_CASE(snapshot_round_trip_and_damage) {
+    Stager s(opts(4, 12, Storage::Q8_0, 2));
+    process(s, 0, 0, 40);
+    std::vector<std::uint8_t> rows;
+    s.draft(0, 40, rows);
+    s.commit(0);
+    auto snap = s.snapshot(0);
+    s.restore(1, snap.data(), snap.size());
+    CHECK(s.state(1).end == 40 && s.state(1).restage_owed);
+    auto before = s.snapshot(1);
+    for (std::size_t i = 0; i < snap.size(); ++i) {
+        auto d = snap;
+        d[i] ^= 0x10;
+        CHECK_THROWS(s.restore(1, d.data(), d.size()), std::invalid_argument);
+    }
+    for (std::size_t k = 0; k < snap.size(); k += 5) CHECK_THROWS(s.restore(1, snap.data(), k), std::invalid_argument);
+    auto longer = snap;
+    longer.push_back(0);
+    CHECK_THROWS(s.restore(1, longer.data(), longer.size()), std::invalid_argument);
+    CHECK(s.snapshot(1) == before);
+}
+
+TEST_CASE(fork_is_independent_and_shift_moves_rows) {
+    Stager s(opts(4, 16, Storage::F32, 2));
+    process(s, 0, 0, 10);
+    s.fork(0, 1);
+    process(s, 0, 10, 2, 0.5f);
+    process(s, 1, 10, 3, 0.75f);
+    CHECK_EQ(s.state(0).end, 12);
+    CHECK_EQ(s.state(1).end, 13);
+    std::vector<std::uint8_t> rows;
+    s.shift(1, 2, 4);  // drop [2, 6): 6.. move down by 4
+    CHECK_EQ(s.state(1).end, 9);
+    RoundPlan p = s.draft(1, 9, rows);
+    CHECK(p.rebase);
+    // The fork owes a restage, so its horizon is 13 - K = 5: after the shift
+    // the stageable rows are old [6, 13) at [2, 9) (old [0, 2) lie below it).
+    CHECK_EQ(p.n_rows, 7);
+    CHECK(first_value(rows, 0) == 6.0f && first_value(rows, 4) == 10.75f);
+    CHECK_THROWS(s.fork(1, 0), StateError);  // open round on the source
+    CHECK_THROWS(s.fork(0, 0), std::invalid_argument);
+}
+
+TEST_CASE(rollback_into_the_cache_owes_a_restage) {
+    Stager s(opts(4, 16));
+    process(s, 0, 0, 10);
+    std::vector<std::uint8_t> rows;
+    s.draft(0, 10, rows);
+    s.commit(0);
+    s.rollback(0, 7);
+    CHECK(s.state(0).restage_owed);
+    CHECK_EQ(s.state(0).end, 7);
+    rows.clear();
+    CHECK(s.draft(0, 7, rows).skip == Skip::NoContext);
+}
+
+TEST_MAIN()
