@@ -12,13 +12,6 @@ void FeatureBuffer::reset(std::int64_t pos) noexcept {
     count_ = 0;
 }
 
-void FeatureBuffer::release() noexcept {
-    std::vector<std::uint8_t>().swap(data_);
-    cap_ = 0;
-    head_slot_ = 0;
-    count_ = 0;
-}
-
 void FeatureBuffer::reserve_back(std::size_t n, std::size_t min_rows, std::size_t max_rows) {
     const std::size_t need = count_ + n;
     if (need <= cap_) return;

@@ -291,7 +291,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
 
 // -- rounds -------------------------------------------------------------------
 
-RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, std::vector<std::uint8_t>& out) {
+RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, ByteVec& out) {
     RoundPlan p;
     p.seq = seq_id;
     p.start = start;
@@ -340,7 +340,7 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, st
     return p;
 }
 
-RoundPlan Stager::draft(std::int64_t seq, std::int64_t n_past, std::vector<std::uint8_t>& rows_out) {
+RoundPlan Stager::draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& s = ready(seq);
     require_count("n_past", n_past);
@@ -348,7 +348,7 @@ RoundPlan Stager::draft(std::int64_t seq, std::int64_t n_past, std::vector<std::
 }
 
 void Stager::draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
-                        std::vector<RoundPlan>& plans, std::vector<std::uint8_t>& rows_out) {
+                        std::vector<RoundPlan>& plans, ByteVec& rows_out) {
     std::lock_guard<std::mutex> lock(mu_);
     // Validate everything first: a rejected batch changes nothing.
     for (std::size_t i = 0; i < n; ++i) get(seqs[i]);

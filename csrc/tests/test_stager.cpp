@@ -47,7 +47,7 @@ void process(Stager& s, std::int64_t seq, std::int64_t from, std::int64_t n, flo
     s.process(seq, p.data(), p.size(), r.data(), ElemType::F32);
 }
 
-float first_value(const std::vector<std::uint8_t>& rows, std::size_t row) {
+float first_value(const ByteVec& rows, std::size_t row) {
     float v;
     std::memcpy(&v, rows.data() + row * D * 4, 4);
     return v;
@@ -67,7 +67,7 @@ TEST_CASE(anchor_loop_crosses_the_window) {
     std::int64_t n_past = 5;
     for (int r = 0; r < 8; ++r) {
         CHECK_EQ(n_past, want[r].start);
-        std::vector<std::uint8_t> rows;
+        ByteVec rows;
         RoundPlan p = s.draft(0, n_past, rows);
         CHECK(p.skip == Skip::None);
         CHECK_EQ(p.rebase, want[r].rebase);
@@ -110,12 +110,12 @@ TEST_CASE(rejected_calls_change_nothing) {
     bad[D + 3] = std::numeric_limits<float>::quiet_NaN();
     CHECK_THROWS(s.process(0, q.data(), 3, bad.data(), ElemType::F32), std::invalid_argument);
     CHECK(s.snapshot(0) == before);
-    std::vector<std::uint8_t> unused;
+    ByteVec unused;
     CHECK_THROWS(s.draft(0, -1, unused), std::invalid_argument);
     CHECK_THROWS(s.accept(0, 5), std::invalid_argument);
     CHECK_THROWS(s.begin(1), std::invalid_argument);  // unknown sequence
     CHECK_THROWS(s.commit(0), StateError);           // no open round
-    std::vector<std::uint8_t> rows;
+    ByteVec rows;
     s.draft(0, 6, rows);
     CHECK_THROWS(process(s, 0, 6, 1), StateError);   // open round
     CHECK_THROWS(s.snapshot(0), StateError);
@@ -134,7 +134,7 @@ TEST_CASE(prefill_of_100k_rows_stays_bounded) {
     }
     const SeqStats st = s.stats(0);
     CHECK(st.peak_rows <= W + TRIM_CHUNK + B + 1);
-    std::vector<std::uint8_t> rows;
+    ByteVec rows;
     RoundPlan p = s.draft(0, 100000, rows);
     CHECK(p.rebase);
     CHECK_EQ(p.n_rows, W / 2);
@@ -146,7 +146,7 @@ TEST_CASE(fail_keeps_retained_rows_and_disables_after_max) {
     o.max_failures = 2;
     Stager s(o);
     process(s, 0, 0, 30);
-    std::vector<std::uint8_t> rows;
+    ByteVec rows;
     RoundPlan a = s.draft(0, 30, rows);
     CHECK(a.rebase && a.n_rows == 6);
     CHECK(!s.fail(0, FailStage::Decode));
@@ -164,7 +164,7 @@ TEST_CASE(fail_keeps_retained_rows_and_disables_after_max) {
 TEST_CASE(snapshot_round_trip_and_damage) {
     Stager s(opts(4, 12, Storage::Q8_0, 2));
     process(s, 0, 0, 40);
-    std::vector<std::uint8_t> rows;
+    ByteVec rows;
     s.draft(0, 40, rows);
     s.commit(0);
     auto snap = s.snapshot(0);
@@ -191,7 +191,7 @@ TEST_CASE(fork_is_independent_and_shift_moves_rows) {
     process(s, 1, 10, 3, 0.75f);
     CHECK_EQ(s.state(0).end, 12);
     CHECK_EQ(s.state(1).end, 13);
-    std::vector<std::uint8_t> rows;
+    ByteVec rows;
     s.shift(1, 2, 4);  // drop [2, 6): 6.. move down by 4
     CHECK_EQ(s.state(1).end, 9);
     RoundPlan p = s.draft(1, 9, rows);
@@ -207,7 +207,7 @@ TEST_CASE(fork_is_independent_and_shift_moves_rows) {
 TEST_CASE(rollback_into_the_cache_owes_a_restage) {
     Stager s(opts(4, 16));
     process(s, 0, 0, 10);
-    std::vector<std::uint8_t> rows;
+    ByteVec rows;
     s.draft(0, 10, rows);
     s.commit(0);
     s.rollback(0, 7);

@@ -12,6 +12,11 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     int64_t TRIM_CHUNK
     int64_t MAX_POSITION
 
+    # std::vector<uint8_t> with an allocator that skips zero-filling.
+    cdef cppclass ByteVec:
+        uint8_t* data()
+        size_t size()
+
     cdef cppclass StagerOptions:
         int64_t feature_dim
         int64_t block_size
@@ -75,9 +80,9 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
                      ElemType type) except +dspark_translate_exception
         void process_encoded(int64_t seq, const int64_t* positions, size_t n, const uint8_t* data,
                              size_t nbytes) except +dspark_translate_exception
-        RoundPlan draft(int64_t seq, int64_t n_past, vector[uint8_t]& rows_out) except +dspark_translate_exception
+        RoundPlan draft(int64_t seq, int64_t n_past, ByteVec& rows_out) except +dspark_translate_exception
         void draft_many(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
-                        vector[uint8_t]& rows_out) except +dspark_translate_exception
+                        ByteVec& rows_out) except +dspark_translate_exception
         void commit(int64_t seq) except +dspark_translate_exception
         bool fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception

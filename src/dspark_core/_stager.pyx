@@ -18,7 +18,7 @@ from libcpp.vector cimport vector
 
 from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._lib_stager cimport (
-    Stager as CStager, StagerOptions, RoundPlan, SeqState, SeqStats, Skip, FailStage,
+    Stager as CStager, StagerOptions, RoundPlan, ByteVec, SeqState, SeqStats, Skip, FailStage,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
 )
 
@@ -45,7 +45,7 @@ _I32 = np.dtype(np.int32)
 
 cdef class _Bytes:
     """A C++ byte vector exposed through the buffer protocol (zero-copy to numpy)."""
-    cdef vector[uint8_t] v
+    cdef ByteVec v
     cdef Py_ssize_t _shape[1]
     cdef Py_ssize_t _strides[1]
 

@@ -36,8 +36,6 @@ public:
     // Forget every row; the next row appended is at position `pos`. Keeps the
     // allocation (a server reuses its slots).
     void reset(std::int64_t pos) noexcept;
-    // Release the allocation too.
-    void release() noexcept;
 
     const std::uint8_t* row(std::int64_t pos) const noexcept { return data_.data() + slot(pos) * row_bytes_; }
 

@@ -13,13 +13,35 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
+#include <new>
+#include <utility>
 #include <vector>
 
 #include "dspark/feature_buffer.hpp"
 #include "dspark/row_format.hpp"
 
 namespace dspark {
+
+// An allocator that leaves new elements uninitialised: staged-row buffers are
+// filled completely by a copy, so zero-filling them first would double the
+// write traffic of every draft().
+template <class T>
+struct UninitAllocator : std::allocator<T> {
+    template <class U>
+    struct rebind { using other = UninitAllocator<U>; };
+    UninitAllocator() noexcept = default;
+    template <class U>
+    UninitAllocator(const UninitAllocator<U>&) noexcept {}
+    template <class U>
+    void construct(U* p) noexcept { ::new (static_cast<void*>(p)) U; }
+    template <class U, class... A>
+    void construct(U* p, A&&... a) { ::new (static_cast<void*>(p)) U(std::forward<A>(a)...); }
+};
+
+// Staged rows in storage format, as handed to the caller.
+using ByteVec = std::vector<std::uint8_t, UninitAllocator<std::uint8_t>>;
 
 // Head rows below the horizon are dropped once this many have piled up.
 inline constexpr std::int64_t TRIM_CHUNK = 512;
@@ -106,10 +128,10 @@ public:
     void process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n,
                          const std::uint8_t* data, std::size_t nbytes);
     // Plans a round and appends its rows (storage format) to `rows_out`.
-    RoundPlan draft(std::int64_t seq, std::int64_t n_past, std::vector<std::uint8_t>& rows_out);
+    RoundPlan draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out);
     // One plan per sequence; rows of all of them appended to `rows_out` in order.
     void draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
-                    std::vector<RoundPlan>& plans, std::vector<std::uint8_t>& rows_out);
+                    std::vector<RoundPlan>& plans, ByteVec& rows_out);
     void commit(std::int64_t seq);
     // Returns true when this failure disabled the sequence (log it once).
     bool fail(std::int64_t seq, FailStage stage);
@@ -161,7 +183,7 @@ private:
                 Encode&& encode, bool fallible);
     void validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
                             std::size_t n) const;
-    RoundPlan plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, std::vector<std::uint8_t>& out);
+    RoundPlan plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, ByteVec& out);
 
     StagerOptions opt_;
     std::int64_t w_keep_;
