@@ -1,0 +1,146 @@
+#!/usr/bin/env bash
+# GPU check for dspark_core's CUDA row conversion, in one go (< 5 minutes):
+#   1. builds and installs the package with the CUDA kernels (DSPARK_CUDA=ON),
+#   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes),
+#   3. prints conversion throughput (GB/s) next to device-to-device copy
+#      bandwidth on the same GPU.
+#
+# Needs: an NVIDIA GPU + driver new enough for the CUDA toolkit's runtime,
+# nvcc (CUDA >= 11.2; CUDA 13 here) on PATH or at /usr/local/cuda/bin, a C++17
+# compiler, Python >= 3.10 with the build requirements already installed
+# (scikit-build-core, cython, cython-cmake, ninja, cmake; it builds with
+# --no-build-isolation) and numpy, ml_dtypes, gguf, pytest. cupy / torch are
+# optional: the tests always use dspark_core.cuda.DeviceArray, and also cupy
+# and / or torch when importable. Set GPU_CHECK_CUPY=1 to try
+# `pip install cupy-cuda13x` (then cupy-cuda12x) first (needs the package index).
+#
+# Usage: bash bench/gpu_check.sh            (from anywhere in the repository)
+# Env:   GPU_CHECK_ARCHS  CUDA architectures to build (default: the GPU's own,
+#                         queried with nvidia-smi, e.g. "90-real"; falls back to
+#                         the project default list)
+#        GPU_CHECK_ROWS / GPU_CHECK_DIM  benchmark shape (default 8192 x 4096)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+T0=$(date +%s)
+log() { printf '\n=== [%3ss] %s\n' "$(( $(date +%s) - T0 ))" "$*"; }
+
+if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
+  export PATH="/usr/local/cuda/bin:$PATH"
+fi
+PY=${PYTHON:-python3}
+
+log "environment"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader || echo "nvidia-smi failed"
+nvcc --version | tail -2 || { echo "nvcc not found: cannot build the kernels"; exit 2; }
+$PY -c "import sys, numpy; print('python', sys.version.split()[0], 'numpy', numpy.__version__)"
+
+# Build only for this GPU unless told otherwise (keeps the build to seconds).
+ARCHS=${GPU_CHECK_ARCHS:-}
+if [ -z "$ARCHS" ]; then
+  CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .' || true)
+  if [[ "$CC" =~ ^[0-9]+$ ]]; then ARCHS="${CC}-real"; else ARCHS="75-real;80-real;90-real;90-virtual"; fi
+fi
+
+if [ "${GPU_CHECK_CUPY:-0}" = "1" ] && ! $PY -c "import cupy" >/dev/null 2>&1; then
+  log "installing cupy (optional)"
+  timeout 120 $PY -m pip install -q cupy-cuda13x || timeout 120 $PY -m pip install -q cupy-cuda12x \
+    || echo "cupy not installed; continuing without it"
+fi
+
+log "build + install with DSPARK_CUDA=ON (architectures: $ARCHS)"
+DSPARK_CUDA=ON $PY -m pip install -q --no-build-isolation --no-deps . \
+  -C build-dir=build/gpu_check -C "cmake.define.DSPARK_CUDA_ARCHITECTURES=$ARCHS"
+$PY - <<'EOF'
+from dspark_core import cuda
+print("dspark_core.cuda.available():", cuda.available(), "devices:", cuda.device_count(), cuda.unavailable_reason())
+if not cuda.available():
+    raise SystemExit("CUDA not available after a DSPARK_CUDA=ON build: see the reason above")
+print("device 0:", cuda._cuda.device_name(0), "| runtime", cuda._cuda.runtime_version(),
+      "| driver", cuda._cuda.driver_version())
+for lib in ("cupy", "torch"):
+    try:
+        m = __import__(lib)
+        print(f"{lib} {m.__version__} available")
+    except Exception as exc:  # noqa: BLE001
+        print(f"{lib} not available ({type(exc).__name__})")
+EOF
+
+log "GPU tests (tests/test_cuda.py)"
+$PY -m pytest tests/test_cuda.py -q -p no:cacheprovider -rfEs -x
+
+log "benchmark"
+$PY - <<'EOF'
+import os
+import time
+
+import ml_dtypes
+import numpy as np
+
+from dspark_core import cuda, formats
+
+cu = cuda._cuda
+ROWS = int(os.environ.get("GPU_CHECK_ROWS", 8192))
+DIM = int(os.environ.get("GPU_CHECK_DIM", 4096))
+BF16 = np.dtype(ml_dtypes.bfloat16)
+DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BF16}
+
+
+def timeit(fn, reps=20):
+    fn()
+    cu.synchronize(0)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        cu.synchronize(0)
+        best = min(best, (time.perf_counter() - t) / reps)
+    return best
+
+
+rng = np.random.default_rng(0)
+host = (rng.standard_normal((ROWS, DIM)) * rng.uniform(1e-2, 1e2, (ROWS, 1))).astype(np.float32)
+print(f"rows x dim = {ROWS} x {DIM} ({ROWS * DIM / 1e6:.1f} M elements); GB/s = (bytes read + bytes written) / time")
+
+# Device-to-device copy bandwidth (the roofline for a streaming conversion).
+nb = ROWS * DIM * 4
+a = cuda.DeviceArray.from_numpy(host)
+b = cuda.DeviceArray((ROWS, DIM), np.float32)
+t = timeit(lambda: cu.copy_device(b.ptr, a.ptr, nb, 0))
+copy_gbs = 2 * nb / t / 1e9
+print(f"{'device-to-device copy (f32)':34s} {copy_gbs:8.1f} GB/s   {t * 1e3:7.3f} ms")
+
+print("\nencode (nonfinite='keep': no host sync; 'error' adds one sync + 8-byte readback)")
+srcs = {k: cuda.DeviceArray.from_numpy(host.astype(dt)) for k, dt in DTYPES.items()}
+encoded = {}
+for st in formats.STORAGES:
+    rb = formats.row_bytes(st, DIM)
+    for k, dt in DTYPES.items():
+        out = cuda.DeviceArray((ROWS, rb) if st[0] == "q" else (ROWS, DIM), formats.storage_dtype(st) if st != "bf16" else BF16)
+        x = srcs[k]
+        t = timeit(lambda: cuda.quantize_rows(x, st, nonfinite="keep", out=out))
+        moved = x.nbytes + out.nbytes
+        print(f"  {k:>4s} -> {st:<5s}  {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)  {t * 1e3:7.3f} ms")
+        if k == "f32":
+            encoded[st] = out
+    x = srcs["f32"]
+    t = timeit(lambda: cuda.quantize_rows(x, st, nonfinite="error", out=encoded[st]), reps=10)
+    moved = x.nbytes + encoded[st].nbytes
+    print(f"   f32 -> {st:<5s}  {moved / t / 1e9:8.1f} GB/s  (nonfinite='error', synchronous)  {t * 1e3:7.3f} ms")
+
+print("\ndecode")
+for st in formats.STORAGES:
+    for k, dt in DTYPES.items():
+        out = cuda.DeviceArray((ROWS, DIM), dt)
+        data = encoded[st]
+        t = timeit(lambda: cuda.dequantize_rows(data, st, DIM, dt, out=out))
+        moved = data.nbytes + out.nbytes
+        print(f"  {st:>5s} -> {k:<4s}  {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)  {t * 1e3:7.3f} ms")
+
+# Spot check on the benchmark data: GPU bytes == CPU bytes.
+for st in ("q8_0", "q4_0"):
+    assert np.array_equal(encoded[st].get().view(np.uint8).reshape(-1),
+                          formats.quantize_rows(host, st).view(np.uint8).reshape(-1)), st
+print("\nbenchmark data: GPU q8_0 / q4_0 bytes == CPU bytes")
+EOF
+log "done"

@@ -1,0 +1,496 @@
+// CUDA row conversion kernels and their host launchers (dspark_cuda.hpp).
+//
+// Exactness: all float arithmetic goes through block_math.cuh (explicit
+// __fadd_rn / __fmul_rn / __fdiv_rn, the CPU's fp16 / bf16 bit recipes,
+// x86 cvtt and NaN rules), the library is built with -fmad=false
+// --ftz=false --prec-div=true --prec-sqrt=true and never -use_fast_math, so
+// the bytes equal the CPU scalar path's (verified on the host by
+// csrc/tests/test_cuda_block_math.cpp and on a GPU by tests/test_cuda.py).
+//
+// Launch shape: one launch per contiguous run of rows (n_rows * dim elements;
+// rows and q blocks are contiguous, so a run is a flat array of elements or
+// of 32-element blocks). Element kernels use one thread per element; the
+// quantizers one warp per block (lane j owns element j: coalesced loads,
+// a 5-step shuffle reduction for the block's scale, coalesced stores).
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "block_math.cuh"
+#include "dspark/errors.hpp"
+#include "dspark/row_format.hpp"
+#include "dspark_cuda.hpp"
+
+namespace dspark {
+namespace {
+
+using namespace bm;
+
+constexpr unsigned kFull = 0xffffffffu;
+constexpr int kThreads = 256;
+constexpr unsigned long long kNoBad = ~0ull;
+
+// ---------------------------------------------------------------- kernels ---
+
+// f32 / f16 / bf16 -> f32 / f16 / bf16 storage. Same type under NF_ERROR is a
+// raw copy (as the CPU's memcpy: even a signalling NaN keeps its bits).
+template <int IN, int OUT>
+__global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restrict__ src, void* __restrict__ dst,
+                                                           std::size_t n, int policy,
+                                                           unsigned long long* __restrict__ bad) {
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        float v = load_elem(src, IN, i);
+        if (policy == NF_ERROR) {
+            if (bad != nullptr && is_nonfinite(v)) atomicMin(bad, static_cast<unsigned long long>(i));
+            if (IN == OUT) {
+                if (IN == E_F32)
+                    static_cast<std::uint32_t*>(dst)[i] = static_cast<const std::uint32_t*>(src)[i];
+                else
+                    static_cast<std::uint16_t*>(dst)[i] = static_cast<const std::uint16_t*>(src)[i];
+                continue;
+            }
+        } else {
+            v = apply_policy(v, policy);
+        }
+        store_elem(dst, OUT, i, v);
+    }
+}
+
+// f32 / f16 / bf16 -> q8_0 / q4_0: one warp per 32-element block.
+template <int IN, int Q>
+__global__ void __launch_bounds__(kThreads) k_quantize(const void* __restrict__ src, std::uint8_t* __restrict__ dst,
+                                                       std::size_t n_blocks, int policy,
+                                                       unsigned long long* __restrict__ bad) {
+    const int lane = static_cast<int>(threadIdx.x & 31u);
+    const std::size_t warp = (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const std::size_t n_warps = (static_cast<std::size_t>(gridDim.x) * blockDim.x) >> 5;
+    for (std::size_t b = warp; b < n_blocks; b += n_warps) {  // warp-uniform loop
+        const std::size_t i = b * bm::QK + static_cast<std::size_t>(lane);
+        float v = load_elem(src, IN, i);
+        if (policy == NF_ERROR) {
+            const unsigned m = __ballot_sync(kFull, is_nonfinite(v));
+            if (m != 0u && bad != nullptr && lane == __ffs(m) - 1)
+                atomicMin(bad, static_cast<unsigned long long>(i));
+        } else {
+            v = apply_policy(v, policy);
+        }
+        const unsigned nan_lanes = __ballot_sync(kFull, is_nan(v));
+        if (Q == S_Q8_0) {
+            float amax;
+            if (nan_lanes != 0u) {
+                amax = abs_f(__shfl_sync(kFull, v, __ffs(nan_lanes) - 1));
+            } else {
+                amax = abs_f(v);
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) amax = q8_amax_combine(amax, __shfl_xor_sync(kFull, amax, o));
+            }
+            const Scales s = q8_scales(amax);
+            std::uint8_t* blk = dst + b * Q8_BLOCK;
+            blk[2 + lane] = q8_quant(v, s.id);
+            if (lane == 0) {
+                const std::uint16_t dh = f32_to_f16(s.d);
+                blk[0] = static_cast<std::uint8_t>(dh & 0xff);
+                blk[1] = static_cast<std::uint8_t>(dh >> 8);
+            }
+        } else {
+            float max;
+            if (nan_lanes != 0u) {
+                max = __shfl_sync(kFull, v, __ffs(nan_lanes) - 1);
+            } else {
+                ArgMax p{abs_f(v), lane};
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) {
+                    const ArgMax q{__shfl_xor_sync(kFull, p.a, o), __shfl_xor_sync(kFull, p.j, o)};
+                    p = q4_argmax_combine(p, q);
+                }
+                const float w = __shfl_sync(kFull, v, p.j);
+                max = p.a == 0.0f ? 0.0f : w;
+            }
+            const Scales s = q4_scales(max);
+            const std::uint32_t q = q4_quant(v, s.id);
+            const std::uint32_t hi = __shfl_down_sync(kFull, q, 16);
+            std::uint8_t* blk = dst + b * Q4_BLOCK;
+            if (lane < bm::QK / 2) blk[2 + lane] = static_cast<std::uint8_t>(q | (hi << 4));
+            if (lane == 0) {
+                const std::uint16_t dh = f32_to_f16(s.d);
+                blk[0] = static_cast<std::uint8_t>(dh & 0xff);
+                blk[1] = static_cast<std::uint8_t>(dh >> 8);
+            }
+        }
+    }
+}
+
+// q8_0 / q4_0 -> f32 / f16 / bf16: one thread per element.
+template <int Q, int OUT>
+__global__ void __launch_bounds__(kThreads) k_dequantize(const std::uint8_t* __restrict__ src, void* __restrict__ dst,
+                                                         std::size_t n) {
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const std::size_t b = i / bm::QK;
+        const int j = static_cast<int>(i % bm::QK);
+        const std::uint8_t* blk = src + b * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
+        const float d = block_scale(blk);
+        const float v = Q == S_Q8_0 ? q8_dequant(blk, d, j) : q4_dequant(blk, d, j);
+        store_elem(dst, OUT, i, v);
+    }
+}
+
+// f32 / f16 / bf16 storage -> another float type: widen exactly, one RNE step.
+template <int IN, int OUT>
+__global__ void __launch_bounds__(kThreads) k_decode_float(const void* __restrict__ src, void* __restrict__ dst,
+                                                           std::size_t n) {
+    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
+        store_elem(dst, OUT, i, load_elem(src, IN, i));
+}
+
+// ------------------------------------------------------------------ host ---
+
+[[noreturn]] void throw_cuda(cudaError_t e, const std::string& what) {
+    throw std::runtime_error("dspark cuda: " + what + ": " + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+}
+
+#define DSPARK_CK(expr, what)                          \
+    do {                                               \
+        const cudaError_t e_ = (expr);                 \
+        if (e_ != cudaSuccess) {                       \
+            (void)cudaGetLastError();                  \
+            throw_cuda(e_, what);                      \
+        }                                              \
+    } while (0)
+
+void require_device() {
+    if (cuda_device_count() <= 0)
+        throw std::runtime_error("dspark cuda: no CUDA device available (" + cuda_unavailable_reason() + ")");
+}
+
+// Makes `dev` current for the scope, restoring the caller's device after.
+class DeviceGuard {
+public:
+    explicit DeviceGuard(int dev) {
+        DSPARK_CK(cudaGetDevice(&prev_), "cudaGetDevice");
+        if (prev_ != dev) {
+            DSPARK_CK(cudaSetDevice(dev), "cudaSetDevice(" + std::to_string(dev) + ")");
+            changed_ = true;
+        }
+    }
+    ~DeviceGuard() {
+        if (changed_) (void)cudaSetDevice(prev_);
+    }
+    DeviceGuard(const DeviceGuard&) = delete;
+    DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+private:
+    int prev_ = 0;
+    bool changed_ = false;
+};
+
+// The device owning both buffers; std::invalid_argument when either is host
+// memory or they live on different devices.
+int common_device(const void* src, const void* dst, const char* fn) {
+    const int ds = cuda_pointer_device(src);
+    const int dd = cuda_pointer_device(dst);
+    if (ds < 0)
+        throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the source is not CUDA device memory");
+    if (dd < 0)
+        throw std::invalid_argument(std::string("dspark cuda: ") + fn +
+                                    ": the destination is not CUDA device memory");
+    if (ds != dd)
+        throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the source is on device " +
+                                    std::to_string(ds) + " but the destination on device " + std::to_string(dd));
+    return ds;
+}
+
+void check_aligned(const void* p, std::size_t align, const char* fn, const char* what) {
+    if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
+        throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the " + what + " pointer is not " +
+                                    std::to_string(align) + "-byte aligned");
+}
+
+std::size_t checked_elems(std::size_t n_rows, std::size_t dim) {
+    if (dim != 0 && n_rows > std::numeric_limits<std::size_t>::max() / dim / 4)
+        throw std::invalid_argument("dspark cuda: n_rows * dim overflows");
+    return n_rows * dim;
+}
+
+void check_elem(ElemType t) {
+    if (static_cast<unsigned>(t) > 2u)
+        throw TypeError("dspark cuda: unknown element type code " + std::to_string(static_cast<unsigned>(t)));
+}
+
+unsigned grid_for(std::size_t threads, int dev) {
+    int sms = 0;
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess || sms <= 0) {
+        (void)cudaGetLastError();
+        sms = 80;
+    }
+    const std::size_t want = (threads + kThreads - 1) / kThreads;
+    const std::size_t cap = static_cast<std::size_t>(sms) * 16;  // ~2 waves of 8 resident blocks; grid-stride after
+    return static_cast<unsigned>(want < cap ? (want == 0 ? 1 : want) : cap);
+}
+
+template <int IN>
+void launch_encode_in(int out, const void* src, void* dst, std::size_t n, int policy, unsigned long long* bad,
+                      unsigned grid_e, unsigned grid_q, cudaStream_t s) {
+    auto* d8 = static_cast<std::uint8_t*>(dst);
+    switch (out) {
+        case S_F32: k_encode_float<IN, E_F32><<<grid_e, kThreads, 0, s>>>(src, dst, n, policy, bad); break;
+        case S_F16: k_encode_float<IN, E_F16><<<grid_e, kThreads, 0, s>>>(src, dst, n, policy, bad); break;
+        case S_BF16: k_encode_float<IN, E_BF16><<<grid_e, kThreads, 0, s>>>(src, dst, n, policy, bad); break;
+        case S_Q8_0: k_quantize<IN, S_Q8_0><<<grid_q, kThreads, 0, s>>>(src, d8, n / bm::QK, policy, bad); break;
+        case S_Q4_0: k_quantize<IN, S_Q4_0><<<grid_q, kThreads, 0, s>>>(src, d8, n / bm::QK, policy, bad); break;
+        default: break;
+    }
+}
+
+template <int OUT>
+void launch_decode_out(int in, const void* src, void* dst, std::size_t n, unsigned grid, cudaStream_t s) {
+    const auto* s8 = static_cast<const std::uint8_t*>(src);
+    switch (in) {
+        case S_F32: k_decode_float<E_F32, OUT><<<grid, kThreads, 0, s>>>(src, dst, n); break;
+        case S_F16: k_decode_float<E_F16, OUT><<<grid, kThreads, 0, s>>>(src, dst, n); break;
+        case S_BF16: k_decode_float<E_BF16, OUT><<<grid, kThreads, 0, s>>>(src, dst, n); break;
+        case S_Q8_0: k_dequantize<S_Q8_0, OUT><<<grid, kThreads, 0, s>>>(s8, dst, n); break;
+        case S_Q4_0: k_dequantize<S_Q4_0, OUT><<<grid, kThreads, 0, s>>>(s8, dst, n); break;
+        default: break;
+    }
+}
+
+// A device word for the first non-finite index, stream-ordered.
+class BadFlag {
+public:
+    explicit BadFlag(cudaStream_t s) : s_(s) {
+        cudaError_t e = cudaMallocAsync(reinterpret_cast<void**>(&p_), sizeof(unsigned long long), s_);
+        if (e == cudaErrorNotSupported) {  // no stream-ordered allocator: plain cudaMalloc
+            (void)cudaGetLastError();
+            async_ = false;
+            e = cudaMalloc(reinterpret_cast<void**>(&p_), sizeof(unsigned long long));
+        }
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            p_ = nullptr;
+            throw_cuda(e, "allocating the non-finite flag");
+        }
+        const cudaError_t m = cudaMemsetAsync(p_, 0xff, sizeof(unsigned long long), s_);
+        if (m != cudaSuccess) {
+            release();
+            throw_cuda(m, "cudaMemsetAsync");
+        }
+    }
+    ~BadFlag() { release(); }
+    BadFlag(const BadFlag&) = delete;
+    BadFlag& operator=(const BadFlag&) = delete;
+    unsigned long long* get() const { return p_; }
+    // Copies the flag back (synchronizing the stream) and frees it.
+    std::int64_t read() {
+        unsigned long long h = kNoBad;
+        DSPARK_CK(cudaMemcpyAsync(&h, p_, sizeof h, cudaMemcpyDeviceToHost, s_), "reading the non-finite flag");
+        release();
+        DSPARK_CK(cudaStreamSynchronize(s_), "cudaStreamSynchronize");
+        return h == kNoBad ? -1 : static_cast<std::int64_t>(h);
+    }
+
+private:
+    void release() noexcept {
+        if (p_ != nullptr) {
+            if (async_) (void)cudaFreeAsync(p_, s_);
+            else (void)cudaFree(p_);
+            p_ = nullptr;
+        }
+    }
+    cudaStream_t s_;
+    unsigned long long* p_ = nullptr;
+    bool async_ = true;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------- public API ---
+
+int cuda_device_count() noexcept {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
+std::string cuda_unavailable_reason() {
+    int n = 0;
+    const cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        std::string r = std::string(cudaGetErrorName(e)) + ": " + cudaGetErrorString(e);
+        if (e == cudaErrorInsufficientDriver) r += " (no NVIDIA driver found, or it is older than the runtime)";
+        return r;
+    }
+    return n > 0 ? std::string() : std::string("no CUDA-capable device is detected");
+}
+
+int cuda_runtime_version() noexcept {
+    int v = 0;
+    if (cudaRuntimeGetVersion(&v) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return v;
+}
+
+int cuda_driver_version() noexcept {
+    int v = 0;
+    if (cudaDriverGetVersion(&v) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return v;
+}
+
+int cuda_pointer_device(const void* p) {
+    if (p == nullptr) return -1;
+    require_device();
+    cudaPointerAttributes a{};
+    const cudaError_t e = cudaPointerGetAttributes(&a, p);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (e == cudaErrorInvalidValue) return -1;  // not a CUDA allocation
+        throw_cuda(e, "cudaPointerGetAttributes");
+    }
+    if (a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged) return a.device;
+    return -1;
+}
+
+std::string cuda_device_name(int dev) {
+    require_device();
+    cudaDeviceProp prop{};
+    DSPARK_CK(cudaGetDeviceProperties(&prop, dev), "cudaGetDeviceProperties(" + std::to_string(dev) + ")");
+    return std::string(prop.name) + " (sm_" + std::to_string(prop.major) + std::to_string(prop.minor) + ")";
+}
+
+std::int64_t encode_rows_cuda(const void* src, ElemType in, void* dst, Storage out, std::size_t n_rows,
+                              std::size_t dim, NonFinite policy, void* stream, bool report_nonfinite) {
+    check_elem(in);
+    if (static_cast<unsigned>(policy) > 2u) throw std::invalid_argument("dspark cuda: unknown non-finite policy code");
+    (void)row_bytes(out, dim);  // validates the storage code and dim for q formats
+    const std::size_t n = checked_elems(n_rows, dim);
+    if (n == 0) return -1;
+    if (src == nullptr || dst == nullptr) throw std::invalid_argument("dspark cuda: encode_rows_cuda: null pointer");
+    require_device();
+    const int dev = common_device(src, dst, "encode_rows_cuda");
+    check_aligned(src, elem_bytes(in), "encode_rows_cuda", "source");
+    if (out == Storage::F32) check_aligned(dst, 4, "encode_rows_cuda", "destination");
+    if (out == Storage::F16 || out == Storage::BF16) check_aligned(dst, 2, "encode_rows_cuda", "destination");
+    DeviceGuard guard(dev);
+    const auto s = static_cast<cudaStream_t>(stream);
+    const bool want = policy == NonFinite::Error && report_nonfinite;
+
+    (void)cudaGetLastError();  // clear a stale non-sticky error so we report our own
+    std::optional<BadFlag> flag;
+    if (want) flag.emplace(s);
+    const int pol = static_cast<int>(policy);
+    unsigned long long* bad = flag ? flag->get() : nullptr;
+    const unsigned grid_e = grid_for(n, dev);
+    const unsigned grid_q = grid_for(n, dev);  // one thread per element as well (a warp per block)
+    switch (in) {
+        case ElemType::F32: launch_encode_in<E_F32>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
+        case ElemType::F16: launch_encode_in<E_F16>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
+        case ElemType::BF16: launch_encode_in<E_BF16>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
+    }
+    DSPARK_CK(cudaGetLastError(), std::string("launching the ") + storage_name(out) + " encode kernel");
+    return flag ? flag->read() : -1;
+}
+
+void decode_rows_cuda(const void* src, Storage in, void* dst, ElemType out, std::size_t n_rows, std::size_t dim,
+                      void* stream) {
+    check_elem(out);
+    (void)row_bytes(in, dim);
+    const std::size_t n = checked_elems(n_rows, dim);
+    if (n == 0) return;
+    if (src == nullptr || dst == nullptr) throw std::invalid_argument("dspark cuda: decode_rows_cuda: null pointer");
+    require_device();
+    const int dev = common_device(src, dst, "decode_rows_cuda");
+    if (in == Storage::F32) check_aligned(src, 4, "decode_rows_cuda", "source");
+    if (in == Storage::F16 || in == Storage::BF16) check_aligned(src, 2, "decode_rows_cuda", "source");
+    check_aligned(dst, elem_bytes(out), "decode_rows_cuda", "destination");
+    DeviceGuard guard(dev);
+    const auto s = static_cast<cudaStream_t>(stream);
+    (void)cudaGetLastError();
+    if (static_cast<int>(in) == static_cast<int>(out)) {  // same format: bytes as they are
+        DSPARK_CK(cudaMemcpyAsync(dst, src, n * elem_bytes(out), cudaMemcpyDeviceToDevice, s),
+                  "cudaMemcpyAsync (device to device)");
+        return;
+    }
+    const unsigned grid = grid_for(n, dev);
+    switch (out) {
+        case ElemType::F32: launch_decode_out<E_F32>(static_cast<int>(in), src, dst, n, grid, s); break;
+        case ElemType::F16: launch_decode_out<E_F16>(static_cast<int>(in), src, dst, n, grid, s); break;
+        case ElemType::BF16: launch_decode_out<E_BF16>(static_cast<int>(in), src, dst, n, grid, s); break;
+    }
+    DSPARK_CK(cudaGetLastError(), std::string("launching the ") + storage_name(in) + " decode kernel");
+}
+
+void cuda_stream_synchronize(void* stream) {
+    require_device();
+    DSPARK_CK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
+}
+
+void cuda_copy_to_host(void* host_dst, const void* dev_src, std::size_t n) {
+    if (n == 0) return;
+    require_device();
+    DSPARK_CK(cudaMemcpy(host_dst, dev_src, n, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
+}
+
+void cuda_copy_to_device(void* dev_dst, const void* host_src, std::size_t n, void* stream) {
+    if (n == 0) return;
+    require_device();
+    const int dev = cuda_pointer_device(dev_dst);
+    if (dev < 0) throw std::invalid_argument("dspark cuda: cuda_copy_to_device: the destination is not CUDA device memory");
+    DeviceGuard guard(dev);
+    const auto s = static_cast<cudaStream_t>(stream);
+    cudaPointerAttributes a{};
+    bool pinned = cudaPointerGetAttributes(&a, host_src) == cudaSuccess && a.type == cudaMemoryTypeHost;
+    (void)cudaGetLastError();
+    DSPARK_CK(cudaMemcpyAsync(dev_dst, host_src, n, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (host to device)");
+    if (pinned) DSPARK_CK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+void* cuda_alloc(std::size_t n, int device) {
+    require_device();
+    DeviceGuard guard(device);
+    void* p = nullptr;
+    DSPARK_CK(cudaMalloc(&p, n == 0 ? 1 : n), "cudaMalloc(" + std::to_string(n) + " bytes)");
+    return p;
+}
+
+void cuda_release(void* p) noexcept {
+    if (p == nullptr) return;
+    if (cudaFree(p) != cudaSuccess) (void)cudaGetLastError();
+}
+
+void cuda_copy_device(void* dst, const void* src, std::size_t n, void* stream) {
+    if (n == 0) return;
+    require_device();
+    const int dev = common_device(src, dst, "cuda_copy_device");
+    DeviceGuard guard(dev);
+    DSPARK_CK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, static_cast<cudaStream_t>(stream)),
+              "cudaMemcpyAsync (device to device)");
+}
+
+void cuda_stream_wait(void* waiter, void* producer) {
+    if (waiter == producer) return;
+    require_device();
+    cudaEvent_t ev = nullptr;
+    DSPARK_CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    cudaError_t e = cudaEventRecord(ev, static_cast<cudaStream_t>(producer));
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), ev, 0);
+    (void)cudaEventDestroy(ev);
+    DSPARK_CK(e, "ordering streams (cudaEventRecord / cudaStreamWaitEvent)");
+}
+
+}  // namespace dspark

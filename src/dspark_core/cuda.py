@@ -1,0 +1,593 @@
+"""Row conversion on the GPU: quantize / dequantize device arrays, bit-exact with the CPU.
+
+The same formats and bytes as :mod:`dspark_core.formats` (f32 / f16 / bf16 /
+q8_0 / q4_0, ggml's reference quantizers), computed by CUDA kernels on
+device arrays: one kernel launch per contiguous run of rows. Quantizing where
+the target's capture rows are born and dequantizing where the drafter reads
+them moves 4-7x fewer bytes over PCIe.
+
+Device arrays are taken through ``__dlpack__`` (torch, cupy, jax, ...) or
+``__cuda_array_interface__`` (cupy, numba, ...); neither torch nor cupy is a
+dependency. Arrays must be C-contiguous and live on a CUDA device. Results
+are allocated by the input's library (cupy / torch), else by cupy or torch
+when importable, else as a minimal :class:`DeviceArray` (which also moves
+host data: ``DeviceArray.from_numpy`` / ``.get()``).
+
+The kernels are an optional part of the build (``DSPARK_CUDA=OFF|AUTO|ON``);
+this module always imports. :func:`available` is False when the extension
+was not built or no GPU / driver is present, and every conversion then
+raises ``RuntimeError("no CUDA device available: ...")``.
+
+Streams: ``stream=None`` uses the current stream of the input's library
+(cupy / torch), else the legacy default stream; pass an int handle, a
+``cupy.cuda.Stream`` or a ``torch.cuda.Stream`` to choose. Conversions are
+asynchronous on that stream, except ``quantize_rows(nonfinite="error")``,
+which waits for its result to report the first NaN / Inf
+(``nonfinite="keep"`` converts as-is without waiting).
+
+Example::
+
+    >>> import cupy as cp
+    >>> from dspark_core import cuda
+    >>> x = cp.random.standard_normal((16, 4096), dtype=cp.float32)
+    >>> q = cuda.quantize_rows(x, "q8_0")             # uint8 (16, 4352) on the device
+    >>> y = cuda.dequantize_rows(q, "q8_0", 4096)      # float32 (16, 4096)
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import formats
+
+try:  # the extension exists only in builds with DSPARK_CUDA
+    from . import _cuda  # type: ignore[attr-defined]
+
+    _IMPORT_ERROR = ""
+except ImportError as _exc:  # pragma: no cover - depends on the build
+    _cuda = None
+    _IMPORT_ERROR = str(_exc)
+
+__all__ = [
+    "available",
+    "device_count",
+    "unavailable_reason",
+    "quantize_rows",
+    "dequantize_rows",
+    "upload_plan",
+    "storage_dtype_name",
+    "DeviceArray",
+]
+
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_U8 = np.dtype(np.uint8)
+_U16 = np.dtype(np.uint16)
+
+_ELEM = {_F32: 0, _F16: 1, _BF16: 2}
+_STORAGE = {name: i for i, name in enumerate(formats.STORAGES)}
+_POLICY = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2}
+_NAMES = {_F32: "float32", _F16: "float16", _BF16: "bfloat16", _U8: "uint8"}
+
+# DLPack device types.
+_KDL_CPU, _KDL_CUDA, _KDL_CUDA_HOST, _KDL_CUDA_MANAGED = 1, 2, 3, 13
+_KDL_NAMES = {1: "CPU", 2: "CUDA", 3: "CUDA pinned host", 4: "OpenCL", 7: "Vulkan", 8: "Metal",
+              10: "ROCm", 11: "ROCm pinned host", 13: "CUDA managed", 14: "oneAPI"}
+
+
+# ------------------------------------------------------------ availability ---
+
+
+def device_count() -> int:
+    """Number of CUDA devices usable here (0 without the extension, a GPU or a driver)."""
+    return 0 if _cuda is None else int(_cuda.device_count())
+
+
+def available() -> bool:
+    """True when the CUDA kernels were built and at least one GPU is usable."""
+    return device_count() > 0
+
+
+def unavailable_reason() -> str:
+    """Why :func:`available` is False ("" when it is True)."""
+    if _cuda is None:
+        return (
+            "dspark_core was built without its CUDA kernels (DSPARK_CUDA=OFF, or AUTO without nvcc "
+            f"at build time): {_IMPORT_ERROR}"
+        )
+    if _cuda.device_count() > 0:
+        return ""
+    return str(_cuda.unavailable_reason())
+
+
+def _require() -> Any:
+    if not available():
+        raise RuntimeError(f"no CUDA device available: {unavailable_reason()}")
+    return _cuda
+
+
+def storage_dtype_name(storage: str) -> str:
+    """dtype name of :func:`quantize_rows`' result for ``storage`` ("uint8" for q formats)."""
+    return _NAMES[formats.storage_dtype(storage)]
+
+
+# ----------------------------------------------------------- device arrays ---
+
+
+class _DevArray:
+    """A parsed C-contiguous device array: pointer, shape, dtype, device, owner."""
+
+    __slots__ = ("obj", "ptr", "shape", "dtype", "device", "lib", "keep", "stream", "readonly")
+
+    def __init__(self, obj: Any, ptr: int, shape: tuple[int, ...], dtype: np.dtype, device: int | None,
+                 keep: Any, stream: int | None, readonly: bool) -> None:
+        self.obj = obj
+        self.ptr = ptr
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+        self.lib = _lib_of(obj)
+        self.keep = keep  # a DLPack capsule to keep alive while ptr is in use
+        self.stream = stream  # CAI v3 producer stream to order after, if any
+        self.readonly = readonly
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+def _lib_of(obj: Any) -> str:
+    if isinstance(obj, DeviceArray):
+        return "dspark"
+    mod = type(obj).__module__.split(".")[0]
+    return mod if mod in ("cupy", "torch", "jax", "jaxlib", "numba") else ""
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
+
+
+def _not_device(what: str, obj: Any, where: str) -> TypeError:
+    return TypeError(
+        f"{what} must be a CUDA device array (an object with __cuda_array_interface__ or __dlpack__ "
+        f"on a CUDA device, e.g. a cupy array or a CUDA torch tensor); got {_type_name(obj)} {where}. "
+        "Copy it to the device first, or use dspark_core.formats for host arrays."
+    )
+
+
+def _dl_dtype(code: int, bits: int, lanes: int, what: str) -> np.dtype:
+    if lanes != 1:
+        raise TypeError(f"{what}: vector DLPack dtypes (lanes={lanes}) are not supported")
+    if code == 4 and bits == 16:
+        return _BF16
+    kind = {0: "i", 1: "u", 2: "f", 6: "b"}.get(code)
+    if kind is None or bits % 8:
+        raise TypeError(f"{what}: unsupported DLPack dtype (code {code}, {bits} bits)")
+    return np.dtype(f"{kind}{bits // 8}") if kind != "b" else np.dtype(np.bool_)
+
+
+def _check_c_contiguous(shape: tuple[int, ...], byte_strides: tuple[int, ...] | None, itemsize: int,
+                        what: str) -> None:
+    """Raise ValueError unless ``byte_strides`` (None = compact) describe a C-contiguous array."""
+    if byte_strides is None:
+        return
+    acc = itemsize
+    for dim, st in zip(reversed(shape), reversed(byte_strides)):
+        if dim > 1 and st != acc:
+            raise ValueError(
+                f"{what} must be C-contiguous (got shape {shape}, byte strides {byte_strides}); "
+                "make a contiguous copy first (e.g. .contiguous() / cupy.ascontiguousarray)"
+            )
+        acc *= dim
+
+
+def _dev_array(obj: Any, what: str, *, stream: int, writable: bool = False) -> _DevArray:
+    """Parse a device array through DLPack or the CUDA array interface.
+
+    Raises TypeError for host / non-CUDA arrays and unsupported objects,
+    ValueError for non-contiguous ones.
+    """
+    if isinstance(obj, DeviceArray):
+        return _DevArray(obj, obj.ptr, obj.shape, obj.dtype, obj.device, None, None, False)
+    if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview, list, tuple)):
+        raise _not_device(what, obj, "in host memory")
+    has_dl = hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
+    cai = None
+    cai_error: Exception | None = None
+    if hasattr(type(obj), "__cuda_array_interface__") or hasattr(obj, "__cuda_array_interface__"):
+        try:
+            cai = obj.__cuda_array_interface__
+        except Exception as exc:  # torch: bfloat16 / requires_grad tensors refuse CAI
+            cai_error = exc
+    if has_dl:
+        dev_type, dev_id = obj.__dlpack_device__()
+        dev_type = int(dev_type)
+        if dev_type not in (_KDL_CUDA, _KDL_CUDA_MANAGED):
+            where = f"on a {_KDL_NAMES.get(dev_type, f'type-{dev_type}')} device"
+            if dev_type == _KDL_CPU:
+                where = "in host (CPU) memory"
+            elif dev_type == _KDL_CUDA_HOST:
+                where = "in pinned host memory (not device memory)"
+            raise _not_device(what, obj, where)
+        if cai is None:
+            if _cuda is None:
+                raise RuntimeError(f"no CUDA device available: {unavailable_reason()}")
+            try:
+                cap = obj.__dlpack__(stream=stream if stream != 0 else 1)
+            except TypeError:
+                cap = obj.__dlpack__()
+            except Exception as exc:
+                raise TypeError(f"{what}: __dlpack__() failed: {exc}") from exc
+            ptr, _t, dl_dev, shape, strides, (code, bits, lanes) = _cuda.dlpack_info(cap)
+            dt = _dl_dtype(code, bits, lanes, what)
+            _check_c_contiguous(shape, None if strides is None else tuple(x * dt.itemsize for x in strides),
+                                dt.itemsize, what)
+            return _DevArray(obj, int(ptr), tuple(shape), dt, int(dl_dev), cap, None, False)
+    if cai is not None:
+        try:
+            shape = tuple(int(s) for s in cai["shape"])
+            typestr = cai["typestr"]
+            ptr, readonly = cai["data"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise TypeError(f"{what}: malformed __cuda_array_interface__ ({exc})") from exc
+        if cai.get("mask") is not None:
+            raise TypeError(f"{what}: masked arrays are not supported")
+        dt = np.dtype(typestr)
+        if dt.byteorder == ">":
+            raise TypeError(f"{what}: big-endian data is not supported")
+        strides = cai.get("strides")
+        _check_c_contiguous(shape, None if strides is None else tuple(int(x) for x in strides), dt.itemsize, what)
+        st = cai.get("stream") if int(cai.get("version", 0)) >= 3 else None
+        return _DevArray(obj, int(ptr or 0), shape, dt, None, None, None if st is None else int(st), bool(readonly))
+    if cai_error is not None:
+        raise TypeError(f"{what}: its __cuda_array_interface__ failed: {cai_error}") from cai_error
+    raise _not_device(what, obj, "(it has neither __cuda_array_interface__ nor __dlpack__)")
+
+
+# ---------------------------------------------------------------- streams ---
+
+
+def _stream_handle(stream: Any, lib: str, device: int | None) -> int:
+    """A cudaStream_t as an int (0 = legacy default stream)."""
+    if stream is None:
+        if lib == "cupy" and "cupy" in sys.modules:
+            return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+        if lib == "torch" and "torch" in sys.modules:
+            torch = sys.modules["torch"]
+            return int(torch.cuda.current_stream(device).cuda_stream)
+        return 0
+    if isinstance(stream, bool):
+        raise TypeError("stream must be None, an int handle or a CUDA stream object, got a bool")
+    if isinstance(stream, int):
+        if stream < 0:
+            raise ValueError(f"stream handle must be >= 0, got {stream}")
+        return stream
+    if hasattr(stream, "__cuda_stream__"):  # CUDA Python stream protocol
+        v = stream.__cuda_stream__()
+        return int(v[1] if isinstance(v, tuple) else v)
+    for attr in ("cuda_stream", "ptr", "handle"):  # torch, cupy, numba / cuda-python
+        h = getattr(stream, attr, None)
+        if h is not None:
+            return int(h if isinstance(h, int) else int(h))
+    raise TypeError(f"stream must be None, an int handle or a CUDA stream object, got {_type_name(stream)}")
+
+
+def _order_after_producer(a: _DevArray, stream: int) -> None:
+    if a.stream is not None and a.stream != stream and _cuda is not None:
+        _cuda.stream_wait(stream, a.stream)
+
+
+# ------------------------------------------------------------- allocation ---
+
+
+def _alloc(lib: str, shape: tuple[int, ...], dtype: np.dtype, device: int, stream: int) -> Any:
+    """An empty C-contiguous device array: from the input's library (cupy /
+    torch) when it is one of those, else cupy, else torch, else a
+    :class:`DeviceArray`. cupy has no bfloat16: there a uint16 array holding
+    the bf16 bit patterns is returned."""
+    order = [lib] if lib in ("cupy", "torch", "dspark") else []
+    order += [x for x in ("cupy", "torch", "dspark") if x not in order]
+    for name in order:
+        if name == "dspark":
+            return DeviceArray(shape, dtype, device)
+        if not _importable(name):
+            continue
+        mod = __import__(name)
+        if name == "cupy":
+            dt = _U16 if dtype == _BF16 else dtype
+            with mod.cuda.Device(device):
+                with mod.cuda.ExternalStream(stream) if stream not in (0, 1, 2) else _nullctx():
+                    return mod.empty(shape, dtype=dt)
+        tdt = {_F32: mod.float32, _F16: mod.float16, _BF16: mod.bfloat16, _U8: mod.uint8}[dtype]
+        return mod.empty(shape, dtype=tdt, device=f"cuda:{device}")
+    raise AssertionError("unreachable")
+
+
+class _nullctx:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def _device_of(a: _DevArray) -> int:
+    if a.device is None and a.size == 0:
+        a.device = 0
+    if a.device is None:
+        d = _cuda.pointer_device(a.ptr) if a.ptr else -1
+        if d < 0:
+            raise TypeError("array memory is not CUDA device memory (host or unregistered pointer)")
+        a.device = int(d)
+    return a.device
+
+
+def _check_out(out: Any, what: str, shape: tuple[int, ...], dtype: np.dtype, stream: int) -> _DevArray:
+    o = _dev_array(out, what, stream=stream, writable=True)
+    ok_dtype = o.dtype == dtype or (dtype == _BF16 and o.dtype == _U16)
+    if not ok_dtype or o.shape != shape:
+        raise ValueError(
+            f"{what} must be a C-contiguous {_NAMES[dtype]} device array of shape {shape}"
+            + (" (or uint16 holding bfloat16 bits)" if dtype == _BF16 else "")
+            + f"; got {o.dtype} {o.shape}"
+        )
+    if o.readonly:
+        raise ValueError(f"{what} is read-only")
+    return o
+
+
+class DeviceArray:
+    """A minimal owning, C-contiguous device array (cudaMalloc'd by dspark_core).
+
+    What the conversions return when neither cupy nor torch is installed, and
+    a way to move host data without them. Exposes
+    ``__cuda_array_interface__`` (bfloat16 appears there as ``<u2``: the
+    interface has no bfloat16), so numba / cupy / torch can wrap it.
+    """
+
+    __slots__ = ("shape", "dtype", "device", "_mem", "__weakref__")
+
+    def __init__(self, shape: Any, dtype: Any = np.float32, device: int = 0) -> None:
+        cu = _require()
+        self.shape = tuple(int(x) for x in (shape if isinstance(shape, (tuple, list)) else (shape,)))
+        if any(x < 0 for x in self.shape):
+            raise ValueError(f"DeviceArray: negative dimension in shape {self.shape}")
+        self.dtype = _BF16 if (isinstance(dtype, str) and dtype == "bfloat16") else np.dtype(dtype)
+        self.device = int(device)
+        self._mem = cu.Allocation(self.nbytes, self.device)
+
+    @property
+    def ptr(self) -> int:
+        return int(self._mem.ptr)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for x in self.shape:
+            n *= x
+        return n
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        typestr = "<u2" if self.dtype == _BF16 else self.dtype.str
+        return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "version": 3,
+                "strides": None, "stream": None}
+
+    @classmethod
+    def from_numpy(cls, a: Any, device: int = 0, stream: Any = None) -> "DeviceArray":
+        """Copy a host array to a new DeviceArray (ordered on ``stream``)."""
+        a = np.ascontiguousarray(a)
+        d = cls(a.shape, a.dtype, device)
+        if a.nbytes:
+            _require().copy_to_device(d.ptr, a.reshape(-1).view(np.uint8), _stream_handle(stream, "", device))
+        return d
+
+    def get(self, stream: Any = None) -> np.ndarray:
+        """Copy to a new host numpy array (after synchronizing ``stream`` when given)."""
+        cu = _require()
+        if stream is not None:
+            cu.synchronize(_stream_handle(stream, "", self.device))
+        raw = cu.copy_to_host(self.ptr, self.nbytes) if self.nbytes else b""
+        return np.frombuffer(raw, dtype=self.dtype).reshape(self.shape).copy()
+
+    def __repr__(self) -> str:
+        return f"DeviceArray(shape={self.shape}, dtype={self.dtype}, device={self.device})"
+
+
+# ------------------------------------------------------------ conversions ---
+
+
+def quantize_rows(
+    x: Any,
+    storage: str,
+    *,
+    nonfinite: str = "error",
+    out: Any = None,
+    stream: Any = None,
+    in_dtype: Any = None,
+) -> Any:
+    """Encode device rows ``x`` ((n, D) or (D,); float32 / float16 / bfloat16) as ``storage``.
+
+    Same bytes as :func:`dspark_core.formats.quantize_rows`. Returns a new
+    device array from the input's library (or ``out``): uint8 (n, row_bytes)
+    for q formats, the storage's float dtype (n, D) otherwise (bfloat16 from
+    cupy comes back as uint16 bits). ``in_dtype="bfloat16"`` reads a uint16
+    array as bfloat16 bits.
+
+    ``nonfinite``: ``"error"`` (waits for the kernel, then raises ValueError
+    naming the row and column of the first NaN / Inf), ``"keep"`` (convert
+    as-is, asynchronous), ``"zero"``, ``"clamp_f16"``.
+    """
+    if nonfinite not in _POLICY:
+        raise ValueError(f"nonfinite must be one of {tuple(_POLICY)}, got {nonfinite!r}")
+    if storage not in _STORAGE:
+        formats.row_bytes(storage, 32)  # raises ConfigError naming the allowed ones
+    lib = _lib_of(x)
+    s = _stream_handle(stream, lib, getattr(x, "device", None) if lib == "torch" else None)
+    a = _dev_array(x, "quantize_rows: x", stream=s)
+    dt = a.dtype
+    if in_dtype is not None:
+        want = np.dtype(in_dtype)
+        if want == _BF16 and dt == _U16:
+            dt = _BF16
+        elif want != dt:
+            raise TypeError(f"quantize_rows: in_dtype {want} does not match the array's dtype {dt}")
+    if dt not in _ELEM:
+        raise TypeError(f"quantize_rows: dtype {dt} is not supported; expected float32, float16 or bfloat16")
+    if len(a.shape) == 1:
+        n, dim = 1, a.shape[0]
+    elif len(a.shape) == 2:
+        n, dim = a.shape
+    else:
+        raise ValueError(f"quantize_rows: expected a 1-D row or a 2-D (n_rows, feature_dim) array, got shape {a.shape}")
+    rb = formats.row_bytes(storage, dim)
+    sdt = formats.storage_dtype(storage)
+    oshape = (n, rb) if storage.startswith("q") else (n, dim)
+    cu = _require()
+    dev = _device_of(a)
+    _order_after_producer(a, s)
+    if out is None:
+        out = _alloc(lib, oshape, sdt, dev, s)
+    o = _check_out(out, "quantize_rows: out", oshape, sdt, s)
+    bad = cu.encode(a.ptr, _ELEM[dt], o.ptr, _STORAGE[storage], n, dim, _POLICY[nonfinite],
+                    nonfinite == "error", s)
+    if nonfinite == "error" and bad >= 0:
+        r, c = divmod(int(bad), dim)
+        raw = cu.copy_to_host(a.ptr + int(bad) * dt.itemsize, dt.itemsize)
+        v = float(np.frombuffer(raw, dtype=dt)[0].astype(np.float32))
+        raise ValueError(
+            f"non-finite value {v!r} at row {r}, column {c} (nonfinite='error'; "
+            "use nonfinite='zero', 'clamp_f16' or 'keep' to accept it)"
+        )
+    return out
+
+
+def dequantize_rows(
+    data: Any,
+    storage: str,
+    feature_dim: int,
+    out_dtype: Any = "float32",
+    out: Any = None,
+    stream: Any = None,
+) -> Any:
+    """Decode device rows stored as ``storage`` to (n, feature_dim) ``out_dtype`` on the device.
+
+    ``data`` is any C-contiguous device array holding whole rows (uint8
+    (n, row_bytes), or the storage's float dtype); n = nbytes // row_bytes.
+    Exact in float32; float16 / bfloat16 are one round-to-nearest-even step
+    of that (same bytes as :func:`dspark_core.formats.dequantize_rows`).
+    Asynchronous on the stream; written into ``out`` when given.
+    """
+    odt = np.dtype(out_dtype) if not (isinstance(out_dtype, str) and out_dtype == "bfloat16") else _BF16
+    if odt not in _ELEM:
+        raise TypeError(f"dequantize_rows: out_dtype {odt} is not supported; expected float32, float16 or bfloat16")
+    dim = int(feature_dim)
+    rb = formats.row_bytes(storage, dim)
+    lib = _lib_of(data)
+    s = _stream_handle(stream, lib, getattr(data, "device", None) if lib == "torch" else None)
+    a = _dev_array(data, "dequantize_rows: data", stream=s)
+    nbytes = a.nbytes
+    if rb == 0 or nbytes % rb:
+        raise ValueError(
+            f"dequantize_rows: {nbytes} bytes is not a whole number of {storage} rows of dim {dim} ({rb} bytes each)"
+        )
+    n = nbytes // rb
+    cu = _require()
+    dev = _device_of(a)
+    _order_after_producer(a, s)
+    if out is None:
+        out = _alloc(lib, (n, dim), odt, dev, s)
+    o = _check_out(out, "dequantize_rows: out", (n, dim), odt, s)
+    cu.decode(a.ptr, _STORAGE[storage], o.ptr, _ELEM[odt], n, dim, s)
+    return out
+
+
+def upload_plan(
+    plan: Any,
+    config: Any,
+    out_dtype: Any = None,
+    *,
+    device: int | None = None,
+    stream: Any = None,
+    backend: str | None = None,
+    out: Any = None,
+) -> Any:
+    """Upload ``plan.encoded_rows`` (storage format) and dequantize it on the device.
+
+    ``config`` is the :class:`~dspark_core.StagerConfig` (or the
+    :class:`~dspark_core.Stager`) the plan came from: it gives the storage
+    format, ``feature_dim`` and, by default, ``out_dtype`` (its
+    ``stage_dtype``, the drafter's dtype). Returns an (n_rows, feature_dim)
+    device array (``backend="cupy"|"torch"|"dspark"``; default cupy if
+    importable, else torch, else a :class:`DeviceArray`) equal to ``plan.rows``, having moved only the
+    encoded bytes over PCIe. A skipped or empty plan gives an (0, D) array.
+    """
+    cfg = getattr(config, "config", config)
+    storage, dim = cfg.storage, int(cfg.feature_dim)
+    odt = np.dtype(out_dtype if out_dtype is not None else _stage_dtype(cfg.stage_dtype))
+    if odt not in _ELEM:
+        raise TypeError(f"upload_plan: out_dtype {odt} is not supported; expected float32, float16 or bfloat16")
+    enc = np.ascontiguousarray(plan.encoded_rows)
+    if enc.dtype != _U8:
+        enc = enc.view(_U8)
+    rb = formats.row_bytes(storage, dim)
+    if enc.size % rb:
+        raise ValueError(f"upload_plan: plan.encoded_rows holds {enc.size} bytes, not whole {storage} rows of dim {dim}")
+    n = enc.size // rb
+    cu = _require()
+    lib = backend or next((x for x in ("cupy", "torch") if _importable(x)), "dspark")
+    if lib not in ("cupy", "torch", "dspark"):
+        raise ValueError(f"upload_plan: backend must be 'cupy', 'torch' or 'dspark', got {backend!r}")
+    if device is None:
+        device = _current_device(lib)
+    s = _stream_handle(stream, lib, device)
+    if out is None:
+        out = _alloc(lib, (n, dim), odt, int(device), s)
+    if n == 0:
+        return out
+    staging = _alloc(lib, (n, rb), _U8, int(device), s)
+    st = _dev_array(staging, "upload_plan: staging buffer", stream=s)
+    cu.copy_to_device(st.ptr, enc.reshape(-1), s)
+    return dequantize_rows(staging, storage, dim, odt, out=out, stream=s)
+
+
+def _stage_dtype(name: str) -> np.dtype:
+    return _BF16 if name == "bfloat16" else np.dtype(name)
+
+
+def _importable(name: str) -> bool:
+    if name in sys.modules:
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
+
+
+def _current_device(lib: str) -> int:
+    if lib == "dspark":
+        return 0
+    mod = __import__(lib)
+    if lib == "cupy":
+        return int(mod.cuda.Device().id)
+    return int(mod.cuda.current_device())
