@@ -17,6 +17,10 @@
 
 #include "dspark/errors.hpp"
 #include "dspark/row_format.hpp"
+
+#if defined(DSPARK_X86)
+#include <cpuid.h>
+#endif
 #include "row_format_kernels.hpp"
 
 namespace dspark {
@@ -229,16 +233,48 @@ void encode_chunk(const Kernels& k, const float* p, std::size_t len, Storage out
 
 }  // namespace
 
+#if defined(DSPARK_X86)
+namespace {
+// CPU features straight from cpuid / xgetbv: __builtin_cpu_supports("f16c")
+// is rejected by clang < 18, and the OS must have enabled the YMM / ZMM state.
+struct CpuFeatures {
+    bool avx2 = false, f16c = false, avx512 = false;
+};
+
+CpuFeatures detect_cpu() noexcept {
+    CpuFeatures f;
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
+    const bool osxsave = c & (1u << 27);
+    const bool f16c = c & (1u << 29);
+    if (!osxsave) return f;
+    unsigned lo = 0, hi = 0;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    const bool ymm = (lo & 0x6u) == 0x6u;    // XMM + YMM state
+    const bool zmm = ymm && (lo & 0xE0u) == 0xE0u;  // opmask + ZMM state
+    unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+    if (!__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7)) return f;
+    f.f16c = ymm && f16c;
+    f.avx2 = ymm && (b7 & (1u << 5));
+    // AVX-512 F (16), DQ (17), BW (30), VL (31).
+    const unsigned need512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
+    f.avx512 = zmm && (b7 & need512) == need512;
+    return f;
+}
+
+const CpuFeatures& cpu() noexcept {
+    static const CpuFeatures f = detect_cpu();
+    return f;
+}
+}  // namespace
+#endif
+
 bool simd_supported(SimdPath p) noexcept {
     switch (p) {
         case SimdPath::Scalar: return true;
 #if defined(DSPARK_X86)
-        case SimdPath::Avx2:
-            return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-        case SimdPath::Avx512:
-            return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                   __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-                   __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+        case SimdPath::Avx2: return cpu().avx2 && cpu().f16c;
+        case SimdPath::Avx512: return cpu().avx512 && cpu().avx2 && cpu().f16c;
 #endif
         default: return false;
     }

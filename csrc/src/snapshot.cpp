@@ -126,7 +126,10 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
         ok = 0 <= horizon && horizon <= end && 0 <= pos_base && pos_base <= n_cache && n_cache <= end &&
              static_cast<std::uint64_t>(end - horizon) == n_rows &&
              n_rows <= static_cast<std::uint64_t>(opt_.window + opt_.block_size + 1) && 0 <= tentative &&
-             tentative <= opt_.block_size + 1 && tentative <= end - n_cache && end < MAX_POSITION;
+             tentative <= opt_.block_size + 1 && tentative <= end - n_cache &&
+             (tentative == 0 || (flags & FLAG_ACCEPT_OPEN)) &&
+             // an accept may leave end as low as this: the horizon must not pass it
+             horizon <= (tentative ? end - tentative + 1 : end) && end < MAX_POSITION;
     } else {
         ok = end == 0 && horizon == 0 && n_cache == 0 && pos_base == 0 && tentative == 0 && n_rows == 0 &&
              flags == FLAG_FIRST_ROUND && failures == 0;  // a fresh sequence

@@ -140,8 +140,8 @@ void Stager::trim_head(Seq& s, std::int64_t new_head) noexcept {
 
 void Stager::validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* pos, std::size_t n) const {
     for (std::size_t i = 0; i < n; ++i)
-        if (pos[i] < 0 || pos[i] >= MAX_POSITION)
-            throw std::invalid_argument("position " + std::to_string(pos[i]) + " is out of range [0, 2**62)");
+        if (pos[i] < 0 || pos[i] >= MAX_POSITION - 1)  // so that end = last + 1 < MAX_POSITION
+            throw std::invalid_argument("position " + std::to_string(pos[i]) + " is out of range [0, 2**62 - 1)");
     for (std::size_t i = 1; i < n; ++i)
         if (pos[i] != pos[i - 1] + 1)
             throw std::invalid_argument(seq_msg(seq_id) + ": positions must be contiguous (+1 each row)");

@@ -15,6 +15,8 @@ import numpy as np
 __all__ = ["MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code"]
 
 #: Positions are int64 in the core; keep well clear of overflow in ``pos + B``.
+#: A row's position is below ``MAX_POSITION - 1`` so a sequence's end (last
+#: position + 1), and every ``n_past``, stays below ``MAX_POSITION``.
 MAX_POSITION = 1 << 62
 
 
@@ -58,12 +60,12 @@ def as_positions(positions: Any) -> np.ndarray:
         raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"positions must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= MAX_POSITION:
-        raise ValueError(f"position {int(arr.max())} is out of range")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= MAX_POSITION - 1:
+        raise ValueError(f"position {int(arr.max())} is out of range [0, 2**62 - 1)")
     out = np.ascontiguousarray(arr, dtype=np.int64)
-    if out.size and (int(out.min()) < 0 or int(out.max()) >= MAX_POSITION):
+    if out.size and (int(out.min()) < 0 or int(out.max()) >= MAX_POSITION - 1):
         bad = int(out.min()) if int(out.min()) < 0 else int(out.max())
-        raise ValueError(f"position {bad} is out of range [0, 2**62)")
+        raise ValueError(f"position {bad} is out of range [0, 2**62 - 1)")
     return out
 
 

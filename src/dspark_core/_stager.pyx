@@ -248,7 +248,7 @@ cdef class Stager:
         """The drafter ``stage`` ("decode" or "crop") failed: the next round restages cleanly."""
         cdef int64_t s = self._seq(seq)
         self._core.check_open(s)
-        if stage not in _FAIL_STAGES:
+        if not isinstance(stage, str) or stage not in _FAIL_STAGES:
             raise ValueError(f"stage must be one of ('decode', 'crop'), got {stage!r}")
         cdef FailStage fs = _FAIL_STAGES[stage]
         cdef bool just_disabled = self._core.fail(s, fs)

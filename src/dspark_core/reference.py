@@ -301,7 +301,7 @@ class ReferenceStager:
     def fail(self, seq: int, stage: str = "decode") -> None:
         """The drafter decode or crop of the open round failed: restage next round."""
         i, st = self._open(seq)
-        if stage not in FAIL_STAGES:
+        if not isinstance(stage, str) or stage not in FAIL_STAGES:
             raise ValueError(f"stage must be one of {FAIL_STAGES}, got {stage!r}")
         st.open_round = None
         st.restage_owed = True

@@ -92,6 +92,13 @@ def encode(x: np.ndarray, storage: str, nonfinite: str = "error") -> np.ndarray:
     return q
 
 
+def _quiet(x: np.ndarray) -> np.ndarray:
+    """Set the quiet bit of every NaN in a float32 / float16 array (in place)."""
+    bits = x.view(np.uint32 if x.dtype == np.float32 else np.uint16)
+    bits[np.isnan(x)] |= 0x00400000 if x.dtype == np.float32 else 0x0200
+    return x
+
+
 def decode(data: np.ndarray, storage: str, dim: int, out_dtype: object = np.float32) -> np.ndarray:
     """Decode rows stored as ``storage`` to ``out_dtype`` (n, dim).
 
@@ -101,22 +108,28 @@ def decode(data: np.ndarray, storage: str, dim: int, out_dtype: object = np.floa
     if storage not in STORAGES:
         raise ValueError(f"unknown storage {storage!r}")
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(-1)
+    dt = np.dtype(out_dtype)  # type: ignore[call-overload]
+    # NaN rule (the core's, i.e. the hardware's): decoding to the storage's own
+    # format copies the bytes unchanged; a format conversion is an IEEE
+    # conversion, which quiets signalling NaNs (numpy's casts keep them).
+    same = {"f32": np.float32, "f16": np.float16, "bf16": _BF16}.get(storage)
+    if same is not None and dt == np.dtype(same):
+        return raw.view(dt).reshape(-1, dim).copy()
     if storage == "f32":
         f = raw.view(np.float32).copy()
     elif storage == "f16":
-        f = raw.view(np.float16).astype(np.float32)
+        f = _quiet(raw.view(np.float16).astype(np.float32))
     elif storage == "bf16":
         f = gguf.dequantize(raw, _QT["bf16"])
     else:
         with np.errstate(all="ignore"):  # d = inf times a zero quant -> NaN, as ggml
             f = gguf.dequantize(raw.reshape(-1, _BLOCK_BYTES[storage]), _QT[storage])
     f = np.asarray(f, dtype=np.float32).reshape(-1, dim)
-    dt = np.dtype(out_dtype)  # type: ignore[call-overload]
     if dt == np.float32:
         return f
     if dt == np.float16:
         with np.errstate(over="ignore", invalid="ignore"):
-            return f.astype(np.float16)
+            return _quiet(f.astype(np.float16))
     if dt == _BF16:
         return _bf16_bits(f).reshape(f.shape).view(_BF16)
     raise TypeError(f"unsupported out_dtype {dt}")

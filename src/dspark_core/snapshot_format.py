@@ -133,6 +133,9 @@ def unpack(
             and n_rows <= window + block + 1
             and 0 <= tentative <= block + 1
             and tentative <= end - n_cache
+            and (tentative == 0 or flags & FLAG_ACCEPT_OPEN)
+            # an accept may leave end as low as this: the horizon must not pass it
+            and horizon <= (end - tentative + 1 if tentative else end)
             and end < (1 << 62)
         )
     else:

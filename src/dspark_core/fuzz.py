@@ -1,0 +1,283 @@
+"""``python -m dspark_core.fuzz``: coverage-guided fuzzing of the core against the reference.
+
+Targets (``--target``):
+
+* ``ops`` (default): the input decodes to a config and a sequence of Stager
+  calls (:func:`dspark_core.testing.decode_ops`); they run on the C++ core and
+  on the pure-Python reference, every result and state is compared and the
+  invariants are checked (:func:`dspark_core.testing.run_differential`).
+* ``snapshot``: ``restore`` of arbitrary bytes (raw, with a fixed checksum,
+  or behind a valid header so the field checks are reached) on both sides:
+  it must succeed or raise ``ValueError`` (``TypeError`` for a non-bytes
+  argument) identically, a rejected restore leaves state and snapshot
+  unchanged, and a restored slot must keep behaving identically.
+* ``decode``: ``dspark_core.formats.dequantize_rows`` of arbitrary bytes must
+  not crash and must equal ``dspark_core.reference_formats.decode`` bit for
+  bit (NaNs compared by their bits) on every SIMD path.
+
+Usage::
+
+    python -m dspark_core.fuzz --target ops --max-time 60 --corpus tests/fuzz_corpus/ops
+    python -m dspark_core.fuzz --target ops crash-1234      # replay: prints the op trace
+    dspark-core fuzz ...                                    # the same, as a subcommand
+
+Fuzzing needs atheris (``pip install dspark_core[fuzz]``); replaying files
+does not. Exit status: 0 when nothing was found, 1 on a finding (atheris
+writes the input as ``crash-*``), 2 for a usage problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import struct
+import sys
+import time
+import traceback
+import zlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+__all__ = ["TARGETS", "target_ops", "target_snapshot", "target_decode", "replay", "main", "build_parser"]
+
+
+# ---------------------------------------------------------------------------
+# Targets (plain functions of bytes; a finding is an exception)
+# ---------------------------------------------------------------------------
+
+
+def target_ops(data: bytes) -> None:
+    """Decode ``data`` to calls, run them on core and reference, compare and check."""
+    from .testing import decode_ops, run_differential
+
+    config, ops = decode_ops(data)
+    run_differential(config, ops)
+
+
+def _snapshot_bytes(config, head: bytes, rest: bytes, mode: int) -> bytes:
+    from . import snapshot_format as sf
+    from .config import STORAGES
+
+    if mode % 3 == 0:
+        return rest  # raw
+    if mode % 3 == 1:
+        body = rest[:-4] if len(rest) >= 4 else rest
+        return body + struct.pack("<I", zlib.crc32(body) & 0xFFFFFFFF)
+    # A valid header (magic, version, fingerprint), fields and rows from the input, right checksum.
+    r = list(head) + [0] * 16
+    n_rows = r[0] % (config.window + config.block_size + 3)
+    small = [int(b) - 8 for b in r[1:6]]
+    state = sf.SnapshotState(
+        started=bool(r[6] & 1), disabled=bool(r[6] & 2), restage_owed=bool(r[6] & 4),
+        first_round=bool(r[6] & 8), accept_open=bool(r[6] & 16),
+        end=small[0] + n_rows if r[7] & 1 else small[0], horizon=small[1], n_cache=small[2], pos_base=small[3],
+        tentative=small[4] % 16, failures=r[8] % 4, rows=(rest * (1 + n_rows * config.row_bytes))[: n_rows * config.row_bytes]
+        if rest else bytes(n_rows * config.row_bytes),
+    )
+    fp = (config.feature_dim, STORAGES.index(config.storage), config.window, config.block_size, config.row_bytes)
+    try:
+        return sf.pack(state, fp)
+    except struct.error:
+        return b""
+
+
+def target_snapshot(data: bytes) -> None:
+    """``restore`` of arbitrary bytes must behave identically on core and reference."""
+    from .errors import StateError
+    from .testing import CONFIG_BYTES, Desync, Op, _Runner, decode_config
+    from .reference import ReferenceStager
+    from ._stager import Stager
+
+    data = bytes(data)
+    config = decode_config(data[:CONFIG_BYTES])
+    mode = data[CONFIG_BYTES] if len(data) > CONFIG_BYTES else 0
+    head = data[CONFIG_BYTES + 1: CONFIG_BYTES + 17]
+    rest = data[CONFIG_BYTES + 17:]
+    runner = _Runner(config, Stager(config), ReferenceStager(config), True)
+    # Some real state first: a long prompt and two rounds on the last sequence.
+    seq = config.max_seqs - 1
+    for op in (Op("long_prefill", (("seq", seq), ("n", "w+1"), ("chunks", 1), ("seed", 1))),
+               Op("round", (("seq", seq), ("close", "commit"), ("n_verify", 0), ("accepted", 1),
+                            ("rounds", 2), ("seed", 2)))):
+        runner.run_op(op)
+    blob = _snapshot_bytes(config, head, rest, mode)
+    target = (mode >> 2) % config.max_seqs
+    from .testing import Call
+
+    kind, _, _ = runner.call(Call("restore", (target, blob), f"restore({target}, <{len(blob)} fuzz bytes, mode {mode % 3}>)"))
+    if kind == "raise":
+        return  # _Runner.call checked: same type, documented, nothing changed
+    # Restored: it must keep behaving identically (and keep the invariants),
+    # starting with what a server does after restoring mid-verify: accept.
+    for op in (Op("accept", (("seq", target), ("n", 0))),
+               Op("round", (("seq", target), ("close", "commit"), ("n_verify", 0), ("accepted", 0),
+                            ("rounds", 2), ("seed", 3))),
+               Op("accept", (("seq", target), ("n", 0))),
+               Op("round", (("seq", target), ("close", "decode"), ("n_verify", 1), ("accepted", 2),
+                            ("rounds", 3), ("seed", 4))),
+               Op("rollback", (("seq", target), ("back", 2))),
+               Op("snapshot", (("seq", target),))):
+        runner.run_op(op)
+    del Desync, StateError
+
+
+def _nan_bits_equal(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def target_decode(data: bytes) -> None:
+    """``formats.dequantize_rows`` of arbitrary bytes equals the reference decoder bit for bit."""
+    import ml_dtypes
+
+    from . import formats
+    from . import reference_formats as rf
+
+    data = bytes(data)
+    if len(data) < 2:
+        return
+    storage = formats.STORAGES[data[0] % 5]
+    out_dtype = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))[(data[0] >> 3) % 3]
+    if storage.startswith("q"):
+        dim = 32 * (1 + data[1] % 3)
+    else:
+        dim = 1 + data[1] % 80
+    rb = formats.row_bytes(storage, dim)
+    raw = data[2:]
+    n = len(raw) // rb
+    if n == 0:
+        return
+    arr = np.frombuffer(raw[: n * rb], np.uint8).reshape(n, rb)
+    want = rf.decode(arr, storage, dim, out_dtype)
+    for path in formats.simd_paths():
+        with formats.simd_path(path):
+            got = formats.dequantize_rows(arr, storage, dim, out_dtype)
+        if not _nan_bits_equal(got, want):
+            flat_g = got.reshape(-1).view(np.uint32 if got.itemsize == 4 else np.uint16)
+            flat_w = want.reshape(-1).view(np.uint32 if want.itemsize == 4 else np.uint16)
+            i = int(np.flatnonzero(flat_g != flat_w)[0]) if got.shape == want.shape else -1
+            detail = (f"element {i}: core 0x{int(flat_g[i]):x}, reference 0x{int(flat_w[i]):x}" if i >= 0
+                      else f"shapes {got.shape} vs {want.shape}")
+            raise AssertionError(
+                f"dequantize_rows({storage}, dim={dim}, {out_dtype}) on SIMD path {path!r} differs from "
+                f"reference_formats.decode: {detail}"
+            )
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "ops": target_ops,
+    "snapshot": target_snapshot,
+    "decode": target_decode,
+}
+
+
+# ---------------------------------------------------------------------------
+# Replay and the atheris driver
+# ---------------------------------------------------------------------------
+
+
+def replay(target: str, paths: Sequence[str], out=sys.stdout) -> int:
+    """Run ``target`` on each file (or every file of a directory); print findings. Returns #failures."""
+    fn = TARGETS[target]
+    files: list[str] = []
+    for p in paths:
+        if os.path.isdir(p):
+            files += sorted(os.path.join(p, f) for f in os.listdir(p) if os.path.isfile(os.path.join(p, f)))
+        else:
+            files.append(p)
+    failures = 0
+    for f in files:
+        with open(f, "rb") as fh:
+            data = fh.read()
+        if target == "ops":
+            from .testing import decode_ops
+
+            config, ops = decode_ops(data)
+            print(f"{f}: {config}, {len(ops)} ops", file=out)
+        try:
+            fn(data)
+        except Exception as exc:  # noqa: BLE001 - every exception is a finding
+            failures += 1
+            print(f"FINDING in {f}:", file=out)
+            if isinstance(exc, AssertionError):
+                print(f"{type(exc).__name__}: {exc}", file=out)
+            else:
+                traceback.print_exception(type(exc), exc, exc.__traceback__, file=out)
+        else:
+            print(f"{f}: ok", file=out)
+    print(f"replayed {len(files)} file(s): {failures} finding(s)", file=out)
+    return failures
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    """Options of ``python -m dspark_core.fuzz`` (also used by ``dspark-core fuzz``)."""
+    p = parser or argparse.ArgumentParser(
+        prog="python -m dspark_core.fuzz",
+        description="Fuzz the C++ core against the pure-Python reference (atheris), or replay inputs.",
+    )
+    p.add_argument("--target", choices=sorted(TARGETS), default="ops", help="what to fuzz (default: ops)")
+    p.add_argument("--runs", type=int, default=None, metavar="N", help="stop after N inputs")
+    p.add_argument("--max-time", type=float, default=None, metavar="S", help="stop after S seconds")
+    p.add_argument("--corpus", default=None, metavar="DIR",
+                   help="corpus directory: seeds are read from it and new inputs written to it")
+    p.add_argument("--artifact-prefix", default=None, metavar="PREFIX",
+                   help="where atheris writes crash files (default: the current directory)")
+    p.add_argument("files", nargs="*", metavar="CRASH_FILE",
+                   help="replay these inputs (files or directories) without atheris and print the op trace")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the fuzzer (or the replay) for parsed ``args``; returns the exit status."""
+    if args.files:
+        return 1 if replay(args.target, args.files) else 0
+    try:
+        import atheris
+    except ImportError:
+        print("dspark_core.fuzz: atheris is not installed; install it with "
+              "`pip install dspark_core[fuzz]` (or `pip install atheris`). "
+              "Replaying files (CRASH_FILE arguments) works without it.", file=sys.stderr)
+        return 2
+    import logging
+
+    logging.getLogger("dspark_core").setLevel(logging.ERROR)
+    fn = TARGETS[args.target]
+    # Import everything the target touches before instrumenting, so coverage sees it.
+    from . import formats, reference, reference_formats, snapshot_format, testing  # noqa: F401
+
+    atheris.instrument_all()
+    lf = [sys.argv[0] or "dspark_core.fuzz"]
+    if args.runs is not None:
+        lf.append(f"-runs={args.runs}")
+    if args.max_time is not None:
+        lf.append(f"-max_total_time={int(max(1, args.max_time))}")
+    if args.artifact_prefix:
+        lf.append(f"-artifact_prefix={args.artifact_prefix}")
+    lf.append("-print_final_stats=1")
+    if args.corpus:
+        os.makedirs(args.corpus, exist_ok=True)
+        lf.append(args.corpus)
+
+    def one_input(data: bytes) -> None:
+        fn(data)
+
+    start = time.monotonic()
+    atheris.Setup(lf, one_input)
+    try:
+        atheris.Fuzz()
+    except SystemExit as exc:  # libFuzzer exits when a limit is reached
+        code = exc.code if isinstance(exc.code, int) else 0
+        print(f"dspark_core.fuzz: {args.target}: finished in {time.monotonic() - start:.1f}s "
+              f"({'no finding' if code == 0 else 'FINDING'})", file=sys.stderr)
+        return 0 if code == 0 else 1
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m dspark_core.fuzz``."""
+    args = build_parser().parse_args(argv)
+    return run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
