@@ -16,7 +16,7 @@ void FeatureBuffer::reserve_back(std::size_t n, std::size_t min_rows, std::size_
     const std::size_t need = count_ + n;
     if (need <= cap_) return;
     const std::size_t new_cap = std::max(need, std::min(std::max(cap_ * 2, min_rows), max_rows));
-    std::vector<std::uint8_t> fresh(new_cap * row_bytes_);
+    ByteVec fresh(new_cap * row_bytes_);
     // Re-linearise: the oldest row goes to slot 0.
     if (count_ != 0) copy_out(head_pos_, end(), fresh.data());
     data_.swap(fresh);

@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "dspark/byte_buffer.hpp"
+
 namespace dspark {
 
 class FeatureBuffer {
@@ -63,7 +65,7 @@ private:
     }
 
     std::size_t row_bytes_ = 0;
-    std::vector<std::uint8_t> data_;  // cap_ * row_bytes_
+    ByteVec data_;  // cap_ * row_bytes_ (never zero-filled: rows are written before read)
     std::size_t cap_ = 0;             // rows
     std::size_t head_slot_ = 0;
     std::int64_t head_pos_ = 0;

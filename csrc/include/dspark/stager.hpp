@@ -13,35 +13,14 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <mutex>
-#include <new>
-#include <utility>
 #include <vector>
 
+#include "dspark/byte_buffer.hpp"
 #include "dspark/feature_buffer.hpp"
 #include "dspark/row_format.hpp"
 
 namespace dspark {
-
-// An allocator that leaves new elements uninitialised: staged-row buffers are
-// filled completely by a copy, so zero-filling them first would double the
-// write traffic of every draft().
-template <class T>
-struct UninitAllocator : std::allocator<T> {
-    template <class U>
-    struct rebind { using other = UninitAllocator<U>; };
-    UninitAllocator() noexcept = default;
-    template <class U>
-    UninitAllocator(const UninitAllocator<U>&) noexcept {}
-    template <class U>
-    void construct(U* p) noexcept { ::new (static_cast<void*>(p)) U; }
-    template <class U, class... A>
-    void construct(U* p, A&&... a) { ::new (static_cast<void*>(p)) U(std::forward<A>(a)...); }
-};
-
-// Staged rows in storage format, as handed to the caller.
-using ByteVec = std::vector<std::uint8_t, UninitAllocator<std::uint8_t>>;
 
 // Head rows below the horizon are dropped once this many have piled up.
 inline constexpr std::int64_t TRIM_CHUNK = 512;

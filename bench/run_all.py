@@ -1,0 +1,206 @@
+#!/usr/bin/env python3
+"""Run every dspark_core benchmark and write one markdown report (bench/RESULTS.md).
+
+Runs, each as a subprocess of this interpreter (same environment, so
+``PYTHONPATH=src`` for an in-place build carries over):
+
+* bench/bench_convert.py  row-format conversion throughput (if present)
+* bench/bench_rounds.py   per-round staging cost vs reference / naive / memcpy, by depth
+* bench/bench_memory.py   peak buffered rows and bytes vs prompt length
+
+then writes the report (machine, date, command, a summary of the DESIGN.md
+section 6 targets with PASS / MISS, and each script's tables) to --out and
+prints it. A script that fails (non-zero exit, crash) is reported in place of
+its table and the others still run; the exit status is then 1.
+
+    python bench/run_all.py --quick     # CI-sized, about a minute
+    python bench/run_all.py             # full run (<= ~10 minutes on a 2-core machine)
+
+With --readme README.md the report also replaces the text between the lines
+``<!-- bench-results:begin -->`` and ``<!-- bench-results:end -->`` there.
+
+Not a test (never collected by pytest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import _common as C
+
+HERE = Path(__file__).resolve().parent
+BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
+SCRIPTS = ("convert", "rounds", "memory")
+
+
+def run_script(name: str, args: list[str], timeout: float | None) -> tuple[int, str, str, float]:
+    """Run one script; returns (exit status, stdout, the tail of its stderr, seconds).
+
+    Its stderr (progress lines) is echoed live and the last lines are kept for the report.
+    """
+    path = HERE / f"bench_{name}.py"
+    cmd = [sys.executable, str(path), *args]
+    print(f"== {path.name} {' '.join(args)}", file=sys.stderr, flush=True)
+    tail: collections.deque[str] = collections.deque(maxlen=20)
+    t0 = time.perf_counter()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(HERE.parent))
+
+    chunks: list[str] = []
+
+    def pump_err() -> None:
+        assert p.stderr is not None
+        for line in p.stderr:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+            tail.append(line.rstrip("\n"))
+
+    def pump_out() -> None:
+        assert p.stdout is not None
+        chunks.append(p.stdout.read())
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (pump_err, pump_out)]
+    for th in threads:
+        th.start()
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+        rc = 124
+    for th in threads:
+        th.join(timeout=10)
+    if rc == 124:
+        tail.append(f"(timed out after {timeout:.0f} s)")
+    return rc, "".join(chunks), "\n".join(tail), time.perf_counter() - t0
+
+
+def demote(text: str) -> str:
+    """Make every script's headings sub-headings of the report ('# x' -> '## x', '## x' -> '### x' ...)."""
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            line = "#" + line
+        out.append(line)
+    return "\n".join(out)
+
+
+def summary_rows(data: dict[str, Any]) -> list[list[str]]:
+    rows: list[list[str]] = []
+    rounds = data.get("rounds")
+    if rounds:
+        for t in rounds["targets"]:
+            v = t["value"]
+            name = t["target"]
+            if v is None:
+                vs = "-"
+            elif name.startswith("flat"):
+                vs = f"{v:.3f}"
+            elif name.startswith("core / reference"):
+                vs = C.fmt_x(v)
+            else:
+                vs = f"{100 * v:.0f}%"
+            rows.append([name, f"D = {t['D']:,}, {t['storage']}", vs, C.verdict(t["pass"])])
+    mem = data.get("memory")
+    if mem:
+        by_storage: dict[str, list[dict[str, Any]]] = {}
+        for t in mem["targets"]:
+            by_storage.setdefault(t["storage"], []).append(t)
+        for s, ts in by_storage.items():
+            worst = max(t["value"] for t in ts)
+            prompts = ", ".join(C.fmt_size(t["prompt"]) for t in ts)
+            rows.append([ts[0]["target"], f"{s}, prompts {prompts}", f"max {worst:,} rows",
+                         C.verdict(all(t["pass"] for t in ts))])
+    return rows
+
+
+def replace_readme(readme: Path, report: str) -> None:
+    text = readme.read_text()
+    if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
+        raise SystemExit(f"{readme}: add the lines {BEGIN} and {END} where the results go")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    readme.write_text(f"{head}{BEGIN}\n{report.rstrip()}\n{END}{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="pass --quick to every script (CI-sized, about a minute)")
+    ap.add_argument("--only", default=",".join(SCRIPTS),
+                    help=f"comma-separated subset of {','.join(SCRIPTS)} (default all)")
+    ap.add_argument("--out", default=str(HERE / "RESULTS.md"), help="report file (default bench/RESULTS.md)")
+    ap.add_argument("--readme", default=None,
+                    help=f"also put the report between {BEGIN} and {END} in this file (e.g. README.md)")
+    ap.add_argument("--timeout", type=float, default=None, help="per-script timeout in seconds (default none)")
+    ap.add_argument("--rounds-args", default="",
+                    help='extra arguments for bench_rounds.py, one string: --rounds-args="--dims 25600"')
+    ap.add_argument("--memory-args", default="",
+                    help="extra arguments for bench_memory.py, one string (use the = form, as above)")
+    ap.add_argument("--convert-args", default="",
+                    help="extra arguments for bench_convert.py, one string (use the = form, as above)")
+    a = ap.parse_args(argv)
+    only = [s.strip() for s in a.only.split(",") if s.strip()]
+    bad = [s for s in only if s not in SCRIPTS]
+    if bad:
+        ap.error(f"unknown script(s) {bad}; use {SCRIPTS}")
+
+    C.import_dspark()  # for the header (version, SIMD path)
+    t0 = time.perf_counter()
+    sections: list[str] = []
+    data: dict[str, Any] = {}
+    status: list[list[str]] = []
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in only:
+            if not (HERE / f"bench_{name}.py").exists():
+                status.append([f"bench_{name}.py", "absent", "-"])
+                continue
+            args = ["--quick"] if a.quick else []
+            args += getattr(a, f"{name}_args").split()
+            jpath = os.path.join(tmp, f"{name}.json")
+            if name != "convert":
+                args += ["--json", jpath]
+            rc, out, err_tail, secs = run_script(name, args, a.timeout)
+            status.append([f"bench_{name}.py", "ok" if rc == 0 else f"**FAILED (exit {rc})**", f"{secs:.0f}"])
+            if rc != 0:
+                failed = True
+            body = demote(out.strip()) if out.strip() else "(no output)"
+            if rc != 0:
+                body += (f"\n\n**bench_{name}.py exited with status {rc}**; its output above is incomplete. "
+                         f"Last lines of its stderr:\n\n```\n{err_tail}\n```")
+            sections.append(body)
+            if rc == 0 and os.path.exists(jpath):
+                data[name] = json.loads(Path(jpath).read_text())
+    wall = time.perf_counter() - t0
+
+    lines = C.header_lines("dspark_core benchmarks", [f"total wall time {wall:.0f} s"])
+    lines[0] = "# dspark_core benchmarks"
+    lines += ["Scripts:", ""] + C.table(["script", "status", "seconds"], status, "llr") + [""]
+    rows = summary_rows(data)
+    if rows:
+        lines += ["## Targets (DESIGN.md section 6)", ""]
+        lines += C.table(["target", "where", "value", "verdict"], rows, "llrl") + [""]
+        if a.quick:
+            lines += ["(--quick: few rounds on a CI-sized run; the verdicts are indicative only.)", ""]
+    for s in sections:
+        lines += [s, ""]
+    report = "\n".join(lines).rstrip() + "\n"
+    Path(a.out).write_text(report)
+    if a.readme:
+        replace_readme(Path(a.readme), report)
+    sys.stdout.write(report)
+    print(f"\nwrote {a.out}" + (f" and {a.readme}" if a.readme else ""), file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
