@@ -121,6 +121,23 @@ static void s_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t n
         }
     }
 }
+static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n);
+
+// Copy in L2-sized pieces and check each piece while it is cache-hot.
+static std::int64_t s_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
+    constexpr std::size_t PIECE = std::size_t(1) << 14;
+    std::int64_t first_bad = -1;
+    for (std::size_t off = 0; off < n; off += PIECE) {
+        const std::size_t len = std::min(PIECE, n - off);
+        std::memcpy(dst + off, src + off, len * 4);
+        if (first_bad < 0) {
+            const std::int64_t i = s_find_nonfinite_f32(dst + off, len);
+            if (i >= 0) first_bad = static_cast<std::int64_t>(off) + i;
+        }
+    }
+    return first_bad;
+}
+
 static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i)
         if ((f32_bits(src[i]) & 0x7f800000u) == 0x7f800000u) return static_cast<std::int64_t>(i);
@@ -129,7 +146,7 @@ static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
 
 const Kernels kScalarKernels = {
     s_f32_to_f16,      s_f32_to_bf16,     s_f16_to_f32,      s_bf16_to_f32,       s_quantize_q8_0,
-    s_quantize_q4_0,   s_dequantize_q8_0, s_dequantize_q4_0, s_find_nonfinite_f32,
+    s_quantize_q4_0,   s_dequantize_q8_0, s_dequantize_q4_0, s_find_nonfinite_f32, s_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail
@@ -399,9 +416,10 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, s
     std::int64_t first_bad = -1;
 
     // Fast paths without a temporary: same type in and out under Error.
+    if (policy == NonFinite::Error && in == ElemType::F32 && out == Storage::F32)
+        return k.copy_find_nonfinite_f32(static_cast<const float*>(src), static_cast<float*>(dst), n);
     if (policy == NonFinite::Error &&
-        ((in == ElemType::F32 && out == Storage::F32) || (in == ElemType::F16 && out == Storage::F16) ||
-         (in == ElemType::BF16 && out == Storage::BF16))) {
+        ((in == ElemType::F16 && out == Storage::F16) || (in == ElemType::BF16 && out == Storage::BF16))) {
         // Copy in L2-sized pieces and check each piece while it is cache-hot
         // (one pass over memory, not two).
         constexpr std::size_t PIECE = 1u << 16;  // elements

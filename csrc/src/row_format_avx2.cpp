@@ -211,11 +211,35 @@ std::int64_t a_find_nonfinite_f32(const float* src, std::size_t n) {
     return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
 }
 
+// One pass: 32 floats loaded, stored and checked per iteration.
+std::int64_t a_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
+    const __m256i e = _mm256_set1_epi32(0x7f800000);
+    std::int64_t first_bad = -1;
+    std::size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m256i u[4];
+        __m256i bad = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k) {
+            u[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8 * k));
+            bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(u[k], e), e));
+        }
+        for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 8 * k), u[k]);
+        if (!_mm256_testz_si256(bad, bad) && first_bad < 0)
+            first_bad = static_cast<std::int64_t>(i) + a_find_nonfinite_f32(src + i, 32);
+    }
+    std::memcpy(dst + i, src + i, (n - i) * 4);
+    if (first_bad < 0 && i < n) {
+        const std::int64_t r = kScalarKernels.find_nonfinite_f32(src + i, n - i);
+        if (r >= 0) first_bad = static_cast<std::int64_t>(i) + r;
+    }
+    return first_bad;
+}
+
 }  // namespace
 
 const Kernels kAvx2Kernels = {
     a_f32_to_f16,      a_f32_to_bf16,     a_f16_to_f32,      a_bf16_to_f32,        a_quantize_q8_0,
-    a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_nonfinite_f32,
+    a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_nonfinite_f32, a_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail

@@ -263,11 +263,45 @@ std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
     return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
 }
 
+// Copies of at least this many floats (1 MiB) use non-temporal stores.
+constexpr std::size_t STREAM_MIN_FLOATS = std::size_t(1) << 18;
+
+// One pass: 64 floats loaded, stored and checked per iteration.
+std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    // Big copies into 64-byte aligned rows bypass the cache (no read for
+    // ownership of the destination); small ones stay cache-hot.
+    const bool stream = n >= STREAM_MIN_FLOATS && (reinterpret_cast<std::uintptr_t>(dst) & 63) == 0;
+    std::int64_t first_bad = -1;
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __m512i u[4];
+        __mmask16 bad = 0;
+        for (int k = 0; k < 4; ++k) {
+            u[k] = _mm512_loadu_si512(src + i + 16 * k);
+            bad |= _mm512_cmpeq_epi32_mask(_mm512_and_si512(u[k], e), e);
+        }
+        if (stream) {
+            for (int k = 0; k < 4; ++k) _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 16 * k), u[k]);
+        } else {
+            for (int k = 0; k < 4; ++k) _mm512_storeu_si512(dst + i + 16 * k, u[k]);
+        }
+        if (bad && first_bad < 0) first_bad = static_cast<std::int64_t>(i) + x_find_nonfinite_f32(src + i, 64);
+    }
+    if (stream) _mm_sfence();
+    std::memcpy(dst + i, src + i, (n - i) * 4);
+    if (first_bad < 0 && i < n) {
+        const std::int64_t r = kScalarKernels.find_nonfinite_f32(src + i, n - i);
+        if (r >= 0) first_bad = static_cast<std::int64_t>(i) + r;
+    }
+    return first_bad;
+}
+
 }  // namespace
 
 const Kernels kAvx512Kernels = {
     x_f32_to_f16,      x_f32_to_bf16,     x_f16_to_f32,      x_bf16_to_f32,        x_quantize_q8_0,
-    x_quantize_q4_0,   x_dequantize_q8_0, x_dequantize_q4_0, x_find_nonfinite_f32,
+    x_quantize_q4_0,   x_dequantize_q8_0, x_dequantize_q4_0, x_find_nonfinite_f32, x_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail

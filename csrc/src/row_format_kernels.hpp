@@ -35,6 +35,9 @@ struct Kernels {
     void (*dequantize_q4_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
     // Index of the first NaN / +-Inf among n floats, or -1.
     std::int64_t (*find_nonfinite_f32)(const float* src, std::size_t n);
+    // Copy n floats bit for bit and return the index of the first NaN / +-Inf,
+    // or -1: the f32 -> f32 ingest path, one pass over memory.
+    std::int64_t (*copy_find_nonfinite_f32)(const float* src, float* dst, std::size_t n);
 };
 
 extern const Kernels kScalarKernels;

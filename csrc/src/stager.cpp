@@ -323,6 +323,7 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, By
     p.n_rows = start - lo;
     p.crop_from = start - base;
     const std::size_t at = out.size();
+    pool_->grow(out, at + static_cast<std::size_t>(p.n_rows) * row_bytes_);
     out.resize(at + static_cast<std::size_t>(p.n_rows) * row_bytes_);
     s.buf.copy_out(lo, start, out.data() + at);
 

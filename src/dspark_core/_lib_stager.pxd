@@ -3,6 +3,7 @@
 # Declarations only: the wrapper lives in _stager.pyx.
 from libc.stdint cimport int64_t, uint8_t
 from libcpp cimport bool
+from libcpp.memory cimport shared_ptr
 from libcpp.vector cimport vector
 
 from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
@@ -16,6 +17,10 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     cdef cppclass ByteVec:
         uint8_t* data()
         size_t size()
+
+    cdef cppclass BufferPool:
+        void give(ByteVec v)
+        size_t pooled_bytes()
 
     cdef cppclass StagerOptions:
         int64_t feature_dim
@@ -93,3 +98,4 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void restore(int64_t seq, const uint8_t* data, size_t nbytes) except +dspark_translate_exception
         SeqState state(int64_t seq) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
+        const shared_ptr[BufferPool]& pool()

@@ -14,11 +14,13 @@ cimport numpy as cnp
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t
 from libcpp cimport bool
+from libcpp.memory cimport shared_ptr
+from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
 from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._lib_stager cimport (
-    Stager as CStager, StagerOptions, RoundPlan, ByteVec, SeqState, SeqStats, Skip, FailStage,
+    Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
 )
 
@@ -44,10 +46,19 @@ _I32 = np.dtype(np.int32)
 
 
 cdef class _Bytes:
-    """A C++ byte vector exposed through the buffer protocol (zero-copy to numpy)."""
+    """A C++ byte vector exposed through the buffer protocol (zero-copy to numpy).
+
+    When the last view of it goes, a large buffer returns to its Stager's
+    pool for the next rebase (no fresh pages to fault in and zero).
+    """
     cdef ByteVec v
+    cdef shared_ptr[BufferPool] pool
     cdef Py_ssize_t _shape[1]
     cdef Py_ssize_t _strides[1]
+
+    def __dealloc__(self):
+        if self.pool:
+            self.pool.get().give(move(self.v))
 
     def __getbuffer__(self, Py_buffer* b, int flags):
         self._shape[0] = <Py_ssize_t>self.v.size()
@@ -202,6 +213,7 @@ cdef class Stager:
         self._core.check_ready(s)
         cdef int64_t start = as_count("n_past", n_past)
         cdef _Bytes out = _Bytes()
+        out.pool = self._core.pool()
         cdef RoundPlan p
         with nogil:
             p = self._core.draft(s, start, out.v)
@@ -228,6 +240,7 @@ cdef class Stager:
         cdef const int64_t* np_ = <const int64_t*>cnp.PyArray_DATA(pv)
         cdef vector[RoundPlan] plans
         cdef _Bytes out = _Bytes()
+        out.pool = self._core.pool()
         with nogil:
             self._core.draft_many(sp, np_, n, plans, out.v)
         data = np.frombuffer(out, _U8)

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
@@ -64,5 +65,62 @@ struct UninitAllocator {
 };
 
 using ByteVec = std::vector<std::uint8_t, UninitAllocator<std::uint8_t>>;
+
+// A few large staging buffers kept for reuse. A rebase stages W/2 rows (200
+// MB for a 27B target's f32 rows): a fresh buffer each time costs a kernel
+// zero-fill of every page on first touch, about twice the copy itself. The
+// binding hands a plan's buffer back here when the plan is freed.
+// Thread-safe. Holds at most MAX_BUFFERS buffers, only large ones.
+class BufferPool {
+public:
+    static constexpr std::size_t MAX_BUFFERS = 2;
+    static constexpr std::size_t MIN_BYTES = HUGE_ALLOC_BYTES;
+
+    // Make `v` able to hold `bytes` bytes, keeping its first v.size() bytes,
+    // reusing a pooled buffer when one is large enough.
+    void grow(ByteVec& v, std::size_t bytes) {
+        if (bytes <= v.capacity()) return;
+        ByteVec reuse;
+        if (bytes >= MIN_BYTES) {
+            std::lock_guard<std::mutex> lock(mu_);
+            for (std::size_t i = 0; i < free_.size(); ++i)
+                if (free_[i].capacity() >= bytes) {
+                    reuse = std::move(free_[i]);
+                    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+                    break;
+                }
+        }
+        if (reuse.capacity() < bytes) reuse.reserve(bytes);
+        reuse.assign(v.begin(), v.end());
+        give(std::move(v));
+        v = std::move(reuse);
+    }
+
+    // Take back a buffer nobody uses any more.
+    void give(ByteVec v) noexcept {
+        if (v.capacity() < MIN_BYTES) return;
+        std::lock_guard<std::mutex> lock(mu_);
+        v.clear();
+        if (free_.size() < MAX_BUFFERS) {
+            free_.push_back(std::move(v));
+        } else {  // keep the largest ones
+            auto smallest = free_.begin();
+            for (auto it = free_.begin(); it != free_.end(); ++it)
+                if (it->capacity() < smallest->capacity()) smallest = it;
+            if (smallest->capacity() < v.capacity()) *smallest = std::move(v);
+        }
+    }
+
+    std::size_t pooled_bytes() const {
+        std::lock_guard<std::mutex> lock(mu_);
+        std::size_t n = 0;
+        for (const auto& b : free_) n += b.capacity();
+        return n;
+    }
+
+private:
+    mutable std::mutex mu_;
+    std::vector<ByteVec> free_;
+};
 
 }  // namespace dspark

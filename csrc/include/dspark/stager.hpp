@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -125,6 +126,10 @@ public:
     SeqState state(std::int64_t seq) const;
     SeqStats stats(std::int64_t seq) const;
 
+    // Where draft() takes large output buffers from; give them back with
+    // pool()->give(std::move(buffer)) once the caller is done with them.
+    const std::shared_ptr<BufferPool>& pool() const noexcept { return pool_; }
+
 private:
     struct Seq {
         bool started = false;
@@ -169,6 +174,7 @@ private:
     std::size_t row_bytes_;
     std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
     std::vector<Seq> seqs_;
+    std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
     mutable std::mutex mu_;
 };
 
