@@ -27,6 +27,8 @@ import gguf
 import ml_dtypes
 import numpy as np
 
+import _common  # bench/ is on sys.path when a script here runs
+
 from dspark_core import formats
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -35,17 +37,6 @@ QT = {
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
 }
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def median_time(fn: Callable[[], object], repeats: int) -> float:
@@ -85,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# Row conversion throughput ({rows} x {dim:,} float32 = {nbytes / 1e6:.1f} MB)")
     print()
     print(f"- command: `{' '.join([os.path.basename(sys.executable)] + sys.argv)}`")
-    print(f"- machine: {cpu_model()}, {os.cpu_count()} logical cores; {platform.platform()}")
+    print(f"- machine: {_common.cpu_model()}, {os.cpu_count()} logical cores; {platform.platform()}")
     print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"- numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, gguf {getattr(gguf, '__version__', '?')}")
     print(f"- dspark SIMD paths: {formats.simd_paths()}, best = {formats.best_simd_path()}")

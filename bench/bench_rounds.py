@@ -460,8 +460,8 @@ def report(results: list[ConfigResult], a: argparse.Namespace, wall: float) -> t
         lines.append("")
 
         # bandwidth
-        lines += [f"Bandwidth (memcpy-equivalent bytes per steady round / median time; memcpy round = same float32 "
-                  f"bytes by np.copyto in the same pattern, interleaved with the core rounds):", ""]
+        lines += ["Bandwidth (memcpy-equivalent bytes per steady round / median time; memcpy round = same float32 "
+                  "bytes by np.copyto in the same pattern, interleaved with the core rounds):", ""]
         rows = []
         for r in rs:
             for i, d in enumerate(r.depths):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_core.config import TRIM_CHUNK, StagerConfig
+from dspark_core.config import StagerConfig
 from dspark_core.loop import RecomputeMismatch, SpeculativeLoop
 from dspark_core.reference import ReferenceStager
 from dspark_core.toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference

@@ -27,6 +27,8 @@ __all__ = [
     "StagerConfig",
     "window_for",
     "stage_dtype_name",
+    "positive_int",
+    "storage_row_bytes",
 ]
 
 #: Head rows that can never be restaged again are dropped lazily, this many at
@@ -64,7 +66,8 @@ def stage_dtype_name(dtype: Any) -> str:
     return name
 
 
-def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum``, or a ConfigError naming ``name``."""
     try:
         v = operator.index(value)
     except TypeError as exc:
@@ -74,11 +77,32 @@ def _positive_int(name: str, value: Any, minimum: int = 1) -> int:
     return v
 
 
+def storage_row_bytes(storage: str, feature_dim: int) -> int:
+    """Bytes of one feature row of width ``feature_dim`` stored as ``storage``.
+
+    ``f32``: ``4 D``; ``f16`` / ``bf16``: ``2 D``; ``q8_0``: ``D / 32 * 34``;
+    ``q4_0``: ``D / 32 * 18`` (GGML block layouts; q formats need ``D % 32 == 0``).
+    Pure Python (no compiled module needed); equals ``formats.row_bytes``.
+    """
+    if storage not in STORAGES:
+        raise ConfigError(f"storage {storage!r} is not supported; use one of {STORAGES}")
+    d = feature_dim
+    if storage.startswith("q") and d % _QK:
+        raise ConfigError(f"storage {storage!r} needs feature_dim % 32 == 0, got feature_dim {d}")
+    return {
+        "f32": 4 * d,
+        "f16": 2 * d,
+        "bf16": 2 * d,
+        "q8_0": d // _QK * (2 + _QK),
+        "q4_0": d // _QK * (2 + _QK // 2),
+    }[storage]
+
+
 def window_for(n_ctx_train: int, n_batch: int, cap: int | None = None) -> int:
     """The drafter window: ``min(n_ctx_train, n_batch)``, lowered (never raised) by ``cap``."""
-    w = min(_positive_int("n_ctx_train", n_ctx_train), _positive_int("n_batch", n_batch))
+    w = min(positive_int("n_ctx_train", n_ctx_train), positive_int("n_batch", n_batch))
     if cap is not None:
-        w = min(w, _positive_int("window cap", cap))
+        w = min(w, positive_int("window cap", cap))
     return w
 
 
@@ -113,11 +137,11 @@ class StagerConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "feature_dim", _positive_int("feature_dim", self.feature_dim))
-        set_(self, "block_size", _positive_int("block_size", self.block_size))
-        set_(self, "window", _positive_int("window", self.window))
-        set_(self, "max_seqs", _positive_int("max_seqs", self.max_seqs))
-        set_(self, "max_failures", _positive_int("max_failures", self.max_failures))
+        set_(self, "feature_dim", positive_int("feature_dim", self.feature_dim))
+        set_(self, "block_size", positive_int("block_size", self.block_size))
+        set_(self, "window", positive_int("window", self.window))
+        set_(self, "max_seqs", positive_int("max_seqs", self.max_seqs))
+        set_(self, "max_failures", positive_int("max_failures", self.max_failures))
         if self.max_seqs > MAX_SEQS_LIMIT:
             raise ConfigError(f"max_seqs ({self.max_seqs}) exceeds the limit {MAX_SEQS_LIMIT}")
         if self.window <= 2 * self.block_size:
@@ -149,14 +173,7 @@ class StagerConfig:
     @property
     def row_bytes(self) -> int:
         """Bytes of one stored row."""
-        d = self.feature_dim
-        return {
-            "f32": 4 * d,
-            "f16": 2 * d,
-            "bf16": 2 * d,
-            "q8_0": d // _QK * (2 + _QK),
-            "q4_0": d // _QK * (2 + _QK // 2),
-        }[self.storage]
+        return storage_row_bytes(self.storage, self.feature_dim)
 
     @property
     def numpy_stage_dtype(self) -> np.dtype:

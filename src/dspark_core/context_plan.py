@@ -32,12 +32,11 @@ context and the staging buffer:
 from __future__ import annotations
 
 import logging
-import operator
 import os
 from dataclasses import dataclass
 from typing import Any
 
-from .config import STORAGES, TRIM_CHUNK, window_for
+from .config import STORAGES, TRIM_CHUNK, positive_int, storage_row_bytes, window_for
 from .drafter_info import DrafterInfo, DrafterMetadataError, inherited_context_warning
 from .errors import ConfigError
 
@@ -48,37 +47,8 @@ logger = logging.getLogger("dspark_core")
 #: Environment variable that may lower (never raise) the window.
 WINDOW_CAP_ENV = "DSPARK_WINDOW_CAP"
 
-_QK = 32
-
-
-def row_bytes(storage: str, feature_dim: int) -> int:
-    """Bytes of one feature row of width ``feature_dim`` stored as ``storage``.
-
-    ``f32``: ``4 D``; ``f16`` / ``bf16``: ``2 D``; ``q8_0``: ``D / 32 * 34``;
-    ``q4_0``: ``D / 32 * 18`` (GGML block layouts; q formats need ``D % 32 == 0``).
-    """
-    if storage not in STORAGES:
-        raise ConfigError(f"storage {storage!r} is not supported; use one of {STORAGES}")
-    d = feature_dim
-    if storage.startswith("q") and d % _QK:
-        raise ConfigError(f"storage {storage!r} needs feature_dim % 32 == 0, got feature_dim {d}")
-    return {
-        "f32": 4 * d,
-        "f16": 2 * d,
-        "bf16": 2 * d,
-        "q8_0": d // _QK * (2 + _QK),
-        "q4_0": d // _QK * (2 + _QK // 2),
-    }[storage]
-
-
-def _positive(name: str, value: Any) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    if v < 1:
-        raise ConfigError(f"{name} must be >= 1, got {v}")
-    return v
+#: Bytes of one stored row (pure Python; the same function as StagerConfig.row_bytes uses).
+row_bytes = storage_row_bytes
 
 
 def _env_cap() -> int | None:
@@ -249,12 +219,12 @@ def plan_context(
             with ``feature_dim % 32 != 0``.
     """
     B = info.block_size
-    n_batch = _positive("n_batch", n_batch)
-    n_parallel = _positive("n_parallel", n_parallel)
-    target = None if target_n_ctx is None else _positive("target_n_ctx", target_n_ctx)
+    n_batch = positive_int("n_batch", n_batch)
+    n_parallel = positive_int("n_parallel", n_parallel)
+    target = None if target_n_ctx is None else positive_int("target_n_ctx", target_n_ctx)
     if storage not in STORAGES:
         raise ConfigError(f"storage {storage!r} is not supported; use one of {STORAGES}")
-    if n_draft is not None and _positive("n_draft", n_draft) != B:
+    if n_draft is not None and positive_int("n_draft", n_draft) != B:
         raise ConfigError(f"draft length ({n_draft}) must equal the drafter's block_size ({B})")
     if info.n_ctx_train is None:
         raise DrafterMetadataError(
@@ -267,7 +237,7 @@ def plan_context(
     # the cap: the smaller of the argument and the environment, lowering only
     caps: list[tuple[int, str]] = []
     if window_cap is not None:
-        caps.append((_positive("window_cap", window_cap), "window_cap"))
+        caps.append((positive_int("window_cap", window_cap), "window_cap"))
     env = _env_cap()
     if env is not None:
         caps.append((env, WINDOW_CAP_ENV))

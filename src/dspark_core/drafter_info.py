@@ -36,7 +36,6 @@ Every problem with the file is a :class:`DrafterMetadataError`
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import struct
 import sys
@@ -44,6 +43,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from .config import positive_int
 from .errors import ConfigError
 
 __all__ = [
@@ -396,15 +396,6 @@ def inherited_context_warning(key: str, value: int, arch: str, target_n_ctx: int
     )
 
 
-def _positive_override(name: str, value: Any) -> int:
-    try:
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
-    if v < 1:
-        raise ConfigError(f"{name} must be >= 1, got {v}")
-    return v
-
 
 @dataclass(frozen=True)
 class DrafterInfo:
@@ -494,8 +485,8 @@ class DrafterInfo:
             ConfigError: ``n_ctx_train`` / ``target_n_ctx`` is not a positive integer.
         """
         spath = os.fspath(path)
-        override = None if n_ctx_train is None else _positive_override("n_ctx_train", n_ctx_train)
-        target = None if target_n_ctx is None else _positive_override("target_n_ctx", target_n_ctx)
+        override = None if n_ctx_train is None else positive_int("n_ctx_train", n_ctx_train)
+        target = None if target_n_ctx is None else positive_int("target_n_ctx", target_n_ctx)
 
         reader = _open_reader(spath)
         error = None

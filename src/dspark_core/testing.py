@@ -56,8 +56,8 @@ import numpy as np
 
 from . import reference_formats as rf
 from . import snapshot_format
-from .config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, TRIM_CHUNK, StagerConfig
-from .errors import ConfigError, StateError
+from .config import STAGE_DTYPES, STORAGES, TRIM_CHUNK, StagerConfig
+from .errors import StateError
 from .reference import SEMANTIC_STATS, ReferenceStager
 from .stage_plan import SKIP_REASONS
 
