@@ -12,16 +12,17 @@ void FeatureBuffer::reset(std::int64_t pos) noexcept {
     count_ = 0;
 }
 
-void FeatureBuffer::reserve_back(std::size_t n, std::size_t min_rows, std::size_t max_rows) {
+void FeatureBuffer::reserve_back(std::size_t n, std::size_t reserve_rows) {
     const std::size_t need = count_ + n;
     if (need <= cap_) return;
-    const std::size_t new_cap = std::max(need, std::min(std::max(cap_ * 2, min_rows), max_rows));
-    ByteVec fresh(new_cap * row_bytes_);
+    const std::size_t new_cap = std::max({need, reserve_rows, cap_ * 2});
+    ByteVec fresh(new_cap * row_bytes_);  // address space; not touched here
     // Re-linearise: the oldest row goes to slot 0.
     if (count_ != 0) copy_out(head_pos_, end(), fresh.data());
     data_.swap(fresh);
     cap_ = new_cap;
     head_slot_ = 0;
+    touched_ = count_;
 }
 
 void FeatureBuffer::back_spans(std::size_t n, Span& first, Span& second) noexcept {
@@ -30,6 +31,7 @@ void FeatureBuffer::back_spans(std::size_t n, Span& first, Span& second) noexcep
     const std::size_t run = std::min(n, cap_ - start);
     first = {data_.data() + start * row_bytes_, run};
     second = {data_.data(), n - run};
+    touched_ = std::max({touched_, start + run, n - run});
 }
 
 void FeatureBuffer::drop_front(std::int64_t new_head) noexcept {

@@ -153,7 +153,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     s.buf = FeatureBuffer(row_bytes_);
     s.buf.reset(horizon);
     if (n_rows) {
-        s.buf.reserve_back(n_rows);
+        s.buf.reserve_back(n_rows, max_rows_);
         FeatureBuffer::Span x, y;
         s.buf.back_spans(n_rows, x, y);
         std::memcpy(x.data, d + HEADER_BYTES, n_rows * row_bytes_);

@@ -11,10 +11,6 @@ namespace dspark {
 
 namespace {
 
-// The first allocation of a sequence's ring: enough for a few rounds; it
-// grows (doubling) up to W + TRIM_CHUNK + B + 1 rows as context arrives.
-constexpr std::size_t FIRST_ALLOCATION_ROWS = 64;
-
 std::string seq_msg(std::int64_t seq) { return "sequence " + std::to_string(seq); }
 
 void require_count(const char* name, std::int64_t v) {
@@ -113,7 +109,8 @@ std::int64_t Stager::horizon_after(const Seq& s) const noexcept {
 
 void Stager::note_size(Seq& s) noexcept {
     s.stats.rows = static_cast<std::int64_t>(s.buf.size());
-    s.stats.bytes = static_cast<std::int64_t>(s.buf.bytes_allocated());
+    s.stats.bytes = static_cast<std::int64_t>(s.buf.bytes_touched());
+    s.stats.reserved_bytes = static_cast<std::int64_t>(s.buf.bytes_reserved());
     s.stats.peak_rows = std::max(s.stats.peak_rows, s.stats.rows);
     s.stats.peak_bytes = std::max(s.stats.peak_bytes, s.stats.bytes);
 }
@@ -203,7 +200,7 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, 
     }
     if (!s.started || s.buf.size() == 0) s.buf.reset(p0 + static_cast<std::int64_t>(skip));
     if (keep) {
-        s.buf.reserve_back(keep, FIRST_ALLOCATION_ROWS, max_rows_);
+        s.buf.reserve_back(keep, max_rows_);
         FeatureBuffer::Span a, b;
         s.buf.back_spans(keep, a, b);
         std::int64_t bad = encode(skip, a.rows, a.data);
@@ -465,7 +462,7 @@ void Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard
         tmp.resize(static_cast<std::size_t>(b - a) * row_bytes_);
         s.buf.copy_out(a, b, tmp.data());
         const std::size_t k = static_cast<std::size_t>(b - a);
-        nb.reserve_back(k);
+        nb.reserve_back(k, max_rows_);
         FeatureBuffer::Span x, y;
         nb.back_spans(k, x, y);
         std::memcpy(x.data, tmp.data(), x.rows * row_bytes_);
@@ -509,7 +506,7 @@ void Stager::fork(std::int64_t src, std::int64_t dst) {
     c.buf.reset(from);
     if (a.started && a.end > from) {
         const std::size_t k = static_cast<std::size_t>(a.end - from);
-        c.buf.reserve_back(k);
+        c.buf.reserve_back(k, max_rows_);
         FeatureBuffer::Span x, y;
         c.buf.back_spans(k, x, y);  // fresh buffer: one span
         a.buf.copy_out(from, a.end, x.data);

@@ -72,7 +72,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t rounds, commits, failures, rebases
         int64_t staged_rows, restaged_rows, skips
         int64_t trims, trimmed_rows
-        int64_t rows, peak_rows, bytes, peak_bytes
+        int64_t rows, peak_rows, bytes, peak_bytes, reserved_bytes
 
     cdef cppclass Stager:
         Stager(const StagerOptions& options) except +dspark_translate_exception

@@ -336,14 +336,25 @@ cdef class Stager:
         }
 
     def stats(self, seq):
-        """Counters since the sequence's last ``begin`` (rounds, rebases, restaged rows, trims, peak rows, bytes)."""
+        """Counters since the sequence's last ``begin``.
+
+        rounds, commits, failures, rebases, skips: rounds opened, committed,
+        failed, rebased, and drafts skipped. staged_rows / restaged_rows:
+        context rows staged (all / on rebases). trims / trimmed_rows: head
+        drops of rows below the horizon. rows / peak_rows: rows held (live
+        plus a not-yet-trimmed dead head, < TRIM_CHUNK). bytes / peak_bytes:
+        ring memory written so far (resident). reserved_bytes: ring address
+        space reserved up front (W + TRIM_CHUNK + B + 1 rows; pages become
+        resident only when written). The reference twin keeps the first
+        seven, with the same values, and ``rows`` (its stageable rows).
+        """
         cdef int64_t s = self._seq(seq)
         cdef SeqStats t = self._core.stats(s)
         return {
             "rounds": t.rounds, "commits": t.commits, "failures": t.failures, "rebases": t.rebases,
             "staged_rows": t.staged_rows, "restaged_rows": t.restaged_rows, "skips": t.skips,
             "trims": t.trims, "trimmed_rows": t.trimmed_rows, "rows": t.rows, "peak_rows": t.peak_rows,
-            "bytes": t.bytes, "peak_bytes": t.peak_bytes,
+            "bytes": t.bytes, "peak_bytes": t.peak_bytes, "reserved_bytes": t.reserved_bytes,
         }
 
     def buffered_positions(self, seq):

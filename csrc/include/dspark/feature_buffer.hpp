@@ -6,8 +6,13 @@
 // Invariants:
 //  * rows are contiguous in position: the row of position p (head <= p < end)
 //    lives in slot (head_slot + (p - head)) % capacity;
-//  * capacity only grows (re-linearising the ring), and only when asked to
-//    make room for more rows than it has free slots.
+//  * the first reserve_back() reserves the whole bound the Stager will ever
+//    need (W + TRIM_CHUNK + B + 1 rows) as address space: pages become
+//    resident only as rows are first written (touched_ tracks the high-water
+//    slot), so a short context costs only what it holds, and the ring never
+//    grows, copies or re-linearises on the hot path;
+//  * capacity only grows past that (re-linearising) if asked for more rows
+//    than it has free slots, which the Stager's horizon rule never does.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -33,7 +38,9 @@ public:
     std::int64_t end() const noexcept { return head_pos_ + static_cast<std::int64_t>(count_); }
     std::size_t size() const noexcept { return count_; }
     std::size_t capacity() const noexcept { return cap_; }
-    std::size_t bytes_allocated() const noexcept { return data_.size(); }
+    // Address space reserved, and the part of it ever written (resident).
+    std::size_t bytes_reserved() const noexcept { return cap_ * row_bytes_; }
+    std::size_t bytes_touched() const noexcept { return touched_ * row_bytes_; }
 
     // Forget every row; the next row appended is at position `pos`. Keeps the
     // allocation (a server reuses its slots).
@@ -41,10 +48,10 @@ public:
 
     const std::uint8_t* row(std::int64_t pos) const noexcept { return data_.data() + slot(pos) * row_bytes_; }
 
-    // Ensure n more rows fit without dropping any: grows to at least
-    // size() + n rows, doubling (at least `min_rows`) but not past `max_rows`
-    // unless size() + n needs more.
-    void reserve_back(std::size_t n, std::size_t min_rows = 64, std::size_t max_rows = SIZE_MAX);
+    // Ensure n more rows fit without dropping any. The first call reserves
+    // max(size() + n, reserve_rows) rows; later growth (only past that) at
+    // least doubles.
+    void reserve_back(std::size_t n, std::size_t reserve_rows);
     // Up to two spans covering the next n free slots (call reserve_back first).
     void back_spans(std::size_t n, Span& first, Span& second) noexcept;
     // The n rows written into back_spans(n) become part of the buffer.
@@ -67,6 +74,7 @@ private:
     std::size_t row_bytes_ = 0;
     ByteVec data_;  // cap_ * row_bytes_ (never zero-filled: rows are written before read)
     std::size_t cap_ = 0;             // rows
+    std::size_t touched_ = 0;         // slots [0, touched_) have been written
     std::size_t head_slot_ = 0;
     std::int64_t head_pos_ = 0;
     std::size_t count_ = 0;

@@ -77,11 +77,18 @@ struct SeqState {
 };
 
 // Counters since the sequence's last begin().
+//  rounds / commits / failures / rebases / skips: calls that opened a round,
+//    closed it either way, rebased, or skipped;
+//  staged_rows / restaged_rows: context rows handed out (all / on rebases);
+//  trims / trimmed_rows: head drops of rows below the horizon;
+//  rows / peak_rows: rows physically held (live + untrimmed dead head);
+//  bytes / peak_bytes: ring memory written so far (resident);
+//  reserved_bytes: ring address space reserved (the bound, untouched until used).
 struct SeqStats {
     std::int64_t rounds = 0, commits = 0, failures = 0, rebases = 0;
     std::int64_t staged_rows = 0, restaged_rows = 0, skips = 0;
     std::int64_t trims = 0, trimmed_rows = 0;
-    std::int64_t rows = 0, peak_rows = 0, bytes = 0, peak_bytes = 0;
+    std::int64_t rows = 0, peak_rows = 0, bytes = 0, peak_bytes = 0, reserved_bytes = 0;
 };
 
 class Stager {
