@@ -35,7 +35,9 @@ def test_100k_prefill_stays_bounded(chunk, storage):
         assert st.stats(0)["peak_rows"] <= bound
     stats = st.stats(0)
     assert stats["peak_rows"] <= bound
-    assert stats["peak_bytes"] <= bound * cfg.row_bytes
+    # The ring reserved exactly the bound once and never grew.
+    assert stats["reserved_bytes"] == bound * cfg.row_bytes
+    assert stats["peak_bytes"] <= stats["reserved_bytes"]
     # The first round rebases onto the newest K rows: the prompt's tail.
     plan = st.draft(0, 100_000)
     assert plan.rebase and plan.n_rows == W // 2 and plan.pos_base == 100_000 - W // 2
@@ -67,6 +69,8 @@ def test_steady_rounds_at_depth_stay_bounded():
         assert st.stats(0)["peak_rows"] <= bound
         assert ref.stats(0)["rows"] <= W  # rows still stageable never exceed the window
     stats = st.stats(0)
+    assert stats["reserved_bytes"] == bound * cfg.row_bytes
+    assert stats["live_rows"] == ref.stats(0)["live_rows"] <= W
     assert stats["trims"] > 0 and stats["trimmed_rows"] >= TRIM_CHUNK
     assert stats["rebases"] > 5
     assert st.snapshot(0) == ref.snapshot(0)
@@ -78,4 +82,14 @@ def test_begin_keeps_allocation_bounded():
     for _ in range(3):
         st.begin(0)
         st.process(0, np.arange(5000), rows)
-    assert st.stats(0)["bytes"] <= (W + TRIM_CHUNK + B + 1) * D * 4
+    stats = st.stats(0)
+    assert stats["bytes"] <= stats["reserved_bytes"] == (W + TRIM_CHUNK + B + 1) * D * 4
+
+
+def test_short_context_touches_only_what_it_holds():
+    """The bound is reserved as address space; only written rows become resident."""
+    st = Stager(StagerConfig(D, B, W))
+    st.process(0, np.arange(10), np.zeros((10, D), np.float32))
+    stats = st.stats(0)
+    assert stats["bytes"] == 10 * D * 4
+    assert stats["reserved_bytes"] == (W + TRIM_CHUNK + B + 1) * D * 4

@@ -289,14 +289,51 @@ def test_skip_reasons_in_order(make_stager):
     assert st.draft(0, 0).skip == "empty"
     assert st.draft(0, 5).skip == "empty"
     st.process(0, np.arange(3, 8), feature_rows(range(3, 8), D))  # origin p0 = 3
+    before = (st.state(0), st.snapshot(0))
     assert st.draft(0, 3).skip == "no_context"  # start <= n_cache (= p0)
     assert st.draft(0, 7).skip == "missing_rows"
     assert st.draft(0, 9).skip == "missing_rows"
-    before = st.state(0)
+    assert (st.state(0), st.snapshot(0)) == before  # a skip changes no state and opens no round
+    assert st.stats(0)["skips"] == 5 and st.stats(0)["rounds"] == 0
     plan = st.draft(0, 8)
     assert plan.skip is None and plan.pos_base == 3 and list(plan.positions) == [0, 1, 2, 3, 4]
     st.fail(0)
     assert st.draft(0, 8).skip == "disabled"
-    assert before["n_cache"] == 3
     skip = st.draft(0, 1)
     assert skip.skip == "disabled" and skip.crop_from == -1 and skip.rows.shape == (0, D)
+    assert not st.state(0)["open_round"]
+
+
+def test_config_bounds_are_config_errors():
+    """Sizes the core cannot represent are rejected up front, on both sides."""
+    from dspark_core import Stager
+
+    with pytest.raises(ConfigError, match=r"window \(1073741825\) must be <= 2\*\*30"):
+        StagerConfig(32, 4, 2**30 + 1)
+    with pytest.raises(ConfigError, match=r"feature_dim .* must be <= 2\*\*28"):
+        StagerConfig(2**28 + 32, 4, 20)
+    cfg = StagerConfig(32, 4, 20)
+    object.__setattr__(cfg, "window", 2**55)  # bypass Python: the core checks on its own
+    with pytest.raises(ConfigError, match="must be <= 2\\*\\*30"):
+        Stager(cfg)
+    big = StagerConfig(2**28, 4, 2**30)  # representable: reserved lazily, nothing allocated yet
+    assert Stager(big).stats(0)["reserved_bytes"] == 0
+
+
+def test_disable_warning_counts_restored_failures(make_stager, caplog):
+    """The warning names the real consecutive-failure count (e.g. carried in by a snapshot)."""
+    a = make_stager(feature_dim=D, block_size=B, window=W, max_failures=5)
+    a.process(0, np.arange(5), feature_rows(range(5), D))
+    for k in range(4):
+        a.draft(0, 5 + k)
+        a.fail(0)
+        a.process(0, [5 + k], feature_rows([5 + k], D))
+    b = make_stager(feature_dim=D, block_size=B, window=W, max_failures=2)
+    b.restore(0, a.snapshot(0))
+    with caplog.at_level(logging.WARNING, logger="dspark_core"):
+        b.draft(0, 9)
+        b.fail(0, "crop")
+    msgs = [r.getMessage() for r in caplog.records if r.name == "dspark_core"]
+    assert msgs == [
+        "sequence 0: drafting disabled after 5 consecutive drafter failures (last: crop); begin() re-enables it"
+    ]

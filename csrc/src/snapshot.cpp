@@ -51,8 +51,7 @@ T take(const std::uint8_t* at) {
 
 std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const Seq& s = get(seq);
-    if (s.open) throw StateError("sequence " + std::to_string(seq) + " has an open round: call commit() or fail() first");
+    const Seq& s = ready(seq);
     const std::int64_t n_rows = s.started ? s.end - s.horizon : 0;
     std::vector<std::uint8_t> out(HEADER_BYTES + static_cast<std::size_t>(n_rows) * row_bytes_ + 4, 0);
     std::uint8_t* h = out.data();
@@ -150,15 +149,8 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     s.pos_base = pos_base;
     s.tentative = tentative;
     s.failures = failures;
-    s.buf = FeatureBuffer(row_bytes_);
-    s.buf.reset(horizon);
-    if (n_rows) {
-        s.buf.reserve_back(n_rows, max_rows_);
-        FeatureBuffer::Span x, y;
-        s.buf.back_spans(n_rows, x, y);
-        std::memcpy(x.data, d + HEADER_BYTES, n_rows * row_bytes_);
-        s.buf.commit_back(n_rows);
-    }
+    s.buf = ring_for(target.buf, horizon, n_rows);  // validated: nothing below can fail
+    append_rows(s.buf, d + HEADER_BYTES, n_rows);
     target = std::move(s);
     advance_horizon(target);
 }

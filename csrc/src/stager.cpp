@@ -40,10 +40,16 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     if (o.window <= 2 * o.block_size)
         throw ConfigError("window (" + std::to_string(o.window) + ") must be greater than 2 * block_size (2 * " +
                           std::to_string(o.block_size) + " = " + std::to_string(2 * o.block_size) + ")");
-    if (o.window >= MAX_POSITION) throw ConfigError("window is too large");
+    if (o.window > MAX_WINDOW)
+        throw ConfigError("window (" + std::to_string(o.window) + ") must be <= 2**30");
+    if (o.feature_dim > MAX_FEATURE_DIM)
+        throw ConfigError("feature_dim (" + std::to_string(o.feature_dim) + ") must be <= 2**28");
     row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));  // ConfigError for q + D % 32
     w_keep_ = std::min(o.window / 2, o.window - o.block_size);
     max_rows_ = static_cast<std::size_t>(o.window + TRIM_CHUNK + o.block_size + 1);
+    // The ring reserves max_rows_ rows: that size must be representable.
+    if (max_rows_ > (SIZE_MAX >> 1) / row_bytes_)
+        throw ConfigError("window x feature_dim is too large: one sequence's buffer would exceed the address space");
     seqs_.resize(static_cast<std::size_t>(o.max_seqs));
     for (auto& s : seqs_) fresh_seq(s);
 }
@@ -67,11 +73,12 @@ const Stager::Seq& Stager::get(std::int64_t seq) const {
 }
 Stager::Seq& Stager::get(std::int64_t seq) { return const_cast<Seq&>(static_cast<const Stager*>(this)->get(seq)); }
 
-Stager::Seq& Stager::ready(std::int64_t seq) {
-    Seq& s = get(seq);
+const Stager::Seq& Stager::ready(std::int64_t seq) const {
+    const Seq& s = get(seq);
     if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
     return s;
 }
+Stager::Seq& Stager::ready(std::int64_t seq) { return const_cast<Seq&>(static_cast<const Stager*>(this)->ready(seq)); }
 
 Stager::Seq& Stager::opened(std::int64_t seq) {
     Seq& s = get(seq);
@@ -81,8 +88,7 @@ Stager::Seq& Stager::opened(std::int64_t seq) {
 
 void Stager::check_ready(std::int64_t seq) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const Seq& s = get(seq);
-    if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
+    ready(seq);
 }
 
 void Stager::check_open(std::int64_t seq) const {
@@ -135,16 +141,23 @@ void Stager::trim_head(Seq& s, std::int64_t new_head) noexcept {
 
 // -- ingest -------------------------------------------------------------------
 
-void Stager::validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* pos, std::size_t n) const {
-    for (std::size_t i = 0; i < n; ++i)
-        if (pos[i] < 0 || pos[i] >= MAX_POSITION - 1)  // so that end = last + 1 < MAX_POSITION
-            throw std::invalid_argument("position " + std::to_string(pos[i]) + " is out of range [0, 2**62 - 1)");
-    for (std::size_t i = 1; i < n; ++i)
-        if (pos[i] != pos[i - 1] + 1)
+// Returns the first position, read once: everything after uses only it and n
+// (the caller's array may change under a released GIL; ours must not).
+std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* pos,
+                                        std::size_t n) const {
+    if (n == 0) return 0;
+    const std::int64_t p0 = pos[0];
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t p = i == 0 ? p0 : pos[i];
+        if (p < 0 || p >= MAX_POSITION - 1)  // so that end = last + 1 < MAX_POSITION
+            throw std::invalid_argument("position " + std::to_string(p) + " is out of range [0, 2**62 - 1)");
+        if (i && p != p0 + static_cast<std::int64_t>(i))
             throw std::invalid_argument(seq_msg(seq_id) + ": positions must be contiguous (+1 each row)");
-    if (n && s.started && pos[0] != s.end)
+    }
+    if (s.started && p0 != s.end)
         throw std::invalid_argument(seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) +
-                                    ", got " + std::to_string(pos[0]));
+                                    ", got " + std::to_string(p0));
+    return p0;
 }
 
 // encode(first_row, n_rows, dst) converts input rows [first_row, first_row +
@@ -152,10 +165,8 @@ void Stager::validate_positions(std::int64_t seq_id, const Seq& s, const std::in
 // row holding a non-finite value, or -1. check(first_row, n_rows) only checks.
 // Atomic: nothing observable changes unless every row is accepted.
 template <class Encode>
-void Stager::ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, std::size_t n, Encode&& encode,
-                    bool fallible) {
+void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible) {
     if (n == 0) return;
-    const std::int64_t p0 = positions[0];
     auto reject = [&](std::int64_t row) {
         throw std::invalid_argument(seq_msg(seq_id) + ": row " + std::to_string(row) + " (position " +
                                     std::to_string(p0 + row) + ") holds a non-finite value; nothing was appended");
@@ -179,28 +190,24 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, 
     // Input rows below the new horizon are never stored (bounded ingest).
     const std::size_t skip = static_cast<std::size_t>(std::clamp<std::int64_t>(h_new - p0, 0, std::int64_t(n)));
     const std::size_t keep = n - skip;
-    const std::int64_t old_live_from = s.started ? std::max(s.horizon, s.buf.head()) : p0;
-    const std::size_t old_live = s.started ? static_cast<std::size_t>(s.end - old_live_from) : 0;
 
-    // Fused check-and-convert straight into free ring slots when the rows that
-    // are still stageable now fit beside the new ones (every round). Otherwise
-    // (a prefill chunk longer than the window) check the whole input first:
-    // then nothing can fail and the old rows can go before converting.
-    const bool fused = fallible && skip == 0 && old_live + keep <= max_rows_;
-    if (fallible && !fused) {
+    // The ring reserves its whole bound up front (address space only); this
+    // allocation is the one step that can fail before anything changed.
+    if (s.buf.capacity() == 0) s.buf.reserve_back(keep, max_rows_);
+    // Common case (every round): the new rows fit in free slots beside every
+    // row held now. Then check-and-convert runs fused, straight into those
+    // free slots, and a rejection leaves every row as it was. Otherwise (a
+    // prefill chunk longer than the window) check the whole input first;
+    // after that nothing can fail and dead rows can go before converting.
+    const bool clean_append = skip == 0 && s.buf.size() + keep <= s.buf.capacity();
+    if (fallible && !clean_append) {
         const std::int64_t bad = encode(0, n, nullptr);
         if (bad >= 0) reject(bad);
     }
-    if (s.started) {
-        if (!fused) {
-            trim_head(s, std::min(h_new, s.end));  // cannot fail any more
-        } else if (s.buf.size() + keep > s.buf.capacity()) {
-            trim_head(s, old_live_from);  // rows below the old horizon: invisible
-        }
-    }
+    if (s.started && !clean_append) trim_head(s, std::min(h_new, s.end));
     if (!s.started || s.buf.size() == 0) s.buf.reset(p0 + static_cast<std::int64_t>(skip));
     if (keep) {
-        s.buf.reserve_back(keep, max_rows_);
+        s.buf.reserve_back(keep, max_rows_);  // no-op unless the ring must grow past its bound
         FeatureBuffer::Span a, b;
         s.buf.back_spans(keep, a, b);
         std::int64_t bad = encode(skip, a.rows, a.data);
@@ -209,7 +216,7 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, 
             if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(a.rows) + bad2;
         }
         // Only free slots were written: rejecting here leaves every row as it was.
-        if (fused && bad >= 0) reject(bad);
+        if (fallible && clean_append && bad >= 0) reject(bad);
         s.buf.commit_back(keep);
     }
     // Success: publish the new state.
@@ -227,7 +234,7 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, 
 void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& s = ready(seq);
-    validate_positions(seq, s, positions, n);
+    const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const std::size_t in_row = dim * elem_bytes(type);
     const auto* src = static_cast<const std::uint8_t*>(rows);
@@ -238,7 +245,7 @@ void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_
                                      : find_nonfinite(from, type, count * dim);
         return bad < 0 ? -1 : bad / static_cast<std::int64_t>(dim);
     };
-    ingest(seq, s, positions, n, encode, fallible);
+    ingest(seq, s, p0, n, encode, fallible);
 }
 
 namespace {
@@ -275,7 +282,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
     if (nbytes != n * row_bytes_)
         throw std::invalid_argument("encoded rows must be " + std::to_string(n) + " x " + std::to_string(row_bytes_) +
                                     " bytes (" + storage_name(opt_.storage) + "), got " + std::to_string(nbytes));
-    validate_positions(seq, s, positions, n);
+    const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
@@ -283,12 +290,13 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
         if (dst) std::memcpy(dst, from, count * row_bytes_);
         return fallible ? first_nonfinite_encoded(from, opt_.storage, count, dim, row_bytes_) : -1;
     };
-    ingest(seq, s, positions, n, encode, fallible);
+    ingest(seq, s, p0, n, encode, fallible);
 }
 
 // -- rounds -------------------------------------------------------------------
 
-RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, ByteVec& out) {
+// Plans a round without changing anything (may throw only on a broken invariant).
+RoundPlan Stager::plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const {
     RoundPlan p;
     p.seq = seq_id;
     p.start = start;
@@ -296,10 +304,7 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, By
     else if (!s.started) p.skip = Skip::Empty;
     else if (start <= s.n_cache) p.skip = Skip::NoContext;
     else if (s.end != start) p.skip = Skip::MissingRows;
-    if (p.skip != Skip::None) {
-        s.stats.skips += 1;  // a skip changes no protocol state and opens no round
-        return p;
-    }
+    if (p.skip != Skip::None) return p;
     const bool rebase = s.restage_owed || start - s.pos_base + opt_.block_size > opt_.window;
     std::int64_t base, lo;
     if (rebase) {
@@ -319,45 +324,70 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, By
     p.first_row = lo;
     p.n_rows = start - lo;
     p.crop_from = start - base;
-    const std::size_t at = out.size();
-    pool_->grow(out, at + static_cast<std::size_t>(p.n_rows) * row_bytes_);
-    out.resize(at + static_cast<std::size_t>(p.n_rows) * row_bytes_);
-    s.buf.copy_out(lo, start, out.data() + at);
+    return p;
+}
 
+// Copies a planned round's rows to out[at..] and opens the round. Cannot
+// throw: `out` already holds the room.
+void Stager::open_round(Seq& s, const RoundPlan& p, std::uint8_t* out) noexcept {
+    if (p.skip != Skip::None) {
+        s.stats.skips += 1;  // a skip changes no protocol state and opens no round
+        return;
+    }
+    s.buf.copy_out(p.first_row, p.start, out);
     s.open = true;
-    s.open_start = start;
-    s.open_base = base;
+    s.open_start = p.start;
+    s.open_base = p.pos_base;
     s.accept_open = true;
     s.tentative = 0;
     s.stats.rounds += 1;
     s.stats.staged_rows += p.n_rows;
-    if (rebase) {
+    if (p.rebase) {
         s.stats.rebases += 1;
         s.stats.restaged_rows += p.n_rows;
     }
-    return p;
 }
 
 RoundPlan Stager::draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& s = ready(seq);
     require_count("n_past", n_past);
-    return plan_round(seq, s, n_past, rows_out);
+    const RoundPlan p = plan_round(seq, s, n_past);
+    const std::size_t at = rows_out.size();
+    const std::size_t bytes = static_cast<std::size_t>(p.n_rows) * row_bytes_;
+    pool_->grow(rows_out, at + bytes);  // the only step that can fail (bad_alloc)
+    rows_out.resize(at + bytes);
+    open_round(s, p, rows_out.data() + at);
+    return p;
 }
 
 void Stager::draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
                         std::vector<RoundPlan>& plans, ByteVec& rows_out) {
     std::lock_guard<std::mutex> lock(mu_);
-    // Validate everything first: a rejected batch changes nothing.
+    // Validate and plan everything, then allocate once, then open: a rejected
+    // batch (bad argument, state, or out of memory) changes nothing.
     for (std::size_t i = 0; i < n; ++i) get(seqs[i]);
     for (std::size_t i = 0; i < n; ++i) ready(seqs[i]);
     for (std::size_t i = 0; i < n; ++i)
         for (std::size_t j = i + 1; j < n; ++j)
             if (seqs[i] == seqs[j]) throw std::invalid_argument("draft_many: sequence ids must be unique");
     for (std::size_t i = 0; i < n; ++i) require_count("n_past", n_pasts[i]);
-    plans.clear();
-    plans.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) plans.push_back(plan_round(seqs[i], get(seqs[i]), n_pasts[i], rows_out));
+    std::vector<RoundPlan> planned;
+    planned.reserve(n);
+    std::size_t bytes = rows_out.size();
+    for (std::size_t i = 0; i < n; ++i) {
+        planned.push_back(plan_round(seqs[i], get(seqs[i]), n_pasts[i]));
+        bytes += static_cast<std::size_t>(planned.back().n_rows) * row_bytes_;
+    }
+    const std::size_t at = rows_out.size();
+    pool_->grow(rows_out, bytes);
+    rows_out.resize(bytes);
+    std::size_t off = at;
+    for (const RoundPlan& p : planned) {
+        open_round(get(p.seq), p, rows_out.data() + off);
+        off += static_cast<std::size_t>(p.n_rows) * row_bytes_;
+    }
+    plans.swap(planned);
 }
 
 void Stager::commit(std::int64_t seq) {
@@ -373,7 +403,7 @@ void Stager::commit(std::int64_t seq) {
     advance_horizon(s);
 }
 
-bool Stager::fail(std::int64_t seq, FailStage stage) {
+std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& s = opened(seq);
     if (stage != FailStage::Decode && stage != FailStage::Crop)
@@ -385,13 +415,13 @@ bool Stager::fail(std::int64_t seq, FailStage stage) {
     s.first_round = false;
     s.failures += 1;
     s.stats.failures += 1;
-    bool just_disabled = false;
+    std::int64_t disabled_after = 0;
     if (s.failures >= opt_.max_failures && !s.disabled) {
         s.disabled = true;
-        just_disabled = true;
+        disabled_after = s.failures;
     }
     advance_horizon(s);
-    return just_disabled;
+    return disabled_after;
 }
 
 void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
@@ -451,27 +481,19 @@ void Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard
         throw std::invalid_argument("shift of [" + std::to_string(n_keep) + ", " + std::to_string(hi) +
                                     ") reaches past the end of the sequence (" + std::to_string(s.end) + ")");
     auto moved = [&](std::int64_t x) { return x < n_keep ? x : (x < hi ? n_keep : x - n_discard); };
-    // Rebuild the live rows [horizon, end) without the discarded range.
+    // Rebuild the live rows [horizon, end) without the discarded range, in the
+    // same ring: gather them (the only allocation, before anything changes),
+    // then lay them out again from the ring's first slot.
     const std::int64_t from = std::max(s.horizon, s.buf.head());
-    FeatureBuffer nb(row_bytes_);
+    const std::int64_t keep_hi = std::min(s.end, n_keep), tail_lo = std::max(from, hi);
+    const std::size_t n_front = static_cast<std::size_t>(std::max<std::int64_t>(0, keep_hi - from));
+    const std::size_t n_tail = static_cast<std::size_t>(std::max<std::int64_t>(0, s.end - tail_lo));
+    ByteVec rows((n_front + n_tail) * row_bytes_);
+    if (n_front) s.buf.copy_out(from, keep_hi, rows.data());
+    if (n_tail) s.buf.copy_out(tail_lo, s.end, rows.data() + n_front * row_bytes_);
     const std::int64_t new_h = moved(s.horizon);
-    nb.reset(new_h);
-    std::vector<std::uint8_t> tmp;
-    auto append = [&](std::int64_t a, std::int64_t b) {
-        if (b <= a) return;
-        tmp.resize(static_cast<std::size_t>(b - a) * row_bytes_);
-        s.buf.copy_out(a, b, tmp.data());
-        const std::size_t k = static_cast<std::size_t>(b - a);
-        nb.reserve_back(k, max_rows_);
-        FeatureBuffer::Span x, y;
-        nb.back_spans(k, x, y);
-        std::memcpy(x.data, tmp.data(), x.rows * row_bytes_);
-        if (y.rows) std::memcpy(y.data, tmp.data() + x.rows * row_bytes_, y.rows * row_bytes_);
-        nb.commit_back(k);
-    };
-    append(from, std::min(s.end, n_keep));
-    append(std::max(from, hi), s.end);
-    s.buf = std::move(nb);
+    s.buf.reset(new_h);
+    append_rows(s.buf, rows.data(), n_front + n_tail);
     s.end = moved(s.end);
     s.horizon = new_h;
     s.n_cache = moved(s.n_cache);
@@ -501,19 +523,42 @@ void Stager::fork(std::int64_t src, std::int64_t dst) {
     c.failures = a.failures;
     c.accept_open = a.accept_open;
     c.tentative = a.tentative;
-    c.buf = FeatureBuffer(row_bytes_);
     const std::int64_t from = a.started ? std::max(a.horizon, a.buf.head()) : 0;
-    c.buf.reset(from);
-    if (a.started && a.end > from) {
-        const std::size_t k = static_cast<std::size_t>(a.end - from);
-        c.buf.reserve_back(k, max_rows_);
+    const std::size_t k = a.started ? static_cast<std::size_t>(a.end - from) : 0;
+    c.buf = ring_for(b.buf, from, k);  // the child's old rows are being replaced
+    if (k) {
         FeatureBuffer::Span x, y;
-        c.buf.back_spans(k, x, y);  // fresh buffer: one span
+        c.buf.back_spans(k, x, y);  // an emptied ring starts at slot 0: one span
         a.buf.copy_out(from, a.end, x.data);
         c.buf.commit_back(k);
     }
     b = std::move(c);
     advance_horizon(b);
+}
+
+// A ring for n rows from position pos: `reuse` itself (emptied) when it has
+// room, else a new one. Allocates, and so may throw, before touching `reuse`.
+FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const {
+    if (reuse.capacity() == 0 || reuse.capacity() < n) {
+        FeatureBuffer fresh(row_bytes_);
+        fresh.reserve_back(n, max_rows_);
+        fresh.reset(pos);
+        return fresh;
+    }
+    FeatureBuffer ring = std::move(reuse);
+    ring.reset(pos);
+    return ring;
+}
+
+// Appends n contiguous rows (room must exist: ring_for / a reserved ring).
+void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n) const {
+    if (n == 0) return;
+    ring.reserve_back(n, max_rows_);
+    FeatureBuffer::Span x, y;
+    ring.back_spans(n, x, y);
+    std::memcpy(x.data, rows, x.rows * row_bytes_);
+    if (y.rows) std::memcpy(y.data, rows + x.rows * row_bytes_, y.rows * row_bytes_);
+    ring.commit_back(n);
 }
 
 // -- introspection ---------------------------------------------------------------
@@ -540,7 +585,10 @@ SeqState Stager::state(std::int64_t seq) const {
 
 SeqStats Stager::stats(std::int64_t seq) const {
     std::lock_guard<std::mutex> lock(mu_);
-    return get(seq).stats;
+    const Seq& s = get(seq);
+    SeqStats out = s.stats;
+    out.live_rows = s.started ? s.end - s.horizon : 0;
+    return out;
 }
 
 }  // namespace dspark

@@ -72,7 +72,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t rounds, commits, failures, rebases
         int64_t staged_rows, restaged_rows, skips
         int64_t trims, trimmed_rows
-        int64_t rows, peak_rows, bytes, peak_bytes, reserved_bytes
+        int64_t live_rows, rows, peak_rows, bytes, peak_bytes, reserved_bytes
 
     cdef cppclass Stager:
         Stager(const StagerOptions& options) except +dspark_translate_exception
@@ -89,7 +89,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void draft_many(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
                         ByteVec& rows_out) except +dspark_translate_exception
         void commit(int64_t seq) except +dspark_translate_exception
-        bool fail(int64_t seq, FailStage stage) except +dspark_translate_exception
+        int64_t fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception
         void rollback(int64_t seq, int64_t n_past) except +dspark_translate_exception
         void shift(int64_t seq, int64_t n_keep, int64_t n_discard) except +dspark_translate_exception

@@ -11,6 +11,7 @@ import logging
 import numpy as np
 
 cimport numpy as cnp
+from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from libc.stdint cimport int64_t, uint8_t
 from libcpp cimport bool
@@ -27,7 +28,7 @@ from dspark_core._lib_stager cimport (
 from dspark_core._args import as_count, as_encoded, as_index, as_positions, as_rows, row_dtype_code
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
-from dspark_core.stage_plan import BatchPlan, StagePlan
+from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core import _row_format
 
 cnp.import_array()
@@ -39,8 +40,9 @@ MAX_POSITION = C_MAX_POSITION
 
 logger = logging.getLogger("dspark_core")
 
-_SKIPS = (None, "disabled", "empty", "no_context", "missing_rows")
-_FAIL_STAGES = {"decode": FailStage.Decode, "crop": FailStage.Crop}
+# Core enum order: Skip::None, then SKIP_REASONS; FailStage follows FAIL_STAGES.
+_SKIPS = (None, *SKIP_REASONS)
+_FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES)}
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 
@@ -61,6 +63,8 @@ cdef class _Bytes:
             self.pool.get().give(move(self.v))
 
     def __getbuffer__(self, Py_buffer* b, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("staged rows are read-only")
         self._shape[0] = <Py_ssize_t>self.v.size()
         self._strides[0] = 1
         b.buf = <void*>self.v.data()
@@ -70,7 +74,7 @@ cdef class _Bytes:
         b.len = self._shape[0]
         b.ndim = 1
         b.obj = self
-        b.readonly = 0
+        b.readonly = 1  # plans are read-only views (as the reference's are)
         b.shape = self._shape
         b.strides = self._strides
         b.suboffsets = NULL
@@ -177,12 +181,14 @@ cdef class Stager:
     def begin(self, seq):
         """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
         cdef int64_t s = self._seq(seq)
-        self._core.begin(s)
+        with nogil:
+            self._core.begin(s)
 
     def process(self, seq, positions, rows):
         """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_ready(s)
+        with nogil:
+            self._core.check_ready(s)
         pos = as_positions(positions)
         arr = as_rows(rows, self._D)
         if arr.shape[0] != pos.shape[0]:
@@ -197,7 +203,8 @@ cdef class Stager:
     def process_encoded(self, seq, positions, data):
         """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat)."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_ready(s)
+        with nogil:
+            self._core.check_ready(s)
         pos = as_positions(positions)
         buf = as_encoded(data, pos.shape[0], self._row_bytes)
         cdef size_t n = pos.shape[0]
@@ -210,7 +217,8 @@ cdef class Stager:
     def draft(self, seq, n_past):
         """Plan this round for a target at ``n_past``: a :class:`StagePlan` (opens a round unless skipped)."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_ready(s)
+        with nogil:
+            self._core.check_ready(s)
         cdef int64_t start = as_count("n_past", n_past)
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
@@ -227,8 +235,11 @@ cdef class Stager:
             raise ValueError(f"{len(seq_list)} sequences for {len(past_list)} n_past values")
         for x in seq_list:
             self._seq(x)
+        cdef int64_t xs
         for x in seq_list:
-            self._core.check_ready(x)
+            xs = x
+            with nogil:
+                self._core.check_ready(xs)
         if len(set(seq_list)) != len(seq_list):
             raise ValueError("draft_many: sequence ids must be unique")
         for x in past_list:
@@ -255,51 +266,61 @@ cdef class Stager:
     def commit(self, seq):
         """The drafter decode and crop of the open round succeeded."""
         cdef int64_t s = self._seq(seq)
-        self._core.commit(s)
+        with nogil:
+            self._core.commit(s)
 
     def fail(self, seq, stage="decode"):
         """The drafter ``stage`` ("decode" or "crop") failed: the next round restages cleanly."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_open(s)
+        with nogil:
+            self._core.check_open(s)
         if not isinstance(stage, str) or stage not in _FAIL_STAGES:
-            raise ValueError(f"stage must be one of ('decode', 'crop'), got {stage!r}")
+            raise ValueError(f"stage must be one of {FAIL_STAGES}, got {stage!r}")
         cdef FailStage fs = _FAIL_STAGES[stage]
-        cdef bool just_disabled = self._core.fail(s, fs)
-        if just_disabled:
-            logger.warning(
-                "sequence %d: drafting disabled after %d consecutive drafter failures (last: %s); "
-                "begin() re-enables it", s, self.config.max_failures, stage)
+        cdef int64_t disabled_after
+        with nogil:
+            disabled_after = self._core.fail(s, fs)
+        if disabled_after:
+            logger.warning(DISABLED_WARNING, s, disabled_after, stage)
 
     def accept(self, seq, n_accepted):
         """Keep the rows of the accepted tokens (``n_accepted + 1``) of the last verify batch."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_ready(s)
-        n = as_index("n_accepted", n_accepted)
-        if not 0 <= n <= self._B:
-            raise ValueError(f"n_accepted must be in [0, {self._B}], got {n}")
-        self._core.accept(s, n)
+        with nogil:
+            self._core.check_ready(s)
+        n_acc = as_index("n_accepted", n_accepted)
+        if not 0 <= n_acc <= self._B:
+            raise ValueError(f"n_accepted must be in [0, {self._B}], got {n_acc}")
+        cdef int64_t n = n_acc
+        with nogil:
+            self._core.accept(s, n)
 
     # -- lifecycle ----------------------------------------------------------
     def rollback(self, seq, n_past):
         """The target rolled back to ``n_past``: drop rows ``>= n_past`` (restage if the cache reached past it)."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_ready(s)
+        with nogil:
+            self._core.check_ready(s)
         cdef int64_t p = as_count("n_past", n_past)
-        self._core.rollback(s, p)
+        with nogil:
+            self._core.rollback(s, p)
 
     def shift(self, seq, n_keep, n_discard):
         """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_ready(s)
+        with nogil:
+            self._core.check_ready(s)
         cdef int64_t k = as_count("n_keep", n_keep)
         cdef int64_t d = as_count("n_discard", n_discard)
-        self._core.shift(s, k, d)
+        with nogil:
+            self._core.shift(s, k, d)
 
     def fork(self, src, dst):
         """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round."""
         cdef int64_t a = self._seq(as_index("src", src))
         cdef int64_t b = self._seq(as_index("dst", dst))
-        self._core.fork(a, b)
+        with nogil:
+            self._core.fork(a, b)
 
     def snapshot(self, seq):
         """The sequence's state as versioned, checksummed bytes (``snapshot_format``)."""
@@ -312,7 +333,8 @@ cdef class Stager:
     def restore(self, seq, data):
         """Replace the sequence's state with a snapshot; bad data raises ValueError and changes nothing."""
         cdef int64_t s = self._seq(seq)
-        self._core.check_ready(s)
+        with nogil:
+            self._core.check_ready(s)
         try:
             raw = bytes(memoryview(data))
         except TypeError:
@@ -326,7 +348,9 @@ cdef class Stager:
     def state(self, seq):
         """The sequence's protocol state as a dict (the same keys as the reference's)."""
         cdef int64_t s = self._seq(seq)
-        cdef SeqState st = self._core.state(s)
+        cdef SeqState st
+        with nogil:
+            st = self._core.state(s)
         return {
             "started": st.started, "end": st.end, "horizon": st.horizon, "n_cache": st.n_cache,
             "pos_base": st.pos_base, "n_retained": st.n_retained, "n_pending": st.n_pending,
@@ -340,20 +364,24 @@ cdef class Stager:
 
         rounds, commits, failures, rebases, skips: rounds opened, committed,
         failed, rebased, and drafts skipped. staged_rows / restaged_rows:
-        context rows staged (all / on rebases). trims / trimmed_rows: head
-        drops of rows below the horizon. rows / peak_rows: rows held (live
-        plus a not-yet-trimmed dead head, < TRIM_CHUNK). bytes / peak_bytes:
+        context rows staged (all / on rebases). live_rows: rows that can
+        still be staged. trims / trimmed_rows: head drops of rows below the
+        horizon. rows / peak_rows: rows held (live plus a not-yet-trimmed dead
+        head, < TRIM_CHUNK). bytes / peak_bytes:
         ring memory written so far (resident). reserved_bytes: ring address
         space reserved up front (W + TRIM_CHUNK + B + 1 rows; pages become
         resident only when written). The reference twin keeps the first
-        seven, with the same values, and ``rows`` (its stageable rows).
+        seven and ``live_rows`` with the same values, and ``rows`` (it holds
+        exactly the stageable rows).
         """
         cdef int64_t s = self._seq(seq)
-        cdef SeqStats t = self._core.stats(s)
+        cdef SeqStats t
+        with nogil:
+            t = self._core.stats(s)
         return {
             "rounds": t.rounds, "commits": t.commits, "failures": t.failures, "rebases": t.rebases,
             "staged_rows": t.staged_rows, "restaged_rows": t.restaged_rows, "skips": t.skips,
-            "trims": t.trims, "trimmed_rows": t.trimmed_rows, "rows": t.rows, "peak_rows": t.peak_rows,
+            "trims": t.trims, "trimmed_rows": t.trimmed_rows, "live_rows": t.live_rows, "rows": t.rows, "peak_rows": t.peak_rows,
             "bytes": t.bytes, "peak_bytes": t.peak_bytes, "reserved_bytes": t.reserved_bytes,
         }
 

@@ -45,6 +45,11 @@ STAGE_DTYPES = ("float32", "float16", "bfloat16")
 #: What ``process`` does with NaN / Inf inputs.
 NONFINITE_POLICIES = ("error", "zero", "clamp_f16")
 
+#: Upper bounds of a window and a row width (mirrors the C++ core: drafter
+#: positions are int32 in a plan; the snapshot header stores them as u32).
+MAX_WINDOW = 1 << 30
+MAX_FEATURE_DIM = 1 << 28
+
 #: Upper bound on ``max_seqs`` (a sanity limit, not a memory reservation:
 #: buffers are allocated when a sequence first receives rows).
 MAX_SEQS_LIMIT = 1 << 16
@@ -142,6 +147,10 @@ class StagerConfig:
         set_(self, "window", positive_int("window", self.window))
         set_(self, "max_seqs", positive_int("max_seqs", self.max_seqs))
         set_(self, "max_failures", positive_int("max_failures", self.max_failures))
+        if self.window > MAX_WINDOW:
+            raise ConfigError(f"window ({self.window}) must be <= 2**30")
+        if self.feature_dim > MAX_FEATURE_DIM:
+            raise ConfigError(f"feature_dim ({self.feature_dim}) must be <= 2**28")
         if self.max_seqs > MAX_SEQS_LIMIT:
             raise ConfigError(f"max_seqs ({self.max_seqs}) exceeds the limit {MAX_SEQS_LIMIT}")
         if self.window <= 2 * self.block_size:
@@ -184,9 +193,10 @@ class StagerConfig:
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.stage_dtype)
 
-    def fingerprint(self) -> tuple[int, str, int, int]:
-        """What a snapshot must match to be restored: (feature_dim, storage, window, block_size)."""
-        return (self.feature_dim, self.storage, self.window, self.block_size)
+    def snapshot_fingerprint(self) -> tuple[int, int, int, int, int]:
+        """What a snapshot must match to be restored, as its header stores it:
+        ``(feature_dim, storage code, window, block_size, row_bytes)``."""
+        return (self.feature_dim, STORAGES.index(self.storage), self.window, self.block_size, self.row_bytes)
 
     def replace(self, **changes: Any) -> "StagerConfig":
         """A copy with some fields changed (validated again)."""

@@ -57,7 +57,6 @@ def target_ops(data: bytes) -> None:
 
 def _snapshot_bytes(config, head: bytes, rest: bytes, mode: int) -> bytes:
     from . import snapshot_format as sf
-    from .config import STORAGES
 
     if mode % 3 == 0:
         return rest  # raw
@@ -75,9 +74,8 @@ def _snapshot_bytes(config, head: bytes, rest: bytes, mode: int) -> bytes:
         tentative=small[4] % 16, failures=r[8] % 4, rows=(rest * (1 + n_rows * config.row_bytes))[: n_rows * config.row_bytes]
         if rest else bytes(n_rows * config.row_bytes),
     )
-    fp = (config.feature_dim, STORAGES.index(config.storage), config.window, config.block_size, config.row_bytes)
     try:
-        return sf.pack(state, fp)
+        return sf.pack(state, config.snapshot_fingerprint())
     except struct.error:
         return b""
 

@@ -48,17 +48,18 @@ from . import snapshot_format
 from ._args import as_count, as_encoded, as_index, as_positions, as_rows
 from .config import STORAGES, StagerConfig
 from .errors import StateError
-from .stage_plan import BatchPlan, StagePlan
+from .stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
 
 logger = logging.getLogger("dspark_core")
 
-#: Where a drafter round can fail.
-FAIL_STAGES = ("decode", "crop")
+
 
 #: Counters both the core and the reference keep (``stats``).
-SEMANTIC_STATS = ("rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips")
+SEMANTIC_STATS = (
+    "rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips", "live_rows",
+)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class _Seq:
     tentative: int = 0
     open_round: tuple[int, int] | None = None  # (start, base)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
-    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS, 0))
+    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
 
 
 class ReferenceStager:
@@ -87,6 +88,16 @@ class ReferenceStager:
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
         self._seqs = [_Seq() for _ in range(config.max_seqs)]
+
+    @property
+    def w_keep(self) -> int:
+        """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
+        return self.config.w_keep
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"ReferenceStager(feature_dim={c.feature_dim}, block_size={c.block_size}, window={c.window}, "
+                f"max_seqs={c.max_seqs}, storage={c.storage!r})")
 
     # -- helpers --------------------------------------------------------
     def _get(self, seq: Any) -> _Seq:
@@ -310,10 +321,7 @@ class ReferenceStager:
         st.stats["failures"] += 1
         if st.failures >= self.config.max_failures and not st.disabled:
             st.disabled = True
-            logger.warning(
-                "sequence %d: drafting disabled after %d consecutive drafter failures (last: %s); "
-                "begin() re-enables it", i, st.failures, stage,
-            )
+            logger.warning(DISABLED_WARNING, i, st.failures, stage)
         self._advance_horizon(st)
 
     def accept(self, seq: int, n_accepted: int) -> None:
@@ -395,10 +403,6 @@ class ReferenceStager:
         self._seqs[d] = b
         self._advance_horizon(b)
 
-    def _fingerprint(self) -> tuple[int, int, int, int, int]:
-        c = self.config
-        return (c.feature_dim, STORAGES.index(c.storage), c.window, c.block_size, c.row_bytes)
-
     def snapshot(self, seq: int) -> bytes:
         """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
         _, st = self._closed(seq)
@@ -409,7 +413,7 @@ class ReferenceStager:
             n_cache=st.n_cache, pos_base=st.pos_base, tentative=st.tentative, failures=st.failures,
             rows=rows,
         )
-        return snapshot_format.pack(state, self._fingerprint())
+        return snapshot_format.pack(state, self.config.snapshot_fingerprint())
 
     def restore(self, seq: int, data: bytes) -> None:
         """Replace the sequence's state with a snapshot; bad data leaves it untouched."""
@@ -418,7 +422,7 @@ class ReferenceStager:
             raw = bytes(memoryview(data))
         except TypeError:
             raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
-        s = snapshot_format.unpack(raw, self._fingerprint(), STORAGES)
+        s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES)
         rb = self.config.row_bytes
         st = _Seq(
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
@@ -454,7 +458,8 @@ class ReferenceStager:
         """Counters of the sequence since its last ``begin``."""
         st = self._get(seq)
         out = dict(st.stats)
-        out["rows"] = len(st.rows)
+        out["live_rows"] = st.end - st.horizon if st.started else 0
+        out["rows"] = len(st.rows)  # the reference holds exactly the stageable rows
         return out
 
     def buffered_positions(self, seq: int) -> tuple[int, int]:

@@ -17,10 +17,18 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["StagePlan", "BatchPlan", "SKIP_REASONS"]
+__all__ = ["StagePlan", "BatchPlan", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
 
-#: Skip reasons, in the order they are checked.
+#: Skip reasons, in the order they are checked (and the core's Skip codes 1..4).
 SKIP_REASONS = ("disabled", "empty", "no_context", "missing_rows")
+
+#: Where a drafter round can fail: ``fail(seq, stage)`` (the core's FailStage codes).
+FAIL_STAGES = ("decode", "crop")
+
+#: The one warning logged when a sequence is disabled (sequence, failures, stage).
+DISABLED_WARNING = (
+    "sequence %d: drafting disabled after %d consecutive drafter failures (last: %s); begin() re-enables it"
+)
 
 _Decoder = Callable[[np.ndarray], np.ndarray]
 

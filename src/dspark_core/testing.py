@@ -1023,9 +1023,8 @@ def check_invariants(
             _violation(f"{tag}: holds {stats['rows']} rows, fewer than the {end - h} stageable ones")
         if not st["open_round"] and hasattr(stager, "snapshot"):
             # The sequence's own snapshot must be restorable (and describe this state).
-            fp = (c.feature_dim, STORAGES.index(c.storage), c.window, c.block_size, c.row_bytes)
             try:
-                snap = snapshot_format.unpack(bytes(stager.snapshot(s)), fp, STORAGES)
+                snap = snapshot_format.unpack(bytes(stager.snapshot(s)), c.snapshot_fingerprint(), STORAGES)
             except ValueError as exc:
                 _violation(f"{tag}: its own snapshot would not restore: {exc}")
             if (snap.end, snap.horizon, snap.n_cache, snap.pos_base) != (end, h, nc, pb):
@@ -1289,9 +1288,8 @@ class InvariantChecker:
         data = self._call("snapshot", seq)
         s = int(seq)
         c = self._cfg
-        fp = (c.feature_dim, STORAGES.index(c.storage), c.window, c.block_size, c.row_bytes)
         try:
-            snap = snapshot_format.unpack(bytes(data), fp, STORAGES)
+            snap = snapshot_format.unpack(bytes(data), c.snapshot_fingerprint(), STORAGES)
         except ValueError as exc:
             _violation(f"seq {s}: its own snapshot does not restore: {exc}")
         st = self._st.state(s)
@@ -1304,8 +1302,7 @@ class InvariantChecker:
         self._call("restore", seq, data)
         s = int(seq)
         c = self._cfg
-        fp = (c.feature_dim, STORAGES.index(c.storage), c.window, c.block_size, c.row_bytes)
-        snap = snapshot_format.unpack(bytes(memoryview(data)), fp, STORAGES)  # the stager accepted it
+        snap = snapshot_format.unpack(bytes(memoryview(data)), c.snapshot_fingerprint(), STORAGES)  # accepted
         m = _Model()
         rb = c.row_bytes
         for k in range(snap.end - snap.horizon):

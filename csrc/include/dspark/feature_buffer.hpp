@@ -16,6 +16,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "dspark/byte_buffer.hpp"
@@ -32,6 +33,23 @@ public:
 
     FeatureBuffer() = default;
     explicit FeatureBuffer(std::size_t row_bytes) : row_bytes_(row_bytes) {}
+    // A moved-from ring is empty (capacity 0), never a dangling view.
+    FeatureBuffer(FeatureBuffer&& o) noexcept { *this = std::move(o); }
+    FeatureBuffer& operator=(FeatureBuffer&& o) noexcept {
+        if (this != &o) {
+            row_bytes_ = o.row_bytes_;
+            data_ = std::move(o.data_);
+            cap_ = std::exchange(o.cap_, 0);
+            touched_ = std::exchange(o.touched_, 0);
+            head_slot_ = std::exchange(o.head_slot_, 0);
+            head_pos_ = std::exchange(o.head_pos_, 0);
+            count_ = std::exchange(o.count_, 0);
+            o.data_.clear();
+        }
+        return *this;
+    }
+    FeatureBuffer(const FeatureBuffer&) = delete;
+    FeatureBuffer& operator=(const FeatureBuffer&) = delete;
 
     std::size_t row_bytes() const noexcept { return row_bytes_; }
     std::int64_t head() const noexcept { return head_pos_; }
@@ -45,8 +63,6 @@ public:
     // Forget every row; the next row appended is at position `pos`. Keeps the
     // allocation (a server reuses its slots).
     void reset(std::int64_t pos) noexcept;
-
-    const std::uint8_t* row(std::int64_t pos) const noexcept { return data_.data() + slot(pos) * row_bytes_; }
 
     // Ensure n more rows fit without dropping any. The first call reserves
     // max(size() + n, reserve_rows) rows; later growth (only past that) at

@@ -27,6 +27,10 @@ namespace dspark {
 inline constexpr std::int64_t TRIM_CHUNK = 512;
 // Positions stay below this so that pos + block never overflows.
 inline constexpr std::int64_t MAX_POSITION = std::int64_t(1) << 62;
+// Upper bounds of the configuration: drafter positions are int32 in a plan and
+// the snapshot header stores window, feature_dim and row_bytes as u32.
+inline constexpr std::int64_t MAX_WINDOW = std::int64_t(1) << 30;
+inline constexpr std::int64_t MAX_FEATURE_DIM = std::int64_t(1) << 28;
 
 struct StagerOptions {
     std::int64_t feature_dim = 0;
@@ -81,6 +85,7 @@ struct SeqState {
 //    closed it either way, rebased, or skipped;
 //  staged_rows / restaged_rows: context rows handed out (all / on rebases);
 //  trims / trimmed_rows: head drops of rows below the horizon;
+//  live_rows: rows that can still be staged (end - horizon);
 //  rows / peak_rows: rows physically held (live + untrimmed dead head);
 //  bytes / peak_bytes: ring memory written so far (resident);
 //  reserved_bytes: ring address space reserved (the bound, untouched until used).
@@ -88,7 +93,7 @@ struct SeqStats {
     std::int64_t rounds = 0, commits = 0, failures = 0, rebases = 0;
     std::int64_t staged_rows = 0, restaged_rows = 0, skips = 0;
     std::int64_t trims = 0, trimmed_rows = 0;
-    std::int64_t rows = 0, peak_rows = 0, bytes = 0, peak_bytes = 0, reserved_bytes = 0;
+    std::int64_t live_rows = 0, rows = 0, peak_rows = 0, bytes = 0, peak_bytes = 0, reserved_bytes = 0;
 };
 
 class Stager {
@@ -120,8 +125,9 @@ public:
     void draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
                     std::vector<RoundPlan>& plans, ByteVec& rows_out);
     void commit(std::int64_t seq);
-    // Returns true when this failure disabled the sequence (log it once).
-    bool fail(std::int64_t seq, FailStage stage);
+    // Returns the consecutive-failure count when this failure disabled the
+    // sequence (log it once), else 0.
+    std::int64_t fail(std::int64_t seq, FailStage stage);
     void accept(std::int64_t seq, std::int64_t n_accepted);
 
     void rollback(std::int64_t seq, std::int64_t n_past);
@@ -159,6 +165,7 @@ private:
     Seq& get(std::int64_t seq);
     const Seq& get(std::int64_t seq) const;
     Seq& ready(std::int64_t seq);
+    const Seq& ready(std::int64_t seq) const;
     Seq& opened(std::int64_t seq);
 
     std::int64_t firm_end(const Seq& s) const noexcept;
@@ -170,11 +177,13 @@ private:
     void fresh_seq(Seq& s) const;
 
     template <class Encode>
-    void ingest(std::int64_t seq_id, Seq& s, const std::int64_t* positions, std::size_t n,
-                Encode&& encode, bool fallible);
-    void validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
-                            std::size_t n) const;
-    RoundPlan plan_round(std::int64_t seq_id, Seq& s, std::int64_t start, ByteVec& out);
+    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible);
+    std::int64_t validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
+                                    std::size_t n) const;
+    RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
+    static void open_round(Seq& s, const RoundPlan& p, std::uint8_t* out) noexcept;
+    FeatureBuffer ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const;
+    void append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n) const;
 
     StagerOptions opt_;
     std::int64_t w_keep_;
