@@ -88,7 +88,11 @@ done
 
 # -- 3. atheris (Python: core vs reference) ----------------------------------------------------------
 if ! "$PYTHON" -c "import atheris" >/dev/null 2>&1; then
-  "$PYTHON" -m pip install -q atheris >/dev/null 2>&1 || echo "atheris could not be installed: skipping the Python fuzz run"
+  if ! "$PYTHON" -m pip install -q atheris >/dev/null 2>&1; then
+    echo "atheris could not be installed: the Python fuzz run cannot happen"
+    # In CI a missing fuzz step is a failure, not a silent pass.
+    if [ -n "${CI:-}" ]; then status=1; fi
+  fi
 fi
 if "$PYTHON" -c "import atheris, dspark_core.fuzz" >/dev/null 2>&1; then
   for t in ops snapshot decode; do

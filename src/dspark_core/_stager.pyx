@@ -201,7 +201,13 @@ cdef class Stager:
             self._core.process(s, pp, n, rp, t)
 
     def process_encoded(self, seq, positions, data):
-        """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat)."""
+        """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat).
+
+        The bytes are stored as given. Under ``nonfinite="error"`` a row whose
+        stored values (f32 / f16 / bf16) or block scales (q8_0 / q4_0) are not
+        finite is rejected; the ``"zero"`` and ``"clamp_f16"`` policies do not
+        rewrite encoded rows.
+        """
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)

@@ -179,7 +179,12 @@ class ReferenceStager:
         self._append(st, int(pos[0]), self._encode(i, pos, arr))
 
     def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
-        """Buffer rows already in storage format (uint8 ``(n, row_bytes)`` or flat)."""
+        """Buffer rows already in storage format (uint8 ``(n, row_bytes)`` or flat).
+
+        Stored as given; under ``nonfinite="error"`` rows with non-finite stored
+        values (or q-block scales) are rejected, the other policies do not
+        rewrite encoded rows.
+        """
         i, st = self._closed(seq)
         c = self.config
         pos = as_positions(positions)
