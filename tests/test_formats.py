@@ -280,3 +280,27 @@ def test_simd_path_control() -> None:
         assert formats.active_simd_path() == "scalar"
     with pytest.raises(ValueError):
         formats.set_simd_path("sve")
+
+
+@pytest.mark.parametrize("path", formats.simd_paths())
+@pytest.mark.parametrize("bad_at", [None, 0, 7, 20, 300_001, 307_199])
+def test_large_f32_copy_check_every_path(path, bad_at):
+    """f32 -> f32 ingest copies large inputs with streaming stores (after an alignment peel):
+    the bytes are a copy and the first non-finite element is found wherever it lies."""
+    x = np.random.default_rng(5).standard_normal(600 * 512).astype(np.float32)
+    if bad_at is not None:
+        x[bad_at] = np.inf
+        x[-1] = np.nan  # a later one must not win
+    for offset in (0, 1, 5):  # the destination's alignment varies with where the rows start
+        buf = np.zeros(x.size + 16, np.float32)
+        out = buf[offset: offset + x.size].reshape(600, 512)
+        with formats.simd_path(path):
+            if bad_at is None:
+                formats.quantize_rows(x.reshape(600, 512), "f32", out=out)
+                assert out.tobytes() == x.tobytes()
+            else:
+                with pytest.raises(ValueError) as err:
+                    formats.quantize_rows(x.reshape(600, 512), "f32", out=out)
+                assert f"row {bad_at // 512}" in str(err.value) and f"column {bad_at % 512}" in str(err.value)
+                kept = formats.quantize_rows(x.reshape(600, 512), "f32", nonfinite="keep")
+                assert kept.tobytes() == x.tobytes()

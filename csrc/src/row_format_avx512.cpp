@@ -269,11 +269,16 @@ constexpr std::size_t STREAM_MIN_FLOATS = std::size_t(1) << 18;
 // One pass: 64 floats loaded, stored and checked per iteration.
 std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
     const __m512i e = _mm512_set1_epi32(0x7f800000);
-    // Big copies into 64-byte aligned rows bypass the cache (no read for
-    // ownership of the destination); small ones stay cache-hot.
-    const bool stream = n >= STREAM_MIN_FLOATS && (reinterpret_cast<std::uintptr_t>(dst) & 63) == 0;
+    // Big copies bypass the cache (no read for ownership of the destination,
+    // as glibc's memcpy does past its threshold); small ones stay cache-hot.
+    const bool stream = n >= STREAM_MIN_FLOATS && (reinterpret_cast<std::uintptr_t>(dst) & 3) == 0;
     std::int64_t first_bad = -1;
     std::size_t i = 0;
+    if (stream) {  // peel up to 15 floats so the streaming stores are 64-byte aligned
+        while ((reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0) ++i;
+        std::memcpy(dst, src, i * 4);
+        first_bad = kScalarKernels.find_nonfinite_f32(src, i);
+    }
     for (; i + 64 <= n; i += 64) {
         __m512i u[4];
         __mmask16 bad = 0;
