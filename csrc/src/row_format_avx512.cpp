@@ -263,8 +263,9 @@ std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
     return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
 }
 
-// Copies of at least this many floats (1 MiB) use non-temporal stores.
-constexpr std::size_t STREAM_MIN_FLOATS = std::size_t(1) << 18;
+// Copies of at least this many floats (256 KiB: a verify batch of a few
+// 100-KiB rows) use non-temporal stores.
+constexpr std::size_t STREAM_MIN_FLOATS = std::size_t(1) << 16;
 
 // One pass: 64 floats loaded, stored and checked per iteration.
 std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
