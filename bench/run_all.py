@@ -123,6 +123,15 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
+def readme_summary(report: str, out: Path) -> str:
+    """The report's header and targets table (the README's share); the per-script tables stay in ``out``."""
+    start = report.find("## Targets")
+    end = report.find("\n## ", start + 1) if start >= 0 else -1
+    head = report if end < 0 else report[:end]
+    head = head.replace("# dspark_core benchmarks\n", "", 1).strip()
+    return f"{head}\n\nEvery table behind these verdicts (per depth, per storage, per call): `{out.as_posix()}`."
+
+
 def replace_readme(readme: Path, report: str) -> None:
     text = readme.read_text()
     if BEGIN not in text or END not in text or text.index(BEGIN) > text.index(END):
@@ -196,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines).rstrip() + "\n"
     Path(a.out).write_text(report)
     if a.readme:
-        replace_readme(Path(a.readme), report)
+        replace_readme(Path(a.readme), readme_summary(report, Path(os.path.relpath(a.out, HERE.parent))))
     sys.stdout.write(report)
     print(f"\nwrote {a.out}" + (f" and {a.readme}" if a.readme else ""), file=sys.stderr)
     return 1 if failed else 0
