@@ -8,7 +8,8 @@ a server's prefill does. Then it drafts, and runs decode rounds
 (process B + 1 verify rows, accept n = B / 2) across at least one rebase and
 trim, so the peak covers generation as well as prefill. The numbers are the
 core's own counters: ``stats(seq)["peak_rows"]`` (rows held) and
-``["peak_bytes"]`` (bytes of the buffer allocation, capacity included).
+``["peak_bytes"]`` (ring memory written so far, i.e. resident; the ring
+reserves its bound as address space up front and touches it as rows arrive).
 
 Bound (DESIGN.md section 6): peak rows <= W + TRIM_CHUNK + B + 1 whatever the
 prompt length.
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             f"D = {D:,}, B = {B}, W = {W}; prompt fed in {a.chunk}-row process() chunks, then {rounds} decode rounds "
             f"(accept n = {n_acc}; a rebase every {cycle} rounds)",
             f"bound: peak rows <= W + TRIM_CHUNK + B + 1 = {W} + {TRIM_CHUNK} + {B} + 1 = {bound}",
-            "Stager columns are measured (stats()['peak_rows'], ['peak_bytes'] = buffer allocation); the anchor "
+            "Stager columns are measured (stats()['peak_rows'], ['peak_bytes'] = resident ring memory); the anchor "
             "columns are computed from its documented behaviour (every prompt row held as float32 until the first "
             "draft)",
             f"total wall time {wall:.0f} s",
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         rows, "llrrrrrrrrlrrr")
     lines += ["", "'at first draft' = the peak over the prefill, where the anchor holds the whole prompt; 'whole run' "
               "adds the decode rounds (the anchor is also bounded there, by its own lazy trim). Bytes are the ring "
-              "allocation (capacity grows by doubling, capped at the bound's row count); 'prefill ms' includes the "
+              "memory written (resident; at most the bound's row count); 'prefill ms' includes the "
               "non-finite check of every prompt row (rows below the horizon are neither converted nor stored).", ""]
     C.emit(lines, a.out)
     C.write_json(a.json, {"script": "bench_memory", "wall_s": wall, "targets": targets, "results": results})
