@@ -337,3 +337,28 @@ def test_disable_warning_counts_restored_failures(make_stager, caplog):
     assert msgs == [
         "sequence 0: drafting disabled after 5 consecutive drafter failures (last: crop); begin() re-enables it"
     ]
+
+
+@pytest.mark.parametrize("variant", ["big-endian", "strided", "lists", "int32 positions", "fortran"])
+def test_every_array_layout_stages_the_same_rows(make_stager, variant):
+    """The binding's fast path (C-contiguous native int64 / float32) and its general
+    path (anything else array-like) store exactly the same rows."""
+    rows = feature_rows(range(6), D)
+    pos = np.arange(6)
+    if variant == "big-endian":
+        args = (pos.astype(">i8"), rows.astype(">f4"))
+    elif variant == "strided":
+        wide = np.zeros((6, 2 * D), np.float32)
+        wide[:, ::2] = rows
+        args = (np.arange(0, 12)[::2] // 2, wide[:, ::2])
+    elif variant == "lists":
+        args = (list(range(6)), rows)
+    elif variant == "int32 positions":
+        args = (pos.astype(np.int32), rows)
+    else:
+        args = (pos, np.asfortranarray(rows))
+    st = make_stager(feature_dim=D, block_size=B, window=W)
+    st.process(0, *args)
+    plan = st.draft(0, 6)
+    np.testing.assert_array_equal(plan.rows, rows)
+    assert plan.rows.dtype == np.float32 and plan.rows.dtype.isnative

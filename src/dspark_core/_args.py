@@ -90,6 +90,8 @@ def as_rows(rows: Any, feature_dim: int) -> np.ndarray:
     row_dtype_code(rows.dtype)
     if rows.ndim != 2 or rows.shape[1] != feature_dim:
         raise ValueError(f"rows must have shape (n, {feature_dim}), got {rows.shape}")
+    if not rows.dtype.isnative:  # e.g. '>f4': the core reads native-endian values
+        rows = rows.astype(rows.dtype.newbyteorder("="))
     return np.ascontiguousarray(rows)
 
 

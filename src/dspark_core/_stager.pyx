@@ -47,6 +47,33 @@ _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 
 
+cdef inline bint _plain_positions(x):
+    """A C-contiguous 1-D int64 ndarray (the hot path's positions)."""
+    if type(x) is not np.ndarray:
+        return False
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    return (cnp.PyArray_NDIM(a) == 1 and cnp.PyArray_TYPE(a) == cnp.NPY_INT64 and cnp.PyArray_IS_C_CONTIGUOUS(a)
+            and cnp.PyArray_ISNOTSWAPPED(a))
+
+
+cdef inline bint _plain_rows(x, int64_t dim, ElemType* t):
+    """A C-contiguous (n, dim) float32 / float16 ndarray; sets its element type."""
+    if type(x) is not np.ndarray:
+        return False
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    if (cnp.PyArray_NDIM(a) != 2 or cnp.PyArray_DIM(a, 1) != dim or not cnp.PyArray_IS_C_CONTIGUOUS(a)
+            or not cnp.PyArray_ISNOTSWAPPED(a)):
+        return False
+    cdef int typenum = cnp.PyArray_TYPE(a)
+    if typenum == cnp.NPY_FLOAT32:
+        t[0] = ElemType.F32
+    elif typenum == cnp.NPY_FLOAT16:
+        t[0] = ElemType.F16
+    else:
+        return False  # bfloat16 and everything else: the general path
+    return True
+
+
 cdef class _Bytes:
     """A C++ byte vector exposed through the buffer protocol (zero-copy to numpy).
 
@@ -145,7 +172,7 @@ cdef class Stager:
         return self._core.w_keep()
 
     cdef int64_t _seq(self, seq) except -1:
-        i = as_index("seq", seq)
+        i = seq if type(seq) is int else as_index("seq", seq)
         if not 0 <= i < self._max_seqs:
             raise ValueError(f"unknown sequence {i} (this Stager has sequences 0..{self._max_seqs - 1})")
         return i
@@ -185,16 +212,27 @@ cdef class Stager:
             self._core.begin(s)
 
     def process(self, seq, positions, rows):
-        """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``."""
+        """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``.
+
+        The rows are read with the GIL released: another thread must not
+        write to ``rows`` during the call.
+        """
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
-        pos = as_positions(positions)
-        arr = as_rows(rows, self._D)
-        if arr.shape[0] != pos.shape[0]:
-            raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
-        cdef ElemType t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
-        cdef size_t n = pos.shape[0]
+        cdef ElemType t
+        if _plain_positions(positions) and _plain_rows(rows, self._D, &t) and \
+                cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0):
+            # Fast path: C-contiguous int64 positions and float32/float16 rows of
+            # the right width; every value is checked by the core.
+            pos, arr = positions, rows
+        else:
+            pos = as_positions(positions)
+            arr = as_rows(rows, self._D)
+            if arr.shape[0] != pos.shape[0]:
+                raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
+            t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
         cdef const void* rp = cnp.PyArray_DATA(arr)
         with nogil:
@@ -225,7 +263,7 @@ cdef class Stager:
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
-        cdef int64_t start = as_count("n_past", n_past)
+        cdef int64_t start = n_past if type(n_past) is int and 0 <= n_past < C_MAX_POSITION else as_count("n_past", n_past)
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
         cdef RoundPlan p

@@ -83,6 +83,8 @@ def _as_rows(x: object, what: str) -> np.ndarray:
             raise TypeError(
                 f"{what}: got float64 data; pass float32, float16 or bfloat16 (convert explicitly)"
             )
+    if not x.dtype.isnative:  # e.g. '>f4': the kernels read native-endian values
+        x = x.astype(x.dtype.newbyteorder("="))
     _check_float_dtype(x.dtype, what)
     if x.ndim == 1:
         x = x.reshape(1, -1)
