@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sanitizers and bounded fuzzing (called by .ci/run). Exits non-zero on any finding.
 #
-#  1. ASan + UBSan build of the core and its ctest tests (-DDSPARK_SANITIZE=ON), ctest.
+#  1. ASan + UBSan build of the core and its ctest tests (-DDSPARK_SANITIZE=ON), ctest; then
+#     the Cython binding built the same way and the pytest suite run against it.
 #  2. libFuzzer targets (csrc/fuzz, clang): replay the recorded findings, then fuzz each
 #     target for FUZZ_SECONDS from a copy of its seed corpus (tests/fuzz_corpus/cpp_*).
 #  3. atheris (python -m dspark_core.fuzz) on the ops / snapshot / decode targets for
@@ -53,6 +54,25 @@ cmake --build "$WORK/san" -j"$JOBS" >"$WORK/san-build.log" || { tail -30 "$WORK/
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 if ! (cd "$WORK/san" && ctest --output-on-failure -j"$JOBS"); then status=1; fi
+
+# -- 1b. the Cython binding under ASan + UBSan: the whole pytest suite (minus GPU tests and
+#        one RSS-measuring test that ASan's allocator skews) against a sanitized build. Python
+#        itself is not instrumented, so libasan (and libstdc++, for ASan's throw interceptor)
+#        are preloaded; leak checking is off (CPython's own allocations would drown it).
+say "ASan + UBSan: pytest against a sanitized build of the extension"
+ASAN_VENV="$WORK/asan-venv"
+"$PYTHON" -m venv "$ASAN_VENV"
+"$ASAN_VENV/bin/python" -m pip install -q scikit-build-core cython cython-cmake numpy ninja pytest hypothesis ml_dtypes gguf \
+  </dev/null >"$WORK/asan-pip.log" 2>&1 || { tail -20 "$WORK/asan-pip.log"; exit 1; }
+"$ASAN_VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -C build-dir="$WORK/asan-build" \
+  -C cmake.define.DSPARK_SANITIZE=ON -C cmake.define.DSPARK_CUDA=OFF -C cmake.build-type=RelWithDebInfo "$ROOT" \
+  </dev/null >"$WORK/asan-build.log" 2>&1 || { tail -30 "$WORK/asan-build.log"; exit 1; }
+ASAN_PRELOAD="$(gcc -print-file-name=libasan.so) $(gcc -print-file-name=libstdc++.so)"
+if ! (cd "$WORK" && env -u PYTHONPATH LD_PRELOAD="$ASAN_PRELOAD" ASAN_OPTIONS="detect_leaks=0:abort_on_error=1" \
+      UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1" "$ASAN_VENV/bin/python" -m pytest -q -p no:cacheprovider \
+      "$ROOT/tests" --ignore="$ROOT/tests/test_cuda.py" -k "not test_large_payload_is_never_read" 2>&1 | tail -3); then
+  status=1
+fi
 
 # -- 2. libFuzzer targets ---------------------------------------------------------------------
 say "libFuzzer build (clang $CLANG_MAJOR)"
