@@ -265,3 +265,11 @@ def test_draft_many_is_atomic(make_stager):
 def test_stager_config_survives_repr(make_stager):
     st = make_stager(feature_dim=D, block_size=B, window=W)
     assert isinstance(st.config, StagerConfig)
+
+
+def test_empty_draft_many_keeps_shapes(make_stager):
+    st = make_stager(feature_dim=D, block_size=B, window=W, storage="q8_0", stage_dtype="float16")
+    batch = st.draft_many([], [])
+    assert batch.rows.shape == (0, D) and batch.rows.dtype == np.float16
+    assert batch.encoded_rows.shape == (0, D // 32 * 34) and batch.encoded_rows.dtype == np.uint8
+    assert batch.positions.shape == (0,) and batch.skips == {}

@@ -294,7 +294,12 @@ class ReferenceStager:
             raise ValueError("draft_many: sequence ids must be unique")
         for p in past_list:
             as_count("n_past", p)
-        return BatchPlan([self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)])
+        c = self.config
+        return BatchPlan(
+            [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],
+            empty_rows=np.zeros((0, c.feature_dim), c.numpy_stage_dtype),
+            empty_encoded=np.zeros((0, c.row_bytes), np.uint8),
+        )
 
     def _open(self, seq: Any) -> tuple[int, _Seq]:
         st = self._get(seq)

@@ -136,10 +136,20 @@ class BatchPlan:
         skips: ``{seq: reason}`` for the sequences that were skipped.
     """
 
-    __slots__ = ("plans", "seqs", "positions", "row_seq", "skips", "_rows", "_encoded")
+    __slots__ = ("plans", "seqs", "positions", "row_seq", "skips", "_rows", "_encoded", "_empty_rows", "_empty_encoded")
 
-    def __init__(self, plans: Sequence[StagePlan]) -> None:
+    def __init__(
+        self,
+        plans: Sequence[StagePlan],
+        *,
+        empty_rows: np.ndarray | None = None,
+        empty_encoded: np.ndarray | None = None,
+    ) -> None:
+        """``empty_rows`` / ``empty_encoded``: ``(0, D)`` / ``(0, row_bytes)`` arrays of the
+        stage / storage dtype, returned for an empty batch (so shapes never depend on it)."""
         self.plans = list(plans)
+        self._empty_rows = empty_rows if empty_rows is not None else np.zeros((0, 0), np.float32)
+        self._empty_encoded = empty_encoded if empty_encoded is not None else np.zeros((0, 0), np.uint8)
         self.seqs = [p.seq for p in self.plans]
         active = [p for p in self.plans if p.skip is None]
         self.skips = {p.seq: p.skip for p in self.plans if p.skip is not None}
@@ -162,7 +172,7 @@ class BatchPlan:
         """All staged context rows, concatenated in plan order (stage dtype)."""
         if self._rows is None:
             parts = [p.rows for p in self.plans]
-            self._rows = np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+            self._rows = np.concatenate(parts) if parts else self._empty_rows
         return self._rows
 
     @property
@@ -170,7 +180,7 @@ class BatchPlan:
         """All staged context rows in storage format, concatenated (uint8)."""
         if self._encoded is None:
             parts = [p.encoded_rows for p in self.plans]
-            self._encoded = np.concatenate(parts) if parts else np.zeros((0, 0), np.uint8)
+            self._encoded = np.concatenate(parts) if parts else self._empty_encoded
         return self._encoded
 
     @property
