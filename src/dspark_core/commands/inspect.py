@@ -13,6 +13,7 @@ A bad file or setting prints one line to stderr and exits with status 2.
 from __future__ import annotations
 
 import argparse
+import logging
 import json
 import sys
 from typing import Any
@@ -60,6 +61,10 @@ def run(args: argparse.Namespace) -> int:
     from ..context_plan import format_table, plan_context
     from ..drafter_info import DrafterInfo
 
+    # The report lists the metadata warnings itself: keep the logger from printing them twice.
+    log = logging.getLogger("dspark_core")
+    level = log.level
+    log.setLevel(logging.ERROR)
     try:
         info = DrafterInfo.from_gguf(args.drafter, n_ctx_train=args.n_ctx_train, target_n_ctx=args.target_ctx)
         plan = plan_context(
@@ -75,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
         msg = str(exc).replace("\n", " ")
         print(f"dspark-core inspect: error: {msg}", file=sys.stderr)
         return 2
+    finally:
+        log.setLevel(level)
 
     if args.json:
         out = {"drafter": info.to_dict(), "plan": plan.to_dict()}
