@@ -44,6 +44,7 @@ def test_27b_target_four_slots_q8_0() -> None:
     assert plan.n_ctx == 8192  # 2048 * 4
     assert plan.n_batch == 2048
     assert plan.n_ubatch == 2048
+    assert plan.n_batch_draft_many == 8192  # 2048 * 4: every slot's round in one batch
     assert plan.n_outputs_max == 68  # 4 * (1 + 16)
     assert plan.peak_rows_per_seq == 2577  # 2048 + 512 + 16 + 1
     assert plan.row_bytes == 27200  # 25600 / 32 = 800 blocks * 34 bytes

@@ -12,7 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -380,9 +380,7 @@ def test_corrupt_array_length_fails_fast(tmp_path: Path, key: bytes, item: int) 
     data[at + 8 : at + 16] = (1 << 60).to_bytes(8, "little")
     p = tmp_path / "corrupt.gguf"
     p.write_bytes(bytes(data))
-    t0 = time.perf_counter()
-    _bad(p, "truncated")
-    assert time.perf_counter() - t0 < 1.0
+    _bad(p, "truncated")  # (the stock reader would iterate 2**60 times: this returning is the test)
 
 
 def test_missing_block_size(tmp_path: Path) -> None:
@@ -469,11 +467,14 @@ def test_large_vocabulary_opens_fast(tmp_path: Path) -> None:
     }
     p = write_gguf(tmp_path / "v.gguf", "dspark", kv)
     DrafterInfo.from_gguf(p)  # warm-up (imports)
-    t0 = time.perf_counter()
+    # No timing assertion (benchmarks live in bench/): the stock reader's cost is
+    # one Python object per array element, so count Python allocations instead.
+    tracemalloc.start()
     info = DrafterInfo.from_gguf(p)
-    elapsed = time.perf_counter() - t0
+    _, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
     assert (info.block_size, info.mask_token_id, info.n_ctx_train) == (16, 151669, 4096)
-    assert elapsed < 0.5, elapsed
+    assert peak < 2 << 20, peak  # < 2 MiB for 304k array elements: nothing per element
 
 
 _PROBE = textwrap.dedent(
@@ -535,7 +536,6 @@ def test_large_payload_is_never_read(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     assert r["feature_dim"] == 25600  # 5 layers * 5120
-    assert r["seconds"] < 0.25, r
     assert r["py_peak_bytes"] < 4 << 20, r  # < 4 MiB of Python allocations
     assert r["rss_growth_kib"] < 8 * 1024, r  # < 8 MiB
     # the probes do see a payload read: 128 MiB of pages -> tens of MiB of peak RSS at least

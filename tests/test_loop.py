@@ -42,8 +42,9 @@ def _prompt(n: int, seed: int) -> np.ndarray:
 
 
 def _session(stager_cls, *, prompts, n_generate, B=4, W=96, storage="f32", drafter_wrap=None,
-             check=1, seed=0, deviation=0.03, max_failures=3, prefill_chunk=256):
-    cfg = StagerConfig(D, B, W, max_seqs=len(prompts), storage=storage, max_failures=max_failures)
+             check=1, seed=0, deviation=0.03, max_failures=3, prefill_chunk=256, stage_dtype="float32"):
+    cfg = StagerConfig(D, B, W, max_seqs=len(prompts), storage=storage, max_failures=max_failures,
+                       stage_dtype=stage_dtype)
     st = stager_cls(cfg)
     targets = [ToyTarget(feature_dim=D, lookahead=B, deviation=deviation, seed=seed) for _ in prompts]
     drafter = ToyDrafter.for_target(targets[0], B, seed=seed)
@@ -112,6 +113,32 @@ def test_disabled_after_consecutive_failures_still_lossless(stager_cls, caplog):
     assert s.failures == 3
     assert s.skips.get("disabled", 0) > 0
     assert sum("disabled" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_windowed_acceptance_equals_absolute_acceptance(stager_cls):
+    """Losslessness cannot see staging errors (verification fixes any draft); acceptance can.
+
+    The toy drafter is exactly relative (its planted head reads the row B
+    positions back), so staging the right rows at rebased positions must give
+    the same accepted tokens as staging at absolute positions; a wrong row, a
+    wrong position or a missed crop would lower the windowed acceptance.
+    """
+    P, N, B = 600, 600, 4
+    win, _, cfg, _ = _session(stager_cls, prompts=[_prompt(P, 12)], n_generate=N, W=48, check=0)
+    W_abs = 2 * (P + N + B + 1) + 1
+    absolute, _, _, _ = _session(stager_cls, prompts=[_prompt(P, 12)], n_generate=N, W=W_abs, check=0)
+    a, b = win.sequences[0], absolute.sequences[0]
+    assert a.stats["rebases"] > 10 and b.stats["rebases"] == 0
+    assert a.accepted == b.accepted and a.rounds == b.rounds
+    assert a.accepted / a.rounds > 0.5  # tokens accepted per round: speculation works
+
+
+def test_recompute_check_with_a_float16_drafter(stager_cls):
+    """Staged float16 rows are rounded: the check compares logits, not rows, and passes."""
+    res, greedy, _, _ = _session(stager_cls, prompts=[_prompt(300, 13)], n_generate=200, W=64,
+                                 stage_dtype="float16")
+    s = res.sequences[0]
+    assert np.array_equal(s.tokens, greedy[0]) and s.recompute_checks > 0
 
 
 def test_absolute_staging_runs_at_absolute_positions(stager_cls):

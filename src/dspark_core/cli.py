@@ -35,15 +35,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_GLOBAL_FLAGS = ("-v", "-vv", "-vvv", "--verbose")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``dspark-core``. Without a command it runs ``simulate``."""
     args_list = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    if not args_list or args_list[0].startswith("-") and args_list[0] not in ("-h", "--help", "--version", "-v", "-vv", "--verbose"):
-        args_list = ["simulate", *args_list]
+    # Global flags first, then the command; no command (or only its options) means simulate.
+    n_global = 0
+    while n_global < len(args_list) and args_list[n_global] in _GLOBAL_FLAGS:
+        n_global += 1
+    rest = args_list[n_global:]
+    if not rest or (rest[0].startswith("-") and rest[0] not in ("-h", "--help", "--version")):
+        args_list = [*args_list[:n_global], "simulate", *rest]
     args = parser.parse_args(args_list)
-    if args.command is None:
-        args = parser.parse_args(["simulate", *args_list])
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     return int(args.func(args) or 0)

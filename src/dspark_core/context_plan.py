@@ -23,6 +23,10 @@ context and the staging buffer:
   for the dspark drafter; the plan keeps it. What changes is
   ``n_batch`` itself: it is the window, so the compute buffer is bounded by
   the window instead of the target's context (the multi-GB boot OOM).
+* ``n_batch_draft_many = window * n_parallel``: one ``draft_many`` batch holds
+  every sequence's round, so a server that decodes all slots in one call needs
+  this ``n_batch`` (and ``n_ubatch``) instead; per-sequence decodes need only
+  ``window``. Both are bounded by the window, never by the target's context.
 * ``n_outputs_max = n_parallel * (1 + block_size)`` (block logits per sequence,
   plus one).
 * peak feature-buffer rows per sequence ``window + TRIM_CHUNK + block_size + 1``
@@ -106,6 +110,8 @@ class ContextPlan:
         n_ctx: drafter context in total (``W * n_parallel``, unified KV).
         n_batch: drafter ``n_batch`` (``W``: a round stages at most ``W`` rows).
         n_ubatch: drafter ``n_ubatch`` (``= n_batch``: a round is one ubatch).
+        n_batch_draft_many: ``W * n_parallel``: ``n_batch`` (and ``n_ubatch``) for
+            decoding every sequence's round in one ``draft_many`` batch.
         n_outputs_max: ``n_parallel * (1 + B)``.
         peak_rows_per_seq: ``W + TRIM_CHUNK + B + 1``.
         row_bytes: bytes per stored row, or ``None``.
@@ -134,6 +140,7 @@ class ContextPlan:
     n_ctx: int
     n_batch: int
     n_ubatch: int
+    n_batch_draft_many: int
     n_outputs_max: int
     peak_rows_per_seq: int
     row_bytes: int | None
@@ -166,6 +173,7 @@ class ContextPlan:
             ("drafter n_ctx", f"{self.n_ctx}  = {self.n_ctx_seq} * {self.n_parallel}"),
             ("drafter n_batch", str(self.n_batch)),
             ("drafter n_ubatch", f"{self.n_ubatch}  (a round decodes in one ubatch)"),
+            ("n_batch, draft_many", f"{self.n_batch_draft_many}  = {self.window} * {self.n_parallel} (all slots in one batch)"),
             ("n_outputs_max", f"{self.n_outputs_max}  = {self.n_parallel} * (1 + {self.block_size})"),
             (
                 "peak rows / seq",
@@ -290,6 +298,7 @@ def plan_context(
         n_ctx=window * n_parallel,
         n_batch=window,
         n_ubatch=window,
+        n_batch_draft_many=window * n_parallel,
         n_outputs_max=n_parallel * (1 + B),
         peak_rows_per_seq=peak_rows,
         row_bytes=rb,

@@ -303,7 +303,7 @@ def _alloc(lib: str, shape: tuple[int, ...], dtype: np.dtype, device: int, strea
     for name in order:
         if name == "dspark":
             return DeviceArray(shape, dtype, device)
-        if not _importable(name):
+        if not _usable_backend(name):
             continue
         mod = __import__(name)
         if name == "cupy":
@@ -556,7 +556,7 @@ def upload_plan(
         raise ValueError(f"upload_plan: plan.encoded_rows holds {enc.size} bytes, not whole {storage} rows of dim {dim}")
     n = enc.size // rb
     cu = _require()
-    lib = backend or next((x for x in ("cupy", "torch") if _importable(x)), "dspark")
+    lib = backend or next((x for x in ("cupy", "torch") if _usable_backend(x)), "dspark")
     if lib not in ("cupy", "torch", "dspark"):
         raise ValueError(f"upload_plan: backend must be 'cupy', 'torch' or 'dspark', got {backend!r}")
     if device is None:
@@ -574,6 +574,19 @@ def upload_plan(
 
 def _stage_dtype(name: str) -> np.dtype:
     return _BF16 if name == "bfloat16" else np.dtype(name)
+
+
+def _usable_backend(name: str) -> bool:
+    """cupy / torch is installed *and* sees a CUDA device (a CPU-only torch does not)."""
+    if not _importable(name):
+        return False
+    try:
+        mod = __import__(name)
+        if name == "torch":
+            return bool(mod.cuda.is_available())
+        return int(mod.cuda.runtime.getDeviceCount()) > 0
+    except Exception:  # noqa: BLE001 - any failure to reach a device means "not usable"
+        return False
 
 
 def _importable(name: str) -> bool:

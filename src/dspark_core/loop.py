@@ -57,9 +57,20 @@ __all__ = [
     "SequenceResult",
     "LoopResult",
     "RecomputeMismatch",
+    "DrafterError",
 ]
 
 logger = logging.getLogger("dspark_core")
+
+
+class DrafterError(RuntimeError):
+    """What a Drafter raises for an expected failure of a round (e.g. no free KV slot).
+
+    The loop recovers from any exception through ``Stager.fail``; failures of
+    this type are logged at DEBUG, any other exception (possibly a drafter bug)
+    at WARNING. An optional ``stage`` attribute ("decode" / "crop") says where
+    the round failed.
+    """
 
 
 class RecomputeMismatch(AssertionError):
@@ -330,8 +341,9 @@ class SpeculativeLoop:
         peak = max(rows, int(stats.get("peak_rows", 0)))
         if peak > res.peak_rows:
             res.peak_rows = peak
-        pb = int(stats.get("peak_bytes", 0)) or peak * int(self.config.row_bytes)
-        res.peak_bytes = max(res.peak_bytes, pb)
+        # Bytes of the rows held (not the core's resident ring memory, which the
+        # reference does not have): comparable between implementations and modes.
+        res.peak_bytes = max(res.peak_bytes, peak * int(self.config.row_bytes))
         return rows
 
     def _process(self, s: _SeqState, start: int, rows: np.ndarray) -> None:
@@ -396,7 +408,10 @@ class SpeculativeLoop:
             raise
         except Exception as exc:  # a drafter failure: recover through the Stager
             self._t_drafter += time.perf_counter() - t
-            logger.debug("sequence %d: drafter %s failed: %s", s.seq, stage, exc)
+            # An expected failure (a DrafterError, e.g. out of KV slots) is routine; anything
+            # else may be a drafter bug: recovered the same way, but said out loud.
+            level = logging.DEBUG if isinstance(exc, DrafterError) else logging.WARNING
+            logger.log(level, "sequence %d: drafter %s failed: %r", s.seq, stage, exc)
             stage = getattr(exc, "stage", stage)
             self._st("fail", s.seq, stage if stage in ("decode", "crop") else "decode")
             res.failures += 1
@@ -443,7 +458,7 @@ class SpeculativeLoop:
         ctx = np.stack([s.shadow[a] for a in range(base, start)]) if start > base else np.zeros(
             (0, staged.shape[1] if staged.ndim == 2 else self.config.feature_dim), np.float32
         )
-        if self.config.storage == "f32" and start > base:
+        if self.config.storage == "f32" and self.config.stage_dtype == "float32" and start > base:
             want = s.log[base:start]
             if not np.array_equal(ctx.astype(np.float32), want):
                 raise RecomputeMismatch(f"sequence {s.seq}: staged rows [{base}, {start}) differ from the target's rows")
@@ -507,14 +522,15 @@ class SpeculativeLoop:
             raise ValueError(f"n_generate must be >= 1, got {n_generate}")
         if len(prompts) > len(self.targets):
             raise ValueError(f"{len(prompts)} prompts for {len(self.targets)} targets")
-        self._t_stager = self._t_drafter = self._t_target = 0.0
-        t0 = time.perf_counter()
         states = [_SeqState(seq=i, target=self.targets[i], prompt_len=len(p)) for i, p in enumerate(prompts)]
         for s in states:
             s.res = SequenceResult(seq=s.seq, prompt_len=s.prompt_len, tokens=np.zeros(0, np.int64))
             if self.record_timeline:
                 s.res.timeline = {"n_past": [], "max_pos": [], "rows": [], "rebase": []}
             self._prefill(s, prompts[s.seq])
+        # Per-round figures cover generation only: the prefill's time is not a round's.
+        self._t_stager = self._t_drafter = self._t_target = 0.0
+        t0 = time.perf_counter()
         total = n_generate * len(states)
         many = self.use_draft_many if self.use_draft_many is not None else len(states) > 1
         iterations = 0

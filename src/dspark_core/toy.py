@@ -50,6 +50,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .loop import DrafterError
+
 __all__ = [
     "ToyTarget",
     "ToyDrafter",
@@ -65,7 +67,7 @@ logger = logging.getLogger("dspark_core")
 _CODE = 32  # width of the plan code in a capture row
 
 
-class DrafterFailure(RuntimeError):
+class DrafterFailure(DrafterError):
     """Raised by :class:`FlakyDrafter` (an injected drafter failure).
 
     Attributes:

@@ -251,7 +251,7 @@ def simulate(
 _ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("largest drafter position", "max_drafter_pos", lambda v: f"{v:,}"),
     ("drafter rounds at positions >= W", "rounds_outside_window", lambda v: f"{v:,}"),
-    ("largest drafter batch (rows)", "max_drafter_batch", lambda v: f"{v:,}"),
+    ("largest drafter batch / seq (rows)", "max_drafter_batch", lambda v: f"{v:,}"),
     ("drafter KV rows needed (peak)", "drafter_kv_rows_needed", lambda v: f"{v:,}"),
     ("peak buffered rows / seq", "peak_rows", lambda v: f"{v:,}"),
     ("peak buffered bytes / seq", "peak_bytes", _fmt_bytes),
@@ -294,8 +294,9 @@ def format_table(result: dict[str, Any]) -> str:
     if "windowed" in result["modes"]:
         w = result["modes"]["windowed"]
         lines.append("")
+        inside = w["max_drafter_pos"] < c["window"]
         lines.append(
-            f"windowed: the drafter stayed inside its trained range [0, {c['window']}) "
+            f"windowed: the drafter {'stayed inside' if inside else 'LEFT'} its trained range [0, {c['window']}) "
             f"(largest position {w['max_drafter_pos']}) and buffered at most {w['peak_rows']:,} rows per sequence."
         )
     if "absolute" in result["modes"]:
@@ -380,7 +381,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(result))
     if args.plot:
-        _plot(result, args.plot)
+        try:
+            _plot(result, args.plot)
+        except (OSError, ValueError) as exc:  # bad path or an extension matplotlib cannot write
+            print(f"dspark-core simulate: cannot write the plot {args.plot}: {exc}", file=sys.stderr)
+            return 2
         if not args.json:
             print(f"plot written to {args.plot}")
     if not result["lossless"]:
