@@ -55,6 +55,15 @@ cdef inline void* _ptr(cnp.ndarray a):
     return cnp.PyArray_DATA(a)
 
 
+cdef cnp.ndarray _output(cnp.ndarray out, dt, tuple shape, str what):
+    """``out`` checked to be a writeable C-contiguous ``dt`` array of ``shape``, or a new one."""
+    if out is None:
+        return np.empty(shape, dtype=dt)
+    if out.dtype != dt or tuple((<object>out).shape) != shape or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{what}: out must be a writeable C-contiguous {dt} array of shape {shape}")
+    return out
+
+
 def row_bytes(str storage, size_t dim):
     """Bytes of one row of ``dim`` elements stored as ``storage``."""
     return c_row_bytes(_storage(storage), dim)
@@ -98,11 +107,7 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
     else:
         shape = (n, dim)
     dt = storage_out_dtype(storage)
-    if out is None:
-        out = np.empty(shape, dtype=dt)
-    else:
-        if out.dtype != dt or tuple((<object>out).shape) != shape or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(f"encode: out must be a writeable C-contiguous {dt} array of shape {shape}")
+    out = _output(out, dt, shape, "encode")
     cdef const void* sp = _ptr(src)
     cdef void* dp = _ptr(out)
     cdef int64_t bad
@@ -131,11 +136,7 @@ def decode(cnp.ndarray data not None, str storage, size_t dim, out_dtype=np.floa
     cdef size_t n = nbytes // rb
     dt = _F32 if et == ElemType.F32 else (_F16 if et == ElemType.F16 else _BF16)
     shape = (n, dim)
-    if out is None:
-        out = np.empty(shape, dtype=dt)
-    else:
-        if out.dtype != dt or tuple((<object>out).shape) != shape or not out.flags.c_contiguous or not out.flags.writeable:
-            raise ValueError(f"decode: out must be a writeable C-contiguous {dt} array of shape {shape}")
+    out = _output(out, dt, shape, "decode")
     cdef const void* sp = _ptr(data)
     cdef void* dp = _ptr(out)
     with nogil:

@@ -6,6 +6,7 @@ uses (``_args``), so both raise the same exceptions; every *value* is checked
 again by the C++ core, which never trusts its caller. Copies and conversions
 run with the GIL released; the core's mutex makes concurrent calls safe.
 """
+import functools
 import logging
 
 import numpy as np
@@ -134,6 +135,7 @@ cdef class Stager:
     cdef object _stage_dtype
     cdef object _storage
     cdef bint _view_rows
+    cdef object _decoder
 
     def __cinit__(self, config):
         if not isinstance(config, StagerConfig):
@@ -157,6 +159,9 @@ cdef class Stager:
         # Staged rows are a free view of the encoded bytes when formats agree.
         self._view_rows = (config.storage, config.stage_dtype) in (
             ("f32", "float32"), ("f16", "float16"), ("bf16", "bfloat16"))
+        # Otherwise plan.rows decodes lazily with this (built once, not per plan).
+        self._decoder = None if self._view_rows else functools.partial(
+            _row_format.decode, storage=config.storage, dim=self._D, out_dtype=self._stage_dtype)
 
     def __dealloc__(self):
         del self._core
@@ -177,19 +182,11 @@ cdef class Stager:
             raise ValueError(f"unknown sequence {i} (this Stager has sequences 0..{self._max_seqs - 1})")
         return i
 
-    cdef object _decode(self, encoded):
-        if self._view_rows:
-            return encoded.view(self._stage_dtype).reshape(encoded.shape[0], self._D)
-        return _row_format.decode(encoded, self._storage, self._D, self._stage_dtype)
-
     cdef object _plan(self, RoundPlan& p, object data, size_t offset):
         cdef int64_t n = p.n_rows
         if <int>p.skip != 0:  # dspark::Skip::None
-            return StagePlan(
-                seq=p.seq, start=p.start, skip=_SKIPS[<int>p.skip], rebase=False, clear_cache=False,
-                positions=np.zeros(0, _I32), block_positions=np.zeros(0, _I32), crop_from=-1,
-                pos_base=-1, encoded_rows=np.zeros((0, self._row_bytes), _U8),
-                rows=np.zeros((0, self._D), self._stage_dtype))
+            return StagePlan.skipped(p.seq, p.start, _SKIPS[<int>p.skip], feature_dim=self._D,
+                                     row_bytes=self._row_bytes, stage_dtype=self._stage_dtype)
         enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
         lo = p.first_row - p.pos_base
         return StagePlan(
@@ -198,11 +195,7 @@ cdef class Stager:
             block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
             crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc,
             rows=enc.view(self._stage_dtype).reshape(n, self._D) if self._view_rows else None,
-            decode=None if self._view_rows else self._decode_fn())
-
-    def _decode_fn(self):
-        storage, dim, dtype = self._storage, self._D, self._stage_dtype
-        return lambda enc: _row_format.decode(enc, storage, dim, dtype)
+            decode=self._decoder)
 
     # -- round protocol ---------------------------------------------------
     def begin(self, seq):

@@ -151,15 +151,6 @@ class ReferenceStager:
             return np.zeros((0, c.feature_dim), c.numpy_stage_dtype)
         return rf.decode(encoded, c.storage, c.feature_dim, c.numpy_stage_dtype)
 
-    def _skip_plan(self, seq: int, start: int, reason: str) -> StagePlan:
-        c = self.config
-        return StagePlan(
-            seq=seq, start=start, skip=reason, rebase=False, clear_cache=False,
-            positions=np.zeros(0, np.int32), block_positions=np.zeros(0, np.int32),
-            crop_from=-1, pos_base=-1, encoded_rows=np.zeros((0, c.row_bytes), np.uint8),
-            rows=np.zeros((0, c.feature_dim), c.numpy_stage_dtype),
-        )
-
     # -- round protocol -------------------------------------------------
     def begin(self, seq: int) -> None:
         """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
@@ -250,7 +241,8 @@ class ReferenceStager:
         reason = self._skip_reason(st, start)
         if reason is not None:
             st.stats["skips"] += 1
-            return self._skip_plan(i, start, reason)
+            return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=c.row_bytes,
+                                     stage_dtype=c.numpy_stage_dtype)
         rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
         if rebase:
             keep = min(start - st.horizon, c.w_keep)

@@ -94,6 +94,17 @@ class StagePlan:
         self._rows = rows
         self._decode = decode
 
+    @classmethod
+    def skipped(cls, seq: int, start: int, reason: str, *, feature_dim: int, row_bytes: int,
+                stage_dtype: np.dtype) -> "StagePlan":
+        """A plan that stages nothing and opens no round (``skip = reason``)."""
+        return cls(
+            seq=seq, start=start, skip=reason, rebase=False, clear_cache=False,
+            positions=np.zeros(0, np.int32), block_positions=np.zeros(0, np.int32),
+            crop_from=-1, pos_base=-1, encoded_rows=np.zeros((0, row_bytes), np.uint8),
+            rows=np.zeros((0, feature_dim), stage_dtype),
+        )
+
     @property
     def rows(self) -> np.ndarray:
         """The staged rows, ``(n, feature_dim)`` in the configured stage dtype.
