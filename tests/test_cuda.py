@@ -11,8 +11,10 @@ Two groups:
   test_formats.py plus random bit patterns, every input dtype, every policy,
   streams, ``out=``, and ``upload_plan``.
 
-The host-side evidence that the kernels' arithmetic equals the CPU's is the
-C++ test csrc/tests/test_cuda_block_math.cpp (ctest).
+Without a GPU, the evidence that the kernels give the CPU's bytes is in
+ctest: csrc/tests/test_cuda_kernels.cpp runs the kernels' source on the host
+under a lock-step warp model, and cuda_ptx_exactness checks nvcc's PTX holds
+no fused, approximate or flush-to-zero float instruction.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // Per-element and per-block arithmetic of the row formats, shared by the CUDA
-// kernels (kernels.cu) and the host unit test (csrc/tests/test_cuda_block_math.cpp).
+// kernels (row_format_kernels.cuh) and the host tests (csrc/tests/test_cuda_kernels.cpp).
 //
 // This header compiles as CUDA (__host__ __device__) and as plain C++17. The
 // CPU scalar path (csrc/src/row_format.cpp + row_format_kernels.hpp) is the

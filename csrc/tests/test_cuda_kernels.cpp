@@ -1,14 +1,16 @@
-// The CUDA kernels' arithmetic, compiled for the host, against the CPU path.
+// The CUDA kernels, run on the host, against the CPU path.
 //
-// csrc/cuda/block_math.cuh holds every per-element and per-block operation
-// the kernels perform (as __host__ __device__ functions). Built here as plain
-// C++ (with -ffp-contract=off, so + * / are single round-to-nearest-even
-// operations like __fadd_rn / __fmul_rn / __fdiv_rn), it must give exactly
-// the bytes of dspark::encode_rows / decode_rows on the scalar path. The
-// helpers below replay the kernels' control flow (row_format_cuda.cu): the
-// element kernels, the warp-per-block quantizers (the shuffle butterfly is
-// simulated lane by lane with the same combine operators) and the decoders.
-// This runs on any machine; tests/test_cuda.py checks the real GPU bytes.
+// cuda_emulation.hpp models the execution subset the kernels use (lanes of a
+// warp in lock step as fibers, ballots and shuffles evaluated when all 32
+// lanes reach them, divergence reported as an error), so the kernels and the
+// per-format launch dispatch of csrc/cuda/row_format_kernels.cuh run here
+// unmodified. Built as plain C++ with -ffp-contract=off, + * / are single
+// round-to-nearest-even operations like the device's __fadd_rn / __fmul_rn /
+// __fdiv_rn (and the PTX test cuda_ptx_exactness checks nvcc emits no FMA,
+// approximate or flush-to-zero float instruction). Every launch must give
+// exactly the bytes of dspark::encode_rows / decode_rows on the scalar path,
+// at every grid size. This runs on any machine; tests/test_cuda.py checks
+// the real GPU's bytes where one is present.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -16,7 +18,9 @@
 #include <random>
 #include <vector>
 
-#include "../cuda/block_math.cuh"
+#include "cuda_emulation.hpp"  // first: the kernels header needs its model of CUDA
+
+#include "../cuda/row_format_kernels.cuh"
 #include "check.hpp"
 #include "dspark/row_format.hpp"
 
@@ -33,106 +37,44 @@ struct ScalarPath {
     ~ScalarPath() { set_simd_path(saved); }
 };
 
-// ------------------------------------------------ kernel replays (host) ---
+// ------------------------------------------------- emulated launches ---
 
-// Warp butterfly over 32 lanes (as __shfl_xor_sync with offsets 16..1).
-float warp_q8_amax(const float* v) {
-    unsigned nan_lanes = 0;
-    for (int l = 0; l < 32; ++l) if (bm::is_nan(v[l])) nan_lanes |= 1u << l;
-    if (nan_lanes) { int first = 0; while (!(nan_lanes >> first & 1u)) ++first; return bm::abs_f(v[first]); }
-    float a[32];
-    for (int l = 0; l < 32; ++l) a[l] = bm::abs_f(v[l]);
-    for (int o = 16; o > 0; o >>= 1) {
-        float n[32];
-        for (int l = 0; l < 32; ++l) n[l] = bm::q8_amax_combine(a[l], a[l ^ o]);
-        std::memcpy(a, n, sizeof a);
-    }
-    for (int l = 1; l < 32; ++l) if (bits(a[l]) != bits(a[0])) return std::nanf("lanes disagree");
-    return a[0];
+constexpr unsigned long long NO_BAD = ~0ull;
+
+// Grid sizes a launch is tried with: one block (every thread loops), a few
+// blocks (the grid-stride tail is ragged) and one thread per element.
+std::vector<unsigned> grids_for(std::size_t threads) {
+    const unsigned full = static_cast<unsigned>((threads + kernels::kThreads - 1) / kernels::kThreads);
+    std::vector<unsigned> g{1u, 3u};
+    if (full > 3) g.push_back(full);
+    return g;
 }
 
-float warp_q4_max(const float* v) {
-    unsigned nan_lanes = 0;
-    for (int l = 0; l < 32; ++l) if (bm::is_nan(v[l])) nan_lanes |= 1u << l;
-    if (nan_lanes) { int first = 0; while (!(nan_lanes >> first & 1u)) ++first; return v[first]; }
-    bm::ArgMax p[32];
-    for (int l = 0; l < 32; ++l) p[l] = {bm::abs_f(v[l]), l};
-    for (int o = 16; o > 0; o >>= 1) {
-        bm::ArgMax n[32];
-        for (int l = 0; l < 32; ++l) n[l] = bm::q4_argmax_combine(p[l], p[l ^ o]);
-        std::memcpy(p, n, sizeof p);
+// The device encode (row_format_cuda.cu's encode_rows_cuda after its checks):
+// launch_encode_in<in> with the flag word, read back as the first bad index.
+std::int64_t gpu_encode(const void* src, int in, std::uint8_t* dst, int out, std::size_t n, int policy,
+                        unsigned grid, bool with_flag = true) {
+    unsigned long long flag = NO_BAD;
+    unsigned long long* bad = policy == bm::NF_ERROR && with_flag ? &flag : nullptr;
+    switch (in) {
+        case bm::E_F32: kernels::launch_encode_in<bm::E_F32>(out, src, dst, n, policy, bad, grid, grid, nullptr); break;
+        case bm::E_F16: kernels::launch_encode_in<bm::E_F16>(out, src, dst, n, policy, bad, grid, grid, nullptr); break;
+        default: kernels::launch_encode_in<bm::E_BF16>(out, src, dst, n, policy, bad, grid, grid, nullptr); break;
     }
-    for (int l = 1; l < 32; ++l) if (p[l].j != p[0].j) return std::nanf("lanes disagree");
-    return p[0].a == 0.0f ? 0.0f : v[p[0].j];
+    return flag == NO_BAD ? -1 : static_cast<std::int64_t>(flag);
 }
 
-// k_encode_float / k_quantize for a whole run; returns the first non-finite
-// index under NF_ERROR (what the atomicMin flag ends up holding) or -1.
-std::int64_t gpu_encode(const void* src, int in, std::uint8_t* dst, int out, std::size_t n, int policy) {
-    std::int64_t bad = -1;
-    if (out <= bm::S_BF16) {
-        for (std::size_t i = 0; i < n; ++i) {
-            float v = bm::load_elem(src, in, i);
-            if (policy == bm::NF_ERROR) {
-                if (bad < 0 && bm::is_nonfinite(v)) bad = static_cast<std::int64_t>(i);
-                if (in == out) {
-                    const std::size_t eb = in == bm::E_F32 ? 4 : 2;
-                    std::memcpy(dst + i * eb, static_cast<const std::uint8_t*>(src) + i * eb, eb);
-                    continue;
-                }
-            } else {
-                v = bm::apply_policy(v, policy);
-            }
-            bm::store_elem(dst, out, i, v);
-        }
-        return bad;
-    }
-    for (std::size_t b = 0; b < n / 32; ++b) {
-        float v[32];
-        for (int l = 0; l < 32; ++l) {
-            v[l] = bm::load_elem(src, in, b * 32 + l);
-            if (policy == bm::NF_ERROR) {
-                if (bad < 0 && bm::is_nonfinite(v[l])) bad = static_cast<std::int64_t>(b * 32 + l);
-            } else {
-                v[l] = bm::apply_policy(v[l], policy);
-            }
-        }
-        if (out == bm::S_Q8_0) {
-            const bm::Scales s = bm::q8_scales(warp_q8_amax(v));
-            std::uint8_t* blk = dst + b * bm::Q8_BLOCK;
-            for (int l = 0; l < 32; ++l) blk[2 + l] = bm::q8_quant(v[l], s.id);
-            const std::uint16_t dh = bm::f32_to_f16(s.d);
-            blk[0] = dh & 0xff; blk[1] = dh >> 8;
-        } else {
-            const bm::Scales s = bm::q4_scales(warp_q4_max(v));
-            std::uint8_t* blk = dst + b * bm::Q4_BLOCK;
-            std::uint32_t q[32];
-            for (int l = 0; l < 32; ++l) q[l] = bm::q4_quant(v[l], s.id);
-            for (int l = 0; l < 16; ++l) blk[2 + l] = static_cast<std::uint8_t>(q[l] | (q[l + 16] << 4));
-            const std::uint16_t dh = bm::f32_to_f16(s.d);
-            blk[0] = dh & 0xff; blk[1] = dh >> 8;
-        }
-    }
-    return bad;
-}
-
-// k_dequantize / k_decode_float (same format: a byte copy).
-void gpu_decode(const std::uint8_t* src, int in, void* dst, int out, std::size_t n) {
+// The device decode (decode_rows_cuda): a byte copy for the same format, else
+// launch_decode_out<out>.
+void gpu_decode(const std::uint8_t* src, int in, void* dst, int out, std::size_t n, unsigned grid) {
     if (in == out) {
         std::memcpy(dst, src, n * (out == bm::E_F32 ? 4 : 2));
         return;
     }
-    for (std::size_t i = 0; i < n; ++i) {
-        float v;
-        if (in <= bm::S_BF16) {
-            v = bm::load_elem(src, in, i);
-        } else {
-            const std::uint8_t* blk = src + (i / 32) * (in == bm::S_Q8_0 ? bm::Q8_BLOCK : bm::Q4_BLOCK);
-            const float d = bm::block_scale(blk);
-            v = in == bm::S_Q8_0 ? bm::q8_dequant(blk, d, static_cast<int>(i % 32))
-                                 : bm::q4_dequant(blk, d, static_cast<int>(i % 32));
-        }
-        bm::store_elem(dst, out, i, v);
+    switch (out) {
+        case bm::E_F32: kernels::launch_decode_out<bm::E_F32>(in, src, dst, n, grid, nullptr); break;
+        case bm::E_F16: kernels::launch_decode_out<bm::E_F16>(in, src, dst, n, grid, nullptr); break;
+        default: kernels::launch_decode_out<bm::E_BF16>(in, src, dst, n, grid, nullptr); break;
     }
 }
 
@@ -228,17 +170,20 @@ void check_encode_all(bool nonfinite, unsigned seed, std::size_t rows) {
         for (int st = 0; st < STORAGE_COUNT; ++st) {
             for (int pol = 0; pol < 3; ++pol) {
                 const std::size_t rb = row_bytes(static_cast<Storage>(st), DIM);
-                std::vector<std::uint8_t> want(rows * rb, 0xcd), got(rows * rb, 0xab);
+                std::vector<std::uint8_t> want(rows * rb, 0xcd);
                 const std::int64_t wb = encode_rows(src.data(), static_cast<ElemType>(in), want.data(),
                                                     static_cast<Storage>(st), rows, DIM, static_cast<NonFinite>(pol));
-                const std::int64_t gb = gpu_encode(src.data(), in, got.data(), st, rows * DIM, pol);
-                const int d = first_diff(want, got);
-                if (d != -1 || wb != gb)
-                    std::printf("  encode in=%d storage=%s policy=%d nonfinite=%d: first differing byte %d, "
-                                "first_bad %lld vs %lld\n", in, storage_name(static_cast<Storage>(st)), pol,
-                                nonfinite, d, static_cast<long long>(wb), static_cast<long long>(gb));
-                CHECK_EQ(d, -1);
-                CHECK_EQ(wb, gb);
+                for (unsigned grid : grids_for(rows * DIM)) {
+                    std::vector<std::uint8_t> got(rows * rb, 0xab);
+                    const std::int64_t gb = gpu_encode(src.data(), in, got.data(), st, rows * DIM, pol, grid);
+                    const int d = first_diff(want, got);
+                    if (d != -1 || wb != gb)
+                        std::printf("  encode in=%d storage=%s policy=%d nonfinite=%d grid=%u: first differing "
+                                    "byte %d, first_bad %lld vs %lld\n", in, storage_name(static_cast<Storage>(st)),
+                                    pol, nonfinite, grid, d, static_cast<long long>(wb), static_cast<long long>(gb));
+                    CHECK_EQ(d, -1);
+                    CHECK_EQ(wb, gb);
+                }
             }
         }
     }
@@ -274,14 +219,17 @@ TEST_CASE(decode_matches_cpu) {
             }
             for (int out = 0; out < 3; ++out) {
                 const std::size_t eb = elem_bytes(static_cast<ElemType>(out));
-                std::vector<std::uint8_t> want(rows * DIM * eb, 0xcd), got(rows * DIM * eb, 0xab);
+                std::vector<std::uint8_t> want(rows * DIM * eb, 0xcd);
                 decode_rows(enc.data(), static_cast<Storage>(st), want.data(), static_cast<ElemType>(out), rows, DIM);
-                gpu_decode(enc.data(), st, got.data(), out, rows * DIM);
-                const int d = first_diff(want, got);
-                if (d != -1)
-                    std::printf("  decode storage=%s out=%d nonfinite=%d: first differing byte %d\n",
-                                storage_name(static_cast<Storage>(st)), out, nonfinite, d);
-                CHECK_EQ(d, -1);
+                for (unsigned grid : grids_for(rows * DIM)) {
+                    std::vector<std::uint8_t> got(rows * DIM * eb, 0xab);
+                    gpu_decode(enc.data(), st, got.data(), out, rows * DIM, grid);
+                    const int d = first_diff(want, got);
+                    if (d != -1)
+                        std::printf("  decode storage=%s out=%d nonfinite=%d grid=%u: first differing byte %d\n",
+                                    storage_name(static_cast<Storage>(st)), out, nonfinite, grid, d);
+                    CHECK_EQ(d, -1);
+                }
             }
         }
     }
@@ -345,15 +293,102 @@ TEST_CASE(q_quirks) {
     y[5] = 8.0f; y[20] = -8.0f;
     bm::q4_block(y, o4);
     CHECK_EQ(o4[0], 0x00); CHECK_EQ(o4[1], 0xbc);
-    CHECK_EQ(warp_q4_max(y), 8.0f);
-    y[5] = -8.0f; y[20] = 8.0f;
-    CHECK_EQ(warp_q4_max(y), -8.0f);
-    // Sequential and warp selections agree.
-    const auto x = dataset(4000, 77, true);
-    for (std::size_t b = 0; b < 4000; ++b) {
-        const float* v = x.data() + b * 32;
-        CHECK_EQ(bits(bm::q8_amax_seq(v)), bits(warp_q8_amax(v)));
-        CHECK_EQ(bits(bm::q4_max_seq(v)), bits(warp_q4_max(v)));
+    // The warp kernel picks the same first maximum.
+    std::uint8_t g4[18];
+    gpu_encode(y, bm::E_F32, g4, bm::S_Q4_0, 32, bm::NF_ERROR, 1);
+    CHECK_EQ(std::memcmp(g4, o4, 18), 0);
+    y[5] = -8.0f; y[20] = 8.0f;  // now -8 comes first: d = +1 (0x3c00)
+    gpu_encode(y, bm::E_F32, g4, bm::S_Q4_0, 32, bm::NF_ERROR, 1);
+    CHECK_EQ(g4[0], 0x00); CHECK_EQ(g4[1], 0x3c);
+    // Whole-block helpers (sequential) and the warp kernels agree on every
+    // awkward block, NaN blocks included.
+    ScalarPath sp;
+    const std::size_t nb = 4000;
+    const auto x = dataset(nb, 77, true);
+    std::vector<std::uint8_t> seq8(nb * 34), seq4(nb * 18), warp8(nb * 34), warp4(nb * 18);
+    for (std::size_t b = 0; b < nb; ++b) {
+        bm::q8_block(x.data() + b * 32, seq8.data() + b * 34);
+        bm::q4_block(x.data() + b * 32, seq4.data() + b * 18);
+    }
+    gpu_encode(x.data(), bm::E_F32, warp4.data(), bm::S_Q4_0, nb * 32, bm::NF_ERROR, 5, false);
+    gpu_encode(x.data(), bm::E_F32, warp8.data(), bm::S_Q8_0, nb * 32, bm::NF_ERROR, 5, false);
+    CHECK_EQ(first_diff(seq8, warp8), -1);
+    CHECK_EQ(first_diff(seq4, warp4), -1);
+}
+
+// ------------------------------------------------------ the emulator itself ---
+
+// A kernel whose lanes exchange values through every collective the
+// row-format kernels use; results computed by hand.
+__global__ void k_collectives(int* out) {
+    const int lane = static_cast<int>(threadIdx.x & 31u);
+    int sum = lane;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const unsigned odd = __ballot_sync(0xffffffffu, lane & 1);
+    const int from7 = __shfl_sync(0xffffffffu, lane * 10, 7);
+    const int down = __shfl_down_sync(0xffffffffu, lane, 16);
+    const float fx = __shfl_xor_sync(0xffffffffu, static_cast<float>(lane) + 0.5f, 1);
+    int* o = out + (blockIdx.x * blockDim.x + threadIdx.x) * 5;
+    o[0] = sum;
+    o[1] = static_cast<int>(odd == 0xaaaaaaaau);
+    o[2] = from7;
+    o[3] = down;
+    o[4] = static_cast<int>(fx * 2.0f);
+}
+
+// Lanes 0-3 leave before the others shuffle: undefined on a GPU.
+__global__ void k_early_exit(int* out) {
+    const int lane = static_cast<int>(threadIdx.x & 31u);
+    if (lane < 4) return;
+    out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, lane, 1);
+}
+
+// Odd lanes ballot while even lanes shuffle.
+__global__ void k_mixed_collectives(int* out) {
+    const int lane = static_cast<int>(threadIdx.x & 31u);
+    out[threadIdx.x] = (lane & 1) ? static_cast<int>(__ballot_sync(0xffffffffu, 1))
+                                  : __shfl_sync(0xffffffffu, lane, 0);
+}
+
+TEST_CASE(emulator_collectives) {
+    const unsigned grid = 2, block = 64;
+    std::vector<int> out(grid * block * 5, -1);
+    dspark_emu::launch(grid, block, [&] { k_collectives(out.data()); });
+    for (unsigned t = 0; t < grid * block; ++t) {
+        const int lane = static_cast<int>(t % 32);
+        const int* o = out.data() + t * 5;
+        CHECK_EQ(o[0], 496);                             // 0 + 1 + ... + 31 in every lane
+        CHECK_EQ(o[1], 1);                               // odd lanes' ballot bits
+        CHECK_EQ(o[2], 70);                              // lane 7's value
+        CHECK_EQ(o[3], lane < 16 ? lane + 16 : lane);    // out of range: own value
+        CHECK_EQ(o[4], 2 * (lane ^ 1) + 1);              // float bits travel intact
+    }
+}
+
+TEST_CASE(emulator_reports_divergence) {
+    std::vector<int> out(64, 0);
+    CHECK_THROWS(dspark_emu::launch(1, 32, [&] { k_early_exit(out.data()); }), std::runtime_error);
+    CHECK_THROWS(dspark_emu::launch(1, 32, [&] { k_mixed_collectives(out.data()); }), std::runtime_error);
+    CHECK_THROWS(dspark_emu::launch(1, 48, [&] { k_collectives(out.data()); }), std::invalid_argument);
+    // A failed launch leaves the emulator usable.
+    std::vector<int> ok(32 * 5, -1);
+    dspark_emu::launch(1, 32, [&] { k_collectives(ok.data()); });
+    CHECK_EQ(ok[0], 496);
+}
+
+TEST_CASE(nonfinite_flag_is_first_index_at_any_grid) {
+    // Non-finite values in several blocks and warps: the flag holds the
+    // smallest index whatever order the warps ran in.
+    ScalarPath sp;
+    std::vector<float> x(64 * 256, 1.0f);
+    x[9000] = std::numeric_limits<float>::infinity();
+    x[5000 + 31] = std::nanf("");
+    x[12000] = -std::numeric_limits<float>::infinity();
+    for (int st = 0; st < STORAGE_COUNT; ++st) {
+        const std::size_t rb = row_bytes(static_cast<Storage>(st), 256);
+        std::vector<std::uint8_t> got(64 * rb);
+        for (unsigned grid : {1u, 2u, 5u, 64u})
+            CHECK_EQ(gpu_encode(x.data(), bm::E_F32, got.data(), st, x.size(), bm::NF_ERROR, grid), 5031);
     }
 }
 

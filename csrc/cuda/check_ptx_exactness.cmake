@@ -1,0 +1,39 @@
+# ctest cuda_ptx_exactness: cmake -DPTX=<file.ptx> -P check_ptx_exactness.cmake
+#
+# The kernels' bytes equal the CPU path's only if every float operation is a
+# single IEEE round-to-nearest-even operation with subnormals kept. This reads
+# the PTX nvcc generated for row_format_cuda.cu (with the library's own flags)
+# and fails on any instruction that breaks that: a fused multiply-add on
+# floats (a contracted a * b + c), an approximate operation (div / rcp / sqrt
+# .approx, as -use_fast_math emits) or a flush-to-zero variant (.ftz).
+# It also checks the file holds all 30 kernels, so an empty PTX cannot pass.
+cmake_minimum_required(VERSION 3.20)
+if(NOT PTX OR NOT EXISTS "${PTX}")
+  message(FATAL_ERROR "cuda_ptx_exactness: no PTX file (PTX='${PTX}')")
+endif()
+file(READ "${PTX}" ptx)
+
+set(expected_kernels 30)  # encode_float 3x3, quantize 3x2, dequantize 2x3, decode_float 3x3
+string(REGEX MATCHALL "\\.entry[ \t]+[A-Za-z0-9_]+" entries "${ptx}")
+list(LENGTH entries n_entries)
+if(NOT n_entries EQUAL expected_kernels)
+  message(FATAL_ERROR "cuda_ptx_exactness: ${n_entries} kernels in ${PTX}, expected ${expected_kernels}")
+endif()
+
+string(REGEX MATCHALL "(fma|mad)(\\.[a-z0-9]+)*\\.(f16|bf16|f16x2|bf16x2|f32|f64)" fused "${ptx}")
+string(REGEX MATCHALL "[a-z]+(\\.[a-z0-9]+)*\\.approx(\\.[a-z0-9]+)*" approx "${ptx}")
+string(REGEX MATCHALL "[a-z]+(\\.[a-z0-9]+)*\\.ftz(\\.[a-z0-9]+)*" ftz "${ptx}")
+set(bad ${fused} ${approx} ${ftz})
+if(bad)
+  list(REMOVE_DUPLICATES bad)
+  string(REPLACE ";" ", " bad "${bad}")
+  message(FATAL_ERROR "cuda_ptx_exactness: inexact float instructions in ${PTX}: ${bad}")
+endif()
+# The exact operations the kernels rely on are really there.
+foreach(op "div.rn.f32" "mul.rn.f32" "add.rn.f32" "cvt.rzi.s32.f32")
+  string(FIND "${ptx}" "${op}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "cuda_ptx_exactness: expected '${op}' in ${PTX}")
+  endif()
+endforeach()
+message(STATUS "cuda_ptx_exactness: ${n_entries} kernels, no fused, approximate or flush-to-zero float instruction")

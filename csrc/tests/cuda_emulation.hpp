@@ -1,0 +1,251 @@
+// A host model of the CUDA execution subset the row-format kernels use, so
+// that csrc/cuda/row_format_kernels.cuh runs unmodified on a machine without
+// a GPU (csrc/tests/test_cuda_kernels.cpp).
+//
+// What is modelled:
+//  * threadIdx / blockIdx / blockDim / gridDim (x only) and a launch of
+//    `grid` blocks of `block` threads;
+//  * warps of 32 lanes running in lock step: every lane is a fiber
+//    (ucontext) that runs until it reaches a warp collective (__ballot_sync,
+//    __shfl_sync, __shfl_xor_sync, __shfl_down_sync) and waits there until
+//    all 32 lanes have; the collective is then evaluated and every lane
+//    resumes with its result;
+//  * __ffs and atomicMin (warps run one after another, so plain reads and
+//    writes are atomic).
+//
+// What is checked, because a GPU would give undefined results or hang: every
+// collective must be reached by all 32 lanes with a full mask and the same
+// operation (a lane that has exited, or waits at a different collective, is
+// an error), and width must be 32. Errors are thrown from launch().
+//
+// Not modelled (and therefore not declared, so a kernel using them does not
+// compile here): shared memory, __syncthreads, other atomics, y / z grids.
+// Blocks and warps run one after another, which is a valid schedule for
+// kernels without inter-warp communication.
+#pragma once
+
+#define DSPARK_CUDA_EMULATION 1
+
+#include <ucontext.h>
+
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#define __global__
+#define __launch_bounds__(...)
+
+using cudaStream_t = void*;
+
+struct dspark_emu_dim3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+inline dspark_emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
+
+namespace dspark_emu {
+
+constexpr int WARP = 32;
+constexpr unsigned FULL_MASK = 0xffffffffu;
+constexpr std::size_t LANE_STACK_BYTES = 256 * 1024;
+
+enum class Op { None, Ballot, Shfl, ShflXor, ShflDown };
+
+inline const char* op_name(Op op) {
+    switch (op) {
+        case Op::Ballot: return "__ballot_sync";
+        case Op::Shfl: return "__shfl_sync";
+        case Op::ShflXor: return "__shfl_xor_sync";
+        case Op::ShflDown: return "__shfl_down_sync";
+        default: return "none";
+    }
+}
+
+struct Lane {
+    ucontext_t ctx{};
+    std::vector<char> stack;
+    bool done = false;
+    // The collective this lane waits at (Op::None while running or done).
+    Op op = Op::None;
+    unsigned mask = 0;
+    std::uint32_t value = 0;
+    int arg = 0;
+    std::uint32_t result = 0;
+};
+
+struct Warp {
+    ucontext_t scheduler{};
+    Lane lanes[WARP];
+    int current = 0;
+    const std::function<void()>* body = nullptr;
+    std::string error;
+};
+
+inline Warp*& active_warp() {
+    static Warp* w = nullptr;
+    return w;
+}
+
+// A lane's fiber: run the kernel body; returning switches to uc_link (the scheduler).
+inline void lane_main() {
+    Warp* w = active_warp();
+    const int l = w->current;
+    try {
+        (*w->body)();
+    } catch (const std::exception& e) {
+        w->error = std::string("kernel threw: ") + e.what();
+    } catch (...) {
+        w->error = "kernel threw a non-std exception";
+    }
+    w->lanes[l].done = true;
+}
+
+// Called on a lane's fiber: wait at a collective, return this lane's result.
+inline std::uint32_t collective(Op op, unsigned mask, std::uint32_t value, int arg) {
+    Warp* w = active_warp();
+    if (w == nullptr) throw std::logic_error("warp collective outside an emulated launch");
+    Lane& me = w->lanes[w->current];
+    me.op = op;
+    me.mask = mask;
+    me.value = value;
+    me.arg = arg;
+    swapcontext(&me.ctx, &w->scheduler);
+    return me.result;
+}
+
+// Evaluates the collective all 32 lanes wait at.
+inline void evaluate(Warp& w) {
+    const Lane& l0 = w.lanes[0];
+    for (int l = 0; l < WARP; ++l) {
+        const Lane& x = w.lanes[l];
+        if (x.op != l0.op || x.mask != FULL_MASK || l0.mask != FULL_MASK)
+            throw std::runtime_error(std::string("warp divergence: lane 0 waits at ") + op_name(l0.op) +
+                                     " but lane " + std::to_string(l) + " at " + op_name(x.op) +
+                                     " (or a mask is not full)");
+    }
+    std::uint32_t ballot = 0;
+    for (int l = 0; l < WARP; ++l)
+        if (w.lanes[l].value != 0) ballot |= 1u << l;
+    for (int l = 0; l < WARP; ++l) {
+        Lane& x = w.lanes[l];
+        switch (x.op) {
+            case Op::Ballot: x.result = ballot; break;
+            case Op::Shfl: x.result = w.lanes[x.arg & (WARP - 1)].value; break;
+            case Op::ShflXor: x.result = w.lanes[(l ^ x.arg) & (WARP - 1)].value; break;
+            case Op::ShflDown: x.result = l + x.arg < WARP ? w.lanes[l + x.arg].value : x.value; break;
+            default: break;
+        }
+        x.op = Op::None;
+    }
+}
+
+// Runs the warp `warp` of the current block to completion.
+inline void run_warp(Warp& w, unsigned warp) {
+    for (int l = 0; l < WARP; ++l) {
+        Lane& x = w.lanes[l];
+        x = Lane{{}, std::move(x.stack)};
+        if (x.stack.empty()) x.stack.resize(LANE_STACK_BYTES);
+        getcontext(&x.ctx);
+        x.ctx.uc_stack.ss_sp = x.stack.data();
+        x.ctx.uc_stack.ss_size = x.stack.size();
+        x.ctx.uc_link = &w.scheduler;
+        makecontext(&x.ctx, lane_main, 0);
+    }
+    for (;;) {
+        int waiting = 0, done = 0;
+        for (int l = 0; l < WARP; ++l) {
+            if (w.lanes[l].done) continue;
+            threadIdx.x = warp * WARP + static_cast<unsigned>(l);
+            w.current = l;
+            swapcontext(&w.scheduler, &w.lanes[l].ctx);
+            if (!w.error.empty()) throw std::runtime_error(w.error);
+        }
+        for (int l = 0; l < WARP; ++l) {
+            done += w.lanes[l].done ? 1 : 0;
+            waiting += w.lanes[l].op != Op::None ? 1 : 0;
+        }
+        if (done == WARP) return;
+        if (waiting != WARP)
+            throw std::runtime_error("warp divergence: " + std::to_string(done) +
+                                     " lanes exited while the others wait at a warp collective");
+        evaluate(w);
+    }
+}
+
+// kernel<<<grid, block>>>: `body` is the kernel call (reading threadIdx etc.).
+inline void launch(unsigned grid, unsigned block, const std::function<void()>& body) {
+    if (grid == 0 || block == 0 || block % WARP != 0 || block > 1024)
+        throw std::invalid_argument("emulated launch: grid must be > 0 and block a multiple of 32 up to 1024");
+    Warp w;
+    w.body = &body;
+    active_warp() = &w;
+    gridDim.x = grid;
+    blockDim.x = block;
+    try {
+        for (unsigned b = 0; b < grid; ++b) {
+            blockIdx.x = b;
+            for (unsigned wi = 0; wi < block / WARP; ++wi) run_warp(w, wi);
+        }
+    } catch (...) {
+        active_warp() = nullptr;
+        throw;
+    }
+    active_warp() = nullptr;
+}
+
+template <class T>
+std::uint32_t to_bits(T v) {
+    static_assert(sizeof(T) == 4 && std::is_trivially_copyable<T>::value, "4-byte shuffles only");
+    std::uint32_t u;
+    std::memcpy(&u, &v, 4);
+    return u;
+}
+
+template <class T>
+T from_bits(std::uint32_t u) {
+    T v;
+    std::memcpy(&v, &u, 4);
+    return v;
+}
+
+inline void require_width(int width) {
+    if (width != WARP) throw std::runtime_error("emulated shuffles support width 32 only");
+}
+
+}  // namespace dspark_emu
+
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+    return dspark_emu::collective(dspark_emu::Op::Ballot, mask, predicate != 0 ? 1u : 0u, 0);
+}
+
+template <class T>
+T __shfl_sync(unsigned mask, T var, int src_lane, int width = 32) {
+    dspark_emu::require_width(width);
+    return dspark_emu::from_bits<T>(
+        dspark_emu::collective(dspark_emu::Op::Shfl, mask, dspark_emu::to_bits(var), src_lane));
+}
+
+template <class T>
+T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+    dspark_emu::require_width(width);
+    return dspark_emu::from_bits<T>(
+        dspark_emu::collective(dspark_emu::Op::ShflXor, mask, dspark_emu::to_bits(var), lane_mask));
+}
+
+template <class T>
+T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+    dspark_emu::require_width(width);
+    return dspark_emu::from_bits<T>(
+        dspark_emu::collective(dspark_emu::Op::ShflDown, mask, dspark_emu::to_bits(var), static_cast<int>(delta)));
+}
+
+inline int __ffs(unsigned x) { return x == 0 ? 0 : __builtin_ctz(x) + 1; }
+
+inline unsigned long long atomicMin(unsigned long long* address, unsigned long long val) {
+    const unsigned long long old = *address;
+    if (val < old) *address = val;
+    return old;
+}
