@@ -11,10 +11,13 @@ Two groups:
   test_formats.py plus random bit patterns, every input dtype, every policy,
   streams, ``out=``, and ``upload_plan``.
 
-Without a GPU, the evidence that the kernels give the CPU's bytes is in
-ctest: csrc/tests/test_cuda_kernels.cpp runs the kernels' source on the host
-under a lock-step warp model, and cuda_ptx_exactness checks nvcc's PTX holds
-no fused, approximate or flush-to-zero float instruction.
+Without a GPU, CI runs this file a second time against a DSPARK_CUDA=EMULATE
+build (``cuda.emulated()``): the CUDA host code, the kernels (under a
+lock-step warp model) and the binding on emulated devices in host memory, so
+the GPU tests run there too. In ctest, csrc/tests/test_cuda_kernels.cpp runs
+the kernels' source against the CPU bytes at several grid sizes, and
+cuda_ptx_exactness checks nvcc's PTX holds no fused, approximate or
+flush-to-zero float instruction.
 """
 
 from __future__ import annotations
@@ -61,6 +64,9 @@ def test_module_imports_and_reports_availability() -> None:
     assert isinstance(cuda.available(), bool)
     assert cuda.device_count() >= 0
     assert cuda.available() == (cuda.device_count() > 0)
+    assert isinstance(cuda.emulated(), bool)
+    if cuda.emulated():  # a DSPARK_CUDA=EMULATE build says so wherever a device is named
+        assert "emulated" in cuda._cuda.device_name(0)
     if not cuda.available():
         reason = cuda.unavailable_reason()
         assert reason, "a reason must be given when CUDA is unavailable"

@@ -39,6 +39,10 @@ int cuda_driver_version() noexcept;
 // memory, -1 for host memory (pageable or pinned) or an unknown pointer.
 int cuda_pointer_device(const void* p);
 
+// True in a DSPARK_CUDA=EMULATE build: the "devices" are host memory and
+// the kernels run on the CPU under the warp model (csrc/cuda/emulated/).
+bool cuda_is_emulated() noexcept;
+
 // "NVIDIA H100 80GB HBM3 (sm_90)"-style description of device `dev`.
 std::string cuda_device_name(int dev);
 

@@ -185,6 +185,14 @@ std::string cuda_unavailable_reason() {
     return n > 0 ? std::string() : std::string("no CUDA-capable device is detected");
 }
 
+bool cuda_is_emulated() noexcept {
+#if defined(DSPARK_CUDA_EMULATION)
+    return true;
+#else
+    return false;
+#endif
+}
+
 int cuda_runtime_version() noexcept {
     int v = 0;
     if (cudaRuntimeGetVersion(&v) != cudaSuccess) {

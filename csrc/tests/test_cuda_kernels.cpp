@@ -1,8 +1,9 @@
 // The CUDA kernels, run on the host, against the CPU path.
 //
-// cuda_emulation.hpp models the execution subset the kernels use (lanes of a
-// warp in lock step as fibers, ballots and shuffles evaluated when all 32
-// lanes reach them, divergence reported as an error), so the kernels and the
+// csrc/cuda/emulated/kernel_emulation.hpp models the execution subset the
+// kernels use (lanes of a warp in lock step as fibers, ballots and shuffles
+// evaluated when all 32 lanes reach them, divergence reported as an error),
+// so the kernels and the
 // per-format launch dispatch of csrc/cuda/row_format_kernels.cuh run here
 // unmodified. Built as plain C++ with -ffp-contract=off, + * / are single
 // round-to-nearest-even operations like the device's __fadd_rn / __fmul_rn /
@@ -18,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda_emulation.hpp"  // first: the kernels header needs its model of CUDA
+#include "../cuda/emulated/kernel_emulation.hpp"  // first: the kernels need its model of CUDA
 
 #include "../cuda/row_format_kernels.cuh"
 #include "check.hpp"

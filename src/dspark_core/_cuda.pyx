@@ -14,7 +14,7 @@ from libcpp.string cimport string
 
 from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._lib_cuda cimport (
-    cuda_device_count, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
+    cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
     cuda_pointer_device, cuda_device_name, encode_rows_cuda, decode_rows_cuda,
     cuda_stream_synchronize, cuda_copy_to_host, cuda_copy_to_device, cuda_stream_wait,
     cuda_alloc, cuda_release, cuda_copy_device,
@@ -60,6 +60,11 @@ cdef extern from *:
 def device_count():
     """Number of CUDA devices (0 without a GPU or driver; never raises)."""
     return cuda_device_count()
+
+
+def emulated():
+    """True in a DSPARK_CUDA=EMULATE (test) build: devices are host memory."""
+    return cuda_is_emulated()
 
 
 def unavailable_reason():

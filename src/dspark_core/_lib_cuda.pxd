@@ -1,7 +1,8 @@
 # cython: language_level=3
 # Declarations of the CUDA row-conversion API (csrc/cuda/dspark_cuda.hpp).
 # Declarations only: the wrappers live in _cuda.pyx. Built only when the
-# package is configured with DSPARK_CUDA=AUTO (and nvcc is found) or ON.
+# package is configured with DSPARK_CUDA=AUTO (and nvcc is found), ON or
+# EMULATE (tests: an emulated device in host memory).
 from libc.stdint cimport int64_t
 from libcpp cimport bool
 from libcpp.string cimport string
@@ -11,6 +12,7 @@ from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_tr
 
 cdef extern from "dspark_cuda.hpp" namespace "dspark" nogil:
     int cuda_device_count()
+    bool cuda_is_emulated()
     string cuda_unavailable_reason() except +dspark_translate_exception
     int cuda_runtime_version()
     int cuda_driver_version()

@@ -55,6 +55,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 __all__ = [
     "available",
     "device_count",
+    "emulated",
     "unavailable_reason",
     "quantize_rows",
     "dequantize_rows",
@@ -91,6 +92,17 @@ def device_count() -> int:
 def available() -> bool:
     """True when the CUDA kernels were built and at least one GPU is usable."""
     return device_count() > 0
+
+
+def emulated() -> bool:
+    """True when this build runs the CUDA path on an emulated device.
+
+    A ``DSPARK_CUDA=EMULATE`` build (tests and CI only) compiles the CUDA host
+    code and kernels for the CPU: "device memory" is host memory and the
+    kernels run under a lock-step warp model. Everything works and gives the
+    GPU's bytes, slowly; it is not a GPU.
+    """
+    return _cuda is not None and bool(_cuda.emulated())
 
 
 def unavailable_reason() -> str:

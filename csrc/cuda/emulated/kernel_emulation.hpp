@@ -1,12 +1,16 @@
 // A host model of the CUDA execution subset the row-format kernels use, so
 // that csrc/cuda/row_format_kernels.cuh runs unmodified on a machine without
-// a GPU (csrc/tests/test_cuda_kernels.cpp).
+// a GPU (csrc/tests/test_cuda_kernels.cpp, and the DSPARK_CUDA=EMULATE build
+// with the emulated runtime in cuda_runtime.h).
 //
 // What is modelled:
 //  * threadIdx / blockIdx / blockDim / gridDim (x only) and a launch of
 //    `grid` blocks of `block` threads;
-//  * warps of 32 lanes running in lock step: every lane is a fiber
-//    (ucontext) that runs until it reaches a warp collective (__ballot_sync,
+//  * warps of 32 lanes running in lock step: every lane is a fiber (started
+//    with makecontext / setcontext, switched with _setjmp / _longjmp, which
+//    do not save the signal mask, so no system call per switch; under
+//    AddressSanitizer swapcontext, which it understands better) that runs
+//    until it reaches a warp collective (__ballot_sync,
 //    __shfl_sync, __shfl_xor_sync, __shfl_down_sync) and waits there until
 //    all 32 lanes have; the collective is then evaluated and every lane
 //    resumes with its result;
@@ -26,15 +30,17 @@
 
 #define DSPARK_CUDA_EMULATION 1
 
+#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #define __global__
 #define __launch_bounds__(...)
@@ -64,9 +70,19 @@ inline const char* op_name(Op op) {
     }
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+#define DSPARK_EMU_SWAPCONTEXT 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define DSPARK_EMU_SWAPCONTEXT 1
+#endif
+#endif
+
 struct Lane {
-    ucontext_t ctx{};
-    std::vector<char> stack;
+    ucontext_t ctx{};  // the fiber's start (and, with swapcontext, its saved state)
+    jmp_buf jb{};      // where a waiting lane resumes (_longjmp switching)
+    char* stack = nullptr;  // LANE_STACK_BYTES, from lane_stacks()
+    bool started = false;
     bool done = false;
     // The collective this lane waits at (Op::None while running or done).
     Op op = Op::None;
@@ -78,6 +94,7 @@ struct Lane {
 
 struct Warp {
     ucontext_t scheduler{};
+    jmp_buf scheduler_jb{};
     Lane lanes[WARP];
     int current = 0;
     const std::function<void()>* body = nullptr;
@@ -89,18 +106,49 @@ inline Warp*& active_warp() {
     return w;
 }
 
-// A lane's fiber: run the kernel body; returning switches to uc_link (the scheduler).
+// Switch from lane `me` back to the scheduler; returns when resumed.
+inline void yield_to_scheduler(Warp* w, Lane& me) {
+#if defined(DSPARK_EMU_SWAPCONTEXT)
+    swapcontext(&me.ctx, &w->scheduler);
+#else
+    if (_setjmp(me.jb) == 0) _longjmp(w->scheduler_jb, 1);
+#endif
+}
+
+// A lane's fiber, started once per launch and reused for every warp: run
+// the kernel body as the current thread, report done, wait to be resumed
+// for the next warp.
 inline void lane_main() {
     Warp* w = active_warp();
-    const int l = w->current;
-    try {
-        (*w->body)();
-    } catch (const std::exception& e) {
-        w->error = std::string("kernel threw: ") + e.what();
-    } catch (...) {
-        w->error = "kernel threw a non-std exception";
+    for (;;) {
+        const int l = w->current;
+        try {
+            (*w->body)();
+        } catch (const std::exception& e) {
+            w->error = std::string("kernel threw: ") + e.what();
+        } catch (...) {
+            w->error = "kernel threw a non-std exception";
+        }
+        w->lanes[l].done = true;
+        yield_to_scheduler(w, w->lanes[l]);
     }
-    w->lanes[l].done = true;
+}
+
+// Run lane l of w until it waits at a collective or is done.
+inline void resume(Warp& w, int l) {
+    Lane& x = w.lanes[l];
+    w.current = l;
+#if defined(DSPARK_EMU_SWAPCONTEXT)
+    swapcontext(&w.scheduler, &x.ctx);
+#else
+    if (_setjmp(w.scheduler_jb) == 0) {
+        if (!x.started) {
+            x.started = true;
+            setcontext(&x.ctx);
+        }
+        _longjmp(x.jb, 1);
+    }
+#endif
 }
 
 // Called on a lane's fiber: wait at a collective, return this lane's result.
@@ -112,7 +160,7 @@ inline std::uint32_t collective(Op op, unsigned mask, std::uint32_t value, int a
     me.mask = mask;
     me.value = value;
     me.arg = arg;
-    swapcontext(&me.ctx, &w->scheduler);
+    yield_to_scheduler(w, me);
     return me.result;
 }
 
@@ -142,25 +190,38 @@ inline void evaluate(Warp& w) {
     }
 }
 
-// Runs the warp `warp` of the current block to completion.
-inline void run_warp(Warp& w, unsigned warp) {
+// The lanes' stacks, allocated once (uninitialised: only touched pages cost).
+inline char* lane_stacks() {
+    static std::unique_ptr<char[]> stacks(new char[WARP * LANE_STACK_BYTES]);
+    return stacks.get();
+}
+
+// Starts the 32 lane fibers of a launch.
+inline void start_lanes(Warp& w) {
     for (int l = 0; l < WARP; ++l) {
         Lane& x = w.lanes[l];
-        x = Lane{{}, std::move(x.stack)};
-        if (x.stack.empty()) x.stack.resize(LANE_STACK_BYTES);
+        x.stack = lane_stacks() + static_cast<std::size_t>(l) * LANE_STACK_BYTES;
         getcontext(&x.ctx);
-        x.ctx.uc_stack.ss_sp = x.stack.data();
-        x.ctx.uc_stack.ss_size = x.stack.size();
-        x.ctx.uc_link = &w.scheduler;
+        x.ctx.uc_stack.ss_sp = x.stack;
+        x.ctx.uc_stack.ss_size = LANE_STACK_BYTES;
+        x.ctx.uc_link = nullptr;  // lane_main never returns
         makecontext(&x.ctx, lane_main, 0);
+        x.started = false;
+    }
+}
+
+// Runs the warp `warp` of the current block to completion.
+inline void run_warp(Warp& w, unsigned warp) {
+    for (Lane& x : w.lanes) {
+        x.done = false;
+        x.op = Op::None;
     }
     for (;;) {
         int waiting = 0, done = 0;
         for (int l = 0; l < WARP; ++l) {
             if (w.lanes[l].done) continue;
             threadIdx.x = warp * WARP + static_cast<unsigned>(l);
-            w.current = l;
-            swapcontext(&w.scheduler, &w.lanes[l].ctx);
+            resume(w, l);
             if (!w.error.empty()) throw std::runtime_error(w.error);
         }
         for (int l = 0; l < WARP; ++l) {
@@ -179,9 +240,14 @@ inline void run_warp(Warp& w, unsigned warp) {
 inline void launch(unsigned grid, unsigned block, const std::function<void()>& body) {
     if (grid == 0 || block == 0 || block % WARP != 0 || block > 1024)
         throw std::invalid_argument("emulated launch: grid must be > 0 and block a multiple of 32 up to 1024");
+    // One launch at a time (the emulated device has one queue; the lane
+    // stacks, active_warp() and threadIdx & co. are process-wide).
+    static std::mutex device;
+    std::lock_guard<std::mutex> lock(device);
     Warp w;
     w.body = &body;
     active_warp() = &w;
+    start_lanes(w);
     gridDim.x = grid;
     blockDim.x = block;
     try {

@@ -1,0 +1,325 @@
+// An emulated CUDA runtime: the subset of the CUDA runtime API that
+// csrc/cuda/row_format_cuda.cu calls, over host memory, so that the whole
+// CUDA path (host code, kernels through kernel_emulation.hpp, the `_cuda`
+// extension and dspark_core.cuda) builds and runs on a machine without a GPU.
+//
+// Built only with DSPARK_CUDA=EMULATE (tests and CI; never a release build):
+// this directory is put first on the include path, so row_format_cuda.cu's
+// `#include <cuda_runtime.h>` finds this file.
+//
+// The model:
+//  * DSPARK_CUDA_EMULATED_DEVICES devices (default 2, so the wrong-device
+//    checks run; 0 models a machine without a GPU: cudaErrorNoDevice);
+//  * "device memory" is host memory from cudaMalloc / cudaMallocAsync,
+//    recorded with its device; cudaPointerGetAttributes reports it as
+//    cudaMemoryTypeDevice and anything else as cudaMemoryTypeUnregistered
+//    (what CUDA >= 11 says of pageable host memory);
+//  * copies and memsets check that their device side lies inside a live
+//    allocation (cudaErrorInvalidValue otherwise, as a GPU would fault);
+//  * every operation runs at once, in call order, whatever the stream: a
+//    valid schedule of any stream-ordered program, so ordering bugs between
+//    streams are NOT detectable here;
+//  * errors are reported CUDA-style: returned, and kept for cudaGetLastError.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "kernel_emulation.hpp"
+
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInsufficientDriver = 35,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNotSupported = 801,
+};
+
+enum cudaMemoryType {
+    cudaMemoryTypeUnregistered = 0,
+    cudaMemoryTypeHost = 1,
+    cudaMemoryTypeDevice = 2,
+    cudaMemoryTypeManaged = 3,
+};
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+
+enum cudaDeviceAttr { cudaDevAttrMultiProcessorCount = 16 };
+
+struct cudaPointerAttributes {
+    cudaMemoryType type;
+    int device;
+    void* devicePointer;
+    void* hostPointer;
+};
+
+struct cudaDeviceProp {
+    char name[256];
+    int major;
+    int minor;
+    int multiProcessorCount;
+};
+
+struct dspark_emu_event {};
+using cudaEvent_t = dspark_emu_event*;
+constexpr unsigned cudaEventDisableTiming = 2;
+
+namespace dspark_emu {
+
+// Emulated "SM" count: small, so that grid_for()'s cap is reached and the
+// kernels' grid-stride loops run more than once on modest inputs.
+constexpr int EMULATED_SMS = 2;
+constexpr int EMULATED_VERSION = 13000;  // reported runtime and driver version
+constexpr std::size_t ALLOC_ALIGN = 256;  // cudaMalloc's alignment
+
+struct Runtime {
+    std::mutex m;
+    int devices = -1;
+    cudaError_t last = cudaSuccess;
+    std::map<std::uintptr_t, std::pair<std::size_t, int>> allocs;  // base -> (bytes, device)
+};
+
+inline Runtime& runtime() {
+    static Runtime r;
+    return r;
+}
+
+// The calling thread's current device (per host thread, as in CUDA).
+inline int& current_device() {
+    static thread_local int d = 0;
+    return d;
+}
+
+inline int device_total() {
+    Runtime& r = runtime();
+    if (r.devices < 0) {
+        const char* env = std::getenv("DSPARK_CUDA_EMULATED_DEVICES");
+        r.devices = env != nullptr ? std::atoi(env) : 2;
+        if (r.devices < 0) r.devices = 0;
+    }
+    return r.devices;
+}
+
+inline cudaError_t fail(cudaError_t e) {
+    runtime().last = e;
+    return e;
+}
+
+// The allocation holding [p, p + n), as (device, found).
+inline bool find_alloc(const void* p, std::size_t n, int* device) {
+    Runtime& r = runtime();
+    const auto u = reinterpret_cast<std::uintptr_t>(p);
+    auto it = r.allocs.upper_bound(u);
+    if (it == r.allocs.begin()) return false;
+    --it;
+    if (u - it->first + n > it->second.first) return false;
+    if (device != nullptr) *device = it->second.second;
+    return true;
+}
+
+inline cudaError_t alloc(void** p, std::size_t n) {
+    Runtime& r = runtime();
+    if (p == nullptr) return fail(cudaErrorInvalidValue);
+    if (device_total() == 0) return fail(cudaErrorNoDevice);
+    void* q = std::aligned_alloc(ALLOC_ALIGN, (n + ALLOC_ALIGN - 1) / ALLOC_ALIGN * ALLOC_ALIGN + ALLOC_ALIGN);
+    if (q == nullptr) return fail(cudaErrorMemoryAllocation);
+    r.allocs[reinterpret_cast<std::uintptr_t>(q)] = {n == 0 ? 1 : n, current_device()};
+    *p = q;
+    return cudaSuccess;
+}
+
+inline cudaError_t release(void* p) {
+    Runtime& r = runtime();
+    if (p == nullptr) return cudaSuccess;
+    auto it = r.allocs.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == r.allocs.end()) return fail(cudaErrorInvalidValue);
+    r.allocs.erase(it);
+    std::free(p);
+    return cudaSuccess;
+}
+
+inline cudaError_t copy(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind) {
+    if (n == 0) return cudaSuccess;
+    if (dst == nullptr || src == nullptr) return fail(cudaErrorInvalidValue);
+    const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if ((dst_dev && !find_alloc(dst, n, nullptr)) || (src_dev && !find_alloc(src, n, nullptr)))
+        return fail(cudaErrorInvalidValue);
+    std::memmove(dst, src, n);
+    return cudaSuccess;
+}
+
+}  // namespace dspark_emu
+
+inline const char* cudaGetErrorName(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorInsufficientDriver: return "cudaErrorInsufficientDriver";
+        case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
+        case cudaErrorNotSupported: return "cudaErrorNotSupported";
+    }
+    return "cudaErrorUnknown";
+}
+
+inline const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+        case cudaSuccess: return "no error";
+        case cudaErrorInvalidValue: return "invalid argument";
+        case cudaErrorMemoryAllocation: return "out of memory";
+        case cudaErrorInsufficientDriver: return "CUDA driver version is insufficient for CUDA runtime version";
+        case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulated)";
+        case cudaErrorInvalidDevice: return "invalid device ordinal";
+        case cudaErrorNotSupported: return "operation not supported";
+    }
+    return "unknown error";
+}
+
+#define DSPARK_EMU_LOCK std::lock_guard<std::mutex> dspark_emu_lock_(dspark_emu::runtime().m)
+
+inline cudaError_t cudaGetLastError() {
+    DSPARK_EMU_LOCK;
+    const cudaError_t e = dspark_emu::runtime().last;
+    dspark_emu::runtime().last = cudaSuccess;
+    return e;
+}
+
+inline cudaError_t cudaGetDeviceCount(int* n) {
+    DSPARK_EMU_LOCK;
+    if (n == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    *n = 0;
+    if (dspark_emu::device_total() == 0) return dspark_emu::fail(cudaErrorNoDevice);
+    *n = dspark_emu::device_total();
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaGetDevice(int* d) {
+    DSPARK_EMU_LOCK;
+    if (d == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    if (dspark_emu::device_total() == 0) return dspark_emu::fail(cudaErrorNoDevice);
+    *d = dspark_emu::current_device();
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaSetDevice(int d) {
+    DSPARK_EMU_LOCK;
+    if (d < 0 || d >= dspark_emu::device_total()) return dspark_emu::fail(cudaErrorInvalidDevice);
+    dspark_emu::current_device() = d;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaDeviceGetAttribute(int* v, cudaDeviceAttr attr, int d) {
+    DSPARK_EMU_LOCK;
+    if (v == nullptr || attr != cudaDevAttrMultiProcessorCount) return dspark_emu::fail(cudaErrorInvalidValue);
+    if (d < 0 || d >= dspark_emu::device_total()) return dspark_emu::fail(cudaErrorInvalidDevice);
+    *v = dspark_emu::EMULATED_SMS;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+    DSPARK_EMU_LOCK;
+    if (p == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    if (d < 0 || d >= dspark_emu::device_total()) return dspark_emu::fail(cudaErrorInvalidDevice);
+    *p = cudaDeviceProp{};
+    std::snprintf(p->name, sizeof p->name, "dspark emulated device %d (host memory)", d);
+    p->major = 0;
+    p->minor = 0;
+    p->multiProcessorCount = dspark_emu::EMULATED_SMS;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaRuntimeGetVersion(int* v) {
+    if (v == nullptr) return cudaErrorInvalidValue;
+    *v = dspark_emu::EMULATED_VERSION;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaDriverGetVersion(int* v) {
+    if (v == nullptr) return cudaErrorInvalidValue;
+    *v = dspark_emu::EMULATED_VERSION;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+    DSPARK_EMU_LOCK;
+    if (a == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    *a = cudaPointerAttributes{cudaMemoryTypeUnregistered, -1, nullptr, const_cast<void*>(p)};
+    int dev = -1;
+    if (dspark_emu::find_alloc(p, 1, &dev)) *a = cudaPointerAttributes{cudaMemoryTypeDevice, dev, const_cast<void*>(p), nullptr};
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaMalloc(void** p, std::size_t n) {
+    DSPARK_EMU_LOCK;
+    return dspark_emu::alloc(p, n);
+}
+
+inline cudaError_t cudaMallocAsync(void** p, std::size_t n, cudaStream_t) {
+    DSPARK_EMU_LOCK;
+    return dspark_emu::alloc(p, n);
+}
+
+inline cudaError_t cudaFree(void* p) {
+    DSPARK_EMU_LOCK;
+    return dspark_emu::release(p);
+}
+
+inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
+    DSPARK_EMU_LOCK;
+    return dspark_emu::release(p);
+}
+
+inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t) {
+    DSPARK_EMU_LOCK;
+    if (n == 0) return cudaSuccess;
+    if (!dspark_emu::find_alloc(p, n, nullptr)) return dspark_emu::fail(cudaErrorInvalidValue);
+    std::memset(p, value, n);
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind) {
+    DSPARK_EMU_LOCK;
+    return dspark_emu::copy(dst, src, n, kind);
+}
+
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t) {
+    DSPARK_EMU_LOCK;
+    return dspark_emu::copy(dst, src, n, kind);
+}
+
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+    if (e == nullptr) return cudaErrorInvalidValue;
+    *e = new dspark_emu_event{};
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) { return e == nullptr ? cudaErrorInvalidValue : cudaSuccess; }
+
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned) {
+    return e == nullptr ? cudaErrorInvalidValue : cudaSuccess;
+}
+
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+
+#undef DSPARK_EMU_LOCK
