@@ -190,13 +190,13 @@ class FakeBackend:
     def copy_to_host(self, ptr: int, n: int) -> bytes:
         return self._view(ptr, n).tobytes()
 
-    def stream_wait(self, a, b) -> None:
+    def stream_wait(self, a, b, device=-1) -> None:
         self.calls.append(("wait", a, b))
 
     def copy_to_device(self, dst, host, stream) -> None:
         self._view(dst, host.nbytes)[:] = host
 
-    def synchronize(self, stream) -> None:
+    def synchronize(self, stream, device=-1) -> None:
         pass
 
     class Allocation:
@@ -254,11 +254,67 @@ def test_fake_backend_policies_and_errors(fake) -> None:
     a.__cuda_array_interface__["stream"] = 5
     cuda.quantize_rows(a, "q8_0", out=HostCAI(out), stream=9)
     assert ("wait", 9, 5) in fake.calls
+    # ... and so is the out array's stream; 0 and 1 both name the legacy
+    # default stream, so nothing waits there.
+    o = HostCAI(out)
+    o.__cuda_array_interface__["stream"] = 6
+    n_calls = len(fake.calls)
+    cuda.quantize_rows(a, "q8_0", out=o, stream=9)
+    assert ("wait", 9, 6) in fake.calls[n_calls:]
+    a.__cuda_array_interface__["stream"] = 1
+    n_calls = len(fake.calls)
+    cuda.quantize_rows(a, "q8_0", out=HostCAI(out), stream=0)
+    assert not [c for c in fake.calls[n_calls:] if c[0] == "wait"]
     # Read-only out.
     ro = HostCAI(out)
     ro.__cuda_array_interface__["data"] = (ro.__cuda_array_interface__["data"][0], True)
     with pytest.raises(ValueError, match="read-only"):
         cuda.quantize_rows(HostCAI(CASES["gauss_1"]), "q8_0", out=ro)
+
+
+def test_overlapping_out_is_rejected(fake) -> None:
+    x = CASES["gauss_1"].copy()
+    # f32 -> f32 in place, and an out starting inside the input.
+    with pytest.raises(ValueError, match="overlaps"):
+        cuda.quantize_rows(HostCAI(x), "f32", out=HostCAI(x))
+    raw = np.zeros(x.nbytes * 2, np.uint8)
+    xs = raw[: x.nbytes].view(np.float32).reshape(x.shape)
+    xs[:] = x
+    q = raw[x.nbytes - 64 : x.nbytes - 64 + 8 * 68 * DIM // 64].reshape(8, -1)
+    with pytest.raises(ValueError, match="overlaps"):
+        cuda.quantize_rows(HostCAI(xs), "q8_0", out=HostCAI(q))
+    enc = formats.quantize_rows(x, "q8_0")  # 8 x 272 bytes
+    buf = np.zeros(8192, np.uint8)
+    data = buf[: enc.nbytes].reshape(enc.shape)
+    data[:] = enc
+    y = buf[1024 : 1024 + 8 * DIM * 2].view(np.float16).reshape(8, DIM)  # starts inside data
+    with pytest.raises(ValueError, match="overlaps"):
+        cuda.dequantize_rows(HostCAI(data), "q8_0", DIM, "float16", out=HostCAI(y))
+    # Adjacent, not overlapping, is fine.
+    y = buf[enc.nbytes : enc.nbytes + 8 * DIM * 2].view(np.float16).reshape(8, DIM)
+    cuda.dequantize_rows(HostCAI(data), "q8_0", DIM, "float16", out=HostCAI(y))
+    np.testing.assert_array_equal(y, formats.dequantize_rows(enc, "q8_0", DIM, np.float16))
+    assert [c[0] for c in fake.calls if c[0] in ("encode", "decode")] == ["decode"]
+
+
+class FakeTorchCPUTensor:
+    """Looks like a CPU torch tensor (module "torch", is_cuda False) without torch."""
+
+    __module__ = "torch"
+    is_cuda = False
+
+    def __dlpack__(self, stream=None):  # pragma: no cover - never called
+        raise AssertionError("should be rejected from __dlpack_device__")
+
+    def __dlpack_device__(self):
+        return (1, 0)
+
+
+def test_cpu_tensor_is_a_type_error_without_touching_its_streams() -> None:
+    with pytest.raises(TypeError, match="host \\(CPU\\) memory"):
+        cuda.quantize_rows(FakeTorchCPUTensor(), "q8_0")
+    with pytest.raises(TypeError, match="host \\(CPU\\) memory"):
+        cuda.dequantize_rows(FakeTorchCPUTensor(), "q8_0", 64)
 
 
 def test_fake_backend_device_array_and_upload_plan(fake, monkeypatch) -> None:
@@ -307,7 +363,9 @@ def _gpu_skip_reason() -> str | None:
 
 gpu = pytest.mark.skipif(_gpu_skip_reason() is not None, reason=_gpu_skip_reason() or "")
 # "dspark": dspark_core.cuda.DeviceArray (needs no array library).
-LIBS = ["dspark"] + [lib for lib, ok in (("cupy", _HAVE_CUPY), ("torch", _HAVE_TORCH)) if ok]
+# Only libraries that reach a device (a CPU-only torch or a cupy built for
+# another CUDA is installed but not usable).
+LIBS = ["dspark"] + [lib for lib, ok in (("cupy", _HAVE_CUPY), ("torch", _HAVE_TORCH)) if ok and cuda._usable_backend(lib)]
 
 
 def to_dev(a: np.ndarray, lib: str):
@@ -484,6 +542,9 @@ def test_out_and_stream(lib: str) -> None:
             stream.synchronize()
         np.testing.assert_array_equal(to_host_bytes(out_q), as_bytes(want_q))
         np.testing.assert_array_equal(to_host_bytes(out_y), as_bytes(want_y))
+        if lib == "dspark":  # a DeviceArray reports the stream that wrote it (CAI v3; 1 = legacy)
+            assert out_q.__cuda_array_interface__["stream"] == (1 if h == 0 else h)
+            assert out_y.__cuda_array_interface__["stream"] == (1 if h == 0 else h)
 
 
 @gpu

@@ -65,13 +65,17 @@ std::int64_t encode_rows_cuda(const void* src, ElemType in, void* dst, Storage o
 void decode_rows_cuda(const void* src, Storage in, void* dst, ElemType out, std::size_t n_rows, std::size_t dim,
                       void* stream);
 
-// Small helpers for the binding and the tests.
-void cuda_stream_synchronize(void* stream);
-// Copy `n` bytes from device memory to host memory (synchronous).
+// Small helpers for the binding and the tests. `device` (>= 0) is made
+// current for the call, since the stream handles 0 / 1 / 2 name the
+// legacy / per-thread default stream of the current device; -1 keeps the
+// caller's current device.
+void cuda_stream_synchronize(void* stream, int device);
+// Copy `n` bytes from device memory to host memory (synchronous; on the
+// legacy default stream of the device owning `dev_src`).
 void cuda_copy_to_host(void* host_dst, const void* dev_src, std::size_t n);
 // Copy `n` bytes of host memory to the device, ordered on `stream`. The host
 // buffer may be reused as soon as the call returns (pageable memory is staged
-// before it returns; pinned memory is waited for).
+// before it returns; pinned, registered or managed memory is waited for).
 void cuda_copy_to_device(void* dev_dst, const void* host_src, std::size_t n, void* stream);
 // Plain device memory for callers without an array library: cudaMalloc on
 // `device` (throws std::runtime_error, e.g. out of memory) / cudaFree
@@ -80,7 +84,8 @@ void* cuda_alloc(std::size_t n, int device);
 void cuda_release(void* p) noexcept;
 // Device-to-device copy of `n` bytes on `stream` (asynchronous).
 void cuda_copy_device(void* dst, const void* src, std::size_t n, void* stream);
-// Make `waiter` wait (on the device) for the work enqueued so far on `producer`.
-void cuda_stream_wait(void* waiter, void* producer);
+// Make `waiter` wait (on the device) for the work enqueued so far on
+// `producer`; both are streams of `device` (see above).
+void cuda_stream_wait(void* waiter, void* producer, int device);
 
 }  // namespace dspark

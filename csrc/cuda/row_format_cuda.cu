@@ -294,14 +294,19 @@ void decode_rows_cuda(const void* src, Storage in, void* dst, ElemType out, std:
     DSPARK_CK(cudaGetLastError(), std::string("launching the ") + storage_name(in) + " decode kernel");
 }
 
-void cuda_stream_synchronize(void* stream) {
+void cuda_stream_synchronize(void* stream, int device) {
     require_device();
+    std::optional<DeviceGuard> guard;
+    if (device >= 0) guard.emplace(device);
     DSPARK_CK(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "cudaStreamSynchronize");
 }
 
 void cuda_copy_to_host(void* host_dst, const void* dev_src, std::size_t n) {
     if (n == 0) return;
     require_device();
+    const int dev = cuda_pointer_device(dev_src);
+    if (dev < 0) throw std::invalid_argument("dspark cuda: cuda_copy_to_host: the source is not CUDA device memory");
+    DeviceGuard guard(dev);
     DSPARK_CK(cudaMemcpy(host_dst, dev_src, n, cudaMemcpyDeviceToHost), "cudaMemcpy (device to host)");
 }
 
@@ -312,11 +317,15 @@ void cuda_copy_to_device(void* dev_dst, const void* host_src, std::size_t n, voi
     if (dev < 0) throw std::invalid_argument("dspark cuda: cuda_copy_to_device: the destination is not CUDA device memory");
     DeviceGuard guard(dev);
     const auto s = static_cast<cudaStream_t>(stream);
+    // Only plain pageable memory is staged before cudaMemcpyAsync returns;
+    // for anything the driver knows (pinned, registered, managed) the copy is
+    // asynchronous, so wait for it to keep the reuse promise.
     cudaPointerAttributes a{};
-    bool pinned = cudaPointerGetAttributes(&a, host_src) == cudaSuccess && a.type == cudaMemoryTypeHost;
+    const bool known = cudaPointerGetAttributes(&a, host_src) == cudaSuccess && a.type != cudaMemoryTypeUnregistered;
     (void)cudaGetLastError();
-    DSPARK_CK(cudaMemcpyAsync(dev_dst, host_src, n, cudaMemcpyHostToDevice, s), "cudaMemcpyAsync (host to device)");
-    if (pinned) DSPARK_CK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    DSPARK_CK(cudaMemcpyAsync(dev_dst, host_src, n, known ? cudaMemcpyDefault : cudaMemcpyHostToDevice, s),
+              "cudaMemcpyAsync (host to device)");
+    if (known) DSPARK_CK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
 void* cuda_alloc(std::size_t n, int device) {
@@ -341,9 +350,11 @@ void cuda_copy_device(void* dst, const void* src, std::size_t n, void* stream) {
               "cudaMemcpyAsync (device to device)");
 }
 
-void cuda_stream_wait(void* waiter, void* producer) {
+void cuda_stream_wait(void* waiter, void* producer, int device) {
     if (waiter == producer) return;
     require_device();
+    std::optional<DeviceGuard> guard;
+    if (device >= 0) guard.emplace(device);
     cudaEvent_t ev = nullptr;
     DSPARK_CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreateWithFlags");
     cudaError_t e = cudaEventRecord(ev, static_cast<cudaStream_t>(producer));

@@ -112,9 +112,10 @@ def decode(uintptr_t src, int storage_code, uintptr_t dst, int out_code, size_t 
                          <ElemType><uint8_t>out_code, n_rows, dim, <void*>stream)
 
 
-def synchronize(uintptr_t stream):
+def synchronize(uintptr_t stream, int device=-1):
+    """cudaStreamSynchronize(stream), with ``device`` current (-1: the current one)."""
     with nogil:
-        cuda_stream_synchronize(<void*>stream)
+        cuda_stream_synchronize(<void*>stream, device)
 
 
 def copy_to_host(uintptr_t src, size_t nbytes):
@@ -134,10 +135,10 @@ def copy_to_device(uintptr_t dst, const uint8_t[::1] host not None, uintptr_t st
         cuda_copy_to_device(<void*>dst, sp, n, <void*>stream)
 
 
-def stream_wait(uintptr_t waiter, uintptr_t producer):
-    """Make ``waiter`` wait for the work enqueued so far on ``producer``."""
+def stream_wait(uintptr_t waiter, uintptr_t producer, int device=-1):
+    """Make ``waiter`` wait for the work enqueued so far on ``producer`` (streams of ``device``)."""
     with nogil:
-        cuda_stream_wait(<void*>waiter, <void*>producer)
+        cuda_stream_wait(<void*>waiter, <void*>producer, device)
 
 
 def dlpack_info(capsule):

@@ -25,10 +25,10 @@ cdef extern from "dspark_cuda.hpp" namespace "dspark" nogil:
     void decode_rows_cuda(const void* src, Storage in_, void* dst, ElemType out, size_t n_rows,
                           size_t dim, void* stream) except +dspark_translate_exception
 
-    void cuda_stream_synchronize(void* stream) except +dspark_translate_exception
+    void cuda_stream_synchronize(void* stream, int device) except +dspark_translate_exception
     void cuda_copy_to_host(void* host_dst, const void* dev_src, size_t n) except +dspark_translate_exception
     void cuda_copy_to_device(void* dev_dst, const void* host_src, size_t n, void* stream) except +dspark_translate_exception
     void* cuda_alloc(size_t n, int device) except +dspark_translate_exception
     void cuda_release(void* p)
     void cuda_copy_device(void* dst, const void* src, size_t n, void* stream) except +dspark_translate_exception
-    void cuda_stream_wait(void* waiter, void* producer) except +dspark_translate_exception
+    void cuda_stream_wait(void* waiter, void* producer, int device) except +dspark_translate_exception

@@ -213,7 +213,7 @@ def _dev_array(obj: Any, what: str, *, stream: int, writable: bool = False) -> _
     ValueError for non-contiguous ones.
     """
     if isinstance(obj, DeviceArray):
-        return _DevArray(obj, obj.ptr, obj.shape, obj.dtype, obj.device, None, None, False)
+        return _DevArray(obj, obj.ptr, obj.shape, obj.dtype, obj.device, None, obj._stream, False)
     if isinstance(obj, (np.ndarray, bytes, bytearray, memoryview, list, tuple)):
         raise _not_device(what, obj, "in host memory")
     has_dl = hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__")
@@ -239,7 +239,9 @@ def _dev_array(obj: Any, what: str, *, stream: int, writable: bool = False) -> _
                 raise RuntimeError(f"no CUDA device available: {unavailable_reason()}")
             try:
                 cap = obj.__dlpack__(stream=stream if stream != 0 else 1)
-            except TypeError:
+            except TypeError as exc:
+                if "stream" not in str(exc):  # a real failure, not an old __dlpack__() signature
+                    raise TypeError(f"{what}: __dlpack__() failed: {exc}") from exc
                 cap = obj.__dlpack__()
             except Exception as exc:
                 raise TypeError(f"{what}: __dlpack__() failed: {exc}") from exc
@@ -273,10 +275,16 @@ def _dev_array(obj: Any, what: str, *, stream: int, writable: bool = False) -> _
 
 
 def _stream_handle(stream: Any, lib: str, device: int | None) -> int:
-    """A cudaStream_t as an int (0 = legacy default stream)."""
+    """A cudaStream_t as an int (0 = legacy default stream).
+
+    ``stream=None`` means the library's current stream on ``device`` (cupy /
+    torch; None = the current device), else the legacy default stream.
+    """
     if stream is None:
         if lib == "cupy" and "cupy" in sys.modules:
-            return int(sys.modules["cupy"].cuda.get_current_stream().ptr)
+            cp = sys.modules["cupy"]
+            with cp.cuda.Device(device) if device is not None else _nullctx():
+                return int(cp.cuda.get_current_stream().ptr)
         if lib == "torch" and "torch" in sys.modules:
             torch = sys.modules["torch"]
             return int(torch.cuda.current_stream(device).cuda_stream)
@@ -297,9 +305,41 @@ def _stream_handle(stream: Any, lib: str, device: int | None) -> int:
     raise TypeError(f"stream must be None, an int handle or a CUDA stream object, got {_type_name(stream)}")
 
 
-def _order_after_producer(a: _DevArray, stream: int) -> None:
-    if a.stream is not None and a.stream != stream and _cuda is not None:
-        _cuda.stream_wait(stream, a.stream)
+def _array_stream(stream: Any, x: Any, lib: str) -> int:
+    """The stream to work on for input ``x`` (see :func:`_stream_handle`), on x's device."""
+    if stream is None and lib == "torch":
+        if not getattr(x, "is_cuda", False):
+            return 0  # a CPU tensor: _dev_array rejects it as host memory
+        return _stream_handle(None, lib, int(x.device.index))
+    if stream is None and lib == "cupy":
+        dev = getattr(x, "device", None)
+        return _stream_handle(None, lib, None if dev is None else int(dev.id))
+    return _stream_handle(stream, lib, None)
+
+
+def _same_stream(a: int, b: int) -> bool:
+    # 0 (what this module passes for the legacy default stream) and 1 (its
+    # CUDA-array-interface spelling) are the same stream.
+    return (1 if a == 0 else a) == (1 if b == 0 else b)
+
+
+def _order_after_producer(a: _DevArray, stream: int, device: int) -> None:
+    """Make ``stream`` wait for the producer stream ``a`` reported (CAI v3)."""
+    if a.stream is not None and not _same_stream(a.stream, stream) and _cuda is not None:
+        _cuda.stream_wait(stream, a.stream, device)
+
+
+def _check_disjoint(a: _DevArray, o: _DevArray, fn: str) -> None:
+    # The kernels read and write through __restrict__ pointers, one element or
+    # block per thread: an output overlapping its input would be garbage.
+    if a.nbytes and o.nbytes and a.ptr < o.ptr + o.nbytes and o.ptr < a.ptr + a.nbytes:
+        raise ValueError(f"{fn}: out overlaps the input; conversions are not done in place")
+
+
+def _mark_written(out: Any, stream: int) -> None:
+    """A DeviceArray result reports the stream that wrote it (CAI v3 "stream")."""
+    if isinstance(out, DeviceArray):
+        out._stream = 1 if stream == 0 else stream
 
 
 # ------------------------------------------------------------- allocation ---
@@ -324,7 +364,15 @@ def _alloc(lib: str, shape: tuple[int, ...], dtype: np.dtype, device: int, strea
                 with mod.cuda.ExternalStream(stream) if stream not in (0, 1, 2) else _nullctx():
                     return mod.empty(shape, dtype=dt)
         tdt = {_F32: mod.float32, _F16: mod.float16, _BF16: mod.bfloat16, _U8: mod.uint8}[dtype]
-        return mod.empty(shape, dtype=tdt, device=f"cuda:{device}")
+        # Allocate on the stream that will use the memory: torch's caching
+        # allocator hands a freed block only to later work on the same
+        # stream, so a temporary (upload_plan's staging buffer) dropped while
+        # the stream still reads it cannot be reused under it.
+        cur = int(mod.cuda.current_stream(device).cuda_stream)
+        if _same_stream(stream, cur):
+            return mod.empty(shape, dtype=tdt, device=f"cuda:{device}")
+        with mod.cuda.stream(mod.cuda.ExternalStream(stream, device=f"cuda:{device}")):
+            return mod.empty(shape, dtype=tdt, device=f"cuda:{device}")
     raise AssertionError("unreachable")
 
 
@@ -370,7 +418,7 @@ class DeviceArray:
     interface has no bfloat16), so numba / cupy / torch can wrap it.
     """
 
-    __slots__ = ("shape", "dtype", "device", "_mem", "__weakref__")
+    __slots__ = ("shape", "dtype", "device", "_mem", "_stream", "__weakref__")
 
     def __init__(self, shape: Any, dtype: Any = np.float32, device: int = 0) -> None:
         cu = _require()
@@ -380,6 +428,10 @@ class DeviceArray:
         self.dtype = _BF16 if (isinstance(dtype, str) and dtype == "bfloat16") else np.dtype(dtype)
         self.device = int(device)
         self._mem = cu.Allocation(self.nbytes, self.device)
+        # The stream whose work on this memory a consumer must order after
+        # (CAI v3 "stream"; 1 = the legacy default stream, which cudaMalloc'd
+        # memory and the conversions use unless given another).
+        self._stream = 1
 
     @property
     def ptr(self) -> int:
@@ -404,7 +456,7 @@ class DeviceArray:
     def __cuda_array_interface__(self) -> dict:
         typestr = "<u2" if self.dtype == _BF16 else self.dtype.str
         return {"shape": self.shape, "typestr": typestr, "data": (self.ptr, False), "version": 3,
-                "strides": None, "stream": None}
+                "strides": None, "stream": self._stream}
 
     @classmethod
     def from_numpy(cls, a: Any, device: int = 0, stream: Any = None) -> "DeviceArray":
@@ -412,14 +464,16 @@ class DeviceArray:
         a = np.ascontiguousarray(a)
         d = cls(a.shape, a.dtype, device)
         if a.nbytes:
-            _require().copy_to_device(d.ptr, a.reshape(-1).view(np.uint8), _stream_handle(stream, "", device))
+            s = _stream_handle(stream, "", device)
+            _require().copy_to_device(d.ptr, a.reshape(-1).view(np.uint8), s)
+            _mark_written(d, s)
         return d
 
     def get(self, stream: Any = None) -> np.ndarray:
         """Copy to a new host numpy array (after synchronizing ``stream`` when given)."""
         cu = _require()
         if stream is not None:
-            cu.synchronize(_stream_handle(stream, "", self.device))
+            cu.synchronize(_stream_handle(stream, "", self.device), self.device)
         raw = cu.copy_to_host(self.ptr, self.nbytes) if self.nbytes else b""
         return np.frombuffer(raw, dtype=self.dtype).reshape(self.shape).copy()
 
@@ -456,7 +510,7 @@ def quantize_rows(
     if storage not in _STORAGE:
         formats.row_bytes(storage, 32)  # raises ConfigError naming the allowed ones
     lib = _lib_of(x)
-    s = _stream_handle(stream, lib, getattr(x, "device", None) if lib == "torch" else None)
+    s = _array_stream(stream, x, lib)
     a = _dev_array(x, "quantize_rows: x", stream=s)
     dt = a.dtype
     if in_dtype is not None:
@@ -478,12 +532,15 @@ def quantize_rows(
     oshape = (n, rb) if storage.startswith("q") else (n, dim)
     cu = _require()
     dev = _device_of(a)
-    _order_after_producer(a, s)
+    _order_after_producer(a, s, dev)
     if out is None:
         out = _alloc(lib, oshape, sdt, dev, s)
     o = _check_out(out, "quantize_rows: out", oshape, sdt, s)
+    _check_disjoint(a, o, "quantize_rows")
+    _order_after_producer(o, s, dev)
     bad = cu.encode(a.ptr, _ELEM[dt], o.ptr, _STORAGE[storage], n, dim, _POLICY[nonfinite],
                     nonfinite == "error", s)
+    _mark_written(out, s)
     if nonfinite == "error" and bad >= 0:
         r, c = divmod(int(bad), dim)
         raw = cu.copy_to_host(a.ptr + int(bad) * dt.itemsize, dt.itemsize)
@@ -517,7 +574,7 @@ def dequantize_rows(
     dim = int(feature_dim)
     rb = formats.row_bytes(storage, dim)
     lib = _lib_of(data)
-    s = _stream_handle(stream, lib, getattr(data, "device", None) if lib == "torch" else None)
+    s = _array_stream(stream, data, lib)
     a = _dev_array(data, "dequantize_rows: data", stream=s)
     nbytes = a.nbytes
     if rb == 0 or nbytes % rb:
@@ -527,11 +584,14 @@ def dequantize_rows(
     n = nbytes // rb
     cu = _require()
     dev = _device_of(a)
-    _order_after_producer(a, s)
+    _order_after_producer(a, s, dev)
     if out is None:
         out = _alloc(lib, (n, dim), odt, dev, s)
     o = _check_out(out, "dequantize_rows: out", (n, dim), odt, s)
+    _check_disjoint(a, o, "dequantize_rows")
+    _order_after_producer(o, s, dev)
     cu.decode(a.ptr, _STORAGE[storage], o.ptr, _ELEM[odt], n, dim, s)
+    _mark_written(out, s)
     return out
 
 
