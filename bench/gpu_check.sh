@@ -5,20 +5,28 @@
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
 #      bandwidth on the same GPU.
 #
-# Needs: an NVIDIA GPU + driver new enough for the CUDA toolkit's runtime,
-# nvcc (CUDA >= 11.2; CUDA 13 here) on PATH or at /usr/local/cuda/bin, a C++17
-# compiler, Python >= 3.10 with the build requirements already installed
-# (scikit-build-core, cython, cython-cmake, ninja, cmake; it builds with
-# --no-build-isolation) and numpy, ml_dtypes, gguf, pytest. cupy / torch are
+# Needs: an NVIDIA GPU + a driver new enough for the CUDA toolkit's runtime
+# (CUDA 13 needs driver >= 580; the runtime is linked statically), nvcc
+# (CUDA >= 11.2) on PATH or at /usr/local/cuda/bin, a C++17 compiler, Python
+# >= 3.10 with the build requirements already installed (scikit-build-core,
+# cython, cython-cmake, ninja, cmake: it builds with --no-build-isolation)
+# and numpy, ml_dtypes, gguf, pytest, hypothesis. A preflight step checks
+# these first and stops with the list of what is missing. cupy / torch are
 # optional: the tests always use dspark_core.cuda.DeviceArray, and also cupy
-# and / or torch when importable. Set GPU_CHECK_CUPY=1 to try
+# and / or torch when they reach the GPU. Set GPU_CHECK_CUPY=1 to try
 # `pip install cupy-cuda13x` (then cupy-cuda12x) first (needs the package index).
 #
 # Usage: bash bench/gpu_check.sh            (from anywhere in the repository)
 # Env:   GPU_CHECK_ARCHS  CUDA architectures to build (default: the GPU's own,
 #                         queried with nvidia-smi, e.g. "90-real"; falls back to
 #                         the project default list)
-#        GPU_CHECK_ROWS / GPU_CHECK_DIM  benchmark shape (default 8192 x 4096)
+#        GPU_CHECK_ROWS / GPU_CHECK_DIM  benchmark shape (default 32768 x 4096:
+#                         512 MiB of f32, so a launch takes ~0.1-0.3 ms and the
+#                         per-call host overhead is a few percent)
+#        GPU_CHECK_CUDA   DSPARK_CUDA mode to build (default ON). EMULATE
+#                         rehearses the whole script on a machine without a
+#                         GPU (emulated device; use a tiny shape: the figures
+#                         are then CPU figures, not GPU ones).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 T0=$(date +%s)
@@ -29,10 +37,22 @@ if ! command -v nvcc >/dev/null 2>&1 && [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 PY=${PYTHON:-python3}
 
-log "environment"
+MODE=${GPU_CHECK_CUDA:-ON}
+
+log "environment + preflight"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv,noheader || echo "nvidia-smi failed"
-nvcc --version | tail -2 || { echo "nvcc not found: cannot build the kernels"; exit 2; }
-$PY -c "import sys, numpy; print('python', sys.version.split()[0], 'numpy', numpy.__version__)"
+if [ "$MODE" != "EMULATE" ]; then
+  nvcc --version | tail -2 || { echo "nvcc not found: cannot build the kernels"; exit 2; }
+fi
+$PY - <<'EOF'
+import importlib.util, sys
+need = ["numpy", "ml_dtypes", "gguf", "pytest", "hypothesis", "scikit_build_core", "Cython", "cython_cmake"]
+missing = [m for m in need if importlib.util.find_spec(m) is None]
+print("python", sys.version.split()[0])
+if missing:
+    raise SystemExit(f"missing Python packages: {', '.join(missing)} (install them first; this script "
+                     "builds with --no-build-isolation and downloads nothing)")
+EOF
 
 # Build only for this GPU unless told otherwise (keeps the build to seconds).
 ARCHS=${GPU_CHECK_ARCHS:-}
@@ -40,6 +60,8 @@ if [ -z "$ARCHS" ]; then
   CC=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d ' .' || true)
   if [[ "$CC" =~ ^[0-9]+$ ]]; then ARCHS="${CC}-real"; else ARCHS="75-real;80-real;90-real;90-virtual"; fi
 fi
+ARCH_ARGS=(-C "cmake.define.DSPARK_CUDA_ARCHITECTURES=$ARCHS")
+if [ "$MODE" = "EMULATE" ]; then ARCHS="none (emulated)"; ARCH_ARGS=(); fi
 
 if [ "${GPU_CHECK_CUPY:-0}" = "1" ] && ! $PY -c "import cupy" >/dev/null 2>&1; then
   log "installing cupy (optional)"
@@ -47,14 +69,15 @@ if [ "${GPU_CHECK_CUPY:-0}" = "1" ] && ! $PY -c "import cupy" >/dev/null 2>&1; t
     || echo "cupy not installed; continuing without it"
 fi
 
-log "build + install with DSPARK_CUDA=ON (architectures: $ARCHS)"
-DSPARK_CUDA=ON $PY -m pip install -q --no-build-isolation --no-deps . \
-  -C build-dir=build/gpu_check -C "cmake.define.DSPARK_CUDA_ARCHITECTURES=$ARCHS"
+log "build + install with DSPARK_CUDA=$MODE (architectures: $ARCHS)"
+DSPARK_CUDA=$MODE $PY -m pip install -q --no-build-isolation --no-deps . \
+  -C build-dir="build/gpu_check_$MODE" "${ARCH_ARGS[@]}"
 $PY - <<'EOF'
 from dspark_core import cuda
-print("dspark_core.cuda.available():", cuda.available(), "devices:", cuda.device_count(), cuda.unavailable_reason())
+print("dspark_core.cuda.available():", cuda.available(), "devices:", cuda.device_count(),
+      "emulated:", cuda.emulated(), cuda.unavailable_reason())
 if not cuda.available():
-    raise SystemExit("CUDA not available after a DSPARK_CUDA=ON build: see the reason above")
+    raise SystemExit("CUDA not available after the build: see the reason above (an old driver? CUDA 13 needs >= 580)")
 print("device 0:", cuda._cuda.device_name(0), "| runtime", cuda._cuda.runtime_version(),
       "| driver", cuda._cuda.driver_version())
 for lib in ("cupy", "torch"):
@@ -79,7 +102,7 @@ import numpy as np
 from dspark_core import cuda, formats
 
 cu = cuda._cuda
-ROWS = int(os.environ.get("GPU_CHECK_ROWS", 8192))
+ROWS = int(os.environ.get("GPU_CHECK_ROWS", 32768))
 DIM = int(os.environ.get("GPU_CHECK_DIM", 4096))
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16), "bf16": BF16}
@@ -101,6 +124,8 @@ def timeit(fn, reps=20):
 rng = np.random.default_rng(0)
 host = (rng.standard_normal((ROWS, DIM)) * rng.uniform(1e-2, 1e2, (ROWS, 1))).astype(np.float32)
 print(f"rows x dim = {ROWS} x {DIM} ({ROWS * DIM / 1e6:.1f} M elements); GB/s = (bytes read + bytes written) / time")
+if cuda.emulated():
+    print("EMULATED DEVICE (GPU_CHECK_CUDA=EMULATE): a rehearsal; these are CPU figures, not GPU ones")
 
 # Device-to-device copy bandwidth (the roofline for a streaming conversion).
 nb = ROWS * DIM * 4
@@ -110,6 +135,10 @@ t = timeit(lambda: cu.copy_device(b.ptr, a.ptr, nb, 0))
 copy_gbs = 2 * nb / t / 1e9
 print(f"{'device-to-device copy (f32)':34s} {copy_gbs:8.1f} GB/s   {t * 1e3:7.3f} ms")
 
+# Conversions are timed through the binding (one launch per call, no
+# Python-side parsing), so the figures are the kernels' bandwidth; the public
+# API's per-call overhead is measured once at the end.
+KEEP, ERROR = cuda._POLICY["keep"], cuda._POLICY["error"]
 print("\nencode (nonfinite='keep': no host sync; 'error' adds one sync + 8-byte readback)")
 srcs = {k: cuda.DeviceArray.from_numpy(host.astype(dt)) for k, dt in DTYPES.items()}
 encoded = {}
@@ -118,24 +147,35 @@ for st in formats.STORAGES:
     for k, dt in DTYPES.items():
         out = cuda.DeviceArray((ROWS, rb) if st[0] == "q" else (ROWS, DIM), formats.storage_dtype(st) if st != "bf16" else BF16)
         x = srcs[k]
-        t = timeit(lambda: cuda.quantize_rows(x, st, nonfinite="keep", out=out))
+        args = (x.ptr, cuda._ELEM[dt], out.ptr, cuda._STORAGE[st], ROWS, DIM)
+        t = timeit(lambda: cu.encode(*args, KEEP, False, 0))
         moved = x.nbytes + out.nbytes
         print(f"  {k:>4s} -> {st:<5s}  {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)  {t * 1e3:7.3f} ms")
         if k == "f32":
             encoded[st] = out
     x = srcs["f32"]
-    t = timeit(lambda: cuda.quantize_rows(x, st, nonfinite="error", out=encoded[st]), reps=10)
+    args = (x.ptr, cuda._ELEM[x.dtype], encoded[st].ptr, cuda._STORAGE[st], ROWS, DIM)
+    t = timeit(lambda: cu.encode(*args, ERROR, True, 0), reps=10)
     moved = x.nbytes + encoded[st].nbytes
     print(f"   f32 -> {st:<5s}  {moved / t / 1e9:8.1f} GB/s  (nonfinite='error', synchronous)  {t * 1e3:7.3f} ms")
 
-print("\ndecode")
+print("\ndecode (same format in and out is a device copy)")
 for st in formats.STORAGES:
     for k, dt in DTYPES.items():
         out = cuda.DeviceArray((ROWS, DIM), dt)
         data = encoded[st]
-        t = timeit(lambda: cuda.dequantize_rows(data, st, DIM, dt, out=out))
+        args = (data.ptr, cuda._STORAGE[st], out.ptr, cuda._ELEM[dt], ROWS, DIM)
+        t = timeit(lambda: cu.decode(*args, 0))
         moved = data.nbytes + out.nbytes
         print(f"  {st:>5s} -> {k:<4s}  {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)  {t * 1e3:7.3f} ms")
+
+# The public API's overhead: the same f32 -> q8_0 encode through quantize_rows.
+x, out = srcs["f32"], encoded["q8_0"]
+t_api = timeit(lambda: cuda.quantize_rows(x, "q8_0", nonfinite="keep", out=out))
+args = (x.ptr, cuda._ELEM[x.dtype], out.ptr, cuda._STORAGE["q8_0"], ROWS, DIM)
+t_raw = timeit(lambda: cu.encode(*args, KEEP, False, 0))
+print(f"\nquantize_rows() vs the bare launch (f32 -> q8_0): {t_api * 1e3:.3f} ms vs {t_raw * 1e3:.3f} ms "
+      f"({(t_api - t_raw) * 1e6:+.1f} us per call)")
 
 # Spot check on the benchmark data: GPU bytes == CPU bytes.
 for st in ("q8_0", "q4_0"):
