@@ -7,9 +7,11 @@
 //  * threadIdx / blockIdx / blockDim / gridDim (x only) and a launch of
 //    `grid` blocks of `block` threads;
 //  * warps of 32 lanes running in lock step: every lane is a fiber (started
-//    with makecontext / setcontext, switched with _setjmp / _longjmp, which
-//    do not save the signal mask, so no system call per switch; under
-//    AddressSanitizer swapcontext, which it understands better) that runs
+//    with makecontext / setcontext, then switched with the compiler's
+//    __builtin_setjmp / __builtin_longjmp: no signal mask, so no system call
+//    per switch, and unlike the C library's longjmp not rejected by
+//    _FORTIFY_SOURCE for jumping to another stack; under AddressSanitizer
+//    swapcontext, which it understands better) that runs
 //    until it reaches a warp collective (__ballot_sync,
 //    __shfl_sync, __shfl_xor_sync, __shfl_down_sync) and waits there until
 //    all 32 lanes have; the collective is then evaluated and every lane
@@ -30,7 +32,6 @@
 
 #define DSPARK_CUDA_EMULATION 1
 
-#include <setjmp.h>
 #include <ucontext.h>
 
 #include <cstdint>
@@ -78,9 +79,18 @@ inline const char* op_name(Op op) {
 #endif
 #endif
 
+// A __builtin_setjmp buffer (five words: frame, resume address, stack, spare).
+struct JumpBuf {
+    void* words[5] = {};
+};
+
+// __builtin_longjmp must not be called from the function that calls
+// __builtin_setjmp, hence this separate, never-inlined function.
+[[gnu::noinline]] inline void jump_to(JumpBuf& b) { __builtin_longjmp(b.words, 1); }
+
 struct Lane {
     ucontext_t ctx{};  // the fiber's start (and, with swapcontext, its saved state)
-    jmp_buf jb{};      // where a waiting lane resumes (_longjmp switching)
+    JumpBuf jb;        // where a waiting lane resumes
     char* stack = nullptr;  // LANE_STACK_BYTES, from lane_stacks()
     bool started = false;
     bool done = false;
@@ -94,7 +104,7 @@ struct Lane {
 
 struct Warp {
     ucontext_t scheduler{};
-    jmp_buf scheduler_jb{};
+    JumpBuf scheduler_jb;
     Lane lanes[WARP];
     int current = 0;
     const std::function<void()>* body = nullptr;
@@ -111,7 +121,7 @@ inline void yield_to_scheduler(Warp* w, Lane& me) {
 #if defined(DSPARK_EMU_SWAPCONTEXT)
     swapcontext(&me.ctx, &w->scheduler);
 #else
-    if (_setjmp(me.jb) == 0) _longjmp(w->scheduler_jb, 1);
+    if (__builtin_setjmp(me.jb.words) == 0) jump_to(w->scheduler_jb);
 #endif
 }
 
@@ -141,12 +151,12 @@ inline void resume(Warp& w, int l) {
 #if defined(DSPARK_EMU_SWAPCONTEXT)
     swapcontext(&w.scheduler, &x.ctx);
 #else
-    if (_setjmp(w.scheduler_jb) == 0) {
+    if (__builtin_setjmp(w.scheduler_jb.words) == 0) {
         if (!x.started) {
             x.started = true;
             setcontext(&x.ctx);
         }
-        _longjmp(x.jb, 1);
+        jump_to(x.jb);
     }
 #endif
 }
