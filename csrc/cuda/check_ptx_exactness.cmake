@@ -6,7 +6,10 @@
 # and fails on any instruction that breaks that: a fused multiply-add on
 # floats (a contracted a * b + c), an approximate operation (div / rcp / sqrt
 # .approx, as -use_fast_math emits) or a flush-to-zero variant (.ftz).
-# It also checks the file holds all 30 kernels, so an empty PTX cannot pass.
+# It also checks the file holds all 30 kernels, so an empty PTX cannot pass,
+# and that no kernel keeps an array in local memory (ld/st.local: a
+# dynamically indexed per-thread array, slow memory traffic in a kernel meant
+# to run at HBM bandwidth).
 cmake_minimum_required(VERSION 3.20)
 if(NOT PTX OR NOT EXISTS "${PTX}")
   message(FATAL_ERROR "cuda_ptx_exactness: no PTX file (PTX='${PTX}')")
@@ -23,11 +26,12 @@ endif()
 string(REGEX MATCHALL "(fma|mad)(\\.[a-z0-9]+)*\\.(f16|bf16|f16x2|bf16x2|f32|f64)" fused "${ptx}")
 string(REGEX MATCHALL "[a-z]+(\\.[a-z0-9]+)*\\.approx(\\.[a-z0-9]+)*" approx "${ptx}")
 string(REGEX MATCHALL "[a-z]+(\\.[a-z0-9]+)*\\.ftz(\\.[a-z0-9]+)*" ftz "${ptx}")
-set(bad ${fused} ${approx} ${ftz})
+string(REGEX MATCHALL "(ld|st)\\.local(\\.[a-z0-9]+)*" local "${ptx}")
+set(bad ${fused} ${approx} ${ftz} ${local})
 if(bad)
   list(REMOVE_DUPLICATES bad)
   string(REPLACE ";" ", " bad "${bad}")
-  message(FATAL_ERROR "cuda_ptx_exactness: inexact float instructions in ${PTX}: ${bad}")
+  message(FATAL_ERROR "cuda_ptx_exactness: inexact float or local-memory instructions in ${PTX}: ${bad}")
 endif()
 # The exact operations the kernels rely on are really there.
 foreach(op "div.rn.f32" "mul.rn.f32" "add.rn.f32" "cvt.rzi.s32.f32")
@@ -36,4 +40,5 @@ foreach(op "div.rn.f32" "mul.rn.f32" "add.rn.f32" "cvt.rzi.s32.f32")
     message(FATAL_ERROR "cuda_ptx_exactness: expected '${op}' in ${PTX}")
   endif()
 endforeach()
-message(STATUS "cuda_ptx_exactness: ${n_entries} kernels, no fused, approximate or flush-to-zero float instruction")
+message(STATUS "cuda_ptx_exactness: ${n_entries} kernels, no fused, approximate or flush-to-zero float "
+               "instruction, no local memory")

@@ -254,8 +254,8 @@ std::int64_t encode_rows_cuda(const void* src, ElemType in, void* dst, Storage o
     if (want) flag.emplace(s);
     const int pol = static_cast<int>(policy);
     unsigned long long* bad = flag ? flag->get() : nullptr;
-    const unsigned grid_e = grid_for(n, dev);
-    const unsigned grid_q = grid_for(n, dev);  // one thread per element as well (a warp per block)
+    const unsigned grid_e = grid_for((n + kChunk - 1) / kChunk, dev);  // a thread per 4 elements
+    const unsigned grid_q = grid_for((n + kElemsPerLane - 1) / kElemsPerLane, dev);  // a lane per 4 elements
     switch (in) {
         case ElemType::F32: launch_encode_in<E_F32>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
         case ElemType::F16: launch_encode_in<E_F16>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
@@ -285,7 +285,7 @@ void decode_rows_cuda(const void* src, Storage in, void* dst, ElemType out, std:
                   "cudaMemcpyAsync (device to device)");
         return;
     }
-    const unsigned grid = grid_for(n, dev);
+    const unsigned grid = grid_for((n + kChunk - 1) / kChunk, dev);  // a thread per 4 elements
     switch (out) {
         case ElemType::F32: launch_decode_out<E_F32>(static_cast<int>(in), src, dst, n, grid, s); break;
         case ElemType::F16: launch_decode_out<E_F16>(static_cast<int>(in), src, dst, n, grid, s); break;

@@ -12,14 +12,15 @@
 //
 // Launch shape: one launch per contiguous run of rows (n_rows * dim elements;
 // rows and q blocks are contiguous, so a run is a flat array of elements or
-// of 32-element blocks). Element kernels use one thread per element; the
-// quantizers one warp per block (lane j owns element j: coalesced loads,
-// a 5-step shuffle reduction for the block's scale, coalesced stores). Every
-// loop over work is grid-stride, so any grid size gives the same bytes.
+// of 32-element blocks). Element kernels take 4 elements a thread (vector
+// accesses where aligned); the quantizers 8 lanes per block (a lane owns 4 consecutive elements: one
+// vector load, a 3-step shuffle reduction for the block's scale). Every loop
+// over work is grid-stride, so any grid size gives the same bytes.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 
 #include "block_math.cuh"
 
@@ -37,119 +38,318 @@ using namespace bm;
 constexpr unsigned kFull = 0xffffffffu;
 constexpr int kThreads = 256;  // threads per block (8 warps)
 
+// ------------------------------------------------------ vector access ---
+//
+// Every kernel works on chunks of 4 consecutive elements (i % 4 == 0): one
+// 16-byte (f32) or 8-byte (f16 / bf16) access a thread where the run's base
+// address allows it, so a warp moves 256-512 contiguous bytes per
+// instruction (enough bytes in flight to approach HBM bandwidth); element by
+// element otherwise. The host emulation runs the same code (vector types
+// from kernel_emulation.hpp, accessed through memcpy).
+
+constexpr int kChunk = 4;  // elements per thread per step
+
+template <class V>
+__device__ __forceinline__ V vload(const void* p, std::size_t idx) {
+#if defined(__CUDACC__)
+    return static_cast<const V*>(p)[idx];
+#else
+    const char* a = static_cast<const char*>(p) + idx * sizeof(V);
+    ::dspark_emu::check_vector_access(a, alignof(V));
+    V v;
+    std::memcpy(&v, a, sizeof(V));
+    return v;
+#endif
+}
+
+template <class V>
+__device__ __forceinline__ void vstore(void* p, std::size_t idx, const V& v) {
+#if defined(__CUDACC__)
+    static_cast<V*>(p)[idx] = v;
+#else
+    char* a = static_cast<char*>(p) + idx * sizeof(V);
+    ::dspark_emu::check_vector_access(a, alignof(V));
+    std::memcpy(a, &v, sizeof(V));
+#endif
+}
+
+// Whether chunk accesses of element type `et` at `p` can be vector accesses.
+__device__ __forceinline__ bool vec_ok(const void* p, int et) {
+    return (reinterpret_cast<std::uintptr_t>(p) & (et == E_F32 ? 15u : 7u)) == 0;
+}
+
+// Elements i .. i+3 of a run of type `et`, widened exactly to f32.
+__device__ __forceinline__ void load4(const void* __restrict__ src, int et, std::size_t i, float v[4]) {
+    if (vec_ok(src, et)) {
+        if (et == E_F32) {
+            const float4 q = vload<float4>(src, i / 4);
+            v[0] = q.x;
+            v[1] = q.y;
+            v[2] = q.z;
+            v[3] = q.w;
+        } else {
+            const uint2 q = vload<uint2>(src, i / 4);
+            const std::uint32_t w[2] = {q.x, q.y};
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const auto h = static_cast<std::uint16_t>(w[k / 2] >> (16 * (k % 2)));
+                v[k] = et == E_F16 ? f16_to_f32(h) : bf16_to_f32(h);
+            }
+        }
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = load_elem(src, et, i + static_cast<std::size_t>(k));
+}
+
+// Store v[0..3] as elements i .. i+3 of type `et` (one RNE step for f16 / bf16).
+__device__ __forceinline__ void store4(void* __restrict__ dst, int et, std::size_t i, const float v[4]) {
+    if (vec_ok(dst, et)) {
+        if (et == E_F32) {
+            vstore(dst, i / 4, float4{v[0], v[1], v[2], v[3]});
+        } else {
+            std::uint32_t h[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) h[k] = et == E_F16 ? f32_to_f16(v[k]) : f32_to_bf16(v[k]);
+            vstore(dst, i / 4, uint2{h[0] | (h[1] << 16), h[2] | (h[3] << 16)});
+        }
+        return;
+    }
+#pragma unroll
+    for (int k = 0; k < 4; ++k) store_elem(dst, et, i + static_cast<std::size_t>(k), v[k]);
+}
+
+// Elements i .. i+3 copied bit for bit (element type `et`).
+__device__ __forceinline__ void copy4(const void* __restrict__ src, void* __restrict__ dst, int et, std::size_t i) {
+    if (et == E_F32 && vec_ok(src, et) && vec_ok(dst, et)) {
+        vstore(dst, i / 4, vload<uint4>(src, i / 4));
+    } else if (et != E_F32 && vec_ok(src, et) && vec_ok(dst, et)) {
+        vstore(dst, i / 4, vload<uint2>(src, i / 4));
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (et == E_F32)
+                static_cast<std::uint32_t*>(dst)[i + k] = static_cast<const std::uint32_t*>(src)[i + k];
+            else
+                static_cast<std::uint16_t*>(dst)[i + k] = static_cast<const std::uint16_t*>(src)[i + k];
+        }
+    }
+}
+
+// Thread index and stride of a grid-stride loop over chunks.
+__device__ __forceinline__ std::size_t global_thread() {
+    return static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ std::size_t grid_threads() { return static_cast<std::size_t>(gridDim.x) * blockDim.x; }
+
 // ---------------------------------------------------------------- kernels ---
 
-// f32 / f16 / bf16 -> f32 / f16 / bf16 storage. Same type under NF_ERROR is a
-// raw copy (as the CPU's memcpy: even a signalling NaN keeps its bits).
+// f32 / f16 / bf16 -> f32 / f16 / bf16 storage, a chunk of 4 elements a
+// thread per step. Same type under NF_ERROR is a raw copy (as the CPU's
+// memcpy: even a signalling NaN keeps its bits).
+template <int IN, int OUT>
+__device__ __forceinline__ void encode_elem(const void* __restrict__ src, void* __restrict__ dst, std::size_t i,
+                                            int policy, unsigned long long* __restrict__ bad) {
+    float v = load_elem(src, IN, i);
+    if (policy == NF_ERROR) {
+        if (bad != nullptr && is_nonfinite(v)) atomicMin(bad, static_cast<unsigned long long>(i));
+        if (IN == OUT) {
+            if (IN == E_F32)
+                static_cast<std::uint32_t*>(dst)[i] = static_cast<const std::uint32_t*>(src)[i];
+            else
+                static_cast<std::uint16_t*>(dst)[i] = static_cast<const std::uint16_t*>(src)[i];
+            return;
+        }
+    } else {
+        v = apply_policy(v, policy);
+    }
+    store_elem(dst, OUT, i, v);
+}
+
 template <int IN, int OUT>
 __global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restrict__ src, void* __restrict__ dst,
                                                            std::size_t n, int policy,
                                                            unsigned long long* __restrict__ bad) {
-    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        float v = load_elem(src, IN, i);
+    const std::size_t full = n / kChunk;  // whole chunks; the n % 4 tail goes element by element
+    for (std::size_t c = global_thread(); c < full; c += grid_threads()) {
+        const std::size_t i = c * kChunk;
+        float v[4];
+        load4(src, IN, i, v);
         if (policy == NF_ERROR) {
-            if (bad != nullptr && is_nonfinite(v)) atomicMin(bad, static_cast<unsigned long long>(i));
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                if (bad != nullptr && is_nonfinite(v[k])) {  // the chunk's first; atomicMin keeps the run's
+                    atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(k)));
+                    break;
+                }
             if (IN == OUT) {
-                if (IN == E_F32)
-                    static_cast<std::uint32_t*>(dst)[i] = static_cast<const std::uint32_t*>(src)[i];
-                else
-                    static_cast<std::uint16_t*>(dst)[i] = static_cast<const std::uint16_t*>(src)[i];
+                copy4(src, dst, IN, i);
                 continue;
             }
         } else {
-            v = apply_policy(v, policy);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) v[k] = apply_policy(v[k], policy);
         }
-        store_elem(dst, OUT, i, v);
+        store4(dst, OUT, i, v);
     }
+    const std::size_t t = global_thread();
+    if (t < n - full * kChunk) encode_elem<IN, OUT>(src, dst, full * kChunk + t, policy, bad);
 }
 
-// f32 / f16 / bf16 -> q8_0 / q4_0: one warp per 32-element block.
+// Elements per lane in the quantizers: a lane owns 4 consecutive elements of
+// a block, 8 lanes (a "group") own one 32-element block, a warp 4 blocks. So
+// a warp reads 512 contiguous bytes of f32 per step with one 16-byte load a
+// lane, and the per-block scalar work (the two IEEE divisions of the
+// scales) is repeated by 8 lanes, not 32.
+constexpr int kElemsPerLane = 4;
+constexpr int kLanesPerBlock = QK / kElemsPerLane;  // 8
+constexpr int kBlocksPerWarp = 32 / kLanesPerBlock;  // 4
+
+// f32 / f16 / bf16 -> q8_0 / q4_0: 8 lanes per 32-element block (see above).
+//
+// Every warp collective below is executed by all 32 lanes on every step,
+// whatever the data (lanes past the last block feed neutral values), so the
+// full-mask shuffles are well defined; a block's NaN case is selected after.
 template <int IN, int Q>
 __global__ void __launch_bounds__(kThreads) k_quantize(const void* __restrict__ src, std::uint8_t* __restrict__ dst,
                                                        std::size_t n_blocks, int policy,
                                                        unsigned long long* __restrict__ bad) {
     const int lane = static_cast<int>(threadIdx.x & 31u);
+    const int group = lane / kLanesPerBlock;  // which of the warp's 4 blocks
+    const int t = lane % kLanesPerBlock;      // which 4 elements of it
+    const int group_base = group * kLanesPerBlock;
     const std::size_t warp = (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const std::size_t n_warps = (static_cast<std::size_t>(gridDim.x) * blockDim.x) >> 5;
-    for (std::size_t b = warp; b < n_blocks; b += n_warps) {  // warp-uniform loop
-        const std::size_t i = b * bm::QK + static_cast<std::size_t>(lane);
-        float v = load_elem(src, IN, i);
-        if (policy == NF_ERROR) {
-            const unsigned m = __ballot_sync(kFull, is_nonfinite(v));
-            if (m != 0u && bad != nullptr && lane == __ffs(m) - 1)
-                atomicMin(bad, static_cast<unsigned long long>(i));
-        } else {
-            v = apply_policy(v, policy);
+    for (std::size_t b0 = warp * kBlocksPerWarp; b0 < n_blocks; b0 += n_warps * kBlocksPerWarp) {  // warp-uniform
+        const std::size_t b = b0 + static_cast<std::size_t>(group);
+        const bool live = b < n_blocks;
+        const std::size_t i = b * QK + static_cast<std::size_t>(t * kElemsPerLane);
+        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (live) load4(src, IN, i, v);
+        // Per lane: the policy, the first non-finite (for the flag) and the
+        // first NaN (fully unrolled, so v stays in registers).
+        int first_bad = -1;
+        bool has_nan = false;
+        float my_nan = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+            if (policy == NF_ERROR) {
+                if (first_bad < 0 && is_nonfinite(v[k])) first_bad = k;
+            } else {
+                v[k] = apply_policy(v[k], policy);
+            }
+            if (!has_nan && is_nan(v[k])) {
+                has_nan = true;
+                my_nan = v[k];
+            }
         }
-        const unsigned nan_lanes = __ballot_sync(kFull, is_nan(v));
+        // The lane's first non-finite; atomicMin keeps the run's first.
+        if (first_bad >= 0 && bad != nullptr && live)
+            atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(first_bad)));
+        // The block's first NaN: the first NaN of its lowest lane holding one.
+        const unsigned nan_lanes = (__ballot_sync(kFull, has_nan) >> group_base) & 0xffu;
+        const int nan_src = nan_lanes != 0u ? group_base + __ffs(static_cast<int>(nan_lanes)) - 1 : lane;
+        const float block_nan = __shfl_sync(kFull, my_nan, nan_src);
+        std::uint8_t* blk = dst + b * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
         if (Q == S_Q8_0) {
-            float amax;
-            if (nan_lanes != 0u) {
-                amax = abs_f(__shfl_sync(kFull, v, __ffs(nan_lanes) - 1));
-            } else {
-                amax = abs_f(v);
+            float amax = 0.0f;
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) amax = q8_amax_combine(amax, __shfl_xor_sync(kFull, amax, o));
-            }
+            for (int k = 0; k < 4; ++k) amax = q8_amax_combine(amax, abs_f(v[k]));
+#pragma unroll
+            for (int o = kLanesPerBlock / 2; o > 0; o >>= 1)
+                amax = q8_amax_combine(amax, __shfl_xor_sync(kFull, amax, o));
+            if (nan_lanes != 0u) amax = abs_f(block_nan);
             const Scales s = q8_scales(amax);
-            std::uint8_t* blk = dst + b * Q8_BLOCK;
-            blk[2 + lane] = q8_quant(v, s.id);
-            if (lane == 0) {
-                const std::uint16_t dh = f32_to_f16(s.d);
-                blk[0] = static_cast<std::uint8_t>(dh & 0xff);
-                blk[1] = static_cast<std::uint8_t>(dh >> 8);
+            if (live) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) blk[2 + t * 4 + k] = q8_quant(v[k], s.id);
+                if (t == 0) {
+                    const std::uint16_t dh = f32_to_f16(s.d);
+                    blk[0] = static_cast<std::uint8_t>(dh & 0xff);
+                    blk[1] = static_cast<std::uint8_t>(dh >> 8);
+                }
             }
         } else {
-            float max;
-            if (nan_lanes != 0u) {
-                max = __shfl_sync(kFull, v, __ffs(nan_lanes) - 1);
-            } else {
-                ArgMax p{abs_f(v), lane};
+            // First element of largest magnitude: (|x|, index in block, x),
+            // ties to the lower index.
+            ArgMax p{abs_f(v[0]), t * 4};
+            float pv = v[0];
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) {
-                    const ArgMax q{__shfl_xor_sync(kFull, p.a, o), __shfl_xor_sync(kFull, p.j, o)};
-                    p = q4_argmax_combine(p, q);
+            for (int k = 1; k < 4; ++k)
+                if (abs_f(v[k]) > p.a) {
+                    p = ArgMax{abs_f(v[k]), t * 4 + k};
+                    pv = v[k];
                 }
-                const float w = __shfl_sync(kFull, v, p.j);
-                max = p.a == 0.0f ? 0.0f : w;
+#pragma unroll
+            for (int o = kLanesPerBlock / 2; o > 0; o >>= 1) {
+                const ArgMax q{__shfl_xor_sync(kFull, p.a, o), __shfl_xor_sync(kFull, p.j, o)};
+                const float qv = __shfl_xor_sync(kFull, pv, o);
+                const ArgMax w = q4_argmax_combine(p, q);
+                pv = w.j == p.j ? pv : qv;
+                p = w;
             }
+            const float max = nan_lanes != 0u ? block_nan : (p.a == 0.0f ? 0.0f : pv);
             const Scales s = q4_scales(max);
-            const std::uint32_t q = q4_quant(v, s.id);
-            const std::uint32_t hi = __shfl_down_sync(kFull, q, 16);
-            std::uint8_t* blk = dst + b * Q4_BLOCK;
-            if (lane < bm::QK / 2) blk[2 + lane] = static_cast<std::uint8_t>(q | (hi << 4));
-            if (lane == 0) {
-                const std::uint16_t dh = f32_to_f16(s.d);
-                blk[0] = static_cast<std::uint8_t>(dh & 0xff);
-                blk[1] = static_cast<std::uint8_t>(dh >> 8);
+            // Four nibbles a lane, one per byte; lane t < 4 holds elements
+            // 4t..4t+3, lane t + 4 the high halves 16+4t..16+4t+3.
+            std::uint32_t q = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) q |= q4_quant(v[k], s.id) << (8 * k);
+            const std::uint32_t hi = __shfl_down_sync(kFull, q, kLanesPerBlock / 2);
+            if (live && t < kLanesPerBlock / 2) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k)
+                    blk[2 + t * 4 + k] = static_cast<std::uint8_t>(((q >> (8 * k)) & 0xfu) | (((hi >> (8 * k)) & 0xfu) << 4));
+                if (t == 0) {
+                    const std::uint16_t dh = f32_to_f16(s.d);
+                    blk[0] = static_cast<std::uint8_t>(dh & 0xff);
+                    blk[1] = static_cast<std::uint8_t>(dh >> 8);
+                }
             }
         }
     }
 }
 
-// q8_0 / q4_0 -> f32 / f16 / bf16: one thread per element.
+// q8_0 / q4_0 -> f32 / f16 / bf16: a chunk of 4 elements a thread per step
+// (a chunk never straddles a 32-element block).
+template <int Q>
+__device__ __forceinline__ float dequant_elem(const std::uint8_t* __restrict__ src, std::size_t i) {
+    const std::uint8_t* blk = src + (i / QK) * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
+    const int j = static_cast<int>(i % QK);
+    const float d = block_scale(blk);
+    return Q == S_Q8_0 ? q8_dequant(blk, d, j) : q4_dequant(blk, d, j);
+}
+
 template <int Q, int OUT>
 __global__ void __launch_bounds__(kThreads) k_dequantize(const std::uint8_t* __restrict__ src, void* __restrict__ dst,
                                                          std::size_t n) {
-    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
-        const std::size_t b = i / bm::QK;
-        const int j = static_cast<int>(i % bm::QK);
-        const std::uint8_t* blk = src + b * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
+    const std::size_t full = n / kChunk;  // n is whole blocks, so whole chunks
+    for (std::size_t c = global_thread(); c < full; c += grid_threads()) {
+        const std::size_t i = c * kChunk;
+        const std::uint8_t* blk = src + (i / QK) * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
+        const int j = static_cast<int>(i % QK);
         const float d = block_scale(blk);
-        const float v = Q == S_Q8_0 ? q8_dequant(blk, d, j) : q4_dequant(blk, d, j);
-        store_elem(dst, OUT, i, v);
+        float v[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = Q == S_Q8_0 ? q8_dequant(blk, d, j + k) : q4_dequant(blk, d, j + k);
+        store4(dst, OUT, i, v);
     }
+    const std::size_t t = global_thread();
+    if (t < n - full * kChunk) store_elem(dst, OUT, full * kChunk + t, dequant_elem<Q>(src, full * kChunk + t));
 }
 
 // f32 / f16 / bf16 storage -> another float type: widen exactly, one RNE step.
 template <int IN, int OUT>
 __global__ void __launch_bounds__(kThreads) k_decode_float(const void* __restrict__ src, void* __restrict__ dst,
                                                            std::size_t n) {
-    const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
-    for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride)
-        store_elem(dst, OUT, i, load_elem(src, IN, i));
+    const std::size_t full = n / kChunk;
+    for (std::size_t c = global_thread(); c < full; c += grid_threads()) {
+        float v[4];
+        load4(src, IN, c * kChunk, v);
+        store4(dst, OUT, c * kChunk, v);
+    }
+    const std::size_t t = global_thread();
+    if (t < n - full * kChunk) store_elem(dst, OUT, full * kChunk + t, load_elem(src, IN, full * kChunk + t));
 }
 
 // ---------------------------------------------------------------- launch ---
@@ -167,7 +367,7 @@ void launch(void (*kernel)(P...), unsigned grid, cudaStream_t stream, A... args)
 }
 
 // Encode a run of n elements of type IN into storage `out` (a Storage code).
-// grid_e sizes the element kernels, grid_q the quantizers (a warp per block).
+// grid_e sizes the element kernels, grid_q the quantizers (8 lanes per block).
 template <int IN>
 void launch_encode_in(int out, const void* src, void* dst, std::size_t n, int policy, unsigned long long* bad,
                       unsigned grid_e, unsigned grid_q, cudaStream_t s) {

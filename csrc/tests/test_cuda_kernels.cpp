@@ -43,11 +43,15 @@ struct ScalarPath {
 constexpr unsigned long long NO_BAD = ~0ull;
 
 // Grid sizes a launch is tried with: one block (every thread loops), a few
-// blocks (the grid-stride tail is ragged) and one thread per element.
-std::vector<unsigned> grids_for(std::size_t threads) {
-    const unsigned full = static_cast<unsigned>((threads + kernels::kThreads - 1) / kernels::kThreads);
+// blocks (the grid-stride tail is ragged), one quantizer lane per 4 elements
+// and one thread per element (more warps than q blocks).
+std::vector<unsigned> grids_for(std::size_t elems) {
+    const auto blocks_for = [](std::size_t threads) {
+        return static_cast<unsigned>((threads + kernels::kThreads - 1) / kernels::kThreads);
+    };
     std::vector<unsigned> g{1u, 3u};
-    if (full > 3) g.push_back(full);
+    for (unsigned b : {blocks_for(elems / kernels::kElemsPerLane), blocks_for(elems)})
+        if (b > 3 && b != g.back()) g.push_back(b);
     return g;
 }
 
@@ -198,6 +202,86 @@ TEST_CASE(encode_matches_cpu_nonfinite) { check_encode_all(true, 99, 64); }
 
 TEST_CASE(encode_matches_cpu_many_seeds) {
     for (unsigned seed = 1; seed <= 8; ++seed) check_encode_all(seed % 2 == 0, seed * 7919u, 16);
+}
+
+TEST_CASE(ragged_runs_stay_in_bounds) {
+    // Runs of 1-13 blocks (not a multiple of the quantizers' 4 blocks a warp,
+    // nor of 256 elements): same bytes as the CPU, and nothing written past
+    // the end of the output (guard bytes).
+    ScalarPath sp;
+    constexpr std::size_t GUARD = 256;
+    for (std::size_t nb : {1u, 2u, 3u, 5u, 7u, 13u}) {
+        const auto x = dataset(nb, static_cast<unsigned>(nb * 31), nb % 2 == 1);
+        const std::size_t n = nb * 32;
+        for (int in = 0; in < 3; ++in) {
+            const auto src = as_type(x, static_cast<ElemType>(in));
+            for (int st = 0; st < STORAGE_COUNT; ++st) {
+                const std::size_t nbytes = row_bytes(static_cast<Storage>(st), n);
+                std::vector<std::uint8_t> want(nbytes);
+                const std::int64_t wb = encode_rows(src.data(), static_cast<ElemType>(in), want.data(),
+                                                    static_cast<Storage>(st), 1, n, NonFinite::Error);
+                for (unsigned grid : {1u, 2u}) {
+                    std::vector<std::uint8_t> got(nbytes + GUARD, 0xab);
+                    CHECK_EQ(gpu_encode(src.data(), in, got.data(), st, n, bm::NF_ERROR, grid), wb);
+                    CHECK_EQ(std::memcmp(got.data(), want.data(), nbytes), 0);
+                    for (std::size_t k = nbytes; k < got.size(); ++k) CHECK_EQ(got[k], 0xab);
+                }
+                for (int out = 0; out < 3; ++out) {
+                    const std::size_t ob = n * elem_bytes(static_cast<ElemType>(out));
+                    std::vector<std::uint8_t> dwant(ob), dgot(ob + GUARD, 0xab);
+                    decode_rows(want.data(), static_cast<Storage>(st), dwant.data(), static_cast<ElemType>(out), 1, n);
+                    gpu_decode(want.data(), st, dgot.data(), out, n, 1);
+                    CHECK_EQ(std::memcmp(dgot.data(), dwant.data(), ob), 0);
+                    for (std::size_t k = ob; k < dgot.size(); ++k) CHECK_EQ(dgot[k], 0xab);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE(odd_lengths_and_unaligned_buffers) {
+    // The chunked kernels' other paths: runs whose length is not a multiple
+    // of 4 (the element-by-element tail) and buffers that are element-aligned
+    // but not aligned for the 8 / 16-byte vector accesses (one or two
+    // elements, or for q data bytes, past an aligned address: two f32 are
+    // 8-byte aligned but not 16).
+    ScalarPath sp;
+    const auto x = dataset(64, 4242, true);
+    for (std::size_t n : {1u, 3u, 5u, 37u, 1027u, 2048u}) {
+        for (int shift = 0; shift < 3; ++shift) {
+            for (int in = 0; in < 3; ++in) {
+                const std::size_t ib = elem_bytes(static_cast<ElemType>(in));
+                const auto all = as_type(x, static_cast<ElemType>(in));
+                std::vector<std::uint8_t> src_buf(n * ib + 16);
+                std::uint8_t* src = src_buf.data() + shift * ib;
+                std::memcpy(src, all.data(), n * ib);
+                for (int st = 0; st < STORAGE_COUNT; ++st) {
+                    if (st >= 3 && n % 32 != 0) continue;  // q formats hold whole blocks
+                    const std::size_t nbytes = row_bytes(static_cast<Storage>(st), n);
+                    const std::size_t db = st >= 3 ? 1 : elem_bytes(static_cast<ElemType>(st));
+                    for (int pol = 0; pol < 3; ++pol) {
+                        std::vector<std::uint8_t> want(nbytes), got_buf(nbytes + 16, 0xab);
+                        std::uint8_t* got = got_buf.data() + shift * db;
+                        const std::int64_t wb = encode_rows(src, static_cast<ElemType>(in), want.data(),
+                                                            static_cast<Storage>(st), 1, n, static_cast<NonFinite>(pol));
+                        CHECK_EQ(gpu_encode(src, in, got, st, n, pol, 2), wb);
+                        CHECK_EQ(std::memcmp(got, want.data(), nbytes), 0);
+                        if (pol != 0) continue;
+                        for (int out = 0; out < 3; ++out) {
+                            const std::size_t ob = n * elem_bytes(static_cast<ElemType>(out));
+                            std::vector<std::uint8_t> dwant(ob), dgot_buf(ob + 16, 0xab);
+                            std::uint8_t* dgot = dgot_buf.data() + shift * elem_bytes(static_cast<ElemType>(out));
+                            decode_rows(want.data(), static_cast<Storage>(st), dwant.data(), static_cast<ElemType>(out),
+                                        1, n);
+                            gpu_decode(got, st, dgot, out, n, 2);
+                            CHECK_EQ(std::memcmp(dgot, dwant.data(), ob), 0);
+                            CHECK_EQ(dgot_buf[shift * elem_bytes(static_cast<ElemType>(out)) + ob], 0xab);
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE(decode_matches_cpu) {

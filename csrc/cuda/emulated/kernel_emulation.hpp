@@ -17,7 +17,9 @@
 //    all 32 lanes have; the collective is then evaluated and every lane
 //    resumes with its result;
 //  * __ffs and atomicMin (warps run one after another, so plain reads and
-//    writes are atomic).
+//    writes are atomic);
+//  * the vector types float4 / uint2 / uint4, whose accesses must be aligned
+//    to their size (a misaligned one is a fault on a GPU, an error here).
 //
 // What is checked, because a GPU would give undefined results or hang: every
 // collective must be reached by all 32 lanes with a full mask and the same
@@ -44,9 +46,22 @@
 #include <type_traits>
 
 #define __global__
+#define __device__
+#define __forceinline__ inline
 #define __launch_bounds__(...)
 
 using cudaStream_t = void*;
+
+// CUDA's vector types (the kernels' 8- and 16-byte accesses).
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(8) uint2 {
+    unsigned x, y;
+};
+struct alignas(16) uint4 {
+    unsigned x, y, z, w;
+};
 
 struct dspark_emu_dim3 {
     unsigned x = 0, y = 0, z = 0;
@@ -317,6 +332,15 @@ T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
     return dspark_emu::from_bits<T>(
         dspark_emu::collective(dspark_emu::Op::ShflDown, mask, dspark_emu::to_bits(var), static_cast<int>(delta)));
 }
+
+namespace dspark_emu {
+// A GPU faults on a vector access that is not aligned to its size; so does
+// the emulation (the kernel's launch throws).
+inline void check_vector_access(const void* p, std::size_t align) {
+    if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
+        throw std::runtime_error("misaligned " + std::to_string(align) + "-byte vector access");
+}
+}  // namespace dspark_emu
 
 inline int __ffs(unsigned x) { return x == 0 ? 0 : __builtin_ctz(x) + 1; }
 
