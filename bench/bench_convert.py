@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Row-format conversion throughput: dspark_core vs memcpy, numpy/ml_dtypes, gguf-py.
+"""Row-format conversion throughput: dspark_core vs memcpy, numpy/ml_dtypes, gguf-py, ggml-cpu.
 
 Prints a markdown table. Throughput is GB/s of the *float32 side* of each
 conversion (rows * dim * 4 bytes, whatever the storage), so every row is
@@ -9,6 +9,11 @@ single-threaded, into preallocated outputs.
 
     python bench/bench_convert.py            # 512 x 25,600 rows (~2 min max)
     python bench/bench_convert.py --quick    # 64 x 25,600, 3 repeats
+
+The ggml-cpu columns (ggml's own SIMD row converters, DESIGN.md section 6)
+appear when a libggml-cpu is found (``$DSPARK_GGML_LIB_DIR`` or an installed
+llama-cpp-python; see ggml_cpu.py), with a check of whose bytes equal ggml's
+reference quantizers.
 
 Not a test (never collected by pytest: no ``test_`` names, lives in bench/).
 """
@@ -28,6 +33,7 @@ import ml_dtypes
 import numpy as np
 
 import _common  # bench/ is on sys.path when a script here runs
+import ggml_cpu
 
 from dspark_core import formats
 
@@ -81,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, gguf {getattr(gguf, '__version__', '?')}")
     print(f"- dspark SIMD paths: {formats.simd_paths()}, best = {formats.best_simd_path()}")
     print(f"- GB/s of the float32 side; median of {reps}; single thread; gguf-py on {grows} rows")
+    ggml, ggml_from = ggml_cpu.load()
+    print(f"- ggml-cpu: {ggml_from if ggml else 'not measured: ' + ggml_from}")
     print()
 
     dst32 = np.empty_like(x)
@@ -91,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
 
     best = formats.best_simd_path()
     header = ["storage", "direction", f"dspark {best}", "dspark scalar", "numpy/ml_dtypes", "gguf-py",
-              "memcpy (same moment)", f"{best} / memcpy"]
+              "ggml-cpu", "memcpy (same moment)", f"{best} / memcpy", f"{best} / ggml-cpu"]
+    exactness: list[str] = []
 
     def memcpy_now() -> float:
         # Re-measured next to every row: shared machines drift a lot.
@@ -101,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
+
+    def ratio(a: float, b: float | None) -> str:
+        return "-" if b is None else f"{a / b:.2f}"
 
     for storage in formats.STORAGES:
         enc = formats.quantize_rows(x, storage)
@@ -125,9 +137,14 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with np.errstate(all="ignore"):
                 gg = gbps(gbytes, median_time(lambda: gguf.quantize(xs, QT[storage]), max(1, reps // 2)))
+        gc = None
+        if ggml is not None and ggml.has(storage):
+            gout = np.empty_like(enc_out)
+            gc = gbps(nbytes, median_time(lambda: ggml.encode(storage, x, gout), reps))
+            exactness.append(_compare_with_ggml(ggml, storage, x, enc))
         m = memcpy_now()
         print(f"| {storage} | encode f32 -> {storage} | {fmt(res[best])} | {fmt(res['scalar'])} | {fmt(npv)} "
-              f"| {fmt(gg)} | {m:.2f} | {res[best] / m:.2f} |")
+              f"| {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {ratio(res[best], gc)} |")
 
         # ---- decode to f32 / f16
         for od, out in ((np.float32, out32), (np.float16, out16)):
@@ -152,13 +169,43 @@ def main(argv: list[str] | None = None) -> int:
                     fn = lambda: gguf.dequantize(raw.reshape(-1, bb), QT[storage]).astype(od)  # noqa: E731
                 with np.errstate(all="ignore"):
                     gg = gbps(gbytes, median_time(fn, reps))
+            gc = None
+            if ggml is not None and od == np.float32 and ggml.has_decode(storage):
+                gc = gbps(nbytes, median_time(lambda: ggml.decode(storage, enc, out), reps))
+                if not np.array_equal(out.view(np.uint32), formats.dequantize_rows(enc, storage, dim).view(np.uint32)):
+                    exactness.append(f"decode {storage} -> float32: ggml-cpu and dspark bytes differ")
             m = memcpy_now()
             print(f"| {storage} | decode {storage} -> {odn} | {fmt(res[best])} | {fmt(res['scalar'])} "
-                  f"| {fmt(npv)} | {fmt(gg)} | {m:.2f} | {res[best] / m:.2f} |")
+                  f"| {fmt(npv)} | {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {ratio(res[best], gc)} |")
     print()
     print("numpy/ml_dtypes = `np.copyto(dst, src, casting='unsafe')` (astype into a preallocated array); "
-          "gguf-py includes its allocations.")
+          "gguf-py includes its allocations. ggml-cpu = one call over all rows, single thread.")
+    if exactness:
+        print()
+        print("Bytes against ggml (the same input as the table):")
+        print()
+        for line in exactness:
+            print(f"- {line}")
     return 0
+
+
+def _compare_with_ggml(ggml: ggml_cpu.GgmlCpu, storage: str, x: np.ndarray, ours: np.ndarray) -> str:
+    """Whose bytes equal what: dspark vs ggml-cpu's SIMD converter and ggml's reference."""
+    simd = np.empty_like(ours)
+    ggml.encode(storage, x, simd)
+    bb = {"q8_0": 34, "q4_0": 18}.get(storage)
+    if bb is None:
+        same = np.array_equal(simd.view(np.uint16), ours.view(np.uint16))
+        return f"encode f32 -> {storage}: ggml-cpu SIMD {'==' if same else '!='} dspark"
+    a, b = simd.reshape(-1, bb), ours.reshape(-1, bb)
+    differ = int(np.count_nonzero((a != b).any(axis=1)))
+    line = f"encode f32 -> {storage}: ggml-cpu SIMD differs from dspark in {differ:,} of {len(a):,} blocks"
+    if ggml.has(storage, ref=True):
+        ref = np.empty_like(ours)
+        ggml.encode(storage, x, ref, ref=True)
+        rdiff = int(np.count_nonzero((ref.reshape(-1, bb) != b).any(axis=1)))
+        line += f"; ggml's reference (quantize_row_{storage}_ref) differs from dspark in {rdiff:,}"
+    return line
 
 
 if __name__ == "__main__":

@@ -28,11 +28,23 @@ namespace detail {
 
 // ----------------------------------------------------------------- scalar ---
 
-static void s_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_f16_scalar(src[i]);
+static inline bool is_nonfinite_bits(float v) { return (f32_bits(v) & 0x7f800000u) == 0x7f800000u; }
+
+static bool s_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+    bool bad = false;
+    for (std::size_t i = 0; i < n; ++i) {
+        bad |= is_nonfinite_bits(src[i]);
+        dst[i] = f32_to_f16_scalar(src[i]);
+    }
+    return bad;
 }
-static void s_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i) dst[i] = f32_to_bf16_scalar(src[i]);
+static bool s_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+    bool bad = false;
+    for (std::size_t i = 0; i < n; ++i) {
+        bad |= is_nonfinite_bits(src[i]);
+        dst[i] = f32_to_bf16_scalar(src[i]);
+    }
+    return bad;
 }
 static void s_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) dst[i] = f16_to_f32_scalar(src[i]);
@@ -450,6 +462,14 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, s
                 k.bf16_to_f32(static_cast<const std::uint16_t*>(src) + off, tmp, len);
                 p = tmp;
                 break;
+        }
+        if (policy == NonFinite::Error && (out == Storage::F16 || out == Storage::BF16)) {
+            // The check rides on the conversion pass; the index is looked
+            // for only in a chunk that had a non-finite value.
+            auto* d16 = reinterpret_cast<std::uint16_t*>(out_bytes + storage_offset(out, off));
+            const bool any = out == Storage::F16 ? k.f32_to_f16(p, d16, len) : k.f32_to_bf16(p, d16, len);
+            if (any && first_bad < 0) first_bad = static_cast<std::int64_t>(off) + k.find_nonfinite_f32(p, len);
+            continue;
         }
         if (policy == NonFinite::Error) {
             if (first_bad < 0) {

@@ -39,16 +39,29 @@ inline __m256 roundf8(__m256 v) {
     return _mm256_add_ps(t, _mm256_and_ps(ge, sone));
 }
 
-void a_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+// All-ones lanes where v is NaN / +-Inf (exponent all ones).
+inline __m256i nonfinite8(__m256i u) {
+    const __m256i e = _mm256_set1_epi32(0x7f800000);
+    return _mm256_cmpeq_epi32(_mm256_and_si256(u, e), e);
+}
+
+bool a_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+    __m256i bad = _mm256_setzero_si256();
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m128i h0 = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRne);
-        const __m128i h1 = _mm256_cvtps_ph(_mm256_loadu_ps(src + i + 8), kRne);
+        const __m256 v0 = _mm256_loadu_ps(src + i), v1 = _mm256_loadu_ps(src + i + 8);
+        bad = _mm256_or_si256(bad, _mm256_or_si256(nonfinite8(_mm256_castps_si256(v0)), nonfinite8(_mm256_castps_si256(v1))));
+        const __m128i h0 = _mm256_cvtps_ph(v0, kRne);
+        const __m128i h1 = _mm256_cvtps_ph(v1, kRne);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_set_m128i(h1, h0));
     }
-    for (; i + 8 <= n; i += 8)
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRne));
-    kScalarKernels.f32_to_f16(src + i, dst + i, n - i);
+    for (; i + 8 <= n; i += 8) {
+        const __m256 v = _mm256_loadu_ps(src + i);
+        bad = _mm256_or_si256(bad, nonfinite8(_mm256_castps_si256(v)));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(v, kRne));
+    }
+    const bool tail = kScalarKernels.f32_to_f16(src + i, dst + i, n - i);
+    return tail || !_mm256_testz_si256(bad, bad);
 }
 
 void a_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
@@ -67,15 +80,18 @@ inline __m256i bf16_8(__m256i u) {
     return _mm256_blendv_epi8(rne, qnan, isnan);
 }
 
-void a_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+bool a_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+    __m256i bad = _mm256_setzero_si256();
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        const __m256i r0 = bf16_8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-        const __m256i r1 = bf16_8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8)));
-        const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xD8);
+        const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+        const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8));
+        bad = _mm256_or_si256(bad, _mm256_or_si256(nonfinite8(u0), nonfinite8(u1)));
+        const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_8(u0), bf16_8(u1)), 0xD8);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), p);
     }
-    kScalarKernels.f32_to_bf16(src + i, dst + i, n - i);
+    const bool tail = kScalarKernels.f32_to_bf16(src + i, dst + i, n - i);
+    return tail || !_mm256_testz_si256(bad, bad);
 }
 
 void a_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {

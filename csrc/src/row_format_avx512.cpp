@@ -43,16 +43,29 @@ inline __m512 roundf16(__m512 v) {
     return _mm512_mask_add_ps(t, ge, t, sone);
 }
 
-void x_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+// Lanes where v is NaN / +-Inf (exponent all ones).
+inline __mmask16 nonfinite16(__m512i u) {
+    const __m512i e = _mm512_set1_epi32(0x7f800000);
+    return _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, e), e);
+}
+
+bool x_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+    __mmask16 bad = 0;
     std::size_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        const __m256i h0 = _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRne);
-        const __m256i h1 = _mm512_cvtps_ph(_mm512_loadu_ps(src + i + 16), kRne);
+        const __m512 v0 = _mm512_loadu_ps(src + i), v1 = _mm512_loadu_ps(src + i + 16);
+        bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
+        const __m256i h0 = _mm512_cvtps_ph(v0, kRne);
+        const __m256i h1 = _mm512_cvtps_ph(v1, kRne);
         _mm512_storeu_si512(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
     }
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtps_ph(_mm512_loadu_ps(src + i), kRne));
-    kScalarKernels.f32_to_f16(src + i, dst + i, n - i);
+    for (; i + 16 <= n; i += 16) {
+        const __m512 v = _mm512_loadu_ps(src + i);
+        bad |= nonfinite16(_mm512_castps_si512(v));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtps_ph(v, kRne));
+    }
+    const bool tail = kScalarKernels.f32_to_f16(src + i, dst + i, n - i);
+    return tail || bad != 0;
 }
 
 void x_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
@@ -71,16 +84,21 @@ inline __m256i bf16_16(__m512i u) {
     return _mm512_cvtepi32_epi16(r);
 }
 
-void x_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+bool x_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+    __mmask16 bad = 0;
     std::size_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        const __m256i r0 = bf16_16(_mm512_loadu_si512(src + i));
-        const __m256i r1 = bf16_16(_mm512_loadu_si512(src + i + 16));
-        _mm512_storeu_si512(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(r0), r1, 1));
+        const __m512i u0 = _mm512_loadu_si512(src + i), u1 = _mm512_loadu_si512(src + i + 16);
+        bad |= nonfinite16(u0) | nonfinite16(u1);
+        _mm512_storeu_si512(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(bf16_16(u0)), bf16_16(u1), 1));
     }
-    for (; i + 16 <= n; i += 16)
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_16(_mm512_loadu_si512(src + i)));
-    kScalarKernels.f32_to_bf16(src + i, dst + i, n - i);
+    for (; i + 16 <= n; i += 16) {
+        const __m512i u = _mm512_loadu_si512(src + i);
+        bad |= nonfinite16(u);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_16(u));
+    }
+    const bool tail = kScalarKernels.f32_to_bf16(src + i, dst + i, n - i);
+    return tail || bad != 0;
 }
 
 void x_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {

@@ -21,10 +21,12 @@ namespace dspark {
 namespace detail {
 
 struct Kernels {
-    // f32 -> f16 (IEEE binary16, round to nearest even, NaN kept quiet).
-    void (*f32_to_f16)(const float* src, std::uint16_t* dst, std::size_t n);
-    // f32 -> bf16 (ggml's rounding; NaN kept quiet).
-    void (*f32_to_bf16)(const float* src, std::uint16_t* dst, std::size_t n);
+    // f32 -> f16 (IEEE binary16, round to nearest even, NaN kept quiet) and
+    // f32 -> bf16 (ggml's rounding; NaN kept quiet). Both return whether any
+    // input was NaN / +-Inf: the NonFinite::Error check fused into the
+    // conversion pass (the caller looks for the index only when one was).
+    bool (*f32_to_f16)(const float* src, std::uint16_t* dst, std::size_t n);
+    bool (*f32_to_bf16)(const float* src, std::uint16_t* dst, std::size_t n);
     // Exact widenings.
     void (*f16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
     void (*bf16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
