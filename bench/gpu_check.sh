@@ -49,6 +49,9 @@ import importlib.util, sys
 need = ["numpy", "ml_dtypes", "gguf", "pytest", "hypothesis", "scikit_build_core", "Cython", "cython_cmake"]
 missing = [m for m in need if importlib.util.find_spec(m) is None]
 print("python", sys.version.split()[0])
+import shutil
+if shutil.which("cmake") is None and importlib.util.find_spec("cmake") is None:
+    missing.append("cmake")
 if missing:
     raise SystemExit(f"missing Python packages: {', '.join(missing)} (install them first; this script "
                      "builds with --no-build-isolation and downloads nothing)")
@@ -71,7 +74,7 @@ fi
 
 log "build + install with DSPARK_CUDA=$MODE (architectures: $ARCHS)"
 DSPARK_CUDA=$MODE $PY -m pip install -q --no-build-isolation --no-deps . \
-  -C build-dir="build/gpu_check_$MODE" "${ARCH_ARGS[@]}"
+  -C build-dir="build/gpu_check_$MODE" ${ARCH_ARGS[@]+"${ARCH_ARGS[@]}"}
 $PY - <<'EOF'
 from dspark_core import cuda
 print("dspark_core.cuda.available():", cuda.available(), "devices:", cuda.device_count(),

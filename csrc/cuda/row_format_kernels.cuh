@@ -55,9 +55,8 @@ __device__ __forceinline__ V vload(const void* p, std::size_t idx) {
     return static_cast<const V*>(p)[idx];
 #else
     const char* a = static_cast<const char*>(p) + idx * sizeof(V);
-    ::dspark_emu::check_vector_access(a, alignof(V));
-    V v;
-    std::memcpy(&v, a, sizeof(V));
+    V v{};
+    if (::dspark_emu::check_vector_access(a, alignof(V))) std::memcpy(&v, a, sizeof(V));
     return v;
 #endif
 }
@@ -68,8 +67,7 @@ __device__ __forceinline__ void vstore(void* p, std::size_t idx, const V& v) {
     static_cast<V*>(p)[idx] = v;
 #else
     char* a = static_cast<char*>(p) + idx * sizeof(V);
-    ::dspark_emu::check_vector_access(a, alignof(V));
-    std::memcpy(a, &v, sizeof(V));
+    if (::dspark_emu::check_vector_access(a, alignof(V))) std::memcpy(a, &v, sizeof(V));
 #endif
 }
 

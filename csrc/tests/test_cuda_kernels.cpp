@@ -17,9 +17,11 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "../cuda/emulated/kernel_emulation.hpp"  // first: the kernels need its model of CUDA
+#include "../cuda/emulated/cuda_runtime.h"
 
 #include "../cuda/row_format_kernels.cuh"
 #include "check.hpp"
@@ -455,10 +457,53 @@ TEST_CASE(emulator_reports_divergence) {
     CHECK_THROWS(dspark_emu::launch(1, 32, [&] { k_early_exit(out.data()); }), std::runtime_error);
     CHECK_THROWS(dspark_emu::launch(1, 32, [&] { k_mixed_collectives(out.data()); }), std::runtime_error);
     CHECK_THROWS(dspark_emu::launch(1, 48, [&] { k_collectives(out.data()); }), std::invalid_argument);
+    // A kernel launching a kernel is reported, not deadlocked.
+    CHECK_THROWS(dspark_emu::launch(1, 32, [&] { dspark_emu::launch(1, 32, [&] { k_collectives(out.data()); }); }),
+                 std::runtime_error);
+    // A misaligned vector access faults on a GPU; here the launch reports it.
+    alignas(16) float f[8] = {};
+    CHECK_THROWS(dspark_emu::launch(1, 32, [&] { (void)kernels::vload<float4>(f + 1, 0); }), std::runtime_error);
+    CHECK_THROWS(dspark_emu::launch(1, 32, [&] { kernels::vstore(f + 2, 0, float4{}); }), std::runtime_error);
     // A failed launch leaves the emulator usable.
     std::vector<int> ok(32 * 5, -1);
     dspark_emu::launch(1, 32, [&] { k_collectives(ok.data()); });
     CHECK_EQ(ok[0], 496);
+}
+
+TEST_CASE(emulated_runtime) {
+    // The last error is per host thread, as in CUDA: one thread's failure is
+    // not another's cudaGetLastError().
+    (void)cudaGetLastError();
+    std::thread other([] { CHECK_EQ(cudaSetDevice(99), cudaErrorInvalidDevice); });
+    other.join();
+    CHECK_EQ(cudaGetLastError(), cudaSuccess);
+    CHECK_EQ(cudaSetDevice(99), cudaErrorInvalidDevice);
+    CHECK_EQ(cudaGetLastError(), cudaErrorInvalidDevice);
+    CHECK_EQ(cudaGetLastError(), cudaSuccess);
+    // Allocations: impossible sizes fail; pointers are device memory exactly
+    // inside a live allocation; copies must stay inside one.
+    void* p = nullptr;
+    CHECK_EQ(cudaMalloc(&p, SIZE_MAX), cudaErrorMemoryAllocation);
+    (void)cudaGetLastError();
+    CHECK_EQ(cudaMalloc(&p, 100), cudaSuccess);
+    cudaPointerAttributes a{};
+    CHECK_EQ(cudaPointerGetAttributes(&a, static_cast<char*>(p) + 99), cudaSuccess);
+    CHECK_EQ(a.type, cudaMemoryTypeDevice);
+    CHECK_EQ(cudaPointerGetAttributes(&a, static_cast<char*>(p) + 100), cudaSuccess);
+    CHECK_EQ(a.type, cudaMemoryTypeUnregistered);
+    int host = 0;
+    CHECK_EQ(cudaPointerGetAttributes(&a, &host), cudaSuccess);
+    CHECK_EQ(a.type, cudaMemoryTypeUnregistered);
+    char buf[128] = {};
+    CHECK_EQ(cudaMemcpy(p, buf, 100, cudaMemcpyHostToDevice), cudaSuccess);
+    CHECK_EQ(cudaMemcpy(p, buf, 101, cudaMemcpyHostToDevice), cudaErrorInvalidValue);
+    volatile std::size_t huge = SIZE_MAX - 10;  // volatile: no compile-time bound warning for the unexecuted copy
+    CHECK_EQ(cudaMemcpy(buf, static_cast<char*>(p) + 50, huge, cudaMemcpyDeviceToHost), cudaErrorInvalidValue);
+    CHECK_EQ(cudaMemcpy(&host, buf, 4, cudaMemcpyHostToDevice), cudaErrorInvalidValue);  // not device memory
+    (void)cudaGetLastError();
+    CHECK_EQ(cudaFree(p), cudaSuccess);
+    CHECK_EQ(cudaFree(p), cudaErrorInvalidValue);  // twice
+    (void)cudaGetLastError();
 }
 
 TEST_CASE(nonfinite_flag_is_first_index_at_any_grid) {

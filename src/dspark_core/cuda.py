@@ -336,10 +336,13 @@ def _check_disjoint(a: _DevArray, o: _DevArray, fn: str) -> None:
         raise ValueError(f"{fn}: out overlaps the input; conversions are not done in place")
 
 
-def _mark_written(out: Any, stream: int) -> None:
-    """A DeviceArray result reports the stream that wrote it (CAI v3 "stream")."""
+def _mark_written(out: Any, stream: int, stream_obj: Any = None) -> None:
+    """A DeviceArray result remembers the stream that wrote it (CAI v3
+    "stream"; :meth:`DeviceArray.get` waits for it), and keeps the stream
+    object, when one was given, alive with it so the handle stays valid."""
     if isinstance(out, DeviceArray):
         out._stream = 1 if stream == 0 else stream
+        out._stream_ref = None if isinstance(stream_obj, int) else stream_obj
 
 
 # ------------------------------------------------------------- allocation ---
@@ -359,9 +362,17 @@ def _alloc(lib: str, shape: tuple[int, ...], dtype: np.dtype, device: int, strea
             continue
         mod = __import__(name)
         if name == "cupy":
+            # Allocate on the stream that will use the memory (cupy's pool,
+            # like torch's, reuses a freed block only on its own stream).
             dt = _U16 if dtype == _BF16 else dtype
+            if stream in (0, 1):
+                on = mod.cuda.Stream.null
+            elif stream == 2:
+                on = getattr(mod.cuda.Stream, "ptds", None) or _nullctx()
+            else:
+                on = mod.cuda.ExternalStream(stream)
             with mod.cuda.Device(device):
-                with mod.cuda.ExternalStream(stream) if stream not in (0, 1, 2) else _nullctx():
+                with on:
                     return mod.empty(shape, dtype=dt)
         tdt = {_F32: mod.float32, _F16: mod.float16, _BF16: mod.bfloat16, _U8: mod.uint8}[dtype]
         # Allocate on the stream that will use the memory: torch's caching
@@ -418,7 +429,7 @@ class DeviceArray:
     interface has no bfloat16), so numba / cupy / torch can wrap it.
     """
 
-    __slots__ = ("shape", "dtype", "device", "_mem", "_stream", "__weakref__")
+    __slots__ = ("shape", "dtype", "device", "_mem", "_stream", "_stream_ref", "__weakref__")
 
     def __init__(self, shape: Any, dtype: Any = np.float32, device: int = 0) -> None:
         cu = _require()
@@ -427,11 +438,15 @@ class DeviceArray:
             raise ValueError(f"DeviceArray: negative dimension in shape {self.shape}")
         self.dtype = _BF16 if (isinstance(dtype, str) and dtype == "bfloat16") else np.dtype(dtype)
         self.device = int(device)
+        if self.device < 0:
+            raise ValueError(f"DeviceArray: device must be a CUDA device ordinal >= 0, got {self.device}")
         self._mem = cu.Allocation(self.nbytes, self.device)
         # The stream whose work on this memory a consumer must order after
-        # (CAI v3 "stream"; 1 = the legacy default stream, which cudaMalloc'd
-        # memory and the conversions use unless given another).
-        self._stream = 1
+        # (CAI v3 "stream": None while nothing was written, 1 = the legacy
+        # default stream). A raw int handle given by the caller must outlive
+        # the arrays written on it; a stream object is kept in _stream_ref.
+        self._stream: int | None = None
+        self._stream_ref: Any = None
 
     @property
     def ptr(self) -> int:
@@ -466,7 +481,7 @@ class DeviceArray:
         if a.nbytes:
             s = _stream_handle(stream, "", device)
             _require().copy_to_device(d.ptr, a.reshape(-1).view(np.uint8), s)
-            _mark_written(d, s)
+            _mark_written(d, s, stream)
         return d
 
     def get(self, stream: Any = None) -> np.ndarray:
@@ -474,6 +489,11 @@ class DeviceArray:
         cu = _require()
         if stream is not None:
             cu.synchronize(_stream_handle(stream, "", self.device), self.device)
+        elif self._stream is not None and not _same_stream(self._stream, 0):
+            # Written on another stream: the legacy-stream copy below would
+            # not wait for a non-blocking one.
+            cu.synchronize(self._stream, self.device)
+            self._stream, self._stream_ref = 1, None
         raw = cu.copy_to_host(self.ptr, self.nbytes) if self.nbytes else b""
         return np.frombuffer(raw, dtype=self.dtype).reshape(self.shape).copy()
 
@@ -540,7 +560,7 @@ def quantize_rows(
     _order_after_producer(o, s, dev)
     bad = cu.encode(a.ptr, _ELEM[dt], o.ptr, _STORAGE[storage], n, dim, _POLICY[nonfinite],
                     nonfinite == "error", s)
-    _mark_written(out, s)
+    _mark_written(out, s, stream)
     if nonfinite == "error" and bad >= 0:
         r, c = divmod(int(bad), dim)
         raw = cu.copy_to_host(a.ptr + int(bad) * dt.itemsize, dt.itemsize)
@@ -591,7 +611,7 @@ def dequantize_rows(
     _check_disjoint(a, o, "dequantize_rows")
     _order_after_producer(o, s, dev)
     cu.decode(a.ptr, _STORAGE[storage], o.ptr, _ELEM[odt], n, dim, s)
-    _mark_written(out, s)
+    _mark_written(out, s, stream)
     return out
 
 
@@ -641,7 +661,9 @@ def upload_plan(
     staging = _alloc(lib, (n, rb), _U8, int(device), s)
     st = _dev_array(staging, "upload_plan: staging buffer", stream=s)
     cu.copy_to_device(st.ptr, enc.reshape(-1), s)
-    return dequantize_rows(staging, storage, dim, odt, out=out, stream=s)
+    result = dequantize_rows(staging, storage, dim, odt, out=out, stream=s)
+    _mark_written(result, s, stream)  # keep the caller's stream object, not just its handle
+    return result
 
 
 def _stage_dtype(name: str) -> np.dtype:
@@ -649,8 +671,10 @@ def _stage_dtype(name: str) -> np.dtype:
 
 
 def _usable_backend(name: str) -> bool:
-    """cupy / torch is installed *and* sees a CUDA device (a CPU-only torch does not)."""
-    if not _importable(name):
+    """cupy / torch is installed *and* sees a CUDA device (a CPU-only torch
+    does not), and this build's devices are real ones (an emulated device's
+    memory is host memory, which cupy / torch arrays are not)."""
+    if not _importable(name) or emulated():
         return False
     try:
         mod = __import__(name)

@@ -89,7 +89,6 @@ constexpr std::size_t ALLOC_ALIGN = 256;  // cudaMalloc's alignment
 struct Runtime {
     std::mutex m;
     int devices = -1;
-    cudaError_t last = cudaSuccess;
     std::map<std::uintptr_t, std::pair<std::size_t, int>> allocs;  // base -> (bytes, device)
 };
 
@@ -98,10 +97,15 @@ inline Runtime& runtime() {
     return r;
 }
 
-// The calling thread's current device (per host thread, as in CUDA).
+// The calling thread's current device and last error (per host thread, as in CUDA).
 inline int& current_device() {
     static thread_local int d = 0;
     return d;
+}
+
+inline cudaError_t& last_error() {
+    static thread_local cudaError_t e = cudaSuccess;
+    return e;
 }
 
 inline int device_total() {
@@ -115,7 +119,7 @@ inline int device_total() {
 }
 
 inline cudaError_t fail(cudaError_t e) {
-    runtime().last = e;
+    last_error() = e;
     return e;
 }
 
@@ -126,7 +130,8 @@ inline bool find_alloc(const void* p, std::size_t n, int* device) {
     auto it = r.allocs.upper_bound(u);
     if (it == r.allocs.begin()) return false;
     --it;
-    if (u - it->first + n > it->second.first) return false;
+    const std::size_t off = u - it->first, size = it->second.first;
+    if (off >= size || n > size - off) return false;
     if (device != nullptr) *device = it->second.second;
     return true;
 }
@@ -135,6 +140,7 @@ inline cudaError_t alloc(void** p, std::size_t n) {
     Runtime& r = runtime();
     if (p == nullptr) return fail(cudaErrorInvalidValue);
     if (device_total() == 0) return fail(cudaErrorNoDevice);
+    if (n > SIZE_MAX / 2) return fail(cudaErrorMemoryAllocation);  // as a GPU would: far beyond any memory
     void* q = std::aligned_alloc(ALLOC_ALIGN, (n + ALLOC_ALIGN - 1) / ALLOC_ALIGN * ALLOC_ALIGN + ALLOC_ALIGN);
     if (q == nullptr) return fail(cudaErrorMemoryAllocation);
     r.allocs[reinterpret_cast<std::uintptr_t>(q)] = {n == 0 ? 1 : n, current_device()};
@@ -194,9 +200,8 @@ inline const char* cudaGetErrorString(cudaError_t e) {
 #define DSPARK_EMU_LOCK std::lock_guard<std::mutex> dspark_emu_lock_(dspark_emu::runtime().m)
 
 inline cudaError_t cudaGetLastError() {
-    DSPARK_EMU_LOCK;
-    const cudaError_t e = dspark_emu::runtime().last;
-    dspark_emu::runtime().last = cudaSuccess;
+    const cudaError_t e = dspark_emu::last_error();
+    dspark_emu::last_error() = cudaSuccess;
     return e;
 }
 

@@ -34,12 +34,13 @@
 
 #define DSPARK_CUDA_EMULATION 1
 
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
 #include <functional>
-#include <memory>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -86,7 +87,9 @@ inline const char* op_name(Op op) {
     }
 }
 
-#if defined(__SANITIZE_ADDRESS__)
+// swapcontext under AddressSanitizer (it tracks those switches) and off
+// x86-64 (clang has no __builtin_setjmp on e.g. aarch64).
+#if defined(__SANITIZE_ADDRESS__) || !defined(__x86_64__)
 #define DSPARK_EMU_SWAPCONTEXT 1
 #elif defined(__has_feature)
 #if __has_feature(address_sanitizer)
@@ -99,9 +102,18 @@ struct JumpBuf {
     void* words[5] = {};
 };
 
+#if !defined(DSPARK_EMU_SWAPCONTEXT)
 // __builtin_longjmp must not be called from the function that calls
-// __builtin_setjmp, hence this separate, never-inlined function.
-[[gnu::noinline]] inline void jump_to(JumpBuf& b) { __builtin_longjmp(b.words, 1); }
+// __builtin_setjmp, hence this separate, never-inlined function. noipa: GCC's
+// interprocedural register allocation (with LTO) would otherwise assume this
+// call preserves registers that the fiber we come back from has clobbered.
+#if defined(__clang__)
+[[gnu::noinline]]
+#else
+[[gnu::noinline, gnu::noipa]]
+#endif
+inline void jump_to(JumpBuf& b) { __builtin_longjmp(b.words, 1); }
+#endif
 
 struct Lane {
     ucontext_t ctx{};  // the fiber's start (and, with swapcontext, its saved state)
@@ -129,6 +141,22 @@ struct Warp {
 inline Warp*& active_warp() {
     static Warp* w = nullptr;
     return w;
+}
+
+// Whether this thread is inside launch() (a kernel launching a kernel).
+inline bool& in_launch() {
+    static thread_local bool inside = false;
+    return inside;
+}
+
+// An error found while a kernel runs: recorded for the scheduler, which
+// throws it from launch() once the lane yields (exceptions are not thrown
+// across fiber stacks, which AddressSanitizer cannot follow); outside a
+// launch, thrown at once.
+inline void kernel_error(const std::string& what) {
+    Warp* w = active_warp();
+    if (w == nullptr || !in_launch()) throw std::runtime_error(what);
+    if (w->error.empty()) w->error = what;
 }
 
 // Switch from lane `me` back to the scheduler; returns when resumed.
@@ -206,26 +234,53 @@ inline void evaluate(Warp& w) {
         Lane& x = w.lanes[l];
         switch (x.op) {
             case Op::Ballot: x.result = ballot; break;
+            // Width 32: a source lane outside 0..31 gives the lane its own value.
             case Op::Shfl: x.result = w.lanes[x.arg & (WARP - 1)].value; break;
-            case Op::ShflXor: x.result = w.lanes[(l ^ x.arg) & (WARP - 1)].value; break;
-            case Op::ShflDown: x.result = l + x.arg < WARP ? w.lanes[l + x.arg].value : x.value; break;
+            case Op::ShflXor: {
+                const unsigned src = static_cast<unsigned>(l) ^ static_cast<unsigned>(x.arg);
+                x.result = src < static_cast<unsigned>(WARP) ? w.lanes[src].value : x.value;
+                break;
+            }
+            case Op::ShflDown: {
+                const unsigned src = static_cast<unsigned>(l) + static_cast<unsigned>(x.arg);
+                x.result = static_cast<unsigned>(x.arg) < static_cast<unsigned>(WARP) && src < static_cast<unsigned>(WARP)
+                               ? w.lanes[src].value
+                               : x.value;
+                break;
+            }
             default: break;
         }
         x.op = Op::None;
     }
 }
 
-// The lanes' stacks, allocated once (uninitialised: only touched pages cost).
+// The lanes' stacks, mapped once (only touched pages cost), each with an
+// inaccessible guard page below it: a lane overflowing its stack faults
+// instead of overwriting its neighbour's frames.
+inline std::size_t guarded_stack_bytes() {
+    const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    return LANE_STACK_BYTES + page;
+}
+
 inline char* lane_stacks() {
-    static std::unique_ptr<char[]> stacks(new char[WARP * LANE_STACK_BYTES]);
-    return stacks.get();
+    static char* stacks = [] {
+        const std::size_t page = guarded_stack_bytes() - LANE_STACK_BYTES;
+        void* p = mmap(nullptr, WARP * guarded_stack_bytes(), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                       -1, 0);
+        if (p == MAP_FAILED) throw std::runtime_error("emulated launch: cannot map the lane stacks");
+        for (int l = 0; l < WARP; ++l)
+            mprotect(static_cast<char*>(p) + static_cast<std::size_t>(l) * guarded_stack_bytes(), page, PROT_NONE);
+        return static_cast<char*>(p);
+    }();
+    return stacks;
 }
 
 // Starts the 32 lane fibers of a launch.
 inline void start_lanes(Warp& w) {
     for (int l = 0; l < WARP; ++l) {
         Lane& x = w.lanes[l];
-        x.stack = lane_stacks() + static_cast<std::size_t>(l) * LANE_STACK_BYTES;
+        x.stack = lane_stacks() + static_cast<std::size_t>(l) * guarded_stack_bytes() +
+                  (guarded_stack_bytes() - LANE_STACK_BYTES);
         getcontext(&x.ctx);
         x.ctx.uc_stack.ss_sp = x.stack;
         x.ctx.uc_stack.ss_size = LANE_STACK_BYTES;
@@ -266,9 +321,18 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& b
     if (grid == 0 || block == 0 || block % WARP != 0 || block > 1024)
         throw std::invalid_argument("emulated launch: grid must be > 0 and block a multiple of 32 up to 1024");
     // One launch at a time (the emulated device has one queue; the lane
-    // stacks, active_warp() and threadIdx & co. are process-wide).
+    // stacks, active_warp() and threadIdx & co. are process-wide). A launch
+    // from inside a kernel (dynamic parallelism) is not modelled.
+    if (in_launch()) {
+        kernel_error("emulated launch from inside a kernel is not supported");
+        return;
+    }
     static std::mutex device;
     std::lock_guard<std::mutex> lock(device);
+    in_launch() = true;
+    struct Leave {
+        ~Leave() { in_launch() = false; }
+    } leave;
     Warp w;
     w.body = &body;
     active_warp() = &w;
@@ -336,9 +400,11 @@ T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
 namespace dspark_emu {
 // A GPU faults on a vector access that is not aligned to its size; so does
 // the emulation (the kernel's launch throws).
-inline void check_vector_access(const void* p, std::size_t align) {
-    if (reinterpret_cast<std::uintptr_t>(p) % align != 0)
-        throw std::runtime_error("misaligned " + std::to_string(align) + "-byte vector access");
+// Returns whether the access may go ahead.
+inline bool check_vector_access(const void* p, std::size_t align) {
+    if (reinterpret_cast<std::uintptr_t>(p) % align == 0) return true;
+    kernel_error("misaligned " + std::to_string(align) + "-byte vector access");
+    return false;
 }
 }  // namespace dspark_emu
 
