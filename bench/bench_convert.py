@@ -55,6 +55,22 @@ def median_time(fn: Callable[[], object], repeats: int) -> float:
     return float(np.median(ts))
 
 
+def paired_medians(fa: Callable[[], object], fb: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median times of two functions timed alternately (a, b, a, b, ...), so
+    that a shared machine's drift hits both alike: for head-to-head ratios."""
+    fa()
+    fb()
+    ta, tb = [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fa()
+        ta.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        fb()
+        tb.append(time.perf_counter() - t0)
+    return float(np.median(ta)), float(np.median(tb))
+
+
 def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
@@ -66,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7, --quick 3)")
     ap.add_argument("--gguf-rows", type=int, default=8, help="rows for the (slow) gguf-py column")
     ap.add_argument("--quick", action="store_true", help="small, fast run")
+    ap.add_argument("--json", default=None, help="write the target verdicts as JSON to this file")
     args = ap.parse_args(argv)
     rows = args.rows or (64 if args.quick else 512)
     reps = args.repeats or (3 if args.quick else 9)
@@ -99,8 +116,10 @@ def main(argv: list[str] | None = None) -> int:
 
     best = formats.best_simd_path()
     header = ["storage", "direction", f"dspark {best}", "dspark scalar", "numpy/ml_dtypes", "gguf-py",
-              "ggml-cpu", "memcpy (same moment)", f"{best} / memcpy", f"{best} / ggml-cpu"]
+              "ggml-cpu", "memcpy (same moment)", f"{best} / memcpy", f"{best} / ggml-cpu (paired)"]
     exactness: list[str] = []
+    vs_memcpy: list[float] = []
+    vs_ggml: list[tuple[str, float]] = []
 
     def memcpy_now() -> float:
         # Re-measured next to every row: shared machines drift a lot.
@@ -111,8 +130,6 @@ def main(argv: list[str] | None = None) -> int:
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
-    def ratio(a: float, b: float | None) -> str:
-        return "-" if b is None else f"{a / b:.2f}"
 
     for storage in formats.STORAGES:
         enc = formats.quantize_rows(x, storage)
@@ -137,14 +154,18 @@ def main(argv: list[str] | None = None) -> int:
         else:
             with np.errstate(all="ignore"):
                 gg = gbps(gbytes, median_time(lambda: gguf.quantize(xs, QT[storage]), max(1, reps // 2)))
-        gc = None
+        gc = vs = None
         if ggml is not None and ggml.has(storage):
             gout = np.empty_like(enc_out)
-            gc = gbps(nbytes, median_time(lambda: ggml.encode(storage, x, gout), reps))
+            t_ours, t_ggml = paired_medians(lambda: formats.quantize_rows(x, storage, out=enc_out),
+                                            lambda: ggml.encode(storage, x, gout), reps)
+            gc, vs = gbps(nbytes, t_ggml), t_ggml / t_ours
+            vs_ggml.append((f"encode f32 -> {storage}", vs))
             exactness.append(_compare_with_ggml(ggml, storage, x, enc))
         m = memcpy_now()
+        vs_memcpy.append(res[best] / m)
         print(f"| {storage} | encode f32 -> {storage} | {fmt(res[best])} | {fmt(res['scalar'])} | {fmt(npv)} "
-              f"| {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {ratio(res[best], gc)} |")
+              f"| {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {fmt(vs)} |")
 
         # ---- decode to f32 / f16
         for od, out in ((np.float32, out32), (np.float16, out16)):
@@ -169,23 +190,39 @@ def main(argv: list[str] | None = None) -> int:
                     fn = lambda: gguf.dequantize(raw.reshape(-1, bb), QT[storage]).astype(od)  # noqa: E731
                 with np.errstate(all="ignore"):
                     gg = gbps(gbytes, median_time(fn, reps))
-            gc = None
+            gc = vs = None
             if ggml is not None and od == np.float32 and ggml.has_decode(storage):
-                gc = gbps(nbytes, median_time(lambda: ggml.decode(storage, enc, out), reps))
-                if not np.array_equal(out.view(np.uint32), formats.dequantize_rows(enc, storage, dim).view(np.uint32)):
+                gout32 = np.empty_like(out)
+                t_ours, t_ggml = paired_medians(lambda: formats.dequantize_rows(enc, storage, dim, od, out=out),
+                                                lambda: ggml.decode(storage, enc, gout32), reps)
+                gc, vs = gbps(nbytes, t_ggml), t_ggml / t_ours
+                vs_ggml.append((f"decode {storage} -> float32", vs))
+                if not np.array_equal(gout32.view(np.uint32), out.view(np.uint32)):
                     exactness.append(f"decode {storage} -> float32: ggml-cpu and dspark bytes differ")
             m = memcpy_now()
+            vs_memcpy.append(res[best] / m)
             print(f"| {storage} | decode {storage} -> {odn} | {fmt(res[best])} | {fmt(res['scalar'])} "
-                  f"| {fmt(npv)} | {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {ratio(res[best], gc)} |")
+                  f"| {fmt(npv)} | {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {fmt(vs)} |")
     print()
     print("numpy/ml_dtypes = `np.copyto(dst, src, casting='unsafe')` (astype into a preallocated array); "
-          "gguf-py includes its allocations. ggml-cpu = one call over all rows, single thread.")
+          "gguf-py includes its allocations. ggml-cpu = one call over all rows, single thread; the last "
+          "column times dspark and ggml-cpu alternately (same moments), > 1 = dspark faster.")
     if exactness:
         print()
         print("Bytes against ggml (the same input as the table):")
         print()
         for line in exactness:
             print(f"- {line}")
+    if args.json:
+        worst = min(vs_ggml, key=lambda r: r[1]) if vs_ggml else None
+        targets = [
+            {"target": "conversion / memcpy (min over storages and directions)", "value": min(vs_memcpy),
+             "pass": min(vs_memcpy) >= 0.8, "where": f"{rows} x {dim:,}"},
+            {"target": "conversion / ggml-cpu, paired (min over comparable rows)",
+             "value": None if worst is None else worst[1], "pass": None if worst is None else worst[1] >= 1.0,
+             "where": "no libggml-cpu found" if worst is None else f"worst: {worst[0]}"},
+        ]
+        _common.write_json(args.json, {"targets": targets, "vs_ggml": dict(vs_ggml)})
     return 0
 
 

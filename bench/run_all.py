@@ -96,6 +96,12 @@ def demote(text: str) -> str:
 
 def summary_rows(data: dict[str, Any]) -> list[list[str]]:
     rows: list[list[str]] = []
+    conv = data.get("convert")
+    if conv:
+        for t in conv["targets"]:
+            v = t["value"]
+            rows.append([t["target"], t["where"], "-" if v is None else f"{v:.2f}x",
+                         "not measured" if t["pass"] is None else C.verdict(t["pass"])])
     rounds = data.get("rounds")
     if rounds:
         for t in rounds["targets"]:
@@ -176,8 +182,7 @@ def main(argv: list[str] | None = None) -> int:
             args = ["--quick"] if a.quick else []
             args += getattr(a, f"{name}_args").split()
             jpath = os.path.join(tmp, f"{name}.json")
-            if name != "convert":
-                args += ["--json", jpath]
+            args += ["--json", jpath]
             rc, out, err_tail, secs = run_script(name, args, a.timeout)
             status.append([f"bench_{name}.py", "ok" if rc == 0 else f"**FAILED (exit {rc})**", f"{secs:.0f}"])
             if rc != 0:

@@ -107,11 +107,18 @@ void quantize_block_q4_0_scalar(const float* x, std::uint8_t* out) {
     }
 }
 
-static void s_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
-    for (std::size_t b = 0; b < nb; ++b) quantize_block_q8_0_scalar(src + b * QK, dst + b * Q8_0_BLOCK_BYTES);
+static bool any_nonfinite_scalar(const float* src, std::size_t n) {
+    bool bad = false;
+    for (std::size_t i = 0; i < n; ++i) bad |= is_nonfinite_bits(src[i]);
+    return bad;
 }
-static void s_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+static bool s_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    for (std::size_t b = 0; b < nb; ++b) quantize_block_q8_0_scalar(src + b * QK, dst + b * Q8_0_BLOCK_BYTES);
+    return any_nonfinite_scalar(src, nb * QK);
+}
+static bool s_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q4_0_scalar(src + b * QK, dst + b * Q4_0_BLOCK_BYTES);
+    return any_nonfinite_scalar(src, nb * QK);
 }
 static void s_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) {
@@ -250,14 +257,19 @@ void apply_policy(const float* src, float* dst, std::size_t n, NonFinite policy)
     }
 }
 
-void encode_chunk(const Kernels& k, const float* p, std::size_t len, Storage out, std::uint8_t* dst) {
+// Encodes one chunk; returns whether it held a NaN / +-Inf (checked in the
+// same pass, except for f32 storage, which copies bytes).
+bool encode_chunk(const Kernels& k, const float* p, std::size_t len, Storage out, std::uint8_t* dst) {
     switch (out) {
-        case Storage::F32: std::memcpy(dst, p, len * 4); break;
-        case Storage::F16: k.f32_to_f16(p, reinterpret_cast<std::uint16_t*>(dst), len); break;
-        case Storage::BF16: k.f32_to_bf16(p, reinterpret_cast<std::uint16_t*>(dst), len); break;
-        case Storage::Q8_0: k.quantize_q8_0(p, dst, len / QK); break;
-        case Storage::Q4_0: k.quantize_q4_0(p, dst, len / QK); break;
+        case Storage::F32:
+            std::memcpy(dst, p, len * 4);
+            return k.find_nonfinite_f32(p, len) >= 0;
+        case Storage::F16: return k.f32_to_f16(p, reinterpret_cast<std::uint16_t*>(dst), len);
+        case Storage::BF16: return k.f32_to_bf16(p, reinterpret_cast<std::uint16_t*>(dst), len);
+        case Storage::Q8_0: return k.quantize_q8_0(p, dst, len / QK);
+        case Storage::Q4_0: return k.quantize_q4_0(p, dst, len / QK);
     }
+    return false;
 }
 
 }  // namespace
@@ -463,24 +475,15 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, s
                 p = tmp;
                 break;
         }
-        if (policy == NonFinite::Error && (out == Storage::F16 || out == Storage::BF16)) {
+        if (policy == NonFinite::Error) {
             // The check rides on the conversion pass; the index is looked
             // for only in a chunk that had a non-finite value.
-            auto* d16 = reinterpret_cast<std::uint16_t*>(out_bytes + storage_offset(out, off));
-            const bool any = out == Storage::F16 ? k.f32_to_f16(p, d16, len) : k.f32_to_bf16(p, d16, len);
+            const bool any = encode_chunk(k, p, len, out, out_bytes + storage_offset(out, off));
             if (any && first_bad < 0) first_bad = static_cast<std::int64_t>(off) + k.find_nonfinite_f32(p, len);
             continue;
         }
-        if (policy == NonFinite::Error) {
-            if (first_bad < 0) {
-                const std::int64_t i = k.find_nonfinite_f32(p, len);
-                if (i >= 0) first_bad = static_cast<std::int64_t>(off) + i;
-            }
-        } else {
-            apply_policy(p, tmp, len, policy);
-            p = tmp;
-        }
-        encode_chunk(k, p, len, out, out_bytes + storage_offset(out, off));
+        apply_policy(p, tmp, len, policy);
+        encode_chunk(k, tmp, len, out, out_bytes + storage_offset(out, off));
     }
     return first_bad;
 }

@@ -108,14 +108,23 @@ inline void store_d(std::uint8_t* p, std::uint16_t h) {
     p[1] = static_cast<std::uint8_t>(h >> 8);
 }
 
-void a_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+// All-ones lanes of the block's 32 floats that are NaN / +-Inf, or-ed together.
+inline __m256i nonfinite32(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    return _mm256_or_si256(
+        _mm256_or_si256(nonfinite8(_mm256_castps_si256(v0)), nonfinite8(_mm256_castps_si256(v1))),
+        _mm256_or_si256(nonfinite8(_mm256_castps_si256(v2)), nonfinite8(_mm256_castps_si256(v3))));
+}
+
+bool a_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     const __m256i lowbyte = _mm256_set1_epi32(0xff);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    __m256i bad = _mm256_setzero_si256();
     for (std::size_t b = 0; b < nb; ++b) {
         const float* x = src + b * QK;
         std::uint8_t* out = dst + b * Q8_0_BLOCK_BYTES;
         const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
         const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        bad = _mm256_or_si256(bad, nonfinite32(v0, v1, v2, v3));
         if (any_nan8(v0, v1, v2, v3)) { quantize_block_q8_0_scalar(x, out); continue; }
         const __m256 m = _mm256_max_ps(_mm256_max_ps(abs8(v0), abs8(v1)), _mm256_max_ps(abs8(v2), abs8(v3)));
         const float amax = hmax8(m);
@@ -130,17 +139,20 @@ void a_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
         const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(i0, i1), _mm256_packus_epi32(i2, i3));
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_permutevar8x32_epi32(p, perm));
     }
+    return !_mm256_testz_si256(bad, bad);
 }
 
-void a_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+bool a_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     const __m256i lowbyte = _mm256_set1_epi32(0xff);
     const __m256i fifteen = _mm256_set1_epi32(15);
     const __m256 half8 = _mm256_set1_ps(8.5f);
+    __m256i bad = _mm256_setzero_si256();
     for (std::size_t b = 0; b < nb; ++b) {
         const float* x = src + b * QK;
         std::uint8_t* out = dst + b * Q4_0_BLOCK_BYTES;
         const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
         const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+        bad = _mm256_or_si256(bad, nonfinite32(v0, v1, v2, v3));
         if (any_nan8(v0, v1, v2, v3)) { quantize_block_q4_0_scalar(x, out); continue; }
         const __m256 a0 = abs8(v0), a1 = abs8(v1), a2 = abs8(v2), a3 = abs8(v3);
         const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3)));
@@ -167,6 +179,7 @@ void a_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
         const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2), bytes);
     }
+    return !_mm256_testz_si256(bad, bad);
 }
 
 inline float load_d(const std::uint8_t* p) {

@@ -154,9 +154,10 @@ inline void scales16(const float* m, float divisor, float* id, std::uint16_t* dh
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dh), _mm512_cvtps_ph(d, kRne));
 }
 
-void x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+bool x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     alignas(64) float amax[G], id[G];
     alignas(32) std::uint16_t dh[G];
+    __mmask16 bad = 0;
     std::size_t b = 0;
     for (; b + G <= nb; b += G) {
         const float* x = src + b * QK;
@@ -165,6 +166,7 @@ void x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
         for (std::size_t k = 0; k < G; ++k) {
             const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
             nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+            bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
             amax[k] = _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1)));
         }
         if (nan) {
@@ -181,6 +183,7 @@ void x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
         const float* x = src + b * QK;
         std::uint8_t* out = dst + b * Q8_0_BLOCK_BYTES;
         const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
         if (any_nan(v0, v1)) { quantize_block_q8_0_scalar(x, out); continue; }
         const float a = _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1)));
         const float d = a / 127.0f;
@@ -188,6 +191,7 @@ void x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
         store_d(out, f16_of(d));
         q8_block(x, out, i);
     }
+    return bad != 0;
 }
 
 // Signed value of the first element of largest magnitude (+0 if all zero).
@@ -201,9 +205,10 @@ inline float q4_max(const float* x, __m512 v0, __m512 v1) {
     return x[__builtin_ctz(mask)];
 }
 
-void x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     alignas(64) float mx[G], id[G];
     alignas(32) std::uint16_t dh[G];
+    __mmask16 bad = 0;
     std::size_t b = 0;
     for (; b + G <= nb; b += G) {
         const float* x = src + b * QK;
@@ -212,6 +217,7 @@ void x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
         for (std::size_t k = 0; k < G; ++k) {
             const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
             nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
+            bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
             mx[k] = q4_max(x + k * QK, v0, v1);
         }
         if (nan) {
@@ -228,12 +234,14 @@ void x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
         const float* x = src + b * QK;
         std::uint8_t* out = dst + b * Q4_0_BLOCK_BYTES;
         const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
+        bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
         if (any_nan(v0, v1)) { quantize_block_q4_0_scalar(x, out); continue; }
         const float d = q4_max(x, v0, v1) / -8.0f;
         const float i = d != 0.0f ? 1.0f / d : 0.0f;
         store_d(out, f16_of(d));
         q4_block(x, out, i);
     }
+    return bad != 0;
 }
 
 void x_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {

@@ -30,9 +30,10 @@ struct Kernels {
     // Exact widenings.
     void (*f16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
     void (*bf16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
-    // Quantize / dequantize n_blocks blocks of 32 elements.
-    void (*quantize_q8_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
-    void (*quantize_q4_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
+    // Quantize / dequantize n_blocks blocks of 32 elements. The quantizers
+    // return whether any input was NaN / +-Inf (the check fused, as above).
+    bool (*quantize_q8_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
+    bool (*quantize_q4_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
     void (*dequantize_q8_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
     void (*dequantize_q4_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
     // Index of the first NaN / +-Inf among n floats, or -1.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -365,6 +366,43 @@ TEST_CASE(every_simd_path_gives_identical_bytes) {
                     encode_rows(in.data(), static_cast<ElemType>(et), out.data(), st, rows, dim, NonFinite::Zero);
                     if (p == SimdPath::Scalar) ref = out;
                     else CHECK(out == ref);
+                }
+            }
+        }
+    }
+}
+
+TEST_CASE(first_nonfinite_index_is_exact_on_every_path) {
+    // The NonFinite::Error check is fused into each conversion pass and the
+    // index searched only in the chunk that had one: place lone +-Inf / NaN
+    // values in later chunks, at tails, at the last element, and check the
+    // reported index on every path, for every storage and input type.
+    PathGuard g;
+    const std::size_t n = 32 * 1000;  // several 4096-element chunks plus a tail
+    const std::size_t spots[] = {0, 31, 4095, 4096, 8193, 12345, 31999};
+    const float bads[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          std::nanf("")};
+    for (SimdPath p : paths()) {
+        set_simd_path(p);
+        for (std::size_t spot : spots) {
+            for (float bad : bads) {
+                std::vector<float> x(n);
+                for (std::size_t i = 0; i < n; ++i) x[i] = std::sin(0.001f * static_cast<float>(i)) * 3.0f;
+                x[spot] = bad;
+                if (spot + 100 < n) x[spot + 100] = std::nanf("");  // a later one must not win
+                for (int et = 0; et < 3; ++et) {
+                    std::vector<std::uint8_t> in(n * elem_bytes(static_cast<ElemType>(et)));
+                    if (et == 0) std::memcpy(in.data(), x.data(), in.size());
+                    else encode_rows(x.data(), ElemType::F32, in.data(), static_cast<Storage>(et), 1, n, NonFinite::Error);
+                    for (int s = 0; s < STORAGE_COUNT; ++s) {
+                        std::vector<std::uint8_t> out(row_bytes(static_cast<Storage>(s), n));
+                        const std::int64_t got = encode_rows(in.data(), static_cast<ElemType>(et), out.data(),
+                                                             static_cast<Storage>(s), 1, n, NonFinite::Error);
+                        if (got != static_cast<std::int64_t>(spot))
+                            std::printf("  %s in=%d storage=%s spot=%zu: got %lld\n", simd_path_name(p), et,
+                                        storage_name(static_cast<Storage>(s)), spot, static_cast<long long>(got));
+                        CHECK_EQ(got, static_cast<std::int64_t>(spot));
+                    }
                 }
             }
         }
