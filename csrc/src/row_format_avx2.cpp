@@ -266,6 +266,11 @@ std::int64_t a_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
 
 }  // namespace
 
+void avx2_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) { a_f16_to_f32(src, dst, n); }
+void avx2_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) { a_bf16_to_f32(src, dst, n); }
+void avx2_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) { a_dequantize_q8_0(src, dst, nb); }
+void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) { a_dequantize_q4_0(src, dst, nb); }
+
 const Kernels kAvx2Kernels = {
     a_f32_to_f16,      a_f32_to_bf16,     a_f16_to_f32,      a_bf16_to_f32,        a_quantize_q8_0,
     a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_nonfinite_f32, a_copy_find_nonfinite_f32,

@@ -28,11 +28,6 @@ inline void store_d(std::uint8_t* p, std::uint16_t h) {
     p[1] = static_cast<std::uint8_t>(h >> 8);
 }
 
-inline float load_d(const std::uint8_t* p) {
-    const int h = p[0] | (p[1] << 8);
-    return _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
-}
-
 // roundf (half away from zero), exact.
 inline __m512 roundf16(__m512 v) {
     const __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -68,13 +63,6 @@ bool x_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
     return tail || bad != 0;
 }
 
-void x_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
-    std::size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
-    kScalarKernels.f16_to_f32(src + i, dst + i, n - i);
-}
-
 inline __m256i bf16_16(__m512i u) {
     const __mmask16 isnan =
         _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)), _mm512_set1_epi32(0x7f800000));
@@ -99,15 +87,6 @@ bool x_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
     }
     const bool tail = kScalarKernels.f32_to_bf16(src + i, dst + i, n - i);
     return tail || bad != 0;
-}
-
-void x_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
-    std::size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512i w = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
-        _mm512_storeu_si512(dst + i, _mm512_slli_epi32(w, 16));
-    }
-    kScalarKernels.bf16_to_f32(src + i, dst + i, n - i);
 }
 
 inline bool any_nan(__m512 a, __m512 b) {
@@ -244,33 +223,6 @@ bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     return bad != 0;
 }
 
-void x_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
-    for (std::size_t b = 0; b < nb; ++b) {
-        const std::uint8_t* blk = src + b * Q8_0_BLOCK_BYTES;
-        const __m512 d = _mm512_set1_ps(load_d(blk));
-        float* y = dst + b * QK;
-        const __m128i r0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2));
-        const __m128i r1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18));
-        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r0)), d));
-        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(r1)), d));
-    }
-}
-
-void x_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
-    const __m512i m4 = _mm512_set1_epi32(0x0f);
-    const __m512i eight = _mm512_set1_epi32(8);
-    for (std::size_t b = 0; b < nb; ++b) {
-        const std::uint8_t* blk = src + b * Q4_0_BLOCK_BYTES;
-        const __m512 d = _mm512_set1_ps(load_d(blk));
-        float* y = dst + b * QK;
-        const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)));
-        const __m512i lo = _mm512_sub_epi32(_mm512_and_si512(w, m4), eight);
-        const __m512i hi = _mm512_sub_epi32(_mm512_srli_epi32(w, 4), eight);
-        _mm512_storeu_ps(y, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
-        _mm512_storeu_ps(y + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
-    }
-}
-
 std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
     const __m512i e = _mm512_set1_epi32(0x7f800000);
     std::size_t i = 0;
@@ -332,8 +284,8 @@ std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
 }  // namespace
 
 const Kernels kAvx512Kernels = {
-    x_f32_to_f16,      x_f32_to_bf16,     x_f16_to_f32,      x_bf16_to_f32,        x_quantize_q8_0,
-    x_quantize_q4_0,   x_dequantize_q8_0, x_dequantize_q4_0, x_find_nonfinite_f32, x_copy_find_nonfinite_f32,
+    x_f32_to_f16,         x_f32_to_bf16,        avx2_f16_to_f32,      avx2_bf16_to_f32,     x_quantize_q8_0,
+    x_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, x_find_nonfinite_f32, x_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail

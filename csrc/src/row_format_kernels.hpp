@@ -47,6 +47,16 @@ extern const Kernels kScalarKernels;
 #if defined(DSPARK_X86)
 extern const Kernels kAvx2Kernels;
 extern const Kernels kAvx512Kernels;
+
+// The AVX2 decoders (256-bit stores), which the AVX-512 table uses as well:
+// numpy's large arrays are only 16-byte aligned, and a 64-byte store to such
+// a destination splits across two cache lines; on the 2-core Xeon of this
+// project's benchmarks the 512-bit decoders ran 12-25% slower than these
+// (paired runs; as fast only into 64-byte-aligned output).
+void avx2_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
+void avx2_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
+void avx2_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
+void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
 #endif
 
 // Scalar single-block quantizers (defined in row_format.cpp, compiled for the
