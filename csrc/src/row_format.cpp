@@ -30,19 +30,13 @@ namespace detail {
 
 static inline bool is_nonfinite_bits(float v) { return (f32_bits(v) & 0x7f800000u) == 0x7f800000u; }
 
-static bool s_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+// f32 -> f16 / bf16 with the fused non-finite check.
+template <std::uint16_t (*Narrow)(float)>
+static bool s_f32_narrow(const float* src, std::uint16_t* dst, std::size_t n) {
     bool bad = false;
     for (std::size_t i = 0; i < n; ++i) {
         bad |= is_nonfinite_bits(src[i]);
-        dst[i] = f32_to_f16_scalar(src[i]);
-    }
-    return bad;
-}
-static bool s_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
-    bool bad = false;
-    for (std::size_t i = 0; i < n; ++i) {
-        bad |= is_nonfinite_bits(src[i]);
-        dst[i] = f32_to_bf16_scalar(src[i]);
+        dst[i] = Narrow(src[i]);
     }
     return bad;
 }
@@ -164,7 +158,7 @@ static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
 }
 
 const Kernels kScalarKernels = {
-    s_f32_to_f16,      s_f32_to_bf16,     s_f16_to_f32,      s_bf16_to_f32,       s_quantize_q8_0,
+    s_f32_narrow<f32_to_f16_scalar>, s_f32_narrow<f32_to_bf16_scalar>, s_f16_to_f32, s_bf16_to_f32, s_quantize_q8_0,
     s_quantize_q4_0,   s_dequantize_q8_0, s_dequantize_q4_0, s_find_nonfinite_f32, s_copy_find_nonfinite_f32,
 };
 
