@@ -218,14 +218,15 @@ std::size_t checked_elems(std::size_t n_rows, std::size_t dim) {
     return n_rows * dim;
 }
 
-// Byte offset of element `off` (a multiple of 32 for q formats) in storage s.
-std::size_t storage_offset(Storage s, std::size_t off) noexcept {
+// Bytes of `n` elements (a multiple of 32 for q formats) in storage s: a
+// row's size (row_bytes, after its checks) and an element's byte offset.
+std::size_t storage_bytes(Storage s, std::size_t n) noexcept {
     switch (s) {
-        case Storage::F32: return off * 4;
+        case Storage::F32: return n * 4;
         case Storage::F16:
-        case Storage::BF16: return off * 2;
-        case Storage::Q8_0: return off / QK * Q8_0_BLOCK_BYTES;
-        case Storage::Q4_0: return off / QK * Q4_0_BLOCK_BYTES;
+        case Storage::BF16: return n * 2;
+        case Storage::Q8_0: return n / QK * Q8_0_BLOCK_BYTES;
+        case Storage::Q4_0: return n / QK * Q4_0_BLOCK_BYTES;
     }
     return 0;
 }
@@ -385,14 +386,7 @@ std::size_t row_bytes(Storage s, std::size_t dim) {
         throw ConfigError(std::string("dspark: storage ") + storage_name(s) +
                           " needs a feature dim that is a positive multiple of 32, got " +
                           std::to_string(dim));
-    switch (s) {
-        case Storage::F32: return dim * 4;
-        case Storage::F16:
-        case Storage::BF16: return dim * 2;
-        case Storage::Q8_0: return dim / QK * Q8_0_BLOCK_BYTES;
-        case Storage::Q4_0: return dim / QK * Q4_0_BLOCK_BYTES;
-    }
-    return 0;
+    return storage_bytes(s, dim);
 }
 
 std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
@@ -472,12 +466,12 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, s
         if (policy == NonFinite::Error) {
             // The check rides on the conversion pass; the index is looked
             // for only in a chunk that had a non-finite value.
-            const bool any = encode_chunk(k, p, len, out, out_bytes + storage_offset(out, off));
+            const bool any = encode_chunk(k, p, len, out, out_bytes + storage_bytes(out, off));
             if (any && first_bad < 0) first_bad = static_cast<std::int64_t>(off) + k.find_nonfinite_f32(p, len);
             continue;
         }
         apply_policy(p, tmp, len, policy);
-        encode_chunk(k, tmp, len, out, out_bytes + storage_offset(out, off));
+        encode_chunk(k, tmp, len, out, out_bytes + storage_bytes(out, off));
     }
     return first_bad;
 }
@@ -500,7 +494,7 @@ void decode_rows(const void* src, Storage in, void* dst, ElemType out, std::size
     alignas(64) float tmp[CHUNK];
     for (std::size_t off = 0; off < n; off += CHUNK) {
         const std::size_t len = std::min(CHUNK, n - off);
-        const std::uint8_t* s = in_bytes + storage_offset(in, off);
+        const std::uint8_t* s = in_bytes + storage_bytes(in, off);
         float* f = out == ElemType::F32 ? static_cast<float*>(dst) + off : tmp;
         const float* p = f;
         switch (in) {

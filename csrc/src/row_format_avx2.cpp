@@ -256,11 +256,8 @@ std::int64_t a_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
         if (!_mm256_testz_si256(bad, bad) && first_bad < 0)
             first_bad = static_cast<std::int64_t>(i) + a_find_nonfinite_f32(src + i, 32);
     }
-    std::memcpy(dst + i, src + i, (n - i) * 4);
-    if (first_bad < 0 && i < n) {
-        const std::int64_t r = kScalarKernels.find_nonfinite_f32(src + i, n - i);
-        if (r >= 0) first_bad = static_cast<std::int64_t>(i) + r;
-    }
+    const std::int64_t r = kScalarKernels.copy_find_nonfinite_f32(src + i, dst + i, n - i);  // the tail
+    if (first_bad < 0 && r >= 0) first_bad = static_cast<std::int64_t>(i) + r;
     return first_bad;
 }
 

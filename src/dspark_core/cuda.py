@@ -36,6 +36,7 @@ Example::
 
 from __future__ import annotations
 
+import math
 import sys
 from typing import Any
 
@@ -150,10 +151,7 @@ class _DevArray:
 
     @property
     def size(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -454,10 +452,7 @@ class DeviceArray:
 
     @property
     def size(self) -> int:
-        n = 1
-        for x in self.shape:
-            n *= x
-        return n
+        return math.prod(self.shape)
 
     @property
     def ndim(self) -> int:
