@@ -206,6 +206,29 @@ TEST_CASE(encode_matches_cpu_many_seeds) {
     for (unsigned seed = 1; seed <= 8; ++seed) check_encode_all(seed % 2 == 0, seed * 7919u, 16);
 }
 
+TEST_CASE(one_launch_per_contiguous_run) {
+    // DESIGN.md section 3: a whole run of rows (here 64 rows of 256) is one
+    // kernel launch, whatever the formats and policy (the anchor launched one
+    // per row).
+    const auto x = dataset(64 * DIM / 32, 17, false);
+    for (int in = 0; in < 3; ++in) {
+        const auto src = as_type(x, static_cast<ElemType>(in));
+        for (int st = 0; st < STORAGE_COUNT; ++st) {
+            std::vector<std::uint8_t> enc(64 * row_bytes(static_cast<Storage>(st), DIM));
+            for (int pol = 0; pol < 3; ++pol) {
+                const std::size_t before = dspark_emu::launch_count();
+                gpu_encode(src.data(), in, enc.data(), st, 64 * DIM, pol, 3);
+                CHECK_EQ(dspark_emu::launch_count() - before, 1u);
+            }
+            if (st == in) continue;  // same format: a device copy, no kernel
+            std::vector<std::uint8_t> dec(64 * DIM * elem_bytes(static_cast<ElemType>(in)));
+            const std::size_t before = dspark_emu::launch_count();
+            gpu_decode(enc.data(), st, dec.data(), in, 64 * DIM, 3);
+            CHECK_EQ(dspark_emu::launch_count() - before, 1u);
+        }
+    }
+}
+
 TEST_CASE(ragged_runs_stay_in_bounds) {
     // Runs of 1-13 blocks (not a multiple of the quantizers' 4 blocks a warp,
     // nor of 256 elements): same bytes as the CPU, and nothing written past

@@ -143,6 +143,12 @@ inline Warp*& active_warp() {
     return w;
 }
 
+// Kernel launches so far (tests check "one launch per contiguous run").
+inline std::size_t& launch_count() {
+    static std::size_t n = 0;
+    return n;
+}
+
 // Whether this thread is inside launch() (a kernel launching a kernel).
 inline bool& in_launch() {
     static thread_local bool inside = false;
@@ -330,6 +336,7 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& b
     static std::mutex device;
     std::lock_guard<std::mutex> lock(device);
     in_launch() = true;
+    ++launch_count();
     struct Leave {
         ~Leave() { in_launch() = false; }
     } leave;
