@@ -253,6 +253,50 @@ def test_keep_policy_matches_gguf_py(storage: str) -> None:
     np.testing.assert_array_equal(as_bytes(got), as_bytes(want))
 
 
+# f32 NaN bits -> the f16 NaN that F16C's vcvtps2ph gives: sign, quiet bit, and
+# the top 9 payload bits (worked by hand from the bit layouts). numpy's cast
+# keeps a signalling NaN signalling, and turns 0x7f800001 into 0x7c01.
+F32_TO_F16_NAN = [
+    (0x7F800001, 0x7E00),  # signalling, payload only below the top 10 bits
+    (0xFF800001, 0xFE00),
+    (0x7F801FFF, 0x7E00),
+    (0xFF802000, 0xFE01),  # signalling, lowest kept payload bit set
+    (0x7FB70000, 0x7FB8),  # signalling, 0x1b8 kept, quiet bit added
+    (0x7FC00000, 0x7E00),  # the default quiet NaN
+    (0xFFC00001, 0xFE00),
+    (0x7FFFFFFF, 0x7FFF),
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_f32_to_f16_nan_rule_hand_checked(path: str) -> None:
+    src = np.array([f for f, _ in F32_TO_F16_NAN], np.uint32).view(np.float32).reshape(1, -1)
+    want = [h for _, h in F32_TO_F16_NAN]
+    with formats.simd_path(path):
+        enc = formats.quantize_rows(src, "f16", nonfinite="keep")
+        dec = formats.dequantize_rows(src, "f32", src.shape[1], np.float16)
+    assert enc.view(np.uint16).reshape(-1).tolist() == want
+    assert dec.view(np.uint16).reshape(-1).tolist() == want
+    assert ref.encode(src, "f16", "keep").view(np.uint16).reshape(-1).tolist() == want
+    assert ref.decode(src, "f32", src.shape[1], np.float16).view(np.uint16).reshape(-1).tolist() == want
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_arbitrary_f32_bits_to_f16_match_reference(path: str) -> None:
+    """Every f32 bit pattern class (NaNs of every payload, infs, subnormals,
+    overflow, ties) narrowed to f16 by encode and by decode equals the oracle."""
+    rng = np.random.default_rng(11)
+    bits = rng.integers(0, 2**32, 64 * 1031, dtype=np.uint64).astype(np.uint32)
+    bits[::3] = (bits[::3] & 0x803FFFFF) | 0x7F800000  # every third a NaN/inf, mostly signalling
+    x = bits.view(np.float32).reshape(64, 1031)
+    with formats.simd_path(path):
+        enc = formats.quantize_rows(x, "f16", nonfinite="keep")
+        dec = formats.dequantize_rows(x, "f32", x.shape[1], np.float16)
+    want = ref.encode(x, "f16", "keep").view(np.uint16)
+    np.testing.assert_array_equal(enc.view(np.uint16), want)
+    np.testing.assert_array_equal(dec.view(np.uint16), want)
+
+
 def test_bad_dtype_and_config() -> None:
     with pytest.raises(TypeError, match="float64"):
         formats.quantize_rows(np.ones((2, 32)), "q8_0")

@@ -208,3 +208,31 @@ def test_check_invariants_catches_bad_state():
     check_invariants(st, CFG)
     with pytest.raises(InvariantViolation):
         check_invariants(BadState(st), CFG)
+
+
+def test_float_edge_dictionary_is_libfuzzer_syntax():
+    """Each line is ``name="<\\xNN escapes>"`` and decodes to the pattern's little-endian bytes."""
+    import codecs
+    import re
+
+    from dspark_core.fuzz import FLOAT_EDGE_BITS, float_edge_dictionary
+
+    lines = float_edge_dictionary().splitlines()
+    assert len(lines) == len(FLOAT_EDGE_BITS)
+    for line, (value, width) in zip(lines, FLOAT_EDGE_BITS):
+        m = re.fullmatch(r'[A-Za-z0-9_]+="((?:\\x[0-9a-f]{2})+)"', line)
+        assert m, line
+        assert codecs.escape_decode(m.group(1))[0] == value.to_bytes(width, "little")
+    # The pattern behind the f32 -> f16 finding (findings/decode/f32-snan-low-payload-to-float16).
+    assert (0x7F800001, 4) in FLOAT_EDGE_BITS
+
+
+def test_decode_target_catches_a_wrong_f16_nan_rule(monkeypatch):
+    """The decode target fails when the oracle's f32 -> f16 NaN rule differs from the core's."""
+    from dspark_core import reference_formats
+
+    data = open(os.path.join(HERE, "findings", "decode", "f32-snan-low-payload-to-float16"), "rb").read()
+    TARGETS["decode"](data)
+    monkeypatch.setattr(reference_formats, "_f16", lambda x: x.astype(np.float16))
+    with pytest.raises(AssertionError, match="float16"):
+        TARGETS["decode"](data)

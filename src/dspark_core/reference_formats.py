@@ -1,7 +1,8 @@
 """Pure numpy / gguf-py twin of :mod:`dspark_core.formats` (test oracle).
 
 Deliberately simple: the non-finite policy is applied with numpy, then the
-encoding is ``numpy.astype(float16)`` for f16 and ``gguf.quantize`` for bf16,
+encoding is ``numpy.astype(float16)`` for f16 (with the hardware's NaN rule,
+see ``_f16``) and ``gguf.quantize`` for bf16,
 q8_0 and q4_0 (gguf-py matches ggml's reference C quantizers byte for byte);
 decoding is ``gguf.dequantize``. Same return layouts as ``formats``.
 
@@ -75,8 +76,7 @@ def encode(x: np.ndarray, storage: str, nonfinite: str = "error") -> np.ndarray:
     if storage == "f32":
         return x
     if storage == "f16":
-        with np.errstate(over="ignore", invalid="ignore"):
-            return x.astype(np.float16)
+        return _f16(x)
     if storage == "bf16":
         return _bf16_bits(x).reshape(n, dim).view(_BF16)
     if dim % 32:
@@ -92,10 +92,26 @@ def encode(x: np.ndarray, storage: str, nonfinite: str = "error") -> np.ndarray:
     return q
 
 
+def _f16(x: np.ndarray) -> np.ndarray:
+    """float32 -> float16, round to nearest even, with the IEEE / F16C NaN rule.
+
+    A NaN becomes a quiet NaN keeping the sign and the top 9 payload bits
+    (``vcvtps2ph``, CUDA's ``__float2half_rn``). numpy differs for signalling
+    NaNs: it keeps the signalling bit and, when the top payload bits are all
+    zero, sets the lowest one so the result stays a NaN (0x7c01, not 0x7e00).
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        h = x.astype(np.float16)
+    nan = np.isnan(x)
+    if nan.any():
+        fb = x.view(np.uint32)[nan]
+        h.view(np.uint16)[nan] = (((fb >> 16) & 0x8000) | 0x7E00 | ((fb >> 13) & 0x3FF)).astype(np.uint16)
+    return h
+
+
 def _quiet(x: np.ndarray) -> np.ndarray:
-    """Set the quiet bit of every NaN in a float32 / float16 array (in place)."""
-    bits = x.view(np.uint32 if x.dtype == np.float32 else np.uint16)
-    bits[np.isnan(x)] |= 0x00400000 if x.dtype == np.float32 else 0x0200
+    """Set the quiet bit of every NaN in a float32 array (in place)."""
+    x.view(np.uint32)[np.isnan(x)] |= 0x00400000
     return x
 
 
@@ -128,8 +144,7 @@ def decode(data: np.ndarray, storage: str, dim: int, out_dtype: object = np.floa
     if dt == np.float32:
         return f
     if dt == np.float16:
-        with np.errstate(over="ignore", invalid="ignore"):
-            return _quiet(f.astype(np.float16))
+        return _f16(f)
     if dt == _BF16:
         return _bf16_bits(f).reshape(f.shape).view(_BF16)
     raise TypeError(f"unsupported out_dtype {dt}")
