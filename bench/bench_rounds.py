@@ -52,6 +52,16 @@ then restages the newest K rows, exactly the work of a window-overflow rebase)
 and timed as whole rounds. Amortised = steady + (rebase - steady) / cycle,
 cycle = floor((W - B - K) / (n + 1)) + 1 rounds.
 
+Slot: a server reuses a sequence slot for request after request, and the
+Stager keeps a slot's ring across ``begin()``. So by default (``--slot
+reused``) slot 0 first serves an earlier sequence until every slot of its ring
+has been written, then ``begin(0)`` starts the measured one. With ``--slot
+fresh`` each depth gets a new Stager: its first ~W / (n + 1) rounds write
+into ring pages never touched before and pay their first-touch page faults
+(one per 2 MiB huge page, far more on a VM whose memory the host backs
+lazily); a young sequence at a shallow depth sees the most of them. The
+"core faults/round" column shows the mean page faults per steady round.
+
 Targets (DESIGN.md section 6): steady per-round cost flat across depth
 (max/min median <= 1.10), core >= 50x the reference per steady round, round
 bandwidth >= 80% of the memcpy round.
@@ -130,6 +140,9 @@ class Series:
     def faults_med(self, rebase: bool = False) -> float | None:
         rs = self.rebase if rebase else self.steady
         return C.median([r.faults for r in rs])
+
+    def faults_mean(self) -> float:
+        return sum(r.faults for r in self.steady) / len(self.steady) if self.steady else 0.0
 
     def rows_med(self, rebase: bool = False) -> float | None:
         rs = self.rebase if rebase else self.steady
@@ -314,6 +327,23 @@ class ConfigResult:
     seconds: float
 
 
+def warm_slot(st: Any, x: np.ndarray, n_acc: int, chunk_rows: np.ndarray) -> int:
+    """Serve an earlier sequence in slot 0 until its whole ring is resident, then ``begin(0)``.
+
+    What a server's slot looks like after its first request. Returns the rounds it took.
+    """
+    r = StagerRunner(st, len(chunk_rows), x, n_acc)
+    r.prefill("origin", chunk_rows)
+    cap = (st.config.window + TRIM_CHUNK + st.config.block_size + 1) * st.config.row_bytes
+    limit = 4 * cap // (len(x) * st.config.row_bytes) + 16  # each round writes len(x) = B + 1 rows
+    for n in range(limit):
+        if st.stats(0)["bytes"] >= cap:
+            st.begin(0)
+            return n
+        r.round()
+    raise RuntimeError(f"slot 0's ring was not fully written after {limit} rounds: {st.stats(0)}")
+
+
 def run_config(D: int, storage: str, a: argparse.Namespace, log: Any) -> ConfigResult:
     t_start = time.perf_counter()
     cfg = StagerConfig(D, a.block_size, a.window, storage=storage)
@@ -326,7 +356,10 @@ def run_config(D: int, storage: str, a: argparse.Namespace, log: Any) -> ConfigR
     core_runners = []
     snaps = []
     for d in a.depths:
-        r = StagerRunner(Stager(cfg), d, x, a.accept)
+        st = Stager(cfg)
+        if a.slot == "reused":
+            warm_slot(st, x, a.accept, chunk_rows)
+        r = StagerRunner(st, d, x, a.accept)
         r.prefill(a.prefill, chunk_rows)
         if not a.no_reference:
             snaps.append(r.st.snapshot(0) if a.ref_depths is None or d in a.ref_depths else None)
@@ -415,6 +448,8 @@ def report(results: list[ConfigResult], a: argparse.Namespace, wall: float) -> t
         [
             f"B = {a.block_size}, W = {a.window} (K = {K} rows kept on a rebase), accept n = {a.accept} per round "
             f"(stages n + 1 = {a.accept + 1} rows), stage dtype float32, seq 0 of a 1-sequence Stager",
+            ("slot: reused (slot 0 served an earlier sequence until its whole ring was written, then begin(0))"
+             if a.slot == "reused" else "slot: fresh (a new Stager per depth; its rounds first-touch the ring)"),
             "depth reached by: prompt rows [p0, depth) in "
             f"{a.chunk}-row process() calls, p0 = {'max(0, depth - W)' if a.prefill == 'origin' else '0'}",
             f"timed: {a.rounds} steady rounds per depth after {a.warmup} warm-up (core), {a.ref_rounds} (reference"
@@ -452,11 +487,13 @@ def report(results: list[ConfigResult], a: argparse.Namespace, wall: float) -> t
                     verdict_ratio(rm, cm, a.min_ratio),
                     C.fmt_us(nm), C.fmt_x(nm / cm if nm and cm else None),
                     C.fmt_us(rb), f"{r.core_rebase[i].rows_med(rebase=True) or 0:.0f}", C.fmt_us(amort),
+                    f"{c.faults_mean():,.2f}",
                 ])
         lines += C.table(
             ["storage", "depth", "core", "core p90", "core draft+rows", "reference", "ref/core",
-             f">= {a.min_ratio:g}x", "naive", "naive/core", "core rebase", "rebase rows", "core amortised"],
-            rows, "llrrrrrlrrrrr")
+             f">= {a.min_ratio:g}x", "naive", "naive/core", "core rebase", "rebase rows", "core amortised",
+             "core faults/round (mean)"],
+            rows, "llrrrrrlrrrrrr")
         lines.append("")
 
         # bandwidth
@@ -600,6 +637,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", choices=("origin", "chunked"), default="origin",
                     help="how depth is reached: 'origin' begins at p0 = depth - W (default, instant); "
                          "'chunked' processes the whole prompt from 0 in --chunk rows (slower, same state)")
+    ap.add_argument("--slot", choices=("reused", "fresh"), default="reused",
+                    help="'reused' (default): slot 0 first serves an earlier sequence that writes its whole ring, "
+                         "as a server's slots after their first request; 'fresh': a new Stager per depth, whose "
+                         "rounds pay the ring's first-touch page faults")
     ap.add_argument("--chunk", type=int, default=512, help="prefill chunk rows for --prefill chunked (default 512)")
     ap.add_argument("--min-ratio", type=float, default=50.0, help="target core/reference ratio (default 50)")
     ap.add_argument("--min-bw", type=float, default=0.8, help="target fraction of the memcpy round (default 0.8)")
