@@ -96,7 +96,9 @@ def _f16(x: np.ndarray) -> np.ndarray:
     """float32 -> float16, round to nearest even, with the IEEE / F16C NaN rule.
 
     A NaN becomes a quiet NaN keeping the sign and the top 9 payload bits
-    (``vcvtps2ph``, CUDA's ``__float2half_rn``). numpy differs for signalling
+    (F16C's ``vcvtps2ph``, and dspark's CUDA kernels, which convert in integer
+    arithmetic; CUDA's own ``__float2half_rn`` returns 0x7fff for every NaN,
+    so they do not use it). numpy differs for signalling
     NaNs: it keeps the signalling bit and, when the top payload bits are all
     zero, sets the lowest one so the result stays a NaN (0x7c01, not 0x7e00).
     """
