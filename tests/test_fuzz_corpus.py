@@ -231,7 +231,8 @@ def test_decode_target_catches_a_wrong_f16_nan_rule(monkeypatch):
     """The decode target fails when the oracle's f32 -> f16 NaN rule differs from the core's."""
     from dspark_core import reference_formats
 
-    data = open(os.path.join(HERE, "findings", "decode", "f32-snan-low-payload-to-float16"), "rb").read()
+    with open(os.path.join(HERE, "findings", "decode", "f32-snan-low-payload-to-float16"), "rb") as f:
+        data = f.read()
     TARGETS["decode"](data)
     monkeypatch.setattr(reference_formats, "_f16", lambda x: x.astype(np.float16))
     with pytest.raises(AssertionError, match="float16"):
