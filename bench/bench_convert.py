@@ -71,6 +71,20 @@ def paired_medians(fa: Callable[[], object], fb: Callable[[], object], repeats: 
     return float(np.median(ta)), float(np.median(tb))
 
 
+def on_path(path: str, fn: Callable[[], object]) -> Callable[[], None]:
+    """``fn`` run on SIMD path ``path`` (the switch costs microseconds; a call, milliseconds)."""
+    def run() -> None:
+        with formats.simd_path(path):
+            fn()
+    return run
+
+
+def best_and_scalar(best: str, nbytes: int, fn: Callable[[], object], reps: int) -> dict[str, float]:
+    """GB/s of ``fn`` on the best path and on the scalar one, timed alternately."""
+    t_best, t_scalar = paired_medians(on_path(best, fn), on_path("scalar", fn), reps)
+    return {best: gbps(nbytes, t_best), "scalar": gbps(nbytes, t_scalar)}
+
+
 def gbps(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e9
 
@@ -139,10 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         out16 = np.empty((rows, dim), np.float16)
 
         # ---- encode from f32
-        res = {}
-        for p in (best, "scalar"):
-            with formats.simd_path(p):
-                res[p] = gbps(nbytes, median_time(lambda: formats.quantize_rows(x, storage, out=enc_out), reps))
+        res = best_and_scalar(best, nbytes, lambda: formats.quantize_rows(x, storage, out=enc_out), reps)
         npv = None
         if storage in ("f32", "f16", "bf16"):
             tgt = {"f32": dst32, "f16": out16, "bf16": enc_out}[storage]
@@ -170,10 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         # ---- decode to f32 / f16
         for od, out in ((np.float32, out32), (np.float16, out16)):
             odn = np.dtype(od).name
-            for p in (best, "scalar"):
-                with formats.simd_path(p):
-                    res[p] = gbps(nbytes, median_time(
-                        lambda: formats.dequantize_rows(enc, storage, dim, od, out=out), reps))
+            res = best_and_scalar(best, nbytes, lambda: formats.dequantize_rows(enc, storage, dim, od, out=out), reps)
             npv = None
             if storage in ("f32", "f16", "bf16"):
                 npv = gbps(nbytes, median_time(lambda: np.copyto(out, enc, casting="unsafe"), reps))
@@ -206,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print("numpy/ml_dtypes = `np.copyto(dst, src, casting='unsafe')` (astype into a preallocated array); "
           "gguf-py includes its allocations. ggml-cpu = one call over all rows, single thread; the last "
-          "column times dspark and ggml-cpu alternately (same moments), > 1 = dspark faster.")
+          "column times dspark and ggml-cpu alternately (same moments), > 1 = dspark faster. The two dspark "
+          "columns are timed alternately too.")
     if exactness:
         print()
         print("Bytes against ggml (the same input as the table):")

@@ -195,19 +195,24 @@ bool x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     return bad != 0;
 }
 
-// Signed value of the first element of largest magnitude (+0 if all zero).
-inline float q4_max(const float* x, __m512 v0, __m512 v1) {
-    const __m512 a0 = abs16(v0), a1 = abs16(v1);
-    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+// Signed value of the first element of the block x whose magnitude is amax
+// (+0 if amax is 0; amax is the block's largest magnitude, no NaN).
+inline float q4_signed_max(const float* x, float amax) {
     if (!(amax > 0.0f)) return 0.0f;
     const __m512 am = _mm512_set1_ps(amax);
-    const unsigned mask = static_cast<unsigned>(_mm512_cmp_ps_mask(a0, am, _CMP_EQ_OQ)) |
-                          (static_cast<unsigned>(_mm512_cmp_ps_mask(a1, am, _CMP_EQ_OQ)) << 16);
+    const unsigned mask = static_cast<unsigned>(_mm512_cmp_ps_mask(abs16(_mm512_loadu_ps(x)), am, _CMP_EQ_OQ)) |
+                          (static_cast<unsigned>(_mm512_cmp_ps_mask(abs16(_mm512_loadu_ps(x + 16)), am, _CMP_EQ_OQ))
+                           << 16);
     return x[__builtin_ctz(mask)];
 }
 
+inline float q4_max(const float* x, __m512 v0, __m512 v1) {
+    return q4_signed_max(x, _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1))));
+}
+
 bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
-    alignas(64) float mx[G], id[G];
+    alignas(64) float amax[G], mx[G], id[G];
+    __m512 m[G];
     alignas(32) std::uint16_t dh[G];
     __mmask16 bad = 0;
     std::size_t b = 0;
@@ -219,13 +224,17 @@ bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
             const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
             nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
             bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
-            mx[k] = q4_max(x + k * QK, v0, v1);
+            m[k] = _mm512_max_ps(abs16(v0), abs16(v1));
         }
         if (nan) {
             for (std::size_t k = 0; k < G; ++k) quantize_block_q4_0_scalar(x + k * QK, out + k * Q4_0_BLOCK_BYTES);
             continue;
         }
-        scales16(_mm512_loadu_ps(mx), -8.0f, id, dh);
+        // The 16 magnitudes by one butterfly (as q8_0); the sign of each block's
+        // first largest element then comes from an L1-hot reload of the block.
+        _mm512_store_ps(amax, hmax16x16(m));
+        for (std::size_t k = 0; k < G; ++k) mx[k] = q4_signed_max(x + k * QK, amax[k]);
+        scales16(_mm512_load_ps(mx), -8.0f, id, dh);
         for (std::size_t k = 0; k < G; ++k) {
             store_d(out + k * Q4_0_BLOCK_BYTES, dh[k]);
             q4_block(x + k * QK, out + k * Q4_0_BLOCK_BYTES, id[k]);
