@@ -173,7 +173,7 @@ def target_decode(data: bytes) -> None:
 # target reads rows): infinities, quiet and signalling NaNs with high-only and
 # low-only payloads, the largest finite values, f16 overflow and subnormal
 # edges, -0. Random bytes almost never hit them (a signalling f32 NaN with
-# only low payload bits is ~1 in 2^19 words), and since only dspark_core is
+# only low payload bits is ~1 in 2^18 words), and since only dspark_core is
 # instrumented, no oracle comparison hands them to libFuzzer either.
 FLOAT_EDGE_BITS: tuple[tuple[int, int], ...] = tuple(
     [(v, 4) for v in (0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7F801FFF,
