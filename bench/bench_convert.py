@@ -79,10 +79,10 @@ def on_path(path: str, fn: Callable[[], object]) -> Callable[[], None]:
     return run
 
 
-def best_and_scalar(best: str, nbytes: int, fn: Callable[[], object], reps: int) -> dict[str, float]:
-    """GB/s of ``fn`` on the best path and on the scalar one, timed alternately."""
-    t_best, t_scalar = paired_medians(on_path(best, fn), on_path("scalar", fn), reps)
-    return {best: gbps(nbytes, t_best), "scalar": gbps(nbytes, t_scalar)}
+def path_and_scalar(path: str, nbytes: int, fn: Callable[[], object], reps: int) -> dict[str, float]:
+    """GB/s of ``fn`` on SIMD path ``path`` and on the scalar one, timed alternately."""
+    t_path, t_scalar = paired_medians(on_path(path, fn), on_path("scalar", fn), reps)
+    return {path: gbps(nbytes, t_path), "scalar": gbps(nbytes, t_scalar)}
 
 
 def gbps(nbytes: int, seconds: float) -> float:
@@ -96,8 +96,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats (default 7, --quick 3)")
     ap.add_argument("--gguf-rows", type=int, default=8, help="rows for the (slow) gguf-py column")
     ap.add_argument("--quick", action="store_true", help="small, fast run")
+    ap.add_argument("--path", default=None,
+                    help="dspark SIMD path of the main column and the ggml-cpu pairing (default: the best this "
+                         "CPU supports; e.g. avx2 for what an AVX2-only machine runs)")
     ap.add_argument("--json", default=None, help="write the target verdicts as JSON to this file")
     args = ap.parse_args(argv)
+    if args.path is not None and args.path not in formats.simd_paths():
+        ap.error(f"--path {args.path!r}: this CPU / build supports {formats.simd_paths()}")
     rows = args.rows or (64 if args.quick else 512)
     reps = args.repeats or (3 if args.quick else 9)
     dim = args.dim
@@ -116,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- machine: {_common.cpu_model()}, {os.cpu_count()} logical cores; {platform.platform()}")
     print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"- numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, gguf {getattr(gguf, '__version__', '?')}")
-    print(f"- dspark SIMD paths: {formats.simd_paths()}, best = {formats.best_simd_path()}")
+    path = args.path or formats.best_simd_path()
+    print(f"- dspark SIMD paths: {formats.simd_paths()}, best = {formats.best_simd_path()}, measured = {path}")
     print(f"- GB/s of the float32 side; median of {reps}; single thread; gguf-py on {grows} rows")
     ggml, ggml_from = ggml_cpu.load()
     print(f"- ggml-cpu: {ggml_from if ggml else 'not measured: ' + ggml_from}")
@@ -128,9 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"memcpy baseline at start (np.copyto float32 -> float32): **{mem:.2f} GB/s**")
     print()
 
-    best = formats.best_simd_path()
-    header = ["storage", "direction", f"dspark {best}", "dspark scalar", "numpy/ml_dtypes", "gguf-py",
-              "ggml-cpu", "memcpy (same moment)", f"{best} / memcpy", f"{best} / ggml-cpu (paired)"]
+    header = ["storage", "direction", f"dspark {path}", "dspark scalar", "numpy/ml_dtypes", "gguf-py",
+              "ggml-cpu", "memcpy (same moment)", f"{path} / memcpy", f"{path} / ggml-cpu (paired)"]
     exactness: list[str] = []
     vs_memcpy: list[float] = []
     vs_ggml: list[tuple[str, float]] = []
@@ -153,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         out16 = np.empty((rows, dim), np.float16)
 
         # ---- encode from f32
-        res = best_and_scalar(best, nbytes, lambda: formats.quantize_rows(x, storage, out=enc_out), reps)
+        res = path_and_scalar(path, nbytes, lambda: formats.quantize_rows(x, storage, out=enc_out), reps)
         npv = None
         if storage in ("f32", "f16", "bf16"):
             tgt = {"f32": dst32, "f16": out16, "bf16": enc_out}[storage]
@@ -168,20 +173,20 @@ def main(argv: list[str] | None = None) -> int:
         gc = vs = None
         if ggml is not None and ggml.has(storage):
             gout = np.empty_like(enc_out)
-            t_ours, t_ggml = paired_medians(lambda: formats.quantize_rows(x, storage, out=enc_out),
+            t_ours, t_ggml = paired_medians(on_path(path, lambda: formats.quantize_rows(x, storage, out=enc_out)),
                                             lambda: ggml.encode(storage, x, gout), reps)
             gc, vs = gbps(nbytes, t_ggml), t_ggml / t_ours
             vs_ggml.append((f"encode f32 -> {storage}", vs))
             exactness.append(_compare_with_ggml(ggml, storage, x, enc))
         m = memcpy_now()
-        vs_memcpy.append(res[best] / m)
-        print(f"| {storage} | encode f32 -> {storage} | {fmt(res[best])} | {fmt(res['scalar'])} | {fmt(npv)} "
-              f"| {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {fmt(vs)} |")
+        vs_memcpy.append(res[path] / m)
+        print(f"| {storage} | encode f32 -> {storage} | {fmt(res[path])} | {fmt(res['scalar'])} | {fmt(npv)} "
+              f"| {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[path] / m:.2f} | {fmt(vs)} |")
 
         # ---- decode to f32 / f16
         for od, out in ((np.float32, out32), (np.float16, out16)):
             odn = np.dtype(od).name
-            res = best_and_scalar(best, nbytes, lambda: formats.dequantize_rows(enc, storage, dim, od, out=out), reps)
+            res = path_and_scalar(path, nbytes, lambda: formats.dequantize_rows(enc, storage, dim, od, out=out), reps)
             npv = None
             if storage in ("f32", "f16", "bf16"):
                 npv = gbps(nbytes, median_time(lambda: np.copyto(out, enc, casting="unsafe"), reps))
@@ -201,16 +206,17 @@ def main(argv: list[str] | None = None) -> int:
             gc = vs = None
             if ggml is not None and od == np.float32 and ggml.has_decode(storage):
                 gout32 = np.empty_like(out)
-                t_ours, t_ggml = paired_medians(lambda: formats.dequantize_rows(enc, storage, dim, od, out=out),
+                t_ours, t_ggml = paired_medians(on_path(path, lambda: formats.dequantize_rows(enc, storage, dim, od,
+                                                                                           out=out)),
                                                 lambda: ggml.decode(storage, enc, gout32), reps)
                 gc, vs = gbps(nbytes, t_ggml), t_ggml / t_ours
                 vs_ggml.append((f"decode {storage} -> float32", vs))
                 if not np.array_equal(gout32.view(np.uint32), out.view(np.uint32)):
                     exactness.append(f"decode {storage} -> float32: ggml-cpu and dspark bytes differ")
             m = memcpy_now()
-            vs_memcpy.append(res[best] / m)
-            print(f"| {storage} | decode {storage} -> {odn} | {fmt(res[best])} | {fmt(res['scalar'])} "
-                  f"| {fmt(npv)} | {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[best] / m:.2f} | {fmt(vs)} |")
+            vs_memcpy.append(res[path] / m)
+            print(f"| {storage} | decode {storage} -> {odn} | {fmt(res[path])} | {fmt(res['scalar'])} "
+                  f"| {fmt(npv)} | {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[path] / m:.2f} | {fmt(vs)} |")
     print()
     print("numpy/ml_dtypes = `np.copyto(dst, src, casting='unsafe')` (astype into a preallocated array); "
           "gguf-py includes its allocations. ggml-cpu = one call over all rows, single thread; the last "

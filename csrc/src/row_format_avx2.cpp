@@ -24,12 +24,6 @@ inline std::uint16_t f16_of(float d) {
     return static_cast<std::uint16_t>(_mm_extract_epi16(_mm_cvtps_ph(_mm_set_ss(d), kRne), 0));
 }
 
-inline bool any_nan8(__m256 a, __m256 b, __m256 c, __m256 e) {
-    const __m256 u = _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q)),
-                                  _mm256_or_ps(_mm256_cmp_ps(c, c, _CMP_UNORD_Q), _mm256_cmp_ps(e, e, _CMP_UNORD_Q)));
-    return _mm256_movemask_ps(u) != 0;
-}
-
 // Round half away from zero (roundf), exact: r = trunc(v); |v - r| is exact.
 inline __m256 roundf8(__m256 v) {
     const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -115,71 +109,153 @@ inline __m256i nonfinite32(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
         _mm256_or_si256(nonfinite8(_mm256_castps_si256(v2)), nonfinite8(_mm256_castps_si256(v3))));
 }
 
-bool a_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+// Quantizers work in groups of G8 blocks, as the AVX-512 ones do in 16s: the
+// 8 block maxima come from one transposing butterfly, and the scales (two
+// IEEE divisions and an f16 rounding per block) are computed 8 at a time, so
+// no scalar division or horizontal reduction sits in the per-block path. A
+// group holding a NaN goes to the scalar block code; the tail goes block by
+// block. Divisions are exact (correctly rounded), so the bytes are the same.
+constexpr std::size_t G8 = 8;
+
+// All-ones lanes where any of the block's four vectors is NaN.
+inline __m256 nan32(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    return _mm256_or_ps(_mm256_or_ps(_mm256_cmp_ps(v0, v0, _CMP_UNORD_Q), _mm256_cmp_ps(v1, v1, _CMP_UNORD_Q)),
+                        _mm256_or_ps(_mm256_cmp_ps(v2, v2, _CMP_UNORD_Q), _mm256_cmp_ps(v3, v3, _CMP_UNORD_Q)));
+}
+
+inline __m256 absmax32(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
+    return _mm256_max_ps(_mm256_max_ps(abs8(v0), abs8(v1)), _mm256_max_ps(abs8(v2), abs8(v3)));
+}
+
+// The horizontal maxima of 8 vectors, as one vector (lane k = max of m[k]):
+// 128-bit halves, then pairs, then single floats, then one permute back to
+// block order (7 max and 15 shuffles for 8 blocks). Callers pass no NaN.
+inline __m256 hmax8x8(const __m256* m) {
+    __m256 v[4], w[2];
+    for (int k = 0; k < 4; ++k)  // [m(2k) folded to 4 | m(2k+1) folded to 4]
+        v[k] = _mm256_max_ps(_mm256_permute2f128_ps(m[2 * k], m[2 * k + 1], 0x20),
+                             _mm256_permute2f128_ps(m[2 * k], m[2 * k + 1], 0x31));
+    for (int k = 0; k < 2; ++k)  // 2 floats per block
+        w[k] = _mm256_max_ps(_mm256_shuffle_ps(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(v[2 * k], v[2 * k + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    const __m256 r = _mm256_max_ps(_mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm256_shuffle_ps(w[0], w[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    // r holds blocks 0, 2, 4, 6 | 1, 3, 5, 7.
+    return _mm256_permutevar8x32_ps(r, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
+// d (as f16 bits) and id = 1 / d (0 where d == 0) for 8 blocks, from their
+// (signed, for q4_0) max and the divisor; no lane divides by zero.
+inline void scales8(__m256 mx, float divisor, float* id, std::uint16_t* dh) {
+    const __m256 one = _mm256_set1_ps(1.0f);
+    const __m256 d = _mm256_div_ps(mx, _mm256_set1_ps(divisor));
+    const __m256 nz = _mm256_cmp_ps(d, _mm256_setzero_ps(), _CMP_NEQ_UQ);
+    _mm256_storeu_ps(id, _mm256_and_ps(_mm256_div_ps(one, _mm256_blendv_ps(one, d, nz)), nz));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dh), _mm256_cvtps_ph(d, kRne));
+}
+
+// The 32 quants of a q8_0 block (after its d), from the block's id.
+inline void q8_quants(const float* x, std::uint8_t* out, float id) {
     const __m256i lowbyte = _mm256_set1_epi32(0xff);
     const __m256i perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    const __m256 vid = _mm256_set1_ps(id);
+    __m256i i[4];
+    for (int k = 0; k < 4; ++k)
+        i[k] = _mm256_and_si256(_mm256_cvttps_epi32(roundf8(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * k), vid))), lowbyte);
+    const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(i[0], i[1]), _mm256_packus_epi32(i[2], i[3]));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_permutevar8x32_epi32(p, perm));
+}
+
+// The 16 nibble bytes of a q4_0 block (after its d), from the block's id.
+inline void q4_quants(const float* x, std::uint8_t* out, float id) {
+    const __m256i lowbyte = _mm256_set1_epi32(0xff);
+    const __m256i fifteen = _mm256_set1_epi32(15);
+    const __m256 half8 = _mm256_set1_ps(8.5f);
+    const __m256 vid = _mm256_set1_ps(id);
+    auto q = [&](int k) {
+        const __m256 v = _mm256_loadu_ps(x + 8 * k);
+        const __m256i i = _mm256_and_si256(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v, vid), half8)), lowbyte);
+        return _mm256_min_epi32(i, fifteen);
+    };
+    const __m256i c0 = _mm256_or_si256(q(0), _mm256_slli_epi32(q(2), 4));
+    const __m256i c1 = _mm256_or_si256(q(1), _mm256_slli_epi32(q(3), 4));
+    const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);  // 16 x u16 in order
+    const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2), bytes);
+}
+
+// Signed value of the first element of block x whose magnitude is amax (+0
+// if amax is 0; amax is the block's largest magnitude, no NaN).
+inline float q4_signed_max(const float* x, float amax) {
+    if (!(amax > 0.0f)) return 0.0f;
+    const __m256 am = _mm256_set1_ps(amax);
+    unsigned mask = 0;
+    for (int k = 0; k < 4; ++k)
+        mask |= static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(abs8(_mm256_loadu_ps(x + 8 * k)), am,
+                                                                        _CMP_EQ_OQ)))
+                << (8 * k);
+    return x[__builtin_ctz(mask)];
+}
+
+// One group loop for both quantizers: Scalar is the NaN fallback block code,
+// SignedMax turns a block's largest magnitude into the max its d is made of,
+// Quants writes the block's quants.
+template <void (*Scalar)(const float*, std::uint8_t*), float (*SignedMax)(const float*, float),
+          void (*Quants)(const float*, std::uint8_t*, float)>
+bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::size_t block_bytes, float divisor) {
+    alignas(32) float amax[G8], mx[G8], id[G8];
+    alignas(16) std::uint16_t dh[G8];
+    __m256 m[G8];
     __m256i bad = _mm256_setzero_si256();
-    for (std::size_t b = 0; b < nb; ++b) {
+    std::size_t b = 0;
+    for (; b + G8 <= nb; b += G8) {
         const float* x = src + b * QK;
-        std::uint8_t* out = dst + b * Q8_0_BLOCK_BYTES;
+        std::uint8_t* out = dst + b * block_bytes;
+        __m256 nan = _mm256_setzero_ps();
+        for (std::size_t k = 0; k < G8; ++k) {
+            const float* xk = x + k * QK;
+            const __m256 v0 = _mm256_loadu_ps(xk), v1 = _mm256_loadu_ps(xk + 8);
+            const __m256 v2 = _mm256_loadu_ps(xk + 16), v3 = _mm256_loadu_ps(xk + 24);
+            bad = _mm256_or_si256(bad, nonfinite32(v0, v1, v2, v3));
+            nan = _mm256_or_ps(nan, nan32(v0, v1, v2, v3));
+            m[k] = absmax32(v0, v1, v2, v3);
+        }
+        if (_mm256_movemask_ps(nan) != 0) {
+            for (std::size_t k = 0; k < G8; ++k) Scalar(x + k * QK, out + k * block_bytes);
+            continue;
+        }
+        _mm256_store_ps(amax, hmax8x8(m));
+        for (std::size_t k = 0; k < G8; ++k) mx[k] = SignedMax(x + k * QK, amax[k]);
+        scales8(_mm256_load_ps(mx), divisor, id, dh);
+        for (std::size_t k = 0; k < G8; ++k) {
+            store_d(out + k * block_bytes, dh[k]);
+            Quants(x + k * QK, out + k * block_bytes, id[k]);
+        }
+    }
+    for (; b < nb; ++b) {  // the tail, one block at a time
+        const float* x = src + b * QK;
+        std::uint8_t* out = dst + b * block_bytes;
         const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
         const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
         bad = _mm256_or_si256(bad, nonfinite32(v0, v1, v2, v3));
-        if (any_nan8(v0, v1, v2, v3)) { quantize_block_q8_0_scalar(x, out); continue; }
-        const __m256 m = _mm256_max_ps(_mm256_max_ps(abs8(v0), abs8(v1)), _mm256_max_ps(abs8(v2), abs8(v3)));
-        const float amax = hmax8(m);
-        const float d = amax / 127.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        if (_mm256_movemask_ps(nan32(v0, v1, v2, v3)) != 0) { Scalar(x, out); continue; }
+        const float d = SignedMax(x, hmax8(absmax32(v0, v1, v2, v3))) / divisor;
+        const float i = d != 0.0f ? 1.0f / d : 0.0f;
         store_d(out, f16_of(d));
-        const __m256 vid = _mm256_set1_ps(id);
-        const __m256i i0 = _mm256_and_si256(_mm256_cvttps_epi32(roundf8(_mm256_mul_ps(v0, vid))), lowbyte);
-        const __m256i i1 = _mm256_and_si256(_mm256_cvttps_epi32(roundf8(_mm256_mul_ps(v1, vid))), lowbyte);
-        const __m256i i2 = _mm256_and_si256(_mm256_cvttps_epi32(roundf8(_mm256_mul_ps(v2, vid))), lowbyte);
-        const __m256i i3 = _mm256_and_si256(_mm256_cvttps_epi32(roundf8(_mm256_mul_ps(v3, vid))), lowbyte);
-        const __m256i p = _mm256_packus_epi16(_mm256_packus_epi32(i0, i1), _mm256_packus_epi32(i2, i3));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 2), _mm256_permutevar8x32_epi32(p, perm));
+        Quants(x, out, i);
     }
     return !_mm256_testz_si256(bad, bad);
 }
 
+inline float q8_max(const float*, float amax) { return amax; }
+
+bool a_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    return quantize_groups<quantize_block_q8_0_scalar, q8_max, q8_quants>(src, dst, nb, Q8_0_BLOCK_BYTES, 127.0f);
+}
+
 bool a_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
-    const __m256i lowbyte = _mm256_set1_epi32(0xff);
-    const __m256i fifteen = _mm256_set1_epi32(15);
-    const __m256 half8 = _mm256_set1_ps(8.5f);
-    __m256i bad = _mm256_setzero_si256();
-    for (std::size_t b = 0; b < nb; ++b) {
-        const float* x = src + b * QK;
-        std::uint8_t* out = dst + b * Q4_0_BLOCK_BYTES;
-        const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
-        const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
-        bad = _mm256_or_si256(bad, nonfinite32(v0, v1, v2, v3));
-        if (any_nan8(v0, v1, v2, v3)) { quantize_block_q4_0_scalar(x, out); continue; }
-        const __m256 a0 = abs8(v0), a1 = abs8(v1), a2 = abs8(v2), a3 = abs8(v3);
-        const float amax = hmax8(_mm256_max_ps(_mm256_max_ps(a0, a1), _mm256_max_ps(a2, a3)));
-        float max = 0.0f;
-        if (amax > 0.0f) {
-            const __m256 am = _mm256_set1_ps(amax);
-            const unsigned mask = static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a0, am, _CMP_EQ_OQ))) |
-                                  (static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a1, am, _CMP_EQ_OQ))) << 8) |
-                                  (static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a2, am, _CMP_EQ_OQ))) << 16) |
-                                  (static_cast<unsigned>(_mm256_movemask_ps(_mm256_cmp_ps(a3, am, _CMP_EQ_OQ))) << 24);
-            max = x[__builtin_ctz(mask)];
-        }
-        const float d = max / -8.0f;
-        const float id = d != 0.0f ? 1.0f / d : 0.0f;
-        store_d(out, f16_of(d));
-        const __m256 vid = _mm256_set1_ps(id);
-        auto q = [&](__m256 v) {
-            const __m256i i = _mm256_and_si256(_mm256_cvttps_epi32(_mm256_add_ps(_mm256_mul_ps(v, vid), half8)), lowbyte);
-            return _mm256_min_epi32(i, fifteen);
-        };
-        const __m256i c0 = _mm256_or_si256(q(v0), _mm256_slli_epi32(q(v2), 4));
-        const __m256i c1 = _mm256_or_si256(q(v1), _mm256_slli_epi32(q(v3), 4));
-        const __m256i w = _mm256_permute4x64_epi64(_mm256_packus_epi32(c0, c1), 0xD8);  // 16 x u16 in order
-        const __m128i bytes = _mm_packus_epi16(_mm256_castsi256_si128(w), _mm256_extracti128_si256(w, 1));
-        _mm_storeu_si128(reinterpret_cast<__m128i*>(out + 2), bytes);
-    }
-    return !_mm256_testz_si256(bad, bad);
+    return quantize_groups<quantize_block_q4_0_scalar, q4_signed_max, q4_quants>(src, dst, nb, Q4_0_BLOCK_BYTES,
+                                                                                  -8.0f);
 }
 
 inline float load_d(const std::uint8_t* p) {
