@@ -101,18 +101,18 @@ void quantize_block_q4_0_scalar(const float* x, std::uint8_t* out) {
     }
 }
 
-static bool any_nonfinite_scalar(const float* src, std::size_t n) {
-    bool bad = false;
-    for (std::size_t i = 0; i < n; ++i) bad |= is_nonfinite_bits(src[i]);
-    return bad;
+static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i)
+        if (is_nonfinite_bits(src[i])) return static_cast<std::int64_t>(i);
+    return -1;
 }
 static bool s_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q8_0_scalar(src + b * QK, dst + b * Q8_0_BLOCK_BYTES);
-    return any_nonfinite_scalar(src, nb * QK);
+    return s_find_nonfinite_f32(src, nb * QK) >= 0;
 }
 static bool s_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q4_0_scalar(src + b * QK, dst + b * Q4_0_BLOCK_BYTES);
-    return any_nonfinite_scalar(src, nb * QK);
+    return s_find_nonfinite_f32(src, nb * QK) >= 0;
 }
 static void s_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) {
@@ -134,7 +134,6 @@ static void s_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t n
         }
     }
 }
-static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n);
 
 // Copy in L2-sized pieces and check each piece while it is cache-hot.
 static std::int64_t s_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
@@ -149,12 +148,6 @@ static std::int64_t s_copy_find_nonfinite_f32(const float* src, float* dst, std:
         }
     }
     return first_bad;
-}
-
-static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i)
-        if ((f32_bits(src[i]) & 0x7f800000u) == 0x7f800000u) return static_cast<std::int64_t>(i);
-    return -1;
 }
 
 const Kernels kScalarKernels = {
