@@ -154,47 +154,6 @@ inline void scales16(__m512 m, float divisor, float* id, std::uint16_t* dh) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(dh), _mm512_cvtps_ph(d, kRne));
 }
 
-bool x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
-    alignas(64) float id[G];
-    __m512 m[G];
-    alignas(32) std::uint16_t dh[G];
-    __mmask16 bad = 0;
-    std::size_t b = 0;
-    for (; b + G <= nb; b += G) {
-        const float* x = src + b * QK;
-        std::uint8_t* out = dst + b * Q8_0_BLOCK_BYTES;
-        __mmask16 nan = 0;
-        for (std::size_t k = 0; k < G; ++k) {
-            const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
-            nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
-            bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
-            m[k] = _mm512_max_ps(abs16(v0), abs16(v1));
-        }
-        if (nan) {
-            for (std::size_t k = 0; k < G; ++k) quantize_block_q8_0_scalar(x + k * QK, out + k * Q8_0_BLOCK_BYTES);
-            continue;
-        }
-        scales16(hmax16x16(m), 127.0f, id, dh);
-        for (std::size_t k = 0; k < G; ++k) {
-            store_d(out + k * Q8_0_BLOCK_BYTES, dh[k]);
-            q8_block(x + k * QK, out + k * Q8_0_BLOCK_BYTES, id[k]);
-        }
-    }
-    for (; b < nb; ++b) {
-        const float* x = src + b * QK;
-        std::uint8_t* out = dst + b * Q8_0_BLOCK_BYTES;
-        const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-        bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
-        if (any_nan(v0, v1)) { quantize_block_q8_0_scalar(x, out); continue; }
-        const float a = _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1)));
-        const float d = a / 127.0f;
-        const float i = d != 0.0f ? 1.0f / d : 0.0f;
-        store_d(out, f16_of(d));
-        q8_block(x, out, i);
-    }
-    return bad != 0;
-}
-
 // Signed value of the first element of the block x whose magnitude is amax
 // (+0 if amax is 0; amax is the block's largest magnitude, no NaN).
 inline float q4_signed_max(const float* x, float amax) {
@@ -206,11 +165,15 @@ inline float q4_signed_max(const float* x, float amax) {
     return x[__builtin_ctz(mask)];
 }
 
-inline float q4_max(const float* x, __m512 v0, __m512 v1) {
-    return q4_signed_max(x, _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1))));
-}
+inline float q8_max(const float*, float amax) { return amax; }
 
-bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+// One group loop for both quantizers (as in the AVX2 file): Scalar is the NaN
+// fallback block code, SignedMax turns a block's largest magnitude into the
+// max its d is made of (q4_0: the sign of its first largest element, from an
+// L1-hot reload), Quants writes the block's quants.
+template <void (*Scalar)(const float*, std::uint8_t*), float (*SignedMax)(const float*, float),
+          void (*Quants)(const float*, std::uint8_t*, float)>
+bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::size_t block_bytes, float divisor) {
     alignas(64) float amax[G], mx[G], id[G];
     __m512 m[G];
     alignas(32) std::uint16_t dh[G];
@@ -218,7 +181,7 @@ bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     std::size_t b = 0;
     for (; b + G <= nb; b += G) {
         const float* x = src + b * QK;
-        std::uint8_t* out = dst + b * Q4_0_BLOCK_BYTES;
+        std::uint8_t* out = dst + b * block_bytes;
         __mmask16 nan = 0;
         for (std::size_t k = 0; k < G; ++k) {
             const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
@@ -227,31 +190,38 @@ bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
             m[k] = _mm512_max_ps(abs16(v0), abs16(v1));
         }
         if (nan) {
-            for (std::size_t k = 0; k < G; ++k) quantize_block_q4_0_scalar(x + k * QK, out + k * Q4_0_BLOCK_BYTES);
+            for (std::size_t k = 0; k < G; ++k) Scalar(x + k * QK, out + k * block_bytes);
             continue;
         }
-        // The 16 magnitudes by one butterfly (as q8_0); the sign of each block's
-        // first largest element then comes from an L1-hot reload of the block.
         _mm512_store_ps(amax, hmax16x16(m));
-        for (std::size_t k = 0; k < G; ++k) mx[k] = q4_signed_max(x + k * QK, amax[k]);
-        scales16(_mm512_load_ps(mx), -8.0f, id, dh);
+        for (std::size_t k = 0; k < G; ++k) mx[k] = SignedMax(x + k * QK, amax[k]);
+        scales16(_mm512_load_ps(mx), divisor, id, dh);
         for (std::size_t k = 0; k < G; ++k) {
-            store_d(out + k * Q4_0_BLOCK_BYTES, dh[k]);
-            q4_block(x + k * QK, out + k * Q4_0_BLOCK_BYTES, id[k]);
+            store_d(out + k * block_bytes, dh[k]);
+            Quants(x + k * QK, out + k * block_bytes, id[k]);
         }
     }
-    for (; b < nb; ++b) {
+    for (; b < nb; ++b) {  // the tail, one block at a time
         const float* x = src + b * QK;
-        std::uint8_t* out = dst + b * Q4_0_BLOCK_BYTES;
+        std::uint8_t* out = dst + b * block_bytes;
         const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
         bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
-        if (any_nan(v0, v1)) { quantize_block_q4_0_scalar(x, out); continue; }
-        const float d = q4_max(x, v0, v1) / -8.0f;
+        if (any_nan(v0, v1)) { Scalar(x, out); continue; }
+        const float d = SignedMax(x, _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1)))) / divisor;
         const float i = d != 0.0f ? 1.0f / d : 0.0f;
         store_d(out, f16_of(d));
-        q4_block(x, out, i);
+        Quants(x, out, i);
     }
     return bad != 0;
+}
+
+bool x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    return quantize_groups<quantize_block_q8_0_scalar, q8_max, q8_block>(src, dst, nb, Q8_0_BLOCK_BYTES, 127.0f);
+}
+
+bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
+    return quantize_groups<quantize_block_q4_0_scalar, q4_signed_max, q4_block>(src, dst, nb, Q4_0_BLOCK_BYTES,
+                                                                                 -8.0f);
 }
 
 std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
