@@ -418,6 +418,21 @@ def _check_out(out: Any, what: str, shape: tuple[int, ...], dtype: np.dtype, str
     return o
 
 
+def _prepare_out(a: _DevArray, out: Any, lib: str, shape: tuple[int, ...], dtype: np.dtype, stream: int,
+                 fn: str) -> tuple[Any, _DevArray]:
+    """The output of a conversion of ``a`` on ``stream``: ``out`` checked, or a
+    new array from ``lib`` on a's device; the stream ordered after the
+    producers of both (CAI v3). Returns (the array to return, its view)."""
+    dev = _device_of(a)
+    _order_after_producer(a, stream, dev)
+    if out is None:
+        out = _alloc(lib, shape, dtype, dev, stream)
+    o = _check_out(out, f"{fn}: out", shape, dtype, stream)
+    _check_disjoint(a, o, fn)
+    _order_after_producer(o, stream, dev)
+    return out, o
+
+
 class DeviceArray:
     """A minimal owning, C-contiguous device array (cudaMalloc'd by dspark_core).
 
@@ -546,13 +561,7 @@ def quantize_rows(
     sdt = formats.storage_dtype(storage)
     oshape = (n, rb) if storage.startswith("q") else (n, dim)
     cu = _require()
-    dev = _device_of(a)
-    _order_after_producer(a, s, dev)
-    if out is None:
-        out = _alloc(lib, oshape, sdt, dev, s)
-    o = _check_out(out, "quantize_rows: out", oshape, sdt, s)
-    _check_disjoint(a, o, "quantize_rows")
-    _order_after_producer(o, s, dev)
+    out, o = _prepare_out(a, out, lib, oshape, sdt, s, "quantize_rows")
     bad = cu.encode(a.ptr, _ELEM[dt], o.ptr, _STORAGE[storage], n, dim, _POLICY[nonfinite],
                     nonfinite == "error", s)
     _mark_written(out, s, stream)
@@ -598,13 +607,7 @@ def dequantize_rows(
         )
     n = nbytes // rb
     cu = _require()
-    dev = _device_of(a)
-    _order_after_producer(a, s, dev)
-    if out is None:
-        out = _alloc(lib, (n, dim), odt, dev, s)
-    o = _check_out(out, "dequantize_rows: out", (n, dim), odt, s)
-    _check_disjoint(a, o, "dequantize_rows")
-    _order_after_producer(o, s, dev)
+    out, o = _prepare_out(a, out, lib, (n, dim), odt, s, "dequantize_rows")
     cu.decode(a.ptr, _STORAGE[storage], o.ptr, _ELEM[odt], n, dim, s)
     _mark_written(out, s, stream)
     return out
