@@ -133,7 +133,6 @@ cdef class Stager:
     cdef int64_t _max_seqs
     cdef size_t _row_bytes
     cdef object _stage_dtype
-    cdef object _storage
     cdef bint _view_rows
     cdef object _decoder
 
@@ -155,7 +154,6 @@ cdef class Stager:
         self._max_seqs = config.max_seqs
         self._row_bytes = self._core.row_bytes()
         self._stage_dtype = config.numpy_stage_dtype
-        self._storage = config.storage
         # Staged rows are a free view of the encoded bytes when formats agree.
         self._view_rows = (config.storage, config.stage_dtype) in (
             ("f32", "float32"), ("f16", "float16"), ("bf16", "bfloat16"))
