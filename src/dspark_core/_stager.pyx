@@ -296,8 +296,7 @@ cdef class Stager:
         for i in range(plans.size()):
             result.append(self._plan(plans[i], data, offset))
             offset += plans[i].n_rows * self._row_bytes
-        return BatchPlan(result, empty_rows=np.zeros((0, self._D), self._stage_dtype),
-                         empty_encoded=np.zeros((0, self._row_bytes), _U8))
+        return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype)
 
     def commit(self, seq):
         """The drafter decode and crop of the open round succeeded."""

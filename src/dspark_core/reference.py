@@ -289,8 +289,7 @@ class ReferenceStager:
         c = self.config
         return BatchPlan(
             [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],
-            empty_rows=np.zeros((0, c.feature_dim), c.numpy_stage_dtype),
-            empty_encoded=np.zeros((0, c.row_bytes), np.uint8),
+            feature_dim=c.feature_dim, row_bytes=c.row_bytes, stage_dtype=c.numpy_stage_dtype,
         )
 
     def _open(self, seq: Any) -> tuple[int, _Seq]:

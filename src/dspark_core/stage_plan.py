@@ -13,7 +13,7 @@ Positions are *drafter* positions (``abs_pos - pos_base``), always inside
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -31,6 +31,16 @@ DISABLED_WARNING = (
 )
 
 _Decoder = Callable[[np.ndarray], np.ndarray]
+
+
+def _no_rows(feature_dim: int, stage_dtype: Any) -> np.ndarray:
+    """No staged rows: ``(0, feature_dim)`` in the stage dtype."""
+    return np.zeros((0, feature_dim), stage_dtype)
+
+
+def _no_encoded(row_bytes: int) -> np.ndarray:
+    """No encoded rows: ``(0, row_bytes)`` bytes."""
+    return np.zeros((0, row_bytes), np.uint8)
 
 
 class StagePlan:
@@ -101,8 +111,8 @@ class StagePlan:
         return cls(
             seq=seq, start=start, skip=reason, rebase=False, clear_cache=False,
             positions=np.zeros(0, np.int32), block_positions=np.zeros(0, np.int32),
-            crop_from=-1, pos_base=-1, encoded_rows=np.zeros((0, row_bytes), np.uint8),
-            rows=np.zeros((0, feature_dim), stage_dtype),
+            crop_from=-1, pos_base=-1, encoded_rows=_no_encoded(row_bytes),
+            rows=_no_rows(feature_dim, stage_dtype),
         )
 
     @property
@@ -153,14 +163,16 @@ class BatchPlan:
         self,
         plans: Sequence[StagePlan],
         *,
-        empty_rows: np.ndarray | None = None,
-        empty_encoded: np.ndarray | None = None,
+        feature_dim: int = 0,
+        row_bytes: int = 0,
+        stage_dtype: Any = np.float32,
     ) -> None:
-        """``empty_rows`` / ``empty_encoded``: ``(0, D)`` / ``(0, row_bytes)`` arrays of the
-        stage / storage dtype, returned for an empty batch (so shapes never depend on it)."""
+        """``feature_dim``, ``row_bytes``, ``stage_dtype``: the shapes and dtype of
+        :attr:`rows` / :attr:`encoded_rows` for an empty batch, ``(0, D)`` and
+        ``(0, row_bytes)``, as a skipped plan's (so shapes never depend on it)."""
         self.plans = list(plans)
-        self._empty_rows = empty_rows if empty_rows is not None else np.zeros((0, 0), np.float32)
-        self._empty_encoded = empty_encoded if empty_encoded is not None else np.zeros((0, 0), np.uint8)
+        self._empty_rows = _no_rows(feature_dim, stage_dtype)
+        self._empty_encoded = _no_encoded(row_bytes)
         self.seqs = [p.seq for p in self.plans]
         active = [p for p in self.plans if p.skip is None]
         self.skips = {p.seq: p.skip for p in self.plans if p.skip is not None}
