@@ -149,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.2f}"
 
-
     for storage in formats.STORAGES:
         enc = formats.quantize_rows(x, storage)
         enc_out = np.empty_like(enc)
