@@ -98,19 +98,19 @@ void Stager::check_open(std::int64_t seq) const {
 }
 
 // -- the horizon ---------------------------------------------------------------
-// See reference.py: with f the smallest end an accept can leave, a later round
-// at start >= f needs rows >= start - K if it rebases, rows >= n_cache if not;
-// it must rebase when owed or when f - pos_base + B > W.
+// See reference.py: with f the smallest end an accept can leave, the last W
+// positions before f stay stageable. Every later round needs less than that
+// (a rebase needs rows >= start - K, a plain round rows >= n_cache >=
+// pos_base > f + B - W), and keeping W instead of K rows is what lets a
+// rollback of up to W - K positions still restage a full K-row context.
+// Live rows stay <= W + B, so held rows stay under W + TRIM_CHUNK + B + 1.
 
 std::int64_t Stager::firm_end(const Seq& s) const noexcept {
     return (s.accept_open && s.tentative > 0) ? s.end - s.tentative + 1 : s.end;
 }
 
 std::int64_t Stager::horizon_after(const Seq& s) const noexcept {
-    const std::int64_t f = firm_end(s);
-    const bool forced = s.restage_owed || f - s.pos_base + opt_.block_size > opt_.window;
-    const std::int64_t need = forced ? f - w_keep_ : std::min(s.n_cache, f - w_keep_);
-    return std::max(s.horizon, need);
+    return std::max(s.horizon, firm_end(s) - opt_.window);
 }
 
 void Stager::note_size(Seq& s) noexcept {
@@ -177,9 +177,6 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n,
     after_meta.started = true;
     after_meta.end = p0 + static_cast<std::int64_t>(n);
     after_meta.horizon = s.started ? s.horizon : p0;
-    after_meta.n_cache = s.started ? s.n_cache : p0;
-    after_meta.pos_base = s.started ? s.pos_base : p0;
-    after_meta.restage_owed = s.restage_owed;
     after_meta.accept_open = s.accept_open;
     after_meta.tentative = s.tentative;
     if (after_meta.accept_open) {
