@@ -29,13 +29,15 @@ namespace detail {
 // ----------------------------------------------------------------- scalar ---
 
 static inline bool is_nonfinite_bits(float v) { return (f32_bits(v) & 0x7f800000u) == 0x7f800000u; }
+// NaN compares false, so one compare catches NaN, +-Inf and overflow.
+static inline bool unencodable(float v, float limit) { return !(std::fabs(v) < limit); }
 
-// f32 -> f16 / bf16 with the fused non-finite check.
-template <std::uint16_t (*Narrow)(float)>
+// f32 -> f16 / bf16 with the fused check (NaN, Inf, or overflow to Inf).
+template <std::uint16_t (*Narrow)(float), float Limit>
 static bool s_f32_narrow(const float* src, std::uint16_t* dst, std::size_t n) {
     bool bad = false;
     for (std::size_t i = 0; i < n; ++i) {
-        bad |= is_nonfinite_bits(src[i]);
+        bad |= unencodable(src[i], Limit);
         dst[i] = Narrow(src[i]);
     }
     return bad;
@@ -106,13 +108,18 @@ static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
         if (is_nonfinite_bits(src[i])) return static_cast<std::int64_t>(i);
     return -1;
 }
+static std::int64_t s_find_unencodable_f32(const float* src, std::size_t n, float limit) {
+    for (std::size_t i = 0; i < n; ++i)
+        if (unencodable(src[i], limit)) return static_cast<std::int64_t>(i);
+    return -1;
+}
 static bool s_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q8_0_scalar(src + b * QK, dst + b * Q8_0_BLOCK_BYTES);
-    return s_find_nonfinite_f32(src, nb * QK) >= 0;
+    return s_find_unencodable_f32(src, nb * QK, Q8_0_LIMIT) >= 0;
 }
 static bool s_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q4_0_scalar(src + b * QK, dst + b * Q4_0_BLOCK_BYTES);
-    return s_find_nonfinite_f32(src, nb * QK) >= 0;
+    return s_find_unencodable_f32(src, nb * QK, Q4_0_LIMIT) >= 0;
 }
 static void s_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) {
@@ -151,8 +158,17 @@ static std::int64_t s_copy_find_nonfinite_f32(const float* src, float* dst, std:
 }
 
 const Kernels kScalarKernels = {
-    s_f32_narrow<f32_to_f16_scalar>, s_f32_narrow<f32_to_bf16_scalar>, s_f16_to_f32, s_bf16_to_f32, s_quantize_q8_0,
-    s_quantize_q4_0,   s_dequantize_q8_0, s_dequantize_q4_0, s_find_nonfinite_f32, s_copy_find_nonfinite_f32,
+    s_f32_narrow<f32_to_f16_scalar, F16_LIMIT>,
+    s_f32_narrow<f32_to_bf16_scalar, BF16_LIMIT>,
+    s_f16_to_f32,
+    s_bf16_to_f32,
+    s_quantize_q8_0,
+    s_quantize_q4_0,
+    s_dequantize_q8_0,
+    s_dequantize_q4_0,
+    s_find_nonfinite_f32,
+    s_find_unencodable_f32,
+    s_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail
