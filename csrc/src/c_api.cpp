@@ -120,9 +120,10 @@ ElemType elem_of(std::int32_t code, const char* what) {
 }
 
 NonFinite nonfinite_of(std::int32_t code, bool config) {
-    if (code < DSPARK_NONFINITE_ERROR || code > DSPARK_NONFINITE_CLAMP_F16) {
+    static_assert(DSPARK_NONFINITE_CLAMP + 1 == dspark::NONFINITE_COUNT, "the C codes follow dspark::NonFinite");
+    if (code < 0 || code >= dspark::NONFINITE_COUNT) {
         const std::string msg = "nonfinite code " + std::to_string(code) +
-                                " is not supported; use DSPARK_NONFINITE_ERROR, ZERO or CLAMP_F16 (0..2)";
+                                " is not supported; use DSPARK_NONFINITE_ERROR, ZERO, CLAMP_F16 or CLAMP (0..3)";
         if (config) throw dspark::ConfigError(msg);
         throw std::invalid_argument(msg);
     }
@@ -198,6 +199,26 @@ std::size_t out_row_bytes(const dspark_stager& st, std::int32_t dtype) {
     if (dtype == DSPARK_DTYPE_STORAGE) return st.core.row_bytes();
     return mul_size(static_cast<std::size_t>(st.config.feature_dim), dspark::elem_bytes(elem_of(dtype, "draft rows")),
                     "row size");
+}
+
+// strict: a draft at n_past that would skip because the buffered rows do not
+// end at n_past - 1 (a protocol mismatch: a missing accept, rollback or
+// process) is a StateError, with the cause (Python: protocol_mismatch.py).
+void check_strict(const dspark_stager& st, std::int64_t seq, std::int64_t n_past) {
+    if (!st.config.strict) return;
+    const dspark::SeqState s = st.core.state(seq);
+    if (s.disabled || !s.started || n_past <= s.n_cache || s.end == n_past) return;
+    const std::string cause =
+        s.end > n_past
+            ? "rows " + std::to_string(n_past) + ".." + std::to_string(s.end - 1) +
+                  " are still buffered: was accept() not called after the verify batch (it keeps n_accepted + 1 "
+                  "of its rows), or is a rollback() to the target's n_past missing?"
+            : "rows " + std::to_string(s.end) + ".." + std::to_string(n_past - 1) +
+                  " were never processed: every target decode (prefill chunk, verify batch) must be passed to "
+                  "process()";
+    throw dspark::StateError("sequence " + std::to_string(seq) + ": draft(n_past=" + std::to_string(n_past) +
+                             ") does not match the buffered rows (newest " + std::to_string(s.end - 1) + "): " +
+                             cause + " (strict=True; nothing changed)");
 }
 
 dspark_plan to_c(const dspark::RoundPlan& p) {
@@ -310,6 +331,12 @@ dspark_status dspark_stager_create(const dspark_config* config, dspark_stager** 
         o.storage = storage_of(c.storage, true);
         o.max_failures = c.max_failures;
         o.nonfinite = nonfinite_of(c.nonfinite, true);
+        if (c.stage_dtype < DSPARK_DTYPE_F32 || c.stage_dtype > DSPARK_DTYPE_BF16)
+            throw dspark::ConfigError("stage_dtype code " + std::to_string(c.stage_dtype) +
+                                      " is not supported; use DSPARK_DTYPE_F32, F16 or BF16");
+        o.stage = static_cast<ElemType>(c.stage_dtype);
+        if (c.strict != 0 && c.strict != 1)
+            throw dspark::ConfigError("strict must be 0 or 1, got " + std::to_string(c.strict));
         *out = new dspark_stager(o, c);  // the core checks every value (ConfigError)
     });
 }
@@ -394,6 +421,8 @@ dspark_status dspark_draft(dspark_stager* st, int64_t seq, int64_t n_past, int32
             require(plan, "plan");
             if (rows_written) *rows_written = 0;
             DraftSink sink(*st, rows_dtype, rows, rows_capacity);
+            core.check_ready(seq);
+            if (n_past >= 0) check_strict(*st, seq, n_past);  // a bad n_past is the core's error
             const dspark::RoundPlan p = core.draft_into(seq, n_past, sink.sink());
             const std::size_t written = sink.finish();
             *plan = to_c(p);
@@ -413,6 +442,11 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
             require_buffer(plans, n, "plans");
             if (rows_written) *rows_written = 0;
             DraftSink sink(*st, rows_dtype, rows, rows_capacity);
+            if (st->config.strict) {  // before anything opens: a rejected batch changes nothing
+                for (std::size_t i = 0; i < n; ++i) core.check_ready(seqs[i]);
+                for (std::size_t i = 0; i < n; ++i)
+                    if (n_pasts[i] >= 0) check_strict(*st, seqs[i], n_pasts[i]);
+            }
             std::vector<dspark::RoundPlan> out;
             core.draft_many_into(seqs, n_pasts, n, out, sink.sink());
             const std::size_t written = sink.finish();

@@ -116,6 +116,13 @@ TEST_CASE(create_rejects_bad_configs_with_their_codes) {
     c.max_failures = 0;
     CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
     c = config();
+    c.stage_dtype = DSPARK_DTYPE_STORAGE;  // a stage dtype is a float type
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("stage_dtype code -1"));
+    c = config();
+    c.strict = 2;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    c = config();
     c.rows_mode = DSPARK_ROWS_EXTERNAL;  // reserved, not in this version
     CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_UNSUPPORTED);
     c.rows_mode = 9;
@@ -242,7 +249,7 @@ TEST_CASE(bad_values_name_themselves) {
     bad[D + 4] = std::numeric_limits<float>::quiet_NaN();
     CHECK_EQ(dspark_process(h.st, 0, pos.data(), 2, bad.data(), DSPARK_DTYPE_F32, bad.size() * 4),
              DSPARK_E_INVALID_ARGUMENT);
-    CHECK(error_mentions("row 1 (position 6) holds a non-finite value"));
+    CHECK(error_mentions("row 1 (position 6), channel 4 holds nan"));
     std::size_t sz;
     CHECK_EQ(dspark_draft_size(h.st, 0, -1, DSPARK_DTYPE_F32, &sz), DSPARK_E_INVALID_ARGUMENT);
     CHECK(error_mentions("n_past must be in [0, 2**62), got -1"));
@@ -309,6 +316,67 @@ TEST_CASE(protocol_state_errors_and_atomicity) {
     CHECK(snap(h.st, 1) == before);
     CHECK_EQ(dspark_restore(h.st, 1, good.data(), good.size()), DSPARK_OK);
     CHECK(snap(h.st, 1) == good);
+}
+
+TEST_CASE(stage_dtype_bounds_what_process_accepts) {
+    // f32 storage staged as f16: 9e4 would be +inf in the drafter's f16 rows.
+    dspark_config c = config();
+    c.stage_dtype = DSPARK_DTYPE_F16;
+    Handle h(c);
+    auto rows = rows_for(0, 2);
+    rows[D + 7] = 9.0e4f;
+    const auto pos = span(0, 2);
+    CHECK_EQ(dspark_process(h.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("staged as float16"));
+    // The same rows are fine for an f32-staged Stager, and with nonfinite = CLAMP.
+    Handle f32(config());
+    CHECK_EQ(dspark_process(f32.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
+    c.nonfinite = DSPARK_NONFINITE_CLAMP;
+    Handle clamp(c);
+    CHECK_EQ(dspark_process(clamp.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
+}
+
+TEST_CASE(strict_rejects_a_protocol_mismatch_before_anything_changes) {
+    dspark_config c = config();
+    Handle lax(c);
+    c.strict = 1;
+    Handle strict(c);
+    for (dspark_stager* st : {lax.st, strict.st}) {
+        CHECK_EQ(process(st, 0, 0, 5), DSPARK_OK);
+        dspark_plan plan;
+        std::vector<float> out(static_cast<std::size_t>(W * D));
+        CHECK_EQ(dspark_draft(st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+        CHECK_EQ(dspark_commit(st, 0), DSPARK_OK);
+        CHECK_EQ(process(st, 0, 5, B + 1), DSPARK_OK);  // a verify batch, and no accept
+    }
+    dspark_plan plan;
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    // Without strict: a skip the caller must notice (and log).
+    CHECK_EQ(dspark_draft(lax.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_MISSING_ROWS);
+    // Strict: an error naming the cause, and no skip counted.
+    dspark_stats before, after;
+    dspark_stats_init(&before);
+    dspark_stats_init(&after);
+    CHECK_EQ(dspark_stats_get(strict.st, 0, &before), DSPARK_OK);
+    CHECK_EQ(dspark_draft(strict.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr),
+             DSPARK_E_STATE);
+    CHECK(error_mentions("rows 8..12 are still buffered: was accept() not called"));
+    const std::int64_t seqs[] = {1, 0};
+    const std::int64_t pasts[] = {0, 8};
+    dspark_plan plans[2];
+    CHECK_EQ(dspark_draft_many(strict.st, seqs, pasts, 2, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, nullptr),
+             DSPARK_E_STATE);
+    CHECK(error_mentions("draft(n_past=8) does not match the buffered rows (newest 12)"));
+    CHECK_EQ(dspark_stats_get(strict.st, 0, &after), DSPARK_OK);
+    CHECK(std::memcmp(&before, &after, sizeof before) == 0);
+    // Ordinary skips are not mismatches: an unstarted sequence still skips EMPTY.
+    CHECK_EQ(dspark_draft(strict.st, 1, 0, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_EMPTY);
+    CHECK_EQ(dspark_accept(strict.st, 0, 2), DSPARK_OK);
+    CHECK_EQ(dspark_draft(strict.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_NONE);
 }
 
 TEST_CASE(disabled_after_max_failures) {
@@ -497,8 +565,9 @@ TEST_CASE(encode_decode_rows_check_sizes_codes_and_overlap) {
                                 DSPARK_NONFINITE_ERROR, enc.data(), enc.size(), &bad), DSPARK_E_INVALID_ARGUMENT);
     CHECK_EQ(dspark_encode_rows(src.data(), 5, sb, 3, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR, enc.data(),
                                 enc.size(), &bad), DSPARK_E_TYPE);
-    CHECK_EQ(dspark_encode_rows(src.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, 3, enc.data(), enc.size(),
+    CHECK_EQ(dspark_encode_rows(src.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, 4, enc.data(), enc.size(),
                                 &bad), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("nonfinite code 4"));
     CHECK_EQ(dspark_encode_rows(nullptr, DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR,
                                 enc.data(), enc.size(), &bad), DSPARK_E_NULL_POINTER);
     CHECK_EQ(bad, 99);  // rejected calls write nothing

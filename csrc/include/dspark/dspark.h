@@ -68,11 +68,14 @@ enum {
     DSPARK_DTYPE_F16 = 1,
     DSPARK_DTYPE_BF16 = 2
 };
-/* What encoding does with NaN / +-Inf input (docs/c_api.md). */
+/* What encoding does with values it cannot encode as finite values: NaN,
+ * +-Inf, and finite values whose encoding overflows (f16 >= 65520, a q block
+ * whose scale overflows, ...; docs/c_api.md). */
 enum {
-    DSPARK_NONFINITE_ERROR = 0,    /* process: reject the call; encode_rows: convert, report the first one */
-    DSPARK_NONFINITE_ZERO = 1,     /* non-finite -> 0 */
-    DSPARK_NONFINITE_CLAMP_F16 = 2 /* NaN -> 0, clamp to [-65504, 65504] */
+    DSPARK_NONFINITE_ERROR = 0,     /* process: reject the call; encode_rows: convert, report the first one */
+    DSPARK_NONFINITE_ZERO = 1,      /* unencodable -> 0 */
+    DSPARK_NONFINITE_CLAMP_F16 = 2, /* NaN -> 0, clamp to [-65504, 65504] (and to the format's range) */
+    DSPARK_NONFINITE_CLAMP = 3      /* NaN -> 0, clamp to the largest magnitude the format encodes */
 };
 /* Which drafter step failed (dspark_fail). */
 enum { DSPARK_FAIL_DECODE = 0, DSPARK_FAIL_CROP = 1 };
@@ -104,6 +107,10 @@ typedef struct dspark_config {
     int64_t max_seqs;      /* sequence ids 0 .. max_seqs - 1; default 1, at most 65536 */
     int64_t max_failures;  /* consecutive failures that disable a sequence; default 3 */
     int32_t nonfinite;     /* DSPARK_NONFINITE_*; default ERROR */
+    int32_t stage_dtype;   /* DSPARK_DTYPE_F32/F16/BF16 the drafter takes rows in: under ERROR, process
+                              rejects rows that would not stay finite in it; default F32 */
+    int32_t strict;        /* 1: a draft whose n_past does not match the buffered rows (it would skip
+                              with MISSING_ROWS) fails with DSPARK_E_STATE instead; default 0 */
     int32_t rows_mode;     /* DSPARK_ROWS_HELD (the only mode of this version) */
 } dspark_config;
 
@@ -153,6 +160,8 @@ static inline void dspark_config_init(dspark_config* c) {
     c->max_seqs = 1;
     c->max_failures = 3;
     c->nonfinite = DSPARK_NONFINITE_ERROR;
+    c->stage_dtype = DSPARK_DTYPE_F32;
+    c->strict = 0;
     c->rows_mode = DSPARK_ROWS_HELD;
 }
 static inline void dspark_state_init(dspark_state* s) {
