@@ -613,6 +613,46 @@ TEST_CASE(encode_decode_rows_check_sizes_codes_and_overlap) {
                                 nullptr, 0, &bad), DSPARK_OK);  // zero rows: NULL is fine
 }
 
+// The anchor loop on `seq` through the C ABI; returns the bytes of every staged row.
+std::vector<std::uint8_t> anchor_loop(dspark_stager* st, std::int64_t seq) {
+    const std::int64_t accepts[] = {7, 3, 0, 7, 5, 1, 4};
+    std::vector<std::uint8_t> all, buf(static_cast<std::size_t>(W * D * 4));
+    if (process(st, seq, 0, 5, int(seq)) != DSPARK_OK) return {};
+    std::int64_t n_past = 5;
+    for (int rnd = 0; rnd <= 7; ++rnd) {
+        dspark_plan plan;
+        std::size_t written = 0;
+        if (dspark_draft(st, seq, n_past, DSPARK_DTYPE_F32, buf.data(), buf.size(), &plan, &written) != DSPARK_OK ||
+            dspark_commit(st, seq) != DSPARK_OK)
+            return {};
+        all.insert(all.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(written));
+        if (rnd == 7) break;
+        if (process(st, seq, n_past, B + 1, int(seq) * 16 + rnd + 1) != DSPARK_OK ||
+            dspark_accept(st, seq, accepts[rnd]) != DSPARK_OK)
+            return {};
+        n_past += accepts[rnd] + 1;
+    }
+    return all;
+}
+
+TEST_CASE(one_handle_from_several_threads) {
+    // Each thread drives its own sequence of one shared Stager; the results
+    // equal the same loops run one after another.
+    constexpr int N = 4;
+    Handle serial(config(DSPARK_STORAGE_BF16, N));
+    Handle shared(config(DSPARK_STORAGE_BF16, N));
+    std::vector<std::vector<std::uint8_t>> want(N), got(N);
+    for (int i = 0; i < N; ++i) want[i] = anchor_loop(serial.st, i);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < N; ++i) threads.emplace_back([&, i] { got[i] = anchor_loop(shared.st, i); });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < N; ++i) {
+        CHECK(!want[i].empty());
+        CHECK(got[i] == want[i]);
+    }
+    CHECK(want[0] != want[1]);  // the sequences' rows differ, so a mix-up would show
+}
+
 TEST_CASE(last_error_is_per_thread_and_cleared_by_success) {
     CHECK_EQ(dspark_begin(nullptr, 0), DSPARK_E_NULL_POINTER);
     std::string other = "unset";
