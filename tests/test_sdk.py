@@ -52,15 +52,23 @@ def test_pxd_files_are_in_the_package():
     assert (pkg / "_lib_stager.pxd").is_file() and (pkg / "_lib_row_format.pxd").is_file()
 
 
+def _interface_link_options() -> list[str]:
+    """The library's link usage requirements from its CMake package (a sanitizer build adds -fsanitize=...)."""
+    targets = (Path(dspark_core.get_cmake_dir()) / "dspark_coreTargets.cmake").read_text()
+    found = re.search(r'INTERFACE_LINK_OPTIONS "([^"]*)"', targets)
+    return [opt for opt in found.group(1).split(";") if opt] if found else []
+
+
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
 def test_c_program_through_the_c_abi_prints_what_python_prints(tmp_path):
     exe = tmp_path / "anchor_c"
-    subprocess.run(
+    build = subprocess.run(
         ["cc", "-std=c99", "-O1", "-Wall", "-Wextra", "-Wpedantic", "-Werror", str(ROOT / "examples/sdk/anchor_c.c"),
          f"-I{dspark_core.get_include()}", f"-L{dspark_core.get_library_dir()}",
-         "-ldspark_core", "-lstdc++", "-lm", "-lpthread", "-o", str(exe)],
-        check=True, capture_output=True, text=True,
+         "-ldspark_core", "-lstdc++", "-lm", "-lpthread", *_interface_link_options(), "-o", str(exe)],
+        capture_output=True, text=True,
     )
+    assert build.returncode == 0, build.stderr
     c_out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
     py_out = subprocess.run([sys.executable, str(ROOT / "examples/sdk/anchor.py")], check=True, capture_output=True,
                             text=True).stdout
