@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import logging
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
@@ -230,7 +229,7 @@ _DAMAGE = ("none", "none", "none", "flip", "cut", "grow", "patch", "patch", "pat
 _PATCH_FIELDS = (
     (32, "<q", "end"), (40, "<q", "horizon"), (48, "<q", "n_cache"), (56, "<q", "pos_base"),
     (64, "<q", "tentative"), (72, "<I", "failures"), (28, "<I", "flags"), (80, "<Q", "n_rows"),
-    (16, "<I", "window"), (76, "<I", "reserved"),
+    (16, "<I", "window"), (76, "<I", "reserved"), (13, "<B", "nonfinite"), (14, "<H", "content_flags"),
 )
 _PATCH_DELTAS = (-3, -2, -1, 1, 2, 3, 5, 8, 0, "zero", "neg1", "max62", "max63", "flip_flag", 4, -4)
 _ENC_MODES = ("valid",) * 6 + ("raw", "raw", "short", "int8", "flat", "flat", "valid_nan", "2d", "list", "valid")
@@ -812,7 +811,7 @@ class _Runner:
             lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
             new = (new - lo) % (hi - lo + 1) + lo  # wrap into the field
             struct.pack_into(fmt, data, off, new)
-            struct.pack_into("<I", data, len(data) - 4, zlib.crc32(bytes(data[:-4])) & 0xFFFFFFFF)
+            snapshot_format.refresh_checksums(data)
             return bytes(data), f"{src} with {fname} {old} -> {new} (checksum fixed)"
         return bytes(data), src
 
