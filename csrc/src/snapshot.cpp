@@ -72,6 +72,7 @@ std::string nonfinite_label(std::uint8_t code) {
         case static_cast<std::uint8_t>(NonFinite::Error): return "error";
         case static_cast<std::uint8_t>(NonFinite::Zero): return "zero";
         case static_cast<std::uint8_t>(NonFinite::ClampF16): return "clamp_f16";
+        case static_cast<std::uint8_t>(NonFinite::Clamp): return "clamp";
         default: return "code " + std::to_string(code);
     }
 }
