@@ -21,7 +21,7 @@ from hypothesis import strategies as hs
 
 from dspark_core import Stager, StagerConfig, _stager
 from dspark_core import snapshot_format as sf
-from dspark_core.config import NONFINITE_POLICIES, STORAGES
+from dspark_core.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
 from dspark_core.reference import ReferenceStager
 
 DATA = Path(__file__).parent / "data"
@@ -124,16 +124,19 @@ def primed(cls, cfg: StagerConfig, seq: int = 0, n: int = 40):
 
 @pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize("nonfinite", NONFINITE_POLICIES)
-def test_layout_matches_the_documented_format(storage, nonfinite, crc_path):
-    cfg = StagerConfig(feature_dim=64, block_size=4, window=24, max_seqs=2, storage=storage, nonfinite=nonfinite)
+@pytest.mark.parametrize("stage", ["float32", "float16"])
+def test_layout_matches_the_documented_format(storage, nonfinite, stage, crc_path):
+    cfg = StagerConfig(feature_dim=64, block_size=4, window=24, max_seqs=2, storage=storage, nonfinite=nonfinite,
+                       stage_dtype=stage)
     core, ref = primed(Stager, cfg), primed(ReferenceStager, cfg)
     data = core.snapshot(0)
     assert data == ref.snapshot(0)
     (magic, version, header, dim, st_code, nf_code, content, window, block, row_bytes, flags, end, horizon,
-     n_cache, pos_base, tentative, failures, reserved, n_rows, rows_crc, header_crc) = struct.unpack_from(
-        "<4sHHIBBHIIIIqqqqqIIQII", data, 0)
-    assert (magic, version, header, content, reserved) == (b"DSPK", 2, HEADER, 0, 0)
+     n_cache, pos_base, tentative, failures, stage_code, reserved, n_rows, rows_crc, header_crc) = struct.unpack_from(
+        "<4sHHIBBHIIIIqqqqqIB3sQII", data, 0)
+    assert (magic, version, header, content, reserved) == (b"DSPK", 2, HEADER, 0, bytes(3))
     assert (dim, STORAGES[st_code], NONFINITE_POLICIES[nf_code], window, block) == (64, storage, nonfinite, 24, 4)
+    assert STAGE_DTYPES[stage_code] == cfg.stage_dtype
     assert row_bytes == cfg.row_bytes
     state = core.state(0)
     assert (end, horizon, n_cache, pos_base, failures) == (
@@ -349,7 +352,8 @@ def _edited(data: bytes, offset: int, fmt: str, value: int) -> bytes:
     (6, "<H", 88, "header size"),
     (14, "<H", 1, "content flags 1"),
     (14, "<H", 0x8000, "content flags"),
-    (76, "<I", 1, "reserved"),
+    (77, "<B", 1, "reserved"),
+    (79, "<B", 0x80, "reserved"),
     (28, "<I", 1 << 7, "reserved"),
 ])
 def test_other_version_and_unknown_content_are_rejected(damage_setup, offset, fmt, value, match):
@@ -365,7 +369,7 @@ def test_other_version_and_unknown_content_are_rejected(damage_setup, offset, fm
 
 @pytest.mark.parametrize("change", [
     {"feature_dim": 96}, {"storage": "q8_0"}, {"window": 25}, {"block_size": 3}, {"nonfinite": "zero"},
-    {"nonfinite": "clamp_f16"},
+    {"nonfinite": "clamp_f16"}, {"nonfinite": "clamp"}, {"stage_dtype": "bfloat16"},
 ])
 def test_another_config_is_rejected_by_name(damage_setup, change):
     cfg, good = damage_setup

@@ -3,8 +3,8 @@
 // reference twin implements; tests compare the bytes of both.
 //
 // v2 layout in short: a 96-byte header (fields at v1's offsets; the
-// nonfinite policy and a content-flags word in v1's reserved bytes 13..15),
-// then the rows. Two CRC-32C's: one of the rows (offset 88) and one of the
+// nonfinite policy and a content-flags word in v1's reserved bytes 13..15,
+// the staged element type in v1's reserved byte 76), then the rows. Two CRC-32C's: one of the rows (offset 88) and one of the
 // header before it (offset 92). The header is checked first (a damaged
 // header reports damage, not a foreign config), then the rows are
 // checksummed while they are copied, in one pass (crc32c_copy).
@@ -80,20 +80,23 @@ std::string nonfinite_label(std::uint8_t code) {
 // The configuration a snapshot was taken under (v1 has no nonfinite policy).
 struct Fingerprint {
     std::uint32_t feature_dim, window, block, row_bytes;
-    std::uint8_t storage, nonfinite;
-    bool has_nonfinite;
+    std::uint8_t storage, nonfinite, stage;
+    bool v2;  // v1 records neither the nonfinite policy nor the staged type
 
     std::string str() const {
         const std::string name = storage < STORAGE_COUNT ? storage_name(static_cast<Storage>(storage))
                                                          : "code " + std::to_string(storage);
         std::string s = "feature_dim=" + std::to_string(feature_dim) + ", storage=" + name +
                         ", window=" + std::to_string(window) + ", block_size=" + std::to_string(block);
-        if (has_nonfinite) s += ", nonfinite=" + nonfinite_label(nonfinite);
+        if (v2) {
+            s += ", nonfinite=" + nonfinite_label(nonfinite) + ", stage_dtype=" +
+                 (stage <= static_cast<std::uint8_t>(ElemType::BF16) ? std::string(elem_name(static_cast<ElemType>(stage))) : "code " + std::to_string(stage));
+        }
         return s;
     }
     bool operator==(const Fingerprint& o) const {
         return feature_dim == o.feature_dim && window == o.window && block == o.block && row_bytes == o.row_bytes &&
-               storage == o.storage && (!has_nonfinite || nonfinite == o.nonfinite);
+               storage == o.storage && (!v2 || (nonfinite == o.nonfinite && stage == o.stage));
     }
 };
 
@@ -128,6 +131,7 @@ void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
     put<std::int64_t>(h + 56, s.pos_base);
     put<std::int64_t>(h + 64, s.tentative);
     put<std::uint32_t>(h + 72, static_cast<std::uint32_t>(s.failures));
+    put<std::uint8_t>(h + 76, static_cast<std::uint8_t>(opt_.stage));  // 77..79 reserved, zero
     put<std::uint64_t>(h + 80, static_cast<std::uint64_t>(n_rows));
     // One pass over the rows: each ring run is checksummed and copied together.
     std::uint32_t rows_crc = 0;
@@ -193,15 +197,17 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     }
 
     const Fingerprint theirs{take<std::uint32_t>(d + 8), take<std::uint32_t>(d + 16), take<std::uint32_t>(d + 20),
-                             take<std::uint32_t>(d + 24), d[12], d[13], !v1};
+                             take<std::uint32_t>(d + 24), d[12], d[13], d[76], !v1};
     const Fingerprint mine{static_cast<std::uint32_t>(opt_.feature_dim), static_cast<std::uint32_t>(opt_.window),
                            static_cast<std::uint32_t>(opt_.block_size), static_cast<std::uint32_t>(row_bytes_),
-                           static_cast<std::uint8_t>(opt_.storage), static_cast<std::uint8_t>(opt_.nonfinite), !v1};
+                           static_cast<std::uint8_t>(opt_.storage), static_cast<std::uint8_t>(opt_.nonfinite),
+                           static_cast<std::uint8_t>(opt_.stage), !v1};
     if (!(theirs == mine))
         bad("snapshot was taken with (" + theirs.str() + ") but this Stager has (" + mine.str() + ")");
     const std::uint32_t flags = take<std::uint32_t>(d + 28);
-    const bool reserved_set = v1 ? (d[13] || d[14] || d[15]) : false;
-    if (reserved_set || take<std::uint32_t>(d + 76) || (flags & ~FLAG_BITS)) bad("snapshot has reserved bits set");
+    // v1: bytes 13..15 and 76..79 reserved; v2: 77..79.
+    const bool reserved_set = v1 ? (d[13] || d[14] || d[15] || take<std::uint32_t>(d + 76)) : (d[77] || d[78] || d[79]);
+    if (reserved_set || (flags & ~FLAG_BITS)) bad("snapshot has reserved bits set");
     const std::uint64_t n_rows = take<std::uint64_t>(d + 80);
     // Overflow-safe: n_rows must fit the bytes actually present.
     if (n_rows > (n - header - trailer) / (row_bytes_ ? row_bytes_ : 1) || header + n_rows * row_bytes_ + trailer != n)

@@ -29,15 +29,23 @@ Version 2 (written); "fingerprint" fields must match the restoring Stager::
     56     8     pos_base (i64)
     64     8     tentative rows (i64)
     72     4     consecutive failures (u32)
-    76     4     reserved, zero
+    76     1     staged element type (u8, index in
+                 STAGE_DTYPES)                              fingerprint
+    77     3     reserved, zero
     80     8     n_rows (u64) == end - horizon
     88     4     CRC-32C of the row bytes [96, 96 + n_rows * row_bytes)
     92     4     CRC-32C of the header bytes [0, 92)
     96     ...   n_rows rows in storage format, oldest first
 
 Version 1 (read only): the same fields at the same offsets up to 88 (bytes
-13..15 reserved: no nonfinite policy, which is not checked for it), the rows
-at 88, and a trailing CRC-32 (zlib's) of every byte before it.
+13..15 and 76..79 reserved: it records neither the nonfinite policy nor the
+staged type, which are not checked for it), the rows at 88, and a trailing
+CRC-32 (zlib's) of every byte before it.
+
+The nonfinite policy and the staged type are fingerprinted because both
+bound the values a Stager lets into its rows (no NaN under "zero", finite
+after narrowing to float16 ...): rows written under one configuration must
+not reach a Stager that promised the other.
 
 CRC-32C is the Castagnoli CRC (SSE4.2's ``crc32`` instruction): the core
 checksums at memory speed. Restoring checks length, magic, version, the
@@ -58,7 +66,7 @@ from typing import Any
 
 import numpy as np
 
-from .config import NONFINITE_POLICIES, STORAGES
+from .config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER_BYTES", "V1_HEADER_BYTES", "SnapshotState", "pack", "unpack", "FLAG_BITS",
@@ -81,8 +89,9 @@ V1_TRAILER_BYTES = 4
 PREAMBLE_BYTES = 8
 
 # Fields common to both versions (offsets 0..88); v2 splits v1's reserved
-# bytes 13..15 into the nonfinite code (u8) and the content flags (u16).
-_FIELDS = struct.Struct("<4sHHIBBHIIIIqqqqqIIQ")
+# bytes 13..15 into the nonfinite code (u8) and the content flags (u16), and
+# v1's reserved u32 at 76 into the staged type (u8) and 3 reserved bytes.
+_FIELDS = struct.Struct("<4sHHIBBHIIIIqqqqqIB3sQ")
 assert _FIELDS.size == V1_HEADER_BYTES
 _CRCS = struct.Struct("<II")
 
@@ -94,7 +103,7 @@ FLAG_ACCEPT_OPEN = 16
 FLAG_BITS = FLAG_STARTED | FLAG_DISABLED | FLAG_OWED | FLAG_FIRST_ROUND | FLAG_ACCEPT_OPEN
 _MAX_POSITION = 1 << 62
 
-Fingerprint = tuple[int, int, int, int, int, int]
+Fingerprint = tuple[int, int, int, int, int, int, int]
 
 
 def snapshot_bytes(n_rows: int, row_bytes: int) -> int:
@@ -221,9 +230,9 @@ class SnapshotState:
 
 
 def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
-    """Serialise ``state`` (format v2) under ``fingerprint =
-    (feature_dim, storage_code, window, block, row_bytes, nonfinite_code)``."""
-    feature_dim, storage_code, window, block, row_bytes, nonfinite_code = fingerprint
+    """Serialise ``state`` (format v2) under ``fingerprint = (feature_dim, storage_code,
+    window, block, row_bytes, nonfinite_code, stage_code)`` (``StagerConfig.snapshot_fingerprint``)."""
+    feature_dim, storage_code, window, block, row_bytes, nonfinite_code, stage_code = fingerprint
     n_rows = len(state.rows) // row_bytes if row_bytes else 0
     flags = (
         FLAG_STARTED * state.started
@@ -235,7 +244,7 @@ def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
     fields = _FIELDS.pack(
         MAGIC, VERSION, HEADER_BYTES, feature_dim, storage_code, nonfinite_code, 0, window, block, row_bytes,
         flags, state.end, state.horizon, state.n_cache, state.pos_base, state.tentative,
-        state.failures, 0, n_rows,
+        state.failures, stage_code, b"\0\0\0", n_rows,
     )
     head = fields + struct.pack("<I", crc32c(state.rows))
     return head + struct.pack("<I", crc32c(head)) + state.rows
@@ -253,13 +262,14 @@ def refresh_checksums(data: bytearray) -> None:
     struct.pack_into("<I", data, HEADER_CRC_AT, crc32c(memoryview(data)[:HEADER_CRC_AT]))
 
 
+def _name(names: tuple[str, ...], code: int) -> str:
+    return names[code] if 0 <= code < len(names) else f"code {code}"
+
+
 def _describe(fp: tuple[int, ...], storages: tuple[str, ...], policies: tuple[str, ...] | None) -> str:
-    code = fp[1]
-    name = storages[code] if 0 <= code < len(storages) else f"code {code}"
-    out = f"feature_dim={fp[0]}, storage={name}, window={fp[2]}, block_size={fp[3]}"
-    if policies is not None:
-        p = fp[5]
-        out += f", nonfinite={policies[p] if 0 <= p < len(policies) else f'code {p}'}"
+    out = f"feature_dim={fp[0]}, storage={_name(storages, fp[1])}, window={fp[2]}, block_size={fp[3]}"
+    if policies is not None:  # v2
+        out += f", nonfinite={_name(policies, fp[5])}, stage_dtype={_name(STAGE_DTYPES, fp[6])}"
     return out
 
 
@@ -286,7 +296,7 @@ def unpack(
     if header_bytes != header:
         raise ValueError(f"bad snapshot header size {header_bytes}")
     (_, _, _, feature_dim, storage_code, nonfinite_code, content, window, block, row_bytes, flags,
-     end, horizon, n_cache, pos_base, tentative, failures, reserved, n_rows) = _FIELDS.unpack_from(data, 0)
+     end, horizon, n_cache, pos_base, tentative, failures, stage_code, reserved, n_rows) = _FIELDS.unpack_from(data, 0)
     if v1:
         (crc,) = struct.unpack_from("<I", data, n - 4)
         if zlib.crc32(data[:-4]) & _MASK != crc:
@@ -300,16 +310,17 @@ def unpack(
             raise ValueError(
                 f"snapshot content flags {content} are not supported by this build (rows held outside the snapshot?)"
             )
-    theirs = (feature_dim, storage_code, window, block, row_bytes, nonfinite_code)
+    theirs = (feature_dim, storage_code, window, block, row_bytes, nonfinite_code, stage_code)
     mine = tuple(fingerprint)
-    if theirs[:5] != mine[:5] or (not v1 and theirs[5] != mine[5]):
+    if theirs[:5] != mine[:5] or (not v1 and theirs[5:] != mine[5:]):
         names = None if v1 else policies
         raise ValueError(
             f"snapshot was taken with ({_describe(theirs, storages, names)}) "
             f"but this Stager has ({_describe(mine, storages, names)})"
         )
-    reserved_set = v1 and (nonfinite_code or content)  # v1's bytes 13..15
-    if reserved_set or reserved or flags & ~FLAG_BITS:
+    # v1: bytes 13..15 and 76..79 reserved; v2: 77..79.
+    reserved_set = reserved != b"\0\0\0" or (v1 and (nonfinite_code or content or stage_code))
+    if reserved_set or flags & ~FLAG_BITS:
         raise ValueError("snapshot has reserved bits set")
     if n != header + n_rows * row_bytes + trailer:
         raise ValueError(f"snapshot length {n} does not match its {n_rows} rows of {row_bytes} bytes")
