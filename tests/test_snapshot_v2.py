@@ -460,3 +460,30 @@ def test_version_1_damage_is_still_rejected(make_stager):
         st.restore(0, data)
     with pytest.raises(ValueError, match="snapshot was taken with"):
         make_stager(cfg.replace(window=25)).restore(0, (DATA / "snapshot_v1_q4_0.bin").read_bytes())
+
+
+# -- docs ------------------------------------------------------------------------
+
+
+def test_docs_size_table_follows_the_formula():
+    """docs/migration.md's size table is 96 + W * row_bytes, row_bytes from gguf-py's block geometry."""
+    import gguf
+
+    text = (Path(__file__).parent.parent / "docs" / "migration.md").read_text()
+    body = text.split("<!-- sizes:begin")[1].split("<!-- sizes:end -->")[0]
+    lines = [ln for ln in body.splitlines() if ln.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    windows = [int(h.split("=")[1].replace(",", "")) for h in header[3:]]
+    quant = {"f32": gguf.GGMLQuantizationType.F32, "f16": gguf.GGMLQuantizationType.F16,
+             "bf16": gguf.GGMLQuantizationType.BF16, "q8_0": gguf.GGMLQuantizationType.Q8_0,
+             "q4_0": gguf.GGMLQuantizationType.Q4_0}
+    seen = 0
+    for ln in lines[2:]:
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        dim, storage, rb = int(cells[0].replace(",", "")), cells[1], int(cells[2].replace(",", ""))
+        block, type_size = gguf.GGML_QUANT_SIZES[quant[storage]]
+        assert rb == dim // block * type_size
+        for w, cell in zip(windows, cells[3:]):
+            assert cell == f"{(96 + w * rb) / 1e6:,.1f} MB", (dim, storage, w)
+        seen += 1
+    assert seen == 20
