@@ -36,7 +36,8 @@ import argparse
 import sys
 import time
 import zlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -177,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
 
     lines = C.header_lines(
         "Snapshot / restore vs memcpy (bench_snapshot.py)",
-        [f"W = {W} rows prefilled (the snapshot holds the live rows), B = {a.block_size}; {repeats} interleaved "
-         f"repeats, medians; ratio = memcpy median / operation median (goal >= {GOAL}x for snapshot_into and "
-         "restore from a buffer)",
-         f"CRC-32C kernel: {results[0]['crc_path'] if results else '?'} (supported: "
-         f"{', '.join(_stager.crc32c_paths())})",
+        [(f"W = {W} rows prefilled (the snapshot holds the live rows), B = {a.block_size}; {repeats} interleaved "
+          f"repeats, medians; ratio = memcpy median / operation median (goal >= {GOAL}x for snapshot_into and "
+          "restore from a buffer)"),
+         (f"CRC-32C kernel: {results[0]['crc_path'] if results else '?'} (supported: "
+          f"{', '.join(_stager.crc32c_paths())})"),
          f"total wall time {wall:.0f} s"],
     )
     targets = []
@@ -200,10 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                          C.verdict(ok) if goal else "-"])
     lines += C.table(["storage", "D", "rows", "snapshot", "operation", "median ms", "GB/s", "vs memcpy",
                       f">= {GOAL}x"], rows, "lrrrlrrrl")
-    lines += ["", "GB/s counts the snapshot's bytes once (1e9 B/s). 'emptied slot' is what a decode node's reused "
-              "slot sees after begin(); a slot still holding rows must survive a damaged snapshot, so its rows "
-              "are checked before the copy (a second pass over the source). snapshot() pays the page faults of "
-              "a fresh bytes object each call.", ""]
+    lines += ["", ("GB/s counts the snapshot's bytes once (1e9 B/s). 'emptied slot' is what a decode node's "
+                   "reused slot sees after begin(); a slot still holding rows must survive a damaged snapshot, so "
+                   "its rows are checked before the copy (a second pass over the source). snapshot() pays the page "
+                   "faults of a fresh bytes object each call."), ""]
     lines += ["Snapshot sizes (96 + rows x row_bytes; the table in docs/migration.md uses the same formula):", ""]
     size_rows = []
     for s in storages:

@@ -131,8 +131,8 @@ def test_layout_matches_the_documented_format(storage, nonfinite, stage, crc_pat
     core, ref = primed(Stager, cfg), primed(ReferenceStager, cfg)
     data = core.snapshot(0)
     assert data == ref.snapshot(0)
-    (magic, version, header, dim, st_code, nf_code, content, window, block, row_bytes, flags, end, horizon,
-     n_cache, pos_base, tentative, failures, stage_code, reserved, n_rows, rows_crc, header_crc) = struct.unpack_from(
+    (magic, version, header, dim, st_code, nf_code, content, window, block, row_bytes, _flags, end, horizon,
+     n_cache, pos_base, _tentative, failures, stage_code, reserved, n_rows, rows_crc, header_crc) = struct.unpack_from(
         "<4sHHIBBHIIIIqqqqqIB3sQII", data, 0)
     assert (magic, version, header, content, reserved) == (b"DSPK", 2, HEADER, 0, bytes(3))
     assert (dim, STORAGES[st_code], NONFINITE_POLICIES[nf_code], window, block) == (64, storage, nonfinite, 24, 4)

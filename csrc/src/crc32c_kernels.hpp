@@ -14,11 +14,11 @@ namespace detail {
 
 // The reflected CRC-32C polynomial.
 inline constexpr std::uint32_t CRC32C_POLY = 0x82F63B78u;
-// Stream lengths of the three-way interleaved loop: LONG keeps 3 x 8 KiB in
-// L1 for the copy that follows; SHORT covers what is left of medium inputs.
+// Stream lengths of the three-way interleaved loop (LONG: 3 x 8 KiB; SHORT
+// covers what is left of medium inputs); the shift tables join the streams.
 inline constexpr std::size_t CRC_LONG = 8192;
 inline constexpr std::size_t CRC_SHORT = 256;
-// Copies are checksummed and copied in chunks of this many bytes (in L1).
+// The portable copy checksums and copies chunks of this many bytes (in L1).
 inline constexpr std::size_t CRC_COPY_CHUNK = 3 * CRC_LONG;
 // Copies at least this large use non-temporal stores (they would only evict
 // the cache; smaller ones are likely read again soon).

@@ -18,8 +18,9 @@ enum class CrcPath : std::uint8_t { Portable = 0, Sse42 = 1 };
 std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t n) noexcept;
 
 // Copies n bytes src -> dst (must not overlap) and returns crc32c(crc, src, n),
-// reading src once: each cache-sized chunk is checksummed, then copied while
-// still in cache. Large copies use non-temporal stores where the path has them.
+// reading src from memory once (SSE4.2: each word is checksummed and stored
+// in the same loop; portable: each L1-sized chunk is checksummed, then copied
+// from cache). Large copies use non-temporal stores where the path has them.
 std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src, std::size_t n) noexcept;
 
 // Runtime dispatch. The active path starts as the best one this CPU supports;
