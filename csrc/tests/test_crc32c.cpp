@@ -89,7 +89,7 @@ TEST_CASE(copy_checksums_and_copies) {
             set_crc_path(p);
             std::vector<std::uint8_t> dst(n + 5, 0xA5);
             CHECK_EQ(crc32c_copy(0, dst.data() + 3, src.data(), n), want);
-            CHECK(std::memcmp(dst.data() + 3, src.data(), n) == 0);
+            CHECK(n == 0 || std::memcmp(dst.data() + 3, src.data(), n) == 0);
             CHECK(dst[0] == 0xA5 && dst[1] == 0xA5 && dst[2] == 0xA5 && dst[n + 3] == 0xA5 && dst[n + 4] == 0xA5);
         }
     }
