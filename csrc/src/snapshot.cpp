@@ -12,6 +12,7 @@
 #include <cstring>
 #include <string>
 
+#include "dspark/byte_buffer.hpp"
 #include "dspark/crc32c.hpp"
 #include "dspark/errors.hpp"
 #include "dspark/stager.hpp"
@@ -164,7 +165,10 @@ std::size_t Stager::snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size
 std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     std::lock_guard<std::mutex> lock(mu_);
     const Seq& s = ready(seq);
-    std::vector<std::uint8_t> out(snapshot_bytes(s));
+    std::vector<std::uint8_t> out;
+    out.reserve(snapshot_bytes(s));
+    advise_huge_pages(out.data(), out.capacity());  // before resize() first touches it
+    out.resize(snapshot_bytes(s));
     write_snapshot(s, out.data());
     return out;
 }

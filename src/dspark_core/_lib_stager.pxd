@@ -18,6 +18,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         uint8_t* data()
         size_t size()
 
+    void advise_huge_pages(void* p, size_t n)
+
     cdef cppclass BufferPool:
         void give(ByteVec v)
         size_t pooled_bytes()

@@ -23,6 +23,7 @@ from libcpp.vector cimport vector
 from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
+    advise_huge_pages,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
     CrcPath, crc32c as c_crc32c, crc_path_supported, active_crc_path, set_crc_path, crc_path_name,
 )
@@ -443,6 +444,7 @@ cdef class Stager:
                 n = self._core.snapshot_size(s)
             out = PyBytes_FromStringAndSize(NULL, n)  # written in place, no second copy
             dp = PyBytes_AS_STRING(out)
+            advise_huge_pages(dp, n)  # fresh memory: fault it in 2 MiB at a time
             try:
                 with nogil:
                     written = self._core.snapshot_into(s, <uint8_t*>dp, n)
