@@ -524,8 +524,13 @@ def test_error_policy_names_first_nonfinite(lib: str) -> None:
     with pytest.raises(ValueError, match="row 1, column 200"):
         cuda.quantize_rows(to_dev(x, lib), "q8_0")
     x[1, 200] = 0.0
-    with pytest.raises(ValueError, match="nan at row 3, column 77"):
+    with pytest.raises(ValueError, match="row 3, column 77 holds nan"):
         cuda.quantize_rows(to_dev(x, lib), "f16")
+    # Overflow is non-finite too: a massive activation above f16's range.
+    x[2, 5] = 87929.0
+    with pytest.raises(ValueError, match=r"row 2, column 5 holds 87929, which overflows f16"):
+        cuda.quantize_rows(to_dev(x, lib), "f16")
+    cuda.quantize_rows(to_dev(x[:3], lib), "bf16")  # bf16 carries it (rows 0..2 hold no NaN)
 
 
 @gpu
