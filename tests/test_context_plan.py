@@ -9,7 +9,7 @@ import pytest
 
 from dspark_core.config import StagerConfig
 from dspark_core.context_plan import ContextPlan, plan_context, row_bytes
-from dspark_core.drafter_info import DrafterInfo
+from dspark_core.gguf.drafter_info import DrafterInfo
 from dspark_core.errors import ConfigError
 from gguf_helpers import dspark_kv, write_gguf
 

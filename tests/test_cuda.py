@@ -170,7 +170,7 @@ class FakeBackend:
         return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)
 
     def encode(self, src, in_code, dst, st_code, n, dim, pol, report, stream):
-        from dspark_core import _row_format
+        from dspark_core._ext import _row_format
 
         self.calls.append(("encode", in_code, st_code, n, dim, pol, report, stream))
         dt = IN_DTYPES[in_code]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig, TRIM_CHUNK
-from dspark_core import _stager
+from dspark_core._ext import _stager
 from dspark_core.reference import ReferenceStager
 
 D, B, W = 64, 16, 1024

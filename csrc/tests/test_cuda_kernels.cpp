@@ -1,6 +1,6 @@
 // The CUDA kernels, run on the host, against the CPU path.
 //
-// csrc/cuda/emulated/kernel_emulation.hpp models the execution subset the
+// csrc/tests/cuda_emulation/kernel_emulation.hpp models the execution subset the
 // kernels use (lanes of a warp in lock step as fibers, ballots and shuffles
 // evaluated when all 32 lanes reach them, divergence reported as an error),
 // so the kernels and the
@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "../cuda/emulated/kernel_emulation.hpp"  // first: the kernels need its model of CUDA
-#include "../cuda/emulated/cuda_runtime.h"
+#include "cuda_emulation/kernel_emulation.hpp"  // first: the kernels need its model of CUDA
+#include "cuda_emulation/cuda_runtime.h"
 
 #include "../cuda/row_format_kernels.cuh"
 #include "check.hpp"

@@ -16,10 +16,14 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ._stager import Stager
+from . import _old_paths
+
+_old_paths.install()
+
+from ._ext._stager import Stager
 from .config import STORAGES, TRIM_CHUNK, StagerConfig
 from .context_plan import ContextPlan, plan_context
-from .drafter_info import DrafterInfo, DrafterMetadataError
+from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
 from .formats import dequantize_rows, quantize_rows, row_bytes
 from .stage_plan import BatchPlan, StagePlan

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import STORAGES, TRIM_CHUNK, positive_int, storage_row_bytes, window_for
-from .drafter_info import DrafterInfo, DrafterMetadataError, inherited_context_warning
+from .gguf.drafter_info import DrafterInfo, DrafterMetadataError, inherited_context_warning
 from .errors import ConfigError
 
 __all__ = ["ContextPlan", "plan_context", "row_bytes", "WINDOW_CAP_ENV", "format_table"]

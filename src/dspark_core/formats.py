@@ -3,7 +3,7 @@
 Storage layouts are GGML's (``f32``, ``f16``, ``bf16``, ``q8_0``, ``q4_0``) and
 the conversions are bit-exact with ggml's reference quantizers (and so with
 ``gguf.quantize`` / ``gguf.dequantize``) on every SIMD path. The work happens
-in the C++ core (``dspark_core._row_format``) with the GIL released.
+in the C++ core (``dspark_core._ext._row_format``) with the GIL released.
 
 Example::
 
@@ -22,7 +22,7 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
-from . import _row_format
+from ._ext import _row_format
 
 __all__ = [
     "STORAGES",

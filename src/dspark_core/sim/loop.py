@@ -277,7 +277,7 @@ class SpeculativeLoop:
         prefill_chunk: prompt rows per ``process`` call (a server's ``n_batch``).
         check_recompute: ``0``/``False``: off; ``k``: check "incremental equals
             recompute" every ``k``-th committed round of each sequence (``True`` = every round).
-        rtol, atol: tolerances of that check (see :mod:`dspark_core.toy` for why 1e-9
+        rtol, atol: tolerances of that check (see :mod:`dspark_core.sim.toy` for why 1e-9
             suits a float64 drafter).
         use_draft_many: plan all sequences with one ``draft_many`` call per iteration
             (default: when there is more than one sequence).

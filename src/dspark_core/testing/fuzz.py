@@ -1,4 +1,4 @@
-"""``python -m dspark_core.fuzz``: coverage-guided fuzzing of the core against the reference.
+"""``python -m dspark_core.testing.fuzz``: coverage-guided fuzzing of the core against the reference.
 
 Targets (``--target``):
 
@@ -12,13 +12,13 @@ Targets (``--target``):
   argument) identically, a rejected restore leaves state and snapshot
   unchanged, and a restored slot must keep behaving identically.
 * ``decode``: ``dspark_core.formats.dequantize_rows`` of arbitrary bytes must
-  not crash and must equal ``dspark_core.reference_formats.decode`` bit for
+  not crash and must equal ``dspark_core.reference.formats.decode`` bit for
   bit (NaNs compared by their bits) on every SIMD path.
 
 Usage::
 
-    python -m dspark_core.fuzz --target ops --max-time 60 --corpus tests/fuzz_corpus/ops
-    python -m dspark_core.fuzz --target ops crash-1234      # replay: prints the op trace
+    python -m dspark_core.testing.fuzz --target ops --max-time 60 --corpus tests/fuzz_corpus/ops
+    python -m dspark_core.testing.fuzz --target ops crash-1234      # replay: prints the op trace
     dspark-core fuzz ...                                    # the same, as a subcommand
 
 Fuzzing needs atheris (``pip install dspark_core[fuzz]``); replaying files
@@ -56,14 +56,14 @@ __all__ = ["TARGETS", "target_ops", "target_snapshot", "target_decode", "replay"
 
 def target_ops(data: bytes) -> None:
     """Decode ``data`` to calls, run them on core and reference, compare and check."""
-    from .testing import decode_ops, run_differential
+    from . import decode_ops, run_differential
 
     config, ops = decode_ops(data)
     run_differential(config, ops)
 
 
 def _snapshot_bytes(config, head: bytes, rest: bytes, mode: int) -> bytes:
-    from . import snapshot_format as sf
+    from .. import snapshot_format as sf
 
     if mode % 3 == 0:
         return rest  # raw
@@ -89,10 +89,10 @@ def _snapshot_bytes(config, head: bytes, rest: bytes, mode: int) -> bytes:
 
 def target_snapshot(data: bytes) -> None:
     """``restore`` of arbitrary bytes must behave identically on core and reference."""
-    from .errors import StateError
-    from .testing import CONFIG_BYTES, Desync, Op, _Runner, decode_config
-    from .reference import ReferenceStager
-    from ._stager import Stager
+    from ..errors import StateError
+    from . import CONFIG_BYTES, Desync, Op, _Runner, decode_config
+    from ..reference import ReferenceStager
+    from .._ext._stager import Stager
 
     data = bytes(data)
     config = decode_config(data[:CONFIG_BYTES])
@@ -108,7 +108,7 @@ def target_snapshot(data: bytes) -> None:
         runner.run_op(op)
     blob = _snapshot_bytes(config, head, rest, mode)
     target = (mode >> 2) % config.max_seqs
-    from .testing import Call
+    from . import Call
 
     kind, _, _ = runner.call(Call("restore", (target, blob), f"restore({target}, <{len(blob)} fuzz bytes, mode {mode % 3}>)"))
     if kind == "raise":
@@ -135,8 +135,8 @@ def target_decode(data: bytes) -> None:
     """``formats.dequantize_rows`` of arbitrary bytes equals the reference decoder bit for bit."""
     import ml_dtypes
 
-    from . import formats
-    from . import reference_formats as rf
+    from .. import formats
+    from ..reference import formats as rf
 
     data = bytes(data)
     if len(data) < 2:
@@ -237,7 +237,7 @@ def replay(target: str, paths: Sequence[str], out=sys.stdout) -> int:
         with open(f, "rb") as fh:
             data = fh.read()
         if target == "ops":
-            from .testing import decode_ops
+            from . import decode_ops
 
             config, ops = decode_ops(data)
             print(f"{f}: {config}, {len(ops)} ops", file=out)
@@ -279,9 +279,9 @@ def _instrument_package(atheris) -> int:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Options of ``python -m dspark_core.fuzz`` (also used by ``dspark-core fuzz``)."""
+    """Options of ``python -m dspark_core.testing.fuzz`` (also used by ``dspark-core fuzz``)."""
     p = parser or argparse.ArgumentParser(
-        prog="python -m dspark_core.fuzz",
+        prog="python -m dspark_core.testing.fuzz",
         description="Fuzz the C++ core against the pure-Python reference (atheris), or replay inputs.",
     )
     p.add_argument("--target", choices=sorted(TARGETS), default="ops", help="what to fuzz (default: ops)")
@@ -303,7 +303,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         import atheris
     except ImportError:
-        print("dspark_core.fuzz: atheris is not installed; install it with "
+        print("dspark_core.testing.fuzz: atheris is not installed; install it with "
               "`pip install dspark_core[fuzz]` (or `pip install atheris`). "
               "Replaying files (CRASH_FILE arguments) works without it.", file=sys.stderr)
         return 2
@@ -312,11 +312,12 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("dspark_core").setLevel(logging.ERROR)
     fn = TARGETS[args.target]
     # Import everything the target touches before instrumenting, so coverage sees it.
-    from . import formats, reference, reference_formats, snapshot_format, testing  # noqa: F401
+    from .. import formats, reference, snapshot_format, testing
+    from ..reference import formats as reference_formats  # noqa: F401
 
     n_instrumented = _instrument_package(atheris)
-    print(f"dspark_core.fuzz: instrumented {n_instrumented} dspark_core functions", file=sys.stderr)
-    lf = [sys.argv[0] or "dspark_core.fuzz"]
+    print(f"dspark_core.testing.fuzz: instrumented {n_instrumented} dspark_core functions", file=sys.stderr)
+    lf = [sys.argv[0] or "dspark_core.testing.fuzz"]
     if args.runs is not None:
         lf.append(f"-runs={args.runs}")
     if args.max_time is not None:
@@ -339,14 +340,14 @@ def run(args: argparse.Namespace) -> int:
         atheris.Fuzz()
     except SystemExit as exc:  # libFuzzer exits when a limit is reached
         code = exc.code if isinstance(exc.code, int) else 0
-        print(f"dspark_core.fuzz: {args.target}: finished in {time.monotonic() - start:.1f}s "
+        print(f"dspark_core.testing.fuzz: {args.target}: finished in {time.monotonic() - start:.1f}s "
               f"({'no finding' if code == 0 else 'FINDING'})", file=sys.stderr)
         return 0 if code == 0 else 1
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m dspark_core.fuzz``."""
+    """Entry point of ``python -m dspark_core.testing.fuzz``."""
     args = build_parser().parse_args(argv)
     return run(args)
 

@@ -59,7 +59,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Run ``inspect``; returns the exit status (0, or 2 on a bad file or setting)."""
     from ..context_plan import format_table, plan_context
-    from ..drafter_info import DrafterInfo
+    from ..gguf.drafter_info import DrafterInfo
 
     # The report lists the metadata warnings itself: keep the logger from printing them twice.
     log = logging.getLogger("dspark_core")

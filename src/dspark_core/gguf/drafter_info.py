@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .config import positive_int
-from .errors import ConfigError
+from ..config import positive_int
+from ..errors import ConfigError
 
 __all__ = [
     "DrafterInfo",

@@ -54,12 +54,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from . import reference_formats as rf
-from . import snapshot_format
-from .config import STAGE_DTYPES, STORAGES, TRIM_CHUNK, StagerConfig
-from .errors import StateError
-from .reference import SEMANTIC_STATS, ReferenceStager
-from .stage_plan import SKIP_REASONS
+from ..reference import formats as rf
+from .. import snapshot_format
+from ..config import STAGE_DTYPES, STORAGES, TRIM_CHUNK, StagerConfig
+from ..errors import StateError
+from ..reference import SEMANTIC_STATS, ReferenceStager
+from ..stage_plan import SKIP_REASONS
 
 __all__ = [
     "Op",
@@ -878,7 +878,7 @@ def run_differential(
         Desync: on the first difference or violation, with the op trace.
     """
     if core is None:
-        from ._stager import Stager
+        from .._ext._stager import Stager
 
         core = Stager(config)
     if reference is None:
@@ -1119,7 +1119,7 @@ class InvariantChecker:
         return result
 
     def _enc(self, rows: Any) -> np.ndarray:
-        from .formats import quantize_rows
+        from ..formats import quantize_rows
 
         x = np.ascontiguousarray(rows)
         enc = quantize_rows(x, self._cfg.storage, nonfinite=_POLICY_FOR_TRUTH[self._cfg.nonfinite])

@@ -1,6 +1,6 @@
 """``dspark-core fuzz``: fuzz the C++ core against the pure-Python reference.
 
-The same as ``python -m dspark_core.fuzz`` (see :mod:`dspark_core.fuzz`):
+The same as ``python -m dspark_core.testing.fuzz`` (see :mod:`dspark_core.testing.fuzz`):
 ``--target ops|snapshot|decode``, ``--runs N``, ``--max-time S``,
 ``--corpus DIR``, and ``CRASH_FILE...`` to replay inputs (no atheris needed)
 with a readable op trace. Fuzzing itself needs atheris
@@ -28,7 +28,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
             "Exit status 1 on a finding."
         ),
     )
-    from ..fuzz import build_parser
+    from ..testing.fuzz import build_parser
 
     build_parser(p)
     p.set_defaults(func=run)
@@ -37,6 +37,6 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``fuzz``; returns the exit status."""
-    from ..fuzz import run as fuzz_run
+    from ..testing.fuzz import run as fuzz_run
 
     return fuzz_run(args)

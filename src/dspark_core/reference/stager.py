@@ -3,7 +3,7 @@
 :class:`ReferenceStager` has the same API as :class:`dspark_core.Stager` and
 is written to be obviously correct rather than fast: rows live in a dict keyed
 by absolute position, every rule is spelled out where it applies, and the
-row formats come from numpy / ml_dtypes / gguf-py (``reference_formats``).
+row formats come from numpy / ml_dtypes / gguf-py (``reference.formats``).
 It is the oracle the C++ core is tested against, op for op.
 
 State of one sequence (all positions absolute):
@@ -43,12 +43,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import reference_formats as rf
-from . import snapshot_format
-from ._args import as_count, as_encoded, as_index, as_positions, as_rows
-from .config import STORAGES, StagerConfig
-from .errors import StateError
-from .stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
+from . import formats as rf
+from .. import snapshot_format
+from .._args import as_count, as_encoded, as_index, as_positions, as_rows
+from ..config import STORAGES, StagerConfig
+from ..errors import StateError
+from ..stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
 

@@ -1,4 +1,4 @@
-"""Typed stubs of the private Cython module ``dspark_core._row_format``.
+"""Typed stubs of the private Cython module ``dspark_core._ext._row_format``.
 
 Use :mod:`dspark_core.formats` instead; these wrappers do no coercion.
 """

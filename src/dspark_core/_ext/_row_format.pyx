@@ -12,7 +12,7 @@ cimport numpy as cnp
 from libc.stdint cimport int64_t, uint8_t
 from libcpp.string_view cimport string_view
 
-from dspark_core._lib_row_format cimport (
+from dspark_core._ext._lib_row_format cimport (
     Storage, ElemType, NonFinite, SimdPath,
     row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name,
     encode_rows, decode_rows, find_nonfinite as c_find_nonfinite,

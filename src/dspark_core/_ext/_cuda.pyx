@@ -12,8 +12,8 @@ from libc.stdint cimport int64_t, uint8_t, uintptr_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 
-from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
-from dspark_core._lib_cuda cimport (
+from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
+from dspark_core._ext._lib_cuda cimport (
     cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
     cuda_pointer_device, cuda_device_name, encode_rows_cuda, decode_rows_cuda,
     cuda_stream_synchronize, cuda_copy_to_host, cuda_copy_to_device, cuda_stream_wait,

@@ -1,7 +1,7 @@
 """``dspark-core simulate``: a long-context speculative session, windowed vs absolute staging.
 
-Runs the same greedy session twice through :class:`~dspark_core.loop.SpeculativeLoop`
-with the toy models of :mod:`dspark_core.toy`:
+Runs the same greedy session twice through :class:`~dspark_core.sim.loop.SpeculativeLoop`
+with the toy models of :mod:`dspark_core.sim.toy`:
 
 * **windowed**: the Stager as configured (window ``W``): the drafter only ever
   runs at positions ``[0, W)`` and rebases when a round would not fit;
@@ -138,7 +138,7 @@ def make_stager(kind: str, config: Any) -> tuple[Any, str]:
 
     if kind in ("auto", "core"):
         try:
-            import dspark_core._stager  # noqa: F401
+            import dspark_core._ext._stager  # noqa: F401
             from dspark_core import Stager
         except ImportError as exc:
             if kind == "core":
@@ -184,8 +184,8 @@ def simulate(
         ConfigError / ValueError: for settings that cannot work.
     """
     from ..config import StagerConfig
-    from ..loop import SpeculativeLoop
-    from ..toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference
+    from ..sim.loop import SpeculativeLoop
+    from ..sim.toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference
 
     if context < 1 or generate < 1 or seqs < 1:
         raise ValueError("--context, --generate and --seqs must be >= 1")

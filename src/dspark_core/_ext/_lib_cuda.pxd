@@ -7,7 +7,7 @@ from libc.stdint cimport int64_t
 from libcpp cimport bool
 from libcpp.string cimport string
 
-from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
+from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
 
 
 cdef extern from "dspark_cuda.hpp" namespace "dspark" nogil:

@@ -43,10 +43,10 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from . import formats
+from .. import formats
 
 try:  # the extension exists only in builds with DSPARK_CUDA
-    from . import _cuda  # type: ignore[attr-defined]
+    from .._ext import _cuda  # type: ignore[attr-defined]
 
     _IMPORT_ERROR = ""
 except ImportError as _exc:  # pragma: no cover - depends on the build

@@ -20,8 +20,8 @@ from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
-from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
-from dspark_core._lib_stager cimport (
+from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
+from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
 )
@@ -30,7 +30,7 @@ from dspark_core._args import as_count, as_encoded, as_index, as_positions, as_r
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
-from dspark_core import _row_format
+from dspark_core._ext import _row_format
 
 cnp.import_array()
 dspark_set_error_types(ConfigError, StateError)

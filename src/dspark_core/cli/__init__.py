@@ -1,6 +1,6 @@
 """The ``dspark-core`` command: ``simulate`` (the main job), ``inspect``, ``fuzz``.
 
-Each subcommand lives in ``dspark_core.commands.<name>`` and provides
+Each subcommand lives in ``dspark_core.cli.<name>`` and provides
 ``add_parser(subparsers)``, which registers its parser with a ``run(args) -> int``
 function as the ``func`` default.
 """
@@ -21,7 +21,7 @@ COMMANDS = ("simulate", "inspect", "fuzz")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
-    from . import __version__
+    from .. import __version__
 
     parser = argparse.ArgumentParser(
         prog="dspark-core",
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for debug)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"dspark_core.commands.{name}").add_parser(sub)
+        importlib.import_module(f"dspark_core.cli.{name}").add_parser(sub)
     return parser
 
 

@@ -6,7 +6,7 @@ from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.vector cimport vector
 
-from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
+from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
 
 
 cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
