@@ -364,6 +364,20 @@ const char* storage_name(Storage s) noexcept {
     return "?";
 }
 
+std::size_t storage_block_elems(Storage s) {
+    check_storage(s);
+    return is_q(s) ? QK : 1;
+}
+
+const char* nonfinite_name(NonFinite p) noexcept {
+    switch (p) {
+        case NonFinite::Error: return "error";
+        case NonFinite::Zero: return "zero";
+        case NonFinite::ClampF16: return "clamp_f16";
+    }
+    return nullptr;
+}
+
 Storage storage_from_name(std::string_view name) {
     for (int i = 0; i < STORAGE_COUNT; ++i) {
         const auto s = static_cast<Storage>(i);

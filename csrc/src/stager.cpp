@@ -30,6 +30,14 @@ const char* skip_name(Skip s) noexcept {
     }
 }
 
+const char* fail_stage_name(FailStage s) noexcept {
+    switch (s) {
+        case FailStage::Decode: return "decode";
+        case FailStage::Crop: return "crop";
+    }
+    return nullptr;
+}
+
 Stager::Stager(const StagerOptions& o) : opt_(o) {
     if (o.feature_dim < 1) throw ConfigError("feature_dim must be >= 1, got " + std::to_string(o.feature_dim));
     if (o.block_size < 1) throw ConfigError("block_size must be >= 1, got " + std::to_string(o.block_size));

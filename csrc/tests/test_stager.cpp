@@ -87,6 +87,16 @@ TEST_CASE(anchor_loop_crosses_the_window) {
     CHECK_EQ(s.stats(0).rebases, 4);
 }
 
+TEST_CASE(skip_and_fail_stage_names) {
+    // The Python tables enumerate these until the first empty / null name.
+    CHECK(std::string(skip_name(Skip::None)).empty());
+    CHECK(std::string(skip_name(Skip::MissingRows)) == "missing_rows");
+    CHECK(std::string(skip_name(static_cast<Skip>(200))).empty());
+    CHECK(std::string(fail_stage_name(FailStage::Decode)) == "decode");
+    CHECK(std::string(fail_stage_name(FailStage::Crop)) == "crop");
+    CHECK(fail_stage_name(static_cast<FailStage>(200)) == nullptr);
+}
+
 TEST_CASE(config_errors_are_exceptions_not_aborts) {
     CHECK_THROWS(Stager(opts(10, 20)), ConfigError);   // W <= 2B
     CHECK_THROWS(Stager(opts(0, 20)), ConfigError);

@@ -14,14 +14,15 @@ the same protocol and is the test oracle.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 from . import _old_paths
 
 _old_paths.install()
 
 from ._ext._stager import Stager
-from .config import STORAGES, TRIM_CHUNK, StagerConfig
+from .config import TRIM_CHUNK, StagerConfig
+from .core_tables import FAIL_STAGES, NONFINITE_POLICIES, SKIP_REASONS, STORAGE_FORMATS, STORAGES, StorageFormat
 from .context_plan import ContextPlan, plan_context
 from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
@@ -38,6 +39,11 @@ __all__ = [
     "StateError",
     "TRIM_CHUNK",
     "STORAGES",
+    "STORAGE_FORMATS",
+    "StorageFormat",
+    "NONFINITE_POLICIES",
+    "SKIP_REASONS",
+    "FAIL_STAGES",
     "quantize_rows",
     "dequantize_rows",
     "row_bytes",

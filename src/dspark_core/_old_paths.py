@@ -77,4 +77,4 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
 def install() -> None:
     """Serve the old paths (idempotent)."""
     if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
-        sys.meta_path.append(_AliasFinder())
+        sys.meta_path.insert(0, _AliasFinder())  # before the path finder: an old package path (dspark_core.commands) must not load its submodules twice

@@ -22,6 +22,7 @@ from typing import Iterator
 import ml_dtypes
 import numpy as np
 
+from . import core_tables
 from ._ext import _row_format
 
 __all__ = [
@@ -40,10 +41,11 @@ __all__ = [
 ]
 
 #: Storage formats, in the C++ enum's order.
-STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+STORAGES = core_tables.STORAGES
 
-#: What :func:`quantize_rows` does with NaN / +-Inf inputs.
-NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "keep")
+#: What :func:`quantize_rows` does with NaN / +-Inf inputs: the core's
+#: policies plus ``"keep"`` (convert as-is; the first non-finite is not an error).
+NONFINITE_POLICIES = (*core_tables.NONFINITE_POLICIES, "keep")
 
 #: Input / output element dtypes.
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))

@@ -42,6 +42,15 @@ std::size_t elem_bytes(ElemType t) noexcept;
 
 // Names used across the Python API: "f32", "f16", "bf16", "q8_0", "q4_0".
 const char* storage_name(Storage s) noexcept;
+// Elements per block of a storage: QK for the block-quantised formats, 1 for
+// the float ones. A row of `dim` elements (a multiple of it) takes
+// dim / storage_block_elems(s) blocks of row_bytes(s, storage_block_elems(s))
+// bytes. Throws TypeError for a value that is not a Storage.
+std::size_t storage_block_elems(Storage s);
+// Name of a non-finite policy ("error", "zero", "clamp_f16"), or nullptr for
+// a value past the last policy: the binding enumerates the policies with it,
+// so the Python tables follow this enum without a copy.
+const char* nonfinite_name(NonFinite p) noexcept;
 // Throws ConfigError naming the bad value and the allowed ones.
 Storage storage_from_name(std::string_view name);
 

@@ -194,6 +194,10 @@ private:
     mutable std::mutex mu_;
 };
 
+// "disabled", "empty", "no_context", "missing_rows"; "" for Skip::None and for
+// a value past the last reason (the binding enumerates the reasons with it).
 const char* skip_name(Skip s) noexcept;
+// "decode", "crop"; nullptr for a value past the last stage.
+const char* fail_stage_name(FailStage s) noexcept;
 
 }  // namespace dspark

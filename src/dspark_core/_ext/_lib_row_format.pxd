@@ -47,6 +47,8 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     size_t row_bytes(Storage s, size_t dim) except +dspark_translate_exception
     size_t elem_bytes(ElemType t)
     const char* storage_name(Storage s)
+    size_t storage_block_elems(Storage s) except +dspark_translate_exception
+    const char* nonfinite_name(NonFinite p)
     Storage storage_from_name(string_view name) except +dspark_translate_exception
 
     int64_t encode_rows(const void* src, ElemType in_, void* dst, Storage out, size_t n_rows,

@@ -99,3 +99,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         SeqState state(int64_t seq) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
         const shared_ptr[BufferPool]& pool()
+
+    # "" for Skip::None and past the last reason; nullptr past the last stage.
+    const char* skip_name(Skip s)
+    const char* fail_stage_name(FailStage s)

@@ -8,6 +8,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+# The core's name tables (index == the C++ enum value); see dspark_core.core_tables.
+STORAGES: tuple[str, ...]
+STORAGE_BLOCKS: tuple[tuple[int, int], ...]
+NONFINITE_POLICIES: tuple[str, ...]
+SKIP_REASONS: tuple[str, ...]
+FAIL_STAGES: tuple[str, ...]
+
 def row_bytes(storage: str, dim: int) -> int:
     """Bytes of one row of ``dim`` elements stored as ``storage``."""
 

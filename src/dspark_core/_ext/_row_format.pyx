@@ -14,12 +14,14 @@ from libcpp.string_view cimport string_view
 
 from dspark_core._ext._lib_row_format cimport (
     Storage, ElemType, NonFinite, SimdPath,
-    row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name,
+    row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name, storage_name,
+    storage_block_elems, nonfinite_name, STORAGE_COUNT,
     encode_rows, decode_rows, find_nonfinite as c_find_nonfinite,
     simd_supported, best_simd_path as c_best_simd_path,
     active_simd_path as c_active_simd_path, set_simd_path as c_set_simd_path,
     simd_path_name, dspark_set_error_types,
 )
+from dspark_core._ext._lib_stager cimport Skip, FailStage, skip_name, fail_stage_name
 from dspark_core.errors import ConfigError, StateError
 
 cnp.import_array()
@@ -30,8 +32,46 @@ _F16 = np.dtype(np.float16)
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 _U8 = np.dtype(np.uint8)
 
-# Python-side codes of the C++ enums (NonFinite, SimdPath).
-_POLICIES = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2}
+# The core's name tables, enumerated from its enums (dspark_core.core_tables
+# publishes and checks them): index == the C++ enum value.
+STORAGES = tuple(storage_name(<Storage><uint8_t>i).decode() for i in range(STORAGE_COUNT))
+#: (elements, bytes) of one block of each storage.
+STORAGE_BLOCKS = tuple(
+    (storage_block_elems(<Storage><uint8_t>i), c_row_bytes(<Storage><uint8_t>i, storage_block_elems(<Storage><uint8_t>i)))
+    for i in range(STORAGE_COUNT))
+
+
+cdef tuple _names(const char* (*name)(int) noexcept, int first):
+    """Names of values ``first, first + 1, ...`` up to the first null / empty one."""
+    out = []
+    cdef const char* n
+    for i in range(first, 256):
+        n = name(i)
+        if n == NULL or n[0] == 0:
+            break
+        out.append(n.decode())
+    return tuple(out)
+
+
+cdef const char* _nonfinite_name(int i) noexcept:
+    return nonfinite_name(<NonFinite><uint8_t>i)
+
+
+cdef const char* _skip_name(int i) noexcept:
+    return skip_name(<Skip><uint8_t>i)
+
+
+cdef const char* _fail_stage_name(int i) noexcept:
+    return fail_stage_name(<FailStage><uint8_t>i)
+
+
+NONFINITE_POLICIES = _names(_nonfinite_name, 0)
+SKIP_REASONS = _names(_skip_name, 1)  # Skip::None (0) is no reason
+FAIL_STAGES = _names(_fail_stage_name, 0)
+
+# Python-side codes of the C++ enums (NonFinite, SimdPath). "keep" is the
+# conversion-only policy: convert as-is and report nothing (Error's code).
+_POLICIES = {"keep": 0, **{name: i for i, name in enumerate(NONFINITE_POLICIES)}}
 _PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
 
 

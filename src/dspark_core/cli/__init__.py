@@ -21,7 +21,7 @@ COMMANDS = ("simulate", "inspect", "fuzz")
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with every subcommand registered."""
-    from .. import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(
         prog="dspark-core",

@@ -138,8 +138,7 @@ def make_stager(kind: str, config: Any) -> tuple[Any, str]:
 
     if kind in ("auto", "core"):
         try:
-            import dspark_core._ext._stager  # noqa: F401
-            from dspark_core import Stager
+            from .._ext._stager import Stager
         except ImportError as exc:
             if kind == "core":
                 raise RuntimeError(f"the C++ core is not available ({exc})") from exc

@@ -43,7 +43,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .. import formats
+from .. import core_tables, formats
 
 try:  # the extension exists only in builds with DSPARK_CUDA
     from .._ext import _cuda  # type: ignore[attr-defined]
@@ -73,7 +73,7 @@ _U16 = np.dtype(np.uint16)
 
 _ELEM = {_F32: 0, _F16: 1, _BF16: 2}
 _STORAGE = {name: i for i, name in enumerate(formats.STORAGES)}
-_POLICY = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2}
+_POLICY = {"keep": 0, **{name: i for i, name in enumerate(core_tables.NONFINITE_POLICIES)}}
 _NAMES = {_F32: "float32", _F16: "float16", _BF16: "bfloat16", _U8: "uint8"}
 
 # DLPack device types.
@@ -559,7 +559,7 @@ def quantize_rows(
         raise ValueError(f"quantize_rows: expected a 1-D row or a 2-D (n_rows, feature_dim) array, got shape {a.shape}")
     rb = formats.row_bytes(storage, dim)
     sdt = formats.storage_dtype(storage)
-    oshape = (n, rb) if storage.startswith("q") else (n, dim)
+    oshape = (n, rb) if core_tables.STORAGE_FORMATS[storage].quantized else (n, dim)
     cu = _require()
     out, o = _prepare_out(a, out, lib, oshape, sdt, s, "quantize_rows")
     bad = cu.encode(a.ptr, _ELEM[dt], o.ptr, _STORAGE[storage], n, dim, _POLICY[nonfinite],

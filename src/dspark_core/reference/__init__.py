@@ -9,6 +9,6 @@ core's conversion code.
 from __future__ import annotations
 
 from . import formats
-from .stager import FAIL_STAGES, SEMANTIC_STATS, ReferenceStager
+from .stager import FAIL_STAGES, SEMANTIC_STATS, ReferenceStager, logger
 
 __all__ = ["ReferenceStager", "FAIL_STAGES", "SEMANTIC_STATS", "formats"]

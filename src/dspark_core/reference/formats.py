@@ -20,13 +20,16 @@ import numpy as np
 
 __all__ = ["encode", "decode", "apply_nonfinite", "STORAGES"]
 
+#: The storages this oracle implements, written out on purpose: the oracle
+#: does not read the core's table (a test checks both list the same formats).
 STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 _QT = {
     "bf16": gguf.GGMLQuantizationType.BF16,
     "q8_0": gguf.GGMLQuantizationType.Q8_0,
     "q4_0": gguf.GGMLQuantizationType.Q4_0,
 }
-_BLOCK_BYTES = {"q8_0": 34, "q4_0": 18}
+#: Bytes of one 32-element block, from gguf-py's own table.
+_BLOCK_BYTES = {name: gguf.GGML_QUANT_SIZES[qt][1] for name, qt in _QT.items() if name != "bf16"}
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 
 
@@ -85,7 +88,7 @@ def encode(x: np.ndarray, storage: str, nonfinite: str = "error") -> np.ndarray:
         q = gguf.quantize(x, _QT[storage]).reshape(n, dim // 32 * _BLOCK_BYTES[storage])
     if storage == "q4_0":
         # ggml C quirk: an all-zero block stores d = -0.0 (see module docstring).
-        blocks = q.reshape(-1, 18)
+        blocks = q.reshape(-1, _BLOCK_BYTES["q4_0"])
         zero = np.all(x.reshape(-1, 32) == 0, axis=1)
         blocks[zero, 0] = 0x00
         blocks[zero, 1] = 0x80

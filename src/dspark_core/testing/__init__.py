@@ -56,7 +56,7 @@ import numpy as np
 
 from ..reference import formats as rf
 from .. import snapshot_format
-from ..config import STAGE_DTYPES, STORAGES, TRIM_CHUNK, StagerConfig
+from ..config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, TRIM_CHUNK, StagerConfig
 from ..errors import StateError
 from ..reference import SEMANTIC_STATS, ReferenceStager
 from ..stage_plan import SKIP_REASONS
@@ -168,7 +168,7 @@ class _Reader:
         return out
 
 
-_NONFINITE_BY_BYTE = ("error", "error", "zero", "clamp_f16")
+_NONFINITE_BY_BYTE = ("error", *NONFINITE_POLICIES)
 
 
 def decode_config(head: bytes) -> StagerConfig:
@@ -187,7 +187,7 @@ def decode_config(head: bytes) -> StagerConfig:
     extra = b2 % 40 + (60 if b2 >= 200 else 0)
     max_seqs = 1 + b3 % 3
     stage_dtype = STAGE_DTYPES[(b3 >> 2) % len(STAGE_DTYPES)]
-    nonfinite = _NONFINITE_BY_BYTE[b4 % 4]
+    nonfinite = _NONFINITE_BY_BYTE[b4 % len(_NONFINITE_BY_BYTE)]
     return StagerConfig(
         dim, block, 2 * block + 1 + extra, max_seqs=max_seqs, storage=storage,
         max_failures=max_failures, stage_dtype=stage_dtype, nonfinite=nonfinite,
@@ -1040,7 +1040,7 @@ def check_invariants(
 # ---------------------------------------------------------------------------
 
 
-_POLICY_FOR_TRUTH = {"error": "keep", "zero": "zero", "clamp_f16": "clamp_f16"}
+_POLICY_FOR_TRUTH = {name: "keep" if name == "error" else name for name in NONFINITE_POLICIES}
 
 
 @dataclass
