@@ -10,7 +10,7 @@ single-threaded, into preallocated outputs.
     python bench/bench_convert.py            # 512 x 25,600 rows (~2 min max)
     python bench/bench_convert.py --quick    # 64 x 25,600, 3 repeats
 
-The ggml-cpu columns (ggml's own SIMD row converters, DESIGN.md section 6)
+The ggml-cpu columns (ggml's own SIMD row converters, docs/design.md section 6)
 appear when a libggml-cpu is found (``$DSPARK_GGML_LIB_DIR`` or an installed
 llama-cpp-python; see ggml_cpu.py), with a check of whose bytes equal ggml's
 reference quantizers.

@@ -78,7 +78,7 @@ DSPARK_CUDA=$MODE $PY -m pip install -q --no-build-isolation --no-deps . \
 $PY - <<'EOF'
 from dspark_core import cuda
 print("dspark_core.cuda.available():", cuda.available(), "devices:", cuda.device_count(),
-      "emulated:", cuda.emulated(), cuda.unavailable_reason())
+      "emulated:", cuda._emulated(), cuda.unavailable_reason())
 if not cuda.available():
     raise SystemExit("CUDA not available after the build: see the reason above (an old driver? CUDA 13 needs >= 580)")
 print("device 0:", cuda._cuda.device_name(0), "| runtime", cuda._cuda.runtime_version(),
@@ -127,7 +127,7 @@ def timeit(fn, reps=20):
 rng = np.random.default_rng(0)
 host = (rng.standard_normal((ROWS, DIM)) * rng.uniform(1e-2, 1e2, (ROWS, 1))).astype(np.float32)
 print(f"rows x dim = {ROWS} x {DIM} ({ROWS * DIM / 1e6:.1f} M elements); GB/s = (bytes read + bytes written) / time")
-if cuda.emulated():
+if cuda._emulated():
     print("EMULATED DEVICE (GPU_CHECK_CUDA=EMULATE): a rehearsal; these are CPU figures, not GPU ones")
 
 # Device-to-device copy bandwidth (the roofline for a streaming conversion).

@@ -12,7 +12,7 @@ Two groups:
   streams, ``out=``, and ``upload_plan``.
 
 Without a GPU, CI runs this file a second time against a DSPARK_CUDA=EMULATE
-build (``cuda.emulated()``): the CUDA host code, the kernels (under a
+build (``cuda._emulated()``): the CUDA host code, the kernels (under a
 lock-step warp model) and the binding on emulated devices in host memory, so
 the GPU tests run there too. In ctest, csrc/tests/test_cuda_kernels.cpp runs
 the kernels' source against the CPU bytes at several grid sizes, and
@@ -64,8 +64,8 @@ def test_module_imports_and_reports_availability() -> None:
     assert isinstance(cuda.available(), bool)
     assert cuda.device_count() >= 0
     assert cuda.available() == (cuda.device_count() > 0)
-    assert isinstance(cuda.emulated(), bool)
-    if cuda.emulated() and cuda.available():  # a DSPARK_CUDA=EMULATE build says so where it names a device
+    assert isinstance(cuda._emulated(), bool)
+    if cuda._emulated() and cuda.available():  # a DSPARK_CUDA=EMULATE build says so where it names a device
         assert "emulated" in cuda._cuda.device_name(0)
     if not cuda.available():
         reason = cuda.unavailable_reason()

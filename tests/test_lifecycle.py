@@ -1,4 +1,4 @@
-"""Lifecycle beyond the anchors: rollback, fork, shift, snapshot/restore, draft_many.
+"""Lifecycle beyond draft / commit / accept: rollback, fork, shift, snapshot/restore, draft_many.
 
 Each runs on the core and the reference (``make_stager``); the state machine
 in test_stager_state_machine.py also interleaves them at random.

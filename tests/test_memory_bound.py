@@ -1,7 +1,7 @@
 """Bounded memory: a sequence never holds more than W + TRIM_CHUNK + B + 1 rows.
 
-The anchor held the whole prompt until the first draft (~6 GB for a 60k
-prompt on a 27B target); the core keeps only rows a later round can stage.
+Staging without a window holds the whole prompt until the first draft (~6 GB
+for a 60k prompt on a 27B target); the core keeps only rows a later round can stage.
 """
 
 from __future__ import annotations

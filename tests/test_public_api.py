@@ -92,3 +92,11 @@ def test_old_fuzz_entry_point_runs_as_main():
     assert out.returncode == 0, out.stderr
     assert "--target" in out.stdout
     assert "dspark_core.testing.fuzz" in out.stderr  # the deprecation names the new path
+
+
+def test_cuda_emulated_is_deprecated_test_infrastructure():
+    from dspark_core import cuda
+
+    assert "emulated" not in cuda.__all__
+    with pytest.warns(DeprecationWarning, match="test infrastructure"):
+        assert cuda.emulated() == cuda._emulated()

@@ -417,7 +417,7 @@ std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
     if (stage != FailStage::Decode && stage != FailStage::Crop)
         throw std::invalid_argument("stage must be 'decode' or 'crop'");
     // The drafter cache is unknown now: restage cleanly from the retained rows,
-    // which are kept (the anchor dropped them and then soft-skipped forever).
+    // which are kept (dropping them would leave nothing to restage: a soft skip forever).
     s.open = false;
     s.restage_owed = true;
     s.first_round = false;

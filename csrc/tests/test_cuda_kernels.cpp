@@ -207,9 +207,8 @@ TEST_CASE(encode_matches_cpu_many_seeds) {
 }
 
 TEST_CASE(one_launch_per_contiguous_run) {
-    // DESIGN.md section 3: a whole run of rows (here 64 rows of 256) is one
-    // kernel launch, whatever the formats and policy (the anchor launched one
-    // per row).
+    // docs/design.md section 3: a whole run of rows (here 64 rows of 256) is one
+    // kernel launch, whatever the formats and policy (not one launch per row).
     const auto x = dataset(64 * DIM / 32, 17, false);
     for (int in = 0; in < 3; ++in) {
         const auto src = as_type(x, static_cast<ElemType>(in));

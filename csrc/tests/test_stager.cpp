@@ -1,4 +1,4 @@
-// C++ unit tests of the Stager state machine (no Python). The anchor's loop
+// C++ unit tests of the Stager state machine (no Python). The synthetic loop
 // scenario with window crossing, the memory bound, atomic rejection, and the
 // lifecycle operations. The Python suite compares the core with the reference
 // twin op for op; these tests keep the core testable on its own.
@@ -55,7 +55,7 @@ float first_value(const ByteVec& rows, std::size_t row) {
 
 }  // namespace
 
-TEST_CASE(anchor_loop_crosses_the_window) {
+TEST_CASE(synthetic_loop_crosses_the_window) {
     // B = 7, W = 20, K = 10; a 5-row prompt; accepts 7, 3, 0, 7, 5, 1, 4.
     Stager s(opts(7, 20));
     CHECK_EQ(s.w_keep(), 10);

@@ -1,6 +1,6 @@
 // Row formats: the storage encodings of feature rows and the conversions
 // between them. Bit-exact with ggml's reference quantizers (quantize_row_*_ref)
-// on every SIMD path; see DESIGN.md section 3.
+// on every SIMD path; see docs/design.md section 3.
 //
 // All functions take contiguous rows (row i of `dim` elements starts at
 // element i * dim) and never allocate. They are thread-safe.

@@ -1,4 +1,4 @@
-// Stager: the per-sequence staging state machine of DESIGN.md section 2.
+// Stager: the per-sequence staging state machine of docs/design.md section 2.
 //
 // The pure-Python twin (src/dspark_core/reference.py) spells out the same
 // rules; this implementation must match it op for op (the hypothesis state

@@ -114,7 +114,7 @@ cdef class _Bytes:
 cdef class Stager:
     """Windowed drafter staging for ``config.max_seqs`` sequences (C++ core).
 
-    See DESIGN.md section 2 for the round protocol::
+    See docs/protocol.md for the round protocol (docs/design.md section 2 for its rules)::
 
         st.begin(seq)
         st.process(seq, positions, rows)   # after every target decode

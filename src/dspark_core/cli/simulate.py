@@ -7,7 +7,7 @@ with the toy models of :mod:`dspark_core.sim.toy`:
   runs at positions ``[0, W)`` and rebases when a round would not fit;
 * **absolute**: the same session with the window disabled (``W`` larger than
   the whole session, so no rebase ever fires): rows are staged at their
-  absolute target positions, as the anchor implementation did.
+  absolute target positions, as staging without a window does.
 
 Both columns of the summary are measured, not assumed. Both runs are checked to
 be lossless (the output equals the target's own greedy decoding, token for
@@ -192,7 +192,7 @@ def simulate(
         raise ValueError("--fail-every must be >= 0")
     win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage)
     # "absolute": a window no session position can reach, so no rebase ever fires; its w_keep
-    # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as in the anchor
+    # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as without a window
     abs_window = 2 * (context + generate + block + 1) + 1
     abs_cfg = win_cfg.replace(window=max(abs_window, window))
 

@@ -56,7 +56,6 @@ except ImportError as _exc:  # pragma: no cover - depends on the build
 __all__ = [
     "available",
     "device_count",
-    "emulated",
     "unavailable_reason",
     "quantize_rows",
     "dequantize_rows",
@@ -95,15 +94,24 @@ def available() -> bool:
     return device_count() > 0
 
 
-def emulated() -> bool:
-    """True when this build runs the CUDA path on an emulated device.
+def _emulated() -> bool:
+    """True in a ``DSPARK_CUDA=EMULATE`` build (test infrastructure, never a release).
 
-    A ``DSPARK_CUDA=EMULATE`` build (tests and CI only) compiles the CUDA host
-    code and kernels for the CPU: "device memory" is host memory and the
-    kernels run under a lock-step warp model. Everything works and gives the
-    GPU's bytes, slowly; it is not a GPU.
+    Such a build compiles the CUDA host code and kernels for the CPU against
+    the emulated runtime of ``csrc/tests/cuda_emulation``: "device memory" is
+    host memory and the kernels run under a lock-step warp model. CI's
+    rehearsal of ``bench/gpu_check.sh`` and ``tests/test_cuda.py`` ask this.
     """
     return _cuda is not None and bool(_cuda.emulated())
+
+
+def emulated() -> bool:
+    """Deprecated (test infrastructure): whether this is an emulated-device test build."""
+    import warnings
+
+    warnings.warn("dspark_core.cuda.emulated() is test infrastructure and will be removed",
+                  DeprecationWarning, stacklevel=2)
+    return _emulated()
 
 
 def unavailable_reason() -> str:
@@ -672,7 +680,7 @@ def _usable_backend(name: str) -> bool:
     """cupy / torch is installed *and* sees a CUDA device (a CPU-only torch
     does not), and this build's devices are real ones (an emulated device's
     memory is host memory, which cupy / torch arrays are not)."""
-    if not _importable(name) or emulated():
+    if not _importable(name) or _emulated():
         return False
     try:
         mod = __import__(name)

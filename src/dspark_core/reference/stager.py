@@ -1,4 +1,4 @@
-"""The pure-Python reference stager: the executable form of DESIGN.md section 2.
+"""The pure-Python reference stager: the executable form of docs/design.md section 2.
 
 :class:`ReferenceStager` has the same API as :class:`dspark_core.Stager` and
 is written to be obviously correct rather than fast: rows live in a dict keyed

@@ -2,7 +2,7 @@
 
 :class:`SpeculativeLoop` drives a :class:`Target` and a :class:`Drafter` through
 any object with the Stager API (:class:`dspark_core.Stager` or
-:class:`dspark_core.reference.ReferenceStager`), following DESIGN.md section 2
+:class:`dspark_core.reference.ReferenceStager`), following docs/protocol.md (the rules: docs/design.md section 2)
 literally. Greedy decoding only.
 
 One round for a sequence whose target sits at ``n_past`` with a sampled but

@@ -1,9 +1,9 @@
-"""The anchor's loop test, extended past the window (B = 7, W = 20, K = 10).
+"""The synthetic loop test, extended past the window (B = 7, W = 20, K = 10).
 
-Reviewers asked for the synthetic rounds to cross the window and drive a
+The synthetic rounds cross the window and drive a
 rebase. A 5-row prompt, accept schedule 7, 3, 0, 7, 5, 1, 4: rounds start at
 5, 13, 17, 18, 26, 32, 34, 39; 17 is the first rebase. Expected values were
-worked by hand from DESIGN.md section 2 (see the comments per round).
+worked by hand from docs/design.md section 2 (see the comments per round).
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def test_window_constants():
     assert c.w_keep == K
 
 
-def test_anchor_loop_crosses_the_window(make_stager):
+def test_synthetic_loop_crosses_the_window(make_stager):
     st = make_stager(feature_dim=D, block_size=B, window=W)
     st.begin(0)
     st.process(0, np.arange(5), feature_rows(range(5), D))
