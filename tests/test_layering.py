@@ -25,3 +25,11 @@ def test_the_graph_sees_every_module_and_real_edges():
 def test_an_upward_import_is_reported():
     fake = {"_ext._stager": {"formats"}, "formats": {"_ext._row_format"}}
     assert layering.violations(fake) == ["_ext._stager (layer 3) imports formats (layer 4)"]
+
+
+def test_every_extension_has_a_stub():
+    """py.typed is shipped: each Cython module has a .pyi (checked against the build by stubtest in CI)."""
+    ext = layering.ROOT / "_ext"
+    sources = sorted(p.stem for p in ext.glob("*.pyx"))
+    assert sources == ["_cuda", "_row_format", "_stager"]
+    assert all((ext / f"{name}.pyi").is_file() for name in sources)

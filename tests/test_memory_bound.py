@@ -56,7 +56,7 @@ def test_steady_rounds_at_depth_stay_bounded():
     for s in (st, ref):
         s.process(0, np.arange(3000), prompt)
     n_past = 3000
-    for r in range(400):
+    for _r in range(400):
         verify = rng.standard_normal((B + 1, D)).astype(np.float32)
         n_acc = int(rng.integers(0, B + 1))
         for s in (st, ref):

@@ -72,7 +72,7 @@ def test_old_module_paths_import_every_old_name(old):
 def test_from_import_of_an_old_path_warns_and_works():
     sys.modules.pop("dspark_core.toy", None)
     with pytest.warns(DeprecationWarning, match="dspark_core.sim.toy"):
-        from dspark_core.toy import ToyTarget  # noqa: F401
+        from dspark_core.toy import ToyTarget
     from dspark_core.sim.toy import ToyTarget as new
 
     assert ToyTarget is new

@@ -14,12 +14,7 @@ the same protocol and is the test oracle.
 
 from __future__ import annotations
 
-from ._version import __version__
-
 from . import _old_paths
-
-_old_paths.install()
-
 from ._ext._stager import Stager
 from .config import TRIM_CHUNK, StagerConfig
 from .core_tables import FAIL_STAGES, NONFINITE_POLICIES, SKIP_REASONS, STORAGE_FORMATS, STORAGES, StorageFormat
@@ -28,6 +23,9 @@ from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
 from .formats import dequantize_rows, quantize_rows, row_bytes
 from .stage_plan import BatchPlan, StagePlan
+from ._version import __version__
+
+_old_paths.install()  # dspark_core.loop & co. (the flat layout's paths) still import, with a warning
 
 __all__ = [
     "__version__",

@@ -4,16 +4,23 @@ from typing import Any, Sequence
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import Self, disjoint_base
 
-from .config import StagerConfig
-from .stage_plan import BatchPlan, StagePlan
+from ..config import NONFINITE_POLICIES as NONFINITE_POLICIES
+from ..config import STORAGES as STORAGES
+from ..config import StagerConfig
+from ..stage_plan import DISABLED_WARNING as DISABLED_WARNING
+from ..stage_plan import FAIL_STAGES as FAIL_STAGES
+from ..stage_plan import SKIP_REASONS as SKIP_REASONS
+from ..stage_plan import BatchPlan, StagePlan
 
 TRIM_CHUNK: int
 MAX_POSITION: int
 
+@disjoint_base
 class Stager:
     config: StagerConfig
-    def __init__(self, config: StagerConfig) -> None: ...
+    def __new__(cls, config: StagerConfig) -> Self: ...
     @property
     def w_keep(self) -> int: ...
     def begin(self, seq: int) -> None: ...

@@ -228,7 +228,7 @@ def _dev_array(obj: Any, what: str, *, stream: int, writable: bool = False) -> _
     if hasattr(type(obj), "__cuda_array_interface__") or hasattr(obj, "__cuda_array_interface__"):
         try:
             cai = obj.__cuda_array_interface__
-        except Exception as exc:  # torch: bfloat16 / requires_grad tensors refuse CAI
+        except Exception as exc:  # noqa: BLE001 - torch: bfloat16 / requires_grad tensors refuse CAI
             cai_error = exc
     if has_dl:
         dev_type, dev_id = obj.__dlpack_device__()

@@ -129,7 +129,7 @@ def _reader_class() -> Any:
         _READER_CLASS = GGUFReader  # pragma: no cover - other gguf versions
         return _READER_CLASS
 
-    class _MetadataReader(GGUFReader):  # type: ignore[misc, valid-type]
+    class _MetadataReader(GGUFReader):
         def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
             count = int(count)
             itemsize = np.dtype(dtype).itemsize
@@ -158,7 +158,7 @@ def _reader_class() -> Any:
                     raise _Truncated(offs + 8 * n, size)
                 big = (self.byte_order == "S") == (sys.byteorder == "little")
                 unpack = struct.Struct(">Q" if big else "<Q").unpack_from
-                view = memoryview(self.data)
+                view = self.data.data  # the file's bytes (memoryview of the memmap)
                 try:
                     for _ in range(n):
                         if offs + 8 > size:
@@ -264,12 +264,13 @@ class _Fields:
         self.path = path
         self.fields: Mapping[str, Any] = reader.fields
 
-    def first(self, keys: list[str]) -> tuple[str, Any] | tuple[None, None]:
+    def first(self, keys: list[str]) -> tuple[str, Any | None]:
+        """The first of ``keys`` present and its field; ``(keys[0], None)`` when none is."""
         for k in keys:
             fld = self.fields.get(k)
             if fld is not None:
                 return k, fld
-        return None, None
+        return keys[0], None
 
     def bad(self, key: str, problem: str) -> DrafterMetadataError:
         return DrafterMetadataError(self.path, f"{key}: {problem}")

@@ -11,4 +11,4 @@ from __future__ import annotations
 from . import formats
 from .stager import FAIL_STAGES, SEMANTIC_STATS, ReferenceStager, logger
 
-__all__ = ["ReferenceStager", "FAIL_STAGES", "SEMANTIC_STATS", "formats"]
+__all__ = ["ReferenceStager", "FAIL_STAGES", "SEMANTIC_STATS", "formats", "logger"]

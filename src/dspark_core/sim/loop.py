@@ -48,6 +48,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
+
+#: Token ids: a sequence of ints or a 1-D integer array.
+Tokens = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 __all__ = [
     "Target",
@@ -101,7 +105,7 @@ class Target(Protocol):
 
     def reset(self) -> None: ...
 
-    def decode(self, tokens: Sequence[int]) -> TargetOutput: ...
+    def decode(self, tokens: Tokens) -> TargetOutput: ...
 
     def rollback(self, n_past: int) -> None: ...
 
@@ -129,7 +133,7 @@ class Drafter(Protocol):
         seq: int,
         positions: np.ndarray,
         rows: np.ndarray,
-        block_tokens: Sequence[int],
+        block_tokens: Tokens,
         block_positions: np.ndarray,
     ) -> np.ndarray: ...
 
@@ -326,7 +330,7 @@ class SpeculativeLoop:
         finally:
             self._t_stager += time.perf_counter() - t
 
-    def _tg(self, s: _SeqState, tokens: Sequence[int]) -> Any:
+    def _tg(self, s: _SeqState, tokens: Tokens) -> Any:
         t = time.perf_counter()
         try:
             return s.target.decode(tokens)
@@ -361,8 +365,8 @@ class SpeculativeLoop:
             s.log_n = need
 
     # -- phases ---------------------------------------------------------------------
-    def _prefill(self, s: _SeqState, prompt: Sequence[int]) -> None:
-        prompt = np.asarray(prompt, dtype=np.int64).reshape(-1)
+    def _prefill(self, s: _SeqState, tokens: Tokens) -> None:
+        prompt = np.asarray(tokens, dtype=np.int64).reshape(-1)
         if len(prompt) == 0:
             raise ValueError(f"sequence {s.seq}: empty prompt")
         s.target.reset()
@@ -406,7 +410,7 @@ class SpeculativeLoop:
             d.crop(s.seq, int(plan.crop_from))
         except AssertionError:
             raise
-        except Exception as exc:  # a drafter failure: recover through the Stager
+        except Exception as exc:  # noqa: BLE001 - a drafter failure: recover through the Stager
             self._t_drafter += time.perf_counter() - t
             # An expected failure (a DrafterError, e.g. out of KV slots) is routine; anything
             # else may be a drafter bug: recovered the same way, but said out loud.
@@ -503,7 +507,7 @@ class SpeculativeLoop:
     # -- driver -------------------------------------------------------------------------
     def run(
         self,
-        prompts: Sequence[Sequence[int]],
+        prompts: Sequence[Tokens],
         n_generate: int,
         progress: Callable[[int, int], None] | None = None,
     ) -> LoopResult:

@@ -46,11 +46,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
-from .loop import DrafterError
+from .loop import DrafterError, Tokens
 
 __all__ = [
     "ToyTarget",
@@ -198,7 +197,7 @@ class ToyTarget:
             nxt = int(self.perm[tok])
         return s, nxt
 
-    def decode(self, tokens: Sequence[int]) -> TargetOutput:
+    def decode(self, tokens: Tokens) -> TargetOutput:
         """Decode ``tokens`` at positions ``[n_past, n_past + len(tokens))``.
 
         Returns the greedy next token after each position and the capture rows.
@@ -234,7 +233,7 @@ class ToyTarget:
         return self._rows(self._tokens[lo:hi], self._states[lo:hi])
 
 
-def greedy_reference(target: ToyTarget, prompt: Sequence[int], n_generate: int) -> np.ndarray:
+def greedy_reference(target: ToyTarget, prompt: Tokens, n_generate: int) -> np.ndarray:
     """The target's own greedy decoding: prefill ``prompt``, then one token at a time.
 
     Returns the ``n_generate`` generated tokens (the first is the greedy token
@@ -273,6 +272,9 @@ class _KVCache:
 
     Position ``p`` of the sequence lives at index ``p``; ``n`` is the cache end.
     """
+
+    k: np.ndarray  # (layers, heads, capacity, head_dim), allocated by _alloc
+    v: np.ndarray
 
     def __init__(self, n_layers: int, n_heads: int, head_dim: int, dtype: np.dtype) -> None:
         self.shape = (n_layers, n_heads, head_dim)
@@ -450,7 +452,7 @@ class ToyDrafter:
             o[:, hh] = p @ v[hh]
         return h + o.reshape(len(h), self.d_model) @ self.wo[layer]
 
-    def _check_block(self, block_tokens: Sequence[int], block_positions: np.ndarray) -> np.ndarray:
+    def _check_block(self, block_tokens: Tokens, block_positions: np.ndarray) -> np.ndarray:
         toks = np.asarray(block_tokens, dtype=np.int64).reshape(-1)
         if len(toks) != len(block_positions):
             raise ValueError(f"{len(toks)} block tokens for {len(block_positions)} block positions")
@@ -463,7 +465,7 @@ class ToyDrafter:
         seq: int,
         positions: np.ndarray,
         rows: np.ndarray,
-        block_tokens: Sequence[int],
+        block_tokens: Tokens,
         block_positions: np.ndarray,
     ) -> np.ndarray:
         """Append context ``rows`` at drafter ``positions``, then run the block.
@@ -509,7 +511,7 @@ class ToyDrafter:
         self,
         rows: np.ndarray,
         positions: np.ndarray,
-        block_tokens: Sequence[int],
+        block_tokens: Tokens,
         block_positions: np.ndarray,
     ) -> np.ndarray:
         """The block logits from scratch over context ``rows`` at ``positions`` (no cache)."""
@@ -582,7 +584,7 @@ class FlakyDrafter:
         self.inner.clear(seq)
 
     def decode(
-        self, seq: int, positions: np.ndarray, rows: np.ndarray, block_tokens: Sequence[int], block_positions: np.ndarray
+        self, seq: int, positions: np.ndarray, rows: np.ndarray, block_tokens: Tokens, block_positions: np.ndarray
     ) -> np.ndarray:
         stage = self._fails_now()
         out = self.inner.decode(seq, positions, rows, block_tokens, block_positions)

@@ -50,7 +50,7 @@ import logging
 import struct
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, NoReturn, Sequence
 
 import numpy as np
 
@@ -915,7 +915,7 @@ class _Capture(logging.Handler):
 # ---------------------------------------------------------------------------
 
 
-def _violation(msg: str) -> None:
+def _violation(msg: str) -> NoReturn:
     raise InvariantViolation(msg)
 
 
@@ -992,7 +992,7 @@ def check_invariants(
         InvariantViolation: naming the sequence and the broken rule.
     """
     c = config
-    closed = set(int(s) for s in closed)
+    closed = {int(s) for s in closed}
     for s in range(c.max_seqs):
         st = stager.state(s)
         stats = stager.stats(s)
@@ -1249,14 +1249,16 @@ class InvariantChecker:
 
     def accept(self, seq: int, n_accepted: int) -> None:
         s = self._valid(seq)
-        before = self._st.state(s) if s is not None else None
+        if s is None:
+            self._call("accept", seq, n_accepted)
+            return
+        before = self._st.state(s)
         self._call("accept", seq, n_accepted)
-        if s is not None:
-            after = self._st.state(s)
-            if after["end"] > before["end"] or after["end"] < before["end"] - before["tentative_rows"]:
-                _violation(f"seq {s}: accept moved the end from {before['end']} to {after['end']} "
-                           f"({before['tentative_rows']} tentative rows)")
-            self._sync_truth(s)
+        after = self._st.state(s)
+        if after["end"] > before["end"] or after["end"] < before["end"] - before["tentative_rows"]:
+            _violation(f"seq {s}: accept moved the end from {before['end']} to {after['end']} "
+                       f"({before['tentative_rows']} tentative rows)")
+        self._sync_truth(s)
 
     def rollback(self, seq: int, n_past: int) -> None:
         self._call("rollback", seq, n_past)

@@ -312,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("dspark_core").setLevel(logging.ERROR)
     fn = TARGETS[args.target]
     # Import everything the target touches before instrumenting, so coverage sees it.
-    from .. import formats, reference, snapshot_format, testing
+    from .. import formats, reference, snapshot_format, testing  # noqa: F401
     from ..reference import formats as reference_formats  # noqa: F401
 
     n_instrumented = _instrument_package(atheris)
