@@ -208,7 +208,7 @@ class FakeBackend:
 @pytest.fixture
 def fake(monkeypatch):
     fb = FakeBackend()
-    monkeypatch.setattr(cuda, "_cuda", fb)
+    monkeypatch.setattr(cuda._backend, "_cuda", fb)  # the one extension handle every cuda module reads
     return fb
 
 
@@ -319,7 +319,7 @@ def test_cpu_tensor_is_a_type_error_without_touching_its_streams() -> None:
 
 def test_fake_backend_device_array_and_upload_plan(fake, monkeypatch) -> None:
     """Without cupy / torch the results are dspark DeviceArrays."""
-    monkeypatch.setattr(cuda, "_importable", lambda name: False)
+    monkeypatch.setattr(cuda.interop, "_importable", lambda name: False)
     from dspark_core import Stager, StagerConfig
 
     cfg = StagerConfig(DIM, 4, 64, storage="q4_0", stage_dtype="bfloat16")
