@@ -19,7 +19,8 @@ import pytest
 from gguf import GGUFEndian, GGUFReader
 
 from dspark_core.context_plan import plan_context
-from dspark_core.gguf.drafter_info import DrafterInfo, DrafterMetadataError, _reader_class
+from dspark_core.gguf.drafter_info import DrafterInfo, DrafterMetadataError
+from dspark_core.gguf.reader import _reader_class
 from dspark_core.errors import ConfigError
 from gguf_helpers import T, dflash_kv, dspark_kv, typed, write_gguf
 
