@@ -11,7 +11,7 @@ core's own counters: ``stats(seq)["peak_rows"]`` (rows held) and
 ``["peak_bytes"]`` (ring memory written so far, i.e. resident; the ring
 reserves its bound as address space up front and touches it as rows arrive).
 
-Bound (DESIGN.md section 6): peak rows <= W + TRIM_CHUNK + B + 1 whatever the
+Bound (docs/design.md section 6): peak rows <= W + TRIM_CHUNK + B + 1 whatever the
 prompt length.
 
 The anchor column is *computed*, not measured: the anchor (the llama.cpp
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             anchor_f32 = p * D * 4
             ok = r["peak_rows"] <= bound
             targets.append({"storage": s, "prompt": p, "target": "peak rows <= W + TRIM_CHUNK + B + 1",
-                            "value": r["peak_rows"], "pass": ok})
+                            "value": r["peak_rows"], "bound": bound, "pass": ok})
             pb = r["prefill_peak_bytes"]
             rows.append([
                 s, C.fmt_size(p), f"{r['prefill_peak_rows']:,}", C.fmt_bytes(pb),
