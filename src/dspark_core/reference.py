@@ -24,15 +24,17 @@ State of one sequence (all positions absolute):
 
 Horizon rule (what keeps memory bounded while prompts are far longer than
 the window, without ever changing what a later round stages). With ``f`` the
-firm end (the smallest end an ``accept`` can leave), a future round starting
-at ``start >= f`` needs rows ``>= start - K`` when it rebases, and rows
-``>= n_cache`` when it does not; it must rebase when a rebase is owed or
-``f - pos_base + B > W``. Hence::
+firm end (the smallest end an ``accept`` can leave), the last ``W`` positions
+before ``f`` stay stageable::
 
-    horizon = max(horizon, f - K if forced else min(n_cache, f - K))
+    horizon = max(horizon, f - W)
 
-which bounds live rows by ``W`` (plus the dead head below the horizon that
-the core has not trimmed yet: fewer than ``TRIM_CHUNK`` rows).
+A later round never needs more: a rebase stages rows ``>= start - K`` and a
+plain round rows ``>= n_cache >= pos_base > f + B - W``. Keeping ``W`` rather
+than ``K`` rows is what lets a rollback of up to ``W - K`` positions (a
+regenerate, an edited message) restage a full ``K``-row context. Live rows
+stay ``<= W + B`` (plus the dead head below the horizon that the core has not
+trimmed yet: fewer than ``TRIM_CHUNK`` rows), inside ``W + TRIM_CHUNK + B + 1``.
 """
 
 from __future__ import annotations
@@ -121,11 +123,7 @@ class ReferenceStager:
     def _advance_horizon(self, st: _Seq) -> None:
         if not st.started:
             return
-        c = self.config
-        k = c.w_keep
-        f = self._firm_end(st)
-        forced = st.restage_owed or f - st.pos_base + c.block_size > c.window
-        need = f - k if forced else min(st.n_cache, f - k)
+        need = self._firm_end(st) - self.config.window
         if need > st.horizon:
             st.horizon = need
         for p in [p for p in st.rows if p < st.horizon]:
