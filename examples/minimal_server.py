@@ -43,6 +43,9 @@ BLOCK = 4  # B: draft tokens per round
 WINDOW = 64  # W: the drafter runs at positions [0, W) only
 PREFILL_CHUNK = 128  # prompt tokens per target decode (the server's n_batch)
 MAX_POSITIONS = 4096
+#: Positions the edit rolls back: at most W - K, so the restage after it still gets a full
+#: K-row context (docs/design.md section 8).
+EDIT_ROLLBACK = 20
 #: (channel, value): the few "massive activation" channels of every row
 MASSIVE = ((7, 2.0e3), (100, -3.1e4), (201, 6.0e4))
 
@@ -279,16 +282,16 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * c.accepted / max(1, c.drafted):.1f}%, {stats['rebases']} rebases, "
           f"{c.failures} drafter failures recovered, {c.skips} skips")
 
-    # Edit: the user rewrites the last 20 positions; target and Stager roll back together.
+    # Edit: the user rewrites the last positions; target and Stager roll back together.
     history = prompt + first
-    cut = srv.n_past - 20
+    cut = srv.n_past - EDIT_ROLLBACK
     edit = [int(t) for t in rng.integers(0, VOCAB, 6)]
     srv.rollback(cut)
     srv.prefill(edit, begin=False)
     second = srv.generate(a.generate)
     ok = ok and second == greedy(history[:cut] + edit, a.generate)
-    print(f"edit: rolled back 20 positions, prefilled {len(edit)} new tokens, generated {a.generate} more; "
-          f"first restage after it: {c.first_restage_rows} rows")
+    print(f"edit: rolled back {EDIT_ROLLBACK} positions, prefilled {len(edit)} new tokens, generated "
+          f"{a.generate} more; first restage after it: {c.first_restage_rows} rows (K = {cfg.w_keep})")
 
     stats = srv.stager.stats(srv.seq)
     bound = cfg.max_buffered_rows

@@ -38,6 +38,9 @@ def run_example(*args: str) -> tuple[str, dict[str, float]]:
         "peak_rows": num(r"peak rows held: (\d+)"),
         "bound": num(r"W \+ 512 \+ B \+ 1 = (\d+)"),
         "rel_err": num(r"max relative error ([\d.e+-]+)"),
+        "keep": num(r"\(K=(\d+)\)"),
+        "rolled_back": num(r"rolled back (\d+) positions"),
+        "restaged_after_edit": num(r"first restage after it: (-?\d+) rows"),
     }
     return out, figures
 
@@ -56,6 +59,9 @@ def test_minimal_server_is_lossless_inside_the_window(storage: str) -> None:
     assert f["max_pos"] == f["window"] - 1
     assert f["bound"] == f["window"] + 512 + f["block"] + 1
     assert 0 < f["peak_rows"] <= f["bound"]
+    # A rollback of at most W - K positions restages a full K-row context (docs/design.md 8).
+    assert f["rolled_back"] <= f["window"] - f["keep"]
+    assert f["restaged_after_edit"] == f["keep"]
 
 
 def test_minimal_server_stages_the_targets_rows_exactly_in_f32() -> None:
