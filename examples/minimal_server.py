@@ -132,7 +132,7 @@ class FakeDrafter:
         guess = next_token(prev, cur)
         return (guess + 1) % VOCAB if cur % 5 == 0 else guess  # wrong for one token in five
 
-    def decode(self, positions: np.ndarray, rows: np.ndarray, block: list[int],
+    def decode(self, rows: np.ndarray, positions: np.ndarray, block: list[int],
                block_positions: np.ndarray) -> list[int]:
         self.decodes += 1
         if self.fail_every and self.decodes % self.fail_every == 0:
@@ -203,7 +203,7 @@ class Server:
         try:
             if plan.clear_cache:
                 d.remove()
-            drafts = d.decode(plan.positions, plan.rows, [self.last] + [MASK] * (BLOCK - 1),
+            drafts = d.decode(plan.rows, plan.positions, [self.last] + [MASK] * (BLOCK - 1),
                               plan.block_positions)
             d.remove(plan.crop_from)
         except DrafterError as e:
