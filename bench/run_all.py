@@ -8,9 +8,9 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_rounds.py   per-round staging cost vs reference / naive / memcpy, by depth
 * bench/bench_memory.py   peak buffered rows and bytes vs prompt length
 
-then writes the report (machine, date, command, a summary of the
-docs/design.md section 6 targets with PASS / MISS, and each script's tables) to
---out and prints it. A script that fails (non-zero exit, crash) is reported in place of
+then writes the report (machine, date, command, a summary of the docs/design.md
+section 6 targets with PASS / MISS, and each script's tables) to --out and
+prints it. A script that fails (non-zero exit, crash) is reported in place of
 its table and the others still run; the exit status is then 1.
 
     python bench/run_all.py --quick     # CI-sized, about a minute
