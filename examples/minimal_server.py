@@ -12,6 +12,9 @@ runs anywhere in a second. It follows docs/protocol.md call for call:
 * an edit of the conversation: the target rolls back, ``rollback`` follows it, the new tokens
   are prefilled and generation goes on.
 
+The Stager runs with ``strict=True``, so a call out of protocol (say, a forgotten ``accept``)
+raises instead of quietly skipping rounds.
+
 The fake target is a deterministic greedy "model" whose feature rows look like real hidden
 states: a token embedding on N(0, 1) noise, a few massive channels (2e3 to 6e4) and a huge-norm
 row at position 0. The fake drafter reads the previous token back from the rows it was given and
@@ -169,7 +172,8 @@ class Server:
     """One slot of a speculative-decoding server."""
 
     def __init__(self, storage: str, fail_every: int, seq: int = 0) -> None:
-        self.cfg = StagerConfig(feature_dim=D, block_size=BLOCK, window=WINDOW, storage=storage)
+        # strict: a call out of protocol raises instead of skipping (docs/protocol.md section 3)
+        self.cfg = StagerConfig(feature_dim=D, block_size=BLOCK, window=WINDOW, storage=storage, strict=True)
         self.stager = Stager(self.cfg)
         self.target = FakeTarget()
         self.drafter = FakeDrafter(self.target.embedding, fail_every)
