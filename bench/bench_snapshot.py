@@ -44,7 +44,8 @@ import numpy as np
 import _common as C
 
 ds = C.import_dspark()
-from dspark_core import Stager, StagerConfig, _stager  # noqa: E402
+from dspark_core import Stager, StagerConfig  # noqa: E402
+from dspark_core._ext import _stager  # noqa: E402
 from dspark_core import snapshot_format as sf  # noqa: E402
 
 GOAL = 0.8  # snapshot_into and restore-from-buffer, as a fraction of memcpy throughput
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                    "reused slot sees after begin(); a slot still holding rows must survive a damaged snapshot, so "
                    "its rows are checked before the copy (a second pass over the source). snapshot() pays the page "
                    "faults of a fresh bytes object each call."), ""]
-    lines += ["Snapshot sizes (96 + rows x row_bytes; the table in docs/migration.md uses the same formula):", ""]
+    lines += ["Snapshot sizes (96 + rows x row_bytes; the table in docs/moving_sequences.md uses the same formula):", ""]
     size_rows = []
     for s in storages:
         for D in dims:

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig
-from dspark_core import reference_formats as rf
+from dspark_core.reference import formats as rf
 from dspark_core import snapshot_format as sf
 from dspark_core.reference import ReferenceStager
 

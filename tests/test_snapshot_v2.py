@@ -19,7 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as hs
 
-from dspark_core import Stager, StagerConfig, _stager
+from dspark_core import Stager, StagerConfig
+from dspark_core._ext import _stager
 from dspark_core import snapshot_format as sf
 from dspark_core.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
 from dspark_core.reference import ReferenceStager
@@ -466,10 +467,10 @@ def test_version_1_damage_is_still_rejected(make_stager):
 
 
 def test_docs_size_table_follows_the_formula():
-    """docs/migration.md's size table is 96 + W * row_bytes, row_bytes from gguf-py's block geometry."""
+    """docs/moving_sequences.md's size table is 96 + W * row_bytes, row_bytes from gguf-py's block geometry."""
     import gguf
 
-    text = (Path(__file__).parent.parent / "docs" / "migration.md").read_text()
+    text = (Path(__file__).parent.parent / "docs" / "moving_sequences.md").read_text()
     body = text.split("<!-- sizes:begin")[1].split("<!-- sizes:end -->")[0]
     lines = [ln for ln in body.splitlines() if ln.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
