@@ -488,3 +488,16 @@ def test_docs_size_table_follows_the_formula():
             assert cell == f"{(96 + w * rb) / 1e6:,.1f} MB", (dim, storage, w)
         seen += 1
     assert seen == 20
+
+
+@pytest.mark.parametrize("env, want", [({"DSPARK_CRC32C": "portable"}, "portable"),
+                                       ({"DSPARK_SIMD": "scalar"}, "portable")])
+def test_environment_picks_the_portable_kernel(env, want):
+    import os
+    import subprocess
+    import sys
+
+    code = "from dspark_core._ext import _stager as s; print(s.crc32c_path(), hex(s.crc32c(b'123456789')))"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == [want, "0xe3069283"]
