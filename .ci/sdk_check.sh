@@ -65,7 +65,7 @@ bad = [n for n in names if n.endswith(("CMakeLists.txt", ".pyx", ".cmake.in")) o
 sdk = ["dspark_core/include/dspark/dspark.h", "dspark_core/include/dspark/stager.hpp", "dspark_core/include/_errors.hpp",
        "dspark_core/lib/libdspark_core.a", "dspark_core/lib/cmake/dspark_core/dspark_coreConfig.cmake",
        "dspark_core/lib/cmake/dspark_core/dspark_coreConfigVersion.cmake",
-       "dspark_core/_lib_stager.pxd", "dspark_core/_lib_row_format.pxd"]
+       "dspark_core/_ext/_lib_stager.pxd", "dspark_core/_ext/_lib_row_format.pxd"]
 missing = [n for n in sdk if n not in names]
 if bad or missing:
     sys.exit(f"wheel content check failed: build inputs inside {bad}, SDK files missing {missing}")

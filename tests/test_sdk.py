@@ -48,8 +48,8 @@ def test_library_and_cmake_package_match_the_package_version():
 
 def test_pxd_files_are_in_the_package():
     # Where Cython's cimport looks (the package folder on sys.path, for a wheel install).
-    pkg = Path(dspark_core.__file__).parent
-    assert (pkg / "_lib_stager.pxd").is_file() and (pkg / "_lib_row_format.pxd").is_file()
+    ext = Path(dspark_core.__file__).parent / "_ext"
+    assert (ext / "_lib_stager.pxd").is_file() and (ext / "_lib_row_format.pxd").is_file()
 
 
 def _interface_link_options() -> list[str]:

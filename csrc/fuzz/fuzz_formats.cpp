@@ -93,7 +93,7 @@ void fuzz_decode(Reader& r) {
 void fuzz_encode(Reader& r) {
     const ElemType in = static_cast<ElemType>(r.u8() % 3);
     const Storage s = static_cast<Storage>(r.u8() % STORAGE_COUNT);
-    const NonFinite pol = static_cast<NonFinite>(r.u8() % 3);
+    const NonFinite pol = static_cast<NonFinite>(r.u8() % NONFINITE_COUNT);
     const std::size_t dim = dim_for(s, r.u8());
     std::vector<std::uint8_t> src = r.rest();
     const std::size_t ib = dim * elem_bytes(in);
@@ -107,7 +107,8 @@ void fuzz_encode(Reader& r) {
         set_simd_path(p);
         std::vector<std::uint8_t> dst(ob + 64, 0x5A);
         const std::int64_t bad = encode_rows(src.data(), in, dst.data(), s, n, dim, pol);
-        const std::int64_t found = find_nonfinite(src.data(), in, n * dim);
+        // Overflow is non-finite too: the first value the storage cannot carry.
+        const std::int64_t found = find_unencodable(src.data(), in, n * dim, encode_bounds(s).limit);
         for (std::size_t i = ob; i < dst.size(); ++i) FUZZ_CHECK(dst[i] == 0x5A);
         dst.resize(ob);
         FUZZ_CHECK(bad >= -1 && bad < static_cast<std::int64_t>(n * dim));
@@ -152,12 +153,13 @@ void fuzz_restore(Reader& r) {
     } else {
         // A header that passes magic, version, size and fingerprint; fields from the input.
         const std::uint64_t n_rows = r.u8() % (o.window + o.block_size + 4);
-        data.assign(88 + n_rows * st.row_bytes() + 4, 0);
+        data.assign(96 + n_rows * st.row_bytes(), 0);
         std::memcpy(data.data(), "DSPK", 4);
-        put_le(data, 4, 1, 2);
-        put_le(data, 6, 88, 2);
+        put_le(data, 4, 2, 2);
+        put_le(data, 6, 96, 2);
         put_le(data, 8, static_cast<std::uint64_t>(o.feature_dim), 4);
         put_le(data, 12, static_cast<std::uint8_t>(o.storage), 1);
+        put_le(data, 13, static_cast<std::uint8_t>(o.nonfinite), 1);
         put_le(data, 16, static_cast<std::uint64_t>(o.window), 4);
         put_le(data, 20, static_cast<std::uint64_t>(o.block_size), 4);
         put_le(data, 24, st.row_bytes(), 4);
@@ -169,7 +171,7 @@ void fuzz_restore(Reader& r) {
         }
         put_le(data, 72, r.u8() % 5, 4);
         put_le(data, 80, (mode & 0x10) ? r.u64() : n_rows, 8);
-        for (std::size_t i = 88; i + 4 < data.size(); ++i) data[i] = r.u8();
+        for (std::size_t i = 96; i < data.size(); ++i) data[i] = r.u8();
         dspark_fuzz::fix_crc(data);
     }
     const auto before = st.snapshot(seq);

@@ -280,10 +280,6 @@ private:
     dspark::ByteVec scratch_;
 };
 
-// One snapshot of `seq`. The only place that takes one: switches to a
-// size / into-buffer pair once the core offers it, without copying.
-std::vector<std::uint8_t> take_snapshot(const dspark::Stager& core, std::int64_t seq) { return core.snapshot(seq); }
-
 }  // namespace
 
 extern "C" {
@@ -492,7 +488,7 @@ dspark_status dspark_snapshot_size(const dspark_stager* st, int64_t seq, size_t*
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
         require(bytes, "bytes");
-        *bytes = take_snapshot(core, seq).size();
+        *bytes = core.snapshot_size(seq);
     });
 }
 
@@ -502,12 +498,14 @@ dspark_status dspark_snapshot(const dspark_stager* st, int64_t seq, void* out, s
             const dspark::Stager& core = core_of(st);
             require_buffer(out, capacity, "out");
             if (written) *written = 0;
-            const std::vector<std::uint8_t> snap = take_snapshot(core, seq);
-            if (snap.size() > capacity)
+            // The core writes straight into `out` (one pass, no copy); it would
+            // reject a short buffer too, but without the size the caller needs.
+            const std::size_t need = core.snapshot_size(seq);
+            if (need > capacity)
                 throw TooSmall("the snapshot buffer holds " + std::to_string(capacity) + " bytes, the snapshot needs " +
-                               std::to_string(snap.size()), snap.size());
-            if (!snap.empty()) std::memcpy(out, snap.data(), snap.size());
-            if (written) *written = snap.size();
+                               std::to_string(need), need);
+            const std::size_t n = core.snapshot_into(seq, static_cast<std::uint8_t*>(out), capacity);
+            if (written) *written = n;
         },
         written);
 }

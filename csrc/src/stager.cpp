@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dspark/crc32c.hpp"
 #include "dspark/errors.hpp"
 
 namespace dspark {
@@ -30,6 +31,14 @@ const char* skip_name(Skip s) noexcept {
         case Skip::MissingRows: return "missing_rows";
         default: return "";
     }
+}
+
+const char* fail_stage_name(FailStage s) noexcept {
+    switch (s) {
+        case FailStage::Decode: return "decode";
+        case FailStage::Crop: return "crop";
+    }
+    return nullptr;
 }
 
 Stager::Stager(const StagerOptions& o) : opt_(o) {
@@ -477,7 +486,7 @@ std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
     if (stage != FailStage::Decode && stage != FailStage::Crop)
         throw std::invalid_argument("stage must be 'decode' or 'crop'");
     // The drafter cache is unknown now: restage cleanly from the retained rows,
-    // which are kept (the anchor dropped them and then soft-skipped forever).
+    // which are kept (dropping them would leave nothing to restage: a soft skip forever).
     s.open = false;
     s.restage_owed = true;
     s.first_round = false;
@@ -619,13 +628,19 @@ FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size
 }
 
 // Appends n contiguous rows (room must exist: ring_for / a reserved ring).
-void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n) const {
+void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n, std::uint32_t* crc) const {
     if (n == 0) return;
     ring.reserve_back(n, max_rows_);
     FeatureBuffer::Span x, y;
     ring.back_spans(n, x, y);
-    std::memcpy(x.data, rows, x.rows * row_bytes_);
-    if (y.rows) std::memcpy(y.data, rows + x.rows * row_bytes_, y.rows * row_bytes_);
+    const std::uint8_t* second = rows + x.rows * row_bytes_;
+    if (crc != nullptr) {
+        *crc = crc32c_copy(*crc, x.data, rows, x.rows * row_bytes_);
+        if (y.rows) *crc = crc32c_copy(*crc, y.data, second, y.rows * row_bytes_);
+    } else {
+        std::memcpy(x.data, rows, x.rows * row_bytes_);
+        if (y.rows) std::memcpy(y.data, second, y.rows * row_bytes_);
+    }
     ring.commit_back(n);
 }
 

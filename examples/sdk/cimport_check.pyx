@@ -11,8 +11,8 @@ Build it against the installed wheel (.ci/sdk_check.sh does):
 """
 from libc.stdint cimport int64_t
 
-from dspark_core._lib_row_format cimport Storage, dspark_set_error_types, row_bytes
-from dspark_core._lib_stager cimport Stager, StagerOptions
+from dspark_core._ext._lib_row_format cimport Storage, dspark_set_error_types, row_bytes
+from dspark_core._ext._lib_stager cimport Stager, StagerOptions
 
 from dspark_core.errors import ConfigError, StateError
 

@@ -13,7 +13,7 @@ independent, C++17) and a CMake package config::
        -L"$(python -c 'import dspark_core; print(dspark_core.get_library_dir())')" \\
        -ldspark_core -lstdc++ -lm -lpthread
 
-A Cython extension can ``cimport dspark_core._lib_stager`` (or
+A Cython extension can ``cimport dspark_core._ext._lib_stager`` (or
 ``_lib_row_format``) with ``get_include()`` on its include path and
 ``libdspark_core.a`` linked. See docs/c_api.md.
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from . import _stager
+from ._ext import _stager
 
 __all__ = ["get_cmake_dir", "get_include", "get_library_dir"]
 
@@ -34,7 +34,7 @@ def _install_root() -> Path:
     right for editable installs too (their Python files stay in the source
     tree, the build's output does not).
     """
-    depth = _stager.__name__.count(".")  # dspark_core._stager -> 1
+    depth = _stager.__name__.count(".")  # dspark_core._ext._stager -> 2
     return Path(_stager.__file__).resolve().parents[depth - 1]
 
 
