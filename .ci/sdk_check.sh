@@ -8,11 +8,11 @@
 #  3. against that installed wheel only (paths from dspark_core.get_include(),
 #     get_library_dir(), get_cmake_dir(); the examples are copied out of the
 #     checkout first, so nothing resolves into csrc/):
-#     (a) examples/sdk/anchor_c.c through the C ABI dspark/dspark.h, built with cc;
-#     (b) examples/sdk/anchor_cpp.cpp through find_package(dspark_core);
+#     (a) examples/sdk/window_loop_c.c through the C ABI dspark/dspark.h, built with cc;
+#     (b) examples/sdk/window_loop_cpp.cpp through find_package(dspark_core);
 #     (c) examples/sdk/cimport_check.pyx, a Cython extension that cimports the
 #         package's .pxd files;
-#     (a) and (b) must print exactly what examples/sdk/anchor.py prints through
+#     (a) and (b) must print exactly what examples/sdk/window_loop.py prints through
 #     the Python API (which checks itself against a hand-worked table and gguf-py);
 #  4. the same C++ example against the core installed system-style
 #     (`cmake --install`) and vendored with add_subdirectory.
@@ -83,19 +83,19 @@ for d in "$INC" "$LIB" "$CMAKE_DIR"; do
   case "$d" in "$WORK/venv/"*) ;; *) echo "SDK path outside the fresh venv: $d" >&2; exit 1 ;; esac
 done
 "$VPY" -c 'import dspark_core, dspark_core.cuda as c; print("dspark_core", dspark_core.__version__, "cuda available:", c.available())'
-TESTS=${SDK_CHECK_TESTS:-"tests/test_anchor_loop.py tests/test_formats.py tests/test_stager_errors.py tests/test_lifecycle.py"}
+TESTS=${SDK_CHECK_TESTS:-"tests/test_window_loop.py tests/test_formats.py tests/test_stager_errors.py tests/test_lifecycle.py tests/test_sdk.py"}
 [ "$TESTS" = all ] && TESTS=tests
 # The checkout's tests, importing the installed wheel (the checkout has a src/ layout).
 # shellcheck disable=SC2086
 (cd "$ROOT" && "$VPY" -m pytest -q -p no:cacheprovider $TESTS)
 
 cp -r "$ROOT/examples/sdk" "$WORK/sdk"
-"$VPY" "$WORK/sdk/anchor.py" >"$WORK/python.out"
+"$VPY" "$WORK/sdk/window_loop.py" >"$WORK/python.out"
 
 say "(a) C through dspark.h (cc -I get_include() -L get_library_dir())"
-cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror "$WORK/sdk/anchor_c.c" -I"$INC" -L"$LIB" \
-  -ldspark_core -lstdc++ -lm -lpthread -o "$WORK/anchor_c"
-"$WORK/anchor_c" >"$WORK/c.out"
+cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror "$WORK/sdk/window_loop_c.c" -I"$INC" -L"$LIB" \
+  -ldspark_core -lstdc++ -lm -lpthread -o "$WORK/window_loop_c"
+"$WORK/window_loop_c" >"$WORK/c.out"
 diff -u "$WORK/python.out" "$WORK/c.out"
 echo "C output == Python output ($(wc -l <"$WORK/c.out") lines)"
 
@@ -105,7 +105,7 @@ cmake -S "$WORK/sdk" -B "$WORK/sdk-wheel" -G Ninja -DCMAKE_BUILD_TYPE=Release -D
 FOUND=$(sed -n 's/^dspark_core_DIR:PATH=//p' "$WORK/sdk-wheel/CMakeCache.txt")
 [ "$FOUND" = "$CMAKE_DIR" ] || { echo "find_package found $FOUND, not the wheel's $CMAKE_DIR" >&2; exit 1; }
 cmake --build "$WORK/sdk-wheel" -j"$JOBS" >/dev/null
-"$WORK/sdk-wheel/anchor_cpp" >"$WORK/cpp.out"
+"$WORK/sdk-wheel/window_loop_cpp" >"$WORK/cpp.out"
 diff -u "$WORK/python.out" "$WORK/cpp.out"
 echo "C++ output == Python output"
 
@@ -137,8 +137,8 @@ cmake --build "$WORK/core" -j"$JOBS" >/dev/null
 cmake --install "$WORK/core" --prefix "$WORK/prefix" >/dev/null
 cmake -S "$WORK/sdk" -B "$WORK/sdk-prefix" -G Ninja -DCMAKE_PREFIX_PATH="$WORK/prefix" >/dev/null
 cmake --build "$WORK/sdk-prefix" -j"$JOBS" >/dev/null
-"$WORK/sdk-prefix/anchor_cpp" | diff -u "$WORK/python.out" -
+"$WORK/sdk-prefix/window_loop_cpp" | diff -u "$WORK/python.out" -
 cmake -S "$WORK/sdk" -B "$WORK/sdk-vendored" -G Ninja -DDSPARK_CORE_SOURCE_DIR="$ROOT" -DDSPARK_CUDA=OFF >/dev/null
 cmake --build "$WORK/sdk-vendored" -j"$JOBS" >/dev/null
-"$WORK/sdk-vendored/anchor_cpp" | diff -u "$WORK/python.out" -
+"$WORK/sdk-vendored/window_loop_cpp" | diff -u "$WORK/python.out" -
 echo "installed and vendored core == Python output"

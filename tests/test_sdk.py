@@ -2,9 +2,9 @@
 
 The package must carry exactly the core's public headers (those of this
 checkout), the static library and a CMake package of its own version; a C
-program built against those paths alone (examples/sdk/anchor_c.c, through the
+program built against those paths alone (examples/sdk/window_loop_c.c, through the
 C ABI dspark/dspark.h) must print what the Python API prints for the same
-anchor loop and q4_0 round trip (examples/sdk/anchor.py, which checks itself
+window loop and q4_0 round trip (examples/sdk/window_loop.py, which checks itself
 against the hand-worked plan table and gguf-py). .ci/sdk_check.sh runs the
 same against a repaired manylinux wheel, plus the C++ / CMake and Cython paths.
 """
@@ -61,16 +61,16 @@ def _interface_link_options() -> list[str]:
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler on this machine")
 def test_c_program_through_the_c_abi_prints_what_python_prints(tmp_path):
-    exe = tmp_path / "anchor_c"
+    exe = tmp_path / "window_loop_c"
     build = subprocess.run(
-        ["cc", "-std=c99", "-O1", "-Wall", "-Wextra", "-Wpedantic", "-Werror", str(ROOT / "examples/sdk/anchor_c.c"),
+        ["cc", "-std=c99", "-O1", "-Wall", "-Wextra", "-Wpedantic", "-Werror", str(ROOT / "examples/sdk/window_loop_c.c"),
          f"-I{dspark_core.get_include()}", f"-L{dspark_core.get_library_dir()}",
          "-ldspark_core", "-lstdc++", "-lm", "-lpthread", *_interface_link_options(), "-o", str(exe)],
         capture_output=True, text=True,
     )
     assert build.returncode == 0, build.stderr
     c_out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
-    py_out = subprocess.run([sys.executable, str(ROOT / "examples/sdk/anchor.py")], check=True, capture_output=True,
+    py_out = subprocess.run([sys.executable, str(ROOT / "examples/sdk/window_loop.py")], check=True, capture_output=True,
                             text=True).stdout
     assert c_out == py_out
-    assert c_out.count("\n") == 20 and "anchor q4_0 stats rounds=8 commits=8 rebases=4" in c_out
+    assert c_out.count("\n") == 20 and "loop q4_0 stats rounds=8 commits=8 rebases=4" in c_out

@@ -450,7 +450,7 @@ TEST_CASE(state_and_stats_honour_a_smaller_struct_size) {
 }
 
 TEST_CASE(c_calls_match_the_cpp_stager_in_lock_step) {
-    // The anchor loop (B = 7, W = 20, accepts 7 3 0 7 5 1 4) through both APIs.
+    // The window loop (B = 7, W = 20, accepts 7 3 0 7 5 1 4) through both APIs.
     Handle h(config(DSPARK_STORAGE_BF16, 1));
     dspark::StagerOptions o;
     o.feature_dim = D;
@@ -613,8 +613,8 @@ TEST_CASE(encode_decode_rows_check_sizes_codes_and_overlap) {
                                 nullptr, 0, &bad), DSPARK_OK);  // zero rows: NULL is fine
 }
 
-// The anchor loop on `seq` through the C ABI; returns the bytes of every staged row.
-std::vector<std::uint8_t> anchor_loop(dspark_stager* st, std::int64_t seq) {
+// The window loop on `seq` through the C ABI; returns the bytes of every staged row.
+std::vector<std::uint8_t> window_loop(dspark_stager* st, std::int64_t seq) {
     const std::int64_t accepts[] = {7, 3, 0, 7, 5, 1, 4};
     std::vector<std::uint8_t> all, buf(static_cast<std::size_t>(W * D * 4));
     if (process(st, seq, 0, 5, int(seq)) != DSPARK_OK) return {};
@@ -642,9 +642,9 @@ TEST_CASE(one_handle_from_several_threads) {
     Handle serial(config(DSPARK_STORAGE_BF16, N));
     Handle shared(config(DSPARK_STORAGE_BF16, N));
     std::vector<std::vector<std::uint8_t>> want(N), got(N);
-    for (int i = 0; i < N; ++i) want[i] = anchor_loop(serial.st, i);
+    for (int i = 0; i < N; ++i) want[i] = window_loop(serial.st, i);
     std::vector<std::thread> threads;
-    for (int i = 0; i < N; ++i) threads.emplace_back([&, i] { got[i] = anchor_loop(shared.st, i); });
+    for (int i = 0; i < N; ++i) threads.emplace_back([&, i] { got[i] = window_loop(shared.st, i); });
     for (auto& t : threads) t.join();
     for (int i = 0; i < N; ++i) {
         CHECK(!want[i].empty());

@@ -1,6 +1,6 @@
 /* The rows the SDK examples feed their stagers: deterministic, activation-like
  * (small noise, massive channels, a huge-norm first row) and exactly
- * representable in float32, so that C, C++ and Python (anchor.py computes the
+ * representable in float32, so that C, C++ and Python (window_loop.py computes the
  * same values) hold the same bits. Also FNV-1a 64, which the examples print
  * for the staged and converted bytes. */
 #ifndef DSPARK_EXAMPLES_DEMO_ROWS_H
@@ -9,7 +9,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-/* The anchor loop: B = 7, W = 20, a 5-row prompt, then 7 verify rounds. */
+/* The window loop: B = 7, W = 20, a 5-row prompt, then 7 verify rounds. */
 #define DEMO_BLOCK 7
 #define DEMO_WINDOW 20
 #define DEMO_PROMPT 5

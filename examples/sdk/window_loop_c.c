@@ -1,10 +1,10 @@
-/* The anchor loop and a q4_0 round trip through the C ABI (dspark/dspark.h).
+/* The window loop and a q4_0 round trip through the C ABI (dspark/dspark.h).
  *
  * Build against an installed wheel (nothing from the source tree):
  *   INC=$(python -c 'import dspark_core; print(dspark_core.get_include())')
  *   LIB=$(python -c 'import dspark_core; print(dspark_core.get_library_dir())')
- *   cc -std=c99 -O2 anchor_c.c -I"$INC" -L"$LIB" -ldspark_core -lstdc++ -lm -lpthread -o anchor_c
- * Prints the same lines as anchor.py (the Python API) and anchor_cpp.cpp. */
+ *   cc -std=c99 -O2 window_loop_c.c -I"$INC" -L"$LIB" -ldspark_core -lstdc++ -lm -lpthread -o window_loop_c
+ * Prints the same lines as window_loop.py (the Python API) and window_loop_cpp.cpp. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +22,7 @@
         }                                                                                                  \
     } while (0)
 
-static void anchor_loop(const char* name, int32_t storage, int64_t dim) {
+static void window_loop(const char* name, int32_t storage, int64_t dim) {
     dspark_config cfg;
     dspark_stager* st = NULL;
     dspark_plan plan;
@@ -52,7 +52,7 @@ static void anchor_loop(const char* name, int32_t storage, int64_t dim) {
     for (rnd = 0; rnd < DEMO_ROUNDS; ++rnd) {
         CHECK(dspark_draft(st, 0, n_past, DSPARK_DTYPE_F32, staged, sizeof(float) * (size_t)(max_rows * dim), &plan,
                            &written));
-        printf("anchor %s round=%d start=%lld rebase=%d clear_cache=%d pos_base=%lld first_row=%lld n_rows=%lld "
+        printf("loop %s round=%d start=%lld rebase=%d clear_cache=%d pos_base=%lld first_row=%lld n_rows=%lld "
                "crop_from=%lld rows_fnv=%016llx\n",
                name, rnd, (long long)plan.start, (int)plan.rebase, (int)plan.clear_cache, (long long)plan.pos_base,
                (long long)plan.first_row, (long long)plan.n_rows, (long long)plan.crop_from,
@@ -69,7 +69,7 @@ static void anchor_loop(const char* name, int32_t storage, int64_t dim) {
     }
     dspark_stats_init(&stats);
     CHECK(dspark_stats_get(st, 0, &stats));
-    printf("anchor %s stats rounds=%lld commits=%lld rebases=%lld staged_rows=%lld restaged_rows=%lld\n", name,
+    printf("loop %s stats rounds=%lld commits=%lld rebases=%lld staged_rows=%lld restaged_rows=%lld\n", name,
            (long long)stats.rounds, (long long)stats.commits, (long long)stats.rebases, (long long)stats.staged_rows,
            (long long)stats.restaged_rows);
     free(rows);
@@ -103,8 +103,8 @@ static void q4_0_round_trip(void) {
 }
 
 int main(void) {
-    anchor_loop("f32", DSPARK_STORAGE_F32, 32);
-    anchor_loop("q4_0", DSPARK_STORAGE_Q4_0, 64);
+    window_loop("f32", DSPARK_STORAGE_F32, 32);
+    window_loop("q4_0", DSPARK_STORAGE_Q4_0, 64);
     q4_0_round_trip();
     return 0;
 }

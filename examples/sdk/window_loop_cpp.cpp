@@ -1,6 +1,6 @@
-// The anchor loop and a q4_0 round trip through the C++ API (dspark/stager.hpp,
+// The window loop and a q4_0 round trip through the C++ API (dspark/stager.hpp,
 // dspark/row_format.hpp), built with find_package(dspark_core) (CMakeLists.txt
-// here). Prints the same lines as anchor.py (the Python API) and anchor_c.c.
+// here). Prints the same lines as window_loop.py (the Python API) and window_loop_c.c.
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -13,7 +13,7 @@
 
 namespace {
 
-void anchor_loop(const char* name, dspark::Storage storage, std::int64_t dim) {
+void window_loop(const char* name, dspark::Storage storage, std::int64_t dim) {
     dspark::StagerOptions o;
     o.feature_dim = dim;
     o.block_size = DEMO_BLOCK;
@@ -36,7 +36,7 @@ void anchor_loop(const char* name, dspark::Storage storage, std::int64_t dim) {
         std::vector<float> staged(static_cast<std::size_t>(p.n_rows) * d);
         dspark::decode_rows(encoded.data(), storage, staged.data(), dspark::ElemType::F32,
                             static_cast<std::size_t>(p.n_rows), d);
-        std::printf("anchor %s round=%d start=%" PRId64 " rebase=%d clear_cache=%d pos_base=%" PRId64
+        std::printf("loop %s round=%d start=%" PRId64 " rebase=%d clear_cache=%d pos_base=%" PRId64
                     " first_row=%" PRId64 " n_rows=%" PRId64 " crop_from=%" PRId64 " rows_fnv=%016" PRIx64 "\n",
                     name, rnd, p.start, int(p.rebase), int(p.clear_cache), p.pos_base, p.first_row, p.n_rows,
                     p.crop_from, demo_fnv1a(staged.data(), staged.size() * sizeof(float)));
@@ -49,7 +49,7 @@ void anchor_loop(const char* name, dspark::Storage storage, std::int64_t dim) {
         n_past += DEMO_ACCEPTS[rnd] + 1;
     }
     const dspark::SeqStats s = st.stats(0);
-    std::printf("anchor %s stats rounds=%" PRId64 " commits=%" PRId64 " rebases=%" PRId64 " staged_rows=%" PRId64
+    std::printf("loop %s stats rounds=%" PRId64 " commits=%" PRId64 " rebases=%" PRId64 " staged_rows=%" PRId64
                 " restaged_rows=%" PRId64 "\n",
                 name, s.rounds, s.commits, s.rebases, s.staged_rows, s.restaged_rows);
 }
@@ -77,8 +77,8 @@ void q4_0_round_trip() {
 
 int main() {
     try {
-        anchor_loop("f32", dspark::Storage::F32, 32);
-        anchor_loop("q4_0", dspark::Storage::Q4_0, 64);
+        window_loop("f32", dspark::Storage::F32, 32);
+        window_loop("q4_0", dspark::Storage::Q4_0, 64);
         q4_0_round_trip();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

@@ -1,9 +1,9 @@
-"""The anchor loop and a q4_0 round trip through the Python API.
+"""The window loop and a q4_0 round trip through the Python API.
 
-Prints the same lines as anchor_c.c (the C ABI) and anchor_cpp.cpp (the C++
+Prints the same lines as window_loop_c.c (the C ABI) and window_loop_cpp.cpp (the C++
 SDK through find_package); .ci/sdk_check.sh compares the three outputs. The
 plans are also checked against the hand-worked table of
-tests/test_anchor_loop.py and the q4_0 bytes against gguf-py's quantizer, so
+tests/test_window_loop.py and the q4_0 bytes against gguf-py's quantizer, so
 the Python side is not its own oracle.
 """
 
@@ -20,7 +20,7 @@ from dspark_core.formats import find_nonfinite
 BLOCK, WINDOW, PROMPT, ROUNDS = 7, 20, 5, 8
 ACCEPTS = [7, 3, 0, 7, 5, 1, 4]
 # (start, rebase, clear_cache, first_row, pos_base) per round, worked by hand
-# (tests/test_anchor_loop.py: K = 10, first rebase at 17).
+# (tests/test_window_loop.py: K = 10, first rebase at 17).
 EXPECTED = [
     (5, False, True, 0, 0),
     (13, False, False, 5, 0),
@@ -50,7 +50,7 @@ def fnv1a(data: bytes) -> int:
     return h
 
 
-def anchor_loop(name: str, storage: str, dim: int) -> None:
+def window_loop(name: str, storage: str, dim: int) -> None:
     st = Stager(StagerConfig(feature_dim=dim, block_size=BLOCK, window=WINDOW, storage=storage))
     st.begin(0)
     st.process(0, np.arange(PROMPT), demo_rows(0, PROMPT, dim, 0))
@@ -61,7 +61,7 @@ def anchor_loop(name: str, storage: str, dim: int) -> None:
         assert (plan.start, plan.rebase, plan.clear_cache, first_row, plan.pos_base) == EXPECTED[rnd], rnd
         rows = np.ascontiguousarray(plan.rows, dtype=np.float32)
         print(
-            f"anchor {name} round={rnd} start={plan.start} rebase={int(plan.rebase)} "
+            f"loop {name} round={rnd} start={plan.start} rebase={int(plan.rebase)} "
             f"clear_cache={int(plan.clear_cache)} pos_base={plan.pos_base} first_row={first_row} "
             f"n_rows={len(plan.positions)} crop_from={plan.crop_from} rows_fnv={fnv1a(rows.tobytes()):016x}"
         )
@@ -73,7 +73,7 @@ def anchor_loop(name: str, storage: str, dim: int) -> None:
         n_past += ACCEPTS[rnd] + 1
     s = st.stats(0)
     print(
-        f"anchor {name} stats rounds={s['rounds']} commits={s['commits']} rebases={s['rebases']} "
+        f"loop {name} stats rounds={s['rounds']} commits={s['commits']} rebases={s['rebases']} "
         f"staged_rows={s['staged_rows']} restaged_rows={s['restaged_rows']}"
     )
 
@@ -94,6 +94,6 @@ def q4_0_round_trip() -> None:
 
 if __name__ == "__main__":
     assert dspark_core.__version__
-    anchor_loop("f32", "f32", 32)
-    anchor_loop("q4_0", "q4_0", 64)
+    window_loop("f32", "f32", 32)
+    window_loop("q4_0", "q4_0", 64)
     q4_0_round_trip()
