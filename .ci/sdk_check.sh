@@ -57,9 +57,11 @@ case "$(basename "$WHEEL")" in
 esac
 "$WORK/tools/bin/python" - "$WHEEL" <<'EOF'
 import sys, zipfile
-names = zipfile.ZipFile(sys.argv[1]).namelist()
-for n in names:
-    print(f"  {n}")
+infos = zipfile.ZipFile(sys.argv[1]).infolist()
+names = [i.filename for i in infos]
+for i in infos:  # as `unzip -l` lists it
+    print(f"  {i.file_size:>9}  {i.filename}")
+print(f"  {sum(i.file_size for i in infos):>9}  ({len(infos)} entries, uncompressed)")
 bad = [n for n in names if n.endswith(("CMakeLists.txt", ".pyx", ".cmake.in")) or "/tests/" in n or "/test_" in n
        or (n.endswith(".hpp") and "/include/" not in n)]
 sdk = ["dspark_core/include/dspark/dspark.h", "dspark_core/include/dspark/stager.hpp", "dspark_core/include/_errors.hpp",
