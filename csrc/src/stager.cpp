@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "dspark/errors.hpp"
 
@@ -45,6 +47,11 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     if (o.feature_dim > MAX_FEATURE_DIM)
         throw ConfigError("feature_dim (" + std::to_string(o.feature_dim) + ") must be <= 2**28");
     row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));  // ConfigError for q + D % 32
+    if (static_cast<unsigned>(o.nonfinite) >= static_cast<unsigned>(NONFINITE_COUNT))
+        throw ConfigError("unknown non-finite policy code " + std::to_string(static_cast<unsigned>(o.nonfinite)));
+    if (static_cast<unsigned>(o.stage) > static_cast<unsigned>(ElemType::BF16))
+        throw ConfigError("unknown staged element type code " + std::to_string(static_cast<unsigned>(o.stage)));
+    bounds_ = encode_bounds(o.storage, o.stage);
     w_keep_ = std::min(o.window / 2, o.window - o.block_size);
     max_rows_ = static_cast<std::size_t>(o.window + TRIM_CHUNK + o.block_size + 1);
     // The ring reserves max_rows_ rows: that size must be representable.
@@ -155,22 +162,29 @@ std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const
             throw std::invalid_argument(seq_msg(seq_id) + ": positions must be contiguous (+1 each row)");
     }
     if (s.started && p0 != s.end)
-        throw std::invalid_argument(seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) +
-                                    ", got " + std::to_string(p0));
+        throw std::invalid_argument(
+            seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) + ", got " +
+            std::to_string(p0) +
+            (p0 < s.end ? " (rows up to " + std::to_string(s.end - 1) +
+                              " are buffered: was accept() not called after the verify batch, or is a rollback() "
+                              "to the target's n_past missing?)"
+                        : " (rows " + std::to_string(s.end) + ".." + std::to_string(p0 - 1) +
+                              " were never processed: every target decode must be passed to process())"));
     return p0;
 }
 
 // encode(first_row, n_rows, dst) converts input rows [first_row, first_row +
-// n_rows) into dst and returns the index (relative to first_row) of the first
-// row holding a non-finite value, or -1. check(first_row, n_rows) only checks.
+// n_rows) into dst (or only checks them when dst is null) and returns the
+// flat element index (relative to first_row's first element) of the first
+// value that cannot be staged as a finite value, or -1. value(i) is input
+// element i (flat from row 0) as f32, for the error message.
 // Atomic: nothing observable changes unless every row is accepted.
-template <class Encode>
-void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible) {
+template <class Encode, class Value>
+void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
+                    bool fallible) {
     if (n == 0) return;
-    auto reject = [&](std::int64_t row) {
-        throw std::invalid_argument(seq_msg(seq_id) + ": row " + std::to_string(row) + " (position " +
-                                    std::to_string(p0 + row) + ") holds a non-finite value; nothing was appended");
-    };
+    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
+    auto reject = [&](std::int64_t flat) { throw std::invalid_argument(unstageable_message(seq_id, p0, flat, value(flat))); };
 
     // The state after a successful append, to know which input rows survive.
     Seq after_meta;
@@ -210,7 +224,7 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n,
         std::int64_t bad = encode(skip, a.rows, a.data);
         if (b.rows) {
             const std::int64_t bad2 = encode(skip + a.rows, b.rows, b.data);
-            if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(a.rows) + bad2;
+            if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(a.rows) * dim + bad2;
         }
         // Only free slots were written: rejecting here leaves every row as it was.
         if (fallible && clean_append && bad >= 0) reject(bad);
@@ -238,33 +252,64 @@ void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_
     const bool fallible = opt_.nonfinite == NonFinite::Error;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
         const std::uint8_t* from = src + first * in_row;
-        const std::int64_t bad = dst ? encode_rows(from, type, dst, opt_.storage, count, dim, opt_.nonfinite)
-                                     : find_nonfinite(from, type, count * dim);
-        return bad < 0 ? -1 : bad / static_cast<std::int64_t>(dim);
+        return dst ? encode_rows(from, type, dst, opt_.storage, count, dim, opt_.nonfinite, bounds_)
+                   : find_unencodable(from, type, count * dim, bounds_.limit);
     };
-    ingest(seq, s, p0, n, encode, fallible);
+    auto value = [&](std::int64_t flat) { return element_value(src, type, static_cast<std::size_t>(flat)); };
+    ingest(seq, s, p0, n, encode, value, fallible);
+}
+
+std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float v) const {
+    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
+    const std::int64_t row = flat / dim;
+    char val[32];
+    std::snprintf(val, sizeof val, "%.9g", static_cast<double>(v));
+    std::string what;
+    if (std::isfinite(v)) {
+        char lim[32];
+        std::snprintf(lim, sizeof lim, "%.9g", static_cast<double>(bounds_.limit));
+        what = std::string(", which overflows ") + storage_name(opt_.storage) + " storage" +
+               (opt_.stage == ElemType::F32 ? std::string()
+                                            : std::string(" staged as ") + elem_name(opt_.stage)) +
+               " (|x| must stay below " + lim + ")";
+    } else {
+        what = ", a non-finite value";
+    }
+    return seq_msg(seq) + ": row " + std::to_string(row) + " (position " + std::to_string(p0 + row) +
+           "), channel " + std::to_string(flat % dim) + " holds " + val + what +
+           "; nothing was appended. Models with massive activations need storage=\"bf16\" (or f32), or "
+           "nonfinite=\"clamp\" to clamp to the largest value the storage can hold";
 }
 
 namespace {
-// First row (of n encoded rows) whose stored values are not all finite: the
-// element values for float storages, the block scales for q formats.
-std::int64_t first_nonfinite_encoded(const std::uint8_t* data, Storage st, std::size_t n, std::size_t dim,
-                                     std::size_t row_bytes) {
-    switch (st) {
-        case Storage::F32:
-        case Storage::F16:
-        case Storage::BF16: {
-            const ElemType t = st == Storage::F32 ? ElemType::F32 : st == Storage::F16 ? ElemType::F16 : ElemType::BF16;
-            const std::int64_t bad = find_nonfinite(data, t, n * dim);
-            return bad < 0 ? -1 : bad / static_cast<std::int64_t>(dim);
+// Flat index of the first element (of n encoded rows) that does not stage as
+// a finite value, or -1. Staged as f32, that is a non-finite stored value:
+// the element for float storages, the block scale for q formats (reported at
+// the block's first element). A narrower staged type decodes each row and
+// checks it against `limit` (encode_bounds(F32, staged).limit).
+std::int64_t first_unstageable_encoded(const std::uint8_t* data, Storage st, std::size_t n, std::size_t dim,
+                                       std::size_t row_bytes, bool narrow, float limit) {
+    if (narrow) {
+        std::vector<float> row(dim);
+        for (std::size_t r = 0; r < n; ++r) {
+            decode_rows(data + r * row_bytes, st, row.data(), ElemType::F32, 1, dim);
+            const std::int64_t i = find_unencodable(row.data(), ElemType::F32, dim, limit);
+            if (i >= 0) return static_cast<std::int64_t>(r * dim) + i;
         }
+        return -1;
+    }
+    switch (st) {
+        case Storage::F32: return find_nonfinite(data, ElemType::F32, n * dim);
+        case Storage::F16: return find_nonfinite(data, ElemType::F16, n * dim);
+        case Storage::BF16: return find_nonfinite(data, ElemType::BF16, n * dim);
         default: {
             const std::size_t block = st == Storage::Q8_0 ? Q8_0_BLOCK_BYTES : Q4_0_BLOCK_BYTES;
             for (std::size_t r = 0; r < n; ++r)
                 for (std::size_t off = 0; off < row_bytes; off += block) {
                     std::uint16_t d;
                     std::memcpy(&d, data + r * row_bytes + off, 2);
-                    if ((d & 0x7c00u) == 0x7c00u) return static_cast<std::int64_t>(r);  // fp16 inf / nan
+                    if ((d & 0x7c00u) == 0x7c00u)  // fp16 inf / nan
+                        return static_cast<std::int64_t>(r * dim + off / block * QK);
                 }
             return -1;
         }
@@ -282,12 +327,20 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
+    const bool narrow = opt_.stage != ElemType::F32;
+    const float limit = encode_bounds(Storage::F32, opt_.stage).limit;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
         const std::uint8_t* from = data + first * row_bytes_;
         if (dst) std::memcpy(dst, from, count * row_bytes_);
-        return fallible ? first_nonfinite_encoded(from, opt_.storage, count, dim, row_bytes_) : -1;
+        return fallible ? first_unstageable_encoded(from, opt_.storage, count, dim, row_bytes_, narrow, limit) : -1;
     };
-    ingest(seq, s, p0, n, encode, fallible);
+    auto value = [&](std::int64_t flat) {  // the stored value, decoded
+        std::vector<float> row(dim);
+        decode_rows(data + static_cast<std::size_t>(flat) / dim * row_bytes_, opt_.storage, row.data(), ElemType::F32,
+                    1, dim);
+        return row[static_cast<std::size_t>(flat) % dim];
+    };
+    ingest(seq, s, p0, n, encode, value, fallible);
 }
 
 // -- rounds -------------------------------------------------------------------
