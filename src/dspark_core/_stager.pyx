@@ -31,6 +31,7 @@ from dspark_core.config import STORAGES, NONFINITE_POLICIES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core import _row_format
+from dspark_core.stager_copy import reduce_stager
 
 cnp.import_array()
 dspark_set_error_types(ConfigError, StateError)
@@ -163,6 +164,10 @@ cdef class Stager:
 
     def __dealloc__(self):
         del self._core
+
+    def __reduce__(self):
+        """Pickle / deepcopy: the config plus every sequence's snapshot (``stager_copy``)."""
+        return reduce_stager(self)
 
     def __repr__(self):
         c = self.config

@@ -58,6 +58,7 @@ from . import snapshot_format
 from ._args import as_count, as_encoded, as_index, as_positions, as_rows
 from .config import STORAGES, TRIM_CHUNK, StagerConfig
 from .errors import StateError
+from .stager_copy import reduce_stager
 from .stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
@@ -105,6 +106,10 @@ class ReferenceStager:
     def w_keep(self) -> int:
         """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
         return self.config.w_keep
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle / deepcopy as the core does: the config plus every sequence's snapshot."""
+        return reduce_stager(self)
 
     def __repr__(self) -> str:
         c = self.config
