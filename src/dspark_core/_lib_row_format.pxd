@@ -38,6 +38,7 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
         Error
         Zero
         ClampF16
+        Clamp
 
     enum class SimdPath(uint8_t):
         Scalar
@@ -50,13 +51,12 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
         Unknown
         Unsupported
 
-    cdef struct EncodeBounds:
+    cdef cppclass EncodeBounds:
         float limit
         float clamp_to
 
     EncodeBounds encode_bounds(Storage s, ElemType staged) except +dspark_translate_exception
     int64_t find_unencodable(const void* src, ElemType in_, size_t n_elems, float limit) except +dspark_translate_exception
-
     size_t row_bytes(Storage s, size_t dim) except +dspark_translate_exception
     size_t elem_bytes(ElemType t)
     const char* storage_name(Storage s)

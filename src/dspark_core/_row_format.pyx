@@ -13,13 +13,13 @@ from libc.stdint cimport int64_t, uint8_t
 from libcpp.string_view cimport string_view
 
 from dspark_core._lib_row_format cimport (
-    Storage, ElemType, NonFinite, SimdPath,
+    Storage, ElemType, NonFinite, SimdPath, EncodeBounds, encode_bounds as c_encode_bounds,
     row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name,
     encode_rows, decode_rows, find_nonfinite as c_find_nonfinite,
     simd_supported, best_simd_path as c_best_simd_path,
     active_simd_path as c_active_simd_path, set_simd_path as c_set_simd_path,
     simd_path_name, dspark_set_error_types,
-    SimdEnv, simd_env_status as c_simd_env_status, encode_bounds, find_unencodable,
+    SimdEnv, simd_env_status as c_simd_env_status, find_unencodable,
 )
 from dspark_core.errors import ConfigError, StateError
 
@@ -32,7 +32,7 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _U8 = np.dtype(np.uint8)
 
 # Python-side codes of the C++ enums (NonFinite, SimdPath).
-_POLICIES = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2}
+_POLICIES = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2, "clamp": 3}
 _PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
 
 
@@ -118,13 +118,20 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
     cdef const void* sp = _ptr(src)
     cdef void* dp = _ptr(out)
     cdef int64_t bad = -1
-    cdef float limit = encode_bounds(s, ElemType.F32).limit if check_first else 0.0
+    cdef float limit = c_encode_bounds(s, ElemType.F32).limit if check_first else 0.0
     with nogil:
         if check_first:
             bad = find_unencodable(sp, et, n * dim, limit)
         if bad < 0:
             bad = encode_rows(sp, et, dp, s, n, dim, pol)
     return out, bad
+
+
+def bounds(str storage, staged=np.float32):
+    """``(limit, clamp_to)`` of ``storage`` decoded to ``staged``: ``|x| < limit``
+    stays finite; ``clamp_to`` is the largest magnitude that does."""
+    cdef EncodeBounds b = c_encode_bounds(_storage(storage), _elem_of_dtype(staged, "bounds"))
+    return float(b.limit), float(b.clamp_to)
 
 
 def decode(cnp.ndarray data not None, str storage, size_t dim, out_dtype=np.float32, cnp.ndarray out=None):

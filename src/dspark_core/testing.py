@@ -168,7 +168,8 @@ class _Reader:
         return out
 
 
-_NONFINITE_BY_BYTE = ("error", "error", "zero", "clamp_f16")
+#: Non-finite policy by the low 3 bits of config byte 4; bit 3 is ``strict``.
+_NONFINITE_BY_BYTE = ("error", "error", "zero", "clamp_f16", "clamp", "error", "zero", "clamp")
 
 
 def decode_config(head: bytes) -> StagerConfig:
@@ -176,7 +177,7 @@ def decode_config(head: bytes) -> StagerConfig:
 
     ``feature_dim`` in {32, 64}; every storage; ``block_size`` 1..8;
     ``window = 2B + 1 + extra`` (extra 0..39, or 60..99); ``max_seqs`` 1..3;
-    ``max_failures`` 1..3; every stage dtype and non-finite policy.
+    ``max_failures`` 1..3; every stage dtype and non-finite policy; strict or not.
     """
     r = _Reader(head)
     b0, b1, b2, b3, b4 = (r.u8() for _ in range(CONFIG_BYTES))
@@ -187,10 +188,10 @@ def decode_config(head: bytes) -> StagerConfig:
     extra = b2 % 40 + (60 if b2 >= 200 else 0)
     max_seqs = 1 + b3 % 3
     stage_dtype = STAGE_DTYPES[(b3 >> 2) % len(STAGE_DTYPES)]
-    nonfinite = _NONFINITE_BY_BYTE[b4 % 4]
+    nonfinite = _NONFINITE_BY_BYTE[b4 & 7]
     return StagerConfig(
         dim, block, 2 * block + 1 + extra, max_seqs=max_seqs, storage=storage,
-        max_failures=max_failures, stage_dtype=stage_dtype, nonfinite=nonfinite,
+        max_failures=max_failures, stage_dtype=stage_dtype, nonfinite=nonfinite, strict=bool(b4 & 8),
     )
 
 
@@ -202,7 +203,7 @@ def encode_config(config: StagerConfig) -> bytes:
     b2 = extra if extra < 40 else 200 + (extra - 60)
     b3 = next((b for b in range(256) if b % 3 == config.max_seqs - 1
                and (b >> 2) % 3 == STAGE_DTYPES.index(config.stage_dtype)), 0)
-    b4 = _NONFINITE_BY_BYTE.index(config.nonfinite)
+    b4 = _NONFINITE_BY_BYTE.index(config.nonfinite) | (8 if config.strict else 0)
     out = bytes([b0, b1, b2, b3, b4])
     if decode_config(out) != config:
         raise ValueError(f"config {config} cannot be expressed by decode_config")
@@ -220,7 +221,7 @@ OPS = (
 _POS_MODES = ("end",) * 10 + ("end+1", "end-1", "zero", "neg", "gap", "far")
 _ROW_KINDS = ("float32",) * 6 + ("float16", "float16", "bfloat16", "bfloat16", "float64", "int32",
                                   "width", "1d", "list", "strided")
-_FILLS = ("normal", "normal", "normal", "tiny", "big", "zeros", "ties", "negzero")
+_FILLS = ("normal", "normal", "massive", "tiny", "big", "zeros", "ties", "negzero")
 _POS_KINDS = ("int64",) * 12 + ("int32", "uint64", "float", "2d")
 _DRAFT_MODES = ("end",) * 8 + ("end+1", "end-1", "end-3", "zero", "neg", "big", "n_cache", "np")
 _FAIL_STAGES = ("decode", "decode", "crop", "crop", "bogus", "", None, 0, b"decode", ["decode"])
@@ -338,7 +339,9 @@ def _hash_u32(n: int, seed: int) -> np.ndarray:
 def make_rows(n: int, dim: int, fill: str = "normal", seed: int = 0, special: Any = None) -> np.ndarray:
     """Deterministic float32 rows ``(n, dim)`` of a given character.
 
-    ``fill``: ``normal`` (values in [-2, 2)), ``tiny`` (f16 subnormals),
+    ``fill``: ``normal`` (values in [-2, 2)), ``massive`` (real activations:
+    normal noise, channel 3 at 1e3..1e5 as massive-activation channels are,
+    row 0 a huge-norm BOS row holding 87,929), ``tiny`` (f16 subnormals),
     ``big`` (beyond f16 range), ``zeros``, ``ties`` (q8_0 rounding ties),
     ``negzero``. ``special = (kind, index)`` puts a NaN / +-Inf at one cell.
     """
@@ -356,6 +359,11 @@ def make_rows(n: int, dim: int, fill: str = "normal", seed: int = 0, special: An
         x = ((u % 255).astype(np.float64) - 127.0) / 2.0
         x[::32] = 127.0  # block max 127 -> d = 1: every k + 0.5 is a tie
     out = x.astype(np.float32).reshape(n, dim)
+    if fill == "massive" and n:
+        ch = 3 % dim
+        out[:, ch] *= np.float32(1e3) * (1 + (u[: n * dim : dim] % 100).astype(np.float32))  # 1e3 .. 1e5
+        out[0] *= np.float32(30.0)
+        out[0, ch] = np.float32(87_929.0)
     if special is not None and n:
         kind, at = special
         flat = out.reshape(-1)
@@ -1040,7 +1048,7 @@ def check_invariants(
 # ---------------------------------------------------------------------------
 
 
-_POLICY_FOR_TRUTH = {"error": "keep", "zero": "zero", "clamp_f16": "clamp_f16"}
+_POLICY_FOR_TRUTH = {"error": "keep", "zero": "zero", "clamp_f16": "clamp_f16", "clamp": "clamp"}
 
 
 @dataclass
@@ -1119,10 +1127,10 @@ class InvariantChecker:
         return result
 
     def _enc(self, rows: Any) -> np.ndarray:
-        from .formats import quantize_rows
-
         x = np.ascontiguousarray(rows)
-        enc = quantize_rows(x, self._cfg.storage, nonfinite=_POLICY_FOR_TRUTH[self._cfg.nonfinite])
+        # The reference's encoding: policies act within the bounds of the
+        # storage *and* the stage dtype, as the Stager's do.
+        enc = rf.encode(x, self._cfg.storage, _POLICY_FOR_TRUTH[self._cfg.nonfinite], self._cfg.stage_dtype)
         return np.ascontiguousarray(enc).view(np.uint8).reshape(len(x), self._cfg.row_bytes)
 
     def _sync_truth(self, s: int) -> None:
