@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def import_dspark() -> Any:
     """Import dspark_core; fall back to the in-place dev build under ``src/``."""
     try:
-        import dspark_core  # noqa: F401
+        import dspark_core
     except ImportError:
         sys.path.insert(0, str(REPO / "src"))
         import dspark_core  # noqa: F401

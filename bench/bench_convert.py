@@ -10,7 +10,7 @@ single-threaded, into preallocated outputs.
     python bench/bench_convert.py            # 512 x 25,600 rows (~2 min max)
     python bench/bench_convert.py --quick    # 64 x 25,600, 3 repeats
 
-The ggml-cpu columns (ggml's own SIMD row converters, DESIGN.md section 6)
+The ggml-cpu columns (ggml's own SIMD row converters, docs/design.md section 6)
 appear when a libggml-cpu is found (``$DSPARK_GGML_LIB_DIR`` or an installed
 llama-cpp-python; see ggml_cpu.py), with a check of whose bytes equal ggml's
 reference quantizers.
@@ -36,6 +36,7 @@ import _common  # bench/ is on sys.path when a script here runs
 import ggml_cpu
 
 from dspark_core import formats
+from dspark_core.core_tables import STORAGE_FORMATS
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 QT = {
@@ -198,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif storage == "bf16":
                     fn = lambda: gguf.dequantize(raw, QT["bf16"]).astype(od)  # noqa: E731
                 else:
-                    bb = 34 if storage == "q8_0" else 18
+                    bb = STORAGE_FORMATS[storage].block_bytes
                     fn = lambda: gguf.dequantize(raw.reshape(-1, bb), QT[storage]).astype(od)  # noqa: E731
                 with np.errstate(all="ignore"):
                     gg = gbps(gbytes, median_time(fn, reps))
@@ -244,7 +245,8 @@ def _compare_with_ggml(ggml: ggml_cpu.GgmlCpu, storage: str, x: np.ndarray, ours
     """Whose bytes equal what: dspark vs ggml-cpu's SIMD converter and ggml's reference."""
     simd = np.empty_like(ours)
     ggml.encode(storage, x, simd)
-    bb = {"q8_0": 34, "q4_0": 18}.get(storage)
+    fmt = STORAGE_FORMATS[storage]
+    bb = fmt.block_bytes if fmt.quantized else None
     if bb is None:
         same = np.array_equal(simd.view(np.uint16), ours.view(np.uint16))
         return f"encode f32 -> {storage}: ggml-cpu SIMD {'==' if same else '!='} dspark"

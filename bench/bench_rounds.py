@@ -2,7 +2,7 @@
 """Per-round staging cost of dspark_core.Stager against its baselines, at several context depths.
 
 A steady-state round is what a server does per speculative step, with the
-Stager calls in protocol order (DESIGN.md section 2)::
+Stager calls in protocol order (docs/design.md section 2)::
 
     plan = st.draft(seq, n_past)   # stage the rows committed since the cache end
     plan.rows                      # touch the staged rows: a view for f32 storage,
@@ -17,7 +17,7 @@ rows. Rounds whose plan rebases (``plan.rebase``) are counted separately.
 Depth = the target's n_past when the timed rounds start. It is reached by
 beginning the sequence at origin p0 = max(0, depth - W) and processing the W
 prompt rows [p0, depth) in 512-row process() calls from one reused array
-(DESIGN: rows before p0 are simply unavailable). The core's bounded ingest
+(docs/design.md section 2: rows before p0 are simply unavailable). The core's bounded ingest
 keeps only the rows a later round can stage (the newest K), so this leaves
 the protocol state a full prefill from position 0 would (only the dead head
 awaiting its lazy trim can differ, by < TRIM_CHUNK rows); ``--prefill
@@ -62,7 +62,7 @@ into ring pages never touched before and pay their first-touch page faults
 lazily); a young sequence at a shallow depth sees the most of them. The
 "core faults/round" column shows the mean page faults per steady round.
 
-Targets (DESIGN.md section 6): steady per-round cost flat across depth
+Targets (docs/design.md section 6): steady per-round cost flat across depth
 (max/min median <= 1.10), core >= 50x the reference per steady round, round
 bandwidth >= 80% of the memcpy round.
 

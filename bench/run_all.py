@@ -8,7 +8,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_rounds.py   per-round staging cost vs reference / naive / memcpy, by depth
 * bench/bench_memory.py   peak buffered rows and bytes vs prompt length
 
-then writes the report (machine, date, command, a summary of the DESIGN.md
+then writes the report (machine, date, command, a summary of the docs/design.md
 section 6 targets with PASS / MISS, and each script's tables) to --out and
 prints it. A script that fails (non-zero exit, crash) is reported in place of
 its table and the others still run; the exit status is then 1.
@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["Scripts:", ""] + C.table(["script", "status", "seconds"], status, "llr") + [""]
     rows = summary_rows(data)
     if rows:
-        lines += ["## Targets (DESIGN.md section 6)", ""]
+        lines += ["## Targets (docs/design.md section 6)", ""]
         lines += C.table(["target", "where", "value", "verdict"], rows, "llrl") + [""]
         if a.quick:
             lines += ["(--quick: few rounds on a CI-sized run; the verdicts are indicative only.)", ""]

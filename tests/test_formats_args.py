@@ -13,7 +13,8 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dspark_core import formats, reference_formats
+from dspark_core import formats
+from dspark_core.reference import formats as reference_formats
 
 D = 64
 ROWS = 16
