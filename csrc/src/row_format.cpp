@@ -194,7 +194,7 @@ const Kernels* kernels_for(SimdPath p) noexcept {
 // DSPARK_SIMD as read now, and the path it names (when it names one).
 SimdEnv read_simd_env(SimdPath& want) noexcept {
     const char* env = std::getenv("DSPARK_SIMD");
-    if (env == nullptr) return SimdEnv::Unset;
+    if (env == nullptr || *env == '\0') return SimdEnv::Unset;  // DSPARK_SIMD= (empty) is unset too
     std::string s(env);
     for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (s == "scalar") want = SimdPath::Scalar;

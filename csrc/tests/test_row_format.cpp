@@ -3,7 +3,9 @@
 // CPU supports giving the same bytes as the scalar definition.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
@@ -551,6 +553,26 @@ TEST_CASE(conversions_refuse_an_output_overlapping_the_input) {
     decode_rows(buf.data() + 2048, Storage::Q4_0, buf.data() + 1024, ElemType::F32, 8, 32);
     decode_rows(buf.data() + 2048, Storage::Q4_0, buf.data() + 2048 + 144, ElemType::F16, 8, 32);
     CHECK_EQ(encode_rows(f, ElemType::F32, buf.data() + 1024, Storage::F32, 8, 32, NonFinite::Error), -1);
+}
+
+TEST_CASE(simd_env_status_reports_what_dspark_simd_holds) {
+    // The core does not log: it reports, and the Python layer warns.
+    const char* saved = std::getenv("DSPARK_SIMD");
+    const std::string keep = saved ? saved : "";
+    unsetenv("DSPARK_SIMD");
+    CHECK(simd_env_status() == SimdEnv::Unset);
+    setenv("DSPARK_SIMD", "bogus", 1);
+    CHECK(simd_env_status() == SimdEnv::Unknown);
+    setenv("DSPARK_SIMD", "", 1);
+    CHECK(simd_env_status() == SimdEnv::Unset);
+    setenv("DSPARK_SIMD", "Scalar", 1);
+    CHECK(simd_env_status() == SimdEnv::Used);
+    setenv("DSPARK_SIMD", "avx-512", 1);
+    CHECK(simd_env_status() == (simd_supported(SimdPath::Avx512) ? SimdEnv::Used : SimdEnv::Unsupported));
+    setenv("DSPARK_SIMD", "avx2", 1);
+    CHECK(simd_env_status() == (simd_supported(SimdPath::Avx2) ? SimdEnv::Used : SimdEnv::Unsupported));
+    if (saved) setenv("DSPARK_SIMD", keep.c_str(), 1);
+    else unsetenv("DSPARK_SIMD");
 }
 
 TEST_CASE(set_simd_path_rejects_unsupported) {
