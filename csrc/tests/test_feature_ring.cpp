@@ -69,7 +69,10 @@ std::vector<std::uint32_t> snapshot_positions(const Stager& s, std::int64_t seq)
     const std::vector<std::uint8_t> snap = s.snapshot(seq);
     const SeqState st = s.state(seq);
     const std::size_t n = static_cast<std::size_t>(st.end - st.horizon);
-    const std::uint8_t* rows = snap.data() + snap.size() - 4 - n * D * 4;  // rows, then the CRC32
+    std::uint16_t header = 0;  // the header's size (offset 6 in every version); the rows follow it
+    std::memcpy(&header, snap.data() + 6, 2);
+    CHECK(snap.size() >= header + n * D * 4);
+    const std::uint8_t* rows = snap.data() + header;
     std::vector<std::uint32_t> v;
     for (std::size_t i = 0; i < n; ++i) {
         float x;
