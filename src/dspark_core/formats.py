@@ -149,8 +149,9 @@ def quantize_rows(
     ``out``, when given, must be a writeable C-contiguous array of exactly the
     result's dtype and shape, not overlapping ``x``; it is filled and returned
     (no allocation). A rejected call leaves it untouched: under ``"error"``
-    the input is checked before ``out`` is written (one extra read of ``x``;
-    without ``out`` the check stays fused into the single conversion pass).
+    q8_0 / q4_0 save ``out`` and put it back on a rejection, the float
+    storages check ``x`` before writing (one extra read of it); without
+    ``out`` the check stays fused into the single conversion pass.
 
     Raises ``TypeError`` for another input dtype and
     :class:`dspark_core.errors.ConfigError` for an unknown storage or a q

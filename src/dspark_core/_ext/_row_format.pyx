@@ -10,6 +10,7 @@ import ml_dtypes
 
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcpy
 from libcpp.string_view cimport string_view
 
 from dspark_core._ext._lib_row_format cimport (
@@ -151,19 +152,29 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
         shape = (n, dim)
     dt = storage_out_dtype(storage)
     # A caller's out must survive a rejected call, and the fused check reports
-    # only after writing: so check first (one read of the input; a fresh
-    # output has nothing to protect and keeps the single fused pass).
-    cdef bint check_first = out is not None and nonfinite == "error"
+    # only after writing. Whichever moves fewer bytes: q formats (output at
+    # most 34/128 of the f32 input) save out and put it back on a rejection;
+    # float storages check the input first (one read of it). A fresh output
+    # has nothing to protect and keeps the single fused pass.
+    cdef bint protect = out is not None and nonfinite == "error"
+    cdef bint save = protect and (s == Storage.Q8_0 or s == Storage.Q4_0)
     out = _output(out, dt, shape, "encode")
     cdef const void* sp = _ptr(src)
     cdef void* dp = _ptr(out)
+    cdef size_t out_bytes = <size_t>out.nbytes
+    cdef cnp.ndarray saved = np.empty(out_bytes if save else 0, _U8)
+    cdef void* kp = _ptr(saved)
     cdef int64_t bad = -1
-    cdef float limit = c_encode_bounds(s, ElemType.F32).limit if check_first else 0.0
+    cdef float limit = c_encode_bounds(s, ElemType.F32).limit if protect and not save else 0.0
     with nogil:
-        if check_first:
+        if save:
+            memcpy(kp, dp, out_bytes)
+        elif protect:
             bad = find_unencodable(sp, et, n * dim, limit)
         if bad < 0:
             bad = encode_rows(sp, et, dp, s, n, dim, pol)
+            if save and bad >= 0:
+                memcpy(dp, kp, out_bytes)  # rejected: out as it was
     return out, bad
 
 
