@@ -30,6 +30,7 @@ class LayerActivations:
     Attributes:
         layer: the tap layer (``l_out`` index).
         max_abs: largest |x|; ``max_token`` / ``max_channel``: where.
+        max_abs_rest: largest |x| over the tokens after the first (the first is BOS in a prompt).
         median_abs: median |x| over every value of the layer.
         massive_channels: channels whose median |x| over the tokens exceeds ``factor * median_abs``
             (persistently massive; a huge-norm BOS row alone lifts every channel), largest first.
@@ -41,6 +42,7 @@ class LayerActivations:
     max_abs: float
     max_token: int
     max_channel: int
+    max_abs_rest: float
     median_abs: float
     massive_channels: list[int]
     massive_channel_max: list[float]
@@ -64,7 +66,8 @@ def massive_activations(
         massive = np.flatnonzero(np.median(a, axis=0) > thr)
         massive = massive[np.argsort(-ch_max[massive], kind="stable")]
         out.append(LayerActivations(
-            layer=int(il), max_abs=float(a[tok, ch]), max_token=int(tok), max_channel=int(ch), median_abs=med,
+            layer=int(il), max_abs=float(a[tok, ch]), max_token=int(tok), max_channel=int(ch),
+            max_abs_rest=float(a[1:].max()) if len(a) > 1 else 0.0, median_abs=med,
             massive_channels=[int(c) for c in massive], massive_channel_max=[float(ch_max[c]) for c in massive],
             tokens_with_massive=int(np.count_nonzero((a > thr).any(axis=1))),
         ))
@@ -101,8 +104,10 @@ class StorageOutcome:
 
 # Largest relative error of one element's encode, by storage (q formats: relative to the block's
 # largest |x|). A value further off than this was replaced by a policy, not rounded.
-_REL_ROUNDING = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8, "q8_0": 1.0 / 127 * 0.5 + 2.0**-11,
-                 "q4_0": 1.0 / 8 * 0.5 + 2.0**-11}
+# q8_0: half a step of d = amax / 127, plus d's f16 rounding times |q| <= 127. q4_0: d = max / -8 maps
+# the max exactly but clamps -max to 7 d, a whole step off, plus d's f16 rounding times |q| <= 8.
+_REL_ROUNDING = {"f32": 0.0, "f16": 2.0**-11, "bf16": 2.0**-8, "q8_0": 0.5 / 127 + 2.0**-11,
+                 "q4_0": 1.0 / 8 + 2.0**-11}
 
 
 def _beyond_rounding(x: np.ndarray, s: np.ndarray, storage: str) -> np.ndarray:

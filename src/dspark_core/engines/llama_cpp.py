@@ -106,6 +106,11 @@ class _TensorHead(ctypes.Structure):
     ]
 
 
+#: ``char name[GGML_MAX_NAME]`` of struct ggml_tensor, read in place.
+_TensorName = ctypes.c_char * 64
+_MAX_NAME_OFFSET = 1024  # sanity bound on where the name sits inside the struct
+
+
 class _Ggml:
     """The few libggml functions the callback needs, bound once."""
 
@@ -113,13 +118,15 @@ class _Ggml:
         from llama_cpp import _ggml  # the libggml llama-cpp-python ships and links against
 
         lib = _ggml.libggml
-        self.get_name = lib.ggml_get_name
+        # lib["name"] makes function objects of our own: lib.name is shared, and another user
+        # setting its restype (c_char_p for ggml_get_name, say) would change ours
+        self.get_name = lib["ggml_get_name"]
         self.get_name.argtypes = [ctypes.c_void_p]
         self.get_name.restype = ctypes.c_void_p  # an address: the name lives inside the tensor
-        self.tensor_get = lib.ggml_backend_tensor_get
+        self.tensor_get = lib["ggml_backend_tensor_get"]
         self.tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
         self.tensor_get.restype = None
-        self.nelements = lib.ggml_nelements
+        self.nelements = lib["ggml_nelements"]
         self.nelements.argtypes = [ctypes.c_void_p]
         self.nelements.restype = ctypes.c_int64
 
@@ -257,6 +264,7 @@ class LlamaCppCapture:
         self._cursor = [0] * self.n_capture
         self._cb_error: BaseException | None = None
         self._head_checked = False
+        self._name_offset = -1  # of the name inside struct ggml_tensor, learned on the first node
         self.callback_s = 0.0  # time spent inside the Python callback (whole adapter life)
 
         params = llama_cpp.llama_context_default_params()
@@ -455,8 +463,14 @@ class LlamaCppCapture:
         for :meth:`evaluate` to raise, and the graph is stopped.
         """
         try:
-            name = ctypes.string_at(self._g.get_name(t))
-            k = self._slot_of.get(name)
+            # called for every graph node: read the name in place (no FFI call) at its offset
+            # inside struct ggml_tensor, taken once from ggml_get_name
+            off = self._name_offset
+            if off < 0:
+                off = self._name_offset = self._g.get_name(t) - t
+                if not 0 < off < _MAX_NAME_OFFSET:
+                    raise RuntimeError(f"ggml_get_name points {off} bytes into the tensor: unexpected layout")
+            k = self._slot_of.get(_TensorName.from_address(t + off).value)
             if k is None:
                 return not ask  # not ours: don't split the graph here
             if ask:
