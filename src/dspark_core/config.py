@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .core_tables import NONFINITE_POLICIES, STORAGE_FORMATS, STORAGES
 from .errors import ConfigError
 
 __all__ = [
@@ -36,14 +37,8 @@ __all__ = [
 #: ``dspark::TRIM_CHUNK`` (a test keeps them equal).
 TRIM_CHUNK = 512
 
-#: Storage formats of the feature buffer (GGML layouts for the q formats).
-STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
-
 #: dtypes ``plan.rows`` can be staged in.
 STAGE_DTYPES = ("float32", "float16", "bfloat16")
-
-#: What ``process`` does with NaN / Inf inputs.
-NONFINITE_POLICIES = ("error", "zero", "clamp_f16")
 
 #: Upper bounds of a window and a row width (mirrors the C++ core: drafter
 #: positions are int32 in a plan; the snapshot header stores them as u32).
@@ -53,8 +48,6 @@ MAX_FEATURE_DIM = 1 << 28
 #: Upper bound on ``max_seqs`` (a sanity limit, not a memory reservation:
 #: buffers are allocated when a sequence first receives rows).
 MAX_SEQS_LIMIT = 1 << 16
-
-_QK = 32
 
 
 def stage_dtype_name(dtype: Any) -> str:
@@ -87,20 +80,12 @@ def storage_row_bytes(storage: str, feature_dim: int) -> int:
 
     ``f32``: ``4 D``; ``f16`` / ``bf16``: ``2 D``; ``q8_0``: ``D / 32 * 34``;
     ``q4_0``: ``D / 32 * 18`` (GGML block layouts; q formats need ``D % 32 == 0``).
-    Pure Python (no compiled module needed); equals ``formats.row_bytes``.
+    From the core's block table (:data:`dspark_core.core_tables.STORAGE_FORMATS`);
+    equals ``formats.row_bytes``.
     """
-    if storage not in STORAGES:
+    if storage not in STORAGE_FORMATS:
         raise ConfigError(f"storage {storage!r} is not supported; use one of {STORAGES}")
-    d = feature_dim
-    if storage.startswith("q") and d % _QK:
-        raise ConfigError(f"storage {storage!r} needs feature_dim % 32 == 0, got feature_dim {d}")
-    return {
-        "f32": 4 * d,
-        "f16": 2 * d,
-        "bf16": 2 * d,
-        "q8_0": d // _QK * (2 + _QK),
-        "q4_0": d // _QK * (2 + _QK // 2),
-    }[storage]
+    return STORAGE_FORMATS[storage].row_bytes(feature_dim)
 
 
 def window_for(n_ctx_train: int, n_batch: int, cap: int | None = None) -> int:
@@ -125,7 +110,17 @@ class StagerConfig:
         max_failures: consecutive ``fail`` calls after which a sequence is
             disabled (until ``begin``).
         stage_dtype: dtype of ``plan.rows`` (``float32``, ``float16`` or ``bfloat16``).
-        nonfinite: ``"error"`` (reject the call), ``"zero"`` or ``"clamp_f16"``.
+        nonfinite: what a value the rows cannot carry does: NaN, +-Inf, or a
+            finite value whose encoding overflows (e.g. |x| >= 65520 in f16
+            storage or when staged as float16; a q8_0 / q4_0 block whose fp16
+            scale overflows). ``"error"`` (default) rejects the call,
+            ``"zero"`` stores 0, ``"clamp"`` clamps to the largest value the
+            storage (and stage dtype) can hold (NaN -> 0), ``"clamp_f16"``
+            clamps to +-65504 as well (llama.cpp's fp16 drafter caches).
+        strict: raise :class:`StateError` from ``draft`` when the server's
+            ``n_past`` disagrees with the buffered rows (a forgotten
+            ``accept`` / ``rollback`` / ``process``) instead of skipping with
+            ``"missing_rows"`` and logging one warning per sequence.
 
     Raises:
         ConfigError: for any value that cannot work, naming it.
@@ -139,6 +134,7 @@ class StagerConfig:
     max_failures: int = 3
     stage_dtype: str = "float32"
     nonfinite: str = "error"
+    strict: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -160,11 +156,10 @@ class StagerConfig:
             )
         if self.storage not in STORAGES:
             raise ConfigError(f"storage {self.storage!r} is not supported; use one of {STORAGES}")
-        if self.storage.startswith("q") and self.feature_dim % _QK:
-            raise ConfigError(
-                f"storage {self.storage!r} needs feature_dim % 32 == 0, got feature_dim {self.feature_dim}"
-            )
+        STORAGE_FORMATS[self.storage].row_bytes(self.feature_dim)  # q formats: whole blocks
         set_(self, "stage_dtype", stage_dtype_name(self.stage_dtype))
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"strict must be a bool, got {self.strict!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ConfigError(f"nonfinite {self.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
 

@@ -1,4 +1,4 @@
-// Stager: the per-sequence staging state machine of DESIGN.md section 2.
+// Stager: the per-sequence staging state machine of docs/design.md section 2.
 //
 // The pure-Python twin (src/dspark_core/reference.py) spells out the same
 // rules; this implementation must match it op for op (the hypothesis state
@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dspark/byte_buffer.hpp"
@@ -40,6 +41,9 @@ struct StagerOptions {
     Storage storage = Storage::F32;
     std::int64_t max_failures = 3;
     NonFinite nonfinite = NonFinite::Error;
+    // The element type plans are staged out in: rows must stay finite after
+    // that last narrowing too (an f32-stored 9e4 staged as f16 is +inf).
+    ElemType stage = ElemType::F32;
 };
 
 // Why draft() staged nothing, in the order the reasons are checked.
@@ -176,8 +180,10 @@ private:
     static void note_size(Seq& s) noexcept;
     void fresh_seq(Seq& s) const;
 
-    template <class Encode>
-    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible);
+    template <class Encode, class Value>
+    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
+                bool fallible);
+    std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
     std::int64_t validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
                                     std::size_t n) const;
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
@@ -188,12 +194,17 @@ private:
     StagerOptions opt_;
     std::int64_t w_keep_;
     std::size_t row_bytes_;
+    EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
     std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
     std::vector<Seq> seqs_;
     std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
     mutable std::mutex mu_;
 };
 
+// "disabled", "empty", "no_context", "missing_rows"; "" for Skip::None and for
+// a value past the last reason (the binding enumerates the reasons with it).
 const char* skip_name(Skip s) noexcept;
+// "decode", "crop"; nullptr for a value past the last stage.
+const char* fail_stage_name(FailStage s) noexcept;
 
 }  // namespace dspark

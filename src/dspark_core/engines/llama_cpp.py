@@ -184,7 +184,7 @@ def tap_layers_from(info: Any, layer_shift: int = 0) -> tuple[int, ...]:
 
 @dataclass
 class CaptureResult:
-    """What :meth:`LlamaCppCapture.evaluate` returns (also a :class:`dspark_core.loop.TargetOutput`).
+    """What :meth:`LlamaCppCapture.evaluate` returns (also a :class:`dspark_core.sim.loop.TargetOutput`).
 
     Attributes:
         rows: float32 ``(n, n_capture * n_embd)``: each token's concatenated tap-layer rows.
@@ -358,7 +358,7 @@ class LlamaCppCapture:
 
     # -- evaluation --------------------------------------------------------------------
     def decode(self, tokens: Sequence[int]) -> CaptureResult:
-        """The :class:`dspark_core.loop.Target` API: logits for every token of a batch of
+        """The :class:`dspark_core.sim.loop.Target` API: logits for every token of a batch of
         at most ``verify_max`` tokens (or when the last layer is tapped), else the last only."""
         n = len(tokens)
         all_rows = n <= self.verify_max or (self.n_layer - 1) in self.layers

@@ -3,7 +3,7 @@
 :class:`LookupDrafter` keeps the drafter side of the protocol real and lets the
 session accept draft tokens:
 
-* the staged rows go into a :class:`dspark_core.toy.ToyDrafter` (a KV-injection
+* the staged rows go into a :class:`dspark_core.sim.toy.ToyDrafter` (a KV-injection
   drafter with random weights, strict about positions: staged positions must
   continue its cache and the block must follow the context), so every plan's
   ``clear_cache`` / positions / ``crop_from`` is exercised on the real rows;
@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..toy import ToyDrafter
+from ..sim.toy import ToyDrafter
 
 __all__ = ["LookupDrafter", "lookup_draft"]
 
