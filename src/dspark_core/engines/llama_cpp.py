@@ -47,6 +47,10 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
+import numpy.typing as npt
+
+#: Token ids: a sequence of ints or an integer array (what the loop's Target takes).
+Tokens = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 __all__ = [
     "INSTALL_HINT",
@@ -207,7 +211,7 @@ class LlamaCppCapture:
         n_ctx: context length of this adapter's KV cache.
         n_batch: tokens per ``llama_decode`` call (a prefill is evaluated in chunks of this).
         n_ubatch: physical batch (default ``n_batch``; smaller splits each call into ubatches).
-        n_threads: CPU threads (default: the CPUs this process may use).
+        n_threads: CPU threads (default: the ``Llama``'s, else the CPUs this process may use).
         verify_max: :meth:`decode` (the loop's Target API) requests logits for every token
             of a batch of at most this many tokens (single decodes and verify batches),
             for the last token only otherwise (prefill chunks).
@@ -256,7 +260,7 @@ class LlamaCppCapture:
         self.feature_dim = self.n_capture * self.n_embd
         self.n_batch = int(n_batch)
         self.verify_max = int(verify_max)
-        self.n_threads = int(n_threads or _default_threads())
+        self.n_threads = int(n_threads or getattr(model, "n_threads", None) or _default_threads())
 
         # callback state: the slot of each tap tensor name, and where the current batch's rows go
         self._slot_of = {LAYER_OUTPUT_NAME.format(il).encode(): k for k, il in enumerate(self.layers)}
@@ -320,7 +324,7 @@ class LlamaCppCapture:
     def __del__(self) -> None:
         try:
             self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
+        except (AttributeError, TypeError):  # interpreter shutdown: modules may be torn down
             pass
 
     # -- sequence state ----------------------------------------------------------------
@@ -357,14 +361,14 @@ class LlamaCppCapture:
         return bytes(self.llama.detokenize([int(t) for t in tokens])).decode("utf-8", errors="replace")
 
     # -- evaluation --------------------------------------------------------------------
-    def decode(self, tokens: Sequence[int]) -> CaptureResult:
+    def decode(self, tokens: Tokens) -> CaptureResult:
         """The :class:`dspark_core.sim.loop.Target` API: logits for every token of a batch of
         at most ``verify_max`` tokens (or when the last layer is tapped), else the last only."""
         n = len(tokens)
         all_rows = n <= self.verify_max or (self.n_layer - 1) in self.layers
         return self.evaluate(tokens, logits="all" if all_rows else "last")
 
-    def evaluate(self, tokens: Sequence[int], *, logits: str = "last", out: np.ndarray | None = None) -> CaptureResult:
+    def evaluate(self, tokens: Tokens, *, logits: str = "last", out: np.ndarray | None = None) -> CaptureResult:
         """Evaluate ``tokens`` at positions ``[n_past, n_past + n)`` in chunks of ``n_batch``.
 
         Args:

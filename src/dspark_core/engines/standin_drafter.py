@@ -18,9 +18,10 @@ is; it is the protocol and the rows that are real.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from ..sim.toy import ToyDrafter
 
@@ -84,7 +85,7 @@ class LookupDrafter:
         seq: int,
         positions: np.ndarray,
         rows: np.ndarray,
-        block_tokens: Sequence[int],
+        block_tokens: Sequence[int] | npt.NDArray[np.integer[Any]],
         block_positions: np.ndarray,
     ) -> np.ndarray:
         """Run the toy drafter on the staged rows (position checks included); return ``B`` draft ids."""
