@@ -242,3 +242,17 @@ def test_capture_command_is_listed_and_says_what_is_missing(monkeypatch, capsys,
     assert "pip install 'dspark_core[llama-cpp]'" in capsys.readouterr().err
     assert main(["capture", "--target", "x.gguf", "--layers", "2,a"]) == 2
     assert "--layers must be integers" in capsys.readouterr().err
+
+
+def test_tap_layers_from_drafter_metadata_and_the_default_taps():
+    from dspark_core import DrafterInfo
+    from dspark_core.engines.llama_cpp import default_tap_layers, tap_layers_from
+
+    info = DrafterInfo(path="d.gguf", architecture="dflash", block_size=16, target_layers=(2, 10, 17))
+    assert tap_layers_from(info) == (2, 10, 17)
+    assert tap_layers_from(info, layer_shift=1) == (1, 9, 16)  # hidden_states indices -> l_out indices
+    with pytest.raises(ValueError, match="no target layers"):
+        tap_layers_from(DrafterInfo(path="d.gguf", architecture="dflash", block_size=16))
+    assert default_tap_layers(18) == (2, 9, 15)
+    with pytest.raises(ValueError, match="too shallow"):
+        default_tap_layers(4)

@@ -213,6 +213,7 @@ def capture_session(
     if context < 2 or generate < 1:
         raise ValueError("--context must be >= 2 and --generate >= 1")
     t_start = time.perf_counter()
+    info = None
     if drafter is not None:
         info = DrafterInfo.from_gguf(drafter)
         if layers is None:
@@ -229,6 +230,11 @@ def capture_session(
         layers = default_tap_layers(plain.n_layer)
     cap = LlamaCppCapture(llm, layers, **common)  # type: ignore[arg-type]
     D, E = cap.feature_dim, cap.n_embd
+    if info is not None and info.feature_dim is not None and info.feature_dim != D:
+        raise ValueError(
+            f"the drafter reads rows of {info.feature_dim} values, but {len(cap.layers)} tap layers of this "
+            f"target's n_embd {E} give {D}: wrong target, or wrong --layer-shift"
+        )
     prompt = prompt_tokens(cap, context, prompt_text)
 
     # 1. the engine's own greedy decode, without and with the capture callback (same weights, same shapes)
