@@ -33,12 +33,6 @@ import sys
 import time
 from typing import Callable
 
-#: Target: conversion throughput / memcpy throughput measured at the same moment.
-MIN_VS_MEMCPY = 0.8
-#: Target: ggml-cpu time / dspark time, paired. Below 1.0 because both are memory bound:
-#: equal speed measures as a ratio scattered around 1.0.
-MIN_VS_GGML = 0.95
-
 import gguf
 import ml_dtypes
 import numpy as np
@@ -48,6 +42,12 @@ import ggml_cpu
 
 from dspark_core import formats
 from dspark_core.core_tables import STORAGE_FORMATS
+
+#: Target: conversion throughput / memcpy throughput measured at the same moment.
+MIN_VS_MEMCPY = 0.8
+#: Target: ggml-cpu time / dspark time, paired. Below 1.0 because both are memory bound:
+#: equal speed measures as a ratio scattered around 1.0.
+MIN_VS_GGML = 0.95
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 QT = {
