@@ -47,7 +47,7 @@ import numpy as np
 
 from . import formats as rf
 from .. import snapshot_format
-from .._args import as_count, as_encoded, as_index, as_positions, as_rows
+from .._args import as_count, as_encoded, as_index, as_positions, as_rows, readable_bytes, writable_bytes
 from ..config import STORAGES, StagerConfig
 from ..errors import StateError
 from ..protocol_mismatch import MismatchGuard
@@ -417,25 +417,46 @@ class ReferenceStager:
         self._seqs[d] = b
         self._advance_horizon(b)
 
-    def snapshot(self, seq: int) -> bytes:
-        """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
+    def _snapshot_state(self, seq: int) -> snapshot_format.SnapshotState:
         _, st = self._closed(seq)
         rows = b"".join(st.rows[p].tobytes() for p in range(st.horizon, st.end)) if st.started else b""
-        state = snapshot_format.SnapshotState(
+        return snapshot_format.SnapshotState(
             started=st.started, disabled=st.disabled, restage_owed=st.restage_owed,
             first_round=st.first_round, accept_open=st.accept_open, end=st.end, horizon=st.horizon,
             n_cache=st.n_cache, pos_base=st.pos_base, tentative=st.tentative, failures=st.failures,
             rows=rows,
         )
-        return snapshot_format.pack(state, self.config.snapshot_fingerprint())
 
-    def restore(self, seq: int, data: bytes) -> None:
+    def snapshot(self, seq: int) -> bytes:
+        """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
+        return snapshot_format.pack(self._snapshot_state(seq), self.config.snapshot_fingerprint())
+
+    def snapshot_size(self, seq: int) -> int:
+        """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
+        _, st = self._closed(seq)
+        n_rows = st.end - st.horizon if st.started else 0
+        return snapshot_format.snapshot_bytes(n_rows, self.config.row_bytes)
+
+    def snapshot_into(self, seq: int, buffer: Any) -> int:
+        """Write the snapshot into a writable C-contiguous buffer; returns the bytes written.
+
+        ``TypeError`` for an object that is not a writable contiguous buffer,
+        ``ValueError`` when it is too small (nothing is written).
+        """
+        self._closed(seq)
+        out = writable_bytes(buffer)
+        need = self.snapshot_size(seq)
+        if len(out) < need:
+            raise ValueError(
+                f"snapshot buffer of {len(out)} bytes is too small: the snapshot of sequence {seq} needs {need}"
+            )
+        out[:need] = self.snapshot(seq)
+        return need
+
+    def restore(self, seq: int, data: Any) -> None:
         """Replace the sequence's state with a snapshot; bad data leaves it untouched."""
         i, _ = self._closed(seq)
-        try:
-            raw = bytes(memoryview(data))
-        except TypeError:
-            raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
+        raw = readable_bytes(data)
         s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES)
         rb = self.config.row_bytes
         st = _Seq(
