@@ -12,7 +12,8 @@ included. Layers, bottom up:
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
 4 api        formats, cuda, gguf, context_plan: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
-6 tools      testing, sim: differential runner, fuzzing, the loop, toy models
+6 tools      testing, sim, engines: differential runner, fuzzing, the loop, toy models,
+             real-engine adapters (optional engines, imported lazily)
 7 cli        cli: commands and all table / text presentation
 8 root       the package's ``__init__`` (the embedding API)
 
@@ -52,6 +53,7 @@ LAYERS: dict[str, int] = {
     "reference": 5,
     "testing": 6,
     "sim": 6,
+    "engines": 6,
     "cli": 7,
     "": 8,
 }
