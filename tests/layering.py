@@ -6,8 +6,8 @@ included. Layers, bottom up:
 
 0 base       errors, _args, _version: no import from the package
 1 binding    _ext._row_format: the C++ row formats and the core's name tables
-2 contract   core_tables, config, stage_plan, snapshot_format: the tables and
-             the value types the Stager binding takes and returns
+2 contract   core_tables, config, stage_plan, snapshot_format, protocol_mismatch: the tables,
+             the value types the Stager binding takes and returns, the mismatch guard
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
 4 api        formats, cuda, gguf, context_plan: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "config": 2,
     "stage_plan": 2,
     "snapshot_format": 2,
+    "protocol_mismatch": 2,
     "_ext._stager": 3,
     "_ext._cuda": 3,
     "formats": 4,

@@ -27,8 +27,9 @@ from dspark_core._ext._lib_stager cimport (
 )
 
 from dspark_core._args import as_count, as_encoded, as_index, as_positions, as_rows, row_dtype_code
-from dspark_core.config import STORAGES, NONFINITE_POLICIES, StagerConfig
+from dspark_core.config import STORAGES, NONFINITE_POLICIES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
+from dspark_core.protocol_mismatch import MismatchGuard
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
 
@@ -135,6 +136,7 @@ cdef class Stager:
     cdef object _stage_dtype
     cdef bint _view_rows
     cdef object _decoder
+    cdef object _mismatch
 
     def __cinit__(self, config):
         if not isinstance(config, StagerConfig):
@@ -147,6 +149,7 @@ cdef class Stager:
         o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
         o.max_failures = config.max_failures
         o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
+        o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
         self._core = new CStager(o)
         self.config = config
         self._D = config.feature_dim
@@ -160,6 +163,7 @@ cdef class Stager:
         # Otherwise plan.rows decodes lazily with this (built once, not per plan).
         self._decoder = None if self._view_rows else functools.partial(
             _row_format.decode, storage=config.storage, dim=self._D, out_dtype=self._stage_dtype)
+        self._mismatch = MismatchGuard(config.strict)
 
     def __dealloc__(self):
         del self._core
@@ -201,6 +205,7 @@ cdef class Stager:
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.begin(s)
+        self._mismatch.reset(s)
 
     def process(self, seq, positions, rows):
         """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``.
@@ -255,11 +260,15 @@ cdef class Stager:
         with nogil:
             self._core.check_ready(s)
         cdef int64_t start = n_past if type(n_past) is int and 0 <= n_past < C_MAX_POSITION else as_count("n_past", n_past)
+        if self._mismatch.strict:
+            self._mismatch.check(s, start, self.state(s))
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
         cdef RoundPlan p
         with nogil:
             p = self._core.draft(s, start, out.v)
+        if <int>p.skip == <int>Skip.MissingRows:
+            self._mismatch.skipped(s, start, self._core.state(s).end)
         return self._plan(p, np.frombuffer(out, _U8), 0)
 
     def draft_many(self, seqs, n_pasts):
@@ -279,6 +288,9 @@ cdef class Stager:
             raise ValueError("draft_many: sequence ids must be unique")
         for x in past_list:
             as_count("n_past", x)
+        if self._mismatch.strict:  # before anything opens: a rejected batch changes nothing
+            for x, p in zip(seq_list, past_list):
+                self._mismatch.check(x, p, self.state(x))
         sv = np.asarray(seq_list, dtype=np.int64)
         pv = np.asarray(past_list, dtype=np.int64)
         cdef size_t n = len(seq_list)
@@ -294,6 +306,8 @@ cdef class Stager:
         cdef size_t offset = 0
         cdef size_t i
         for i in range(plans.size()):
+            if <int>plans[i].skip == <int>Skip.MissingRows:
+                self._mismatch.skipped(plans[i].seq, plans[i].start, self._core.state(plans[i].seq).end)
             result.append(self._plan(plans[i], data, offset))
             offset += plans[i].n_rows * self._row_bytes
         return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype)

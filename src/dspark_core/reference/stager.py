@@ -50,6 +50,7 @@ from .. import snapshot_format
 from .._args import as_count, as_encoded, as_index, as_positions, as_rows
 from ..config import STORAGES, StagerConfig
 from ..errors import StateError
+from ..protocol_mismatch import MismatchGuard
 from ..stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
@@ -89,6 +90,7 @@ class ReferenceStager:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
+        self._mismatch = MismatchGuard(config.strict)
         self._seqs = [_Seq() for _ in range(config.max_seqs)]
 
     @property
@@ -131,17 +133,23 @@ class ReferenceStager:
 
     def _encode(self, seq: int, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
         c = self.config
-        wide = rows.astype(np.float32)
         if c.nonfinite == "error":
-            bad = np.argwhere(~np.isfinite(wide))
-            if len(bad):
-                r = int(bad[0][0])
-                raise ValueError(
-                    f"sequence {seq}: row {r} (position {int(positions[r])}) holds a non-finite value; "
-                    "nothing was appended"
-                )
-        enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite)
+            self._check_stageable(seq, positions, rows.astype(np.float32))
+        enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite, c.stage_dtype)
         return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), c.row_bytes)
+
+    def _check_stageable(self, seq: int, positions: np.ndarray, values: np.ndarray) -> None:
+        """Raise unless every value stays finite once stored and staged (overflow included)."""
+        c = self.config
+        limit, _ = rf.bounds(c.storage, c.stage_dtype)
+        with np.errstate(invalid="ignore"):
+            bad = np.argwhere(~(np.abs(values) < np.float32(limit)))
+        if len(bad):
+            r, ch = (int(v) for v in bad[0])
+            raise ValueError(
+                f"sequence {seq}: row {r} (position {int(positions[r])}), channel {ch} holds "
+                f"{float(values[r, ch]):.9g}; nothing was appended"
+            )
 
     def _decode(self, encoded: np.ndarray) -> np.ndarray:
         c = self.config
@@ -154,6 +162,7 @@ class ReferenceStager:
         """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
         i, _ = self._closed(seq)
         self._seqs[i] = _Seq()
+        self._mismatch.reset(i)
 
     def process(self, seq: int, positions: Any, rows: Any) -> None:
         """Buffer the target's capture rows at absolute ``positions``."""
@@ -183,31 +192,32 @@ class ReferenceStager:
             return
         self._check_positions(i, st, pos)
         if c.nonfinite == "error":
-            bad = self._first_nonfinite_encoded(enc)
-            if bad is not None:
+            # Staged as float32 this is a non-finite stored value (a q block
+            # scale that is inf / nan makes every value of its block one).
+            staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
+            limit, _ = rf.bounds("f32", c.stage_dtype)
+            with np.errstate(invalid="ignore"):
+                bad = np.argwhere(~(np.abs(staged) < np.float32(limit)))
+            if len(bad):
+                r, ch = (int(v) for v in bad[0])
                 raise ValueError(
-                    f"sequence {i}: row {bad} (position {int(pos[bad])}) holds a non-finite value; "
-                    "nothing was appended"
+                    f"sequence {i}: row {r} (position {int(pos[r])}), channel {ch} holds "
+                    f"{float(staged[r, ch]):.9g}; nothing was appended"
                 )
         self._append(st, int(pos[0]), enc.copy())
-
-    def _first_nonfinite_encoded(self, enc: np.ndarray) -> int | None:
-        """First row whose stored values (float storages) or block scales (q formats) are not finite."""
-        c = self.config
-        if c.storage.startswith("q"):
-            block = 34 if c.storage == "q8_0" else 18
-            scales = enc.reshape(len(enc), -1, block)[:, :, :2].copy().view(np.float16)[..., 0]
-            bad_rows = np.flatnonzero(~np.isfinite(scales.astype(np.float32)).all(axis=1))
-        else:
-            values = rf.decode(enc, c.storage, c.feature_dim, np.float32)
-            bad_rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
-        return int(bad_rows[0]) if len(bad_rows) else None
 
     def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
         if len(pos) > 1 and not np.all(np.diff(pos) == 1):
             raise ValueError(f"sequence {i}: positions must be contiguous (+1 each row)")
         if st.started and int(pos[0]) != st.end:
-            raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {int(pos[0])}")
+            p0 = int(pos[0])
+            why = (
+                f"rows up to {st.end - 1} are buffered: was accept() not called after the verify batch, "
+                "or is a rollback() to the target's n_past missing?"
+                if p0 < st.end
+                else f"rows {st.end}..{p0 - 1} were never processed: every target decode must be passed to process()"
+            )
+            raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {p0} ({why})")
 
     def _append(self, st: _Seq, p0: int, enc: np.ndarray) -> None:
         n = len(enc)
@@ -239,6 +249,8 @@ class ReferenceStager:
         reason = self._skip_reason(st, start)
         if reason is not None:
             st.stats["skips"] += 1
+            if reason == "missing_rows":
+                self._mismatch.skipped(i, start, st.end)
             return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=c.row_bytes,
                                      stage_dtype=c.numpy_stage_dtype)
         rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
@@ -268,6 +280,7 @@ class ReferenceStager:
         """Plan this round for a target at ``n_past``; opens a round unless skipped."""
         i, st = self._closed(seq)
         start = as_count("n_past", n_past)
+        self._mismatch.check(i, start, self.state(i))
         return self._draft_checked(i, st, start)
 
     def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int]) -> BatchPlan:
@@ -284,6 +297,8 @@ class ReferenceStager:
             raise ValueError("draft_many: sequence ids must be unique")
         for p in past_list:
             as_count("n_past", p)
+        for s, p in zip(seq_list, past_list):
+            self._mismatch.check(s, p, self.state(s))
         c = self.config
         return BatchPlan(
             [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],

@@ -23,7 +23,9 @@ def _hash_u32(n: int, seed: int) -> np.ndarray:
 def make_rows(n: int, dim: int, fill: str = "normal", seed: int = 0, special: Any = None) -> np.ndarray:
     """Deterministic float32 rows ``(n, dim)`` of a given character.
 
-    ``fill``: ``normal`` (values in [-2, 2)), ``tiny`` (f16 subnormals),
+    ``fill``: ``normal`` (values in [-2, 2)), ``massive`` (real activations:
+    normal noise, channel 3 at 1e3..1e5 as massive-activation channels are,
+    row 0 a huge-norm BOS row holding 87,929), ``tiny`` (f16 subnormals),
     ``big`` (beyond f16 range), ``zeros``, ``ties`` (q8_0 rounding ties),
     ``negzero``. ``special = (kind, index)`` puts a NaN / +-Inf at one cell.
     """
@@ -41,6 +43,11 @@ def make_rows(n: int, dim: int, fill: str = "normal", seed: int = 0, special: An
         x = ((u % 255).astype(np.float64) - 127.0) / 2.0
         x[::32] = 127.0  # block max 127 -> d = 1: every k + 0.5 is a tie
     out = x.astype(np.float32).reshape(n, dim)
+    if fill == "massive" and n:
+        ch = 3 % dim
+        out[:, ch] *= np.float32(1e3) * (1 + (u[: n * dim : dim] % 100).astype(np.float32))  # 1e3 .. 1e5
+        out[0] *= np.float32(30.0)
+        out[0, ch] = np.float32(87_929.0)
     if special is not None and n:
         kind, at = special
         flat = out.reshape(-1)

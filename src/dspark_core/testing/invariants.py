@@ -227,10 +227,10 @@ class InvariantChecker:
         return result
 
     def _enc(self, rows: Any) -> np.ndarray:
-        from ..formats import quantize_rows
-
         x = np.ascontiguousarray(rows)
-        enc = quantize_rows(x, self._cfg.storage, nonfinite=_POLICY_FOR_TRUTH[self._cfg.nonfinite])
+        # The reference's encoding: policies act within the bounds of the
+        # storage *and* the stage dtype, as the Stager's do.
+        enc = rf.encode(x, self._cfg.storage, _POLICY_FOR_TRUTH[self._cfg.nonfinite], self._cfg.stage_dtype)
         return np.ascontiguousarray(enc).view(np.uint8).reshape(len(x), self._cfg.row_bytes)
 
     def _sync_truth(self, s: int) -> None:
