@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             holdall_f32 = p * D * 4
             ok = r["peak_rows"] <= bound
             targets.append({"storage": s, "prompt": p, "target": "peak rows <= W + TRIM_CHUNK + B + 1",
-                            "value": r["peak_rows"], "pass": ok})
+                            "value": r["peak_rows"], "bound": bound, "pass": ok})
             pb = r["prefill_peak_bytes"]
             rows.append([
                 s, C.fmt_size(p), f"{r['prefill_peak_rows']:,}", C.fmt_bytes(pb),

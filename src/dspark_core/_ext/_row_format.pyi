@@ -41,6 +41,9 @@ def decode(
 ) -> npt.NDArray[Any]:
     """Decode whole rows stored as ``storage`` to (n, dim) of ``out_dtype``."""
 
+def bounds(storage: str, staged: Any = ...) -> tuple[float, float]:
+    """``(limit, clamp_to)`` of ``storage`` decoded to ``staged``."""
+
 def find_nonfinite(src: npt.NDArray[Any]) -> int:
     """Flat index of the first NaN/Inf, or -1."""
 

@@ -9,6 +9,7 @@ from typing_extensions import Self, disjoint_base
 from ..config import NONFINITE_POLICIES as NONFINITE_POLICIES
 from ..config import STAGE_DTYPES as STAGE_DTYPES
 from ..config import STORAGES as STORAGES
+from ..config import STAGE_DTYPES as STAGE_DTYPES
 from ..config import StagerConfig
 from ..stage_plan import DISABLED_WARNING as DISABLED_WARNING
 from ..stage_plan import FAIL_STAGES as FAIL_STAGES

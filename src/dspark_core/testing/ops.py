@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..config import STAGE_DTYPES, STORAGES, StagerConfig
+from ..config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, StagerConfig
 
 #: Bytes the config takes at the start of the input, and bytes per op record.
 CONFIG_BYTES = 5
@@ -82,10 +82,7 @@ class _Reader:
         return out
 
 
-#: Non-finite policy by the low 3 bits of config byte 4; bit 3 is ``strict``.
-#: A fixed table (the corpus's bytes keep their meaning); a test checks that it
-#: names every policy of the core's table, so a new policy gets fuzzed.
-_NONFINITE_BY_BYTE = ("error", "error", "zero", "clamp_f16", "clamp", "error", "zero", "clamp")
+_NONFINITE_BY_BYTE = ("error", *NONFINITE_POLICIES)
 
 
 def decode_config(head: bytes) -> StagerConfig:
@@ -104,10 +101,10 @@ def decode_config(head: bytes) -> StagerConfig:
     extra = b2 % 40 + (60 if b2 >= 200 else 0)
     max_seqs = 1 + b3 % 3
     stage_dtype = STAGE_DTYPES[(b3 >> 2) % len(STAGE_DTYPES)]
-    nonfinite = _NONFINITE_BY_BYTE[b4 & 7]
+    nonfinite = _NONFINITE_BY_BYTE[(b4 & 0x7F) % len(_NONFINITE_BY_BYTE)]  # bit 7: strict
     return StagerConfig(
         dim, block, 2 * block + 1 + extra, max_seqs=max_seqs, storage=storage,
-        max_failures=max_failures, stage_dtype=stage_dtype, nonfinite=nonfinite, strict=bool(b4 & 8),
+        max_failures=max_failures, stage_dtype=stage_dtype, nonfinite=nonfinite, strict=bool(b4 & 0x80),
     )
 
 
@@ -119,7 +116,7 @@ def encode_config(config: StagerConfig) -> bytes:
     b2 = extra if extra < 40 else 200 + (extra - 60)
     b3 = next((b for b in range(256) if b % 3 == config.max_seqs - 1
                and (b >> 2) % 3 == STAGE_DTYPES.index(config.stage_dtype)), 0)
-    b4 = _NONFINITE_BY_BYTE.index(config.nonfinite) | (8 if config.strict else 0)
+    b4 = _NONFINITE_BY_BYTE.index(config.nonfinite) | (0x80 if config.strict else 0)
     out = bytes([b0, b1, b2, b3, b4])
     if decode_config(out) != config:
         raise ValueError(f"config {config} cannot be expressed by decode_config")
