@@ -18,9 +18,6 @@ FAIL_STAGES: tuple[str, ...]
 def row_bytes(storage: str, dim: int) -> int:
     """Bytes of one row of ``dim`` elements stored as ``storage``."""
 
-def bounds(storage: str, staged: Any = ...) -> tuple[float, float]:
-    """``(limit, clamp_to)`` of ``storage`` decoded to ``staged``: ``|x| < limit`` stays finite."""
-
 def storage_out_dtype(storage: str) -> np.dtype[Any]:
     """numpy dtype of :func:`encode`'s output for ``storage``."""
 

@@ -7,7 +7,6 @@ import numpy.typing as npt
 from typing_extensions import Self, disjoint_base
 
 from ..config import NONFINITE_POLICIES as NONFINITE_POLICIES
-from ..config import STAGE_DTYPES as STAGE_DTYPES
 from ..config import STORAGES as STORAGES
 from ..config import STAGE_DTYPES as STAGE_DTYPES
 from ..config import StagerConfig
