@@ -12,7 +12,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code"]
+__all__ = [
+    "MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code",
+    "readable_bytes", "writable_bytes",
+]
 
 #: Positions are int64 in the core; keep well clear of overflow in ``pos + B``.
 #: A row's position is below ``MAX_POSITION - 1`` so a sequence's end (last
@@ -98,12 +101,19 @@ def as_rows(rows: Any, feature_dim: int) -> np.ndarray:
 def as_encoded(data: Any, n: int, row_bytes: int) -> np.ndarray:
     """Rows already in storage format as a flat contiguous uint8 array.
 
-    Accepts uint8 ``(n, row_bytes)`` or ``(n * row_bytes,)``.
+    Accepts uint8 ``(n, row_bytes)`` or ``(n * row_bytes,)`` arrays and any
+    bytes-like object (``bytes``, ``bytearray``, ``memoryview``) of
+    ``n * row_bytes`` bytes, read as raw bytes whatever its item format.
 
     Raises:
-        TypeError: not uint8.
-        ValueError: wrong shape.
+        TypeError: not uint8 / not bytes-like.
+        ValueError: wrong shape or length.
     """
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            data = np.frombuffer(data, np.uint8)  # the raw bytes, whatever the item format
+        except (ValueError, BufferError) as exc:
+            raise TypeError(f"encoded rows must be a contiguous buffer ({exc})") from None
     arr = np.asarray(data)
     if arr.dtype != np.uint8:
         raise TypeError(f"encoded rows must be uint8, got dtype {arr.dtype}")
@@ -113,3 +123,31 @@ def as_encoded(data: Any, n: int, row_bytes: int) -> np.ndarray:
     elif arr.ndim != 1 or arr.shape[0] != n * row_bytes:
         raise ValueError(f"encoded rows must be {n} x {row_bytes} bytes, got shape {arr.shape}")
     return np.ascontiguousarray(arr).reshape(-1)
+
+
+def readable_bytes(data: Any) -> memoryview:
+    """``data`` (any buffer: bytes, bytearray, memoryview, ndarray, mmap) as a flat byte view.
+
+    No copy for a C-contiguous buffer; a strided one is copied once.
+    """
+    try:
+        view = memoryview(data)
+    except (TypeError, ValueError):
+        raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return view.cast("B")
+
+
+def writable_bytes(buffer: Any) -> memoryview:
+    """``buffer`` as a flat writable byte view (no copy); ``TypeError`` unless it is a
+    writable C-contiguous buffer (bytearray, ndarray, mmap, shared memory)."""
+    try:
+        view = memoryview(buffer)
+    except (TypeError, ValueError):
+        raise TypeError(f"buffer must support the buffer protocol, got {type(buffer).__name__}") from None
+    if view.readonly:
+        raise TypeError(f"buffer must be writable, got a read-only {type(buffer).__name__}")
+    if not view.c_contiguous:
+        raise TypeError(f"buffer must be C-contiguous, got a strided {type(buffer).__name__}")
+    return view.cast("B")
