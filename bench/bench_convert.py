@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# Row conversion throughput ({rows} x {dim:,} float32 = {nbytes / 1e6:.1f} MB)")
     print()
-    print(f"- command: `{' '.join([os.path.basename(sys.executable)] + sys.argv)}`")
+    print(f"- command: `{_common.command_line()}`")
     print(f"- machine: {_common.cpu_model()}, {os.cpu_count()} logical cores; {platform.platform()}")
     print(f"- date: {datetime.datetime.now().isoformat(timespec='seconds')}")
     print(f"- numpy {np.__version__}, ml_dtypes {ml_dtypes.__version__}, gguf {getattr(gguf, '__version__', '?')}")
