@@ -35,6 +35,14 @@ than ``K`` rows is what lets a rollback of up to ``W - K`` positions (a
 regenerate, an edited message) restage a full ``K``-row context. Live rows
 stay ``<= W + B`` (plus the dead head below the horizon that the core has not
 trimmed yet: fewer than ``TRIM_CHUNK`` rows), inside ``W + TRIM_CHUNK + B + 1``.
+
+Ring bookkeeping: the rows themselves are dropped here at once, but the
+counters ``rows``, ``peak_rows``, ``trims`` and ``trimmed_rows`` are the
+core's, computed from a ``head`` position that moves as the core's ring head
+does (``_trim``: lazily, once ``horizon - head >= TRIM_CHUNK``; before a
+prefill chunk that does not fit beside the held rows; never for input rows
+below the new horizon, which the core does not store at all). The core holds
+``[head, end)``; its counters are compared with these exactly.
 """
 
 from __future__ import annotations
@@ -48,10 +56,11 @@ import numpy as np
 from . import formats as rf
 from .. import snapshot_format
 from .._args import as_count, as_encoded, as_index, as_positions, as_rows, readable_bytes, writable_bytes
-from ..config import STORAGES, StagerConfig
+from ..config import STORAGES, TRIM_CHUNK, StagerConfig
 from ..errors import StateError
 from ..protocol_mismatch import MismatchGuard
 from ..stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
+from ..stager_copy import reduce_stager
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
 
@@ -59,9 +68,10 @@ logger = logging.getLogger("dspark_core")
 
 
 
-#: Counters both the core and the reference keep (``stats``).
+#: Counters both the core and the reference keep (``stats``), equal after every call.
 SEMANTIC_STATS = (
-    "rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips", "live_rows",
+    "rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips",
+    "trims", "trimmed_rows", "rows", "peak_rows", "live_rows",
 )
 
 
@@ -80,6 +90,7 @@ class _Seq:
     tentative: int = 0
     open_round: tuple[int, int] | None = None  # (start, base)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
+    head: int = 0  # the core's ring head: it holds [head, end) (bookkeeping only)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
 
 
@@ -97,6 +108,10 @@ class ReferenceStager:
     def w_keep(self) -> int:
         """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
         return self.config.w_keep
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle / deepcopy as the core does: the config plus every sequence's snapshot."""
+        return reduce_stager(self)
 
     def __repr__(self) -> str:
         c = self.config
@@ -123,25 +138,41 @@ class ReferenceStager:
         return st.end
 
     def _advance_horizon(self, st: _Seq) -> None:
-        if not st.started:
-            return
-        need = self._firm_end(st) - self.config.window
-        if need > st.horizon:
-            st.horizon = need
-        for p in [p for p in st.rows if p < st.horizon]:
-            del st.rows[p]
+        if st.started:
+            need = self._firm_end(st) - self.config.window
+            if need > st.horizon:
+                st.horizon = need
+            for p in [p for p in st.rows if p < st.horizon]:
+                del st.rows[p]
+            if st.horizon - st.head >= TRIM_CHUNK:  # the core's lazy trim
+                self._trim(st, st.horizon, st.end)
+        self._note_size(st)
+
+    @staticmethod
+    def _trim(st: _Seq, new_head: int, buf_end: int) -> None:
+        """The core's head drop (bookkeeping): the ring ``[head, buf_end)`` loses rows below ``new_head``."""
+        new_head = min(max(new_head, st.head), buf_end)
+        if new_head > st.head:
+            st.stats["trims"] += 1
+            st.stats["trimmed_rows"] += new_head - st.head
+            st.head = new_head
+
+    @staticmethod
+    def _note_size(st: _Seq) -> None:
+        st.stats["rows"] = st.end - st.head if st.started else 0
+        st.stats["peak_rows"] = max(st.stats["peak_rows"], st.stats["rows"])
 
     def _encode(self, seq: int, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
         c = self.config
         if c.nonfinite == "error":
-            self._check_stageable(seq, positions, rows.astype(np.float32))
+            # Overflow included: the value must stay finite once stored and staged.
+            self._check_stageable(seq, positions, rows.astype(np.float32), rf.bounds(c.storage, c.stage_dtype)[0])
         enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite, c.stage_dtype)
         return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), c.row_bytes)
 
-    def _check_stageable(self, seq: int, positions: np.ndarray, values: np.ndarray) -> None:
-        """Raise unless every value stays finite once stored and staged (overflow included)."""
-        c = self.config
-        limit, _ = rf.bounds(c.storage, c.stage_dtype)
+    @staticmethod
+    def _check_stageable(seq: int, positions: np.ndarray, values: np.ndarray, limit: float) -> None:
+        """Raise unless every value is below ``limit`` in magnitude (NaN never is)."""
         with np.errstate(invalid="ignore"):
             bad = np.argwhere(~(np.abs(values) < np.float32(limit)))
         if len(bad):
@@ -195,15 +226,7 @@ class ReferenceStager:
             # Staged as float32 this is a non-finite stored value (a q block
             # scale that is inf / nan makes every value of its block one).
             staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
-            limit, _ = rf.bounds("f32", c.stage_dtype)
-            with np.errstate(invalid="ignore"):
-                bad = np.argwhere(~(np.abs(staged) < np.float32(limit)))
-            if len(bad):
-                r, ch = (int(v) for v in bad[0])
-                raise ValueError(
-                    f"sequence {i}: row {r} (position {int(pos[r])}), channel {ch} holds "
-                    f"{float(staged[r, ch]):.9g}; nothing was appended"
-                )
+            self._check_stageable(i, pos, staged, rf.bounds("f32", c.stage_dtype)[0])
         self._append(st, int(pos[0]), enc.copy())
 
     def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
@@ -221,6 +244,8 @@ class ReferenceStager:
 
     def _append(self, st: _Seq, p0: int, enc: np.ndarray) -> None:
         n = len(enc)
+        c = self.config
+        was_started, held = st.started, (st.end - st.head if st.started else 0)
         if not st.started:
             st.started = True
             st.end = st.horizon = st.n_cache = st.pos_base = p0
@@ -229,8 +254,18 @@ class ReferenceStager:
         st.end = p0 + n
         if st.accept_open:
             st.tentative += n
-            if st.tentative > self.config.block_size + 1:
+            if st.tentative > c.block_size + 1:
                 st.accept_open, st.tentative = False, 0
+        # The core's bounded ingest (bookkeeping): input rows below the new
+        # horizon are never stored; a chunk that does not fit beside the held
+        # rows first trims the head up to that horizon.
+        h_new = max(st.horizon, self._firm_end(st) - c.window)
+        skip = min(max(h_new - p0, 0), n)
+        clean_append = skip == 0 and held + n - skip <= c.max_buffered_rows
+        if was_started and not clean_append:
+            self._trim(st, min(h_new, p0), p0)
+        if not was_started or st.head == p0:  # the ring is empty: it restarts at the first stored row
+            st.head = p0 + skip
         self._advance_horizon(st)
 
     def _skip_reason(self, st: _Seq, start: int) -> str | None:
@@ -363,6 +398,7 @@ class ReferenceStager:
             return
         for p in [p for p in st.rows if p >= n_past]:
             del st.rows[p]
+        st.head = min(st.head, n_past)  # the core's ring drops its back rows (an emptied ring restarts there)
         st.end = n_past
         st.horizon = min(st.horizon, n_past)
         if st.n_cache > n_past:
@@ -392,6 +428,7 @@ class ReferenceStager:
 
         st.rows = {moved(p): r for p, r in st.rows.items() if not n_keep <= p < hi}
         st.end, st.horizon = moved(st.end), moved(st.horizon)
+        st.head = st.horizon  # the core rebuilds its ring from the live rows (no trim counted)
         st.n_cache, st.pos_base = moved(st.n_cache), moved(st.pos_base)
         st.restage_owed = True
         st.accept_open, st.tentative = False, 0
@@ -412,7 +449,7 @@ class ReferenceStager:
             started=a.started, end=a.end, horizon=a.horizon, n_cache=a.n_cache, pos_base=a.pos_base,
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
             accept_open=a.accept_open, tentative=a.tentative,
-            rows={p: r.copy() for p, r in a.rows.items()},
+            rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0,
         )
         self._seqs[d] = b
         self._advance_horizon(b)
@@ -462,7 +499,7 @@ class ReferenceStager:
         st = _Seq(
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
             restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
-            accept_open=s.accept_open, tentative=s.tentative,
+            accept_open=s.accept_open, tentative=s.tentative, head=s.horizon,
         )
         for k in range(s.end - s.horizon):
             st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
@@ -494,7 +531,6 @@ class ReferenceStager:
         st = self._get(seq)
         out = dict(st.stats)
         out["live_rows"] = st.end - st.horizon if st.started else 0
-        out["rows"] = len(st.rows)  # the reference holds exactly the stageable rows
         return out
 
     def buffered_positions(self, seq: int) -> tuple[int, int]:
