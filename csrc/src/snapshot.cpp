@@ -52,6 +52,7 @@ T take(const std::uint8_t* at) {
 std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     std::lock_guard<std::mutex> lock(mu_);
     const Seq& s = ready(seq);
+    require_mode(RowMode::Held, "snapshot");
     const std::int64_t n_rows = s.started ? s.end - s.horizon : 0;
     std::vector<std::uint8_t> out(HEADER_BYTES + static_cast<std::size_t>(n_rows) * row_bytes_ + 4, 0);
     std::uint8_t* h = out.data();
@@ -83,6 +84,7 @@ std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
 void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& target = ready(seq);
+    require_mode(RowMode::Held, "restore");
     auto bad = [](const std::string& why) { throw std::invalid_argument(why); };
     if (n < HEADER_BYTES + 4u)
         bad("snapshot is truncated: " + std::to_string(n) + " bytes, a header needs " + std::to_string(HEADER_BYTES + 4));

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code"]
+__all__ = ["MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code",
+           "check_rows_given", "require_held_rows"]
 
 #: Positions are int64 in the core; keep well clear of overflow in ``pos + B``.
 #: A row's position is below ``MAX_POSITION - 1`` so a sequence's end (last
@@ -113,3 +114,28 @@ def as_encoded(data: Any, n: int, row_bytes: int) -> np.ndarray:
     elif arr.ndim != 1 or arr.shape[0] != n * row_bytes:
         raise ValueError(f"encoded rows must be {n} x {row_bytes} bytes, got shape {arr.shape}")
     return np.ascontiguousarray(arr).reshape(-1)
+
+
+def check_rows_given(external: bool, rows: Any) -> None:
+    """``process``: rows must be given in held mode and must not be in external-row mode.
+
+    Raises:
+        TypeError: naming the mode.
+    """
+    if external and rows is not None:
+        raise TypeError(
+            "process: this Stager runs in external-row mode (rows='external') and holds no rows: "
+            "call process(seq, positions) without rows and write each row at the slot it returns"
+        )
+    if not external and rows is None:
+        raise TypeError(
+            "process: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
+            "or configure StagerConfig(rows='external')"
+        )
+
+
+def require_held_rows(external: bool, call: str) -> None:
+    """A call that needs the rows themselves (``process_encoded``, ``snapshot``
+    of rows): a TypeError naming the mode in external-row mode."""
+    if external:
+        raise TypeError(f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows")

@@ -23,11 +23,14 @@ from libcpp.vector cimport vector
 from dspark_core._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
+    RowMode, SlotMove,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
 )
 
-from dspark_core._args import as_count, as_encoded, as_index, as_positions, as_rows, row_dtype_code
-from dspark_core.config import STORAGES, NONFINITE_POLICIES, StagerConfig
+from dspark_core._args import (
+    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, require_held_rows, row_dtype_code,
+)
+from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core import _row_format
@@ -46,6 +49,32 @@ _SKIPS = (None, *SKIP_REASONS)
 _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES)}
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+
+
+cdef object _moves_array(vector[SlotMove]& v):
+    """(n, 3) int64 ``[src_slot, dst_slot, count]`` rows, in the order they apply."""
+    cdef cnp.ndarray out = np.empty((v.size(), 3), _I64)
+    cdef int64_t* p = <int64_t*>cnp.PyArray_DATA(out)
+    cdef size_t i
+    for i in range(v.size()):
+        p[3 * i] = v[i].src
+        p[3 * i + 1] = v[i].dst
+        p[3 * i + 2] = v[i].count
+    return out
+
+
+cdef object _plan_slots(RoundPlan& p):
+    """The plan's slots, in plan order, from its (at most two) runs."""
+    cdef int64_t a = p.slot_runs[0].count, b = p.slot_runs[1].count
+    cdef cnp.ndarray out = np.empty(a + b, _I64)
+    cdef int64_t* q = <int64_t*>cnp.PyArray_DATA(out)
+    cdef int64_t i, f0 = p.slot_runs[0].first, f1 = p.slot_runs[1].first
+    for i in range(a):
+        q[i] = f0 + i
+    for i in range(b):
+        q[a + i] = f1 + i
+    return out
 
 
 cdef inline bint _plain_positions(x):
@@ -134,6 +163,7 @@ cdef class Stager:
     cdef size_t _row_bytes
     cdef object _stage_dtype
     cdef bint _view_rows
+    cdef bint _external
     cdef object _decoder
 
     def __cinit__(self, config):
@@ -147,7 +177,9 @@ cdef class Stager:
         o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
         o.max_failures = config.max_failures
         o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
+        o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
         self._core = new CStager(o)
+        self._external = o.rows == RowMode.External
         self.config = config
         self._D = config.feature_dim
         self._B = config.block_size
@@ -167,12 +199,20 @@ cdef class Stager:
     def __repr__(self):
         c = self.config
         return (f"Stager(feature_dim={c.feature_dim}, block_size={c.block_size}, window={c.window}, "
-                f"max_seqs={c.max_seqs}, storage={c.storage!r})")
+                f"max_seqs={c.max_seqs}, storage={c.storage!r}"
+                + (", rows='external')" if self._external else ")"))
 
     @property
     def w_keep(self):
         """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
         return self._core.w_keep()
+
+    @property
+    def ring_rows(self):
+        """Ring slots per sequence (``W + TRIM_CHUNK + B + 1``): sequence ``s``
+        owns the global slots ``[s * ring_rows, (s + 1) * ring_rows)``; an
+        external-row owner allocates ``max_seqs * ring_rows`` rows."""
+        return self._core.ring_rows()
 
     cdef int64_t _seq(self, seq) except -1:
         i = seq if type(seq) is int else as_index("seq", seq)
@@ -184,16 +224,24 @@ cdef class Stager:
         cdef int64_t n = p.n_rows
         if <int>p.skip != 0:  # dspark::Skip::None
             return StagePlan.skipped(p.seq, p.start, _SKIPS[<int>p.skip], feature_dim=self._D,
-                                     row_bytes=self._row_bytes, stage_dtype=self._stage_dtype)
-        enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
+                                     row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
+                                     external=self._external)
         lo = p.first_row - p.pos_base
+        if self._external:
+            return StagePlan(
+                seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
+                positions=np.arange(lo, lo + n, dtype=_I32),
+                block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
+                crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, slots=_plan_slots(p),
+                external=True)
+        enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
         return StagePlan(
             seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
             positions=np.arange(lo, lo + n, dtype=_I32),
             block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
             crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc,
             rows=enc.view(self._stage_dtype).reshape(n, self._D) if self._view_rows else None,
-            decode=self._decoder)
+            decode=self._decoder, slots=_plan_slots(p))
 
     # -- round protocol ---------------------------------------------------
     def begin(self, seq):
@@ -202,15 +250,24 @@ cdef class Stager:
         with nogil:
             self._core.begin(s)
 
-    def process(self, seq, positions, rows):
+    def process(self, seq, positions, rows=None):
         """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``.
 
-        The rows are read with the GIL released: another thread must not
-        write to ``rows`` during the call.
+        Held mode: returns None. The rows are read with the GIL released:
+        another thread must not write to ``rows`` during the call.
+
+        External-row mode (``rows="external"``): pass no rows; returns the
+        int64 slot where the owner writes each row (same order as
+        ``positions``; -1 for a row below the horizon, which no round can
+        stage and need not be written). The core never sees the rows, so the
+        owner checks them for NaN / Inf first (``DeviceRing.write`` does).
         """
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
+        check_rows_given(self._external, rows)
+        if self._external:
+            return self._process_external(s, positions)
         cdef ElemType t
         if _plain_positions(positions) and _plain_rows(rows, self._D, &t) and \
                 cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0):
@@ -229,6 +286,16 @@ cdef class Stager:
         with nogil:
             self._core.process(s, pp, n, rp, t)
 
+    cdef object _process_external(self, int64_t s, positions):
+        pos = positions if _plain_positions(positions) else as_positions(positions)
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        cdef cnp.ndarray slots = np.empty(n, _I64)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
+        cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
+        with nogil:
+            self._core.process_external(s, pp, n, sp)
+        return slots
+
     def process_encoded(self, seq, positions, data):
         """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat).
 
@@ -240,6 +307,7 @@ cdef class Stager:
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
+        require_held_rows(self._external, "process_encoded")
         pos = as_positions(positions)
         buf = as_encoded(data, pos.shape[0], self._row_bytes)
         cdef size_t n = pos.shape[0]
@@ -296,7 +364,8 @@ cdef class Stager:
         for i in range(plans.size()):
             result.append(self._plan(plans[i], data, offset))
             offset += plans[i].n_rows * self._row_bytes
-        return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype)
+        return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
+                         external=self._external)
 
     def commit(self, seq):
         """The drafter decode and crop of the open round succeeded."""
@@ -341,25 +410,42 @@ cdef class Stager:
             self._core.rollback(s, p)
 
     def shift(self, seq, n_keep, n_discard):
-        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down."""
+        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down.
+
+        Returns the copies the owner of external rows applies, an (n, 3)
+        int64 array of ``[src_slot, dst_slot, count]`` rows, in order (each a
+        plain copy: source and destination never overlap); empty when
+        nothing moves. Held mode: the core has applied them itself.
+        """
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
         cdef int64_t k = as_count("n_keep", n_keep)
         cdef int64_t d = as_count("n_discard", n_discard)
+        cdef vector[SlotMove] moves
         with nogil:
-            self._core.shift(s, k, d)
+            moves = self._core.shift(s, k, d)
+        return _moves_array(moves)
 
     def fork(self, src, dst):
-        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round."""
+        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round.
+
+        Returns the copies of ``src``'s rows into ``dst``'s slots, as
+        :meth:`shift` does ((n, 3) int64, at most two rows).
+        """
         cdef int64_t a = self._seq(as_index("src", src))
         cdef int64_t b = self._seq(as_index("dst", dst))
+        cdef vector[SlotMove] moves
         with nogil:
-            self._core.fork(a, b)
+            moves = self._core.fork(a, b)
+        return _moves_array(moves)
 
     def snapshot(self, seq):
         """The sequence's state as versioned, checksummed bytes (``snapshot_format``)."""
         cdef int64_t s = self._seq(seq)
+        with nogil:
+            self._core.check_ready(s)
+        require_held_rows(self._external, "snapshot")
         cdef vector[uint8_t] v
         with nogil:
             v = self._core.snapshot(s)
@@ -370,6 +456,7 @@ cdef class Stager:
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
+        require_held_rows(self._external, "restore")
         try:
             raw = bytes(memoryview(data))
         except TypeError:

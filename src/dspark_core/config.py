@@ -23,6 +23,7 @@ __all__ = [
     "STORAGES",
     "STAGE_DTYPES",
     "NONFINITE_POLICIES",
+    "ROW_MODES",
     "MAX_SEQS_LIMIT",
     "StagerConfig",
     "window_for",
@@ -44,6 +45,11 @@ STAGE_DTYPES = ("float32", "float16", "bfloat16")
 
 #: What ``process`` does with NaN / Inf inputs.
 NONFINITE_POLICIES = ("error", "zero", "clamp_f16")
+
+#: Who holds the feature rows: the Stager ("held") or the server ("external":
+#: the Stager keeps only the ring's bookkeeping and hands out slots). Mirrors
+#: the C++ ``dspark::RowMode`` codes.
+ROW_MODES = ("held", "external")
 
 #: Upper bounds of a window and a row width (mirrors the C++ core: drafter
 #: positions are int32 in a plan; the snapshot header stores them as u32).
@@ -126,6 +132,11 @@ class StagerConfig:
             disabled (until ``begin``).
         stage_dtype: dtype of ``plan.rows`` (``float32``, ``float16`` or ``bfloat16``).
         nonfinite: ``"error"`` (reject the call), ``"zero"`` or ``"clamp_f16"``.
+        rows: ``"held"`` (the Stager keeps the rows; plans carry them) or
+            ``"external"`` (the server keeps them in a table of
+            ``max_seqs * ring_rows`` rows: ``process`` returns the slots to
+            write, plans carry ``slots``, ``fork`` / ``shift`` return the
+            copies to apply; see docs/external_rows.md).
 
     Raises:
         ConfigError: for any value that cannot work, naming it.
@@ -139,6 +150,7 @@ class StagerConfig:
     max_failures: int = 3
     stage_dtype: str = "float32"
     nonfinite: str = "error"
+    rows: str = "held"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -167,6 +179,8 @@ class StagerConfig:
         set_(self, "stage_dtype", stage_dtype_name(self.stage_dtype))
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ConfigError(f"nonfinite {self.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
+        if self.rows not in ROW_MODES:
+            raise ConfigError(f"rows {self.rows!r} is not supported; use one of {ROW_MODES}")
 
     # -- derived values -------------------------------------------------
     @property
@@ -178,6 +192,17 @@ class StagerConfig:
     def max_buffered_rows(self) -> int:
         """Upper bound on rows a sequence ever holds: ``W + TRIM_CHUNK + B + 1``."""
         return self.window + TRIM_CHUNK + self.block_size + 1
+
+    @property
+    def ring_rows(self) -> int:
+        """Ring slots per sequence (``max_buffered_rows``): sequence ``s`` owns
+        the global slots ``[s * ring_rows, (s + 1) * ring_rows)``."""
+        return self.max_buffered_rows
+
+    @property
+    def external_rows(self) -> bool:
+        """True in external-row mode (``rows="external"``)."""
+        return self.rows == "external"
 
     @property
     def row_bytes(self) -> int:

@@ -33,6 +33,13 @@ at ``start >= f`` needs rows ``>= start - K`` when it rebases, and rows
 
 which bounds live rows by ``W`` (plus the dead head below the horizon that
 the core has not trimmed yet: fewer than ``TRIM_CHUNK`` rows).
+
+Slots. Besides the rows, each sequence drives a :class:`RingModel`: the
+core's ring bookkeeping (head, head slot, count, capacity) at the same points
+the core changes its ring, with the same lazy ``TRIM_CHUNK`` trim. It gives
+every plan's ``slots`` and the moves ``fork`` / ``shift`` return, in both row
+modes; in external-row mode (``rows="external"``) it is all the reference
+keeps of the rows, and ``process`` returns the slots to write.
 """
 
 from __future__ import annotations
@@ -45,8 +52,9 @@ import numpy as np
 
 from . import reference_formats as rf
 from . import snapshot_format
-from ._args import as_count, as_encoded, as_index, as_positions, as_rows
-from .config import STORAGES, StagerConfig
+from ._args import as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, require_held_rows
+from .config import STORAGES, TRIM_CHUNK, StagerConfig
+from .reference_ring import RingModel
 from .errors import StateError
 from .stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 
@@ -78,6 +86,18 @@ class _Seq:
     open_round: tuple[int, int] | None = None  # (start, base)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
+    ring: RingModel = field(default_factory=lambda: RingModel(0))  # replaced by the Stager's
+
+
+def _moves(src_slots: list[int], dst_slots: list[int]) -> np.ndarray:
+    """Slot pairs (one per row, in order) as (n, 3) int64 moves of consecutive runs."""
+    runs: list[list[int]] = []
+    for a, b in zip(src_slots, dst_slots):
+        if runs and runs[-1][0] + runs[-1][2] == a and runs[-1][1] + runs[-1][2] == b:
+            runs[-1][2] += 1
+        else:
+            runs.append([a, b, 1])
+    return np.array(runs, np.int64).reshape(len(runs), 3)
 
 
 class ReferenceStager:
@@ -87,12 +107,18 @@ class ReferenceStager:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
-        self._seqs = [_Seq() for _ in range(config.max_seqs)]
+        self._external = config.external_rows
+        self._seqs = [_Seq(ring=RingModel(config.ring_rows)) for _ in range(config.max_seqs)]
 
     @property
     def w_keep(self) -> int:
         """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
         return self.config.w_keep
+
+    @property
+    def ring_rows(self) -> int:
+        """Ring slots per sequence (``W + TRIM_CHUNK + B + 1``)."""
+        return self.config.ring_rows
 
     def __repr__(self) -> str:
         c = self.config
@@ -119,6 +145,15 @@ class ReferenceStager:
         return st.end
 
     def _advance_horizon(self, st: _Seq) -> None:
+        self._update_horizon(st)
+        self._trim_ring(st)
+
+    def _trim_ring(self, st: _Seq) -> None:
+        """The core's lazy trim: dead head rows leave the ring a chunk at a time."""
+        if st.started and st.horizon - st.ring.head >= TRIM_CHUNK:
+            st.ring.drop_front(st.horizon)
+
+    def _update_horizon(self, st: _Seq) -> None:
         if not st.started:
             return
         c = self.config
@@ -154,12 +189,24 @@ class ReferenceStager:
     # -- round protocol -------------------------------------------------
     def begin(self, seq: int) -> None:
         """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
-        i, _ = self._closed(seq)
-        self._seqs[i] = _Seq()
+        i, old = self._closed(seq)
+        old.ring.reset(0)  # the core keeps the ring (and its capacity) of a reused slot
+        self._seqs[i] = _Seq(ring=old.ring)
 
-    def process(self, seq: int, positions: Any, rows: Any) -> None:
-        """Buffer the target's capture rows at absolute ``positions``."""
+    def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
+        """Buffer the target's capture rows at absolute ``positions``.
+
+        External-row mode: no rows; returns the slot of each row (-1 below
+        the horizon).
+        """
         i, st = self._closed(seq)
+        check_rows_given(self._external, rows)
+        if self._external:
+            pos = as_positions(positions)
+            if len(pos) == 0:
+                return np.zeros(0, np.int64)
+            self._check_positions(i, st, pos)
+            return np.array(self._append(i, st, int(pos[0]), None, len(pos)), np.int64)
         pos = as_positions(positions)
         arr = as_rows(rows, self.config.feature_dim)
         if arr.shape[0] != len(pos):
@@ -167,7 +214,8 @@ class ReferenceStager:
         if len(pos) == 0:
             return
         self._check_positions(i, st, pos)
-        self._append(st, int(pos[0]), self._encode(i, pos, arr))
+        self._append(i, st, int(pos[0]), self._encode(i, pos, arr), len(pos))
+        return None
 
     def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
         """Buffer rows already in storage format (uint8 ``(n, row_bytes)`` or flat).
@@ -177,6 +225,7 @@ class ReferenceStager:
         rewrite encoded rows.
         """
         i, st = self._closed(seq)
+        require_held_rows(self._external, "process_encoded")
         c = self.config
         pos = as_positions(positions)
         n = len(pos)
@@ -191,7 +240,7 @@ class ReferenceStager:
                     f"sequence {i}: row {bad} (position {int(pos[bad])}) holds a non-finite value; "
                     "nothing was appended"
                 )
-        self._append(st, int(pos[0]), enc.copy())
+        self._append(i, st, int(pos[0]), enc.copy(), n)
 
     def _first_nonfinite_encoded(self, enc: np.ndarray) -> int | None:
         """First row whose stored values (float storages) or block scales (q formats) are not finite."""
@@ -211,19 +260,47 @@ class ReferenceStager:
         if st.started and int(pos[0]) != st.end:
             raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {int(pos[0])}")
 
-    def _append(self, st: _Seq, p0: int, enc: np.ndarray) -> None:
-        n = len(enc)
+    def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int) -> list[int]:
+        """Append n rows (``enc``: their bytes, None in external mode); returns their slots."""
+        was_started, old_end = st.started, st.end
         if not st.started:
             st.started = True
             st.end = st.horizon = st.n_cache = st.pos_base = p0
-        for k in range(n):
-            st.rows[p0 + k] = enc[k].copy()
+        if enc is not None:
+            for k in range(n):
+                st.rows[p0 + k] = enc[k].copy()
         st.end = p0 + n
         if st.accept_open:
             st.tentative += n
             if st.tentative > self.config.block_size + 1:
                 st.accept_open, st.tentative = False, 0
-        self._advance_horizon(st)
+        self._update_horizon(st)
+        for p in [p for p in st.rows if p < st.horizon]:
+            del st.rows[p]
+        slots = self._ring_append(i, st, was_started, old_end, p0, n)
+        self._trim_ring(st)
+        return slots
+
+    def _ring_append(self, i: int, st: _Seq, was_started: bool, old_end: int, p0: int, n: int) -> list[int]:
+        """The core's bounded ingest, on the ring: rows below the new horizon
+        are never stored (slot -1); when the new rows do not fit beside the
+        held ones, the dead head goes first; an empty ring restarts at index 0."""
+        ring = st.ring
+        skip = min(max(st.horizon - p0, 0), n)
+        keep = n - skip
+        if ring.cap == 0:
+            ring.reserve(keep)
+        clean = skip == 0 and ring.count + keep <= ring.cap
+        if was_started and not clean:
+            ring.drop_front(min(st.horizon, old_end))
+        if not was_started or ring.count == 0:
+            ring.reset(p0 + skip)
+        idx: list[int] = []
+        if keep:
+            ring.reserve(keep)
+            idx = ring.append(keep)
+        base = i * self.config.ring_rows
+        return [-1] * skip + [base + x for x in idx]
 
     def _skip_reason(self, st: _Seq, start: int) -> str | None:
         if st.disabled:
@@ -242,20 +319,27 @@ class ReferenceStager:
         if reason is not None:
             st.stats["skips"] += 1
             return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=c.row_bytes,
-                                     stage_dtype=c.numpy_stage_dtype)
+                                     stage_dtype=c.numpy_stage_dtype, external=self._external)
         rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
         if rebase:
             keep = min(start - st.horizon, c.w_keep)
             base = lo = start - keep
         else:
             base, lo = st.pos_base, st.n_cache
-        assert lo >= st.horizon, "staged rows must be available"
-        enc = np.stack([st.rows[p] for p in range(lo, start)]) if start > lo else np.zeros((0, c.row_bytes), np.uint8)
+        assert lo >= st.horizon and lo >= st.ring.head, "staged rows must be available"
+        slots = np.array(st.ring.slots(lo, start, i * c.ring_rows), np.int64)
+        if self._external:
+            enc = rows = None
+        else:
+            enc = (np.stack([st.rows[p] for p in range(lo, start)]) if start > lo
+                   else np.zeros((0, c.row_bytes), np.uint8))
+            rows = self._decode(enc)
         plan = StagePlan(
             seq=i, start=start, skip=None, rebase=rebase, clear_cache=rebase or st.first_round,
             positions=np.arange(lo - base, start - base, dtype=np.int32),
             block_positions=np.arange(start - base, start - base + c.block_size, dtype=np.int32),
-            crop_from=start - base, pos_base=base, encoded_rows=enc, rows=self._decode(enc),
+            crop_from=start - base, pos_base=base, encoded_rows=enc, rows=rows, slots=slots,
+            external=self._external,
         )
         st.open_round = (start, base)
         st.accept_open, st.tentative = True, 0
@@ -290,6 +374,7 @@ class ReferenceStager:
         return BatchPlan(
             [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],
             feature_dim=c.feature_dim, row_bytes=c.row_bytes, stage_dtype=c.numpy_stage_dtype,
+            external=self._external,
         )
 
     def _open(self, seq: Any) -> tuple[int, _Seq]:
@@ -337,6 +422,7 @@ class ReferenceStager:
         new_end = st.end - st.tentative + keep
         for p in range(new_end, st.end):
             st.rows.pop(p, None)
+        st.ring.drop_back(new_end)
         st.end = new_end
         st.tentative = 0
         self._advance_horizon(st)
@@ -350,6 +436,9 @@ class ReferenceStager:
             return
         for p in [p for p in st.rows if p >= n_past]:
             del st.rows[p]
+        st.ring.drop_back(n_past)
+        if st.ring.count == 0:
+            st.ring.reset(n_past)
         st.end = n_past
         st.horizon = min(st.horizon, n_past)
         if st.n_cache > n_past:
@@ -361,13 +450,16 @@ class ReferenceStager:
         st.accept_open, st.tentative = False, 0
         self._advance_horizon(st)
 
-    def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
-        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest down."""
-        _, st = self._closed(seq)
+    def shift(self, seq: int, n_keep: int, n_discard: int) -> np.ndarray:
+        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest down.
+
+        Returns the moves ``[src_slot, dst_slot, count]`` (see RingModel.compact).
+        """
+        i, st = self._closed(seq)
         n_keep = as_count("n_keep", n_keep)
         n_discard = as_count("n_discard", n_discard)
         if not st.started or n_discard == 0:
-            return
+            return np.zeros((0, 3), np.int64)
         if n_keep + n_discard > st.end:
             raise ValueError(
                 f"shift of [{n_keep}, {n_keep + n_discard}) reaches past the end of the sequence ({st.end})"
@@ -378,14 +470,21 @@ class ReferenceStager:
             return x if x < n_keep else (n_keep if x < hi else x - n_discard)
 
         st.rows = {moved(p): r for p, r in st.rows.items() if not n_keep <= p < hi}
+        # The ring keeps the live rows in place around the discarded range.
+        frm = max(st.horizon, st.ring.head)
+        moves = st.ring.compact(frm, n_keep, hi, moved(st.horizon), i * self.config.ring_rows)
         st.end, st.horizon = moved(st.end), moved(st.horizon)
         st.n_cache, st.pos_base = moved(st.n_cache), moved(st.pos_base)
         st.restage_owed = True
         st.accept_open, st.tentative = False, 0
         self._advance_horizon(st)
+        return np.array(moves, np.int64).reshape(len(moves), 3)
 
-    def fork(self, src: int, dst: int) -> None:
-        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages next round."""
+    def fork(self, src: int, dst: int) -> np.ndarray:
+        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages next round.
+
+        Returns the moves of ``src``'s rows into ``dst``'s first slots.
+        """
         s = as_index("src", src)
         d = as_index("dst", dst)
         self._get(s)
@@ -395,18 +494,33 @@ class ReferenceStager:
         if s == d:
             raise ValueError(f"fork needs two different sequences, got {s} twice")
         a = self._seqs[s]
+        frm = max(a.horizon, a.ring.head) if a.started else 0
+        k = a.end - frm if a.started else 0
+        src_slots = a.ring.slots(frm, frm + k, s * self.config.ring_rows)
+        ring = self._ring_for(self._seqs[d].ring, frm, k)
+        dst_slots = [d * self.config.ring_rows + x for x in ring.append(k)]
         b = _Seq(
             started=a.started, end=a.end, horizon=a.horizon, n_cache=a.n_cache, pos_base=a.pos_base,
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
             accept_open=a.accept_open, tentative=a.tentative,
-            rows={p: r.copy() for p, r in a.rows.items()},
+            rows={p: r.copy() for p, r in a.rows.items()}, ring=ring,
         )
         self._seqs[d] = b
         self._advance_horizon(b)
+        return _moves(src_slots, dst_slots)
+
+    def _ring_for(self, reuse: RingModel, pos: int, n: int) -> RingModel:
+        """The core's ring_for: ``reuse`` emptied when it has room for n rows, else a new ring."""
+        if reuse.cap == 0 or reuse.cap < n:
+            reuse = RingModel(self.config.ring_rows)
+            reuse.reserve(n)
+        reuse.reset(pos)
+        return reuse
 
     def snapshot(self, seq: int) -> bytes:
         """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
         _, st = self._closed(seq)
+        require_held_rows(self._external, "snapshot")
         rows = b"".join(st.rows[p].tobytes() for p in range(st.horizon, st.end)) if st.started else b""
         state = snapshot_format.SnapshotState(
             started=st.started, disabled=st.disabled, restage_owed=st.restage_owed,
@@ -418,7 +532,8 @@ class ReferenceStager:
 
     def restore(self, seq: int, data: bytes) -> None:
         """Replace the sequence's state with a snapshot; bad data leaves it untouched."""
-        i, _ = self._closed(seq)
+        i, old = self._closed(seq)
+        require_held_rows(self._external, "restore")
         try:
             raw = bytes(memoryview(data))
         except TypeError:
@@ -432,6 +547,11 @@ class ReferenceStager:
         )
         for k in range(s.end - s.horizon):
             st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
+        n = s.end - s.horizon
+        st.ring = self._ring_for(old.ring, s.horizon, n)
+        if n:
+            st.ring.reserve(n)
+            st.ring.append(n)
         self._seqs[i] = st
         self._advance_horizon(st)
 

@@ -32,6 +32,15 @@ inline constexpr std::int64_t MAX_POSITION = std::int64_t(1) << 62;
 inline constexpr std::int64_t MAX_WINDOW = std::int64_t(1) << 30;
 inline constexpr std::int64_t MAX_FEATURE_DIM = std::int64_t(1) << 28;
 
+// Who holds the row bytes. Held: the Stager keeps every row in its own ring
+// and plans carry the rows. External: the Stager runs the same state machine
+// over the same ring bookkeeping but holds no bytes; process() returns the
+// slot where the owner writes each row, plans carry the slots of their rows,
+// and lifecycle operations that move rows return the copies to apply. Slots
+// are global: seq * ring_rows() + ring index, one table of
+// max_seqs * ring_rows() rows that the owner allocates.
+enum class RowMode : std::uint8_t { Held = 0, External = 1 };
+
 struct StagerOptions {
     std::int64_t feature_dim = 0;
     std::int64_t block_size = 0;
@@ -40,6 +49,7 @@ struct StagerOptions {
     Storage storage = Storage::F32;
     std::int64_t max_failures = 3;
     NonFinite nonfinite = NonFinite::Error;
+    RowMode rows = RowMode::Held;
 };
 
 // Why draft() staged nothing, in the order the reasons are checked.
@@ -61,6 +71,9 @@ struct RoundPlan {
     std::int64_t first_row = 0;
     std::int64_t n_rows = 0;
     std::int64_t crop_from = -1;
+    // The slots of the n_rows staged rows, in plan order (both modes): at
+    // most two runs, the second starting at the sequence's first slot.
+    SlotRun slot_runs[2];
 };
 
 // Protocol state of one sequence (the reference's state() dict).
@@ -104,6 +117,10 @@ public:
     const StagerOptions& options() const noexcept { return opt_; }
     std::int64_t w_keep() const noexcept { return w_keep_; }
     std::size_t row_bytes() const noexcept { return row_bytes_; }
+    bool external() const noexcept { return opt_.rows == RowMode::External; }
+    // Slots per sequence (W + TRIM_CHUNK + B + 1): sequence s owns global
+    // slots [s * ring_rows(), (s + 1) * ring_rows()).
+    std::int64_t ring_rows() const noexcept { return static_cast<std::int64_t>(max_rows_); }
 
     // Throws unless `seq` exists (std::invalid_argument) and has no open round
     // (StateError): the checks every call but commit/fail starts with.
@@ -113,13 +130,21 @@ public:
 
     void begin(std::int64_t seq);
     // n rows at positions[0..n) of element type `type`, contiguous rows of
-    // feature_dim elements.
+    // feature_dim elements (held mode only).
     void process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows,
                  ElemType type);
-    // n rows already in storage format (n * row_bytes bytes).
+    // n rows already in storage format (n * row_bytes bytes; held mode only).
     void process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n,
                          const std::uint8_t* data, std::size_t nbytes);
-    // Plans a round and appends its rows (storage format) to `rows_out`.
+    // External mode: accept n rows at positions[0..n) that the owner holds;
+    // slots_out[i] is the global slot where the owner writes row i, or -1 for
+    // a row below the horizon that no round can stage (the owner need not
+    // write it). At most two runs of consecutive slots. The core never sees
+    // the rows, so it cannot check them for NaN / Inf: the owner does, before
+    // this call (DeviceRing validates first, then calls this).
+    void process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out);
+    // Plans a round and appends its rows (storage format; nothing in external
+    // mode) to `rows_out`.
     RoundPlan draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out);
     // One plan per sequence; rows of all of them appended to `rows_out` in order.
     void draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
@@ -131,8 +156,11 @@ public:
     void accept(std::int64_t seq, std::int64_t n_accepted);
 
     void rollback(std::int64_t seq, std::int64_t n_past);
-    void shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard);
-    void fork(std::int64_t src, std::int64_t dst);
+    // shift and fork return the copies an owner of external rows applies, in
+    // order (see SlotMove); in held mode the core has applied them itself and
+    // returns them for the record. Empty when nothing moves.
+    std::vector<SlotMove> shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard);
+    std::vector<SlotMove> fork(std::int64_t src, std::int64_t dst);
     std::vector<std::uint8_t> snapshot(std::int64_t seq) const;
     void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes);
 
@@ -177,7 +205,11 @@ private:
     void fresh_seq(Seq& s) const;
 
     template <class Encode>
-    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible);
+    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible,
+                std::int64_t* slots_out = nullptr);
+    void require_mode(RowMode mode, const char* call) const;
+    std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(max_rows_); }
+    FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
     std::int64_t validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
                                     std::size_t n) const;
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
