@@ -92,7 +92,7 @@ for lib in ("cupy", "torch"):
 EOF
 
 log "GPU tests (tests/test_cuda.py)"
-$PY -m pytest tests/test_cuda.py -q -p no:cacheprovider -rfEs -x
+$PY -m pytest tests/test_cuda.py tests/test_device_ring.py -q -p no:cacheprovider -rfEs -x
 
 log "benchmark"
 $PY - <<'EOF'

@@ -32,6 +32,7 @@ from dspark_core._args import (
 )
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
+from dspark_core.slot_moves import SlotMoves, no_moves
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core import _row_format
 
@@ -165,6 +166,7 @@ cdef class Stager:
     cdef bint _view_rows
     cdef bint _external
     cdef object _decoder
+    cdef int64_t _moves_issued
 
     def __cinit__(self, config):
         if not isinstance(config, StagerConfig):
@@ -214,6 +216,18 @@ cdef class Stager:
         external-row owner allocates ``max_seqs * ring_rows`` rows."""
         return self._core.ring_rows()
 
+    @property
+    def moves_issued(self):
+        """Non-empty move arrays ``fork`` / ``shift`` have returned so far (the
+        last one's ``serial``): an owner applies them in that order."""
+        return self._moves_issued
+
+    cdef object _moves(self, vector[SlotMove]& v):
+        if v.size() == 0:
+            return no_moves(self)
+        self._moves_issued += 1
+        return SlotMoves.wrap(_moves_array(v), self, self._moves_issued)
+
     cdef int64_t _seq(self, seq) except -1:
         i = seq if type(seq) is int else as_index("seq", seq)
         if not 0 <= i < self._max_seqs:
@@ -233,7 +247,7 @@ cdef class Stager:
                 positions=np.arange(lo, lo + n, dtype=_I32),
                 block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
                 crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, slots=_plan_slots(p),
-                external=True)
+                external=True, source=self)
         enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
         return StagePlan(
             seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
@@ -412,10 +426,11 @@ cdef class Stager:
     def shift(self, seq, n_keep, n_discard):
         """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down.
 
-        Returns the copies the owner of external rows applies, an (n, 3)
-        int64 array of ``[src_slot, dst_slot, count]`` rows, in order (each a
-        plain copy: source and destination never overlap); empty when
-        nothing moves. Held mode: the core has applied them itself.
+        Returns the copies the owner of external rows applies, a
+        :class:`~dspark_core.slot_moves.SlotMoves` ((n, 3) int64
+        ``[src_slot, dst_slot, count]`` rows, in order; each a plain copy:
+        source and destination never overlap); empty when nothing moves.
+        Held mode: the core has applied them itself.
         """
         cdef int64_t s = self._seq(seq)
         with nogil:
@@ -425,7 +440,7 @@ cdef class Stager:
         cdef vector[SlotMove] moves
         with nogil:
             moves = self._core.shift(s, k, d)
-        return _moves_array(moves)
+        return self._moves(moves)
 
     def fork(self, src, dst):
         """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round.
@@ -438,7 +453,7 @@ cdef class Stager:
         cdef vector[SlotMove] moves
         with nogil:
             moves = self._core.fork(a, b)
-        return _moves_array(moves)
+        return self._moves(moves)
 
     def snapshot(self, seq):
         """The sequence's state as versioned, checksummed bytes (``snapshot_format``)."""

@@ -63,6 +63,7 @@ __all__ = [
     "upload_plan",
     "storage_dtype_name",
     "DeviceArray",
+    "DeviceRing",
 ]
 
 _F32 = np.dtype(np.float32)
@@ -698,3 +699,8 @@ def _current_device(lib: str) -> int:
     if lib == "cupy":
         return int(mod.cuda.Device().id)
     return int(mod.cuda.current_device())
+
+
+# The device table of an external-row Stager (its own module; here for the
+# public name dspark_core.cuda.DeviceRing).
+from .device_ring import DeviceRing  # noqa: E402

@@ -55,6 +55,7 @@ from . import snapshot_format
 from ._args import as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, require_held_rows
 from .config import STORAGES, TRIM_CHUNK, StagerConfig
 from .reference_ring import RingModel
+from .slot_moves import SlotMoves, no_moves
 from .errors import StateError
 from .stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 
@@ -108,6 +109,7 @@ class ReferenceStager:
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
         self._external = config.external_rows
+        self.moves_issued = 0
         self._seqs = [_Seq(ring=RingModel(config.ring_rows)) for _ in range(config.max_seqs)]
 
     @property
@@ -339,7 +341,7 @@ class ReferenceStager:
             positions=np.arange(lo - base, start - base, dtype=np.int32),
             block_positions=np.arange(start - base, start - base + c.block_size, dtype=np.int32),
             crop_from=start - base, pos_base=base, encoded_rows=enc, rows=rows, slots=slots,
-            external=self._external,
+            external=self._external, source=self if self._external else None,
         )
         st.open_round = (start, base)
         st.accept_open, st.tentative = True, 0
@@ -450,7 +452,7 @@ class ReferenceStager:
         st.accept_open, st.tentative = False, 0
         self._advance_horizon(st)
 
-    def shift(self, seq: int, n_keep: int, n_discard: int) -> np.ndarray:
+    def shift(self, seq: int, n_keep: int, n_discard: int) -> SlotMoves:
         """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest down.
 
         Returns the moves ``[src_slot, dst_slot, count]`` (see RingModel.compact).
@@ -459,7 +461,7 @@ class ReferenceStager:
         n_keep = as_count("n_keep", n_keep)
         n_discard = as_count("n_discard", n_discard)
         if not st.started or n_discard == 0:
-            return np.zeros((0, 3), np.int64)
+            return no_moves(self)
         if n_keep + n_discard > st.end:
             raise ValueError(
                 f"shift of [{n_keep}, {n_keep + n_discard}) reaches past the end of the sequence ({st.end})"
@@ -478,9 +480,9 @@ class ReferenceStager:
         st.restage_owed = True
         st.accept_open, st.tentative = False, 0
         self._advance_horizon(st)
-        return np.array(moves, np.int64).reshape(len(moves), 3)
+        return self._issue(np.array(moves, np.int64).reshape(len(moves), 3))
 
-    def fork(self, src: int, dst: int) -> np.ndarray:
+    def fork(self, src: int, dst: int) -> SlotMoves:
         """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages next round.
 
         Returns the moves of ``src``'s rows into ``dst``'s first slots.
@@ -507,7 +509,14 @@ class ReferenceStager:
         )
         self._seqs[d] = b
         self._advance_horizon(b)
-        return _moves(src_slots, dst_slots)
+        return self._issue(_moves(src_slots, dst_slots))
+
+    def _issue(self, moves: np.ndarray) -> SlotMoves:
+        """Moves as the core returns them: numbered from 1 when non-empty."""
+        if len(moves) == 0:
+            return no_moves(self)
+        self.moves_issued += 1
+        return SlotMoves.wrap(moves, self, self.moves_issued)
 
     def _ring_for(self, reuse: RingModel, pos: int, n: int) -> RingModel:
         """The core's ring_for: ``reuse`` emptied when it has room for n rows, else a new ring."""

@@ -81,6 +81,8 @@ class StagePlan:
         slots: int64 ``(n,)``: the ring slot of each staged row, in plan order
             (both modes; at most two runs of consecutive slots).
         external: the plan is from an external-row Stager (no rows here).
+        source: the Stager that made the plan (external mode; None in held
+            mode): whose table ``slots`` index.
     """
 
     __slots__ = (
@@ -95,6 +97,7 @@ class StagePlan:
         "pos_base",
         "slots",
         "external",
+        "source",
         "_encoded",
         "_rows",
         "_decode",
@@ -117,6 +120,7 @@ class StagePlan:
         decode: _Decoder | None = None,
         slots: np.ndarray | None = None,
         external: bool = False,
+        source: Any = None,
     ) -> None:
         self.seq = seq
         self.start = start
@@ -129,6 +133,7 @@ class StagePlan:
         self.pos_base = pos_base
         self.slots = _no_slots() if slots is None else slots
         self.external = external
+        self.source = source
         self._encoded = encoded_rows
         self._rows = rows
         self._decode = decode
