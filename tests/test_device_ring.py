@@ -294,3 +294,33 @@ def test_errors_are_clear_and_change_nothing():
         p.ring.apply(np.asarray(second))
     p.ring.apply(second)
     p.round(1)
+
+
+@gpu
+@pytest.mark.parametrize("storage", ["f32", "q4_0"])
+def test_loop_with_rows_on_the_device_is_lossless(storage):
+    """The whole speculative loop (prefill chunks, rebases, injected drafter failures, two
+    sequences planned with draft_many) with the rows only on the device: the output is the
+    target's greedy decoding, the drafter's incremental logits equal a from-scratch recompute,
+    and every figure equals the held-mode run's."""
+    from dspark_core.commands.simulate import simulate
+
+    kw = dict(context=700, generate=120, block=4, window=64, storage=storage, seqs=2, feature_dim=64,
+              prefill_chunk=256, fail_every=7, check=True, stager="core", modes=("windowed",))
+    ext = simulate(rows="external", **kw)
+    held = simulate(rows="held", **kw)
+    assert ext["lossless"] and held["lossless"]
+    e, h = ext["modes"]["windowed"], held["modes"]["windowed"]
+    assert e["rebases"] > 0 and e["failures"] > 0 and e["recompute_checks"] > 0
+    for k in ("generated_tokens", "drafter_rounds", "failures", "rebases", "restaged_rows", "acceptance",
+              "peak_rows", "max_drafter_pos", "recompute_max_err"):
+        assert e[k] == h[k], k
+
+
+def test_simulate_rows_external_without_a_device_says_why(capsys):
+    from dspark_core import cli
+
+    if cuda.available():
+        pytest.skip("checks the no-device error; a device is present")
+    assert cli.main(["simulate", "--context", "100", "--generate", "10", "--rows", "external", "-q"]) == 2
+    assert "no CUDA device available" in capsys.readouterr().err

@@ -310,6 +310,35 @@ class DeviceRing:
         self.apply(moves)
         return moves
 
+    def upload(self, rows: np.ndarray) -> Any:
+        """A host array as a device array of the ring's backend (for tests and simulations:
+        a GPU server's target produces its rows on the device)."""
+        a = np.ascontiguousarray(rows)
+        if self.lib == "dspark":
+            return cuda.DeviceArray.from_numpy(a, self.device, self._stream_obj if self.stream else None)
+        if self.lib == "cupy":
+            import cupy
+
+            with cupy.cuda.Device(self.device):
+                return cupy.asarray(a.view(np.uint16) if a.dtype == cuda._BF16 else a)
+        import torch
+
+        if a.dtype == cuda._BF16:
+            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(f"cuda:{self.device}")
+        return torch.from_numpy(a.copy()).to(f"cuda:{self.device}")
+
+    def to_numpy(self, arr: Any) -> np.ndarray:
+        """A device array (of any backend) as a host numpy array, after the ring's work on it."""
+        self.synchronize()
+        if isinstance(arr, cuda.DeviceArray):
+            return arr.get()
+        if hasattr(arr, "get"):  # cupy
+            return arr.get()
+        t = arr.detach()
+        if str(t.dtype) == "torch.bfloat16":
+            return t.view(__import__("torch").int16).cpu().numpy().view(cuda._BF16)
+        return t.cpu().numpy()
+
     def synchronize(self) -> None:
         """Wait for everything enqueued on the ring's stream."""
         self._cu.synchronize(self.stream, self.device)
