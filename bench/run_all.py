@@ -7,6 +7,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_convert.py  row-format conversion throughput (if present)
 * bench/bench_rounds.py   per-round staging cost vs reference / naive / memcpy, by depth
 * bench/bench_memory.py   peak buffered rows and bytes vs prompt length
+* bench/bench_external.py external-row mode vs held: bytes host <-> device and host CPU per round
 
 then writes the report (machine, date, command, a summary of the DESIGN.md
 section 6 targets with PASS / MISS, and each script's tables) to --out and
@@ -40,7 +41,7 @@ import _common as C
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
-SCRIPTS = ("convert", "rounds", "memory")
+SCRIPTS = ("convert", "rounds", "memory", "external")
 
 
 def run_script(name: str, args: list[str], timeout: float | None) -> tuple[int, str, str, float]:
@@ -126,6 +127,12 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
             prompts = ", ".join(C.fmt_size(t["prompt"]) for t in ts)
             rows.append([ts[0]["target"], f"{s}, prompts {prompts}", f"max {worst:,} rows",
                          C.verdict(all(t["pass"] for t in ts))])
+    ext = data.get("external")
+    if ext:
+        for t in ext["targets"]:
+            v = t["value"]
+            rows.append([t["target"], f"W = {ext['window']}, B = {ext['block']}",
+                         "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else f"{v}"), C.verdict(t["pass"])])
     return rows
 
 
@@ -160,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                     help='extra arguments for bench_rounds.py, one string: --rounds-args="--dims 25600"')
     ap.add_argument("--memory-args", default="",
                     help="extra arguments for bench_memory.py, one string (use the = form, as above)")
+    ap.add_argument("--external-args", default="",
+                    help="extra arguments for bench_external.py, one string (use the = form, as above)")
     ap.add_argument("--convert-args", default="",
                     help="extra arguments for bench_convert.py, one string (use the = form, as above)")
     a = ap.parse_args(argv)
