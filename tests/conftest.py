@@ -31,6 +31,24 @@ def make_stager(request):
     return make
 
 
+#: Real LLM hidden states carry a few "massive activation" channels (1e3..1e5;
+#: Gemma 3 270M reaches 87,929 on ordinary text, already on the BOS row).
+MASSIVE_PEAK = 87_929.0
+
+
+def massive_rows(rng: np.random.Generator, n: int, dim: int, peak: float = MASSIVE_PEAK) -> np.ndarray:
+    """Rows shaped like real activations: N(0, 1) noise, two massive channels
+    (1e3 .. ``peak``), row 0 a huge-norm BOS row whose massive channel is ``peak``."""
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    if n == 0:
+        return x
+    ch = rng.choice(dim, size=min(2, dim), replace=False)
+    x[:, ch] *= rng.uniform(1e3, 1e4, size=(n, len(ch))).astype(np.float32)
+    x[0] *= np.float32(30.0)  # BOS: a huge norm everywhere
+    x[0, ch[0]] = np.float32(peak) * np.sign(x[0, ch[0]] or 1.0)
+    return x
+
+
 def feature_rows(positions, dim: int, version: int = 0, dtype=np.float32) -> np.ndarray:
     """Rows whose values identify their position (and a version, to tell re-sent rows apart)."""
     pos = np.asarray(positions, dtype=np.float64)

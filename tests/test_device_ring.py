@@ -19,7 +19,7 @@ import pytest
 
 from dspark_core import Stager, StagerConfig, cuda
 from dspark_core.config import STORAGES
-from dspark_core.errors import StateError
+from dspark_core.errors import ConfigError, StateError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -33,11 +33,12 @@ def test_without_a_device_the_ring_says_why():
         cuda.DeviceRing(st)
 
 
-def activations(rng, n, dim, dtype=np.float32, bos=False):
-    """N(0, 1) noise with a few massive channels (1e3 - 1e5) and a huge-norm BOS row."""
+def activations(rng, n, dim, dtype=np.float32, bos=False, big=True):
+    """N(0, 1) noise with a few massive channels (1e3 - 1e5) and a huge-norm BOS row
+    (``big=False``: massive channels up to 3e4, which every storage can hold)."""
     x = rng.standard_normal((n, dim)).astype(np.float32)
-    x[:, [1, dim // 3, dim - 2]] *= np.array([1e3, 2e4, 1e5], np.float32)
-    if bos and n:
+    x[:, [1, dim // 3, dim - 2]] *= np.array([1e3, 2e4, 1e5] if big else [1e3, 5e3, 7e3], np.float32)
+    if bos and n and big:
         x[0] *= np.float32(300.0)
     if np.dtype(dtype) == np.float16:  # float16 inputs stay finite (its range ends at 65504)
         x = np.clip(x, -6e4, 6e4)
@@ -75,20 +76,21 @@ class Launches:
 class Pair:
     """A held Stager (the oracle) and an external Stager + DeviceRing, driven together."""
 
-    def __init__(self, cfg, seed=0, in_dtype=np.float32):
+    def __init__(self, cfg, seed=0, in_dtype=np.float32, big=False):
         self.held = Stager(cfg)
         self.ext = Stager(cfg.replace(rows="external"))
         self.ring = cuda.DeviceRing(self.ext)
         self.rng = np.random.default_rng(seed)
         self.dim = cfg.feature_dim
         self.in_dtype = in_dtype
+        self.big = big
 
     def end(self, seq):
         return self.held.state(seq)["end"]
 
     def feed(self, seq, n):
         start = self.end(seq)
-        rows = activations(self.rng, n, self.dim, self.in_dtype, bos=start == 0)
+        rows = activations(self.rng, n, self.dim, self.in_dtype, bos=start == 0, big=self.big)
         pos = np.arange(start, start + n)
         self.held.process(seq, pos, rows)
         return self.ring.write(seq, pos, dev(rows))
@@ -111,12 +113,19 @@ class Pair:
         return hp, xp
 
 
+#: (storage, stage dtype) pairs whose stage dtype does not narrow the storage's bounds.
+RING_CONFIGS = [(s, "float32") for s in STORAGES] + [("f16", "float16"), ("f16", "bfloat16"), ("bf16", "bfloat16"),
+                                                     ("q8_0", "bfloat16"), ("q4_0", "bfloat16")]
+
+
 @gpu
-@pytest.mark.parametrize("stage_dtype", ["float32", "float16", "bfloat16"])
-@pytest.mark.parametrize("storage", STORAGES)
-def test_device_ring_matches_held_mode(storage, stage_dtype):
-    cfg = StagerConfig(64, 3, 24, max_seqs=3, storage=storage, stage_dtype=stage_dtype)
-    p = Pair(cfg, seed=STORAGES.index(storage))
+@pytest.mark.parametrize("nonfinite", ["clamp", "error"])
+@pytest.mark.parametrize(("storage", "stage_dtype"), RING_CONFIGS)
+def test_device_ring_matches_held_mode(storage, stage_dtype, nonfinite):
+    """Massive activations (1e5 channels, a 300x BOS row) clamped to what the storage holds,
+    or, under nonfinite="error", rows every storage can hold."""
+    cfg = StagerConfig(64, 3, 24, max_seqs=3, storage=storage, stage_dtype=stage_dtype, nonfinite=nonfinite)
+    p = Pair(cfg, seed=STORAGES.index(storage), big=nonfinite == "clamp")
     p.feed(0, 900)  # a prompt far longer than the window: bounded ingest
     wrapped = False
     for i in range(220):  # ~900 rows through a 540-slot ring: wraps
@@ -218,11 +227,11 @@ def test_long_prefill_chunk_is_encoded_into_its_slots():
     cfg = StagerConfig(32, 4, 900, storage="bf16")
     p = Pair(cfg, seed=5)
     slots = p.feed(0, 1400)
-    k = cfg.w_keep
-    assert (slots[: 1400 - k] == -1).all()
-    np.testing.assert_array_equal(slots[1400 - k:], np.arange(k))
+    w = cfg.window  # the last W rows stay stageable
+    assert (slots[: 1400 - w] == -1).all()
+    np.testing.assert_array_equal(slots[1400 - w:], np.arange(w))
     hp, _ = p.round(0)
-    assert hp.n_rows == k
+    assert hp.n_rows == cfg.w_keep
 
 
 @gpu
@@ -249,6 +258,9 @@ def test_errors_are_clear_and_change_nothing():
     cfg = StagerConfig(32, 2, 12, max_seqs=2)
     with pytest.raises(ValueError, match="external-row mode"):
         cuda.DeviceRing(Stager(cfg))
+    # A stage dtype that narrows the storage's bounds: held mode would reject rows the kernels accept.
+    with pytest.raises(ConfigError, match="stage_dtype"):
+        cuda.DeviceRing(Stager(cfg.replace(rows="external", stage_dtype="float16")))
     p = Pair(cfg)
     other = Stager(cfg.replace(rows="external"))
     p.feed(0, 6)

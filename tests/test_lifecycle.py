@@ -57,13 +57,50 @@ def test_rollback_into_the_cache_forces_a_clean_restage(make_stager):
     st.process(0, np.arange(7, 9), feature_rows(range(7, 9), D, version=1))
     plan = st.draft(0, 9)
     assert plan.rebase and plan.clear_cache
-    # At the commit at 10 the horizon moved to 10 - K = 2 (no later round could
-    # need older rows); rolling back does not bring rows below it back, so the
-    # restage keeps the 7 rows [2, 9) rather than K = 8.
-    assert st.state(0)["horizon"] == 2
-    assert plan.pos_base == 2 and list(plan.positions) == list(range(7))
+    # The last W positions stay stageable (horizon = max(horizon, f - W) = 0
+    # here), so the rollback costs no context: the restage keeps K = 8 rows.
+    assert st.state(0)["horizon"] == 0
+    assert plan.pos_base == 1 and list(plan.positions) == list(range(8))
     np.testing.assert_array_equal(plan.rows[-2:], feature_rows(range(7, 9), D, version=1))
-    np.testing.assert_array_equal(plan.rows[:5], feature_rows(range(2, 7), D))
+    np.testing.assert_array_equal(plan.rows[:6], feature_rows(range(1, 7), D))
+
+
+@pytest.mark.parametrize("storage", ["f32", "q4_0"])
+def test_rollback_of_a_long_session_restages_a_full_context(make_stager, storage):
+    """A regenerate 600 positions back after a 10k prefill and 300 rounds still
+    restages K rows, and they are the rows originally captured there."""
+    d, b, w = 64, 8, 2048
+    k = min(w // 2, w - b)
+    st = make_stager(feature_dim=d, block_size=b, window=w, storage=storage)
+    ref = make_stager(feature_dim=d, block_size=b, window=w, storage=storage)
+    prompt = 10_000
+    for lo in range(0, prompt, 1024):  # prefill in n_batch chunks
+        hi = min(prompt, lo + 1024)
+        st.process(0, np.arange(lo, hi), feature_rows(range(lo, hi), d))
+    n_past = prompt
+    rng = random.Random(7)
+    for _ in range(300):
+        plan = st.draft(0, n_past)
+        assert plan.skip is None
+        st.commit(0)
+        st.process(0, np.arange(n_past, n_past + b + 1), feature_rows(range(n_past, n_past + b + 1), d))
+        n = rng.randint(0, b)
+        st.accept(0, n)
+        n_past += n + 1
+    assert st.stats(0)["live_rows"] <= w + b  # the bound W + TRIM_CHUNK + B + 1 minus the lazy head
+    back = n_past - 600
+    st.rollback(0, back)
+    st.process(0, np.arange(back, back + 1), feature_rows(range(back, back + 1), d, version=1))
+    plan = st.draft(0, back + 1)
+    assert plan.rebase and plan.clear_cache
+    assert len(plan.positions) == k and plan.pos_base == back + 1 - k
+    assert list(plan.positions) == list(range(k))
+    # The expected rows: the same positions captured into a fresh stager.
+    ref.process(0, np.arange(back + 1 - k, back), feature_rows(range(back + 1 - k, back), d))
+    ref.process(0, np.arange(back, back + 1), feature_rows(range(back, back + 1), d, version=1))
+    want = ref.draft(0, back + 1)
+    np.testing.assert_array_equal(plan.encoded_rows, want.encoded_rows)
+    np.testing.assert_array_equal(plan.rows, want.rows)
 
 
 def test_rollback_with_open_round_is_a_state_error(make_stager):

@@ -20,6 +20,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from dspark_core import Stager, StagerConfig
 from dspark_core.config import STORAGES, TRIM_CHUNK
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
+from conftest import massive_rows
 
 DIMS = (32, 64)
 #: Sequence-id draws: mostly valid after pick(); -1 is an unknown id.
@@ -55,12 +56,13 @@ class CoreMatchesReference(RuleBasedStateMachine):
         storage=hs.sampled_from(STORAGES),
         max_failures=hs.integers(1, 3),
         stage_dtype=hs.sampled_from(["float32", "float16", "bfloat16"]),
-        nonfinite=hs.sampled_from(["error", "error", "zero", "clamp_f16"]),
+        nonfinite=hs.sampled_from(["error", "error", "zero", "clamp_f16", "clamp"]),
+        strict=hs.booleans(),
     )
-    def setup(self, dim, block, extra, seqs, storage, max_failures, stage_dtype, nonfinite):
+    def setup(self, dim, block, extra, seqs, storage, max_failures, stage_dtype, nonfinite, strict):
         self.cfg = StagerConfig(
             dim, block, 2 * block + extra, max_seqs=seqs, storage=storage, max_failures=max_failures,
-            stage_dtype=stage_dtype, nonfinite=nonfinite,
+            stage_dtype=stage_dtype, nonfinite=nonfinite, strict=strict,
         )
         self.core = Stager(self.cfg)
         self.ref = ReferenceStager(self.cfg)
@@ -88,7 +90,10 @@ class CoreMatchesReference(RuleBasedStateMachine):
         return 0
 
     def rows(self, n, dtype, scale, nan_at):
-        x = self.rng.standard_normal((n, self.cfg.feature_dim)).astype(np.float32) * np.float32(scale)
+        if scale == "massive":
+            x = massive_rows(self.rng, n, self.cfg.feature_dim)
+        else:
+            x = self.rng.standard_normal((n, self.cfg.feature_dim)).astype(np.float32) * np.float32(scale)
         if nan_at is not None and n:
             r, c = nan_at % n, (nan_at * 7) % self.cfg.feature_dim
             x[r, c] = [np.nan, np.inf, -np.inf][nan_at % 3]
@@ -107,7 +112,7 @@ class CoreMatchesReference(RuleBasedStateMachine):
         n=hs.integers(0, 12),
         offset=hs.sampled_from([0, 0, 0, 0, 1, -1, "neg", "gap"]),
         dtype=hs.sampled_from(["float32", "float32", "float16", "bfloat16", "float64", "width"]),
-        scale=hs.sampled_from([1.0, 1e-4, 1e3, 7e4]),
+        scale=hs.sampled_from([1.0, 1e-4, 1e3, 7e4, "massive", "massive"]),
         nan_at=hs.none() | hs.integers(0, 50),
     )
     def process(self, seq, n, offset, dtype, scale, nan_at):

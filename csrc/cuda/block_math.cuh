@@ -47,7 +47,7 @@ constexpr int Q4_BLOCK = 2 + QK / 2;
 enum : int { E_F32 = 0, E_F16 = 1, E_BF16 = 2 };
 enum : int { S_F32 = 0, S_F16 = 1, S_BF16 = 2, S_Q8_0 = 3, S_Q4_0 = 4 };
 // dspark::NonFinite.
-enum : int { NF_ERROR = 0, NF_ZERO = 1, NF_CLAMP_F16 = 2 };
+enum : int { NF_ERROR = 0, NF_ZERO = 1, NF_CLAMP_F16 = 2, NF_CLAMP = 3 };
 
 // ------------------------------------------------------------- bit casts ---
 
@@ -199,14 +199,27 @@ DSPARK_HD void store_elem(void* dst, int et, std::size_t i, float v) {
 
 // ------------------------------------------------------ non-finite policy ---
 
-// NF_ZERO: non-finite -> 0. NF_CLAMP_F16: NaN -> 0, clamp to +-65504.
-// NF_ERROR: unchanged (the caller records the first non-finite index).
-DSPARK_HD float apply_policy(float v, int policy) {
-    if (policy == NF_ZERO) return is_nonfinite(v) ? 0.0f : v;
-    if (policy == NF_CLAMP_F16) {
+// The smallest magnitude storage `st` cannot encode as a finite value, as
+// bits (dspark::encode_bounds(st).limit: +inf, 65520, 0x1.ffp+127,
+// 127 * 65520, 8 * 65520); the clamp bound is the float just below it.
+DSPARK_HD std::uint32_t limit_bits(int st) {
+    return st == S_F16 ? 0x477ff000u : st == S_BF16 ? 0x7f7f8000u : st == S_Q8_0 ? 0x4afdf020u
+                                                                : st == S_Q4_0 ? 0x48fff000u : 0x7f800000u;
+}
+// !(|v| < limit): NaN, +-Inf, or a finite value whose encoding overflows.
+DSPARK_HD bool unencodable(float v, int st) { return !(abs_f(v) < u2f(limit_bits(st))); }
+
+// NF_ZERO: unencodable -> 0. NF_CLAMP: NaN -> 0, clamp to the largest
+// encodable magnitude. NF_CLAMP_F16: the same, bounded by +-65504 too.
+// NF_ERROR: unchanged (the caller records the first unencodable index).
+DSPARK_HD float apply_policy(float v, int policy, int st) {
+    if (policy == NF_ZERO) return unencodable(v, st) ? 0.0f : v;
+    if (policy == NF_CLAMP || policy == NF_CLAMP_F16) {
+        float hi = u2f(limit_bits(st) - 1u);
+        if (policy == NF_CLAMP_F16 && hi > 65504.0f) hi = 65504.0f;
         if (v != v) v = 0.0f;
-        v = v < -65504.0f ? -65504.0f : v;
-        v = v > 65504.0f ? 65504.0f : v;
+        v = v < -hi ? -hi : v;
+        v = v > hi ? hi : v;
     }
     return v;
 }

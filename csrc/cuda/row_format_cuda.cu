@@ -235,7 +235,7 @@ std::string cuda_device_name(int dev) {
 std::int64_t encode_rows_cuda(const void* src, ElemType in, void* dst, Storage out, std::size_t n_rows,
                               std::size_t dim, NonFinite policy, void* stream, bool report_nonfinite) {
     check_elem(in);
-    if (static_cast<unsigned>(policy) > 2u) throw std::invalid_argument("dspark cuda: unknown non-finite policy code");
+    if (static_cast<unsigned>(policy) >= static_cast<unsigned>(NONFINITE_COUNT)) throw std::invalid_argument("dspark cuda: unknown non-finite policy code");
     (void)row_bytes(out, dim);  // validates the storage code and dim for q formats
     const std::size_t n = checked_elems(n_rows, dim);
     if (n == 0) return -1;

@@ -150,7 +150,7 @@ __device__ __forceinline__ void encode_elem(const void* __restrict__ src, void* 
                                             int policy, unsigned long long* __restrict__ bad) {
     float v = load_elem(src, IN, i);
     if (policy == NF_ERROR) {
-        if (bad != nullptr && is_nonfinite(v)) atomicMin(bad, static_cast<unsigned long long>(i));
+        if (bad != nullptr && unencodable(v, OUT)) atomicMin(bad, static_cast<unsigned long long>(i));
         if (IN == OUT) {
             if (IN == E_F32)
                 static_cast<std::uint32_t*>(dst)[i] = static_cast<const std::uint32_t*>(src)[i];
@@ -159,7 +159,7 @@ __device__ __forceinline__ void encode_elem(const void* __restrict__ src, void* 
             return;
         }
     } else {
-        v = apply_policy(v, policy);
+        v = apply_policy(v, policy, OUT);
     }
     store_elem(dst, OUT, i, v);
 }
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restric
         if (policy == NF_ERROR) {
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-                if (bad != nullptr && is_nonfinite(v[k])) {  // the chunk's first; atomicMin keeps the run's
+                if (bad != nullptr && unencodable(v[k], OUT)) {  // the chunk's first; atomicMin keeps the run's
                     atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(k)));
                     break;
                 }
@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restric
             }
         } else {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) v[k] = apply_policy(v[k], policy);
+            for (int k = 0; k < 4; ++k) v[k] = apply_policy(v[k], policy, OUT);
         }
         store4(dst, OUT, i, v);
     }
@@ -232,9 +232,9 @@ __global__ void __launch_bounds__(kThreads) k_quantize(const void* __restrict__ 
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             if (policy == NF_ERROR) {
-                if (first_bad < 0 && is_nonfinite(v[k])) first_bad = k;
+                if (first_bad < 0 && unencodable(v[k], Q)) first_bad = k;
             } else {
-                v[k] = apply_policy(v[k], policy);
+                v[k] = apply_policy(v[k], policy, Q);
             }
             if (!has_nan && is_nan(v[k])) {
                 has_nan = true;

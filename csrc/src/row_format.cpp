@@ -8,6 +8,7 @@
 // Python "keep" policy) they follow gguf-py's numpy code on x86: the NaN is
 // the block's max, so d is that NaN and every quant is 0.
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
@@ -29,13 +30,15 @@ namespace detail {
 // ----------------------------------------------------------------- scalar ---
 
 static inline bool is_nonfinite_bits(float v) { return (f32_bits(v) & 0x7f800000u) == 0x7f800000u; }
+// NaN compares false, so one compare catches NaN, +-Inf and overflow.
+static inline bool unencodable(float v, float limit) { return !(std::fabs(v) < limit); }
 
-// f32 -> f16 / bf16 with the fused non-finite check.
-template <std::uint16_t (*Narrow)(float)>
+// f32 -> f16 / bf16 with the fused check (NaN, Inf, or overflow to Inf).
+template <std::uint16_t (*Narrow)(float), const float& Limit>
 static bool s_f32_narrow(const float* src, std::uint16_t* dst, std::size_t n) {
     bool bad = false;
     for (std::size_t i = 0; i < n; ++i) {
-        bad |= is_nonfinite_bits(src[i]);
+        bad |= unencodable(src[i], Limit);
         dst[i] = Narrow(src[i]);
     }
     return bad;
@@ -106,13 +109,18 @@ static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
         if (is_nonfinite_bits(src[i])) return static_cast<std::int64_t>(i);
     return -1;
 }
+static std::int64_t s_find_unencodable_f32(const float* src, std::size_t n, float limit) {
+    for (std::size_t i = 0; i < n; ++i)
+        if (unencodable(src[i], limit)) return static_cast<std::int64_t>(i);
+    return -1;
+}
 static bool s_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q8_0_scalar(src + b * QK, dst + b * Q8_0_BLOCK_BYTES);
-    return s_find_nonfinite_f32(src, nb * QK) >= 0;
+    return s_find_unencodable_f32(src, nb * QK, Q8_0_LIMIT) >= 0;
 }
 static bool s_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q4_0_scalar(src + b * QK, dst + b * Q4_0_BLOCK_BYTES);
-    return s_find_nonfinite_f32(src, nb * QK) >= 0;
+    return s_find_unencodable_f32(src, nb * QK, Q4_0_LIMIT) >= 0;
 }
 static void s_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
     for (std::size_t b = 0; b < nb; ++b) {
@@ -151,8 +159,17 @@ static std::int64_t s_copy_find_nonfinite_f32(const float* src, float* dst, std:
 }
 
 const Kernels kScalarKernels = {
-    s_f32_narrow<f32_to_f16_scalar>, s_f32_narrow<f32_to_bf16_scalar>, s_f16_to_f32, s_bf16_to_f32, s_quantize_q8_0,
-    s_quantize_q4_0,   s_dequantize_q8_0, s_dequantize_q4_0, s_find_nonfinite_f32, s_copy_find_nonfinite_f32,
+    s_f32_narrow<f32_to_f16_scalar, F16_LIMIT>,
+    s_f32_narrow<f32_to_bf16_scalar, BF16_LIMIT>,
+    s_f16_to_f32,
+    s_bf16_to_f32,
+    s_quantize_q8_0,
+    s_quantize_q4_0,
+    s_dequantize_q8_0,
+    s_dequantize_q4_0,
+    s_find_nonfinite_f32,
+    s_find_unencodable_f32,
+    s_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail
@@ -228,21 +245,73 @@ std::size_t storage_bytes(Storage s, std::size_t n) noexcept {
 // widen / check / policy / encode steps, a multiple of QK.
 constexpr std::size_t CHUNK = 4096;
 
-void apply_policy(const float* src, float* dst, std::size_t n, NonFinite policy) noexcept {
+// The largest half: ClampF16's bound whatever the storage.
+constexpr float F16_MAX = 65504.0f;
+
+void apply_policy(const float* src, float* dst, std::size_t n, NonFinite policy, EncodeBounds b) noexcept {
     if (policy == NonFinite::Zero) {
         for (std::size_t i = 0; i < n; ++i) {
             const float v = src[i];
-            dst[i] = (detail::f32_bits(v) & 0x7f800000u) == 0x7f800000u ? 0.0f : v;
+            dst[i] = std::fabs(v) < b.limit ? v : 0.0f;
         }
-    } else {  // ClampF16
-        for (std::size_t i = 0; i < n; ++i) {
-            float v = src[i];
-            if (v != v) v = 0.0f;
-            v = v < -65504.0f ? -65504.0f : v;
-            v = v > 65504.0f ? 65504.0f : v;
-            dst[i] = v;
-        }
+        return;
     }
+    const float hi = policy == NonFinite::ClampF16 ? std::min(F16_MAX, b.clamp_to) : b.clamp_to;
+    for (std::size_t i = 0; i < n; ++i) {
+        float v = src[i];
+        if (v != v) v = 0.0f;
+        v = v < -hi ? -hi : v;
+        v = v > hi ? hi : v;
+        dst[i] = v;
+    }
+}
+
+// Whether 32 copies of x, encoded in s and decoded to `staged`, stay finite
+// (by the scalar kernels, the definition every path matches). Monotone in
+// |x|: every step of the round trip is.
+bool round_trip_finite(Storage s, ElemType staged, float x) {
+    const Kernels& k = detail::kScalarKernels;
+    alignas(64) float blk[QK], back[QK];
+    alignas(64) std::uint8_t enc[QK * 4];
+    std::fill(blk, blk + QK, x);
+    switch (s) {
+        case Storage::F32: std::memcpy(back, blk, sizeof blk); break;
+        case Storage::F16:
+            k.f32_to_f16(blk, reinterpret_cast<std::uint16_t*>(enc), QK);
+            k.f16_to_f32(reinterpret_cast<const std::uint16_t*>(enc), back, QK);
+            break;
+        case Storage::BF16:
+            k.f32_to_bf16(blk, reinterpret_cast<std::uint16_t*>(enc), QK);
+            k.bf16_to_f32(reinterpret_cast<const std::uint16_t*>(enc), back, QK);
+            break;
+        case Storage::Q8_0:
+            k.quantize_q8_0(blk, enc, 1);
+            k.dequantize_q8_0(enc, back, 1);
+            break;
+        case Storage::Q4_0:
+            k.quantize_q4_0(blk, enc, 1);
+            k.dequantize_q4_0(enc, back, 1);
+            break;
+    }
+    std::uint16_t narrow[QK];
+    for (std::size_t i = 0; i < QK; ++i) {
+        if (detail::is_nonfinite_bits(back[i])) return false;
+        if (staged == ElemType::F16) k.f32_to_f16(back + i, narrow + i, 1);
+        else if (staged == ElemType::BF16) k.f32_to_bf16(back + i, narrow + i, 1);
+        else continue;
+        const std::uint16_t e = staged == ElemType::F16 ? 0x7c00u : 0x7f80u;
+        if ((narrow[i] & e) == e) return false;
+    }
+    return true;
+}
+
+EncodeBounds search_bounds(Storage s, ElemType staged) {
+    std::uint32_t lo = 0, hi = 0x7f800000u;  // +0 stays finite, +inf does not
+    while (hi - lo > 1) {
+        const std::uint32_t mid = lo + (hi - lo) / 2;
+        (round_trip_finite(s, staged, detail::bits_f32(mid)) ? lo : hi) = mid;
+    }
+    return {detail::bits_f32(hi), detail::bits_f32(lo)};
 }
 
 // Encodes one chunk; returns whether it held a NaN / +-Inf (checked in the
@@ -261,6 +330,19 @@ bool encode_chunk(const Kernels& k, const float* p, std::size_t len, Storage out
 }
 
 }  // namespace
+
+EncodeBounds encode_bounds(Storage s, ElemType staged) {
+    check_storage(s);
+    check_elem(staged);
+    // 15 searches of 31 steps each, once per process.
+    static const auto table = [] {
+        std::array<std::array<EncodeBounds, 3>, STORAGE_COUNT> t{};
+        for (int i = 0; i < STORAGE_COUNT; ++i)
+            for (int j = 0; j < 3; ++j) t[i][j] = search_bounds(static_cast<Storage>(i), static_cast<ElemType>(j));
+        return t;
+    }();
+    return table[static_cast<int>(s)][static_cast<int>(staged)];
+}
 
 #if defined(DSPARK_X86)
 namespace {
@@ -364,6 +446,15 @@ const char* storage_name(Storage s) noexcept {
     return "?";
 }
 
+const char* elem_name(ElemType t) noexcept {
+    switch (t) {
+        case ElemType::F32: return "float32";
+        case ElemType::F16: return "float16";
+        case ElemType::BF16: return "bfloat16";
+    }
+    return "?";
+}
+
 Storage storage_from_name(std::string_view name) {
     for (int i = 0; i < STORAGE_COUNT; ++i) {
         const auto s = static_cast<Storage>(i);
@@ -405,11 +496,44 @@ std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
     return -1;
 }
 
+float element_value(const void* src, ElemType in, std::size_t i) noexcept {
+    switch (in) {
+        case ElemType::F16: return detail::f16_to_f32_scalar(static_cast<const std::uint16_t*>(src)[i]);
+        case ElemType::BF16: return detail::bf16_to_f32_scalar(static_cast<const std::uint16_t*>(src)[i]);
+        default: return static_cast<const float*>(src)[i];
+    }
+}
+
+std::int64_t find_unencodable(const void* src, ElemType in, std::size_t n_elems, float limit) {
+    check_elem(in);
+    if (n_elems == 0) return -1;
+    if (src == nullptr) throw std::invalid_argument("dspark: find_unencodable: null source");
+    if (in == ElemType::F32)
+        return active_kernels().find_unencodable_f32(static_cast<const float*>(src), n_elems, limit);
+    // Half-width input: widen a chunk at a time (exact) and search that.
+    const Kernels& k = active_kernels();
+    alignas(64) float tmp[CHUNK];
+    const auto* h = static_cast<const std::uint16_t*>(src);
+    for (std::size_t off = 0; off < n_elems; off += CHUNK) {
+        const std::size_t len = std::min(CHUNK, n_elems - off);
+        (in == ElemType::F16 ? k.f16_to_f32 : k.bf16_to_f32)(h + off, tmp, len);
+        const std::int64_t i = k.find_unencodable_f32(tmp, len, limit);
+        if (i >= 0) return static_cast<std::int64_t>(off) + i;
+    }
+    return -1;
+}
+
 std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, std::size_t n_rows,
                          std::size_t dim, NonFinite policy) {
+    check_storage(out);
+    return encode_rows(src, in, dst, out, n_rows, dim, policy, encode_bounds(out));
+}
+
+std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, std::size_t n_rows,
+                         std::size_t dim, NonFinite policy, EncodeBounds bounds) {
     check_elem(in);
     check_storage(out);
-    if (static_cast<unsigned>(policy) > 2u)
+    if (static_cast<unsigned>(policy) >= static_cast<unsigned>(NONFINITE_COUNT))
         throw std::invalid_argument("dspark: unknown non-finite policy code");
     (void)row_bytes(out, dim);  // validates dim for q formats
     const std::size_t n = checked_elems(n_rows, dim);
@@ -419,11 +543,14 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, s
     const Kernels& k = active_kernels();
     auto* out_bytes = static_cast<std::uint8_t*>(dst);
     std::int64_t first_bad = -1;
+    // The kernels' fused check knows only the storage's own limit; tighter
+    // bounds (a narrower staged type) are checked per chunk as well.
+    const bool tighter = bounds.limit < encode_bounds(out).limit;
 
     // Fast paths without a temporary: same type in and out under Error.
-    if (policy == NonFinite::Error && in == ElemType::F32 && out == Storage::F32)
+    if (policy == NonFinite::Error && !tighter && in == ElemType::F32 && out == Storage::F32)
         return k.copy_find_nonfinite_f32(static_cast<const float*>(src), static_cast<float*>(dst), n);
-    if (policy == NonFinite::Error &&
+    if (policy == NonFinite::Error && !tighter &&
         ((in == ElemType::F16 && out == Storage::F16) || (in == ElemType::BF16 && out == Storage::BF16))) {
         // Copy in L2-sized pieces and check each piece while it is cache-hot
         // (one pass over memory, not two).
@@ -458,12 +585,15 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, s
         }
         if (policy == NonFinite::Error) {
             // The check rides on the conversion pass; the index is looked
-            // for only in a chunk that had a non-finite value.
+            // for only in a chunk that had an unencodable value.
             const bool any = encode_chunk(k, p, len, out, out_bytes + storage_bytes(out, off));
-            if (any && first_bad < 0) first_bad = static_cast<std::int64_t>(off) + k.find_nonfinite_f32(p, len);
+            if ((any || tighter) && first_bad < 0) {
+                const std::int64_t i = k.find_unencodable_f32(p, len, bounds.limit);
+                if (i >= 0) first_bad = static_cast<std::int64_t>(off) + i;
+            }
             continue;
         }
-        apply_policy(p, tmp, len, policy);
+        apply_policy(p, tmp, len, policy, bounds);
         encode_chunk(k, tmp, len, out, out_bytes + storage_bytes(out, off));
     }
     return first_bad;

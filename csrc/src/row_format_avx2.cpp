@@ -33,25 +33,26 @@ inline __m256 roundf8(__m256 v) {
     return _mm256_add_ps(t, _mm256_and_ps(ge, sone));
 }
 
-// All-ones lanes where v is NaN / +-Inf (exponent all ones).
-inline __m256i nonfinite8(__m256i u) {
-    const __m256i e = _mm256_set1_epi32(0x7f800000);
-    return _mm256_cmpeq_epi32(_mm256_and_si256(u, e), e);
+// All-ones lanes where !(|v| < limit): NaN, +-Inf, or a value whose
+// encoding overflows (the limits are in row_format_kernels.hpp).
+inline __m256i over8(__m256 v, __m256 limit) {
+    return _mm256_castps_si256(_mm256_cmp_ps(abs8(v), limit, _CMP_NLT_UQ));
 }
 
 bool a_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+    const __m256 lim = _mm256_set1_ps(F16_LIMIT);
     __m256i bad = _mm256_setzero_si256();
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m256 v0 = _mm256_loadu_ps(src + i), v1 = _mm256_loadu_ps(src + i + 8);
-        bad = _mm256_or_si256(bad, _mm256_or_si256(nonfinite8(_mm256_castps_si256(v0)), nonfinite8(_mm256_castps_si256(v1))));
+        bad = _mm256_or_si256(bad, _mm256_or_si256(over8(v0, lim), over8(v1, lim)));
         const __m128i h0 = _mm256_cvtps_ph(v0, kRne);
         const __m128i h1 = _mm256_cvtps_ph(v1, kRne);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm256_set_m128i(h1, h0));
     }
     for (; i + 8 <= n; i += 8) {
         const __m256 v = _mm256_loadu_ps(src + i);
-        bad = _mm256_or_si256(bad, nonfinite8(_mm256_castps_si256(v)));
+        bad = _mm256_or_si256(bad, over8(v, lim));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(v, kRne));
     }
     const bool tail = kScalarKernels.f32_to_f16(src + i, dst + i, n - i);
@@ -75,12 +76,13 @@ inline __m256i bf16_8(__m256i u) {
 }
 
 bool a_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+    const __m256 lim = _mm256_set1_ps(BF16_LIMIT);
     __m256i bad = _mm256_setzero_si256();
     std::size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m256i u0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
         const __m256i u1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8));
-        bad = _mm256_or_si256(bad, _mm256_or_si256(nonfinite8(u0), nonfinite8(u1)));
+        bad = _mm256_or_si256(bad, _mm256_or_si256(over8(_mm256_castsi256_ps(u0), lim), over8(_mm256_castsi256_ps(u1), lim)));
         const __m256i p = _mm256_permute4x64_epi64(_mm256_packus_epi32(bf16_8(u0), bf16_8(u1)), 0xD8);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), p);
     }
@@ -100,13 +102,6 @@ void a_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) {
 inline void store_d(std::uint8_t* p, std::uint16_t h) {
     p[0] = static_cast<std::uint8_t>(h & 0xff);
     p[1] = static_cast<std::uint8_t>(h >> 8);
-}
-
-// All-ones lanes of the block's 32 floats that are NaN / +-Inf, or-ed together.
-inline __m256i nonfinite32(__m256 v0, __m256 v1, __m256 v2, __m256 v3) {
-    return _mm256_or_si256(
-        _mm256_or_si256(nonfinite8(_mm256_castps_si256(v0)), nonfinite8(_mm256_castps_si256(v1))),
-        _mm256_or_si256(nonfinite8(_mm256_castps_si256(v2)), nonfinite8(_mm256_castps_si256(v3))));
 }
 
 // Quantizers work in groups of G8 blocks, as the AVX-512 ones do in 16s: the
@@ -202,7 +197,11 @@ inline float q4_signed_max(const float* x, float amax) {
 // Quants writes the block's quants.
 template <void (*Scalar)(const float*, std::uint8_t*), float (*SignedMax)(const float*, float),
           void (*Quants)(const float*, std::uint8_t*, float)>
-bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::size_t block_bytes, float divisor) {
+bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::size_t block_bytes, float divisor,
+                     float limit) {
+    // A block is unencodable when it holds a NaN or its largest magnitude
+    // reaches `limit` (its fp16 scale would overflow; +-Inf included).
+    const __m256 lim = _mm256_set1_ps(limit);
     alignas(32) float amax[G8], mx[G8], id[G8];
     alignas(16) std::uint16_t dh[G8];
     __m256 m[G8];
@@ -216,10 +215,11 @@ bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::s
             const float* xk = x + k * QK;
             const __m256 v0 = _mm256_loadu_ps(xk), v1 = _mm256_loadu_ps(xk + 8);
             const __m256 v2 = _mm256_loadu_ps(xk + 16), v3 = _mm256_loadu_ps(xk + 24);
-            bad = _mm256_or_si256(bad, nonfinite32(v0, v1, v2, v3));
             nan = _mm256_or_ps(nan, nan32(v0, v1, v2, v3));
             m[k] = absmax32(v0, v1, v2, v3);
+            bad = _mm256_or_si256(bad, over8(m[k], lim));
         }
+        bad = _mm256_or_si256(bad, _mm256_castps_si256(nan));
         if (_mm256_movemask_ps(nan) != 0) {
             for (std::size_t k = 0; k < G8; ++k) Scalar(x + k * QK, out + k * block_bytes);
             continue;
@@ -237,9 +237,11 @@ bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::s
         std::uint8_t* out = dst + b * block_bytes;
         const __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
         const __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
-        bad = _mm256_or_si256(bad, nonfinite32(v0, v1, v2, v3));
-        if (_mm256_movemask_ps(nan32(v0, v1, v2, v3)) != 0) { Scalar(x, out); continue; }
-        const float d = SignedMax(x, hmax8(absmax32(v0, v1, v2, v3))) / divisor;
+        const __m256 nan = nan32(v0, v1, v2, v3);
+        const __m256 am = absmax32(v0, v1, v2, v3);
+        bad = _mm256_or_si256(bad, _mm256_or_si256(over8(am, lim), _mm256_castps_si256(nan)));
+        if (_mm256_movemask_ps(nan) != 0) { Scalar(x, out); continue; }
+        const float d = SignedMax(x, hmax8(am)) / divisor;
         const float i = d != 0.0f ? 1.0f / d : 0.0f;
         store_d(out, f16_of(d));
         Quants(x, out, i);
@@ -250,12 +252,13 @@ bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::s
 inline float q8_max(const float*, float amax) { return amax; }
 
 bool a_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
-    return quantize_groups<quantize_block_q8_0_scalar, q8_max, q8_quants>(src, dst, nb, Q8_0_BLOCK_BYTES, 127.0f);
+    return quantize_groups<quantize_block_q8_0_scalar, q8_max, q8_quants>(src, dst, nb, Q8_0_BLOCK_BYTES, 127.0f,
+                                                                                Q8_0_LIMIT);
 }
 
 bool a_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     return quantize_groups<quantize_block_q4_0_scalar, q4_signed_max, q4_quants>(src, dst, nb, Q4_0_BLOCK_BYTES,
-                                                                                  -8.0f);
+                                                                                  -8.0f, Q4_0_LIMIT);
 }
 
 inline float load_d(const std::uint8_t* p) {
@@ -316,6 +319,20 @@ std::int64_t a_find_nonfinite_f32(const float* src, std::size_t n) {
     return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
 }
 
+std::int64_t a_find_unencodable_f32(const float* src, std::size_t n, float limit) {
+    const __m256 lim = _mm256_set1_ps(limit);
+    std::size_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        int m[4];
+        for (int k = 0; k < 4; ++k) m[k] = _mm256_movemask_ps(_mm256_castsi256_ps(over8(_mm256_loadu_ps(src + i + 8 * k), lim)));
+        if ((m[0] | m[1] | m[2] | m[3]) != 0)
+            for (int k = 0; k < 4; ++k)
+                if (m[k]) return static_cast<std::int64_t>(i + 8 * k + __builtin_ctz(static_cast<unsigned>(m[k])));
+    }
+    const std::int64_t r = kScalarKernels.find_unencodable_f32(src + i, n - i, limit);
+    return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
+}
+
 // One pass: 32 floats loaded, stored and checked per iteration.
 std::int64_t a_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
     const __m256i e = _mm256_set1_epi32(0x7f800000);
@@ -346,7 +363,8 @@ void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
 
 const Kernels kAvx2Kernels = {
     a_f32_to_f16,      a_f32_to_bf16,     a_f16_to_f32,      a_bf16_to_f32,        a_quantize_q8_0,
-    a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_nonfinite_f32, a_copy_find_nonfinite_f32,
+    a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_nonfinite_f32, a_find_unencodable_f32,
+    a_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail

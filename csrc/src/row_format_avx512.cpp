@@ -38,25 +38,24 @@ inline __m512 roundf16(__m512 v) {
     return _mm512_mask_add_ps(t, ge, t, sone);
 }
 
-// Lanes where v is NaN / +-Inf (exponent all ones).
-inline __mmask16 nonfinite16(__m512i u) {
-    const __m512i e = _mm512_set1_epi32(0x7f800000);
-    return _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, e), e);
-}
+// Lanes where !(|v| < limit): NaN, +-Inf, or a value whose encoding
+// overflows (the limits are in row_format_kernels.hpp).
+inline __mmask16 over16(__m512 v, __m512 limit) { return _mm512_cmp_ps_mask(abs16(v), limit, _CMP_NLT_UQ); }
 
 bool x_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n) {
+    const __m512 lim = _mm512_set1_ps(F16_LIMIT);
     __mmask16 bad = 0;
     std::size_t i = 0;
     for (; i + 32 <= n; i += 32) {
         const __m512 v0 = _mm512_loadu_ps(src + i), v1 = _mm512_loadu_ps(src + i + 16);
-        bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
+        bad |= over16(v0, lim) | over16(v1, lim);
         const __m256i h0 = _mm512_cvtps_ph(v0, kRne);
         const __m256i h1 = _mm512_cvtps_ph(v1, kRne);
         _mm512_storeu_si512(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1));
     }
     for (; i + 16 <= n; i += 16) {
         const __m512 v = _mm512_loadu_ps(src + i);
-        bad |= nonfinite16(_mm512_castps_si512(v));
+        bad |= over16(v, lim);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), _mm512_cvtps_ph(v, kRne));
     }
     const bool tail = kScalarKernels.f32_to_f16(src + i, dst + i, n - i);
@@ -73,16 +72,17 @@ inline __m256i bf16_16(__m512i u) {
 }
 
 bool x_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
+    const __m512 lim = _mm512_set1_ps(BF16_LIMIT);
     __mmask16 bad = 0;
     std::size_t i = 0;
     for (; i + 32 <= n; i += 32) {
         const __m512i u0 = _mm512_loadu_si512(src + i), u1 = _mm512_loadu_si512(src + i + 16);
-        bad |= nonfinite16(u0) | nonfinite16(u1);
+        bad |= over16(_mm512_castsi512_ps(u0), lim) | over16(_mm512_castsi512_ps(u1), lim);
         _mm512_storeu_si512(dst + i, _mm512_inserti64x4(_mm512_castsi256_si512(bf16_16(u0)), bf16_16(u1), 1));
     }
     for (; i + 16 <= n; i += 16) {
         const __m512i u = _mm512_loadu_si512(src + i);
-        bad |= nonfinite16(u);
+        bad |= over16(_mm512_castsi512_ps(u), lim);
         _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), bf16_16(u));
     }
     const bool tail = kScalarKernels.f32_to_bf16(src + i, dst + i, n - i);
@@ -173,7 +173,11 @@ inline float q8_max(const float*, float amax) { return amax; }
 // L1-hot reload), Quants writes the block's quants.
 template <void (*Scalar)(const float*, std::uint8_t*), float (*SignedMax)(const float*, float),
           void (*Quants)(const float*, std::uint8_t*, float)>
-bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::size_t block_bytes, float divisor) {
+bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::size_t block_bytes, float divisor,
+                     float limit) {
+    // A block is unencodable when it holds a NaN or its largest magnitude
+    // reaches `limit` (its fp16 scale would overflow; +-Inf included).
+    const __m512 lim = _mm512_set1_ps(limit);
     alignas(64) float amax[G], mx[G], id[G];
     __m512 m[G];
     alignas(32) std::uint16_t dh[G];
@@ -186,9 +190,10 @@ bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::s
         for (std::size_t k = 0; k < G; ++k) {
             const __m512 v0 = _mm512_loadu_ps(x + k * QK), v1 = _mm512_loadu_ps(x + k * QK + 16);
             nan |= _mm512_cmp_ps_mask(v0, v0, _CMP_UNORD_Q) | _mm512_cmp_ps_mask(v1, v1, _CMP_UNORD_Q);
-            bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
             m[k] = _mm512_max_ps(abs16(v0), abs16(v1));
+            bad |= _mm512_cmp_ps_mask(m[k], lim, _CMP_NLT_UQ);
         }
+        bad |= nan;
         if (nan) {
             for (std::size_t k = 0; k < G; ++k) Scalar(x + k * QK, out + k * block_bytes);
             continue;
@@ -205,7 +210,7 @@ bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::s
         const float* x = src + b * QK;
         std::uint8_t* out = dst + b * block_bytes;
         const __m512 v0 = _mm512_loadu_ps(x), v1 = _mm512_loadu_ps(x + 16);
-        bad |= nonfinite16(_mm512_castps_si512(v0)) | nonfinite16(_mm512_castps_si512(v1));
+        bad |= over16(v0, lim) | over16(v1, lim);
         if (any_nan(v0, v1)) { Scalar(x, out); continue; }
         const float d = SignedMax(x, _mm512_reduce_max_ps(_mm512_max_ps(abs16(v0), abs16(v1)))) / divisor;
         const float i = d != 0.0f ? 1.0f / d : 0.0f;
@@ -216,12 +221,13 @@ bool quantize_groups(const float* src, std::uint8_t* dst, std::size_t nb, std::s
 }
 
 bool x_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t nb) {
-    return quantize_groups<quantize_block_q8_0_scalar, q8_max, q8_block>(src, dst, nb, Q8_0_BLOCK_BYTES, 127.0f);
+    return quantize_groups<quantize_block_q8_0_scalar, q8_max, q8_block>(src, dst, nb, Q8_0_BLOCK_BYTES, 127.0f,
+                                                                                Q8_0_LIMIT);
 }
 
 bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
     return quantize_groups<quantize_block_q4_0_scalar, q4_signed_max, q4_block>(src, dst, nb, Q4_0_BLOCK_BYTES,
-                                                                                 -8.0f);
+                                                                                 -8.0f, Q4_0_LIMIT);
 }
 
 std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
@@ -239,6 +245,20 @@ std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
         }
     }
     const std::int64_t r = kScalarKernels.find_nonfinite_f32(src + i, n - i);
+    return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
+}
+
+std::int64_t x_find_unencodable_f32(const float* src, std::size_t n, float limit) {
+    const __m512 lim = _mm512_set1_ps(limit);
+    std::size_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        __mmask16 m[4];
+        for (int k = 0; k < 4; ++k) m[k] = over16(_mm512_loadu_ps(src + i + 16 * k), lim);
+        if ((m[0] | m[1] | m[2] | m[3]) != 0)
+            for (int k = 0; k < 4; ++k)
+                if (m[k]) return static_cast<std::int64_t>(i + 16 * k + __builtin_ctz(static_cast<unsigned>(m[k])));
+    }
+    const std::int64_t r = kScalarKernels.find_unencodable_f32(src + i, n - i, limit);
     return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
 }
 
@@ -283,7 +303,8 @@ std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
 
 const Kernels kAvx512Kernels = {
     x_f32_to_f16,         x_f32_to_bf16,        avx2_f16_to_f32,      avx2_bf16_to_f32,     x_quantize_q8_0,
-    x_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, x_find_nonfinite_f32, x_copy_find_nonfinite_f32,
+    x_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, x_find_nonfinite_f32, x_find_unencodable_f32,
+    x_copy_find_nonfinite_f32,
 };
 
 }  // namespace detail

@@ -20,24 +20,40 @@
 namespace dspark {
 namespace detail {
 
+// The smallest magnitude each storage cannot encode as a finite value
+// (encode_bounds in row_format.hpp; the ctest derives each by search):
+//  f16:  65520 rounds to +inf (65504 is the largest half);
+//  bf16: 0x7f7f8000 rounds up to 0x7f80 (+inf), 0x1.ffp+127;
+//  q8_0: d = amax / 127 rounds to an fp16 +inf from amax = 127 * 65520 on;
+//  q4_0: d = max / -8 does from |max| = 8 * 65520 on.
+inline constexpr float F16_LIMIT = 65520.0f;
+inline constexpr float BF16_LIMIT = 0x1.ffp+127f;
+inline constexpr float Q8_0_LIMIT = 8321040.0f;
+inline constexpr float Q4_0_LIMIT = 524160.0f;
+
 struct Kernels {
     // f32 -> f16 (IEEE binary16, round to nearest even, NaN kept quiet) and
     // f32 -> bf16 (ggml's rounding; NaN kept quiet). Both return whether any
-    // input was NaN / +-Inf: the NonFinite::Error check fused into the
-    // conversion pass (the caller looks for the index only when one was).
+    // input was unencodable (NaN, +-Inf, or a finite value whose encoding
+    // overflows: |x| >= the format's limit above): the NonFinite::Error check
+    // fused into the conversion pass (the caller looks for the index only
+    // when one was).
     bool (*f32_to_f16)(const float* src, std::uint16_t* dst, std::size_t n);
     bool (*f32_to_bf16)(const float* src, std::uint16_t* dst, std::size_t n);
     // Exact widenings.
     void (*f16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
     void (*bf16_to_f32)(const std::uint16_t* src, float* dst, std::size_t n);
     // Quantize / dequantize n_blocks blocks of 32 elements. The quantizers
-    // return whether any input was NaN / +-Inf (the check fused, as above).
+    // return whether any block was unencodable (a NaN / +-Inf, or a block
+    // scale that overflows fp16; the check fused, as above).
     bool (*quantize_q8_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
     bool (*quantize_q4_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
     void (*dequantize_q8_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
     void (*dequantize_q4_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
     // Index of the first NaN / +-Inf among n floats, or -1.
     std::int64_t (*find_nonfinite_f32)(const float* src, std::size_t n);
+    // Index of the first of n floats with !(|x| < limit) (NaN included), or -1.
+    std::int64_t (*find_unencodable_f32)(const float* src, std::size_t n, float limit);
     // Copy n floats bit for bit and return the index of the first NaN / +-Inf,
     // or -1: the f32 -> f32 ingest path, one pass over memory.
     std::int64_t (*copy_find_nonfinite_f32)(const float* src, float* dst, std::size_t n);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "dspark/errors.hpp"
 
@@ -47,6 +49,11 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     if (o.feature_dim > MAX_FEATURE_DIM)
         throw ConfigError("feature_dim (" + std::to_string(o.feature_dim) + ") must be <= 2**28");
     row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));  // ConfigError for q + D % 32
+    if (static_cast<unsigned>(o.nonfinite) >= static_cast<unsigned>(NONFINITE_COUNT))
+        throw ConfigError("unknown non-finite policy code " + std::to_string(static_cast<unsigned>(o.nonfinite)));
+    if (static_cast<unsigned>(o.stage) > static_cast<unsigned>(ElemType::BF16))
+        throw ConfigError("unknown staged element type code " + std::to_string(static_cast<unsigned>(o.stage)));
+    bounds_ = encode_bounds(o.storage, o.stage);
     w_keep_ = std::min(o.window / 2, o.window - o.block_size);
     max_rows_ = static_cast<std::size_t>(o.window + TRIM_CHUNK + o.block_size + 1);
     // The ring reserves max_rows_ rows: that size must be representable.
@@ -107,19 +114,19 @@ void Stager::check_open(std::int64_t seq) const {
 }
 
 // -- the horizon ---------------------------------------------------------------
-// See reference.py: with f the smallest end an accept can leave, a later round
-// at start >= f needs rows >= start - K if it rebases, rows >= n_cache if not;
-// it must rebase when owed or when f - pos_base + B > W.
+// See reference.py: with f the smallest end an accept can leave, the last W
+// positions before f stay stageable. Every later round needs less than that
+// (a rebase needs rows >= start - K, a plain round rows >= n_cache >=
+// pos_base > f + B - W), and keeping W instead of K rows is what lets a
+// rollback of up to W - K positions still restage a full K-row context.
+// Live rows stay <= W + B, so held rows stay under W + TRIM_CHUNK + B + 1.
 
 std::int64_t Stager::firm_end(const Seq& s) const noexcept {
     return (s.accept_open && s.tentative > 0) ? s.end - s.tentative + 1 : s.end;
 }
 
 std::int64_t Stager::horizon_after(const Seq& s) const noexcept {
-    const std::int64_t f = firm_end(s);
-    const bool forced = s.restage_owed || f - s.pos_base + opt_.block_size > opt_.window;
-    const std::int64_t need = forced ? f - w_keep_ : std::min(s.n_cache, f - w_keep_);
-    return std::max(s.horizon, need);
+    return std::max(s.horizon, firm_end(s) - opt_.window);
 }
 
 void Stager::note_size(Seq& s) noexcept {
@@ -164,34 +171,37 @@ std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const
             throw std::invalid_argument(seq_msg(seq_id) + ": positions must be contiguous (+1 each row)");
     }
     if (s.started && p0 != s.end)
-        throw std::invalid_argument(seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) +
-                                    ", got " + std::to_string(p0));
+        throw std::invalid_argument(
+            seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) + ", got " +
+            std::to_string(p0) +
+            (p0 < s.end ? " (rows up to " + std::to_string(s.end - 1) +
+                              " are buffered: was accept() not called after the verify batch, or is a rollback() "
+                              "to the target's n_past missing?)"
+                        : " (rows " + std::to_string(s.end) + ".." + std::to_string(p0 - 1) +
+                              " were never processed: every target decode must be passed to process())"));
     return p0;
 }
 
 // encode(first_row, n_rows, dst) converts input rows [first_row, first_row +
-// n_rows) into dst and returns the index (relative to first_row) of the first
-// row holding a non-finite value, or -1. check(first_row, n_rows) only checks.
+// n_rows) into dst (or only checks them when dst is null) and returns the
+// flat element index (relative to first_row's first element) of the first
+// value that cannot be staged as a finite value, or -1. value(i) is input
+// element i (flat from row 0) as f32, for the error message.
 // Atomic: nothing observable changes unless every row is accepted.
 // slots_out (external mode): the global slot of every input row, -1 for the
 // rows below the new horizon that are never stored.
-template <class Encode>
-void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible,
-                    std::int64_t* slots_out) {
+template <class Encode, class Value>
+void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
+                    bool fallible, std::int64_t* slots_out) {
     if (n == 0) return;
-    auto reject = [&](std::int64_t row) {
-        throw std::invalid_argument(seq_msg(seq_id) + ": row " + std::to_string(row) + " (position " +
-                                    std::to_string(p0 + row) + ") holds a non-finite value; nothing was appended");
-    };
+    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
+    auto reject = [&](std::int64_t flat) { throw std::invalid_argument(unstageable_message(seq_id, p0, flat, value(flat))); };
 
     // The state after a successful append, to know which input rows survive.
     Seq after_meta;
     after_meta.started = true;
     after_meta.end = p0 + static_cast<std::int64_t>(n);
     after_meta.horizon = s.started ? s.horizon : p0;
-    after_meta.n_cache = s.started ? s.n_cache : p0;
-    after_meta.pos_base = s.started ? s.pos_base : p0;
-    after_meta.restage_owed = s.restage_owed;
     after_meta.accept_open = s.accept_open;
     after_meta.tentative = s.tentative;
     if (after_meta.accept_open) {
@@ -225,7 +235,7 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n,
         std::int64_t bad = encode(skip, a.rows, a.data);
         if (b.rows) {
             const std::int64_t bad2 = encode(skip + a.rows, b.rows, b.data);
-            if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(a.rows) + bad2;
+            if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(a.rows) * dim + bad2;
         }
         // Only free slots were written: rejecting here leaves every row as it was.
         if (fallible && clean_append && bad >= 0) reject(bad);
@@ -262,33 +272,64 @@ void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_
     const bool fallible = opt_.nonfinite == NonFinite::Error;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
         const std::uint8_t* from = src + first * in_row;
-        const std::int64_t bad = dst ? encode_rows(from, type, dst, opt_.storage, count, dim, opt_.nonfinite)
-                                     : find_nonfinite(from, type, count * dim);
-        return bad < 0 ? -1 : bad / static_cast<std::int64_t>(dim);
+        return dst ? encode_rows(from, type, dst, opt_.storage, count, dim, opt_.nonfinite, bounds_)
+                   : find_unencodable(from, type, count * dim, bounds_.limit);
     };
-    ingest(seq, s, p0, n, encode, fallible);
+    auto value = [&](std::int64_t flat) { return element_value(src, type, static_cast<std::size_t>(flat)); };
+    ingest(seq, s, p0, n, encode, value, fallible);
+}
+
+std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float v) const {
+    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
+    const std::int64_t row = flat / dim;
+    char val[32];
+    std::snprintf(val, sizeof val, "%.9g", static_cast<double>(v));
+    std::string what;
+    if (std::isfinite(v)) {
+        char lim[32];
+        std::snprintf(lim, sizeof lim, "%.9g", static_cast<double>(bounds_.limit));
+        what = std::string(", which overflows ") + storage_name(opt_.storage) + " storage" +
+               (opt_.stage == ElemType::F32 ? std::string()
+                                            : std::string(" staged as ") + elem_name(opt_.stage)) +
+               " (|x| must stay below " + lim + ")";
+    } else {
+        what = ", a non-finite value";
+    }
+    return seq_msg(seq) + ": row " + std::to_string(row) + " (position " + std::to_string(p0 + row) +
+           "), channel " + std::to_string(flat % dim) + " holds " + val + what +
+           "; nothing was appended. Models with massive activations need storage=\"bf16\" (or f32), or "
+           "nonfinite=\"clamp\" to clamp to the largest value the storage can hold";
 }
 
 namespace {
-// First row (of n encoded rows) whose stored values are not all finite: the
-// element values for float storages, the block scales for q formats.
-std::int64_t first_nonfinite_encoded(const std::uint8_t* data, Storage st, std::size_t n, std::size_t dim,
-                                     std::size_t row_bytes) {
-    switch (st) {
-        case Storage::F32:
-        case Storage::F16:
-        case Storage::BF16: {
-            const ElemType t = st == Storage::F32 ? ElemType::F32 : st == Storage::F16 ? ElemType::F16 : ElemType::BF16;
-            const std::int64_t bad = find_nonfinite(data, t, n * dim);
-            return bad < 0 ? -1 : bad / static_cast<std::int64_t>(dim);
+// Flat index of the first element (of n encoded rows) that does not stage as
+// a finite value, or -1. Staged as f32, that is a non-finite stored value:
+// the element for float storages, the block scale for q formats (reported at
+// the block's first element). A narrower staged type decodes each row and
+// checks it against `limit` (encode_bounds(F32, staged).limit).
+std::int64_t first_unstageable_encoded(const std::uint8_t* data, Storage st, std::size_t n, std::size_t dim,
+                                       std::size_t row_bytes, bool narrow, float limit) {
+    if (narrow) {
+        std::vector<float> row(dim);
+        for (std::size_t r = 0; r < n; ++r) {
+            decode_rows(data + r * row_bytes, st, row.data(), ElemType::F32, 1, dim);
+            const std::int64_t i = find_unencodable(row.data(), ElemType::F32, dim, limit);
+            if (i >= 0) return static_cast<std::int64_t>(r * dim) + i;
         }
+        return -1;
+    }
+    switch (st) {
+        case Storage::F32: return find_nonfinite(data, ElemType::F32, n * dim);
+        case Storage::F16: return find_nonfinite(data, ElemType::F16, n * dim);
+        case Storage::BF16: return find_nonfinite(data, ElemType::BF16, n * dim);
         default: {
             const std::size_t block = st == Storage::Q8_0 ? Q8_0_BLOCK_BYTES : Q4_0_BLOCK_BYTES;
             for (std::size_t r = 0; r < n; ++r)
                 for (std::size_t off = 0; off < row_bytes; off += block) {
                     std::uint16_t d;
                     std::memcpy(&d, data + r * row_bytes + off, 2);
-                    if ((d & 0x7c00u) == 0x7c00u) return static_cast<std::int64_t>(r);  // fp16 inf / nan
+                    if ((d & 0x7c00u) == 0x7c00u)  // fp16 inf / nan
+                        return static_cast<std::int64_t>(r * dim + off / block * QK);
                 }
             return -1;
         }
@@ -307,12 +348,20 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
+    const bool narrow = opt_.stage != ElemType::F32;
+    const float limit = encode_bounds(Storage::F32, opt_.stage).limit;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
         const std::uint8_t* from = data + first * row_bytes_;
         if (dst) std::memcpy(dst, from, count * row_bytes_);
-        return fallible ? first_nonfinite_encoded(from, opt_.storage, count, dim, row_bytes_) : -1;
+        return fallible ? first_unstageable_encoded(from, opt_.storage, count, dim, row_bytes_, narrow, limit) : -1;
     };
-    ingest(seq, s, p0, n, encode, fallible);
+    auto value = [&](std::int64_t flat) {  // the stored value, decoded
+        std::vector<float> row(dim);
+        decode_rows(data + static_cast<std::size_t>(flat) / dim * row_bytes_, opt_.storage, row.data(), ElemType::F32,
+                    1, dim);
+        return row[static_cast<std::size_t>(flat) % dim];
+    };
+    ingest(seq, s, p0, n, encode, value, fallible);
 }
 
 void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
@@ -322,7 +371,8 @@ void Stager::process_external(std::int64_t seq, const std::int64_t* positions, s
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     // No bytes to convert or check: the owner writes the rows at the slots.
     auto encode = [](std::size_t, std::size_t, std::uint8_t*) -> std::int64_t { return -1; };
-    ingest(seq, s, p0, n, encode, false, slots_out);
+    auto value = [](std::int64_t) { return 0.0f; };  // never asked: nothing is checked
+    ingest(seq, s, p0, n, encode, value, false, slots_out);
 }
 
 // -- rounds -------------------------------------------------------------------

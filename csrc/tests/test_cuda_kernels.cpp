@@ -175,7 +175,7 @@ void check_encode_all(bool nonfinite, unsigned seed, std::size_t rows) {
     for (int in = 0; in < 3; ++in) {
         const auto src = as_type(x, static_cast<ElemType>(in));
         for (int st = 0; st < STORAGE_COUNT; ++st) {
-            for (int pol = 0; pol < 3; ++pol) {
+            for (int pol = 0; pol < NONFINITE_COUNT; ++pol) {
                 const std::size_t rb = row_bytes(static_cast<Storage>(st), DIM);
                 std::vector<std::uint8_t> want(rows * rb, 0xcd);
                 const std::int64_t wb = encode_rows(src.data(), static_cast<ElemType>(in), want.data(),
@@ -215,7 +215,7 @@ TEST_CASE(one_launch_per_contiguous_run) {
         const auto src = as_type(x, static_cast<ElemType>(in));
         for (int st = 0; st < STORAGE_COUNT; ++st) {
             std::vector<std::uint8_t> enc(64 * row_bytes(static_cast<Storage>(st), DIM));
-            for (int pol = 0; pol < 3; ++pol) {
+            for (int pol = 0; pol < NONFINITE_COUNT; ++pol) {
                 const std::size_t before = dspark_emu::launch_count();
                 gpu_encode(src.data(), in, enc.data(), st, 64 * DIM, pol, 3);
                 CHECK_EQ(dspark_emu::launch_count() - before, 1u);
@@ -284,7 +284,7 @@ TEST_CASE(odd_lengths_and_unaligned_buffers) {
                     if (st >= 3 && n % 32 != 0) continue;  // q formats hold whole blocks
                     const std::size_t nbytes = row_bytes(static_cast<Storage>(st), n);
                     const std::size_t db = st >= 3 ? 1 : elem_bytes(static_cast<ElemType>(st));
-                    for (int pol = 0; pol < 3; ++pol) {
+                    for (int pol = 0; pol < NONFINITE_COUNT; ++pol) {
                         std::vector<std::uint8_t> want(nbytes), got_buf(nbytes + 16, 0xab);
                         std::uint8_t* got = got_buf.data() + shift * db;
                         const std::int64_t wb = encode_rows(src, static_cast<ElemType>(in), want.data(),

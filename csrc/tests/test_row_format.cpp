@@ -409,6 +409,72 @@ TEST_CASE(first_nonfinite_index_is_exact_on_every_path) {
     }
 }
 
+TEST_CASE(encode_bounds_are_the_hand_derived_thresholds) {
+    // f16: 65520 is the rounding midpoint above 65504 and ties to even (+inf);
+    // bf16: 0x7f7f8000 rounds up to 0x7f80; q8_0: d = amax / 127 reaches 65520
+    // at amax = 127 * 65520; q4_0: d = max / -8 at |max| = 8 * 65520.
+    const float inf = std::numeric_limits<float>::infinity();
+    const float lim[] = {inf, 65520.0f, from_bits(0x7f7f8000u), 127.0f * 65520.0f, 8.0f * 65520.0f};
+    for (int s = 0; s < STORAGE_COUNT; ++s) {
+        const EncodeBounds b = encode_bounds(static_cast<Storage>(s));
+        CHECK(b.limit == lim[s]);
+        CHECK(b.clamp_to == std::nextafter(lim[s], 0.0f));
+    }
+    // Staged as f16, nothing at or above 65520 may pass, whatever the storage;
+    // bf16 storage rounds 65408 up to 65536 (+inf once staged as f16).
+    CHECK(encode_bounds(Storage::F32, ElemType::F16).limit == 65520.0f);
+    CHECK(encode_bounds(Storage::BF16, ElemType::F16).limit == 65408.0f);
+    CHECK(encode_bounds(Storage::Q8_0, ElemType::F16).limit <= 65520.0f);
+    CHECK(encode_bounds(Storage::F16, ElemType::BF16).limit == 65520.0f);
+}
+
+TEST_CASE(overflow_is_unencodable_on_every_path) {
+    // A finite value whose encoding overflows is flagged like a NaN: at the
+    // limit it is, just below it it is not, at SIMD-group, chunk and tail
+    // positions, on every path.
+    PathGuard g;
+    const std::size_t n = 32 * 300;
+    const std::size_t spots[] = {0, 31, 255, 4096, 9000, 9599};
+    for (SimdPath p : paths()) {
+        set_simd_path(p);
+        for (int s = 1; s < STORAGE_COUNT; ++s) {
+            const auto st = static_cast<Storage>(s);
+            const EncodeBounds b = encode_bounds(st);
+            for (std::size_t spot : spots) {
+                for (float sign : {1.0f, -1.0f}) {
+                    std::vector<float> x(n);
+                    for (std::size_t i = 0; i < n; ++i) x[i] = std::cos(0.01f * static_cast<float>(i));
+                    std::vector<std::uint8_t> out(row_bytes(st, n));
+                    x[spot] = sign * b.clamp_to;
+                    CHECK_EQ(encode_rows(x.data(), ElemType::F32, out.data(), st, 1, n, NonFinite::Error), -1);
+                    x[spot] = sign * b.limit;
+                    CHECK_EQ(encode_rows(x.data(), ElemType::F32, out.data(), st, 1, n, NonFinite::Error),
+                             static_cast<std::int64_t>(spot));
+                    CHECK_EQ(find_unencodable(x.data(), ElemType::F32, n, b.limit), static_cast<std::int64_t>(spot));
+                    // Zero and Clamp leave nothing unencodable behind.
+                    for (NonFinite pol : {NonFinite::Zero, NonFinite::Clamp, NonFinite::ClampF16}) {
+                        encode_rows(x.data(), ElemType::F32, out.data(), st, 1, n, pol);
+                        std::vector<float> back(n);
+                        decode_rows(out.data(), st, back.data(), ElemType::F32, 1, n);
+                        CHECK_EQ(find_nonfinite(back.data(), ElemType::F32, n), -1);
+                        const float want = pol == NonFinite::Zero       ? 0.0f
+                                           : pol == NonFinite::ClampF16 ? std::min(65504.0f, b.clamp_to)
+                                                                        : b.clamp_to;
+                        if (st == Storage::F16 || st == Storage::BF16) {  // element formats: exactly want, encoded
+                            std::uint16_t h;
+                            float w;
+                            const float v = sign * want;
+                            encode_rows(&v, ElemType::F32, &h, st, 1, 1, NonFinite::Error);
+                            decode_rows(&h, st, &w, ElemType::F32, 1, 1);
+                            CHECK(back[spot] == w);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 TEST_CASE(f32_to_f16_random_bits_match_across_paths) {
     PathGuard g;
     std::mt19937 rng(7);

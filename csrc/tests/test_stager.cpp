@@ -196,10 +196,10 @@ TEST_CASE(fork_is_independent_and_shift_moves_rows) {
     CHECK_EQ(s.state(1).end, 9);
     RoundPlan p = s.draft(1, 9, rows);
     CHECK(p.rebase);
-    // The fork owes a restage, so its horizon is 13 - K = 5: after the shift
-    // the stageable rows are old [6, 13) at [2, 9) (old [0, 2) lie below it).
-    CHECK_EQ(p.n_rows, 7);
-    CHECK(first_value(rows, 0) == 6.0f && first_value(rows, 4) == 10.75f);
+    // The horizon stays at 0 (13 - W < 0): after the shift the stageable rows
+    // are old [0, 2) and [6, 13) at [0, 9); the rebase keeps the newest K = 8.
+    CHECK_EQ(p.n_rows, 8);
+    CHECK(first_value(rows, 0) == 1.0f && first_value(rows, 1) == 6.0f && first_value(rows, 5) == 10.75f);
     CHECK_THROWS(s.fork(1, 0), StateError);  // open round on the source
     CHECK_THROWS(s.fork(0, 0), std::invalid_argument);
 }

@@ -38,12 +38,18 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
         Error
         Zero
         ClampF16
+        Clamp
 
     enum class SimdPath(uint8_t):
         Scalar
         Avx2
         Avx512
 
+    cdef cppclass EncodeBounds:
+        float limit
+        float clamp_to
+
+    EncodeBounds encode_bounds(Storage s, ElemType staged) except +dspark_translate_exception
     size_t row_bytes(Storage s, size_t dim) except +dspark_translate_exception
     size_t elem_bytes(ElemType t)
     const char* storage_name(Storage s)

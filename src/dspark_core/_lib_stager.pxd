@@ -43,6 +43,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         Storage storage
         int64_t max_failures
         NonFinite nonfinite
+        ElemType stage
         RowMode rows
 
     # dspark::Skip::None (0) cannot be named from Cython: compare <int>skip with 0.

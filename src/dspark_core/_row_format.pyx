@@ -13,7 +13,7 @@ from libc.stdint cimport int64_t, uint8_t
 from libcpp.string_view cimport string_view
 
 from dspark_core._lib_row_format cimport (
-    Storage, ElemType, NonFinite, SimdPath,
+    Storage, ElemType, NonFinite, SimdPath, EncodeBounds, encode_bounds as c_encode_bounds,
     row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name,
     encode_rows, decode_rows, find_nonfinite as c_find_nonfinite,
     simd_supported, best_simd_path as c_best_simd_path,
@@ -31,7 +31,7 @@ _BF16 = np.dtype(ml_dtypes.bfloat16)
 _U8 = np.dtype(np.uint8)
 
 # Python-side codes of the C++ enums (NonFinite, SimdPath).
-_POLICIES = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2}
+_POLICIES = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2, "clamp": 3}
 _PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
 
 
@@ -114,6 +114,13 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
     with nogil:
         bad = encode_rows(sp, et, dp, s, n, dim, pol)
     return out, bad
+
+
+def bounds(str storage, staged=np.float32):
+    """``(limit, clamp_to)`` of ``storage`` decoded to ``staged``: ``|x| < limit``
+    stays finite; ``clamp_to`` is the largest magnitude that does."""
+    cdef EncodeBounds b = c_encode_bounds(_storage(storage), _elem_of_dtype(staged, "bounds"))
+    return float(b.limit), float(b.clamp_to)
 
 
 def decode(cnp.ndarray data not None, str storage, size_t dim, out_dtype=np.float32, cnp.ndarray out=None):

@@ -30,8 +30,9 @@ from dspark_core._lib_stager cimport (
 from dspark_core._args import (
     as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, require_held_rows, row_dtype_code,
 )
-from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, StagerConfig
+from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
+from dspark_core.protocol_mismatch import MismatchGuard
 from dspark_core.slot_moves import SlotMoves, no_moves
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core import _row_format
@@ -166,6 +167,7 @@ cdef class Stager:
     cdef bint _view_rows
     cdef bint _external
     cdef object _decoder
+    cdef object _mismatch
     cdef int64_t _moves_issued
 
     def __cinit__(self, config):
@@ -179,6 +181,7 @@ cdef class Stager:
         o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
         o.max_failures = config.max_failures
         o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
+        o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
         o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
         self._core = new CStager(o)
         self._external = o.rows == RowMode.External
@@ -194,6 +197,7 @@ cdef class Stager:
         # Otherwise plan.rows decodes lazily with this (built once, not per plan).
         self._decoder = None if self._view_rows else functools.partial(
             _row_format.decode, storage=config.storage, dim=self._D, out_dtype=self._stage_dtype)
+        self._mismatch = MismatchGuard(config.strict)
 
     def __dealloc__(self):
         del self._core
@@ -263,6 +267,7 @@ cdef class Stager:
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.begin(s)
+        self._mismatch.reset(s)
 
     def process(self, seq, positions, rows=None):
         """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``.
@@ -337,11 +342,15 @@ cdef class Stager:
         with nogil:
             self._core.check_ready(s)
         cdef int64_t start = n_past if type(n_past) is int and 0 <= n_past < C_MAX_POSITION else as_count("n_past", n_past)
+        if self._mismatch.strict:
+            self._mismatch.check(s, start, self.state(s))
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
         cdef RoundPlan p
         with nogil:
             p = self._core.draft(s, start, out.v)
+        if <int>p.skip == <int>Skip.MissingRows:
+            self._mismatch.skipped(s, start, self._core.state(s).end)
         return self._plan(p, np.frombuffer(out, _U8), 0)
 
     def draft_many(self, seqs, n_pasts):
@@ -361,6 +370,9 @@ cdef class Stager:
             raise ValueError("draft_many: sequence ids must be unique")
         for x in past_list:
             as_count("n_past", x)
+        if self._mismatch.strict:  # before anything opens: a rejected batch changes nothing
+            for x, p in zip(seq_list, past_list):
+                self._mismatch.check(x, p, self.state(x))
         sv = np.asarray(seq_list, dtype=np.int64)
         pv = np.asarray(past_list, dtype=np.int64)
         cdef size_t n = len(seq_list)
@@ -376,6 +388,8 @@ cdef class Stager:
         cdef size_t offset = 0
         cdef size_t i
         for i in range(plans.size()):
+            if <int>plans[i].skip == <int>Skip.MissingRows:
+                self._mismatch.skipped(plans[i].seq, plans[i].start, self._core.state(plans[i].seq).end)
             result.append(self._plan(plans[i], data, offset))
             offset += plans[i].n_rows * self._row_bytes
         return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,

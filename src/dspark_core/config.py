@@ -44,7 +44,7 @@ STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 STAGE_DTYPES = ("float32", "float16", "bfloat16")
 
 #: What ``process`` does with NaN / Inf inputs.
-NONFINITE_POLICIES = ("error", "zero", "clamp_f16")
+NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "clamp")
 
 #: Who holds the feature rows: the Stager ("held") or the server ("external":
 #: the Stager keeps only the ring's bookkeeping and hands out slots). Mirrors
@@ -131,7 +131,17 @@ class StagerConfig:
         max_failures: consecutive ``fail`` calls after which a sequence is
             disabled (until ``begin``).
         stage_dtype: dtype of ``plan.rows`` (``float32``, ``float16`` or ``bfloat16``).
-        nonfinite: ``"error"`` (reject the call), ``"zero"`` or ``"clamp_f16"``.
+        nonfinite: what a value the rows cannot carry does: NaN, +-Inf, or a
+            finite value whose encoding overflows (e.g. |x| >= 65520 in f16
+            storage or when staged as float16; a q8_0 / q4_0 block whose fp16
+            scale overflows). ``"error"`` (default) rejects the call,
+            ``"zero"`` stores 0, ``"clamp"`` clamps to the largest value the
+            storage (and stage dtype) can hold (NaN -> 0), ``"clamp_f16"``
+            clamps to +-65504 as well (llama.cpp's fp16 drafter caches).
+        strict: raise :class:`StateError` from ``draft`` when the server's
+            ``n_past`` disagrees with the buffered rows (a forgotten
+            ``accept`` / ``rollback`` / ``process``) instead of skipping with
+            ``"missing_rows"`` and logging one warning per sequence.
         rows: ``"held"`` (the Stager keeps the rows; plans carry them) or
             ``"external"`` (the server keeps them in a table of
             ``max_seqs * ring_rows`` rows: ``process`` returns the slots to
@@ -150,6 +160,7 @@ class StagerConfig:
     max_failures: int = 3
     stage_dtype: str = "float32"
     nonfinite: str = "error"
+    strict: bool = False
     rows: str = "held"
 
     def __post_init__(self) -> None:
@@ -177,6 +188,8 @@ class StagerConfig:
                 f"storage {self.storage!r} needs feature_dim % 32 == 0, got feature_dim {self.feature_dim}"
             )
         set_(self, "stage_dtype", stage_dtype_name(self.stage_dtype))
+        if not isinstance(self.strict, bool):
+            raise ConfigError(f"strict must be a bool, got {self.strict!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ConfigError(f"nonfinite {self.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
         if self.rows not in ROW_MODES:

@@ -74,7 +74,7 @@ _U16 = np.dtype(np.uint16)
 
 _ELEM = {_F32: 0, _F16: 1, _BF16: 2}
 _STORAGE = {name: i for i, name in enumerate(formats.STORAGES)}
-_POLICY = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2}
+_POLICY = {"error": 0, "keep": 0, "zero": 1, "clamp_f16": 2, "clamp": 3}
 _NAMES = {_F32: "float32", _F16: "float16", _BF16: "bfloat16", _U8: "uint8"}
 
 # DLPack device types.
@@ -534,7 +534,8 @@ def quantize_rows(
 
     ``nonfinite``: ``"error"`` (waits for the kernel, then raises ValueError
     naming the row and column of the first NaN / Inf), ``"keep"`` (convert
-    as-is, asynchronous), ``"zero"``, ``"clamp_f16"``.
+    as-is, asynchronous), ``"zero"``, ``"clamp"``, ``"clamp_f16"`` (as
+    :func:`dspark_core.formats.quantize_rows`; overflow counts as non-finite).
     """
     if nonfinite not in _POLICY:
         raise ValueError(f"nonfinite must be one of {tuple(_POLICY)}, got {nonfinite!r}")
@@ -570,10 +571,7 @@ def quantize_rows(
         r, c = divmod(int(bad), dim)
         raw = cu.copy_to_host(a.ptr + int(bad) * dt.itemsize, dt.itemsize)
         v = float(np.frombuffer(raw, dtype=dt)[0].astype(np.float32))
-        raise ValueError(
-            f"non-finite value {v!r} at row {r}, column {c} (nonfinite='error'; "
-            "use nonfinite='zero', 'clamp_f16' or 'keep' to accept it)"
-        )
+        raise ValueError(formats.unencodable_message(v, r, c, storage))
     return out
 
 

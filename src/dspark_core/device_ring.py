@@ -45,7 +45,7 @@ import numpy as np
 
 from . import cuda, formats
 from ._args import as_positions
-from .errors import StateError
+from .errors import ConfigError, StateError
 from .slot_moves import SlotMoves
 from .stage_plan import BatchPlan, StagePlan
 
@@ -101,6 +101,16 @@ class DeviceRing:
         self.storage = cfg.storage if storage is None else storage
         self.feature_dim = int(cfg.feature_dim)
         self.row_bytes = formats.row_bytes(self.storage, self.feature_dim)  # ConfigError for q + D % 32
+        # The kernels check and clamp against the storage's bounds; a held Stager also
+        # narrows them to its stage dtype (f32 rows staged as float16 must stay below
+        # 65520). Where that differs the ring could not give held mode's answer.
+        stage = cuda._stage_dtype(cfg.stage_dtype)
+        if formats.encode_bounds(self.storage, stage) != formats.encode_bounds(self.storage):
+            raise ConfigError(
+                f"DeviceRing: storage {self.storage!r} rows staged as {cfg.stage_dtype} would need tighter bounds than "
+                f"the device kernels check ({self.storage}'s own); configure the Stager with stage_dtype float32 or "
+                f"bfloat16 (gather(plan, dtype) still decodes to any dtype) or use storage 'f16'"
+            )
         self.ring_rows = int(stager.ring_rows)
         self.rows = int(cfg.max_seqs) * self.ring_rows
         self.stage_dtype = cuda._stage_dtype(cfg.stage_dtype)

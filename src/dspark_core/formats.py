@@ -17,7 +17,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+import math
+from typing import Iterator, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -25,6 +26,8 @@ import numpy as np
 from . import _row_format
 
 __all__ = [
+    "EncodeBounds",
+    "encode_bounds",
     "STORAGES",
     "NONFINITE_POLICIES",
     "quantize_rows",
@@ -43,7 +46,7 @@ __all__ = [
 STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 
 #: What :func:`quantize_rows` does with NaN / +-Inf inputs.
-NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "keep")
+NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "clamp", "keep")
 
 #: Input / output element dtypes.
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -102,12 +105,17 @@ def quantize_rows(
     float16 / bfloat16 (ml_dtypes) (n, D) for ``f16`` / ``bf16``; a float32
     copy for ``f32``. A 1-D input is one row (the result is still 2-D).
 
-    ``nonfinite`` decides what NaN / +-Inf inputs do:
+    ``nonfinite`` decides what values the storage cannot carry do: NaN, +-Inf,
+    and finite values whose encoding overflows (``|x| >= limit`` of
+    :func:`encode_bounds`: 65520 for f16, 127 * 65520 for q8_0, 8 * 65520 for
+    q4_0, where the block's fp16 scale would overflow):
 
-    * ``"error"`` (default): raise ``ValueError`` naming the row and column of
-      the first non-finite value;
+    * ``"error"`` (default): raise ``ValueError`` naming the row, column and
+      value of the first such value;
     * ``"zero"``: replace them with 0;
-    * ``"clamp_f16"``: NaN -> 0, then clamp every value to [-65504, 65504];
+    * ``"clamp"``: NaN -> 0, then clamp every value to the largest magnitude
+      the storage encodes as a finite value (``encode_bounds(storage).clamp_to``);
+    * ``"clamp_f16"``: the same, bounded by [-65504, 65504] as well;
     * ``"keep"``: convert as-is (NaN stays a quiet NaN, as gguf-py does; a q
       block holding a NaN gets ``d = NaN`` and zero quants).
 
@@ -126,11 +134,44 @@ def quantize_rows(
         dim = rows.shape[1]
         r, c = divmod(int(bad), dim)
         v = rows.reshape(-1)[bad]
-        raise ValueError(
-            f"non-finite value {float(v)!r} at row {r}, column {c} (nonfinite='error'; "
-            "use nonfinite='zero', 'clamp_f16' or 'keep' to accept it)"
-        )
+        raise ValueError(unencodable_message(float(v), r, c, storage))
     return out
+
+
+class EncodeBounds(NamedTuple):
+    """Which values a conversion carries as finite values (see :func:`encode_bounds`)."""
+
+    #: ``|x| < limit`` encodes (and stages) to a finite value.
+    limit: float
+    #: The largest magnitude that does: what ``nonfinite="clamp"`` clamps to.
+    clamp_to: float
+
+
+def encode_bounds(storage: str, stage_dtype: object = np.float32) -> EncodeBounds:
+    """The bounds of ``storage`` rows decoded to ``stage_dtype`` (default float32: the storage alone).
+
+    f32: ``(inf, FLT_MAX)``; f16: ``65520`` (which rounds to +inf); bf16:
+    ``0x1.ffp+127``; q8_0 ``127 * 65520`` and q4_0 ``8 * 65520`` (the block's
+    fp16 scale ``amax / 127`` or ``max / -8`` overflows). A Stager whose
+    ``stage_dtype`` is float16 carries only what stays finite after that last
+    narrowing as well (e.g. f32 storage staged as float16: 65520).
+    """
+    _check_float_dtype(stage_dtype, "encode_bounds stage_dtype")
+    limit, clamp_to = _row_format.bounds(storage, np.dtype(stage_dtype))  # type: ignore[call-overload]
+    return EncodeBounds(limit, clamp_to)
+
+
+def unencodable_message(value: float, row: int, column: int, storage: str) -> str:
+    """The ``nonfinite="error"`` message of :func:`quantize_rows` (and the reference's)."""
+    what = (
+        f"{value:.9g}, which overflows {storage} (|x| must stay below {encode_bounds(storage).limit:.9g})"
+        if math.isfinite(value)
+        else f"{value!r}, a non-finite value"
+    )
+    return (
+        f"row {row}, column {column} holds {what} (nonfinite='error'; use storage='bf16' for rows with "
+        "massive activations, or nonfinite='clamp', 'zero' or 'keep')"
+    )
 
 
 def dequantize_rows(

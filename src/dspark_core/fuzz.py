@@ -178,7 +178,12 @@ def target_decode(data: bytes) -> None:
 FLOAT_EDGE_BITS: tuple[tuple[int, int], ...] = tuple(
     [(v, 4) for v in (0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7F801FFF,
                       0x7F802000, 0x7FA00000, 0x7FFFFFFF, 0x7F7FFFFF, 0x477FE000, 0x477FF000, 0x47800000,
-                      0x38800000, 0x387FE000, 0x33000000, 0x33000001, 0x00000001, 0x80000000)]
+                      0x38800000, 0x387FE000, 0x33000000, 0x33000001, 0x00000001, 0x80000000,
+                      # overflow edges (encode_bounds): f16 65519.996 / 65520, bf16 0x1.ffp127 and
+                      # just below, q8_0 127 * 65520 and below, q4_0 8 * 65520 and below, and a
+                      # massive activation (87,929) with its negative
+                      0x477FEFFF, 0x7F7F7FFF, 0x7F7F8000, 0x4AFDF01F, 0x4AFDF020, 0x48FFEFFF, 0x48FFF000,
+                      0x47ABBC80, 0xC7ABBC80)]
     + [(v, 2) for v in (0x7C00, 0xFC00, 0x7E00, 0x7C01, 0x7D00, 0x7FFF, 0x7BFF, 0x0001, 0x0400, 0x8000,
                         0x7F80, 0xFF80, 0x7FC0, 0x7F81, 0x7F7F)]
 )

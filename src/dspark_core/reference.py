@@ -24,15 +24,17 @@ State of one sequence (all positions absolute):
 
 Horizon rule (what keeps memory bounded while prompts are far longer than
 the window, without ever changing what a later round stages). With ``f`` the
-firm end (the smallest end an ``accept`` can leave), a future round starting
-at ``start >= f`` needs rows ``>= start - K`` when it rebases, and rows
-``>= n_cache`` when it does not; it must rebase when a rebase is owed or
-``f - pos_base + B > W``. Hence::
+firm end (the smallest end an ``accept`` can leave), the last ``W`` positions
+before ``f`` stay stageable::
 
-    horizon = max(horizon, f - K if forced else min(n_cache, f - K))
+    horizon = max(horizon, f - W)
 
-which bounds live rows by ``W`` (plus the dead head below the horizon that
-the core has not trimmed yet: fewer than ``TRIM_CHUNK`` rows).
+A later round never needs more: a rebase stages rows ``>= start - K`` and a
+plain round rows ``>= n_cache >= pos_base > f + B - W``. Keeping ``W`` rather
+than ``K`` rows is what lets a rollback of up to ``W - K`` positions (a
+regenerate, an edited message) restage a full ``K``-row context. Live rows
+stay ``<= W + B`` (plus the dead head below the horizon that the core has not
+trimmed yet: fewer than ``TRIM_CHUNK`` rows), inside ``W + TRIM_CHUNK + B + 1``.
 
 Slots. Besides the rows, each sequence drives a :class:`RingModel`: the
 core's ring bookkeeping (head, head slot, count, capacity) at the same points
@@ -57,6 +59,7 @@ from .config import STORAGES, TRIM_CHUNK, StagerConfig
 from .reference_ring import RingModel
 from .slot_moves import SlotMoves, no_moves
 from .errors import StateError
+from .protocol_mismatch import MismatchGuard
 from .stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
@@ -108,6 +111,7 @@ class ReferenceStager:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
+        self._mismatch = MismatchGuard(config.strict)
         self._external = config.external_rows
         self.moves_issued = 0
         self._seqs = [_Seq(ring=RingModel(config.ring_rows)) for _ in range(config.max_seqs)]
@@ -158,11 +162,7 @@ class ReferenceStager:
     def _update_horizon(self, st: _Seq) -> None:
         if not st.started:
             return
-        c = self.config
-        k = c.w_keep
-        f = self._firm_end(st)
-        forced = st.restage_owed or f - st.pos_base + c.block_size > c.window
-        need = f - k if forced else min(st.n_cache, f - k)
+        need = self._firm_end(st) - self.config.window
         if need > st.horizon:
             st.horizon = need
         for p in [p for p in st.rows if p < st.horizon]:
@@ -170,17 +170,23 @@ class ReferenceStager:
 
     def _encode(self, seq: int, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
         c = self.config
-        wide = rows.astype(np.float32)
         if c.nonfinite == "error":
-            bad = np.argwhere(~np.isfinite(wide))
-            if len(bad):
-                r = int(bad[0][0])
-                raise ValueError(
-                    f"sequence {seq}: row {r} (position {int(positions[r])}) holds a non-finite value; "
-                    "nothing was appended"
-                )
-        enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite)
+            self._check_stageable(seq, positions, rows.astype(np.float32))
+        enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite, c.stage_dtype)
         return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), c.row_bytes)
+
+    def _check_stageable(self, seq: int, positions: np.ndarray, values: np.ndarray) -> None:
+        """Raise unless every value stays finite once stored and staged (overflow included)."""
+        c = self.config
+        limit, _ = rf.bounds(c.storage, c.stage_dtype)
+        with np.errstate(invalid="ignore"):
+            bad = np.argwhere(~(np.abs(values) < np.float32(limit)))
+        if len(bad):
+            r, ch = (int(v) for v in bad[0])
+            raise ValueError(
+                f"sequence {seq}: row {r} (position {int(positions[r])}), channel {ch} holds "
+                f"{float(values[r, ch]):.9g}; nothing was appended"
+            )
 
     def _decode(self, encoded: np.ndarray) -> np.ndarray:
         c = self.config
@@ -194,6 +200,7 @@ class ReferenceStager:
         i, old = self._closed(seq)
         old.ring.reset(0)  # the core keeps the ring (and its capacity) of a reused slot
         self._seqs[i] = _Seq(ring=old.ring)
+        self._mismatch.reset(i)
 
     def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
         """Buffer the target's capture rows at absolute ``positions``.
@@ -236,31 +243,32 @@ class ReferenceStager:
             return
         self._check_positions(i, st, pos)
         if c.nonfinite == "error":
-            bad = self._first_nonfinite_encoded(enc)
-            if bad is not None:
+            # Staged as float32 this is a non-finite stored value (a q block
+            # scale that is inf / nan makes every value of its block one).
+            staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
+            limit, _ = rf.bounds("f32", c.stage_dtype)
+            with np.errstate(invalid="ignore"):
+                bad = np.argwhere(~(np.abs(staged) < np.float32(limit)))
+            if len(bad):
+                r, ch = (int(v) for v in bad[0])
                 raise ValueError(
-                    f"sequence {i}: row {bad} (position {int(pos[bad])}) holds a non-finite value; "
-                    "nothing was appended"
+                    f"sequence {i}: row {r} (position {int(pos[r])}), channel {ch} holds "
+                    f"{float(staged[r, ch]):.9g}; nothing was appended"
                 )
         self._append(i, st, int(pos[0]), enc.copy(), n)
-
-    def _first_nonfinite_encoded(self, enc: np.ndarray) -> int | None:
-        """First row whose stored values (float storages) or block scales (q formats) are not finite."""
-        c = self.config
-        if c.storage.startswith("q"):
-            block = 34 if c.storage == "q8_0" else 18
-            scales = enc.reshape(len(enc), -1, block)[:, :, :2].copy().view(np.float16)[..., 0]
-            bad_rows = np.flatnonzero(~np.isfinite(scales.astype(np.float32)).all(axis=1))
-        else:
-            values = rf.decode(enc, c.storage, c.feature_dim, np.float32)
-            bad_rows = np.flatnonzero(~np.isfinite(values).all(axis=1))
-        return int(bad_rows[0]) if len(bad_rows) else None
 
     def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
         if len(pos) > 1 and not np.all(np.diff(pos) == 1):
             raise ValueError(f"sequence {i}: positions must be contiguous (+1 each row)")
         if st.started and int(pos[0]) != st.end:
-            raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {int(pos[0])}")
+            p0 = int(pos[0])
+            why = (
+                f"rows up to {st.end - 1} are buffered: was accept() not called after the verify batch, "
+                "or is a rollback() to the target's n_past missing?"
+                if p0 < st.end
+                else f"rows {st.end}..{p0 - 1} were never processed: every target decode must be passed to process()"
+            )
+            raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {p0} ({why})")
 
     def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int) -> list[int]:
         """Append n rows (``enc``: their bytes, None in external mode); returns their slots."""
@@ -320,6 +328,8 @@ class ReferenceStager:
         reason = self._skip_reason(st, start)
         if reason is not None:
             st.stats["skips"] += 1
+            if reason == "missing_rows":
+                self._mismatch.skipped(i, start, st.end)
             return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=c.row_bytes,
                                      stage_dtype=c.numpy_stage_dtype, external=self._external)
         rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
@@ -356,6 +366,7 @@ class ReferenceStager:
         """Plan this round for a target at ``n_past``; opens a round unless skipped."""
         i, st = self._closed(seq)
         start = as_count("n_past", n_past)
+        self._mismatch.check(i, start, self.state(i))
         return self._draft_checked(i, st, start)
 
     def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int]) -> BatchPlan:
@@ -372,6 +383,8 @@ class ReferenceStager:
             raise ValueError("draft_many: sequence ids must be unique")
         for p in past_list:
             as_count("n_past", p)
+        for s, p in zip(seq_list, past_list):
+            self._mismatch.check(s, p, self.state(s))
         c = self.config
         return BatchPlan(
             [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],

@@ -14,11 +14,13 @@ element, which gives +0 (0x0000) when that element is ``-0.0``.
 
 from __future__ import annotations
 
+import functools
+
 import gguf
 import ml_dtypes
 import numpy as np
 
-__all__ = ["encode", "decode", "apply_nonfinite", "STORAGES"]
+__all__ = ["encode", "decode", "apply_nonfinite", "bounds", "STORAGES"]
 
 STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
 _QT = {
@@ -40,21 +42,60 @@ def _rows_f32(x: np.ndarray) -> np.ndarray:
     return np.array(x, dtype=np.float32)  # a copy, so policies can edit it
 
 
-def apply_nonfinite(x: np.ndarray, nonfinite: str) -> np.ndarray:
-    """Apply a non-finite policy to float32 ``x`` (2-D), returning float32."""
+def bounds(storage: str, staged: str = "float32") -> tuple[float, float]:
+    """``(limit, clamp_to)``: ``|x| < limit`` encodes in ``storage`` and decodes
+    to ``staged`` as a finite value; ``clamp_to`` is the largest such magnitude.
+
+    Found from the definition by bisection over float32 bit patterns, with
+    gguf-py / numpy doing every conversion (a block of 32 copies of ``x``);
+    every step of that round trip is monotone in ``|x|``.
+    """
+    return _bounds(storage, np.dtype(_BF16 if staged == "bfloat16" else staged).name)
+
+
+@functools.lru_cache(maxsize=None)
+def _bounds(storage: str, staged: str) -> tuple[float, float]:
+    out = _BF16 if staged == "bfloat16" else np.dtype(staged)
+
+    def finite(bits: int) -> bool:
+        x = np.full((1, 32), bits, np.uint32).view(np.float32)
+        back = decode(encode(x, storage, "keep"), storage, 32, out)
+        return bool(np.isfinite(back.astype(np.float32)).all())
+
+    lo, hi = 0, 0x7F800000  # +0 is finite everywhere, +inf nowhere
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if finite(mid):
+            lo = mid
+        else:
+            hi = mid
+    as_f32 = np.array([hi, lo], np.uint32).view(np.float32)
+    return float(as_f32[0]), float(as_f32[1])
+
+
+def apply_nonfinite(x: np.ndarray, nonfinite: str, storage: str = "f32", staged: str = "float32") -> np.ndarray:
+    """Apply a policy to float32 ``x`` (2-D) before encoding it as ``storage``.
+
+    A value is unencodable when ``!(|x| < limit)`` (:func:`bounds`): NaN,
+    +-Inf, or a finite value whose encoding (or staged form) overflows.
+    """
     if nonfinite in ("keep",):
         return x
+    limit, clamp_to = bounds(storage, staged)
+    with np.errstate(invalid="ignore"):
+        ok = np.abs(x) < np.float32(limit)
     if nonfinite == "error":
-        bad = np.flatnonzero(~np.isfinite(x))
+        bad = np.flatnonzero(~ok)
         if bad.size:
             r, c = divmod(int(bad[0]), x.shape[1])
-            raise ValueError(f"non-finite value {float(x[r, c])!r} at row {r}, column {c}")
+            raise ValueError(f"unencodable value {float(x[r, c])!r} at row {r}, column {c} ({storage})")
         return x
     if nonfinite == "zero":
-        return np.where(np.isfinite(x), x, np.float32(0)).astype(np.float32)
-    if nonfinite == "clamp_f16":
+        return np.where(ok, x, np.float32(0)).astype(np.float32)
+    if nonfinite in ("clamp", "clamp_f16"):
+        hi = np.float32(min(65504.0, clamp_to) if nonfinite == "clamp_f16" else clamp_to)
         x = np.where(np.isnan(x), np.float32(0), x)
-        return np.clip(x, np.float32(-65504), np.float32(65504)).astype(np.float32)
+        return np.clip(x, -hi, hi).astype(np.float32)
     raise ValueError(f"unknown nonfinite policy {nonfinite!r}")
 
 
@@ -63,7 +104,7 @@ def _bf16_bits(x: np.ndarray) -> np.ndarray:
     return gguf.quantize(np.ascontiguousarray(x, dtype=np.float32), _QT["bf16"]).view(np.uint16)
 
 
-def encode(x: np.ndarray, storage: str, nonfinite: str = "error") -> np.ndarray:
+def encode(x: np.ndarray, storage: str, nonfinite: str = "error", staged: str = "float32") -> np.ndarray:
     """Encode rows of ``x`` (2-D, or 1-D as one row) as ``storage``.
 
     Returns float32 / float16 / bfloat16 (n, D) for the float formats and
@@ -71,7 +112,7 @@ def encode(x: np.ndarray, storage: str, nonfinite: str = "error") -> np.ndarray:
     """
     if storage not in STORAGES:
         raise ValueError(f"unknown storage {storage!r}")
-    x = apply_nonfinite(_rows_f32(x), nonfinite)
+    x = apply_nonfinite(_rows_f32(x), nonfinite, storage, staged)
     n, dim = x.shape
     if storage == "f32":
         return x

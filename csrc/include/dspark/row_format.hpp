@@ -24,16 +24,34 @@ inline constexpr int STORAGE_COUNT = 5;
 // Plain float element types rows arrive in and are staged out in.
 enum class ElemType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
 
-// What encoding does with NaN / +-Inf inputs.
-//  Error:    convert as-is (NaN kept quiet) and report the first non-finite
+// What encoding does with values it cannot encode as finite values: NaN,
+// +-Inf, and finite values whose encoding overflows (|x| >= the bounds'
+// limit, see EncodeBounds). Overflow is non-finite too: real models have
+// "massive activation" channels near 1e5, above f16's 65,504.
+//  Error:    convert as-is (NaN kept quiet) and report the first unencodable
 //            element; the caller decides (the stager rejects the whole call).
-//  Zero:     non-finite -> 0.
+//  Zero:     unencodable -> 0.
 //  ClampF16: NaN -> 0, everything clamped to [-65504, 65504] (llama.cpp's
-//            DFlash path for fp16 drafter caches).
-enum class NonFinite : std::uint8_t { Error = 0, Zero = 1, ClampF16 = 2 };
+//            DFlash path for fp16 drafter caches), and to the bounds.
+//  Clamp:    NaN -> 0, everything clamped to [-clamp_to, clamp_to].
+enum class NonFinite : std::uint8_t { Error = 0, Zero = 1, ClampF16 = 2, Clamp = 3 };
+inline constexpr int NONFINITE_COUNT = 4;
 
 // SIMD kernel families. Every path produces identical bytes.
 enum class SimdPath : std::uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+
+// Which values a conversion carries as finite values. |x| < limit encodes
+// to a finite value; clamp_to is the largest magnitude that does (what the
+// Clamp policy clamps to; its encoding is the format's largest value, e.g.
+// 65504 for f16, 127 * 65504 for q8_0). Exactly derived by search over the
+// scalar conversions, so every path and the reference agree on it.
+struct EncodeBounds {
+    float limit;
+    float clamp_to;
+};
+// Bounds of storage `s` alone, or of `s` decoded to `staged` (rows a Stager
+// stages as f16 must also stay finite after that last narrowing).
+EncodeBounds encode_bounds(Storage s, ElemType staged = ElemType::F32);
 
 // Bytes of one row of `dim` elements in `s`. Throws ConfigError when a q
 // format gets dim % 32 != 0 or dim == 0.
@@ -42,19 +60,29 @@ std::size_t elem_bytes(ElemType t) noexcept;
 
 // Names used across the Python API: "f32", "f16", "bf16", "q8_0", "q4_0".
 const char* storage_name(Storage s) noexcept;
+// numpy's names: "float32", "float16", "bfloat16".
+const char* elem_name(ElemType t) noexcept;
 // Throws ConfigError naming the bad value and the allowed ones.
 Storage storage_from_name(std::string_view name);
 
 // Encode n_rows rows from `src` (element type `in`) into `dst` (row_bytes(out,
 // dim) bytes per row). Under NonFinite::Error every row is still fully
 // converted; the return value is the flat element index (row * dim + col) of
-// the first non-finite input element, or -1 when all were finite. Under the
-// other policies the return value is always -1.
+// the first unencodable input element (NaN, +-Inf, |x| >= bounds.limit), or
+// -1 when there was none. Under the other policies the return value is
+// always -1. `bounds` defaults to encode_bounds(out); tighter bounds (a
+// narrower staged type) cost a second, cache-hot look at each chunk.
 std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out,
                          std::size_t n_rows, std::size_t dim, NonFinite policy);
+std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out,
+                         std::size_t n_rows, std::size_t dim, NonFinite policy, EncodeBounds bounds);
 
 // Flat index of the first non-finite element of n_elems elements, or -1.
 std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems);
+// Flat index of the first element with !(|x| < limit) (NaN included), or -1.
+std::int64_t find_unencodable(const void* src, ElemType in, std::size_t n_elems, float limit);
+// Element `i` of `src` widened to f32 (exact): error messages quote it.
+float element_value(const void* src, ElemType in, std::size_t i) noexcept;
 
 // Decode n_rows rows stored as `in` into `dst` (element type `out`). Exact to
 // f32; to f16 / bf16 it is one round-to-nearest-even step of the f32 value.

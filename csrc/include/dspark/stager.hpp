@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dspark/byte_buffer.hpp"
@@ -49,6 +50,9 @@ struct StagerOptions {
     Storage storage = Storage::F32;
     std::int64_t max_failures = 3;
     NonFinite nonfinite = NonFinite::Error;
+    // The element type plans are staged out in: rows must stay finite after
+    // that last narrowing too (an f32-stored 9e4 staged as f16 is +inf).
+    ElemType stage = ElemType::F32;
     RowMode rows = RowMode::Held;
 };
 
@@ -204,9 +208,10 @@ private:
     static void note_size(Seq& s) noexcept;
     void fresh_seq(Seq& s) const;
 
-    template <class Encode>
-    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, bool fallible,
-                std::int64_t* slots_out = nullptr);
+    template <class Encode, class Value>
+    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
+                bool fallible, std::int64_t* slots_out = nullptr);
+    std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
     void require_mode(RowMode mode, const char* call) const;
     std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(max_rows_); }
     FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
@@ -220,6 +225,7 @@ private:
     StagerOptions opt_;
     std::int64_t w_keep_;
     std::size_t row_bytes_;
+    EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
     std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
     std::vector<Seq> seqs_;
     std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
