@@ -5,7 +5,7 @@
 #     the Cython binding built the same way and the pytest suite run against it.
 #  2. libFuzzer targets (csrc/fuzz, clang): replay the recorded findings, then fuzz each
 #     target for FUZZ_SECONDS from a copy of its seed corpus (tests/fuzz_corpus/cpp_*).
-#  3. atheris (python -m dspark_core.fuzz) on the ops / snapshot / decode targets for
+#  3. atheris (python -m dspark_core.testing.fuzz) on the ops / snapshot / decode targets for
 #     PY_FUZZ_SECONDS each, from a copy of tests/fuzz_corpus/<target>.
 #
 # Environment: FUZZ_SECONDS (default 60), PY_FUZZ_SECONDS (default 30), PYTHON (default
@@ -114,12 +114,12 @@ if ! "$PYTHON" -c "import atheris" >/dev/null 2>&1; then
     if [ -n "${CI:-}" ]; then status=1; fi
   fi
 fi
-if "$PYTHON" -c "import atheris, dspark_core.fuzz" >/dev/null 2>&1; then
+if "$PYTHON" -c "import atheris, dspark_core.testing.fuzz" >/dev/null 2>&1; then
   for t in ops snapshot decode; do
-    say "python -m dspark_core.fuzz --target $t: ${PY_FUZZ_SECONDS}s"
+    say "python -m dspark_core.testing.fuzz --target $t: ${PY_FUZZ_SECONDS}s"
     mkdir -p "$WORK/py-corpus-$t" "$WORK/py-artifacts-$t"
     cp "$CORPUS/$t"/* "$WORK/py-corpus-$t"/
-    if ! "$PYTHON" -m dspark_core.fuzz --target "$t" --max-time "$PY_FUZZ_SECONDS" --corpus "$WORK/py-corpus-$t" \
+    if ! "$PYTHON" -m dspark_core.testing.fuzz --target "$t" --max-time "$PY_FUZZ_SECONDS" --corpus "$WORK/py-corpus-$t" \
          --artifact-prefix "$WORK/py-artifacts-$t/" >"$WORK/py-fuzz-$t.log" 2>&1; then
       echo "FINDING in python target $t:"
       grep -E -A12 "Uncaught Python exception" "$WORK/py-fuzz-$t.log" | head -30

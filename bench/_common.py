@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 def import_dspark() -> Any:
     """Import dspark_core; fall back to the in-place dev build under ``src/``."""
     try:
-        import dspark_core  # noqa: F401
+        import dspark_core
     except ImportError:
         sys.path.insert(0, str(REPO / "src"))
         import dspark_core  # noqa: F401
@@ -154,8 +154,22 @@ def simd_path() -> str:
         return f"unknown ({type(exc).__name__})"
 
 
+REPO = Path(__file__).resolve().parent.parent
+
+
+def display_path(p: str | os.PathLike[str]) -> str:
+    """A path as reports show it: relative inside the repository, else ``.../`` and its last two
+    parts, so a committed report names no machine's folders."""
+    path = Path(p)
+    try:
+        return path.resolve().relative_to(REPO).as_posix()
+    except ValueError:
+        return ".../" + "/".join(path.parts[-2:]) if len(path.parts) > 3 else path.as_posix()
+
+
 def command_line() -> str:
-    return " ".join(["python"] + [a if " " not in a else repr(a) for a in sys.argv])
+    args = [display_path(a) if os.path.isabs(a) else a for a in sys.argv]
+    return " ".join(["python"] + [a if " " not in a else repr(a) for a in args])
 
 
 def machine_line() -> str:
@@ -173,7 +187,7 @@ def header_lines(title: str, extra: Iterable[str] = ()) -> list[str]:
         f"- command: `{command_line()}`",
         f"- machine: {machine_line()}",
         f"- date: {datetime.datetime.now().astimezone().isoformat(timespec='seconds')}",
-        f"- dspark_core {version} ({Path(ds.__file__).parent if ds else '?'}), numpy {np.__version__}, "
+        f"- dspark_core {version} ({display_path(Path(ds.__file__).parent) if ds else '?'}), numpy {np.__version__}, "
         f"Python {platform.python_version()}",
         f"- active SIMD path: {simd_path()}",
     ]

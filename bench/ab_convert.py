@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--dim", type=int, default=25_600)
     ap.add_argument("--repeats", type=int, default=5, help="timings per child (best kept)")
     ap.add_argument("--rounds", type=int, default=7, help="alternating child runs per side (median kept)")
-    ap.add_argument("--path", default=_common.simd_path(), help="SIMD path for both (scalar, avx2, avx512)")
+    ap.add_argument("--path", default=_common.simd_path().split()[0], help="SIMD path for both (scalar, avx2, avx512)")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
 

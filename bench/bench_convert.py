@@ -10,10 +10,15 @@ single-threaded, into preallocated outputs.
     python bench/bench_convert.py            # 512 x 25,600 rows (~2 min max)
     python bench/bench_convert.py --quick    # 64 x 25,600, 3 repeats
 
-The ggml-cpu columns (ggml's own SIMD row converters, DESIGN.md section 6)
+The ggml-cpu columns (ggml's own SIMD row converters, docs/design.md section 6)
 appear when a libggml-cpu is found (``$DSPARK_GGML_LIB_DIR`` or an installed
 llama-cpp-python; see ggml_cpu.py), with a check of whose bytes equal ggml's
 reference quantizers.
+
+Targets (docs/design.md section 6): every conversion at >= 80% of a memcpy of the
+same float32 bytes measured at the same moment, and as fast as ggml-cpu's converters
+where ggml has one: a paired ratio >= 0.95. Both sides of that pair run at memory
+bandwidth, so a tie reads anywhere near 1.0 and ">= 1.0" would be a coin toss.
 
 Not a test (never collected by pytest: no ``test_`` names, lives in bench/).
 """
@@ -36,6 +41,13 @@ import _common  # bench/ is on sys.path when a script here runs
 import ggml_cpu
 
 from dspark_core import formats
+from dspark_core.core_tables import STORAGE_FORMATS
+
+#: Target: conversion throughput / memcpy throughput measured at the same moment.
+MIN_VS_MEMCPY = 0.8
+#: Target: ggml-cpu time / dspark time, paired. Below 1.0 because both are memory bound:
+#: equal speed measures as a ratio scattered around 1.0.
+MIN_VS_GGML = 0.95
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 QT = {
@@ -125,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"- dspark SIMD paths: {formats.simd_paths()}, best = {formats.best_simd_path()}, measured = {path}")
     print(f"- GB/s of the float32 side; median of {reps}; single thread; gguf-py on {grows} rows")
     ggml, ggml_from = ggml_cpu.load()
-    print(f"- ggml-cpu: {ggml_from if ggml else 'not measured: ' + ggml_from}")
+    print(f"- ggml-cpu: {_common.display_path(ggml_from) if ggml else 'not measured: ' + ggml_from}")
     print()
 
     dst32 = np.empty_like(x)
@@ -137,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     header = ["storage", "direction", f"dspark {path}", "dspark scalar", "numpy/ml_dtypes", "gguf-py",
               "ggml-cpu", "memcpy (same moment)", f"{path} / memcpy", f"{path} / ggml-cpu (paired)"]
     exactness: list[str] = []
-    vs_memcpy: list[float] = []
+    vs_memcpy: list[tuple[str, float]] = []
     vs_ggml: list[tuple[str, float]] = []
 
     def memcpy_now() -> float:
@@ -178,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
             vs_ggml.append((f"encode f32 -> {storage}", vs))
             exactness.append(_compare_with_ggml(ggml, storage, x, enc))
         m = memcpy_now()
-        vs_memcpy.append(res[path] / m)
+        vs_memcpy.append((f"encode f32 -> {storage}", res[path] / m))
         print(f"| {storage} | encode f32 -> {storage} | {fmt(res[path])} | {fmt(res['scalar'])} | {fmt(npv)} "
               f"| {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[path] / m:.2f} | {fmt(vs)} |")
 
@@ -198,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif storage == "bf16":
                     fn = lambda: gguf.dequantize(raw, QT["bf16"]).astype(od)  # noqa: E731
                 else:
-                    bb = 34 if storage == "q8_0" else 18
+                    bb = STORAGE_FORMATS[storage].block_bytes
                     fn = lambda: gguf.dequantize(raw.reshape(-1, bb), QT[storage]).astype(od)  # noqa: E731
                 with np.errstate(all="ignore"):
                     gg = gbps(gbytes, median_time(fn, reps))
@@ -213,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
                 if not np.array_equal(gout32.view(np.uint32), out.view(np.uint32)):
                     exactness.append(f"decode {storage} -> float32: ggml-cpu and dspark bytes differ")
             m = memcpy_now()
-            vs_memcpy.append(res[path] / m)
+            vs_memcpy.append((f"decode {storage} -> {odn}", res[path] / m))
             print(f"| {storage} | decode {storage} -> {odn} | {fmt(res[path])} | {fmt(res['scalar'])} "
                   f"| {fmt(npv)} | {fmt(gg)} | {fmt(gc)} | {m:.2f} | {res[path] / m:.2f} | {fmt(vs)} |")
     print()
@@ -229,11 +241,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"- {line}")
     if args.json:
         worst = min(vs_ggml, key=lambda r: r[1]) if vs_ggml else None
+        best = max(vs_ggml, key=lambda r: r[1]) if vs_ggml else None
+        low = min(vs_memcpy, key=lambda r: r[1])
         targets = [
-            {"target": "conversion / memcpy (min over storages and directions)", "value": min(vs_memcpy),
-             "pass": min(vs_memcpy) >= 0.8, "where": f"{rows} x {dim:,}"},
+            {"target": "conversion / memcpy (min over storages and directions)", "value": low[1],
+             "high": max(v for _, v in vs_memcpy), "threshold": MIN_VS_MEMCPY,
+             "pass": low[1] >= MIN_VS_MEMCPY, "where": f"{rows} x {dim:,}, worst: {low[0]}"},
             {"target": "conversion / ggml-cpu, paired (min over comparable rows)",
-             "value": None if worst is None else worst[1], "pass": None if worst is None else worst[1] >= 1.0,
+             "value": None if worst is None else worst[1], "high": None if best is None else best[1],
+             "threshold": MIN_VS_GGML, "pass": None if worst is None else worst[1] >= MIN_VS_GGML,
              "where": "no libggml-cpu found" if worst is None else f"worst: {worst[0]}"},
         ]
         _common.write_json(args.json, {"targets": targets, "vs_ggml": dict(vs_ggml)})
@@ -244,7 +260,8 @@ def _compare_with_ggml(ggml: ggml_cpu.GgmlCpu, storage: str, x: np.ndarray, ours
     """Whose bytes equal what: dspark vs ggml-cpu's SIMD converter and ggml's reference."""
     simd = np.empty_like(ours)
     ggml.encode(storage, x, simd)
-    bb = {"q8_0": 34, "q4_0": 18}.get(storage)
+    fmt = STORAGE_FORMATS[storage]
+    bb = fmt.block_bytes if fmt.quantized else None
     if bb is None:
         same = np.array_equal(simd.view(np.uint16), ours.view(np.uint16))
         return f"encode f32 -> {storage}: ggml-cpu SIMD {'==' if same else '!='} dspark"

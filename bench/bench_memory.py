@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Peak buffered rows and bytes per sequence against prompt length: Stager vs the anchor's behaviour.
+"""Peak buffered rows and bytes per sequence against prompt length: Stager vs hold-all staging.
 
 For each storage dtype and prompt length, a fresh 1-sequence Stager
 (D = 25,600, B = 16, W = 4096 by default) receives the prompt in 512-row
@@ -11,13 +11,13 @@ core's own counters: ``stats(seq)["peak_rows"]`` (rows held) and
 ``["peak_bytes"]`` (ring memory written so far, i.e. resident; the ring
 reserves its bound as address space up front and touches it as rows arrive).
 
-Bound (DESIGN.md section 6): peak rows <= W + TRIM_CHUNK + B + 1 whatever the
+Bound (docs/design.md section 6): peak rows <= W + TRIM_CHUNK + B + 1 whatever the
 prompt length.
 
-The anchor column is *computed*, not measured: the anchor (the llama.cpp
-draft-dspark staging this package replaces) holds every prompt row, float32,
+The hold-all columns are *computed*, not measured: hold-all staging (llama.cpp's
+draft-dspark staging, which this package replaces) holds every prompt row, float32,
 until the first draft, so its peak is prompt-length rows of D * 4 bytes
-(~6 GB for a 60k prompt at D = 25,600). "anchor, same storage" is that row
+(~6 GB for a 60k prompt at D = 25,600). "hold-all, same storage" is that row
 count at this storage's row size, for a like-for-like comparison.
 
     python bench/bench_memory.py --quick     # prompts up to 32k
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             f"D = {D:,}, B = {B}, W = {W}; prompt fed in {a.chunk}-row process() chunks, then {rounds} decode rounds "
             f"(accept n = {n_acc}; a rebase every {cycle} rounds)",
             f"bound: peak rows <= W + TRIM_CHUNK + B + 1 = {W} + {TRIM_CHUNK} + {B} + 1 = {bound}",
-            "Stager columns are measured (stats()['peak_rows'], ['peak_bytes'] = resident ring memory); the anchor "
+            "Stager columns are measured (stats()['peak_rows'], ['peak_bytes'] = resident ring memory); the hold-all "
             "columns are computed from its documented behaviour (every prompt row held as float32 until the first "
             "draft)",
             f"total wall time {wall:.0f} s",
@@ -140,26 +140,26 @@ def main(argv: list[str] | None = None) -> int:
         rb = formats.row_bytes(s, D)
         for r in results[s]:
             p = r["prompt"]
-            anchor_f32 = p * D * 4
+            holdall_f32 = p * D * 4
             ok = r["peak_rows"] <= bound
             targets.append({"storage": s, "prompt": p, "target": "peak rows <= W + TRIM_CHUNK + B + 1",
-                            "value": r["peak_rows"], "pass": ok})
+                            "value": r["peak_rows"], "bound": bound, "pass": ok})
             pb = r["prefill_peak_bytes"]
             rows.append([
                 s, C.fmt_size(p), f"{r['prefill_peak_rows']:,}", C.fmt_bytes(pb),
-                f"{p:,}", C.fmt_bytes(anchor_f32), C.fmt_bytes(p * rb),
-                C.fmt_x(anchor_f32 / pb if pb else None), C.fmt_x(p * rb / pb if pb else None),
+                f"{p:,}", C.fmt_bytes(holdall_f32), C.fmt_bytes(p * rb),
+                C.fmt_x(holdall_f32 / pb if pb else None), C.fmt_x(p * rb / pb if pb else None),
                 f"{r['peak_rows']:,}", C.verdict(ok), C.fmt_bytes(r["peak_bytes"]),
                 f"{r['prefill_s'] * 1e3:,.0f}", f"{r['rebases']}/{r['trims']}",
             ])
     lines += C.table(
         ["storage", "prompt", "Stager rows at first draft", "Stager bytes at first draft",
-         "anchor rows", "anchor bytes (f32)", "anchor bytes, same storage", "anchor f32 / Stager",
+         "hold-all rows", "hold-all bytes (f32)", "hold-all bytes, same storage", "hold-all f32 / Stager",
          "same storage / Stager", "Stager peak rows, whole run", f"<= {bound}", "Stager peak bytes, whole run",
          "prefill ms", "rebases/trims"],
         rows, "llrrrrrrrrlrrr")
-    lines += ["", "'at first draft' = the peak over the prefill, where the anchor holds the whole prompt; 'whole run' "
-              "adds the decode rounds (the anchor is also bounded there, by its own lazy trim). Bytes are the ring "
+    lines += ["", "'at first draft' = the peak over the prefill, where hold-all staging holds the whole prompt; 'whole run' "
+              "adds the decode rounds (hold-all staging is also bounded there, by its own lazy trim). Bytes are the ring "
               "memory written (resident; at most the bound's row count); 'prefill ms' includes the "
               "non-finite check of every prompt row (rows below the horizon are neither converted nor stored).", ""]
     C.emit(lines, a.out)

@@ -2,7 +2,7 @@
 """Per-round staging cost of dspark_core.Stager against its baselines, at several context depths.
 
 A steady-state round is what a server does per speculative step, with the
-Stager calls in protocol order (DESIGN.md section 2)::
+Stager calls in protocol order (docs/design.md section 2)::
 
     plan = st.draft(seq, n_past)   # stage the rows committed since the cache end
     plan.rows                      # touch the staged rows: a view for f32 storage,
@@ -17,7 +17,7 @@ rows. Rounds whose plan rebases (``plan.rebase``) are counted separately.
 Depth = the target's n_past when the timed rounds start. It is reached by
 beginning the sequence at origin p0 = max(0, depth - W) and processing the W
 prompt rows [p0, depth) in 512-row process() calls from one reused array
-(DESIGN: rows before p0 are simply unavailable). The core's bounded ingest
+(docs/design.md section 2: rows before p0 are simply unavailable). The core's bounded ingest
 keeps only the rows a later round can stage (the newest K), so this leaves
 the protocol state a full prefill from position 0 would (only the dead head
 awaiting its lazy trim can differ, by < TRIM_CHUNK rows); ``--prefill
@@ -62,9 +62,10 @@ into ring pages never touched before and pay their first-touch page faults
 lazily); a young sequence at a shallow depth sees the most of them. The
 "core faults/round" column shows the mean page faults per steady round.
 
-Targets (DESIGN.md section 6): steady per-round cost flat across depth
-(max/min median <= 1.10), core >= 50x the reference per steady round, round
-bandwidth >= 80% of the memcpy round.
+Targets (docs/design.md section 6): steady per-round cost flat across depth
+(max/min median <= 1.10) and round bandwidth >= 80% of the memcpy round. The
+reference / core ratio is information, not a target: the reference is
+vectorised numpy, so the ratio measures the reference as much as the core.
 
     python bench/bench_rounds.py --quick     # D = 25,600 only, short runs (< 1 min)
     python bench/bench_rounds.py             # D = 25,600 and 12,288, every storage (a few minutes)
@@ -484,16 +485,14 @@ def report(results: list[ConfigResult], a: argparse.Namespace, wall: float) -> t
                 rows.append([
                     r.storage, C.fmt_size(d), C.fmt_us(cm), C.fmt_us(c.p90()), C.fmt_us(c.med("stage")),
                     C.fmt_us(rm), C.fmt_x(rm / cm if rm and cm else None),
-                    verdict_ratio(rm, cm, a.min_ratio),
                     C.fmt_us(nm), C.fmt_x(nm / cm if nm and cm else None),
                     C.fmt_us(rb), f"{r.core_rebase[i].rows_med(rebase=True) or 0:.0f}", C.fmt_us(amort),
                     f"{c.faults_mean():,.2f}",
                 ])
         lines += C.table(
-            ["storage", "depth", "core", "core p90", "core draft+rows", "reference", "ref/core",
-             f">= {a.min_ratio:g}x", "naive", "naive/core", "core rebase", "rebase rows", "core amortised",
+            ["storage", "depth", "core", "core p90", "core draft+rows", "reference", "ref/core", "naive", "naive/core", "core rebase", "rebase rows", "core amortised",
              "core faults/round (mean)"],
-            rows, "llrrrrrlrrrrrr")
+            rows, "llrrrrrrrrrrr")
         lines.append("")
 
         # bandwidth
@@ -558,21 +557,20 @@ def report(results: list[ConfigResult], a: argparse.Namespace, wall: float) -> t
             ratios = [rf.med() / s.med() for s, rf in zip(r.core, r.ref) if rf and rf.steady and s.med()]
             bws = [(s.bytes_med() / s.med()) / (r.memcpy.bytes_med() / r.memcpy.med()) for s in r.core]
             t_flat = None if flat is None else flat <= 1 + a.flat_tol
-            t_ratio = None if not ratios else min(ratios) >= a.min_ratio
             t_bw = min(bws) >= a.min_bw
             rows.append([r.storage,
                          f"{flat:.3f}" if flat else "-", C.verdict(t_flat),
-                         C.fmt_x(min(ratios)) if ratios else "-", C.verdict(t_ratio),
+                         C.fmt_x(min(ratios)) if ratios else "-",
                          f"{100 * min(bws):.0f}%", C.verdict(t_bw)])
-            for name, val, ok in (("flat across depth (max/min steady median)", flat, t_flat),
-                                  ("core / reference per steady round (min over depths)",
-                                   min(ratios) if ratios else None, t_ratio),
-                                  ("round bandwidth / memcpy round (min over depths)", min(bws), t_bw)):
-                targets.append({"D": D, "storage": r.storage, "target": name, "value": val, "pass": ok})
+            for name, val, high, thr, ok in (
+                    ("flat across depth (max/min steady median)", flat, None, 1 + a.flat_tol, t_flat),
+                    ("round bandwidth / memcpy round (min over depths)", min(bws), max(bws), a.min_bw, t_bw)):
+                targets.append({"D": D, "storage": r.storage, "target": name, "value": val, "high": high,
+                                "threshold": thr, "pass": ok})
         lines += [f"Targets, D = {D:,} (depths {', '.join(C.fmt_size(d) for d in rs[0].depths)}):", ""]
         lines += C.table(["storage", f"max/min over depth (<= {1 + a.flat_tol:.2f})", "flat",
-                          "min ref/core", f">= {a.min_ratio:g}x", "min core/memcpy", f">= {100 * a.min_bw:.0f}%"],
-                         rows, "lrlrlrl")
+                          "min ref/core (information)", "min core/memcpy", f">= {100 * a.min_bw:.0f}%"],
+                         rows, "lrlrrl")
         lines.append("")
     summary["configs"] = [
         {"D": r.D, "storage": r.storage, "depths": r.depths, "seconds": r.seconds,
@@ -596,12 +594,6 @@ def fmt_row_bytes(D: int) -> str:
         except Exception:  # noqa: BLE001 - q formats need D % 32 == 0
             pass
     return "row: " + ", ".join(parts)
-
-
-def verdict_ratio(num: float | None, den: float | None, thr: float) -> str:
-    if not num or not den:
-        return "-"
-    return C.verdict(num / den >= thr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -642,7 +634,6 @@ def main(argv: list[str] | None = None) -> int:
                          "as a server's slots after their first request; 'fresh': a new Stager per depth, whose "
                          "rounds pay the ring's first-touch page faults")
     ap.add_argument("--chunk", type=int, default=512, help="prefill chunk rows for --prefill chunked (default 512)")
-    ap.add_argument("--min-ratio", type=float, default=50.0, help="target core/reference ratio (default 50)")
     ap.add_argument("--min-bw", type=float, default=0.8, help="target fraction of the memcpy round (default 0.8)")
     ap.add_argument("--flat-tol", type=float, default=0.10, help="allowed max/min - 1 across depths (default 0.10)")
     ap.add_argument("--seed", type=int, default=0, help="RNG seed of the rows (default 0)")

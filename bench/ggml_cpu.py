@@ -1,6 +1,6 @@
 """ggml-cpu's own row converters, through ctypes: a peer for bench_convert.py.
 
-DESIGN.md section 6 asks that dspark's conversions be no slower than
+docs/design.md section 6 asks that dspark's conversions be no slower than
 ggml-cpu's SIMD row converters (and, unlike ggml's q8_0 SIMD path, bit-exact
 with ggml's reference). The ``libggml-cpu`` / ``libggml-base`` shared
 libraries that ``pip install llama-cpp-python`` builds export them:

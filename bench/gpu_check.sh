@@ -78,7 +78,7 @@ DSPARK_CUDA=$MODE $PY -m pip install -q --no-build-isolation --no-deps . \
 $PY - <<'EOF'
 from dspark_core import cuda
 print("dspark_core.cuda.available():", cuda.available(), "devices:", cuda.device_count(),
-      "emulated:", cuda.emulated(), cuda.unavailable_reason())
+      "emulated:", cuda._emulated(), cuda.unavailable_reason())
 if not cuda.available():
     raise SystemExit("CUDA not available after the build: see the reason above (an old driver? CUDA 13 needs >= 580)")
 print("device 0:", cuda._cuda.device_name(0), "| runtime", cuda._cuda.runtime_version(),
@@ -127,7 +127,7 @@ def timeit(fn, reps=20):
 rng = np.random.default_rng(0)
 host = (rng.standard_normal((ROWS, DIM)) * rng.uniform(1e-2, 1e2, (ROWS, 1))).astype(np.float32)
 print(f"rows x dim = {ROWS} x {DIM} ({ROWS * DIM / 1e6:.1f} M elements); GB/s = (bytes read + bytes written) / time")
-if cuda.emulated():
+if cuda._emulated():
     print("EMULATED DEVICE (GPU_CHECK_CUDA=EMULATE): a rehearsal; these are CPU figures, not GPU ones")
 
 # Device-to-device copy bandwidth (the roofline for a streaming conversion).
@@ -141,7 +141,7 @@ print(f"{'device-to-device copy (f32)':34s} {copy_gbs:8.1f} GB/s   {t * 1e3:7.3f
 # Conversions are timed through the binding (one launch per call, no
 # Python-side parsing), so the figures are the kernels' bandwidth; the public
 # API's per-call overhead is measured once at the end.
-KEEP, ERROR = cuda._POLICY["keep"], cuda._POLICY["error"]
+KEEP, ERROR = cuda._backend._POLICY["keep"], cuda._backend._POLICY["error"]
 print("\nencode (nonfinite='keep': no host sync; 'error' adds one sync + 8-byte readback)")
 srcs = {k: cuda.DeviceArray.from_numpy(host.astype(dt)) for k, dt in DTYPES.items()}
 encoded = {}
@@ -150,14 +150,14 @@ for st in formats.STORAGES:
     for k, dt in DTYPES.items():
         out = cuda.DeviceArray((ROWS, rb) if st[0] == "q" else (ROWS, DIM), formats.storage_dtype(st) if st != "bf16" else BF16)
         x = srcs[k]
-        args = (x.ptr, cuda._ELEM[dt], out.ptr, cuda._STORAGE[st], ROWS, DIM)
+        args = (x.ptr, cuda._backend._ELEM[dt], out.ptr, cuda._backend._STORAGE[st], ROWS, DIM)
         t = timeit(lambda: cu.encode(*args, KEEP, False, 0))
         moved = x.nbytes + out.nbytes
         print(f"  {k:>4s} -> {st:<5s}  {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)  {t * 1e3:7.3f} ms")
         if k == "f32":
             encoded[st] = out
     x = srcs["f32"]
-    args = (x.ptr, cuda._ELEM[x.dtype], encoded[st].ptr, cuda._STORAGE[st], ROWS, DIM)
+    args = (x.ptr, cuda._backend._ELEM[x.dtype], encoded[st].ptr, cuda._backend._STORAGE[st], ROWS, DIM)
     t = timeit(lambda: cu.encode(*args, ERROR, True, 0), reps=10)
     moved = x.nbytes + encoded[st].nbytes
     print(f"   f32 -> {st:<5s}  {moved / t / 1e9:8.1f} GB/s  (nonfinite='error', synchronous)  {t * 1e3:7.3f} ms")
@@ -167,7 +167,7 @@ for st in formats.STORAGES:
     for k, dt in DTYPES.items():
         out = cuda.DeviceArray((ROWS, DIM), dt)
         data = encoded[st]
-        args = (data.ptr, cuda._STORAGE[st], out.ptr, cuda._ELEM[dt], ROWS, DIM)
+        args = (data.ptr, cuda._backend._STORAGE[st], out.ptr, cuda._backend._ELEM[dt], ROWS, DIM)
         t = timeit(lambda: cu.decode(*args, 0))
         moved = data.nbytes + out.nbytes
         print(f"  {st:>5s} -> {k:<4s}  {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)  {t * 1e3:7.3f} ms")
@@ -175,7 +175,7 @@ for st in formats.STORAGES:
 # The public API's overhead: the same f32 -> q8_0 encode through quantize_rows.
 x, out = srcs["f32"], encoded["q8_0"]
 t_api = timeit(lambda: cuda.quantize_rows(x, "q8_0", nonfinite="keep", out=out))
-args = (x.ptr, cuda._ELEM[x.dtype], out.ptr, cuda._STORAGE["q8_0"], ROWS, DIM)
+args = (x.ptr, cuda._backend._ELEM[x.dtype], out.ptr, cuda._backend._STORAGE["q8_0"], ROWS, DIM)
 t_raw = timeit(lambda: cu.encode(*args, KEEP, False, 0))
 print(f"\nquantize_rows() vs the bare launch (f32 -> q8_0): {t_api * 1e3:.3f} ms vs {t_raw * 1e3:.3f} ms "
       f"({(t_api - t_raw) * 1e6:+.1f} us per call)")
@@ -190,7 +190,7 @@ print("\nbenchmark data: GPU q8_0 / q4_0 bytes == CPU bytes")
 # encode into the returned slots; gather = decode a plan's staged slots into one array.
 # Through the public API (the Stager's bookkeeping and the Python layer included).
 from dspark_core import Stager, StagerConfig
-from dspark_core.device_ring import slot_runs
+from dspark_core.cuda.device_ring import slot_runs
 
 N = max(64, ROWS // 2)  # rows per write; W = 2N, so a rebase plan stages N rows
 print(f"\nDeviceRing (external-row Stager, W = {2 * N}, B = 16): {N} rows per write / gather; "

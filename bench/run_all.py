@@ -9,7 +9,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_memory.py   peak buffered rows and bytes vs prompt length
 * bench/bench_external.py external-row mode vs held: bytes host <-> device and host CPU per round
 
-then writes the report (machine, date, command, a summary of the DESIGN.md
+then writes the report (machine, date, command, a summary of the docs/design.md
 section 6 targets with PASS / MISS, and each script's tables) to --out and
 prints it. A script that fails (non-zero exit, crash) is reported in place of
 its table and the others still run; the exit status is then 1.
@@ -17,8 +17,9 @@ its table and the others still run; the exit status is then 1.
     python bench/run_all.py --quick     # CI-sized, about a minute
     python bench/run_all.py             # full run (<= ~10 minutes on a 2-core machine)
 
-With --readme README.md the report also replaces the text between the lines
-``<!-- bench-results:begin -->`` and ``<!-- bench-results:end -->`` there.
+With --readme README.md a summary of at most 15 lines (one line per target,
+ranges over storages, depths and directions) also replaces the text between the
+lines ``<!-- bench-results:begin -->`` and ``<!-- bench-results:end -->`` there.
 
 Not a test (never collected by pytest).
 """
@@ -112,8 +113,6 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
                 vs = "-"
             elif name.startswith("flat"):
                 vs = f"{v:.3f}"
-            elif name.startswith("core / reference"):
-                vs = C.fmt_x(v)
             else:
                 vs = f"{100 * v:.0f}%"
             rows.append([name, f"D = {t['D']:,}, {t['storage']}", vs, C.verdict(t["pass"])])
@@ -136,13 +135,56 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def readme_summary(report: str, out: Path) -> str:
-    """The report's header and targets table (the README's share); the per-script tables stay in ``out``."""
-    start = report.find("## Targets")
-    end = report.find("\n## ", start + 1) if start >= 0 else -1
-    head = report if end < 0 else report[:end]
-    head = head.replace("# dspark_core benchmarks\n", "", 1).strip()
-    return f"{head}\n\nEvery table behind these verdicts (per depth, per storage, per call): `{out.as_posix()}`."
+def _range(lo: float, hi: float | None, fmt: str) -> str:
+    return fmt.format(lo) if hi is None or fmt.format(lo) == fmt.format(hi) else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def readme_summary(data: dict[str, Any], out: Path, quick: bool = False) -> str:
+    """The README's share of a run: one line per target, ranges over storages, depths and
+    directions (at most 15 lines); every table stays in ``out``."""
+    rows: list[list[str]] = []
+    rounds = data.get("rounds")
+    if rounds:
+        depths = ", ".join(C.fmt_size(d) for d in rounds["configs"][0]["depths"])
+        for prefix, what, fmt in (("flat", f"per-round cost flat across depths {depths} (max/min of medians <= {{t:.2f}})",
+                                   "{:.3f}"),
+                                  ("round bandwidth", "steady round >= {t:.0%} of a memcpy round moving the same bytes",
+                                   "{:.0%}")):
+            ts = [t for t in rounds["targets"] if t["target"].startswith(prefix) and t["value"] is not None]
+            if ts:
+                hi = max(t["high"] if t.get("high") is not None else t["value"] for t in ts)
+                rows.append([what.format(t=ts[0]["threshold"]), _range(min(t["value"] for t in ts), hi, fmt),
+                             C.verdict(all(t["pass"] for t in ts))])
+    conv = data.get("convert")
+    if conv:
+        for t, what in zip(conv["targets"], ("conversion >= {t:.0%} of a memcpy at the same moment, "
+                                             "every storage and direction",
+                                             "conversion as fast as ggml-cpu's SIMD converters (paired, >= {t:.2f}x)")):
+            v = t["value"]
+            measured = "not measured" if v is None else _range(v, t.get("high"), "{:.2f}x")
+            verdict = C.verdict(t["pass"]) + ("" if t["pass"] in (True, None) else f" ({t['where']})")
+            rows.append([what.format(t=t.get("threshold", 0.0)), measured, verdict])
+    mem = data.get("memory")
+    if mem and mem["targets"]:
+        ts = mem["targets"]
+        prompts = f"{C.fmt_size(min(t['prompt'] for t in ts))}-{C.fmt_size(max(t['prompt'] for t in ts))}"
+        bound = ts[0].get("bound")
+        rows.append([f"peak rows <= W + TRIM_CHUNK + B + 1{f' = {bound:,}' if bound else ''}, prompts {prompts}",
+                     f"max {max(t['value'] for t in ts):,}", C.verdict(all(t["pass"] for t in ts))])
+    command = "python bench/run_all.py" + (" --quick" if quick else "")
+    lines = [f"Latest `{command}` ({os.cpu_count()} cores, {C.simd_path().split()[0]} path; "
+             f"every table: [{out.as_posix()}]({out.as_posix()})):", ""]
+    lines += C.table(["target (docs/design.md section 6)", "measured", "verdict"], rows, "lll")
+    if rounds:
+        big = max(c["D"] for c in rounds["configs"])
+        deep = [(c["core_steady_ns"][-1], c["storage"]) for c in rounds["configs"] if c["D"] == big]
+        deep = [(ns, st) for ns, st in deep if ns]
+        if deep:
+            (lo, lo_s), (hi, hi_s) = min(deep), max(deep)
+            depth = C.fmt_size(rounds["configs"][0]["depths"][-1])
+            lines += ["", f"A steady round at depth {depth}, D = {big:,}: {lo / 1e3:.0f} us ({lo_s}) to "
+                          f"{hi / 1e3:.0f} us ({hi_s}) on that machine."]
+    return "\n".join(lines)
 
 
 def replace_readme(readme: Path, report: str) -> None:
@@ -210,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     lines += ["Scripts:", ""] + C.table(["script", "status", "seconds"], status, "llr") + [""]
     rows = summary_rows(data)
     if rows:
-        lines += ["## Targets (DESIGN.md section 6)", ""]
+        lines += ["## Targets (docs/design.md section 6)", ""]
         lines += C.table(["target", "where", "value", "verdict"], rows, "llrl") + [""]
         if a.quick:
             lines += ["(--quick: few rounds on a CI-sized run; the verdicts are indicative only.)", ""]
@@ -219,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     report = "\n".join(lines).rstrip() + "\n"
     Path(a.out).write_text(report)
     if a.readme:
-        replace_readme(Path(a.readme), readme_summary(report, Path(os.path.relpath(a.out, HERE.parent))))
+        replace_readme(Path(a.readme), readme_summary(data, Path(os.path.relpath(a.out, HERE.parent)), a.quick))
     sys.stdout.write(report)
     print(f"\nwrote {a.out}" + (f" and {a.readme}" if a.readme else ""), file=sys.stderr)
     return 1 if failed else 0

@@ -9,7 +9,7 @@ import pytest
 
 from dspark_core.config import StagerConfig
 from dspark_core.context_plan import ContextPlan, plan_context, row_bytes
-from dspark_core.drafter_info import DrafterInfo
+from dspark_core.gguf.drafter_info import DrafterInfo
 from dspark_core.errors import ConfigError
 from gguf_helpers import dspark_kv, write_gguf
 
@@ -53,8 +53,8 @@ def test_27b_target_four_slots_q8_0() -> None:
     assert plan.block_size == 16 and plan.feature_dim == 25600
     assert plan.storage == "q8_0" and plan.n_parallel == 4
     assert plan.target_n_ctx == 131072 and plan.n_ctx_train == 4096 and plan.target_n_batch == 2048
-    assert plan.anchor_n_ctx == 131072  # the anchor's drafter inherited the target context
-    assert plan.anchor_n_batch == 131088  # 131072 + 16
+    assert plan.unwindowed_n_ctx == 131072  # a drafter without a window inherits the target context
+    assert plan.unwindowed_n_batch == 131088  # 131072 + 16
     assert plan.path == "drafter.gguf"
     assert plan.warnings == ()
 
@@ -75,7 +75,7 @@ def test_window_bound_by_trained_range_f32() -> None:
 def test_tie_counts_as_trained_range() -> None:
     plan = plan_context(_info(), None, 4096)
     assert plan.window == 4096 and plan.window_source == "n_ctx_train"
-    assert plan.target_n_ctx is None and plan.anchor_n_ctx is None and plan.anchor_n_batch is None
+    assert plan.target_n_ctx is None and plan.unwindowed_n_ctx is None and plan.unwindowed_n_batch is None
 
 
 @pytest.mark.parametrize(
@@ -264,3 +264,13 @@ def test_row_bytes_matches_the_core(storage: str) -> None:
         pytest.skip("compiled row formats not available")
     for d in (32, 4096, 25600):
         assert row_bytes(storage, d) == core_row_bytes(storage, d)
+
+
+def test_anchor_names_are_deprecated_aliases() -> None:
+    plan = plan_context(_info(), 4096, 512)
+    with pytest.warns(DeprecationWarning, match="unwindowed_n_ctx"):
+        assert plan.anchor_n_ctx == plan.unwindowed_n_ctx == 4096
+    with pytest.warns(DeprecationWarning, match="unwindowed_n_batch"):
+        assert plan.anchor_n_batch == plan.unwindowed_n_batch
+    assert not any("anchor" in k for k in plan.to_dict())
+    assert not any("anchor" in label for label, _ in plan.table_rows())

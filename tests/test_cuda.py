@@ -12,7 +12,7 @@ Two groups:
   streams, ``out=``, and ``upload_plan``.
 
 Without a GPU, CI runs this file a second time against a DSPARK_CUDA=EMULATE
-build (``cuda.emulated()``): the CUDA host code, the kernels (under a
+build (``cuda._emulated()``): the CUDA host code, the kernels (under a
 lock-step warp model) and the binding on emulated devices in host memory, so
 the GPU tests run there too. In ctest, csrc/tests/test_cuda_kernels.cpp runs
 the kernels' source against the CPU bytes at several grid sizes, and
@@ -65,8 +65,8 @@ def test_module_imports_and_reports_availability() -> None:
     assert isinstance(cuda.available(), bool)
     assert cuda.device_count() >= 0
     assert cuda.available() == (cuda.device_count() > 0)
-    assert isinstance(cuda.emulated(), bool)
-    if cuda.emulated() and cuda.available():  # a DSPARK_CUDA=EMULATE build says so where it names a device
+    assert isinstance(cuda._emulated(), bool)
+    if cuda._emulated() and cuda.available():  # a DSPARK_CUDA=EMULATE build says so where it names a device
         assert "emulated" in cuda._cuda.device_name(0)
     if not cuda.available():
         reason = cuda.unavailable_reason()
@@ -171,7 +171,7 @@ class FakeBackend:
         return np.frombuffer((ctypes.c_uint8 * nbytes).from_address(ptr), np.uint8)
 
     def encode(self, src, in_code, dst, st_code, n, dim, pol, report, stream):
-        from dspark_core import _row_format
+        from dspark_core._ext import _row_format
 
         self.calls.append(("encode", in_code, st_code, n, dim, pol, report, stream))
         dt = IN_DTYPES[in_code]
@@ -209,7 +209,7 @@ class FakeBackend:
 @pytest.fixture
 def fake(monkeypatch):
     fb = FakeBackend()
-    monkeypatch.setattr(cuda, "_cuda", fb)
+    monkeypatch.setattr(cuda._backend, "_cuda", fb)  # the one extension handle every cuda module reads
     return fb
 
 
@@ -320,7 +320,7 @@ def test_cpu_tensor_is_a_type_error_without_touching_its_streams() -> None:
 
 def test_fake_backend_device_array_and_upload_plan(fake, monkeypatch) -> None:
     """Without cupy / torch the results are dspark DeviceArrays."""
-    monkeypatch.setattr(cuda, "_importable", lambda name: False)
+    monkeypatch.setattr(cuda.interop, "_importable", lambda name: False)
     from dspark_core import Stager, StagerConfig
 
     cfg = StagerConfig(DIM, 4, 64, storage="q4_0", stage_dtype="bfloat16")
@@ -524,8 +524,13 @@ def test_error_policy_names_first_nonfinite(lib: str) -> None:
     with pytest.raises(ValueError, match="row 1, column 200"):
         cuda.quantize_rows(to_dev(x, lib), "q8_0")
     x[1, 200] = 0.0
-    with pytest.raises(ValueError, match="nan at row 3, column 77"):
+    with pytest.raises(ValueError, match="row 3, column 77 holds nan"):
         cuda.quantize_rows(to_dev(x, lib), "f16")
+    # Overflow is non-finite too: a massive activation above f16's range.
+    x[2, 5] = 87929.0
+    with pytest.raises(ValueError, match=r"row 2, column 5 holds 87929, which overflows f16"):
+        cuda.quantize_rows(to_dev(x, lib), "f16")
+    cuda.quantize_rows(to_dev(x[:3], lib), "bf16")  # bf16 carries it (rows 0..2 hold no NaN)
 
 
 @gpu

@@ -315,7 +315,7 @@ def test_loop_with_rows_on_the_device_is_lossless(storage):
     sequences planned with draft_many) with the rows only on the device: the output is the
     target's greedy decoding, the drafter's incremental logits equal a from-scratch recompute,
     and every figure equals the held-mode run's."""
-    from dspark_core.commands.simulate import simulate
+    from dspark_core.cli.simulate import simulate
 
     kw = dict(context=700, generate=120, block=4, window=64, storage=storage, seqs=2, feature_dim=64,
               prefill_chunk=256, fail_every=7, check=True, stager="core", modes=("windowed",))

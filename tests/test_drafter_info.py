@@ -19,7 +19,8 @@ import pytest
 from gguf import GGUFEndian, GGUFReader
 
 from dspark_core.context_plan import plan_context
-from dspark_core.drafter_info import DrafterInfo, DrafterMetadataError, _reader_class
+from dspark_core.gguf.drafter_info import DrafterInfo, DrafterMetadataError
+from dspark_core.gguf.reader import _reader_class
 from dspark_core.errors import ConfigError
 from gguf_helpers import T, dflash_kv, dspark_kv, typed, write_gguf
 
@@ -482,7 +483,7 @@ _PROBE = textwrap.dedent(
     import json, resource, sys, time, tracemalloc
     import numpy as np
     import gguf  # import cost is not what is measured
-    from dspark_core.drafter_info import DrafterInfo
+    from dspark_core.gguf.drafter_info import DrafterInfo
 
     path, data_offset, probe_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     def rss_peak_kib():

@@ -1,5 +1,5 @@
 """Differential tests of the row formats: the C++ core (``dspark_core.formats``)
-against gguf-py / numpy (``dspark_core.reference_formats``), byte for byte, on
+against gguf-py / numpy (``dspark_core.reference.formats``), byte for byte, on
 every SIMD path this machine supports."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dspark_core import formats
-from dspark_core import reference_formats as ref
+from dspark_core.reference import formats as ref
 from dspark_core.errors import ConfigError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -1,7 +1,7 @@
 """Replay the fuzz seed corpus and every recorded finding through the fuzz targets.
 
 Every file in ``tests/fuzz_corpus/{ops,snapshot,decode}/`` must pass its target
-(``dspark_core.fuzz``); files in ``tests/fuzz_corpus/findings/<target>/`` are
+(``dspark_core.testing.fuzz``); files in ``tests/fuzz_corpus/findings/<target>/`` are
 reproducers of bugs the fuzzers found: those listed in ``findings/KNOWN_OPEN``
 must still fail (strict xfail, so a fix is noticed), all others must pass. So
 every finding becomes a regression test.
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig
-from dspark_core.fuzz import TARGETS
+from dspark_core.testing.fuzz import TARGETS
 from dspark_core.reference import ReferenceStager
 from dspark_core.stage_plan import StagePlan
 from dspark_core.testing import (
@@ -215,7 +215,7 @@ def test_float_edge_dictionary_is_libfuzzer_syntax():
     import codecs
     import re
 
-    from dspark_core.fuzz import FLOAT_EDGE_BITS, float_edge_dictionary
+    from dspark_core.testing.fuzz import FLOAT_EDGE_BITS, float_edge_dictionary
 
     lines = float_edge_dictionary().splitlines()
     assert len(lines) == len(FLOAT_EDGE_BITS)
@@ -229,7 +229,7 @@ def test_float_edge_dictionary_is_libfuzzer_syntax():
 
 def test_decode_target_catches_a_wrong_f16_nan_rule(monkeypatch):
     """The decode target fails when the oracle's f32 -> f16 NaN rule differs from the core's."""
-    from dspark_core import reference_formats
+    from dspark_core.reference import formats as reference_formats
 
     with open(os.path.join(HERE, "findings", "decode", "f32-snan-low-payload-to-float16"), "rb") as f:
         data = f.read()

@@ -1,4 +1,4 @@
-"""Lifecycle beyond the anchors: rollback, fork, shift, snapshot/restore, draft_many.
+"""Lifecycle beyond draft / commit / accept: rollback, fork, shift, snapshot/restore, draft_many.
 
 Each runs on the core and the reference (``make_stager``); the state machine
 in test_stager_state_machine.py also interleaves them at random.
@@ -20,7 +20,7 @@ D, B, W = 32, 4, 16  # K = 8
 
 def run_rounds(st, seq, n_past, accepts, version=0):
     """Drive whole rounds (draft, commit, verify B + 1 rows, accept); returns the new n_past."""
-    for k, n in enumerate(accepts):
+    for _k, n in enumerate(accepts):
         plan = st.draft(seq, n_past)
         assert plan.skip is None
         st.commit(seq)

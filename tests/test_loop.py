@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from dspark_core.config import StagerConfig
-from dspark_core.loop import RecomputeMismatch, SpeculativeLoop
+from dspark_core.sim.loop import RecomputeMismatch, SpeculativeLoop
 from dspark_core.reference import ReferenceStager
-from dspark_core.toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference
+from dspark_core.sim.toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference
 
 
 def _core_stager():

@@ -1,7 +1,7 @@
 """Bounded memory: a sequence never holds more than W + TRIM_CHUNK + B + 1 rows.
 
-The anchor held the whole prompt until the first draft (~6 GB for a 60k
-prompt on a 27B target); the core keeps only rows a later round can stage.
+Staging without a window holds the whole prompt until the first draft (~6 GB
+for a 60k prompt on a 27B target); the core keeps only rows a later round can stage.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig, TRIM_CHUNK
-from dspark_core import _stager
+from dspark_core._ext import _stager
 from dspark_core.reference import ReferenceStager
 
 D, B, W = 64, 16, 1024
@@ -56,7 +56,7 @@ def test_steady_rounds_at_depth_stay_bounded():
     for s in (st, ref):
         s.process(0, np.arange(3000), prompt)
     n_past = 3000
-    for r in range(400):
+    for _r in range(400):
         verify = rng.standard_normal((B + 1, D)).astype(np.float32)
         n_acc = int(rng.integers(0, B + 1))
         for s in (st, ref):

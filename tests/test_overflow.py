@@ -17,7 +17,7 @@ import pytest
 from conftest import MASSIVE_PEAK, feature_rows, massive_rows
 
 from dspark_core import StagerConfig, formats
-from dspark_core import reference_formats as ref
+from dspark_core.reference import formats as ref
 
 PATHS = formats.simd_paths()
 DIM = 256

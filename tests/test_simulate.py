@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from dspark_core.commands import simulate as sim
+from dspark_core.cli import simulate as sim
 
 SMALL = ["--context", "700", "--generate", "300", "--block", "4", "--window", "64", "--quiet"]
 

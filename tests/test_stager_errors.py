@@ -272,7 +272,7 @@ def test_a_commit_resets_the_failure_count(make_stager):
 
 
 def test_fail_keeps_the_retained_rows(make_stager):
-    """After a failed rebase the next round restages the same window (the anchor soft-skipped forever)."""
+    """After a failed rebase the next round restages the same window (not a soft skip forever)."""
     st = make_stager(feature_dim=D, block_size=B, window=W)
     st.process(0, np.arange(30), feature_rows(range(30), D))
     first = st.draft(0, 30)

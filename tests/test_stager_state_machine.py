@@ -146,7 +146,7 @@ class CoreMatchesReference(RuleBasedStateMachine):
 
     @rule(seq=hs.integers(0, 2), n=hs.integers(0, 6), bad=hs.booleans())
     def process_encoded(self, seq, n, bad):
-        from dspark_core import reference_formats as rf
+        from dspark_core.reference import formats as rf
 
         seq = self.pick(seq)
         start = self.end(seq)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_core.toy import DrafterFailure, FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference, rope
+from dspark_core.sim.toy import DrafterFailure, FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference, rope
 
 # float64 drafter: incremental and batch evaluation differ only in summation order (~n * 2**-53).
 RTOL = ATOL = 1e-9

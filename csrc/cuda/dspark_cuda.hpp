@@ -40,7 +40,7 @@ int cuda_driver_version() noexcept;
 int cuda_pointer_device(const void* p);
 
 // True in a DSPARK_CUDA=EMULATE build: the "devices" are host memory and
-// the kernels run on the CPU under the warp model (csrc/cuda/emulated/).
+// the kernels run on the CPU under the warp model (csrc/tests/cuda_emulation/).
 bool cuda_is_emulated() noexcept;
 
 // "NVIDIA H100 80GB HBM3 (sm_90)"-style description of device `dev`.

@@ -2,7 +2,7 @@
 //
 // Included by row_format_cuda.cu (nvcc) and, as plain C++, by the host test
 // csrc/tests/test_cuda_kernels.cpp and the DSPARK_CUDA=EMULATE build, which
-// first include csrc/cuda/emulated/kernel_emulation.hpp: a host model of the
+// first include csrc/tests/cuda_emulation/kernel_emulation.hpp: a host model of the
 // execution subset these kernels use (grid-stride indexing, warp ballot /
 // shuffles / __ffs, atomicMin; no shared memory, no __syncthreads). So the
 // tests run this very source, lanes in lock step, against the CPU bytes.
@@ -27,7 +27,7 @@
 #if defined(__CUDACC__)
 #include <cuda_runtime.h>
 #elif !defined(DSPARK_CUDA_EMULATION)
-#error "row_format_kernels.cuh needs nvcc or csrc/cuda/emulated/kernel_emulation.hpp"
+#error "row_format_kernels.cuh needs nvcc or csrc/tests/cuda_emulation/kernel_emulation.hpp"
 #endif
 
 namespace dspark {

@@ -93,7 +93,7 @@ void fuzz_decode(Reader& r) {
 void fuzz_encode(Reader& r) {
     const ElemType in = static_cast<ElemType>(r.u8() % 3);
     const Storage s = static_cast<Storage>(r.u8() % STORAGE_COUNT);
-    const NonFinite pol = static_cast<NonFinite>(r.u8() % 3);
+    const NonFinite pol = static_cast<NonFinite>(r.u8() % NONFINITE_COUNT);
     const std::size_t dim = dim_for(s, r.u8());
     std::vector<std::uint8_t> src = r.rest();
     const std::size_t ib = dim * elem_bytes(in);
@@ -107,7 +107,8 @@ void fuzz_encode(Reader& r) {
         set_simd_path(p);
         std::vector<std::uint8_t> dst(ob + 64, 0x5A);
         const std::int64_t bad = encode_rows(src.data(), in, dst.data(), s, n, dim, pol);
-        const std::int64_t found = find_nonfinite(src.data(), in, n * dim);
+        // Overflow is non-finite too: the first value the storage cannot carry.
+        const std::int64_t found = find_unencodable(src.data(), in, n * dim, encode_bounds(s).limit);
         for (std::size_t i = ob; i < dst.size(); ++i) FUZZ_CHECK(dst[i] == 0x5A);
         dst.resize(ob);
         FUZZ_CHECK(bad >= -1 && bad < static_cast<std::int64_t>(n * dim));

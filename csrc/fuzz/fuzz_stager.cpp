@@ -162,7 +162,11 @@ struct Harness {
         for (std::size_t i = 0; i < x.size(); ++i) {
             h ^= h << 13, h ^= h >> 17, h ^= h << 5;
             float v = (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 4.0f;
-            switch (fill % 6) {
+            switch (fill % 7) {
+                case 6:  // real activations: a massive channel (1e3..1e5), a huge-norm BOS row holding 87,929
+                    if (i % D == 3 % D) v *= 1e3f * static_cast<float>(1 + h % 100);
+                    if (i < D) v = i == 3 % D ? 87929.0f : v * 30.0f;
+                    break;
                 case 1: v *= 1e-5f; break;
                 case 2: v *= 4e4f; break;
                 case 3: v = 0.0f; break;
@@ -220,7 +224,7 @@ struct Harness {
                          NonFinite::Error);
         // What the stager should store (same conversion, same policy).
         std::vector<std::uint8_t> enc(n * st.row_bytes());
-        if (n) encode_rows(in.data(), t, enc.data(), o.storage, n, D, o.nonfinite);
+        if (n) encode_rows(in.data(), t, enc.data(), o.storage, n, D, o.nonfinite, encode_bounds(o.storage, o.stage));
         if (attempt([&] { st.process(seq, pos.data(), n, in.data(), t); }))
             record(seq, pos, enc.data());
     }
@@ -455,7 +459,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     o.max_failures = 1 + (b1 >> 3) % 3;
     o.window = 2 * o.block_size + 1 + b2 % 40 + (b2 >= 200 ? 60 : 0);
     o.max_seqs = 1 + b3 % 3;
-    o.nonfinite = static_cast<NonFinite>(b4 % 3);
+    o.nonfinite = static_cast<NonFinite>(b4 % NONFINITE_COUNT);
+    o.stage = static_cast<ElemType>((b4 >> 2) % 3);
     if (b4 >= 252) {  // a configuration that cannot work must be a ConfigError, never a crash
         o.window = 2 * o.block_size - (b4 - 252);
         try {

@@ -1,6 +1,6 @@
 // Row formats: scalar (portable) kernels, which are the definition every SIMD
 // path must match byte for byte, plus runtime dispatch and the public entry
-// points of row_format.hpp. See DESIGN.md section 3.
+// points of row_format.hpp. See docs/design.md section 3.
 //
 // Quantizers follow ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref
 // (ggml-quants.c) exactly for finite input. For blocks holding a NaN (only
@@ -444,6 +444,21 @@ const char* storage_name(Storage s) noexcept {
         case Storage::Q4_0: return "q4_0";
     }
     return "?";
+}
+
+std::size_t storage_block_elems(Storage s) {
+    check_storage(s);
+    return is_q(s) ? QK : 1;
+}
+
+const char* nonfinite_name(NonFinite p) noexcept {
+    switch (p) {
+        case NonFinite::Error: return "error";
+        case NonFinite::Zero: return "zero";
+        case NonFinite::ClampF16: return "clamp_f16";
+        case NonFinite::Clamp: return "clamp";
+    }
+    return nullptr;
 }
 
 const char* elem_name(ElemType t) noexcept {

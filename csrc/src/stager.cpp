@@ -32,6 +32,14 @@ const char* skip_name(Skip s) noexcept {
     }
 }
 
+const char* fail_stage_name(FailStage s) noexcept {
+    switch (s) {
+        case FailStage::Decode: return "decode";
+        case FailStage::Crop: return "crop";
+    }
+    return nullptr;
+}
+
 Stager::Stager(const StagerOptions& o) : opt_(o) {
     if (o.feature_dim < 1) throw ConfigError("feature_dim must be >= 1, got " + std::to_string(o.feature_dim));
     if (o.block_size < 1) throw ConfigError("block_size must be >= 1, got " + std::to_string(o.block_size));
@@ -492,7 +500,7 @@ std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
     if (stage != FailStage::Decode && stage != FailStage::Crop)
         throw std::invalid_argument("stage must be 'decode' or 'crop'");
     // The drafter cache is unknown now: restage cleanly from the retained rows,
-    // which are kept (the anchor dropped them and then soft-skipped forever).
+    // which are kept (dropping them would leave nothing to restage: a soft skip forever).
     s.open = false;
     s.restage_owed = true;
     s.first_round = false;

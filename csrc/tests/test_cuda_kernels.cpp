@@ -1,6 +1,6 @@
 // The CUDA kernels, run on the host, against the CPU path.
 //
-// csrc/cuda/emulated/kernel_emulation.hpp models the execution subset the
+// csrc/tests/cuda_emulation/kernel_emulation.hpp models the execution subset the
 // kernels use (lanes of a warp in lock step as fibers, ballots and shuffles
 // evaluated when all 32 lanes reach them, divergence reported as an error),
 // so the kernels and the
@@ -20,8 +20,8 @@
 #include <thread>
 #include <vector>
 
-#include "../cuda/emulated/kernel_emulation.hpp"  // first: the kernels need its model of CUDA
-#include "../cuda/emulated/cuda_runtime.h"
+#include "cuda_emulation/kernel_emulation.hpp"  // first: the kernels need its model of CUDA
+#include "cuda_emulation/cuda_runtime.h"
 
 #include "../cuda/row_format_kernels.cuh"
 #include "check.hpp"
@@ -207,9 +207,8 @@ TEST_CASE(encode_matches_cpu_many_seeds) {
 }
 
 TEST_CASE(one_launch_per_contiguous_run) {
-    // DESIGN.md section 3: a whole run of rows (here 64 rows of 256) is one
-    // kernel launch, whatever the formats and policy (the anchor launched one
-    // per row).
+    // docs/design.md section 3: a whole run of rows (here 64 rows of 256) is one
+    // kernel launch, whatever the formats and policy (not one launch per row).
     const auto x = dataset(64 * DIM / 32, 17, false);
     for (int in = 0; in < 3; ++in) {
         const auto src = as_type(x, static_cast<ElemType>(in));

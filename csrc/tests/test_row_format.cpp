@@ -94,6 +94,20 @@ std::vector<float> nasty(std::size_t n, unsigned seed, bool nonfinite) {
 
 }  // namespace
 
+TEST_CASE(enumerated_names_and_block_geometry) {
+    // The Python tables enumerate these; each name is distinct and the
+    // enumeration ends right after the last enum value.
+    CHECK(std::string(nonfinite_name(NonFinite::Error)) == "error");
+    CHECK(std::string(nonfinite_name(NonFinite::ClampF16)) == "clamp_f16");
+    CHECK(nonfinite_name(static_cast<NonFinite>(200)) == nullptr);
+    CHECK_EQ(storage_block_elems(Storage::F32), 1u);
+    CHECK_EQ(storage_block_elems(Storage::BF16), 1u);
+    CHECK_EQ(storage_block_elems(Storage::Q8_0), QK);
+    CHECK_EQ(row_bytes(Storage::Q8_0, storage_block_elems(Storage::Q8_0)), Q8_0_BLOCK_BYTES);
+    CHECK_EQ(row_bytes(Storage::Q4_0, storage_block_elems(Storage::Q4_0)), Q4_0_BLOCK_BYTES);
+    CHECK_THROWS(storage_block_elems(static_cast<Storage>(STORAGE_COUNT)), TypeError);
+}
+
 TEST_CASE(names_and_row_bytes) {
     CHECK(std::string(storage_name(Storage::Q4_0)) == "q4_0");
     CHECK(storage_from_name("bf16") == Storage::BF16);

@@ -1,4 +1,4 @@
-// C++ unit tests of the Stager state machine (no Python). The anchor's loop
+// C++ unit tests of the Stager state machine (no Python). The synthetic loop
 // scenario with window crossing, the memory bound, atomic rejection, and the
 // lifecycle operations. The Python suite compares the core with the reference
 // twin op for op; these tests keep the core testable on its own.
@@ -55,7 +55,7 @@ float first_value(const ByteVec& rows, std::size_t row) {
 
 }  // namespace
 
-TEST_CASE(anchor_loop_crosses_the_window) {
+TEST_CASE(synthetic_loop_crosses_the_window) {
     // B = 7, W = 20, K = 10; a 5-row prompt; accepts 7, 3, 0, 7, 5, 1, 4.
     Stager s(opts(7, 20));
     CHECK_EQ(s.w_keep(), 10);
@@ -85,6 +85,16 @@ TEST_CASE(anchor_loop_crosses_the_window) {
         n_past += accepts[r] + 1;
     }
     CHECK_EQ(s.stats(0).rebases, 4);
+}
+
+TEST_CASE(skip_and_fail_stage_names) {
+    // The Python tables enumerate these until the first empty / null name.
+    CHECK(std::string(skip_name(Skip::None)).empty());
+    CHECK(std::string(skip_name(Skip::MissingRows)) == "missing_rows");
+    CHECK(std::string(skip_name(static_cast<Skip>(200))).empty());
+    CHECK(std::string(fail_stage_name(FailStage::Decode)) == "decode");
+    CHECK(std::string(fail_stage_name(FailStage::Crop)) == "crop");
+    CHECK(fail_stage_name(static_cast<FailStage>(200)) == nullptr);
 }
 
 TEST_CASE(config_errors_are_exceptions_not_aborts) {

@@ -14,15 +14,18 @@ the same protocol and is the test oracle.
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
-
-from ._stager import Stager
-from .config import STORAGES, TRIM_CHUNK, StagerConfig
+from . import _old_paths
+from ._ext._stager import Stager
+from .config import TRIM_CHUNK, StagerConfig
+from .core_tables import FAIL_STAGES, NONFINITE_POLICIES, SKIP_REASONS, STORAGE_FORMATS, STORAGES, StorageFormat
 from .context_plan import ContextPlan, plan_context
-from .drafter_info import DrafterInfo, DrafterMetadataError
+from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
 from .formats import dequantize_rows, quantize_rows, row_bytes
 from .stage_plan import BatchPlan, StagePlan
+from ._version import __version__
+
+_old_paths.install()  # dspark_core.loop & co. (the flat layout's paths) still import, with a warning
 
 __all__ = [
     "__version__",
@@ -34,6 +37,11 @@ __all__ = [
     "StateError",
     "TRIM_CHUNK",
     "STORAGES",
+    "STORAGE_FORMATS",
+    "StorageFormat",
+    "NONFINITE_POLICIES",
+    "SKIP_REASONS",
+    "FAIL_STAGES",
     "quantize_rows",
     "dequantize_rows",
     "row_bytes",

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .core_tables import NONFINITE_POLICIES, STORAGE_FORMATS, STORAGES
 from .errors import ConfigError
 
 __all__ = [
@@ -37,14 +38,8 @@ __all__ = [
 #: ``dspark::TRIM_CHUNK`` (a test keeps them equal).
 TRIM_CHUNK = 512
 
-#: Storage formats of the feature buffer (GGML layouts for the q formats).
-STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
-
 #: dtypes ``plan.rows`` can be staged in.
 STAGE_DTYPES = ("float32", "float16", "bfloat16")
-
-#: What ``process`` does with NaN / Inf inputs.
-NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "clamp")
 
 #: Who holds the feature rows: the Stager ("held") or the server ("external":
 #: the Stager keeps only the ring's bookkeeping and hands out slots). Mirrors
@@ -59,8 +54,6 @@ MAX_FEATURE_DIM = 1 << 28
 #: Upper bound on ``max_seqs`` (a sanity limit, not a memory reservation:
 #: buffers are allocated when a sequence first receives rows).
 MAX_SEQS_LIMIT = 1 << 16
-
-_QK = 32
 
 
 def stage_dtype_name(dtype: Any) -> str:
@@ -93,20 +86,12 @@ def storage_row_bytes(storage: str, feature_dim: int) -> int:
 
     ``f32``: ``4 D``; ``f16`` / ``bf16``: ``2 D``; ``q8_0``: ``D / 32 * 34``;
     ``q4_0``: ``D / 32 * 18`` (GGML block layouts; q formats need ``D % 32 == 0``).
-    Pure Python (no compiled module needed); equals ``formats.row_bytes``.
+    From the core's block table (:data:`dspark_core.core_tables.STORAGE_FORMATS`);
+    equals ``formats.row_bytes``.
     """
-    if storage not in STORAGES:
+    if storage not in STORAGE_FORMATS:
         raise ConfigError(f"storage {storage!r} is not supported; use one of {STORAGES}")
-    d = feature_dim
-    if storage.startswith("q") and d % _QK:
-        raise ConfigError(f"storage {storage!r} needs feature_dim % 32 == 0, got feature_dim {d}")
-    return {
-        "f32": 4 * d,
-        "f16": 2 * d,
-        "bf16": 2 * d,
-        "q8_0": d // _QK * (2 + _QK),
-        "q4_0": d // _QK * (2 + _QK // 2),
-    }[storage]
+    return STORAGE_FORMATS[storage].row_bytes(feature_dim)
 
 
 def window_for(n_ctx_train: int, n_batch: int, cap: int | None = None) -> int:
@@ -183,10 +168,7 @@ class StagerConfig:
             )
         if self.storage not in STORAGES:
             raise ConfigError(f"storage {self.storage!r} is not supported; use one of {STORAGES}")
-        if self.storage.startswith("q") and self.feature_dim % _QK:
-            raise ConfigError(
-                f"storage {self.storage!r} needs feature_dim % 32 == 0, got feature_dim {self.feature_dim}"
-            )
+        STORAGE_FORMATS[self.storage].row_bytes(self.feature_dim)  # q formats: whole blocks
         set_(self, "stage_dtype", stage_dtype_name(self.stage_dtype))
         if not isinstance(self.strict, bool):
             raise ConfigError(f"strict must be a bool, got {self.strict!r}")

@@ -11,7 +11,7 @@ context and the staging buffer:
 * ``w_keep = min(window // 2, window - block_size)``, the rows a rebase keeps.
 * drafter ``n_ctx`` = ``window`` per sequence (the drafter never addresses a
   position ``>= window``), ``window * n_parallel`` in total (llama.cpp's
-  unified KV cache). The anchor allocated the target's full context here.
+  unified KV cache). A drafter without a window needs the target's full context here.
 * drafter ``n_batch = window``: a round stages at most ``window`` rows
   (context rows + the block; the rebase trigger guarantees it).
 * drafter ``n_ubatch = n_batch``: the capture drafter decodes a whole round
@@ -19,8 +19,8 @@ context and the staging buffer:
   is predicted in parallel, not causally) and the round's feature rows enter
   as one embedding input, so a round must not be split across ubatches
   (llama.cpp runs non-causal attention only within one ubatch: it requires
-  ``n_ubatch >= n_tokens`` there). The anchor raised ``n_ubatch = n_batch``
-  for the dspark drafter; the plan keeps it. What changes is
+  ``n_ubatch >= n_tokens`` there). The reference systems raised
+  ``n_ubatch = n_batch`` for the dspark drafter; the plan keeps it. What changes is
   ``n_batch`` itself: it is the window, so the compute buffer is bounded by
   the window instead of the target's context (the multi-GB boot OOM).
 * ``n_batch_draft_many = window * n_parallel``: one ``draft_many`` batch holds
@@ -37,11 +37,12 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings as _warnings
 from dataclasses import dataclass
 from typing import Any
 
 from .config import STORAGES, TRIM_CHUNK, positive_int, storage_row_bytes, window_for
-from .drafter_info import DrafterInfo, DrafterMetadataError, inherited_context_warning
+from .gguf.drafter_info import DrafterInfo, DrafterMetadataError, inherited_context_warning
 from .errors import ConfigError
 
 __all__ = ["ContextPlan", "plan_context", "row_bytes", "WINDOW_CAP_ENV", "format_table"]
@@ -117,9 +118,11 @@ class ContextPlan:
         row_bytes: bytes per stored row, or ``None``.
         peak_feature_bytes_per_seq: ``peak_rows_per_seq * row_bytes``, or ``None``.
         peak_feature_bytes: ``peak_feature_bytes_per_seq * n_parallel``, or ``None``.
-        anchor_n_ctx: what the anchor allocated for the drafter context (the
-            target's ``n_ctx``), for comparison; ``None`` without ``target_n_ctx``.
-        anchor_n_batch: the anchor's drafter ``n_batch`` (``target_n_ctx + B``).
+        unwindowed_n_ctx: the drafter context a drafter without a window
+            needs (the target's ``n_ctx``), for comparison; ``None`` without
+            ``target_n_ctx``. Formerly ``anchor_n_ctx`` (deprecated alias).
+        unwindowed_n_batch: that drafter's ``n_batch`` (``target_n_ctx + B``).
+            Formerly ``anchor_n_batch`` (deprecated alias).
         warnings: warnings about the inputs (each logged once).
     """
 
@@ -146,8 +149,8 @@ class ContextPlan:
     row_bytes: int | None
     peak_feature_bytes_per_seq: int | None
     peak_feature_bytes: int | None
-    anchor_n_ctx: int | None
-    anchor_n_batch: int | None
+    unwindowed_n_ctx: int | None
+    unwindowed_n_batch: int | None
     warnings: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,14 +186,30 @@ class ContextPlan:
             ("peak buffer / seq", _fmt_bytes(self.peak_feature_bytes_per_seq)),
             ("peak buffer total", _fmt_bytes(self.peak_feature_bytes)),
         ]
-        if self.anchor_n_ctx is not None:
-            rows.append(("anchor drafter n_ctx", f"{self.anchor_n_ctx}  (full target context, for comparison)"))
-            rows.append(("anchor drafter n_batch", f"{self.anchor_n_batch}  (n_ctx + B)"))
+        if self.unwindowed_n_ctx is not None:
+            rows.append(("unwindowed n_ctx", f"{self.unwindowed_n_ctx}  (full target context, for comparison)"))
+            rows.append(("unwindowed n_batch", f"{self.unwindowed_n_batch}  (n_ctx + B)"))
         return rows
+
+    @property
+    def anchor_n_ctx(self) -> int | None:
+        """Deprecated name of :attr:`unwindowed_n_ctx`."""
+        _renamed("anchor_n_ctx", "unwindowed_n_ctx")
+        return self.unwindowed_n_ctx
+
+    @property
+    def anchor_n_batch(self) -> int | None:
+        """Deprecated name of :attr:`unwindowed_n_batch`."""
+        _renamed("anchor_n_batch", "unwindowed_n_batch")
+        return self.unwindowed_n_batch
 
     def format_table(self) -> str:
         """The plan as an aligned two-column table."""
         return format_table(self.table_rows(), "context plan")
+
+
+def _renamed(old: str, new: str) -> None:
+    _warnings.warn(f"ContextPlan.{old} is deprecated; use ContextPlan.{new}", DeprecationWarning, stacklevel=3)
 
 
 def plan_context(
@@ -304,7 +323,7 @@ def plan_context(
         row_bytes=rb,
         peak_feature_bytes_per_seq=per_seq,
         peak_feature_bytes=None if per_seq is None else per_seq * n_parallel,
-        anchor_n_ctx=target,
-        anchor_n_batch=None if target is None else target + B,
+        unwindowed_n_ctx=target,
+        unwindowed_n_batch=None if target is None else target + B,
         warnings=tuple(warnings),
     )

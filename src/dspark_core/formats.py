@@ -3,7 +3,7 @@
 Storage layouts are GGML's (``f32``, ``f16``, ``bf16``, ``q8_0``, ``q4_0``) and
 the conversions are bit-exact with ggml's reference quantizers (and so with
 ``gguf.quantize`` / ``gguf.dequantize``) on every SIMD path. The work happens
-in the C++ core (``dspark_core._row_format``) with the GIL released.
+in the C++ core (``dspark_core._ext._row_format``) with the GIL released.
 
 Example::
 
@@ -23,7 +23,8 @@ from typing import Iterator, NamedTuple
 import ml_dtypes
 import numpy as np
 
-from . import _row_format
+from . import core_tables
+from ._ext import _row_format
 
 __all__ = [
     "EncodeBounds",
@@ -43,10 +44,11 @@ __all__ = [
 ]
 
 #: Storage formats, in the C++ enum's order.
-STORAGES = ("f32", "f16", "bf16", "q8_0", "q4_0")
+STORAGES = core_tables.STORAGES
 
-#: What :func:`quantize_rows` does with NaN / +-Inf inputs.
-NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "clamp", "keep")
+#: What :func:`quantize_rows` does with NaN / +-Inf inputs: the core's
+#: policies plus ``"keep"`` (convert as-is; the first non-finite is not an error).
+NONFINITE_POLICIES = (*core_tables.NONFINITE_POLICIES, "keep")
 
 #: Input / output element dtypes.
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))

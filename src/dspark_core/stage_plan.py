@@ -23,13 +23,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .core_tables import FAIL_STAGES, SKIP_REASONS
+
 __all__ = ["StagePlan", "BatchPlan", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
-
-#: Skip reasons, in the order they are checked (and the core's Skip codes 1..4).
-SKIP_REASONS = ("disabled", "empty", "no_context", "missing_rows")
-
-#: Where a drafter round can fail: ``fail(seq, stage)`` (the core's FailStage codes).
-FAIL_STAGES = ("decode", "crop")
 
 #: The one warning logged when a sequence is disabled (sequence, failures, stage).
 DISABLED_WARNING = (

@@ -4,7 +4,7 @@
 
 Directories (one input per file):
 
-* ``ops/``, ``snapshot/``, ``decode/``: the Python targets of ``python -m dspark_core.fuzz``
+* ``ops/``, ``snapshot/``, ``decode/``: the Python targets of ``python -m dspark_core.testing.fuzz``
   (replayed by ``tests/test_fuzz_corpus.py``);
 * ``cpp_stager/``, ``cpp_formats/``: the libFuzzer targets in ``csrc/fuzz/`` (replayed
   at the start of every fuzz run in ``.ci/fuzz_steps.sh``);

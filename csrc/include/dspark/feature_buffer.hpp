@@ -1,7 +1,7 @@
 // FeatureBuffer: one sequence's encoded feature rows at contiguous absolute
 // positions [head(), end()), kept in a ring so that dropping head rows is O(1)
-// and no erase ever runs on the per-round hot path (the anchor erased from the
-// front of a vector every TRIM_CHUNK rows: a memmove of the whole window).
+// and no erase ever runs on the per-round hot path (erasing from the front
+// of a vector every TRIM_CHUNK rows would memmove the whole window).
 //
 // Invariants:
 //  * rows are contiguous in position: the row of position p (head <= p < end)

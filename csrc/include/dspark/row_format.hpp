@@ -1,6 +1,6 @@
 // Row formats: the storage encodings of feature rows and the conversions
 // between them. Bit-exact with ggml's reference quantizers (quantize_row_*_ref)
-// on every SIMD path; see DESIGN.md section 3.
+// on every SIMD path; see docs/design.md section 3.
 //
 // All functions take contiguous rows (row i of `dim` elements starts at
 // element i * dim) and never allocate. They are thread-safe.
@@ -60,6 +60,15 @@ std::size_t elem_bytes(ElemType t) noexcept;
 
 // Names used across the Python API: "f32", "f16", "bf16", "q8_0", "q4_0".
 const char* storage_name(Storage s) noexcept;
+// Elements per block of a storage: QK for the block-quantised formats, 1 for
+// the float ones. A row of `dim` elements (a multiple of it) takes
+// dim / storage_block_elems(s) blocks of row_bytes(s, storage_block_elems(s))
+// bytes. Throws TypeError for a value that is not a Storage.
+std::size_t storage_block_elems(Storage s);
+// Name of a non-finite policy ("error", "zero", "clamp_f16", "clamp"), or nullptr for
+// a value past the last policy: the binding enumerates the policies with it,
+// so the Python tables follow this enum without a copy.
+const char* nonfinite_name(NonFinite p) noexcept;
 // numpy's names: "float32", "float16", "bfloat16".
 const char* elem_name(ElemType t) noexcept;
 // Throws ConfigError naming the bad value and the allowed ones.

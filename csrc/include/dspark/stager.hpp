@@ -1,4 +1,4 @@
-// Stager: the per-sequence staging state machine of DESIGN.md section 2.
+// Stager: the per-sequence staging state machine of docs/design.md section 2.
 //
 // The pure-Python twin (src/dspark_core/reference.py) spells out the same
 // rules; this implementation must match it op for op (the hypothesis state
@@ -232,6 +232,10 @@ private:
     mutable std::mutex mu_;
 };
 
+// "disabled", "empty", "no_context", "missing_rows"; "" for Skip::None and for
+// a value past the last reason (the binding enumerates the reasons with it).
 const char* skip_name(Skip s) noexcept;
+// "decode", "crop"; nullptr for a value past the last stage.
+const char* fail_stage_name(FailStage s) noexcept;
 
 }  // namespace dspark

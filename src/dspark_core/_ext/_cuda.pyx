@@ -1,0 +1,188 @@
+# cython: language_level=3
+"""Thin Cython wrappers over the CUDA row conversions (csrc/cuda/dspark_cuda.hpp).
+
+Private module, built only with DSPARK_CUDA: use :mod:`dspark_core.cuda`.
+Everything here takes raw device pointers (ints), sizes, enum codes and a
+stream handle (int, 0 = the legacy default stream); the public module does
+the array-protocol parsing and checking. The GIL is released around every
+CUDA call.
+"""
+from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
+from libc.stdint cimport int64_t, uint8_t, uintptr_t
+from libcpp cimport bool as cbool
+from libcpp.string cimport string
+
+from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
+from dspark_core._ext._lib_cuda cimport (
+    cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
+    cuda_pointer_device, cuda_device_name, encode_rows_cuda, decode_rows_cuda,
+    cuda_stream_synchronize, cuda_copy_to_host, cuda_copy_to_device, cuda_stream_wait,
+    cuda_alloc, cuda_release, cuda_copy_device,
+)
+from dspark_core.errors import ConfigError, StateError
+
+dspark_set_error_types(ConfigError, StateError)
+
+
+cdef extern from *:
+    """
+    #include <stdint.h>
+    /* DLPack (unversioned, ABI 0.x) as produced by __dlpack__() without max_version. */
+    typedef struct { int32_t device_type; int32_t device_id; } dspark_DLDevice;
+    typedef struct { uint8_t code; uint8_t bits; uint16_t lanes; } dspark_DLDataType;
+    typedef struct {
+        void* data; dspark_DLDevice device; int32_t ndim; dspark_DLDataType dtype;
+        int64_t* shape; int64_t* strides; uint64_t byte_offset;
+    } dspark_DLTensor;
+    typedef struct dspark_DLManagedTensor {
+        dspark_DLTensor dl_tensor; void* manager_ctx; void (*deleter)(struct dspark_DLManagedTensor*);
+    } dspark_DLManagedTensor;
+    """
+    ctypedef struct dspark_DLDevice:
+        int device_type
+        int device_id
+    ctypedef struct dspark_DLDataType:
+        uint8_t code
+        uint8_t bits
+        unsigned short lanes
+    ctypedef struct dspark_DLTensor:
+        void* data
+        dspark_DLDevice device
+        int ndim
+        dspark_DLDataType dtype
+        int64_t* shape
+        int64_t* strides
+        unsigned long long byte_offset
+    ctypedef struct dspark_DLManagedTensor:
+        dspark_DLTensor dl_tensor
+
+
+def device_count():
+    """Number of CUDA devices (0 without a GPU or driver; never raises)."""
+    return cuda_device_count()
+
+
+def emulated():
+    """True in a DSPARK_CUDA=EMULATE (test) build: devices are host memory."""
+    return cuda_is_emulated()
+
+
+def unavailable_reason():
+    """Why device_count() is 0 ("" when it is not)."""
+    return cuda_unavailable_reason().decode("utf-8", "replace")
+
+
+def runtime_version():
+    return cuda_runtime_version()
+
+
+def driver_version():
+    return cuda_driver_version()
+
+
+def pointer_device(uintptr_t ptr):
+    """Device ordinal owning ``ptr``, or -1 for host / unknown memory."""
+    cdef int d
+    with nogil:
+        d = cuda_pointer_device(<const void*>ptr)
+    return d
+
+
+def device_name(int dev):
+    return cuda_device_name(dev).decode("utf-8", "replace")
+
+
+def encode(uintptr_t src, int in_code, uintptr_t dst, int storage_code, size_t n_rows, size_t dim,
+           int policy_code, bint report, uintptr_t stream):
+    """encode_rows_cuda; returns the first non-finite flat index or -1."""
+    cdef int64_t bad
+    cdef cbool rep = report
+    with nogil:
+        bad = encode_rows_cuda(<const void*>src, <ElemType><uint8_t>in_code, <void*>dst,
+                               <Storage><uint8_t>storage_code, n_rows, dim,
+                               <NonFinite><uint8_t>policy_code, <void*>stream, rep)
+    return bad
+
+
+def decode(uintptr_t src, int storage_code, uintptr_t dst, int out_code, size_t n_rows, size_t dim,
+           uintptr_t stream):
+    """decode_rows_cuda (asynchronous on ``stream``)."""
+    with nogil:
+        decode_rows_cuda(<const void*>src, <Storage><uint8_t>storage_code, <void*>dst,
+                         <ElemType><uint8_t>out_code, n_rows, dim, <void*>stream)
+
+
+def synchronize(uintptr_t stream, int device=-1):
+    """cudaStreamSynchronize(stream), with ``device`` current (-1: the current one)."""
+    with nogil:
+        cuda_stream_synchronize(<void*>stream, device)
+
+
+def copy_to_host(uintptr_t src, size_t nbytes):
+    """``nbytes`` bytes of device memory at ``src`` as a bytes object (synchronous)."""
+    cdef bytearray buf = bytearray(nbytes)
+    cdef char* p = buf
+    with nogil:
+        cuda_copy_to_host(<void*>p, <const void*>src, nbytes)
+    return bytes(buf)
+
+
+def copy_to_device(uintptr_t dst, const uint8_t[::1] host not None, uintptr_t stream):
+    """Copy a contiguous host buffer to device memory at ``dst`` on ``stream``."""
+    cdef size_t n = host.shape[0]
+    cdef const void* sp = &host[0] if n > 0 else NULL
+    with nogil:
+        cuda_copy_to_device(<void*>dst, sp, n, <void*>stream)
+
+
+def stream_wait(uintptr_t waiter, uintptr_t producer, int device=-1):
+    """Make ``waiter`` wait for the work enqueued so far on ``producer`` (streams of ``device``)."""
+    with nogil:
+        cuda_stream_wait(<void*>waiter, <void*>producer, device)
+
+
+def dlpack_info(capsule):
+    """Read (without consuming) an unversioned DLPack capsule.
+
+    Returns ``(ptr, device_type, device_id, shape, strides, (code, bits, lanes))``;
+    ``ptr`` includes ``byte_offset``; ``strides`` (in elements) is None for a
+    compact row-major tensor. The capsule must be kept alive while ``ptr`` is
+    used; it is not renamed, so its destructor releases the tensor.
+    """
+    if not PyCapsule_IsValid(capsule, b"dltensor"):
+        raise TypeError("expected an unconsumed DLPack capsule named 'dltensor'")
+    cdef dspark_DLManagedTensor* m = <dspark_DLManagedTensor*>PyCapsule_GetPointer(capsule, b"dltensor")
+    cdef dspark_DLTensor* t = &m.dl_tensor
+    shape = tuple(int(t.shape[i]) for i in range(t.ndim))
+    strides = None if t.strides == NULL else tuple(int(t.strides[i]) for i in range(t.ndim))
+    ptr = <uintptr_t>t.data + <uintptr_t>t.byte_offset
+    return (ptr, t.device.device_type, t.device.device_id, shape, strides,
+            (t.dtype.code, t.dtype.bits, t.dtype.lanes))
+
+
+def copy_device(uintptr_t dst, uintptr_t src, size_t nbytes, uintptr_t stream):
+    """Device-to-device copy (asynchronous on ``stream``)."""
+    with nogil:
+        cuda_copy_device(<void*>dst, <const void*>src, nbytes, <void*>stream)
+
+
+cdef class Allocation:
+    """``nbytes`` of device memory on ``device`` (cudaMalloc), freed with the object."""
+    cdef void* _p
+    cdef readonly size_t nbytes
+    cdef readonly int device
+
+    def __cinit__(self, size_t nbytes, int device=0):
+        self._p = NULL
+        self.nbytes = nbytes
+        self.device = device
+        with nogil:
+            self._p = cuda_alloc(nbytes, device)
+
+    def __dealloc__(self):
+        cuda_release(self._p)
+        self._p = NULL
+
+    @property
+    def ptr(self):
+        return <uintptr_t>self._p

@@ -1,0 +1,34 @@
+# cython: language_level=3
+# Declarations of the CUDA row-conversion API (csrc/cuda/dspark_cuda.hpp).
+# Declarations only: the wrappers live in _cuda.pyx. Built only when the
+# package is configured with DSPARK_CUDA=AUTO (and nvcc is found), ON or
+# EMULATE (tests: an emulated device in host memory).
+from libc.stdint cimport int64_t
+from libcpp cimport bool
+from libcpp.string cimport string
+
+from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
+
+
+cdef extern from "dspark_cuda.hpp" namespace "dspark" nogil:
+    int cuda_device_count()
+    bool cuda_is_emulated()
+    string cuda_unavailable_reason() except +dspark_translate_exception
+    int cuda_runtime_version()
+    int cuda_driver_version()
+    int cuda_pointer_device(const void* p) except +dspark_translate_exception
+    string cuda_device_name(int dev) except +dspark_translate_exception
+
+    int64_t encode_rows_cuda(const void* src, ElemType in_, void* dst, Storage out, size_t n_rows,
+                             size_t dim, NonFinite policy, void* stream,
+                             bool report_nonfinite) except +dspark_translate_exception
+    void decode_rows_cuda(const void* src, Storage in_, void* dst, ElemType out, size_t n_rows,
+                          size_t dim, void* stream) except +dspark_translate_exception
+
+    void cuda_stream_synchronize(void* stream, int device) except +dspark_translate_exception
+    void cuda_copy_to_host(void* host_dst, const void* dev_src, size_t n) except +dspark_translate_exception
+    void cuda_copy_to_device(void* dev_dst, const void* host_src, size_t n, void* stream) except +dspark_translate_exception
+    void* cuda_alloc(size_t n, int device) except +dspark_translate_exception
+    void cuda_release(void* p)
+    void cuda_copy_device(void* dst, const void* src, size_t n, void* stream) except +dspark_translate_exception
+    void cuda_stream_wait(void* waiter, void* producer, int device) except +dspark_translate_exception

@@ -1,0 +1,57 @@
+"""Typed stubs of the private Cython module ``dspark_core._ext._row_format``.
+
+Use :mod:`dspark_core.formats` instead; these wrappers do no coercion.
+"""
+
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+# The core's name tables (index == the C++ enum value); see dspark_core.core_tables.
+STORAGES: tuple[str, ...]
+STORAGE_BLOCKS: tuple[tuple[int, int], ...]
+NONFINITE_POLICIES: tuple[str, ...]
+SKIP_REASONS: tuple[str, ...]
+FAIL_STAGES: tuple[str, ...]
+
+def row_bytes(storage: str, dim: int) -> int:
+    """Bytes of one row of ``dim`` elements stored as ``storage``."""
+
+def storage_out_dtype(storage: str) -> np.dtype[Any]:
+    """numpy dtype of :func:`encode`'s output for ``storage``."""
+
+def encode(
+    src: npt.NDArray[Any],
+    storage: str,
+    nonfinite: str = "error",
+    out: npt.NDArray[Any] | None = None,
+) -> tuple[npt.NDArray[Any], int]:
+    """Encode a C-contiguous 2-D float32/float16/bfloat16 array; returns (encoded, first_bad)."""
+
+def decode(
+    data: npt.NDArray[Any],
+    storage: str,
+    dim: int,
+    out_dtype: Any = ...,
+    out: npt.NDArray[Any] | None = None,
+) -> npt.NDArray[Any]:
+    """Decode whole rows stored as ``storage`` to (n, dim) of ``out_dtype``."""
+
+def bounds(storage: str, staged: Any = ...) -> tuple[float, float]:
+    """``(limit, clamp_to)`` of ``storage`` decoded to ``staged``."""
+
+def find_nonfinite(src: npt.NDArray[Any]) -> int:
+    """Flat index of the first NaN/Inf, or -1."""
+
+def simd_paths() -> list[str]:
+    """Supported SIMD paths, scalar first."""
+
+def best_simd_path() -> str:
+    """The fastest supported path."""
+
+def active_simd_path() -> str:
+    """The path in use."""
+
+def set_simd_path(name: str) -> None:
+    """Select a path process-wide (ValueError if unknown/unsupported)."""

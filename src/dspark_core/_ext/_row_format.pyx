@@ -1,0 +1,229 @@
+# cython: language_level=3
+"""Thin Cython wrappers over the C++ row-format conversions (dspark/row_format.hpp).
+
+Private module: use :mod:`dspark_core.formats`. Every function takes
+C-contiguous numpy arrays, checks shapes and dtypes with the GIL held, and
+releases the GIL around the C++ conversion.
+"""
+import numpy as np
+import ml_dtypes
+
+cimport numpy as cnp
+from libc.stdint cimport int64_t, uint8_t
+from libcpp.string_view cimport string_view
+
+from dspark_core._ext._lib_row_format cimport (
+    Storage, ElemType, NonFinite, SimdPath, EncodeBounds, encode_bounds as c_encode_bounds,
+    row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name, storage_name,
+    storage_block_elems, nonfinite_name, STORAGE_COUNT,
+    encode_rows, decode_rows, find_nonfinite as c_find_nonfinite,
+    simd_supported, best_simd_path as c_best_simd_path,
+    active_simd_path as c_active_simd_path, set_simd_path as c_set_simd_path,
+    simd_path_name, dspark_set_error_types,
+)
+from dspark_core._ext._lib_stager cimport Skip, FailStage, skip_name, fail_stage_name
+from dspark_core.errors import ConfigError, StateError
+
+cnp.import_array()
+dspark_set_error_types(ConfigError, StateError)
+
+_F32 = np.dtype(np.float32)
+_F16 = np.dtype(np.float16)
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+_U8 = np.dtype(np.uint8)
+
+# The core's name tables, enumerated from its enums (dspark_core.core_tables
+# publishes and checks them): index == the C++ enum value.
+STORAGES = tuple(storage_name(<Storage><uint8_t>i).decode() for i in range(STORAGE_COUNT))
+#: (elements, bytes) of one block of each storage.
+STORAGE_BLOCKS = tuple(
+    (storage_block_elems(<Storage><uint8_t>i), c_row_bytes(<Storage><uint8_t>i, storage_block_elems(<Storage><uint8_t>i)))
+    for i in range(STORAGE_COUNT))
+
+
+cdef tuple _names(const char* (*name)(int) noexcept, int first):
+    """Names of values ``first, first + 1, ...`` up to the first null / empty one."""
+    out = []
+    cdef const char* n
+    for i in range(first, 256):
+        n = name(i)
+        if n == NULL or n[0] == 0:
+            break
+        out.append(n.decode())
+    return tuple(out)
+
+
+cdef const char* _nonfinite_name(int i) noexcept:
+    return nonfinite_name(<NonFinite><uint8_t>i)
+
+
+cdef const char* _skip_name(int i) noexcept:
+    return skip_name(<Skip><uint8_t>i)
+
+
+cdef const char* _fail_stage_name(int i) noexcept:
+    return fail_stage_name(<FailStage><uint8_t>i)
+
+
+NONFINITE_POLICIES = _names(_nonfinite_name, 0)
+SKIP_REASONS = _names(_skip_name, 1)  # Skip::None (0) is no reason
+FAIL_STAGES = _names(_fail_stage_name, 0)
+
+# Python-side codes of the C++ enums (NonFinite, SimdPath). "keep" is the
+# conversion-only policy: convert as-is and report nothing (Error's code).
+_POLICIES = {"keep": 0, **{name: i for i, name in enumerate(NONFINITE_POLICIES)}}
+_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
+
+
+cdef Storage _storage(str name) except *:
+    cdef bytes b = name.encode("utf-8")
+    return storage_from_name(string_view(<const char*>b, len(b)))
+
+
+cdef ElemType _elem_of_dtype(dt, str what) except *:
+    dt = np.dtype(dt)
+    if dt == _F32:
+        return ElemType.F32
+    if dt == _F16:
+        return ElemType.F16
+    if dt == _BF16:
+        return ElemType.BF16
+    raise TypeError(f"{what}: dtype {dt} is not supported (expected float32, float16 or bfloat16)")
+
+
+cdef inline void* _ptr(cnp.ndarray a):
+    return cnp.PyArray_DATA(a)
+
+
+cdef cnp.ndarray _output(cnp.ndarray out, dt, tuple shape, str what):
+    """``out`` checked to be a writeable C-contiguous ``dt`` array of ``shape``, or a new one."""
+    if out is None:
+        return np.empty(shape, dtype=dt)
+    if out.dtype != dt or tuple((<object>out).shape) != shape or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"{what}: out must be a writeable C-contiguous {dt} array of shape {shape}")
+    return out
+
+
+def row_bytes(str storage, size_t dim):
+    """Bytes of one row of ``dim`` elements stored as ``storage``."""
+    return c_row_bytes(_storage(storage), dim)
+
+
+def storage_out_dtype(str storage):
+    """numpy dtype of :func:`encode`'s output for ``storage``."""
+    cdef Storage s = _storage(storage)
+    if s == Storage.F32:
+        return _F32
+    if s == Storage.F16:
+        return _F16
+    if s == Storage.BF16:
+        return _BF16
+    return _U8
+
+
+def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.ndarray out=None):
+    """Encode the rows of a C-contiguous (n, dim) float32/float16/bfloat16 array.
+
+    Returns ``(encoded, first_bad)``: ``encoded`` is (n, dim) of the storage's
+    float dtype for f32/f16/bf16 and uint8 (n, row_bytes) for q formats;
+    ``first_bad`` is the flat index of the first NaN/Inf input under
+    ``nonfinite="error"``/``"keep"`` (-1 when all finite; always -1 under
+    ``"zero"``/``"clamp_f16"``). The whole input is converted either way.
+    """
+    cdef ElemType et = _elem_of_dtype(src.dtype, "encode")
+    cdef Storage s = _storage(storage)
+    if nonfinite not in _POLICIES:
+        raise ValueError(f"nonfinite must be one of {tuple(_POLICIES)}, got {nonfinite!r}")
+    cdef NonFinite pol = <NonFinite><int>_POLICIES[nonfinite]
+    if src.ndim != 2:
+        raise ValueError(f"encode: expected a 2-D (n_rows, dim) array, got shape {(<object>src).shape}")
+    if not src.flags.c_contiguous:
+        raise ValueError("encode: the input must be C-contiguous")
+    cdef size_t n = <size_t>src.shape[0]
+    cdef size_t dim = <size_t>src.shape[1]
+    cdef size_t rb = c_row_bytes(s, dim)
+    if s == Storage.Q8_0 or s == Storage.Q4_0:
+        shape = (n, rb)
+    else:
+        shape = (n, dim)
+    dt = storage_out_dtype(storage)
+    out = _output(out, dt, shape, "encode")
+    cdef const void* sp = _ptr(src)
+    cdef void* dp = _ptr(out)
+    cdef int64_t bad
+    with nogil:
+        bad = encode_rows(sp, et, dp, s, n, dim, pol)
+    return out, bad
+
+
+def bounds(str storage, staged=np.float32):
+    """``(limit, clamp_to)`` of ``storage`` decoded to ``staged``: ``|x| < limit``
+    stays finite; ``clamp_to`` is the largest magnitude that does."""
+    cdef EncodeBounds b = c_encode_bounds(_storage(storage), _elem_of_dtype(staged, "bounds"))
+    return float(b.limit), float(b.clamp_to)
+
+
+def decode(cnp.ndarray data not None, str storage, size_t dim, out_dtype=np.float32, cnp.ndarray out=None):
+    """Decode rows stored as ``storage`` (``dim`` elements each).
+
+    ``data`` is any C-contiguous array holding whole rows (uint8 (n, row_bytes),
+    or the storage's float dtype (n, dim)); the row count is
+    ``data.nbytes // row_bytes``. Output is (n, dim) of ``out_dtype``
+    (float32, float16 or bfloat16), written into ``out`` when given.
+    """
+    cdef Storage s = _storage(storage)
+    cdef ElemType et = _elem_of_dtype(out_dtype, "decode out_dtype")
+    cdef size_t rb = c_row_bytes(s, dim)
+    if not data.flags.c_contiguous:
+        raise ValueError("decode: the data must be C-contiguous")
+    cdef size_t nbytes = <size_t>data.nbytes
+    if rb == 0 or nbytes % rb != 0:
+        raise ValueError(f"decode: {nbytes} bytes is not a whole number of {storage} rows of dim {dim} "
+                         f"({rb} bytes each)")
+    cdef size_t n = nbytes // rb
+    dt = _F32 if et == ElemType.F32 else (_F16 if et == ElemType.F16 else _BF16)
+    shape = (n, dim)
+    out = _output(out, dt, shape, "decode")
+    cdef const void* sp = _ptr(data)
+    cdef void* dp = _ptr(out)
+    with nogil:
+        decode_rows(sp, s, dp, et, n, dim)
+    return out
+
+
+def find_nonfinite(cnp.ndarray src not None):
+    """Flat index of the first NaN/Inf in a C-contiguous float32/float16/bfloat16 array, or -1."""
+    cdef ElemType et = _elem_of_dtype(src.dtype, "find_nonfinite")
+    if not src.flags.c_contiguous:
+        raise ValueError("find_nonfinite: the input must be C-contiguous")
+    cdef const void* sp = _ptr(src)
+    cdef size_t n = <size_t>src.size
+    cdef int64_t r
+    with nogil:
+        r = c_find_nonfinite(sp, et, n)
+    return r
+
+
+def simd_paths():
+    """Names of the SIMD kernel paths this CPU and build support, scalar first."""
+    return [name for name, p in _PATHS.items() if simd_supported(<SimdPath><int>p)]
+
+
+def best_simd_path():
+    """Name of the fastest supported path."""
+    return simd_path_name(c_best_simd_path()).decode()
+
+
+def active_simd_path():
+    """Name of the path conversions use now."""
+    return simd_path_name(c_active_simd_path()).decode()
+
+
+def set_simd_path(str name):
+    """Make ``name`` ("scalar", "avx2", "avx512") the active path (process-wide).
+
+    ValueError for an unknown name or a path this CPU/build does not support.
+    """
+    if name not in _PATHS:
+        raise ValueError(f"unknown SIMD path {name!r} (expected one of {tuple(_PATHS)})")
+    c_set_simd_path(<SimdPath><int>_PATHS[name])

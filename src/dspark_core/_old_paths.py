@@ -1,0 +1,80 @@
+"""Old module paths of the flat layout, kept importable with a DeprecationWarning.
+
+``import dspark_core.loop`` (and every other path in :data:`MOVED`) returns the
+module at its new path, after a DeprecationWarning that names it. The aliases
+are served by a finder instead of shim files, so the old paths hold no code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+import warnings
+from typing import Sequence
+
+#: Old module path -> new module path.
+MOVED = {
+    "dspark_core.loop": "dspark_core.sim.loop",
+    "dspark_core.toy": "dspark_core.sim.toy",
+    "dspark_core.drafter_info": "dspark_core.gguf.drafter_info",
+    "dspark_core.reference_formats": "dspark_core.reference.formats",
+    "dspark_core.fuzz": "dspark_core.testing.fuzz",
+    "dspark_core.commands": "dspark_core.cli",
+    "dspark_core.commands.simulate": "dspark_core.cli.simulate",
+    "dspark_core.commands.inspect": "dspark_core.cli.inspect",
+    "dspark_core.commands.fuzz": "dspark_core.cli.fuzz",
+    "dspark_core._stager": "dspark_core._ext._stager",
+    "dspark_core._row_format": "dspark_core._ext._row_format",
+    "dspark_core._cuda": "dspark_core._ext._cuda",
+}
+
+
+def _warn(old: str, new: str) -> None:
+    warnings.warn(f"{old} moved to {new}; import it from there", DeprecationWarning, stacklevel=3)
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        _warn(self.old, self.new)
+        return importlib.import_module(self.new)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """The module is the new one, already executed."""
+
+    def get_code(self, fullname: str) -> types.CodeType:
+        """``python -m <old path>`` runs the new module as ``__main__``."""
+        source = (
+            "import runpy, warnings\n"
+            f"warnings.warn({self.old!r} ' moved to ' {self.new!r}, DeprecationWarning)\n"
+            f"runpy.run_module({self.new!r}, run_name='__main__', alter_sys=True)\n"
+        )
+        return compile(source, f"<{self.old}>", "exec")
+
+    def is_package(self, fullname: str) -> bool:
+        return False
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        new = MOVED.get(fullname)
+        if new is None:
+            return None
+        is_pkg = any(k.startswith(fullname + ".") for k in MOVED)
+        spec = importlib.machinery.ModuleSpec(fullname, _AliasLoader(fullname, new), is_package=is_pkg)
+        if is_pkg:
+            spec.submodule_search_locations = []
+        return spec
+
+
+def install() -> None:
+    """Serve the old paths (idempotent)."""
+    if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AliasFinder())  # before the path finder: an old package path (dspark_core.commands) must not load its submodules twice

@@ -1,1 +1,0 @@
-"""Subcommands of ``dspark-core`` (see :mod:`dspark_core.cli`)."""

@@ -1,0 +1,103 @@
+"""The core's tables: storages, block geometry, non-finite policies, skip reasons, fail stages.
+
+One source of truth: the C++ core's enums, enumerated through the binding
+(``_ext._row_format`` walks each enum's name function until it ends), so a
+value the core gains (a new non-finite policy, say) appears here without an
+edit. Every module of the package and the reference twin take these names
+from here. :func:`_check` runs at import: a core whose tables disagree with
+its own ``row_bytes`` fails ``import dspark_core`` instead of a call later.
+
+Tuple index == the C++ enum value (``Storage``, ``NonFinite``, ``FailStage``;
+``Skip`` counts from 1, its 0 being "no skip").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Mapping
+
+from ._ext import _row_format as _core
+from .errors import ConfigError
+
+__all__ = [
+    "STORAGES",
+    "STORAGE_FORMATS",
+    "StorageFormat",
+    "NONFINITE_POLICIES",
+    "SKIP_REASONS",
+    "FAIL_STAGES",
+]
+
+
+@dataclass(frozen=True)
+class StorageFormat:
+    """How one storage lays out a row: ``block_elems`` elements per ``block_bytes``-byte block.
+
+    ``block_elems`` is 1 for the float formats and 32 for q8_0 / q4_0 (GGML
+    blocks: an fp16 scale then 32 int8 / 16 bytes of packed nibbles).
+    """
+
+    name: str
+    code: int  #: the core's ``Storage`` value (snapshots record it)
+    block_elems: int
+    block_bytes: int
+
+    @property
+    def quantized(self) -> bool:
+        return self.block_elems > 1
+
+    def row_bytes(self, feature_dim: int) -> int:
+        """Bytes of one row of ``feature_dim`` elements (a positive multiple of ``block_elems``)."""
+        if feature_dim < 1 or feature_dim % self.block_elems:
+            raise ConfigError(
+                f"storage {self.name!r} needs feature_dim % {self.block_elems} == 0, got feature_dim {feature_dim}"
+            )
+        return feature_dim // self.block_elems * self.block_bytes
+
+
+#: Storage formats of the feature buffer, in the core's enum order.
+STORAGES: tuple[str, ...] = tuple(_core.STORAGES)
+
+#: Block geometry of each storage (name -> :class:`StorageFormat`).
+STORAGE_FORMATS: Mapping[str, StorageFormat] = MappingProxyType(
+    {
+        name: StorageFormat(name, code, elems, nbytes)
+        for code, (name, (elems, nbytes)) in enumerate(zip(STORAGES, _core.STORAGE_BLOCKS))
+    }
+)
+
+#: What ``Stager.process`` does with NaN / Inf inputs (``StagerConfig.nonfinite``).
+#: :func:`dspark_core.formats.quantize_rows` also accepts ``"keep"`` (convert as-is).
+NONFINITE_POLICIES: tuple[str, ...] = tuple(_core.NONFINITE_POLICIES)
+
+#: Why ``draft`` staged nothing (``StagePlan.skip``), in the order the core checks them.
+SKIP_REASONS: tuple[str, ...] = tuple(_core.SKIP_REASONS)
+
+#: Where a drafter round can fail: ``fail(seq, stage)``.
+FAIL_STAGES: tuple[str, ...] = tuple(_core.FAIL_STAGES)
+
+
+def _check() -> None:
+    """The tables agree with the core's own row_bytes and hold distinct, usable names."""
+    for what, names in (
+        ("storages", STORAGES),
+        ("non-finite policies", NONFINITE_POLICIES),
+        ("skip reasons", SKIP_REASONS),
+        ("fail stages", FAIL_STAGES),
+    ):
+        if not names or len(set(names)) != len(names) or not all(n.isidentifier() for n in names):
+            raise ImportError(f"dspark_core: the core's {what} table is malformed: {names!r}")
+    if len(_core.STORAGE_BLOCKS) != len(STORAGES):
+        raise ImportError("dspark_core: the core's storage table and block table differ in length")
+    for fmt in STORAGE_FORMATS.values():
+        for n_blocks in (1, 3):
+            dim = n_blocks * fmt.block_elems
+            if fmt.block_bytes < 1 or _core.row_bytes(fmt.name, dim) != fmt.row_bytes(dim):
+                raise ImportError(f"dspark_core: storage {fmt.name!r}: block table disagrees with row_bytes")
+    # StagerConfig's default; "keep" is the conversion-only policy of formats.quantize_rows.
+    if "error" not in NONFINITE_POLICIES or "keep" in NONFINITE_POLICIES:
+        raise ImportError(f"dspark_core: unexpected non-finite policies {NONFINITE_POLICIES!r}")
+
+
+_check()

@@ -1,0 +1,1 @@
+"""Drafter metadata read from a GGUF file (through gguf-py)."""

@@ -1,0 +1,14 @@
+"""The pure-Python twin of the C++ core: the test oracle.
+
+:class:`ReferenceStager` implements the staging contract (docs/design.md
+section 2) in plain Python and numpy; :mod:`dspark_core.reference.formats`
+encodes and decodes rows with gguf-py and ml_dtypes, independently of the
+core's conversion code.
+"""
+
+from __future__ import annotations
+
+from . import formats
+from .stager import FAIL_STAGES, SEMANTIC_STATS, ReferenceStager, logger
+
+__all__ = ["ReferenceStager", "FAIL_STAGES", "SEMANTIC_STATS", "formats", "logger"]

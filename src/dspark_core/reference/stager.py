@@ -1,0 +1,611 @@
+"""The pure-Python reference stager: the executable form of docs/design.md section 2.
+
+:class:`ReferenceStager` has the same API as :class:`dspark_core.Stager` and
+is written to be obviously correct rather than fast: rows live in a dict keyed
+by absolute position, every rule is spelled out where it applies, and the
+row formats come from numpy / ml_dtypes / gguf-py (``reference.formats``).
+It is the oracle the C++ core is tested against, op for op.
+
+State of one sequence (all positions absolute):
+
+* ``end``: the next position ``process`` expects (last buffered + 1).
+* ``horizon``: the oldest position that can still be staged. Rows below it
+  are gone (the core drops them lazily in ``TRIM_CHUNK`` chunks; here at
+  once). It only moves forward, except on ``rollback`` / ``shift``, and is
+  recomputed by :meth:`_advance_horizon` after every change.
+* ``n_cache`` / ``pos_base``: the drafter cache holds rows
+  ``[pos_base, n_cache)`` at drafter positions ``[0, n_cache - pos_base)``.
+* ``restage_owed``: the drafter cache is unknown (after ``fail``, a rollback
+  into it, ``fork``, ``shift``, ``restore``): the next round rebases.
+* ``tentative``: rows appended since the last draft (or accept) that
+  ``accept`` may still drop. Once more than ``B + 1`` such rows arrive (no
+  verify batch is larger) they are final and ``accept`` is a no-op until the
+  next draft; before the first draft after ``begin`` rows are final too.
+
+Horizon rule (what keeps memory bounded while prompts are far longer than
+the window, without ever changing what a later round stages). With ``f`` the
+firm end (the smallest end an ``accept`` can leave), the last ``W`` positions
+before ``f`` stay stageable::
+
+    horizon = max(horizon, f - W)
+
+A later round never needs more: a rebase stages rows ``>= start - K`` and a
+plain round rows ``>= n_cache >= pos_base > f + B - W``. Keeping ``W`` rather
+than ``K`` rows is what lets a rollback of up to ``W - K`` positions (a
+regenerate, an edited message) restage a full ``K``-row context. Live rows
+stay ``<= W + B`` (plus the dead head below the horizon that the core has not
+trimmed yet: fewer than ``TRIM_CHUNK`` rows), inside ``W + TRIM_CHUNK + B + 1``.
+
+Slots. Besides the rows, each sequence drives a :class:`RingModel`: the
+core's ring bookkeeping (head, head slot, count, capacity) at the same points
+the core changes its ring, with the same lazy ``TRIM_CHUNK`` trim. It gives
+every plan's ``slots`` and the moves ``fork`` / ``shift`` return, in both row
+modes; in external-row mode (``rows="external"``) it is all the reference
+keeps of the rows, and ``process`` returns the slots to write.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import formats as rf
+from .. import snapshot_format
+from .._args import as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, require_held_rows
+from ..config import STORAGES, TRIM_CHUNK, StagerConfig
+from ..errors import StateError
+from ..protocol_mismatch import MismatchGuard
+from ..slot_moves import SlotMoves, no_moves
+from ..stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
+from .ring import RingModel
+
+__all__ = ["ReferenceStager", "FAIL_STAGES"]
+
+logger = logging.getLogger("dspark_core")
+
+
+
+#: Counters both the core and the reference keep (``stats``).
+SEMANTIC_STATS = (
+    "rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips", "live_rows",
+)
+
+
+@dataclass
+class _Seq:
+    started: bool = False
+    end: int = 0
+    horizon: int = 0
+    n_cache: int = 0
+    pos_base: int = 0
+    restage_owed: bool = False
+    first_round: bool = True
+    disabled: bool = False
+    failures: int = 0
+    accept_open: bool = False
+    tentative: int = 0
+    open_round: tuple[int, int] | None = None  # (start, base)
+    rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
+    stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
+    ring: RingModel = field(default_factory=lambda: RingModel(0))  # replaced by the Stager's
+
+
+def _moves(src_slots: list[int], dst_slots: list[int]) -> np.ndarray:
+    """Slot pairs (one per row, in order) as (n, 3) int64 moves of consecutive runs."""
+    runs: list[list[int]] = []
+    for a, b in zip(src_slots, dst_slots):
+        if runs and runs[-1][0] + runs[-1][2] == a and runs[-1][1] + runs[-1][2] == b:
+            runs[-1][2] += 1
+        else:
+            runs.append([a, b, 1])
+    return np.array(runs, np.int64).reshape(len(runs), 3)
+
+
+class ReferenceStager:
+    """Pure-Python twin of :class:`dspark_core.Stager` (same API, same results)."""
+
+    def __init__(self, config: StagerConfig) -> None:
+        if not isinstance(config, StagerConfig):
+            raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
+        self.config = config
+        self._mismatch = MismatchGuard(config.strict)
+        self._external = config.external_rows
+        self.moves_issued = 0
+        self._seqs = [_Seq(ring=RingModel(config.ring_rows)) for _ in range(config.max_seqs)]
+
+    @property
+    def w_keep(self) -> int:
+        """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
+        return self.config.w_keep
+
+    @property
+    def ring_rows(self) -> int:
+        """Ring slots per sequence (``W + TRIM_CHUNK + B + 1``)."""
+        return self.config.ring_rows
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"ReferenceStager(feature_dim={c.feature_dim}, block_size={c.block_size}, window={c.window}, "
+                f"max_seqs={c.max_seqs}, storage={c.storage!r})")
+
+    # -- helpers --------------------------------------------------------
+    def _get(self, seq: Any) -> _Seq:
+        i = as_index("seq", seq)
+        if not 0 <= i < len(self._seqs):
+            raise ValueError(f"unknown sequence {i} (this Stager has sequences 0..{len(self._seqs) - 1})")
+        return self._seqs[i]
+
+    def _closed(self, seq: Any) -> tuple[int, _Seq]:
+        st = self._get(seq)
+        i = as_index("seq", seq)
+        if st.open_round is not None:
+            raise StateError(f"sequence {i} has an open round: call commit() or fail() first")
+        return i, st
+
+    def _firm_end(self, st: _Seq) -> int:
+        if st.accept_open and st.tentative > 0:
+            return st.end - st.tentative + 1  # accept keeps at least one row
+        return st.end
+
+    def _advance_horizon(self, st: _Seq) -> None:
+        self._update_horizon(st)
+        self._trim_ring(st)
+
+    def _trim_ring(self, st: _Seq) -> None:
+        """The core's lazy trim: dead head rows leave the ring a chunk at a time."""
+        if st.started and st.horizon - st.ring.head >= TRIM_CHUNK:
+            st.ring.drop_front(st.horizon)
+
+    def _update_horizon(self, st: _Seq) -> None:
+        if not st.started:
+            return
+        need = self._firm_end(st) - self.config.window
+        if need > st.horizon:
+            st.horizon = need
+        for p in [p for p in st.rows if p < st.horizon]:
+            del st.rows[p]
+
+    def _encode(self, seq: int, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        c = self.config
+        if c.nonfinite == "error":
+            self._check_stageable(seq, positions, rows.astype(np.float32))
+        enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite, c.stage_dtype)
+        return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), c.row_bytes)
+
+    def _check_stageable(self, seq: int, positions: np.ndarray, values: np.ndarray) -> None:
+        """Raise unless every value stays finite once stored and staged (overflow included)."""
+        c = self.config
+        limit, _ = rf.bounds(c.storage, c.stage_dtype)
+        with np.errstate(invalid="ignore"):
+            bad = np.argwhere(~(np.abs(values) < np.float32(limit)))
+        if len(bad):
+            r, ch = (int(v) for v in bad[0])
+            raise ValueError(
+                f"sequence {seq}: row {r} (position {int(positions[r])}), channel {ch} holds "
+                f"{float(values[r, ch]):.9g}; nothing was appended"
+            )
+
+    def _decode(self, encoded: np.ndarray) -> np.ndarray:
+        c = self.config
+        if len(encoded) == 0:
+            return np.zeros((0, c.feature_dim), c.numpy_stage_dtype)
+        return rf.decode(encoded, c.storage, c.feature_dim, c.numpy_stage_dtype)
+
+    # -- round protocol -------------------------------------------------
+    def begin(self, seq: int) -> None:
+        """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
+        i, old = self._closed(seq)
+        old.ring.reset(0)  # the core keeps the ring (and its capacity) of a reused slot
+        self._seqs[i] = _Seq(ring=old.ring)
+        self._mismatch.reset(i)
+
+    def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
+        """Buffer the target's capture rows at absolute ``positions``.
+
+        External-row mode: no rows; returns the slot of each row (-1 below
+        the horizon).
+        """
+        i, st = self._closed(seq)
+        check_rows_given(self._external, rows)
+        if self._external:
+            pos = as_positions(positions)
+            if len(pos) == 0:
+                return np.zeros(0, np.int64)
+            self._check_positions(i, st, pos)
+            return np.array(self._append(i, st, int(pos[0]), None, len(pos)), np.int64)
+        pos = as_positions(positions)
+        arr = as_rows(rows, self.config.feature_dim)
+        if arr.shape[0] != len(pos):
+            raise ValueError(f"{len(pos)} positions for {arr.shape[0]} rows")
+        if len(pos) == 0:
+            return
+        self._check_positions(i, st, pos)
+        self._append(i, st, int(pos[0]), self._encode(i, pos, arr), len(pos))
+        return None
+
+    def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
+        """Buffer rows already in storage format (uint8 ``(n, row_bytes)`` or flat).
+
+        Stored as given; under ``nonfinite="error"`` rows with non-finite stored
+        values (or q-block scales) are rejected, the other policies do not
+        rewrite encoded rows.
+        """
+        i, st = self._closed(seq)
+        require_held_rows(self._external, "process_encoded")
+        c = self.config
+        pos = as_positions(positions)
+        n = len(pos)
+        enc = as_encoded(data, n, c.row_bytes).reshape(n, c.row_bytes)
+        if n == 0:
+            return
+        self._check_positions(i, st, pos)
+        if c.nonfinite == "error":
+            # Staged as float32 this is a non-finite stored value (a q block
+            # scale that is inf / nan makes every value of its block one).
+            staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
+            limit, _ = rf.bounds("f32", c.stage_dtype)
+            with np.errstate(invalid="ignore"):
+                bad = np.argwhere(~(np.abs(staged) < np.float32(limit)))
+            if len(bad):
+                r, ch = (int(v) for v in bad[0])
+                raise ValueError(
+                    f"sequence {i}: row {r} (position {int(pos[r])}), channel {ch} holds "
+                    f"{float(staged[r, ch]):.9g}; nothing was appended"
+                )
+        self._append(i, st, int(pos[0]), enc.copy(), n)
+
+    def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
+        if len(pos) > 1 and not np.all(np.diff(pos) == 1):
+            raise ValueError(f"sequence {i}: positions must be contiguous (+1 each row)")
+        if st.started and int(pos[0]) != st.end:
+            p0 = int(pos[0])
+            why = (
+                f"rows up to {st.end - 1} are buffered: was accept() not called after the verify batch, "
+                "or is a rollback() to the target's n_past missing?"
+                if p0 < st.end
+                else f"rows {st.end}..{p0 - 1} were never processed: every target decode must be passed to process()"
+            )
+            raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {p0} ({why})")
+
+    def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int) -> list[int]:
+        """Append n rows (``enc``: their bytes, None in external mode); returns their slots."""
+        was_started, old_end = st.started, st.end
+        if not st.started:
+            st.started = True
+            st.end = st.horizon = st.n_cache = st.pos_base = p0
+        if enc is not None:
+            for k in range(n):
+                st.rows[p0 + k] = enc[k].copy()
+        st.end = p0 + n
+        if st.accept_open:
+            st.tentative += n
+            if st.tentative > self.config.block_size + 1:
+                st.accept_open, st.tentative = False, 0
+        self._update_horizon(st)
+        for p in [p for p in st.rows if p < st.horizon]:
+            del st.rows[p]
+        slots = self._ring_append(i, st, was_started, old_end, p0, n)
+        self._trim_ring(st)
+        return slots
+
+    def _ring_append(self, i: int, st: _Seq, was_started: bool, old_end: int, p0: int, n: int) -> list[int]:
+        """The core's bounded ingest, on the ring: rows below the new horizon
+        are never stored (slot -1); when the new rows do not fit beside the
+        held ones, the dead head goes first; an empty ring restarts at index 0."""
+        ring = st.ring
+        skip = min(max(st.horizon - p0, 0), n)
+        keep = n - skip
+        if ring.cap == 0:
+            ring.reserve(keep)
+        clean = skip == 0 and ring.count + keep <= ring.cap
+        if was_started and not clean:
+            ring.drop_front(min(st.horizon, old_end))
+        if not was_started or ring.count == 0:
+            ring.reset(p0 + skip)
+        idx: list[int] = []
+        if keep:
+            ring.reserve(keep)
+            idx = ring.append(keep)
+        base = i * self.config.ring_rows
+        return [-1] * skip + [base + x for x in idx]
+
+    def _skip_reason(self, st: _Seq, start: int) -> str | None:
+        if st.disabled:
+            return "disabled"
+        if not st.started:
+            return "empty"
+        if start <= st.n_cache:
+            return "no_context"
+        if st.end != start:
+            return "missing_rows"
+        return None
+
+    def _draft_checked(self, i: int, st: _Seq, start: int) -> StagePlan:
+        c = self.config
+        reason = self._skip_reason(st, start)
+        if reason is not None:
+            st.stats["skips"] += 1
+            if reason == "missing_rows":
+                self._mismatch.skipped(i, start, st.end)
+            return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=c.row_bytes,
+                                     stage_dtype=c.numpy_stage_dtype, external=self._external)
+        rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
+        if rebase:
+            keep = min(start - st.horizon, c.w_keep)
+            base = lo = start - keep
+        else:
+            base, lo = st.pos_base, st.n_cache
+        assert lo >= st.horizon and lo >= st.ring.head, "staged rows must be available"
+        slots = np.array(st.ring.slots(lo, start, i * c.ring_rows), np.int64)
+        if self._external:
+            enc = rows = None
+        else:
+            enc = (np.stack([st.rows[p] for p in range(lo, start)]) if start > lo
+                   else np.zeros((0, c.row_bytes), np.uint8))
+            rows = self._decode(enc)
+        plan = StagePlan(
+            seq=i, start=start, skip=None, rebase=rebase, clear_cache=rebase or st.first_round,
+            positions=np.arange(lo - base, start - base, dtype=np.int32),
+            block_positions=np.arange(start - base, start - base + c.block_size, dtype=np.int32),
+            crop_from=start - base, pos_base=base, encoded_rows=enc, rows=rows, slots=slots,
+            external=self._external, source=self if self._external else None,
+        )
+        st.open_round = (start, base)
+        st.accept_open, st.tentative = True, 0
+        st.stats["rounds"] += 1
+        st.stats["staged_rows"] += start - lo
+        if rebase:
+            st.stats["rebases"] += 1
+            st.stats["restaged_rows"] += start - lo
+        return plan
+
+    def draft(self, seq: int, n_past: int) -> StagePlan:
+        """Plan this round for a target at ``n_past``; opens a round unless skipped."""
+        i, st = self._closed(seq)
+        start = as_count("n_past", n_past)
+        self._mismatch.check(i, start, self.state(i))
+        return self._draft_checked(i, st, start)
+
+    def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int]) -> BatchPlan:
+        """``draft`` for several sequences at once: one batch for the drafter."""
+        seq_list = [as_index("seq", s) for s in seqs]
+        past_list = [as_index("n_past", p) for p in n_pasts]
+        if len(seq_list) != len(past_list):
+            raise ValueError(f"{len(seq_list)} sequences for {len(past_list)} n_past values")
+        for s in seq_list:
+            self._get(s)
+        for s in seq_list:
+            self._closed(s)
+        if len(set(seq_list)) != len(seq_list):
+            raise ValueError("draft_many: sequence ids must be unique")
+        for p in past_list:
+            as_count("n_past", p)
+        for s, p in zip(seq_list, past_list):
+            self._mismatch.check(s, p, self.state(s))
+        c = self.config
+        return BatchPlan(
+            [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],
+            feature_dim=c.feature_dim, row_bytes=c.row_bytes, stage_dtype=c.numpy_stage_dtype,
+            external=self._external,
+        )
+
+    def _open(self, seq: Any) -> tuple[int, _Seq]:
+        st = self._get(seq)
+        i = as_index("seq", seq)
+        if st.open_round is None:
+            raise StateError(f"sequence {i} has no open round (call draft() first)")
+        return i, st
+
+    def commit(self, seq: int) -> None:
+        """The drafter decode and crop of the open round succeeded."""
+        _, st = self._open(seq)
+        start, base = st.open_round  # type: ignore[misc]
+        st.open_round = None
+        st.n_cache, st.pos_base = start, base
+        st.restage_owed = st.first_round = False
+        st.failures = 0
+        st.stats["commits"] += 1
+        self._advance_horizon(st)
+
+    def fail(self, seq: int, stage: str = "decode") -> None:
+        """The drafter decode or crop of the open round failed: restage next round."""
+        i, st = self._open(seq)
+        if not isinstance(stage, str) or stage not in FAIL_STAGES:
+            raise ValueError(f"stage must be one of {FAIL_STAGES}, got {stage!r}")
+        st.open_round = None
+        st.restage_owed = True
+        st.first_round = False
+        st.failures += 1
+        st.stats["failures"] += 1
+        if st.failures >= self.config.max_failures and not st.disabled:
+            st.disabled = True
+            logger.warning(DISABLED_WARNING, i, st.failures, stage)
+        self._advance_horizon(st)
+
+    def accept(self, seq: int, n_accepted: int) -> None:
+        """Keep the rows of the ``n_accepted`` accepted tokens (+1) of the last verify batch."""
+        _, st = self._closed(seq)
+        n = as_index("n_accepted", n_accepted)
+        if not 0 <= n <= self.config.block_size:
+            raise ValueError(f"n_accepted must be in [0, {self.config.block_size}], got {n}")
+        if not st.accept_open or st.tentative == 0:
+            return
+        keep = min(st.tentative, n + 1)
+        new_end = st.end - st.tentative + keep
+        for p in range(new_end, st.end):
+            st.rows.pop(p, None)
+        st.ring.drop_back(new_end)
+        st.end = new_end
+        st.tentative = 0
+        self._advance_horizon(st)
+
+    # -- lifecycle ------------------------------------------------------
+    def rollback(self, seq: int, n_past: int) -> None:
+        """The target rolled back to ``n_past``: drop rows ``>= n_past``."""
+        _, st = self._closed(seq)
+        n_past = as_count("n_past", n_past)
+        if not st.started or n_past >= st.end:
+            return
+        for p in [p for p in st.rows if p >= n_past]:
+            del st.rows[p]
+        st.ring.drop_back(n_past)
+        if st.ring.count == 0:
+            st.ring.reset(n_past)
+        st.end = n_past
+        st.horizon = min(st.horizon, n_past)
+        if st.n_cache > n_past:
+            st.n_cache = n_past
+            st.restage_owed = True
+        st.pos_base = min(st.pos_base, st.n_cache)
+        if st.horizon > st.n_cache:
+            st.restage_owed = True  # rows pending since the cache end are gone
+        st.accept_open, st.tentative = False, 0
+        self._advance_horizon(st)
+
+    def shift(self, seq: int, n_keep: int, n_discard: int) -> SlotMoves:
+        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest down.
+
+        Returns the moves ``[src_slot, dst_slot, count]`` (see RingModel.compact).
+        """
+        i, st = self._closed(seq)
+        n_keep = as_count("n_keep", n_keep)
+        n_discard = as_count("n_discard", n_discard)
+        if not st.started or n_discard == 0:
+            return no_moves(self)
+        if n_keep + n_discard > st.end:
+            raise ValueError(
+                f"shift of [{n_keep}, {n_keep + n_discard}) reaches past the end of the sequence ({st.end})"
+            )
+        hi = n_keep + n_discard
+
+        def moved(x: int) -> int:
+            return x if x < n_keep else (n_keep if x < hi else x - n_discard)
+
+        st.rows = {moved(p): r for p, r in st.rows.items() if not n_keep <= p < hi}
+        # The ring keeps the live rows in place around the discarded range.
+        frm = max(st.horizon, st.ring.head)
+        moves = st.ring.compact(frm, n_keep, hi, moved(st.horizon), i * self.config.ring_rows)
+        st.end, st.horizon = moved(st.end), moved(st.horizon)
+        st.n_cache, st.pos_base = moved(st.n_cache), moved(st.pos_base)
+        st.restage_owed = True
+        st.accept_open, st.tentative = False, 0
+        self._advance_horizon(st)
+        return self._issue(np.array(moves, np.int64).reshape(len(moves), 3))
+
+    def fork(self, src: int, dst: int) -> SlotMoves:
+        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages next round.
+
+        Returns the moves of ``src``'s rows into ``dst``'s first slots.
+        """
+        s = as_index("src", src)
+        d = as_index("dst", dst)
+        self._get(s)
+        self._get(d)
+        self._closed(s)
+        self._closed(d)
+        if s == d:
+            raise ValueError(f"fork needs two different sequences, got {s} twice")
+        a = self._seqs[s]
+        frm = max(a.horizon, a.ring.head) if a.started else 0
+        k = a.end - frm if a.started else 0
+        src_slots = a.ring.slots(frm, frm + k, s * self.config.ring_rows)
+        ring = self._ring_for(self._seqs[d].ring, frm, k)
+        dst_slots = [d * self.config.ring_rows + x for x in ring.append(k)]
+        b = _Seq(
+            started=a.started, end=a.end, horizon=a.horizon, n_cache=a.n_cache, pos_base=a.pos_base,
+            restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
+            accept_open=a.accept_open, tentative=a.tentative,
+            rows={p: r.copy() for p, r in a.rows.items()}, ring=ring,
+        )
+        self._seqs[d] = b
+        self._advance_horizon(b)
+        return self._issue(_moves(src_slots, dst_slots))
+
+    def _issue(self, moves: np.ndarray) -> SlotMoves:
+        """Moves as the core returns them: numbered from 1 when non-empty."""
+        if len(moves) == 0:
+            return no_moves(self)
+        self.moves_issued += 1
+        return SlotMoves.wrap(moves, self, self.moves_issued)
+
+    def _ring_for(self, reuse: RingModel, pos: int, n: int) -> RingModel:
+        """The core's ring_for: ``reuse`` emptied when it has room for n rows, else a new ring."""
+        if reuse.cap == 0 or reuse.cap < n:
+            reuse = RingModel(self.config.ring_rows)
+            reuse.reserve(n)
+        reuse.reset(pos)
+        return reuse
+
+    def snapshot(self, seq: int) -> bytes:
+        """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
+        _, st = self._closed(seq)
+        require_held_rows(self._external, "snapshot")
+        rows = b"".join(st.rows[p].tobytes() for p in range(st.horizon, st.end)) if st.started else b""
+        state = snapshot_format.SnapshotState(
+            started=st.started, disabled=st.disabled, restage_owed=st.restage_owed,
+            first_round=st.first_round, accept_open=st.accept_open, end=st.end, horizon=st.horizon,
+            n_cache=st.n_cache, pos_base=st.pos_base, tentative=st.tentative, failures=st.failures,
+            rows=rows,
+        )
+        return snapshot_format.pack(state, self.config.snapshot_fingerprint())
+
+    def restore(self, seq: int, data: bytes) -> None:
+        """Replace the sequence's state with a snapshot; bad data leaves it untouched."""
+        i, old = self._closed(seq)
+        require_held_rows(self._external, "restore")
+        try:
+            raw = bytes(memoryview(data))
+        except TypeError:
+            raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
+        s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES)
+        rb = self.config.row_bytes
+        st = _Seq(
+            started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
+            restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
+            accept_open=s.accept_open, tentative=s.tentative,
+        )
+        for k in range(s.end - s.horizon):
+            st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
+        n = s.end - s.horizon
+        st.ring = self._ring_for(old.ring, s.horizon, n)
+        if n:
+            st.ring.reserve(n)
+            st.ring.append(n)
+        self._seqs[i] = st
+        self._advance_horizon(st)
+
+    # -- introspection --------------------------------------------------
+    def state(self, seq: int) -> dict[str, Any]:
+        """The sequence's protocol state (the same dict the core returns)."""
+        st = self._get(seq)
+        return {
+            "started": st.started,
+            "end": st.end,
+            "horizon": st.horizon,
+            "n_cache": st.n_cache,
+            "pos_base": st.pos_base,
+            "n_retained": max(0, st.n_cache - st.horizon) if st.started else 0,
+            "n_pending": st.end - max(st.n_cache, st.horizon) if st.started else 0,
+            "open_round": st.open_round is not None,
+            "consecutive_failures": st.failures,
+            "disabled": st.disabled,
+            "restage_owed": st.restage_owed,
+            "first_round": st.first_round,
+            "tentative_rows": st.tentative if st.accept_open else 0,
+        }
+
+    def stats(self, seq: int) -> dict[str, int]:
+        """Counters of the sequence since its last ``begin``."""
+        st = self._get(seq)
+        out = dict(st.stats)
+        out["live_rows"] = st.end - st.horizon if st.started else 0
+        out["rows"] = len(st.rows)  # the reference holds exactly the stageable rows
+        return out
+
+    def buffered_positions(self, seq: int) -> tuple[int, int]:
+        """``(horizon, end)``: the absolute positions that can still be staged."""
+        st = self._get(seq)
+        return (st.horizon, st.end) if st.started else (0, 0)

@@ -1,0 +1,1 @@
+"""A speculative-decoding loop over a Stager and toy numpy models (``dspark-core simulate``)."""

@@ -1,0 +1,430 @@
+"""Protocol invariants: one-shot checks and a checking proxy for any Stager-like object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NoReturn, Sequence
+
+import numpy as np
+
+from .. import snapshot_format
+from ..config import NONFINITE_POLICIES, STORAGES, StagerConfig
+from ..reference import formats as rf
+from ..stage_plan import SKIP_REASONS
+
+
+class InvariantViolation(AssertionError):
+    """A Stager (or a server loop around it) broke one of the protocol's guarantees."""
+
+
+
+# ---------------------------------------------------------------------------
+# Invariants
+# ---------------------------------------------------------------------------
+
+
+def _violation(msg: str) -> NoReturn:
+    raise InvariantViolation(msg)
+
+
+def check_plan(plan: Any, config: StagerConfig, *, verify_rows: bool = True) -> None:
+    """Check one :class:`StagePlan` against the protocol's static guarantees.
+
+    Drafter positions inside ``[0, W)`` and contiguous (context rows then the
+    block, no gap), ``crop_from`` at the block, ``clear_cache`` plans start at
+    drafter position 0, a rebase keeps at most ``w_keep`` rows, array shapes
+    and dtypes, and (``verify_rows``) ``rows`` equal ``encoded_rows`` decoded.
+
+    Raises:
+        InvariantViolation: naming the broken rule.
+    """
+    c = config
+    tag = f"seq {plan.seq} plan at {plan.start}"
+    if plan.skip is not None:
+        if plan.skip not in SKIP_REASONS:
+            _violation(f"{tag}: unknown skip reason {plan.skip!r}")
+        if len(plan.positions) or len(plan.block_positions) or len(plan.encoded_rows):
+            _violation(f"{tag}: a skipped plan stages something")
+        return
+    pos = np.asarray(plan.positions)
+    blk = np.asarray(plan.block_positions)
+    n = len(pos)
+    if pos.dtype != np.int32 or blk.dtype != np.int32:
+        _violation(f"{tag}: positions must be int32, got {pos.dtype} / {blk.dtype}")
+    if n and not np.array_equal(pos, np.arange(pos[0], pos[0] + n)):
+        _violation(f"{tag}: context positions are not contiguous: {pos.tolist()}")
+    if len(blk) != c.block_size or not np.array_equal(blk, np.arange(plan.crop_from, plan.crop_from + c.block_size)):
+        _violation(f"{tag}: block positions {blk.tolist()} are not [crop_from, crop_from + B) = "
+                   f"[{plan.crop_from}, {plan.crop_from + c.block_size})")
+    if n and pos[-1] + 1 != plan.crop_from:
+        _violation(f"{tag}: context rows end at {pos[-1] + 1}, but the block starts at {plan.crop_from}")
+    if (n and pos[0] < 0) or plan.crop_from < 0:
+        _violation(f"{tag}: negative drafter position (positions from {pos[0] if n else None}, crop_from {plan.crop_from})")
+    if plan.crop_from + c.block_size > c.window:
+        _violation(f"{tag}: block [{plan.crop_from}, {plan.crop_from + c.block_size}) does not fit the window {c.window}")
+    if plan.crop_from != plan.start - plan.pos_base or plan.pos_base < 0:
+        _violation(f"{tag}: crop_from {plan.crop_from} != start {plan.start} - pos_base {plan.pos_base}")
+    if plan.rebase and not plan.clear_cache:
+        _violation(f"{tag}: a rebase must clear the drafter cache")
+    if plan.clear_cache and plan.crop_from != n:
+        _violation(f"{tag}: clear_cache, but the {n} context rows do not start at drafter position 0 "
+                   f"(block at {plan.crop_from})")
+    if plan.rebase and n > c.w_keep:
+        _violation(f"{tag}: a rebase restaged {n} rows, more than w_keep = {c.w_keep}")
+    enc = np.asarray(plan.encoded_rows)
+    if enc.dtype != np.uint8 or enc.shape != (n, c.row_bytes):
+        _violation(f"{tag}: encoded_rows is {enc.dtype}{enc.shape}, expected uint8({n}, {c.row_bytes})")
+    rows = plan.rows
+    if rows.dtype != c.numpy_stage_dtype or rows.shape != (n, c.feature_dim):
+        _violation(f"{tag}: rows is {rows.dtype}{rows.shape}, expected {c.numpy_stage_dtype}({n}, {c.feature_dim})")
+    if verify_rows and n:
+        expect = rf.decode(enc, c.storage, c.feature_dim, c.numpy_stage_dtype)
+        if expect.tobytes() != np.ascontiguousarray(rows).tobytes():
+            _violation(f"{tag}: rows are not encoded_rows decoded to {c.stage_dtype}")
+
+
+def check_invariants(
+    stager: Any, config: StagerConfig, plan: Any = None, *, closed: Iterable[int] = ()
+) -> None:
+    """Check every sequence's state of ``stager`` (and ``plan``, if given).
+
+    Per started sequence: ``horizon <= end`` and ``pos_base <= n_cache <= end``
+    (positions contiguous: ``n_retained + n_pending == end - horizon``), the
+    drafter cache inside the window (``n_cache - pos_base <= W - B`` unless a
+    clean restage is owed), at most ``B + 1`` tentative rows, the buffer bound
+    (``peak_rows <= W + TRIM_CHUNK + B + 1``, rows held >= ``end - horizon``),
+    and no open round on the sequences in ``closed`` (those just committed or
+    failed). ``plan`` (a StagePlan or BatchPlan) is checked with :func:`check_plan`.
+
+    Raises:
+        InvariantViolation: naming the sequence and the broken rule.
+    """
+    c = config
+    closed = {int(s) for s in closed}
+    for s in range(c.max_seqs):
+        st = stager.state(s)
+        stats = stager.stats(s)
+        tag = f"seq {s}"
+        if s in closed and st["open_round"]:
+            _violation(f"{tag}: a round is still open after commit/fail")
+        if st["tentative_rows"] < 0 or st["tentative_rows"] > c.block_size + 1:
+            _violation(f"{tag}: {st['tentative_rows']} tentative rows (at most B + 1 = {c.block_size + 1})")
+        peak = stats.get("peak_rows", stats.get("rows", 0))
+        if peak > c.max_buffered_rows or stats.get("rows", 0) > c.max_buffered_rows:
+            _violation(f"{tag}: {peak} rows buffered, over the bound W + TRIM_CHUNK + B + 1 = {c.max_buffered_rows}")
+        if not st["started"]:
+            if st["open_round"] or st["n_retained"] or st["n_pending"]:
+                _violation(f"{tag}: a sequence that never received rows has state {st}")
+            continue
+        end, h, nc, pb = st["end"], st["horizon"], st["n_cache"], st["pos_base"]
+        if not 0 <= h <= end:
+            _violation(f"{tag}: horizon {h} is not inside [0, end = {end}]")
+        if not 0 <= pb <= nc <= end:
+            _violation(f"{tag}: expected 0 <= pos_base {pb} <= n_cache {nc} <= end {end}")
+        if st["n_retained"] + st["n_pending"] != end - h or st["n_retained"] < 0 or st["n_pending"] < 0:
+            _violation(f"{tag}: retained {st['n_retained']} + pending {st['n_pending']} != end - horizon = {end - h}")
+        if not st["restage_owed"] and nc - pb > c.window - c.block_size:
+            _violation(f"{tag}: drafter cache [0, {nc - pb}) leaves no room for a block in the window {c.window}")
+        if st["tentative_rows"] > end - nc:
+            _violation(f"{tag}: {st['tentative_rows']} tentative rows but only {end - nc} rows after the cache end")
+        if "rows" in stats and stats["rows"] < end - h:
+            _violation(f"{tag}: holds {stats['rows']} rows, fewer than the {end - h} stageable ones")
+        if not st["open_round"] and hasattr(stager, "snapshot"):
+            # The sequence's own snapshot must be restorable (and describe this state).
+            try:
+                snap = snapshot_format.unpack(bytes(stager.snapshot(s)), c.snapshot_fingerprint(), STORAGES)
+            except ValueError as exc:
+                _violation(f"{tag}: its own snapshot would not restore: {exc}")
+            if (snap.end, snap.horizon, snap.n_cache, snap.pos_base) != (end, h, nc, pb):
+                _violation(f"{tag}: snapshot fields differ from state()")
+    if plan is not None:
+        plans = getattr(plan, "plans", None)
+        for p in plans if plans is not None else [plan]:
+            check_plan(p, config)
+
+
+# ---------------------------------------------------------------------------
+# A checking proxy for server loops
+# ---------------------------------------------------------------------------
+
+
+_POLICY_FOR_TRUTH = {name: "keep" if name == "error" else name for name in NONFINITE_POLICIES}
+
+
+@dataclass
+class _Model:
+    """What the server's drafter holds for one sequence, and the target's rows."""
+
+    truth: dict[int, bytes] = field(default_factory=dict)  # abs position -> encoded row the server gave
+    cache: dict[int, tuple[int, bytes]] | None = None  # drafter pos -> (abs pos, row); None: unknown
+    open_plan: Any = None
+
+
+class InvariantChecker:
+    """Wrap any Stager-like object and check every call and plan.
+
+    Use it in place of the stager inside your server loop (or a test of it)::
+
+        st = InvariantChecker(Stager(config))        # or ReferenceStager, or your own
+        st.begin(0); st.process(0, pos, rows); plan = st.draft(0, n_past); st.commit(0)
+
+    Besides :func:`check_plan` and :func:`check_invariants` after every call,
+    it keeps a model of the drafter's KV cache as a server following the
+    protocol would (clear on ``clear_cache``, decode the rows and the block,
+    crop at ``crop_from``; unknown after ``fail`` / ``rollback`` into it /
+    ``shift`` / ``fork`` / ``restore``) and of the rows the target produced,
+    and checks that
+
+    * a plan that does not clear the cache continues it exactly: the cache
+      holds drafter positions ``[0, first staged position)``, every cached
+      row is the current row of ``pos_base + drafter position``;
+    * every staged row is byte for byte the row the server gave for that
+      absolute position (with ``check_rows``);
+    * a rejected call changes no state, and no round stays open after
+      ``commit`` / ``fail``.
+
+    Other attributes pass through to the wrapped object. ``calls`` counts the
+    checked calls.
+
+    Raises:
+        InvariantViolation: on the first broken guarantee.
+    """
+
+    def __init__(self, stager: Any, config: StagerConfig | None = None, *, check_rows: bool = True) -> None:
+        self._st = stager
+        self._cfg = config if config is not None else stager.config
+        self._check_rows = check_rows
+        self._models = [_Model() for _ in range(self._cfg.max_seqs)]
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._st, name)
+
+    def __repr__(self) -> str:
+        return f"InvariantChecker({self._st!r})"
+
+    # -- plumbing -------------------------------------------------------------
+    def _valid(self, seq: Any) -> int | None:
+        try:
+            i = int(seq)
+        except (TypeError, ValueError):
+            return None
+        return i if 0 <= i < self._cfg.max_seqs and isinstance(seq, (int, np.integer)) else None
+
+    def _states(self) -> list[dict[str, Any]]:
+        return [self._st.state(s) for s in range(self._cfg.max_seqs)]
+
+    def _call(self, name: str, *args: Any, closed: Iterable[int] = ()) -> Any:
+        self.calls += 1
+        before = self._states()
+        try:
+            result = getattr(self._st, name)(*args)
+        except Exception:
+            if self._states() != before:
+                _violation(f"{name}{args!r:.200}: the call was rejected but the state changed")
+            raise
+        check_invariants(self._st, self._cfg, closed=closed)
+        return result
+
+    def _enc(self, rows: Any) -> np.ndarray:
+        x = np.ascontiguousarray(rows)
+        # The reference's encoding: policies act within the bounds of the
+        # storage *and* the stage dtype, as the Stager's do.
+        enc = rf.encode(x, self._cfg.storage, _POLICY_FOR_TRUTH[self._cfg.nonfinite], self._cfg.stage_dtype)
+        return np.ascontiguousarray(enc).view(np.uint8).reshape(len(x), self._cfg.row_bytes)
+
+    def _sync_truth(self, s: int) -> None:
+        """Forget target rows the stager no longer has and no cached row refers to."""
+        m = self._models[s]
+        st = self._st.state(s)
+        if not st["started"]:
+            m.truth.clear()
+            return
+        lo = st["horizon"]
+        if m.cache:
+            lo = min(lo, min(a for a, _ in m.cache.values()))
+        for p in [p for p in m.truth if p < lo or p >= st["end"]]:
+            del m.truth[p]
+
+    def _check_against_model(self, s: int, plan: Any) -> None:
+        if plan.skip is not None:
+            return
+        m = self._models[s]
+        tag = f"seq {s} plan at {plan.start}"
+        n = plan.n_rows
+        first = int(plan.crop_from) - n
+        if not plan.clear_cache:
+            if m.cache is None:
+                _violation(f"{tag}: the drafter cache cannot be trusted (after fail / rollback / shift / fork / "
+                           "restore / begin), but the plan does not clear it")
+            if sorted(m.cache) != list(range(len(m.cache))) or len(m.cache) != first:
+                _violation(f"{tag}: the drafter cache holds positions [0, {len(m.cache)}), "
+                           f"but the plan stages from {first}")
+            for dpos, (abs_pos, row) in m.cache.items():
+                if abs_pos != dpos + plan.pos_base:
+                    _violation(f"{tag}: drafter position {dpos} holds target row {abs_pos}, "
+                               f"but pos_base {plan.pos_base} maps it to {dpos + plan.pos_base}")
+                if self._check_rows and m.truth.get(abs_pos, row) != row:
+                    _violation(f"{tag}: drafter position {dpos} holds a stale row for target position {abs_pos}")
+        if self._check_rows:
+            enc = np.asarray(plan.encoded_rows)
+            for k in range(n):
+                abs_pos = plan.pos_base + first + k
+                want = m.truth.get(abs_pos)
+                if want is None:
+                    _violation(f"{tag}: staged target position {abs_pos}, which the server never gave "
+                               "(or which was dropped)")
+                if enc[k].tobytes() != want:
+                    _violation(f"{tag}: staged row for target position {abs_pos} differs from the row the server gave")
+        if plan.start != max(m.truth, default=plan.start - 1) + 1 and self._check_rows:
+            _violation(f"{tag}: planned at {plan.start}, but the target's rows end at {max(m.truth, default=-1) + 1}")
+
+    # -- the protocol ---------------------------------------------------------
+    def begin(self, seq: int) -> None:
+        self._call("begin", seq)
+        s = self._valid(seq)
+        if s is not None:
+            self._models[s] = _Model()
+
+    def process(self, seq: int, positions: Any, rows: Any) -> None:
+        self._call("process", seq, positions, rows)
+        s = self._valid(seq)
+        pos = np.asarray(positions).reshape(-1)
+        if s is not None and len(pos):
+            enc = self._enc(rows)
+            for k, p in enumerate(pos.tolist()):
+                self._models[s].truth[int(p)] = enc[k].tobytes()
+            self._sync_truth(s)
+
+    def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
+        self._call("process_encoded", seq, positions, data)
+        s = self._valid(seq)
+        pos = np.asarray(positions).reshape(-1)
+        if s is not None and len(pos):
+            enc = np.ascontiguousarray(data, dtype=np.uint8).reshape(len(pos), self._cfg.row_bytes)
+            for k, p in enumerate(pos.tolist()):
+                self._models[s].truth[int(p)] = enc[k].tobytes()
+            self._sync_truth(s)
+
+    def _after_plan(self, s: int, plan: Any) -> None:
+        check_plan(plan, self._cfg)
+        self._check_against_model(s, plan)
+        st = self._st.state(s)
+        if plan.skip is None:
+            if not st["open_round"]:
+                _violation(f"seq {s}: draft returned a plan but opened no round")
+            self._models[s].open_plan = plan
+        elif st["open_round"]:
+            _violation(f"seq {s}: a skipped plan ({plan.skip}) left a round open")
+
+    def draft(self, seq: int, n_past: int) -> Any:
+        plan = self._call("draft", seq, n_past)
+        self._after_plan(int(seq), plan)
+        return plan
+
+    def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int]) -> Any:
+        batch = self._call("draft_many", seqs, n_pasts)
+        if [p.seq for p in batch.plans] != [int(s) for s in seqs]:
+            _violation(f"draft_many: plans for {[p.seq for p in batch.plans]}, asked for {list(seqs)}")
+        for p in batch.plans:
+            self._after_plan(p.seq, p)
+        active = [p for p in batch.plans if p.skip is None]
+        want = np.concatenate([p.positions for p in active]) if active else np.zeros(0, np.int32)
+        if not np.array_equal(batch.positions, want):
+            _violation("draft_many: batch positions are not the plans' positions concatenated")
+        return batch
+
+    def commit(self, seq: int) -> None:
+        self._call("commit", seq, closed=[int(seq)])
+        s = int(seq)
+        m = self._models[s]
+        plan, m.open_plan = m.open_plan, None
+        if plan is None:
+            return  # opened behind the checker's back: nothing to model
+        cache = {} if plan.clear_cache or m.cache is None else m.cache
+        first = int(plan.crop_from) - plan.n_rows
+        enc = np.asarray(plan.encoded_rows)
+        for k in range(plan.n_rows):
+            cache[first + k] = (plan.pos_base + first + k, enc[k].tobytes())
+        m.cache = {d: v for d, v in cache.items() if d < plan.crop_from}  # the crop
+        self._sync_truth(s)
+
+    def fail(self, seq: int, stage: str = "decode") -> None:
+        self._call("fail", seq, stage, closed=[int(seq)])
+        m = self._models[int(seq)]
+        m.open_plan = None
+        m.cache = None
+
+    def accept(self, seq: int, n_accepted: int) -> None:
+        s = self._valid(seq)
+        if s is None:
+            self._call("accept", seq, n_accepted)
+            return
+        before = self._st.state(s)
+        self._call("accept", seq, n_accepted)
+        after = self._st.state(s)
+        if after["end"] > before["end"] or after["end"] < before["end"] - before["tentative_rows"]:
+            _violation(f"seq {s}: accept moved the end from {before['end']} to {after['end']} "
+                       f"({before['tentative_rows']} tentative rows)")
+        self._sync_truth(s)
+
+    def rollback(self, seq: int, n_past: int) -> None:
+        self._call("rollback", seq, n_past)
+        s = self._valid(seq)
+        if s is not None:
+            m = self._models[s]
+            if m.cache and any(a >= int(n_past) for a, _ in m.cache.values()):
+                m.cache = None  # the drafter holds rows of positions the target dropped
+            self._sync_truth(s)
+
+    def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
+        self._call("shift", seq, n_keep, n_discard)
+        s = self._valid(seq)
+        if s is not None and n_discard:
+            m = self._models[s]
+            hi = n_keep + n_discard
+            m.truth = {(p if p < n_keep else p - n_discard): r for p, r in m.truth.items() if not n_keep <= p < hi}
+            m.cache = None
+            self._sync_truth(s)
+
+    def fork(self, src: int, dst: int) -> None:
+        self._call("fork", src, dst)
+        a, b = self._models[int(src)], _Model()
+        b.truth = dict(a.truth)
+        self._models[int(dst)] = b
+        self._sync_truth(int(dst))
+
+    def snapshot(self, seq: int) -> bytes:
+        data = self._call("snapshot", seq)
+        s = int(seq)
+        c = self._cfg
+        try:
+            snap = snapshot_format.unpack(bytes(data), c.snapshot_fingerprint(), STORAGES)
+        except ValueError as exc:
+            _violation(f"seq {s}: its own snapshot does not restore: {exc}")
+        st = self._st.state(s)
+        for k in ("end", "horizon", "n_cache", "pos_base", "started", "disabled"):
+            if getattr(snap, k) != st[k]:
+                _violation(f"seq {s}: snapshot {k} = {getattr(snap, k)}, state says {st[k]}")
+        return data
+
+    def restore(self, seq: int, data: Any) -> None:
+        self._call("restore", seq, data)
+        s = int(seq)
+        c = self._cfg
+        snap = snapshot_format.unpack(bytes(memoryview(data)), c.snapshot_fingerprint(), STORAGES)  # accepted
+        m = _Model()
+        rb = c.row_bytes
+        for k in range(snap.end - snap.horizon):
+            m.truth[snap.horizon + k] = snap.rows[k * rb:(k + 1) * rb]
+        self._models[s] = m
+        st = self._st.state(s)
+        if st["started"] and not st["restage_owed"]:
+            _violation(f"seq {s}: a restored sequence must restage cleanly")
+        self._sync_truth(s)
+
+    def state(self, seq: int) -> dict[str, Any]:
+        return self._st.state(seq)
+
+    def stats(self, seq: int) -> dict[str, int]:
+        return self._st.stats(seq)
