@@ -178,7 +178,7 @@ def test_launches_per_call(monkeypatch, nonfinite):
     p.feed(0, 1)  # one more: rounds of 4 rows then straddle the ring's end
     assert launches.take() == 2
     worst_write = worst_gather = 0
-    for i in range(200):
+    for _ in range(200):
         end = p.end(0)
         xp = p.ext.draft(0, end)
         hp = p.held.draft(0, end)

@@ -7,14 +7,15 @@ import numpy.typing as npt
 from typing_extensions import Self, disjoint_base
 
 from ..config import NONFINITE_POLICIES as NONFINITE_POLICIES
+from ..config import ROW_MODES as ROW_MODES
 from ..config import STORAGES as STORAGES
 from ..config import STAGE_DTYPES as STAGE_DTYPES
 from ..config import StagerConfig
 from ..stage_plan import DISABLED_WARNING as DISABLED_WARNING
 from ..stage_plan import FAIL_STAGES as FAIL_STAGES
 from ..stage_plan import SKIP_REASONS as SKIP_REASONS
-from ..stage_plan import BatchPlan, StagePlan
 from ..slot_moves import SlotMoves
+from ..stage_plan import BatchPlan, StagePlan
 
 TRIM_CHUNK: int
 MAX_POSITION: int

@@ -329,12 +329,10 @@ class DeviceRing:
         if self.lib == "dspark":
             return interop.DeviceArray.from_numpy(a, self.device, self._stream_obj if self.stream else None)
         if self.lib == "cupy":
-            import cupy
-
+            cupy = __import__("cupy")  # optional: not a dependency
             with cupy.cuda.Device(self.device):
                 return cupy.asarray(a.view(np.uint16) if a.dtype == _backend._BF16 else a)
-        import torch
-
+        torch = __import__("torch")  # optional: not a dependency
         if a.dtype == _backend._BF16:
             return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16).to(f"cuda:{self.device}")
         return torch.from_numpy(a.copy()).to(f"cuda:{self.device}")

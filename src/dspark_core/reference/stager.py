@@ -221,7 +221,7 @@ class ReferenceStager:
         if arr.shape[0] != len(pos):
             raise ValueError(f"{len(pos)} positions for {arr.shape[0]} rows")
         if len(pos) == 0:
-            return
+            return None
         self._check_positions(i, st, pos)
         self._append(i, st, int(pos[0]), self._encode(i, pos, arr), len(pos))
         return None
