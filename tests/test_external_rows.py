@@ -23,7 +23,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from dspark_core import Stager, StagerConfig
+from dspark_core import Stager, StagerConfig, snapshot_format
 from dspark_core.config import STORAGES
 from dspark_core.formats import encode_bounds, quantize_rows
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
@@ -59,6 +59,12 @@ def encode_like_core(cfg: StagerConfig, rows: np.ndarray) -> np.ndarray:
     policy = "error" if cfg.nonfinite == "error" else cfg.nonfinite
     enc = quantize_rows(rows, cfg.storage, nonfinite=policy)
     return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), cfg.row_bytes)
+
+
+def held_live_rows(held: Stager, seq: int) -> bytes:
+    """The held core's stageable rows [horizon, end), read from its snapshot."""
+    cfg = held.config
+    return snapshot_format.unpack(held.snapshot(seq), cfg.snapshot_fingerprint(), STORAGES).rows
 
 
 def apply_moves(table: np.ndarray, moves: np.ndarray) -> None:
@@ -259,6 +265,19 @@ class ExternalMatchesHeld(RuleBasedStateMachine):
             for k in ("rows", "peak_rows", "trims", "trimmed_rows"):
                 assert sa[k] == sb[k], (k, sa, sb)
             assert sb["bytes"] == sb["peak_bytes"] == sb["reserved_bytes"] == 0
+
+    @invariant()
+    def live_rows_are_in_the_mirror(self):
+        """The slots of the stageable rows (what an owner saves with a snapshot) agree and
+        hold, in the mirror, the held core's rows [horizon, end)."""
+        if not hasattr(self, "cfg"):
+            return
+        for s in range(self.cfg.max_seqs):
+            slots = self.ext.live_slots(s)
+            assert np.array_equal(slots, self.held.live_slots(s)) and np.array_equal(slots, self.ref.live_slots(s))
+            if not self.held.state(s)["open_round"]:
+                rows = held_live_rows(self.held, s)
+                assert self.mirror[slots].tobytes() == rows
 
 
 ExternalMatchesHeld.TestCase.settings = settings(max_examples=60, stateful_step_count=40, deadline=None)

@@ -681,6 +681,13 @@ SeqState Stager::state(std::int64_t seq) const {
     return o;
 }
 
+void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = get(seq);
+    out[0] = out[1] = SlotRun{};
+    if (s.started) s.buf.runs(s.horizon, s.end, slot_base(seq), out);
+}
+
 SeqStats Stager::stats(std::int64_t seq) const {
     std::lock_guard<std::mutex> lock(mu_);
     const Seq& s = get(seq);

@@ -169,6 +169,10 @@ public:
     void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes);
 
     SeqState state(std::int64_t seq) const;
+    // The slots of the stageable rows [horizon, end), oldest first, as at most
+    // two runs (both modes): what an owner of external rows saves with a
+    // snapshot of the sequence.
+    void live_slots(std::int64_t seq, SlotRun out[2]) const;
     SeqStats stats(std::int64_t seq) const;
 
     // Where draft() takes large output buffers from; give them back with

@@ -116,6 +116,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         vector[uint8_t] snapshot(int64_t seq) except +dspark_translate_exception
         void restore(int64_t seq, const uint8_t* data, size_t nbytes) except +dspark_translate_exception
         SeqState state(int64_t seq) except +dspark_translate_exception
+        void live_slots(int64_t seq, SlotRun* out) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
         const shared_ptr[BufferPool]& pool()
 

@@ -536,6 +536,17 @@ cdef class Stager:
             "bytes": t.bytes, "peak_bytes": t.peak_bytes, "reserved_bytes": t.reserved_bytes,
         }
 
+    def live_slots(self, seq):
+        """Slots of the stageable rows ``[horizon, end)``, oldest first (int64; both modes).
+
+        What an owner of external rows saves alongside ``snapshot(seq)``.
+        """
+        cdef int64_t s = self._seq(seq)
+        cdef RoundPlan p
+        with nogil:
+            self._core.live_slots(s, p.slot_runs)
+        return _plan_slots(p)
+
     def buffered_positions(self, seq):
         """``(horizon, end)``: the absolute positions that can still be staged."""
         st = self.state(seq)

@@ -605,6 +605,14 @@ class ReferenceStager:
         out["rows"] = len(st.rows)  # the reference holds exactly the stageable rows
         return out
 
+    def live_slots(self, seq: int) -> np.ndarray:
+        """Slots of the stageable rows ``[horizon, end)``, oldest first."""
+        i = as_index("seq", seq)
+        st = self._get(seq)
+        if not st.started:
+            return np.zeros(0, np.int64)
+        return np.array(st.ring.slots(st.horizon, st.end, i * self.config.ring_rows), np.int64)
+
     def buffered_positions(self, seq: int) -> tuple[int, int]:
         """``(horizon, end)``: the absolute positions that can still be staged."""
         st = self._get(seq)
