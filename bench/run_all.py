@@ -8,6 +8,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_rounds.py   per-round staging cost vs reference / naive / memcpy, by depth
 * bench/bench_memory.py   peak buffered rows and bytes vs prompt length
 * bench/bench_external.py external-row mode vs held: bytes host <-> device and host CPU per round
+* bench/bench_snapshot.py snapshot_into / restore throughput vs memcpy (format v2)
 
 then writes the report (machine, date, command, a summary of the docs/design.md
 section 6 targets with PASS / MISS, and each script's tables) to --out and
@@ -42,7 +43,7 @@ import _common as C
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
-SCRIPTS = ("convert", "rounds", "memory", "external")
+SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external")
 
 
 def run_script(name: str, args: list[str], timeout: float | None) -> tuple[int, str, str, float]:
@@ -126,6 +127,10 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
             prompts = ", ".join(C.fmt_size(t["prompt"]) for t in ts)
             rows.append([ts[0]["target"], f"{s}, prompts {prompts}", f"max {worst:,} rows",
                          C.verdict(all(t["pass"] for t in ts))])
+    snap = data.get("snapshot")
+    if snap:
+        for t in snap["targets"]:
+            rows.append([t["target"], f"D = {t['D']:,}, {t['storage']}", C.fmt_x(t["value"], 2), C.verdict(t["pass"])])
     ext = data.get("external")
     if ext:
         for t in ext["targets"]:
@@ -213,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra arguments for bench_external.py, one string (use the = form, as above)")
     ap.add_argument("--convert-args", default="",
                     help="extra arguments for bench_convert.py, one string (use the = form, as above)")
+    ap.add_argument("--snapshot-args", default="",
+                    help="extra arguments for bench_snapshot.py, one string (use the = form, as above)")
     a = ap.parse_args(argv)
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     bad = [s for s in only if s not in SCRIPTS]

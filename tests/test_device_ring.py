@@ -336,3 +336,33 @@ def test_simulate_rows_external_without_a_device_says_why(capsys):
         pytest.skip("checks the no-device error; a device is present")
     assert cli.main(["simulate", "--context", "100", "--generate", "10", "--rows", "external", "-q"]) == 2
     assert "no CUDA device available" in capsys.readouterr().err
+
+
+@gpu
+def test_snapshot_and_restore_move_a_sequence_between_rings():
+    """An external snapshot (bookkeeping) plus the ring's device copy of the rows restore the
+    sequence on another ring: its next round stages what the held Stager stages."""
+    cfg = StagerConfig(64, 3, 24, max_seqs=2, storage="q8_0")
+    p = Pair(cfg, seed=9)
+    p.feed(0, 300)
+    for _ in range(40):
+        p.round(0)
+        p.feed(0, 4)
+        p.both("accept", 0, 2)
+    data, rows = p.ring.snapshot(0)
+    held_data = p.held.snapshot(0)
+    other = Stager(cfg.replace(rows="external"))
+    ring2 = cuda.DeviceRing(other)
+    with pytest.raises(ValueError, match=r"rows must be uint8 \("):
+        ring2.restore(1, data, dev(np.zeros((1, 2), np.uint8)))
+    with pytest.raises(ValueError, match="carries its rows"):
+        ring2.restore(1, held_data, rows)
+    assert other.state(1)["started"] is False
+    slots = ring2.restore(1, data, rows)
+    assert len(slots) == rows.shape[0]
+    held2 = Stager(cfg)
+    held2.restore(1, held_data)
+    end = held2.state(1)["end"]
+    hp, xp = held2.draft(1, end), other.draft(1, end)
+    got = ring2.gather(xp)
+    assert host(got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()

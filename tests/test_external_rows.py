@@ -21,10 +21,11 @@ import numpy as np
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as hs
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dspark_core import Stager, StagerConfig, snapshot_format
 from dspark_core.config import STORAGES
+from dspark_core.errors import StateError
 from dspark_core.formats import encode_bounds, quantize_rows
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
 
@@ -95,6 +96,7 @@ class ExternalMatchesHeld(RuleBasedStateMachine):
         assert self.ext.ring_rows == self.ref.ring_rows == cfg.window + 512 + block + 1
         self.mirror = np.full((seqs * self.ext.ring_rows, cfg.row_bytes), UNWRITTEN, np.uint8)
         self.rng = np.random.default_rng(seed)
+        self.snaps: list[tuple[bytes, bytes, np.ndarray]] = []
 
     # -- helpers --------------------------------------------------------
     def pick(self, k):
@@ -250,6 +252,44 @@ class ExternalMatchesHeld(RuleBasedStateMachine):
             assert len(x[1]) <= 2
             apply_moves(self.mirror, x[1])
 
+    @rule(seq=SEQ)
+    def snapshot(self, seq):
+        """External snapshots carry the bookkeeping only; the owner saves the rows at live_slots."""
+        seq = self.pick(seq)
+        h, x, r = self.all3("snapshot", seq)
+        if h[0] == "ok":
+            assert x[1] == r[1] and len(x[1]) == snapshot_format.HEADER_BYTES
+            self.snaps.append((h[1], x[1], self.mirror[self.ext.live_slots(seq)].copy()))
+
+    @precondition(lambda self: getattr(self, "snaps", None))
+    @rule(seq=SEQ, which=hs.integers(0, 100), damage=hs.sampled_from([None, None, "flip", "cut", "grow", "mode"]))
+    def restore(self, seq, which, damage):
+        seq = self.pick(seq)
+        held_snap, ext_snap, saved = self.snaps[which % len(self.snaps)]
+        if damage is not None:
+            bad = bytearray(ext_snap)
+            if damage == "flip":
+                bad[which % len(bad)] ^= 1 << (which % 8)
+            elif damage == "cut":
+                del bad[-(1 + which % 9):]
+            elif damage == "grow":
+                bad += b"\0" * (1 + which % 5)
+            before = [(self.ext.state(s), self.ref.state(s)) for s in range(self.cfg.max_seqs)]
+            for st, data in ((self.ext, bytes(bad)), (self.ref, bytes(bad)), (self.held, ext_snap)):
+                if damage == "mode" and st is not self.held:
+                    data = held_snap  # a held-mode snapshot into an external-row Stager
+                got = outcome(st.restore, seq, data)
+                assert got[0] == "raise" and got[1] in (ValueError, StateError), (damage, got)
+            assert before == [(self.ext.state(s), self.ref.state(s)) for s in range(self.cfg.max_seqs)]
+            return
+        h = outcome(self.held.restore, seq, held_snap)
+        x = outcome(self.ext.restore, seq, ext_snap)
+        r = outcome(self.ref.restore, seq, ext_snap)
+        assert h[0] == x[0] == r[0], (h, x, r)
+        if h[0] == "ok":
+            assert h[1] is None and np.array_equal(x[1], r[1]) and len(x[1]) == len(saved)
+            self.mirror[x[1]] = saved  # the owner puts the saved rows back
+
     # -- invariants -----------------------------------------------------
     @invariant()
     def same_state(self):
@@ -381,3 +421,33 @@ def test_row_mode_errors_name_the_mode():
     assert plan.skip == "empty" and plan.slots.shape == (0,)
     with pytest.raises(ValueError, match="external-row mode"):
         plan.encoded_rows  # noqa: B018
+
+
+def test_external_snapshot_carries_bookkeeping_only_and_restore_gives_the_slots():
+    cfg = StagerConfig(64, 3, 16, max_seqs=2)
+    held, ext = Stager(cfg), Stager(cfg.replace(rows="external"))
+    rng = np.random.default_rng(1)
+    table = np.full((2 * ext.ring_rows, cfg.row_bytes), UNWRITTEN, np.uint8)
+    rows = activations(rng, 700, 64, bos=True)
+    held.process(0, np.arange(700), rows)
+    slots = ext.process(0, np.arange(700))
+    live = slots >= 0
+    table[slots[live]] = encode_like_core(cfg, rows)[live]
+    snap_h, snap_x = held.snapshot(0), ext.snapshot(0)
+    assert len(snap_x) == snapshot_format.HEADER_BYTES < len(snap_h)  # no rows in it
+    assert snap_x[14] == snapshot_format.CONTENT_EXTERNAL_ROWS
+    saved = table[ext.live_slots(0)].copy()  # the owner saves its rows with the snapshot
+    # Cross-mode restores are clear errors that change nothing.
+    with pytest.raises(ValueError, match="carries its rows"):
+        ext.restore(1, snap_h)
+    with pytest.raises(ValueError, match="holds no rows"):
+        held.restore(1, snap_x)
+    assert ext.state(1)["started"] is False and held.state(1)["started"] is False
+    # Restore into the other sequence: the slots where the owner puts the rows back.
+    assert held.restore(1, snap_h) is None
+    back = ext.restore(1, snap_x)
+    assert back.dtype == np.int64 and len(back) == len(saved)
+    assert (back >= ext.ring_rows).all() and (back < 2 * ext.ring_rows).all()
+    table[back] = saved
+    hp, xp = held.draft(1, 700), ext.draft(1, 700)
+    assert np.array_equal(hp.slots, xp.slots) and table[xp.slots].tobytes() == hp.encoded_rows.tobytes()

@@ -241,6 +241,26 @@ class CoreMatchesReference(RuleBasedStateMachine):
             assert a[1] == b[1]
             self.snaps.append(a[1])
 
+    @rule(seq=SEQ, pad=hs.sampled_from([0, 0, 7, -1]), kind=hs.sampled_from(["bytearray", "ndarray"]))
+    def snapshot_into(self, seq, pad, kind):
+        """Into a caller's buffer: the same bytes as snapshot(), nothing past them; too small changes nothing."""
+        s = self.pick(seq)
+        sizes = self.both("snapshot_size", s)
+        if sizes[0][0] != "ok":
+            return
+        assert sizes[0][1] == sizes[1][1]
+        n = max(0, sizes[0][1] + pad)
+        bufs = [bytearray(b"\x5a" * n) if kind == "bytearray" else np.full(n, 0x5A, np.uint8) for _ in range(2)]
+        a, b = outcome(self.core.snapshot_into, s, bufs[0]), outcome(self.ref.snapshot_into, s, bufs[1])
+        assert a[0] == b[0] and (a[0] != "raise" or a[1] is b[1]), (a, b)
+        assert bytes(bufs[0]) == bytes(bufs[1])
+        if a[0] == "ok":
+            assert a[1] == b[1] == sizes[0][1]
+            assert bytes(bufs[0])[: a[1]] == self.core.snapshot(s)
+            assert bytes(bufs[0])[a[1]:] == b"\x5a" * (n - a[1])
+        else:
+            assert bytes(bufs[0]) == b"\x5a" * n
+
     @precondition(lambda self: self.snaps)
     @rule(seq=SEQ, which=hs.integers(0, 100), damage=hs.sampled_from([None, None, "flip", "cut", "grow"]))
     def restore(self, seq, which, damage):

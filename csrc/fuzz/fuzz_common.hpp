@@ -1,12 +1,14 @@
 // Shared helpers of the libFuzzer targets: a byte reader that yields zeros past
 // the end, a finding reporter that aborts (libFuzzer records the input), and
-// zlib's CRC-32 for building snapshots whose checksum is right.
+// the checksum fix-up for building snapshots whose CRC-32C's are right.
 #pragma once
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+
+#include "dspark/crc32c.hpp"
 
 namespace dspark_fuzz {
 
@@ -36,20 +38,15 @@ struct Reader {
 }
 #define FUZZ_CHECK(cond) do { if (!(cond)) ::dspark_fuzz::finding(__FILE__, __LINE__, #cond); } while (0)
 
-inline std::uint32_t crc32(const std::uint8_t* p, std::size_t n) {
-    std::uint32_t c = 0xFFFFFFFFu;
-    for (std::size_t i = 0; i < n; ++i) {
-        c ^= p[i];
-        for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    }
-    return c ^ 0xFFFFFFFFu;
-}
-
-// Rewrite the trailing CRC-32 of a snapshot so that damage gets past the checksum.
+// Rewrite the CRC-32C's of a v2 snapshot (rows at offset 88, header at 92)
+// so that damage gets past the checksums.
 inline void fix_crc(std::vector<std::uint8_t>& s) {
-    if (s.size() < 4) return;
-    const std::uint32_t c = crc32(s.data(), s.size() - 4);
-    for (int k = 0; k < 4; ++k) s[s.size() - 4 + k] = static_cast<std::uint8_t>(c >> (8 * k));
+    constexpr std::size_t HEADER = 96, ROWS_CRC = 88, HEADER_CRC = 92;
+    if (s.size() < HEADER) return;
+    const std::uint32_t rows = dspark::crc32c(0, s.data() + HEADER, s.size() - HEADER);
+    for (int k = 0; k < 4; ++k) s[ROWS_CRC + k] = static_cast<std::uint8_t>(rows >> (8 * k));
+    const std::uint32_t head = dspark::crc32c(0, s.data(), HEADER_CRC);
+    for (int k = 0; k < 4; ++k) s[HEADER_CRC + k] = static_cast<std::uint8_t>(head >> (8 * k));
 }
 
 }  // namespace dspark_fuzz

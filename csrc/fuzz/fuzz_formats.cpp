@@ -153,12 +153,13 @@ void fuzz_restore(Reader& r) {
     } else {
         // A header that passes magic, version, size and fingerprint; fields from the input.
         const std::uint64_t n_rows = r.u8() % (o.window + o.block_size + 4);
-        data.assign(88 + n_rows * st.row_bytes() + 4, 0);
+        data.assign(96 + n_rows * st.row_bytes(), 0);
         std::memcpy(data.data(), "DSPK", 4);
-        put_le(data, 4, 1, 2);
-        put_le(data, 6, 88, 2);
+        put_le(data, 4, 2, 2);
+        put_le(data, 6, 96, 2);
         put_le(data, 8, static_cast<std::uint64_t>(o.feature_dim), 4);
         put_le(data, 12, static_cast<std::uint8_t>(o.storage), 1);
+        put_le(data, 13, static_cast<std::uint8_t>(o.nonfinite), 1);
         put_le(data, 16, static_cast<std::uint64_t>(o.window), 4);
         put_le(data, 20, static_cast<std::uint64_t>(o.block_size), 4);
         put_le(data, 24, st.row_bytes(), 4);
@@ -170,7 +171,7 @@ void fuzz_restore(Reader& r) {
         }
         put_le(data, 72, r.u8() % 5, 4);
         put_le(data, 80, (mode & 0x10) ? r.u64() : n_rows, 8);
-        for (std::size_t i = 88; i + 4 < data.size(); ++i) data[i] = r.u8();
+        for (std::size_t i = 96; i < data.size(); ++i) data[i] = r.u8();
         dspark_fuzz::fix_crc(data);
     }
     const auto before = st.snapshot(seq);

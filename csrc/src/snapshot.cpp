@@ -1,10 +1,19 @@
-// Snapshot format v1 of one sequence (byte layout documented in
-// src/dspark_core/snapshot_format.py, which the reference twin implements;
-// tests compare the bytes of both).
+// Snapshots of one sequence: format v2 written, versions 1 and 2 read. The
+// byte layout is documented in src/dspark_core/snapshot_format.py, which the
+// reference twin implements; tests compare the bytes of both.
+//
+// v2 layout in short: a 96-byte header (fields at v1's offsets; the
+// nonfinite policy and a content-flags word in v1's reserved bytes 13..15,
+// the staged element type in v1's reserved byte 76), then the rows. Two CRC-32C's: one of the rows (offset 88) and one of the
+// header before it (offset 92). The header is checked first (a damaged
+// header reports damage, not a foreign config), then the rows are
+// checksummed while they are copied, in one pass (crc32c_copy).
 #include <array>
 #include <cstring>
 #include <string>
 
+#include "dspark/byte_buffer.hpp"
+#include "dspark/crc32c.hpp"
 #include "dspark/errors.hpp"
 #include "dspark/stager.hpp"
 
@@ -13,14 +22,26 @@ namespace dspark {
 namespace {
 
 constexpr char MAGIC[4] = {'D', 'S', 'P', 'K'};
-constexpr std::uint16_t VERSION = 1;
-constexpr std::uint16_t HEADER_BYTES = 88;
+constexpr std::uint16_t VERSION = 2;
+constexpr std::uint16_t VERSION_1 = 1;
+constexpr std::size_t HEADER_BYTES = 96;
+constexpr std::size_t V1_HEADER_BYTES = 88;
+constexpr std::size_t V1_TRAILER_BYTES = 4;  // v1: CRC-32 (zlib) of everything before it
+// Enough to read magic, version and header size.
+constexpr std::size_t PREAMBLE_BYTES = 8;
+constexpr std::size_t OFF_ROWS_CRC = 88, OFF_HEADER_CRC = 92;
 constexpr std::uint32_t FLAG_STARTED = 1, FLAG_DISABLED = 2, FLAG_OWED = 4, FLAG_FIRST_ROUND = 8,
                         FLAG_ACCEPT_OPEN = 16;
 constexpr std::uint32_t FLAG_BITS = 31;
+// Content flags (v2, offset 14): which parts the snapshot carries. Bit 0:
+// the rows are held outside the snapshot (external-row mode: bookkeeping
+// only, n_rows still says how many rows the owner keeps). A reader rejects
+// bits it does not know.
+constexpr std::uint16_t CONTENT_EXTERNAL_ROWS = 1;
+constexpr std::uint16_t CONTENT_FLAGS_KNOWN = CONTENT_EXTERNAL_ROWS;
 
-// CRC-32 (IEEE 802.3, zlib's crc32), table-driven.
-std::uint32_t crc32(const std::uint8_t* p, std::size_t n) {
+// CRC-32 (IEEE 802.3, zlib's crc32), table-driven: version 1 only.
+std::uint32_t crc32_v1(const std::uint8_t* p, std::size_t n) {
     static const std::array<std::uint32_t, 256> table = [] {
         std::array<std::uint32_t, 256> t{};
         for (std::uint32_t i = 0; i < 256; ++i) {
@@ -47,20 +68,60 @@ T take(const std::uint8_t* at) {
     return static_cast<T>(v);
 }
 
+[[noreturn]] void bad(const std::string& why) { throw std::invalid_argument(why); }
+
+std::string nonfinite_label(std::uint8_t code) {
+    switch (code) {
+        case static_cast<std::uint8_t>(NonFinite::Error): return "error";
+        case static_cast<std::uint8_t>(NonFinite::Zero): return "zero";
+        case static_cast<std::uint8_t>(NonFinite::ClampF16): return "clamp_f16";
+        case static_cast<std::uint8_t>(NonFinite::Clamp): return "clamp";
+        default: return "code " + std::to_string(code);
+    }
+}
+
+// The configuration a snapshot was taken under (v1 has no nonfinite policy).
+struct Fingerprint {
+    std::uint32_t feature_dim, window, block, row_bytes;
+    std::uint8_t storage, nonfinite, stage;
+    bool v2;  // v1 records neither the nonfinite policy nor the staged type
+
+    std::string str() const {
+        const std::string name = storage < STORAGE_COUNT ? storage_name(static_cast<Storage>(storage))
+                                                         : "code " + std::to_string(storage);
+        std::string s = "feature_dim=" + std::to_string(feature_dim) + ", storage=" + name +
+                        ", window=" + std::to_string(window) + ", block_size=" + std::to_string(block);
+        if (v2) {
+            s += ", nonfinite=" + nonfinite_label(nonfinite) + ", stage_dtype=" +
+                 (stage <= static_cast<std::uint8_t>(ElemType::BF16) ? std::string(elem_name(static_cast<ElemType>(stage))) : "code " + std::to_string(stage));
+        }
+        return s;
+    }
+    bool operator==(const Fingerprint& o) const {
+        return feature_dim == o.feature_dim && window == o.window && block == o.block && row_bytes == o.row_bytes &&
+               storage == o.storage && (!v2 || (nonfinite == o.nonfinite && stage == o.stage));
+    }
+};
+
 }  // namespace
 
-std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Seq& s = ready(seq);
-    require_mode(RowMode::Held, "snapshot");
+std::size_t Stager::snapshot_bytes(const Seq& s) const noexcept {
+    if (external()) return HEADER_BYTES;  // bookkeeping only
     const std::int64_t n_rows = s.started ? s.end - s.horizon : 0;
-    std::vector<std::uint8_t> out(HEADER_BYTES + static_cast<std::size_t>(n_rows) * row_bytes_ + 4, 0);
-    std::uint8_t* h = out.data();
+    return HEADER_BYTES + static_cast<std::size_t>(n_rows) * row_bytes_;
+}
+
+void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
+    const std::int64_t n_rows = s.started ? s.end - s.horizon : 0;
+    std::uint8_t* h = dst;
+    std::memset(h, 0, HEADER_BYTES);
     std::memcpy(h, MAGIC, 4);
     put<std::uint16_t>(h + 4, VERSION);
-    put<std::uint16_t>(h + 6, HEADER_BYTES);
+    put<std::uint16_t>(h + 6, static_cast<std::uint16_t>(HEADER_BYTES));
     put<std::uint32_t>(h + 8, static_cast<std::uint32_t>(opt_.feature_dim));
     put<std::uint8_t>(h + 12, static_cast<std::uint8_t>(opt_.storage));
+    put<std::uint8_t>(h + 13, static_cast<std::uint8_t>(opt_.nonfinite));
+    put<std::uint16_t>(h + 14, external() ? CONTENT_EXTERNAL_ROWS : std::uint16_t(0));  // content flags
     put<std::uint32_t>(h + 16, static_cast<std::uint32_t>(opt_.window));
     put<std::uint32_t>(h + 20, static_cast<std::uint32_t>(opt_.block_size));
     put<std::uint32_t>(h + 24, static_cast<std::uint32_t>(row_bytes_));
@@ -74,47 +135,100 @@ std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     put<std::int64_t>(h + 56, s.pos_base);
     put<std::int64_t>(h + 64, s.tentative);
     put<std::uint32_t>(h + 72, static_cast<std::uint32_t>(s.failures));
+    put<std::uint8_t>(h + 76, static_cast<std::uint8_t>(opt_.stage));  // 77..79 reserved, zero
     put<std::uint64_t>(h + 80, static_cast<std::uint64_t>(n_rows));
-    if (n_rows) s.buf.copy_out(s.horizon, s.end, h + HEADER_BYTES);
-    const std::size_t body = out.size() - 4;
-    put<std::uint32_t>(h + body, crc32(h, body));
+    // One pass over the rows: each ring run is checksummed and copied together.
+    std::uint32_t rows_crc = 0;
+    std::uint8_t* out = dst + HEADER_BYTES;
+    if (n_rows && !external())
+        s.buf.for_each_run(s.horizon, s.end, [&](const std::uint8_t* run, std::size_t bytes) {
+            rows_crc = crc32c_copy(rows_crc, out, run, bytes);
+            out += bytes;
+        });
+    put<std::uint32_t>(h + OFF_ROWS_CRC, rows_crc);
+    put<std::uint32_t>(h + OFF_HEADER_CRC, crc32c(0, h, OFF_HEADER_CRC));
+}
+
+std::size_t Stager::snapshot_size(std::int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return snapshot_bytes(ready(seq));
+}
+
+std::size_t Stager::snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size_t cap) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = ready(seq);
+    const std::size_t need = snapshot_bytes(s);
+    if (cap < need)
+        bad("snapshot buffer of " + std::to_string(cap) + " bytes is too small: the snapshot of sequence " +
+            std::to_string(seq) + " needs " + std::to_string(need));
+    write_snapshot(s, dst);
+    return need;
+}
+
+std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = ready(seq);
+    std::vector<std::uint8_t> out;
+    out.reserve(snapshot_bytes(s));
+    advise_huge_pages(out.data(), out.capacity());  // before resize() first touches it
+    out.resize(snapshot_bytes(s));
+    write_snapshot(s, out.data());
     return out;
 }
 
-void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
+void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& target = ready(seq);
-    require_mode(RowMode::Held, "restore");
-    auto bad = [](const std::string& why) { throw std::invalid_argument(why); };
-    if (n < HEADER_BYTES + 4u)
-        bad("snapshot is truncated: " + std::to_string(n) + " bytes, a header needs " + std::to_string(HEADER_BYTES + 4));
+    if (n < PREAMBLE_BYTES)
+        bad("snapshot is truncated: " + std::to_string(n) + " bytes, a header needs " + std::to_string(HEADER_BYTES));
     if (std::memcmp(d, MAGIC, 4) != 0) bad("not a dspark_core snapshot (bad magic)");
     const auto version = take<std::uint16_t>(d + 4);
-    if (version != VERSION)
-        bad("unsupported snapshot version " + std::to_string(version) + " (this build reads " + std::to_string(VERSION) + ")");
-    if (take<std::uint16_t>(d + 6) != HEADER_BYTES) bad("bad snapshot header size " + std::to_string(take<std::uint16_t>(d + 6)));
-    if (crc32(d, n - 4) != take<std::uint32_t>(d + n - 4)) bad("snapshot checksum mismatch (damaged data)");
-
-    const std::uint32_t feature_dim = take<std::uint32_t>(d + 8);
-    const std::uint8_t storage = take<std::uint8_t>(d + 12);
-    const std::uint32_t window = take<std::uint32_t>(d + 16), block = take<std::uint32_t>(d + 20);
-    const std::uint32_t rbytes = take<std::uint32_t>(d + 24);
-    if (feature_dim != opt_.feature_dim || storage != static_cast<std::uint8_t>(opt_.storage) ||
-        window != opt_.window || block != opt_.block_size || rbytes != row_bytes_) {
-        auto fmt = [](std::uint32_t dim, std::uint8_t st, std::uint32_t w, std::uint32_t b) {
-            const std::string name = st < STORAGE_COUNT ? storage_name(static_cast<Storage>(st)) : "code " + std::to_string(st);
-            return "feature_dim=" + std::to_string(dim) + ", storage=" + name + ", window=" + std::to_string(w) +
-                   ", block_size=" + std::to_string(b);
-        };
-        bad("snapshot was taken with (" + fmt(feature_dim, storage, window, block) + ") but this Stager has (" +
-            fmt(static_cast<std::uint32_t>(opt_.feature_dim), static_cast<std::uint8_t>(opt_.storage),
-                static_cast<std::uint32_t>(opt_.window), static_cast<std::uint32_t>(opt_.block_size)) + ")");
+    if (version != VERSION && version != VERSION_1)
+        bad("unsupported snapshot version " + std::to_string(version) + " (this build reads 1 and " +
+            std::to_string(VERSION) + ")");
+    const bool v1 = version == VERSION_1;
+    const std::size_t header = v1 ? V1_HEADER_BYTES : HEADER_BYTES;
+    const std::size_t trailer = v1 ? V1_TRAILER_BYTES : 0;
+    if (n < header + trailer)
+        bad("snapshot is truncated: " + std::to_string(n) + " bytes, a header needs " + std::to_string(header + trailer));
+    if (take<std::uint16_t>(d + 6) != header) bad("bad snapshot header size " + std::to_string(take<std::uint16_t>(d + 6)));
+    if (v1) {
+        if (crc32_v1(d, n - 4) != take<std::uint32_t>(d + n - 4)) bad("snapshot checksum mismatch (damaged data)");
+    } else {
+        if (crc32c(0, d, OFF_HEADER_CRC) != take<std::uint32_t>(d + OFF_HEADER_CRC))
+            bad("snapshot header checksum mismatch (damaged data)");
+        const auto content = take<std::uint16_t>(d + 14);
+        if (content & ~CONTENT_FLAGS_KNOWN)
+            bad("snapshot content flags " + std::to_string(content) + " are not supported by this build");
     }
+    // Rows inline (held mode, every v1) or with their owner (external mode):
+    // the snapshot must come from a Stager of this Stager's mode.
+    const bool snap_external = !v1 && (take<std::uint16_t>(d + 14) & CONTENT_EXTERNAL_ROWS);
+    if (snap_external && !external())
+        bad("snapshot holds no rows (taken in external-row mode: the rows stayed with their owner); this Stager "
+            "holds its rows (rows='held'): restore it into an external-row Stager");
+    if (!snap_external && external())
+        bad("snapshot carries its rows (taken in held mode); this Stager runs in external-row mode "
+            "(rows='external') and cannot take them: restore it into a held-mode Stager");
+
+    const Fingerprint theirs{take<std::uint32_t>(d + 8), take<std::uint32_t>(d + 16), take<std::uint32_t>(d + 20),
+                             take<std::uint32_t>(d + 24), d[12], d[13], d[76], !v1};
+    const Fingerprint mine{static_cast<std::uint32_t>(opt_.feature_dim), static_cast<std::uint32_t>(opt_.window),
+                           static_cast<std::uint32_t>(opt_.block_size), static_cast<std::uint32_t>(row_bytes_),
+                           static_cast<std::uint8_t>(opt_.storage), static_cast<std::uint8_t>(opt_.nonfinite),
+                           static_cast<std::uint8_t>(opt_.stage), !v1};
+    if (!(theirs == mine))
+        bad("snapshot was taken with (" + theirs.str() + ") but this Stager has (" + mine.str() + ")");
     const std::uint32_t flags = take<std::uint32_t>(d + 28);
-    if (d[13] || d[14] || d[15] || take<std::uint32_t>(d + 76) || (flags & ~FLAG_BITS)) bad("snapshot has reserved bits set");
+    // v1: bytes 13..15 and 76..79 reserved; v2: 77..79.
+    const bool reserved_set = v1 ? (d[13] || d[14] || d[15] || take<std::uint32_t>(d + 76)) : (d[77] || d[78] || d[79]);
+    if (reserved_set || (flags & ~FLAG_BITS)) bad("snapshot has reserved bits set");
     const std::uint64_t n_rows = take<std::uint64_t>(d + 80);
-    // Overflow-safe: n_rows must fit the bytes actually present.
-    if (n_rows > (n - HEADER_BYTES - 4) / (row_bytes_ ? row_bytes_ : 1) || HEADER_BYTES + n_rows * row_bytes_ + 4 != n)
+    // Overflow-safe: n_rows must fit the bytes actually present (none in external mode).
+    if (external()) {
+        if (n != header) bad("snapshot length " + std::to_string(n) + " is not its header's " + std::to_string(header) +
+                             " bytes (an external-row snapshot holds no rows)");
+    } else if (n_rows > (n - header - trailer) / (row_bytes_ ? row_bytes_ : 1) || header + n_rows * row_bytes_ + trailer != n)
         bad("snapshot length " + std::to_string(n) + " does not match its " + std::to_string(n_rows) + " rows of " +
             std::to_string(row_bytes_) + " bytes");
     const std::int64_t end = take<std::int64_t>(d + 32), horizon = take<std::int64_t>(d + 40);
@@ -137,6 +251,16 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     }
     if (!ok) bad("snapshot fields are inconsistent");
 
+    // Rows of v2: an emptied slot takes them checksummed while copied (one
+    // pass; its ring holds nothing a failed check could spoil). A slot still
+    // holding rows has them checked first, then copied: it must survive a
+    // damaged snapshot.
+    const std::uint8_t* rows = d + header;
+    const std::size_t rows_bytes = external() ? 0 : static_cast<std::size_t>(n_rows) * row_bytes_;
+    const std::uint32_t rows_crc = v1 ? 0 : take<std::uint32_t>(d + OFF_ROWS_CRC);
+    const bool fused = !v1 && !external() && target.buf.size() == 0;
+    if (!v1 && !fused && crc32c(0, rows, rows_bytes) != rows_crc) bad("snapshot rows checksum mismatch (damaged data)");
+
     // Build the new state completely, then swap it in: bad data never
     // leaves the slot half-restored.
     Seq s;
@@ -151,8 +275,30 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     s.pos_base = pos_base;
     s.tentative = tentative;
     s.failures = failures;
-    s.buf = ring_for(target.buf, horizon, n_rows);  // validated: nothing below can fail
-    append_rows(s.buf, d + HEADER_BYTES, n_rows);
+    const std::int64_t old_head = target.buf.head();
+    const bool reused = target.buf.capacity() != 0 && target.buf.capacity() >= n_rows;  // ring_for's rule
+    s.buf = ring_for(target.buf, horizon, n_rows);  // validated: nothing below can fail but the fused check
+    if (external()) {
+        // The owner puts the rows back: take their slots, write nothing.
+        if (n_rows) {
+            FeatureBuffer::Span x, y;
+            s.buf.back_spans(static_cast<std::size_t>(n_rows), x, y);
+            s.buf.commit_back(static_cast<std::size_t>(n_rows));
+        }
+    } else if (fused) {
+        std::uint32_t crc = 0;
+        append_rows(s.buf, rows, n_rows, &crc);
+        if (crc != rows_crc) {
+            if (reused) {  // give the (still empty) ring back as it was
+                target.buf = std::move(s.buf);
+                target.buf.reset(old_head);
+            }
+            bad("snapshot rows checksum mismatch (damaged data)");
+        }
+    } else {
+        append_rows(s.buf, rows, n_rows);
+    }
+    if (runs_out) s.buf.runs(horizon, end, slot_base(seq), runs_out);
     target = std::move(s);
     advance_horizon(target);
 }

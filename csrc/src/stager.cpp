@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "dspark/crc32c.hpp"
 #include "dspark/errors.hpp"
 
 namespace dspark {
@@ -649,13 +650,19 @@ FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size
 }
 
 // Appends n contiguous rows (room must exist: ring_for / a reserved ring).
-void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n) const {
+void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n, std::uint32_t* crc) const {
     if (n == 0) return;
     ring.reserve_back(n, max_rows_);
     FeatureBuffer::Span x, y;
     ring.back_spans(n, x, y);
-    std::memcpy(x.data, rows, x.rows * row_bytes_);
-    if (y.rows) std::memcpy(y.data, rows + x.rows * row_bytes_, y.rows * row_bytes_);
+    const std::uint8_t* second = rows + x.rows * row_bytes_;
+    if (crc != nullptr) {
+        *crc = crc32c_copy(*crc, x.data, rows, x.rows * row_bytes_);
+        if (y.rows) *crc = crc32c_copy(*crc, y.data, second, y.rows * row_bytes_);
+    } else {
+        std::memcpy(x.data, rows, x.rows * row_bytes_);
+        if (y.rows) std::memcpy(y.data, second, y.rows * row_bytes_);
+    }
     ring.commit_back(n);
 }
 

@@ -53,6 +53,11 @@ float first_value(const ByteVec& rows, std::size_t row) {
     return v;
 }
 
+// Two v2 snapshots hold the same rows (bytes after the 96-byte header).
+bool same_rows(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {
+    return a.size() == b.size() && std::memcmp(a.data() + 96, b.data() + 96, a.size() - 96) == 0;
+}
+
 }  // namespace
 
 TEST_CASE(synthetic_loop_crosses_the_window) {
@@ -191,6 +196,65 @@ TEST_CASE(snapshot_round_trip_and_damage) {
     longer.push_back(0);
     CHECK_THROWS(s.restore(1, longer.data(), longer.size()), std::invalid_argument);
     CHECK(s.snapshot(1) == before);
+}
+
+TEST_CASE(snapshot_into_a_buffer_and_restore_from_it) {
+    Stager s(opts(4, 12, Storage::Q4_0, 3));
+    process(s, 0, 0, 40);
+    ByteVec rows;
+    s.draft(0, 40, rows);
+    s.commit(0);
+    const std::size_t need = s.snapshot_size(0);
+    const auto snap = s.snapshot(0);
+    CHECK_EQ(need, snap.size());
+    // Too small: rejected before anything is written.
+    std::vector<std::uint8_t> buf(need + 8, 0xEE);
+    CHECK_THROWS(s.snapshot_into(0, buf.data(), need - 1), std::invalid_argument);
+    CHECK(buf[0] == 0xEE && buf[need - 2] == 0xEE);
+    CHECK_EQ(s.snapshot_into(0, buf.data(), buf.size()), need);
+    CHECK(std::memcmp(buf.data(), snap.data(), need) == 0);
+    CHECK(buf[need] == 0xEE);  // nothing past the snapshot
+    // Into an emptied slot (one pass) and into one still holding rows (checked first).
+    process(s, 2, 0, 9, 0.5f);
+    for (std::int64_t slot : {1, 2}) {
+        s.restore(slot, buf.data(), need);
+        CHECK(same_rows(s.snapshot(slot), snap));
+        CHECK(s.state(slot).end == 40 && s.state(slot).horizon == s.state(0).horizon && s.state(slot).restage_owed);
+    }
+}
+
+TEST_CASE(damaged_rows_leave_the_slot_untouched) {
+    Stager s(opts(4, 12, Storage::F16, 3));
+    process(s, 0, 0, 30);
+    auto snap = s.snapshot(0);
+    snap.back() ^= 0x01;  // the last row byte
+    process(s, 1, 0, 5, 0.25f);  // a slot with rows
+    s.begin(2);                  // an emptied slot (the one-pass path)
+    for (std::int64_t slot : {1, 2}) {
+        const auto before = s.snapshot(slot);
+        const auto state = s.state(slot);
+        CHECK_THROWS(s.restore(slot, snap.data(), snap.size()), std::invalid_argument);
+        CHECK(s.snapshot(slot) == before);
+        CHECK(s.state(slot).end == state.end && s.state(slot).started == state.started);
+    }
+    // The emptied slot still works after the rejected restore.
+    process(s, 2, 0, 3, 0.75f);
+    CHECK_EQ(s.state(2).end, 3);
+}
+
+TEST_CASE(snapshot_fingerprint_holds_the_nonfinite_policy) {
+    StagerOptions zero = opts(4, 12);
+    zero.nonfinite = NonFinite::Zero;
+    Stager a(zero), b(opts(4, 12));
+    process(a, 0, 0, 10);
+    const auto snap = a.snapshot(0);
+    process(b, 0, 0, 3);
+    const auto before = b.snapshot(0);
+    CHECK_THROWS(b.restore(0, snap.data(), snap.size()), std::invalid_argument);
+    CHECK(b.snapshot(0) == before);
+    Stager c(zero);
+    c.restore(0, snap.data(), snap.size());
+    CHECK(same_rows(c.snapshot(0), snap));
 }
 
 TEST_CASE(fork_is_independent_and_shift_moves_rows) {

@@ -12,8 +12,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code",
-           "check_rows_given", "require_held_rows"]
+__all__ = [
+    "MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code",
+    "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
+]
 
 #: Positions are int64 in the core; keep well clear of overflow in ``pos + B``.
 #: A row's position is below ``MAX_POSITION - 1`` so a sequence's end (last
@@ -114,6 +116,34 @@ def as_encoded(data: Any, n: int, row_bytes: int) -> np.ndarray:
     elif arr.ndim != 1 or arr.shape[0] != n * row_bytes:
         raise ValueError(f"encoded rows must be {n} x {row_bytes} bytes, got shape {arr.shape}")
     return np.ascontiguousarray(arr).reshape(-1)
+
+
+def readable_bytes(data: Any) -> memoryview:
+    """``data`` (any buffer: bytes, bytearray, memoryview, ndarray, mmap) as a flat byte view.
+
+    No copy for a C-contiguous buffer; a strided one is copied once.
+    """
+    try:
+        view = memoryview(data)
+    except (TypeError, ValueError):
+        raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return view.cast("B")
+
+
+def writable_bytes(buffer: Any) -> memoryview:
+    """``buffer`` as a flat writable byte view (no copy); ``TypeError`` unless it is a
+    writable C-contiguous buffer (bytearray, ndarray, mmap, shared memory)."""
+    try:
+        view = memoryview(buffer)
+    except (TypeError, ValueError):
+        raise TypeError(f"buffer must support the buffer protocol, got {type(buffer).__name__}") from None
+    if view.readonly:
+        raise TypeError(f"buffer must be writable, got a read-only {type(buffer).__name__}")
+    if not view.c_contiguous:
+        raise TypeError(f"buffer must be C-contiguous, got a strided {type(buffer).__name__}")
+    return view.cast("B")
 
 
 def check_rows_given(external: bool, rows: Any) -> None:

@@ -213,10 +213,17 @@ class StagerConfig:
             return np.dtype(ml_dtypes.bfloat16)
         return np.dtype(self.stage_dtype)
 
-    def snapshot_fingerprint(self) -> tuple[int, int, int, int, int]:
+    def snapshot_fingerprint(self) -> tuple[int, int, int, int, int, int, int]:
         """What a snapshot must match to be restored, as its header stores it:
-        ``(feature_dim, storage code, window, block_size, row_bytes)``."""
-        return (self.feature_dim, STORAGES.index(self.storage), self.window, self.block_size, self.row_bytes)
+        ``(feature_dim, storage code, window, block_size, row_bytes, nonfinite code, stage_dtype code)``.
+
+        The nonfinite policy and the staged type are part of it: they bound
+        what the stored rows may hold (no NaN under ``"zero"``, finite once
+        narrowed to float16, ...), which the restoring Stager relies on
+        (format v2; a version-1 snapshot records neither and is not checked
+        for them)."""
+        return (self.feature_dim, STORAGES.index(self.storage), self.window, self.block_size, self.row_bytes,
+                NONFINITE_POLICIES.index(self.nonfinite), STAGE_DTYPES.index(self.stage_dtype))
 
     def replace(self, **changes: Any) -> "StagerConfig":
         """A copy with some fields changed (validated again)."""

@@ -107,6 +107,17 @@ public:
     // Copy rows [from, to) (inside [head, end)) to dst, contiguous, oldest first
     // (nothing in an external ring).
     void copy_out(std::int64_t from, std::int64_t to, std::uint8_t* dst) const noexcept;
+    // Calls f(data, bytes) for each contiguous run (at most two) holding rows
+    // [from, to) (inside [head, end)), oldest first.
+    template <class F>
+    void for_each_run(std::int64_t from, std::int64_t to, F&& f) const {
+        if (to <= from) return;
+        const std::size_t n = static_cast<std::size_t>(to - from);
+        const std::size_t s = slot(from);
+        const std::size_t run = n < cap_ - s ? n : cap_ - s;
+        f(static_cast<const std::uint8_t*>(data_.data() + s * row_bytes_), run * row_bytes_);
+        if (run < n) f(static_cast<const std::uint8_t*>(data_.data()), (n - run) * row_bytes_);
+    }
 
     // The ring indices of rows [from, to) (inside [head, end)), plus `base`:
     // at most two runs (the ring wraps at most once); unused runs are empty.

@@ -165,8 +165,23 @@ public:
     // returns them for the record. Empty when nothing moves.
     std::vector<SlotMove> shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard);
     std::vector<SlotMove> fork(std::int64_t src, std::int64_t dst);
+    // Snapshots (format v2, layout in snapshot.cpp): the sequence's state as
+    // checksummed bytes another Stager of the same configuration restores.
+    // snapshot_size is the exact size snapshot_into writes; snapshot_into
+    // writes into dst (cap bytes) in one pass over the rows and returns the
+    // bytes written, or throws std::invalid_argument, writing nothing, when
+    // cap is too small. restore reads versions 1 and 2 straight from `data`
+    // (no copy first) and throws std::invalid_argument for damaged, foreign
+    // or inconsistent data, leaving the sequence untouched.
+    // External-row mode: a snapshot carries the bookkeeping only (content flag
+    // "external rows"; the owner saves the rows at live_slots(seq) itself),
+    // and restore fills runs_out (when given) with the slots where the owner
+    // puts those rows back, oldest first. A snapshot of the other mode is
+    // rejected like damaged data (std::invalid_argument, nothing changed).
+    std::size_t snapshot_size(std::int64_t seq) const;
+    std::size_t snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size_t cap) const;
     std::vector<std::uint8_t> snapshot(std::int64_t seq) const;
-    void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes);
+    void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes, SlotRun* runs_out = nullptr);
 
     SeqState state(std::int64_t seq) const;
     // The slots of the stageable rows [horizon, end), oldest first, as at most
@@ -224,7 +239,11 @@ private:
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
     static void open_round(Seq& s, const RoundPlan& p, std::uint8_t* out) noexcept;
     FeatureBuffer ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const;
-    void append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n) const;
+    // With `crc`, the rows are also checksummed (CRC-32C chained from *crc) in the same pass.
+    void append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n,
+                     std::uint32_t* crc = nullptr) const;
+    std::size_t snapshot_bytes(const Seq& s) const noexcept;
+    void write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept;
 
     StagerOptions opt_;
     std::int64_t w_keep_;

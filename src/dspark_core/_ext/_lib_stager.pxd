@@ -1,7 +1,7 @@
 # cython: language_level=3
 # Declarations of the C++ Stager API (csrc/include/dspark/stager.hpp).
 # Declarations only: the wrapper lives in _stager.pyx.
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.vector cimport vector
@@ -17,6 +17,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     cdef cppclass ByteVec:
         uint8_t* data()
         size_t size()
+
+    void advise_huge_pages(void* p, size_t n)
 
     cdef cppclass BufferPool:
         void give(ByteVec v)
@@ -113,8 +115,10 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void rollback(int64_t seq, int64_t n_past) except +dspark_translate_exception
         vector[SlotMove] shift(int64_t seq, int64_t n_keep, int64_t n_discard) except +dspark_translate_exception
         vector[SlotMove] fork(int64_t src, int64_t dst) except +dspark_translate_exception
+        size_t snapshot_size(int64_t seq) except +dspark_translate_exception
+        size_t snapshot_into(int64_t seq, uint8_t* dst, size_t cap) except +dspark_translate_exception
         vector[uint8_t] snapshot(int64_t seq) except +dspark_translate_exception
-        void restore(int64_t seq, const uint8_t* data, size_t nbytes) except +dspark_translate_exception
+        void restore(int64_t seq, const uint8_t* data, size_t nbytes, SlotRun* runs_out) except +dspark_translate_exception
         SeqState state(int64_t seq) except +dspark_translate_exception
         void live_slots(int64_t seq, SlotRun* out) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
@@ -123,3 +127,15 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     # "" for Skip::None and past the last reason; nullptr past the last stage.
     const char* skip_name(Skip s)
     const char* fail_stage_name(FailStage s)
+
+
+cdef extern from "dspark/crc32c.hpp" namespace "dspark" nogil:
+    enum class CrcPath(uint8_t):
+        Portable
+        Sse42
+
+    uint32_t crc32c(uint32_t crc, const void* data, size_t n)
+    bool crc_path_supported(CrcPath p)
+    CrcPath active_crc_path()
+    void set_crc_path(CrcPath p) except +dspark_translate_exception
+    const char* crc_path_name(CrcPath p)

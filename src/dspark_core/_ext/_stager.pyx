@@ -13,8 +13,8 @@ import numpy as np
 
 cimport numpy as cnp
 from cpython.buffer cimport PyBUF_WRITABLE
-from cpython.bytes cimport PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint8_t
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
+from libc.stdint cimport int64_t, uint8_t, uint32_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport move
@@ -23,12 +23,14 @@ from libcpp.vector cimport vector
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    RowMode, SlotMove,
+    RowMode, SlotMove, advise_huge_pages,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
+    CrcPath, crc32c as c_crc32c, crc_path_supported, active_crc_path, set_crc_path, crc_path_name,
 )
 
 from dspark_core._args import (
-    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, require_held_rows, row_dtype_code,
+    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, readable_bytes, require_held_rows,
+    row_dtype_code, writable_bytes,
 )
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
@@ -77,6 +79,38 @@ cdef object _plan_slots(RoundPlan& p):
     for i in range(b):
         q[a + i] = f1 + i
     return out
+
+
+# -- CRC-32C of snapshot format v2 (the core's dispatched kernels) -------------
+_CRC_PATHS = {"portable": CrcPath.Portable, "sse4.2": CrcPath.Sse42}
+
+
+def crc32c(data, crc=0):
+    """CRC-32C (Castagnoli) of a bytes-like object, chained from ``crc``, on the active path."""
+    cdef const uint8_t[::1] view = readable_bytes(data)
+    cdef size_t n = view.shape[0]
+    cdef const uint8_t* p = &view[0] if n else NULL
+    cdef uint32_t c = as_index("crc", crc) & 0xFFFFFFFF
+    with nogil:
+        c = c_crc32c(c, p, n)
+    return c
+
+
+def crc32c_paths():
+    """Names of the CRC-32C kernels this CPU and build support."""
+    return tuple(name for name, p in _CRC_PATHS.items() if crc_path_supported(p))
+
+
+def crc32c_path():
+    """Name of the active CRC-32C kernel ("sse4.2" or "portable")."""
+    return crc_path_name(active_crc_path()).decode()
+
+
+def set_crc32c_path(name):
+    """Switch the CRC-32C kernel (process-wide); ``ValueError`` for an unknown or unsupported one."""
+    if name not in _CRC_PATHS:
+        raise ValueError(f"unknown CRC-32C path {name!r}; use one of {tuple(_CRC_PATHS)}")
+    set_crc_path(_CRC_PATHS[name])
 
 
 cdef inline bint _plain_positions(x):
@@ -469,31 +503,75 @@ cdef class Stager:
             moves = self._core.fork(a, b)
         return self._moves(moves)
 
+    def snapshot_size(self, seq):
+        """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
+        cdef int64_t s = self._seq(seq)
+        cdef size_t n
+        with nogil:
+            n = self._core.snapshot_size(s)
+        return n
+
+    def snapshot_into(self, seq, buffer):
+        """Write the snapshot (``snapshot_format``) into ``buffer``; returns the bytes written.
+
+        ``buffer`` is any writable C-contiguous buffer (bytearray, ndarray,
+        mmap, shared memory), written in place in one pass over the rows with
+        the GIL released. Too small (see ``snapshot_size``): ``ValueError``,
+        nothing written.
+        """
+        cdef int64_t s = self._seq(seq)
+        with nogil:
+            self._core.check_ready(s)
+        cdef uint8_t[::1] out = writable_bytes(buffer)
+        cdef size_t cap = out.shape[0]
+        cdef uint8_t* dp = &out[0] if cap else NULL
+        cdef size_t n
+        with nogil:
+            n = self._core.snapshot_into(s, dp, cap)
+        return n
+
     def snapshot(self, seq):
         """The sequence's state as versioned, checksummed bytes (``snapshot_format``)."""
         cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        require_held_rows(self._external, "snapshot")
-        cdef vector[uint8_t] v
-        with nogil:
-            v = self._core.snapshot(s)
-        return PyBytes_FromStringAndSize(<const char*>v.data(), v.size())
+        cdef size_t n, written
+        cdef char* dp
+        while True:
+            with nogil:
+                n = self._core.snapshot_size(s)
+            out = PyBytes_FromStringAndSize(NULL, n)  # written in place, no second copy
+            dp = PyBytes_AS_STRING(out)
+            advise_huge_pages(dp, n)  # fresh memory: fault it in 2 MiB at a time
+            try:
+                with nogil:
+                    written = self._core.snapshot_into(s, <uint8_t*>dp, n)
+            except ValueError:
+                if self.snapshot_size(s) != n:
+                    continue  # another thread changed the sequence in between
+                raise
+            return out if written == n else out[:written]
 
     def restore(self, seq, data):
-        """Replace the sequence's state with a snapshot; bad data raises ValueError and changes nothing."""
+        """Replace the sequence's state with a snapshot; bad data raises ValueError and changes nothing.
+
+        External-row mode: the snapshot carries the bookkeeping only; returns
+        the int64 slots where the owner puts the saved rows back (the rows of
+        ``live_slots(seq)`` at snapshot time, oldest first). A snapshot of the
+        other row mode is a ValueError. Held mode: returns None.
+
+        ``data`` is any buffer (bytes, bytearray, memoryview, ndarray, mmap),
+        read in place with the GIL released: another thread must not write to
+        it during the call.
+        """
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
-        require_held_rows(self._external, "restore")
-        try:
-            raw = bytes(memoryview(data))
-        except TypeError:
-            raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
-        cdef const uint8_t* dp = <const uint8_t*><const char*>raw
-        cdef size_t n = len(raw)
+        cdef const uint8_t[::1] raw = readable_bytes(data)
+        cdef size_t n = raw.shape[0]
+        cdef const uint8_t* dp = &raw[0] if n else NULL
+        cdef RoundPlan p
         with nogil:
-            self._core.restore(s, dp, n)
+            self._core.restore(s, dp, n, p.slot_runs)
+        return _plan_slots(p) if self._external else None
 
     # -- introspection ------------------------------------------------------
     def state(self, seq):

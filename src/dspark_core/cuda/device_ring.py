@@ -322,6 +322,46 @@ class DeviceRing:
         self.apply(moves)
         return moves
 
+    # -- snapshots --------------------------------------------------------
+    def snapshot(self, seq: int) -> tuple[bytes, Any]:
+        """``(stager.snapshot(seq), rows)``: the bookkeeping and a device copy of the
+        sequence's stageable rows, ``(n, row_bytes)`` uint8 in the ring's storage (at most
+        two device-to-device copies). Restore both with :meth:`restore`, on this ring or
+        another one of the same configuration."""
+        data = self.stager.snapshot(seq)
+        slots = self.stager.live_slots(seq)
+        rows = interop._alloc(self.lib, (len(slots), self.row_bytes), _backend._U8, self.device, self.stream)
+        r = interop._dev_array(rows, "snapshot rows", stream=self.stream)
+        for slot, r0, m in slot_runs(slots):
+            self._cu.copy_device(r.ptr + r0 * self.row_bytes, self._table_ptr + slot * self.row_bytes,
+                                 m * self.row_bytes, self.stream)
+        interop._mark_written(rows, self.stream, self._stream_obj)
+        return data, rows
+
+    def restore(self, seq: int, data: Any, rows: Any) -> np.ndarray:
+        """``stager.restore(seq, data)`` and copy ``rows`` (from :meth:`snapshot`) into the
+        slots it returns. Bad data, or rows of the wrong shape, raise before anything changes."""
+        cfg = self.stager.config
+        from .. import snapshot_format
+
+        state = snapshot_format.unpack(data, cfg.snapshot_fingerprint(), external=True)
+        n = state.end - state.horizon if state.started else 0
+        r = interop._dev_array(rows, "DeviceRing.restore: rows", stream=self.stream)
+        if r.dtype != _backend._U8 or r.shape != (n, self.row_bytes):
+            raise ValueError(
+                f"DeviceRing.restore: rows must be uint8 ({n}, {self.row_bytes}) (what snapshot() returned), "
+                f"got {r.dtype} {r.shape}"
+            )
+        if n and interop._device_of(r) != self.device:
+            raise ValueError(f"DeviceRing.restore: rows are on device {r.device}, the ring on device {self.device}")
+        interop._order_after_producer(r, self.stream, self.device)
+        slots = self.stager.restore(seq, data)
+        for slot, r0, m in slot_runs(slots):
+            self._cu.copy_device(self._table_ptr + slot * self.row_bytes, r.ptr + r0 * self.row_bytes,
+                                 m * self.row_bytes, self.stream)
+        interop._mark_written(self.table, self.stream, self._stream_obj)
+        return slots
+
     def upload(self, rows: np.ndarray) -> Any:
         """A host array as a device array of the ring's backend (for tests and simulations:
         a GPU server's target produces its rows on the device)."""

@@ -54,7 +54,10 @@ import numpy as np
 
 from . import formats as rf
 from .. import snapshot_format
-from .._args import as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, require_held_rows
+from .._args import (
+    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, readable_bytes, require_held_rows,
+    writable_bytes,
+)
 from ..config import STORAGES, TRIM_CHUNK, StagerConfig
 from ..errors import StateError
 from ..protocol_mismatch import MismatchGuard
@@ -539,28 +542,51 @@ class ReferenceStager:
         reuse.reset(pos)
         return reuse
 
-    def snapshot(self, seq: int) -> bytes:
-        """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
+    def _snapshot_state(self, seq: int) -> snapshot_format.SnapshotState:
         _, st = self._closed(seq)
-        require_held_rows(self._external, "snapshot")
-        rows = b"".join(st.rows[p].tobytes() for p in range(st.horizon, st.end)) if st.started else b""
-        state = snapshot_format.SnapshotState(
+        held = not self._external  # external-row mode: bookkeeping only, the owner keeps the rows
+        rows = b"".join(st.rows[p].tobytes() for p in range(st.horizon, st.end)) if st.started and held else b""
+        return snapshot_format.SnapshotState(
             started=st.started, disabled=st.disabled, restage_owed=st.restage_owed,
             first_round=st.first_round, accept_open=st.accept_open, end=st.end, horizon=st.horizon,
             n_cache=st.n_cache, pos_base=st.pos_base, tentative=st.tentative, failures=st.failures,
-            rows=rows,
+            rows=rows, external=self._external,
         )
-        return snapshot_format.pack(state, self.config.snapshot_fingerprint())
 
-    def restore(self, seq: int, data: bytes) -> None:
-        """Replace the sequence's state with a snapshot; bad data leaves it untouched."""
+    def snapshot(self, seq: int) -> bytes:
+        """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
+        return snapshot_format.pack(self._snapshot_state(seq), self.config.snapshot_fingerprint())
+
+    def snapshot_size(self, seq: int) -> int:
+        """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
+        _, st = self._closed(seq)
+        n_rows = st.end - st.horizon if st.started and not self._external else 0
+        return snapshot_format.snapshot_bytes(n_rows, self.config.row_bytes)
+
+    def snapshot_into(self, seq: int, buffer: Any) -> int:
+        """Write the snapshot into a writable C-contiguous buffer; returns the bytes written.
+
+        ``TypeError`` for an object that is not a writable contiguous buffer,
+        ``ValueError`` when it is too small (nothing is written).
+        """
+        self._closed(seq)
+        out = writable_bytes(buffer)
+        need = self.snapshot_size(seq)
+        if len(out) < need:
+            raise ValueError(
+                f"snapshot buffer of {len(out)} bytes is too small: the snapshot of sequence {seq} needs {need}"
+            )
+        out[:need] = self.snapshot(seq)
+        return need
+
+    def restore(self, seq: int, data: Any) -> np.ndarray | None:
+        """Replace the sequence's state with a snapshot; bad data leaves it untouched.
+
+        External-row mode: returns the slots where the owner puts the saved rows back.
+        """
         i, old = self._closed(seq)
-        require_held_rows(self._external, "restore")
-        try:
-            raw = bytes(memoryview(data))
-        except TypeError:
-            raise TypeError(f"snapshot data must be bytes-like, got {type(data).__name__}") from None
-        s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES)
+        raw = readable_bytes(data)
+        s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES, external=self._external)
         rb = self.config.row_bytes
         st = _Seq(
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
@@ -574,8 +600,10 @@ class ReferenceStager:
         if n:
             st.ring.reserve(n)
             st.ring.append(n)
+        slots = np.array(st.ring.slots(s.horizon, s.end, i * self.config.ring_rows), np.int64)
         self._seqs[i] = st
         self._advance_horizon(st)
+        return slots if self._external else None
 
     # -- introspection --------------------------------------------------
     def state(self, seq: int) -> dict[str, Any]:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import struct
-import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .. import snapshot_format
 from ..config import TRIM_CHUNK, StagerConfig
 from ..errors import StateError
 from ..reference import SEMANTIC_STATS, ReferenceStager
@@ -448,7 +448,7 @@ class _Runner:
             lo, hi = (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if signed else (0, (1 << bits) - 1)
             new = (new - lo) % (hi - lo + 1) + lo  # wrap into the field
             struct.pack_into(fmt, data, off, new)
-            struct.pack_into("<I", data, len(data) - 4, zlib.crc32(bytes(data[:-4])) & 0xFFFFFFFF)
+            snapshot_format.refresh_checksums(data)
             return bytes(data), f"{src} with {fname} {old} -> {new} (checksum fixed)"
         return bytes(data), src
 

@@ -41,7 +41,6 @@ import sys
 import tempfile
 import time
 import traceback
-import zlib
 from typing import Callable, Sequence
 
 import numpy as np
@@ -68,8 +67,9 @@ def _snapshot_bytes(config, head: bytes, rest: bytes, mode: int) -> bytes:
     if mode % 3 == 0:
         return rest  # raw
     if mode % 3 == 1:
-        body = rest[:-4] if len(rest) >= 4 else rest
-        return body + struct.pack("<I", zlib.crc32(body) & 0xFFFFFFFF)
+        fixed = bytearray(rest)  # raw bytes behind right checksums
+        sf.refresh_checksums(fixed)
+        return bytes(fixed)
     # A valid header (magic, version, fingerprint), fields and rows from the input, right checksum.
     r = list(head) + [0] * 16
     n_rows = r[0] % (config.window + config.block_size + 3)

@@ -408,6 +408,13 @@ class InvariantChecker:
                 _violation(f"seq {s}: snapshot {k} = {getattr(snap, k)}, state says {st[k]}")
         return data
 
+    def snapshot_into(self, seq: int, buffer: Any) -> int:
+        n = self._call("snapshot_into", seq, buffer)
+        s = int(seq)
+        if n != self._st.snapshot_size(s) or bytes(memoryview(buffer).cast("B")[:n]) != bytes(self._st.snapshot(s)):
+            _violation(f"seq {s}: snapshot_into wrote other bytes than snapshot() returns")
+        return n
+
     def restore(self, seq: int, data: Any) -> None:
         self._call("restore", seq, data)
         s = int(seq)

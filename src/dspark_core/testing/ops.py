@@ -144,7 +144,7 @@ _DAMAGE = ("none", "none", "none", "flip", "cut", "grow", "patch", "patch", "pat
 _PATCH_FIELDS = (
     (32, "<q", "end"), (40, "<q", "horizon"), (48, "<q", "n_cache"), (56, "<q", "pos_base"),
     (64, "<q", "tentative"), (72, "<I", "failures"), (28, "<I", "flags"), (80, "<Q", "n_rows"),
-    (16, "<I", "window"), (76, "<I", "reserved"),
+    (16, "<I", "window"), (76, "<I", "stage_dtype+reserved"), (13, "<B", "nonfinite"), (14, "<H", "content_flags"),
 )
 _PATCH_DELTAS = (-3, -2, -1, 1, 2, 3, 5, 8, 0, "zero", "neg1", "max62", "max63", "flip_flag", 4, -4)
 _ENC_MODES = ("valid",) * 6 + ("raw", "raw", "short", "int8", "flat", "flat", "valid_nan", "2d", "list", "valid")

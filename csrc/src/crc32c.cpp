@@ -1,0 +1,192 @@
+// CRC-32C: the portable slicing-by-8 kernel, the shift tables of the
+// interleaved SSE4.2 kernel (crc32c_sse42.cpp) and the runtime dispatch.
+#include "dspark/crc32c.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cctype>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "crc32c_kernels.hpp"
+
+namespace dspark {
+namespace detail {
+
+namespace {
+
+struct SliceTables {
+    std::uint32_t t[8][256];
+};
+
+// t[0] is the classic byte table; t[k][b] is byte b followed by k zero bytes.
+SliceTables make_slice_tables() noexcept {
+    SliceTables s{};
+    for (std::uint32_t b = 0; b < 256; ++b) {
+        std::uint32_t c = b;
+        for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ CRC32C_POLY : c >> 1;
+        s.t[0][b] = c;
+    }
+    for (std::uint32_t b = 0; b < 256; ++b)
+        for (int k = 1; k < 8; ++k) s.t[k][b] = (s.t[k - 1][b] >> 8) ^ s.t[0][s.t[k - 1][b] & 0xFF];
+    return s;
+}
+
+const SliceTables& slices() noexcept {
+    static const SliceTables s = make_slice_tables();
+    return s;
+}
+
+// a * b modulo the polynomial, in the reflected bit order (bit 31 is x^0).
+std::uint32_t mult_mod_p(std::uint32_t a, std::uint32_t b) noexcept {
+    std::uint32_t m = 1u << 31, p = 0;
+    for (; m != 0; m >>= 1) {
+        if (a & m) p ^= b;
+        b = (b & 1) ? (b >> 1) ^ CRC32C_POLY : b >> 1;
+    }
+    return p;
+}
+
+// x^(8 n) modulo the polynomial: the register map of n appended zero bytes.
+std::uint32_t x8n_mod_p(std::size_t n) noexcept {
+    std::uint32_t p = 1u << 31;       // x^0
+    std::uint32_t sq = 1u << 23;      // x^8
+    for (; n != 0; n >>= 1) {
+        if (n & 1) p = mult_mod_p(sq, p);
+        sq = mult_mod_p(sq, sq);
+    }
+    return p;
+}
+
+CrcShift make_shift(std::size_t zeros) noexcept {
+    CrcShift s{};
+    const std::uint32_t op = x8n_mod_p(zeros);
+    for (int k = 0; k < 4; ++k)
+        for (std::uint32_t b = 0; b < 256; ++b) s.t[k][b] = mult_mod_p(op, b << (8 * k));
+    return s;
+}
+
+std::uint32_t portable_update(std::uint32_t c, const std::uint8_t* p, std::size_t n) noexcept {
+    const auto& t = slices().t;
+    for (; n >= 8; p += 8, n -= 8) {
+        std::uint32_t lo, hi;  // little-endian words (the table order assumes it)
+        lo = std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
+        hi = std::uint32_t(p[4]) | std::uint32_t(p[5]) << 8 | std::uint32_t(p[6]) << 16 | std::uint32_t(p[7]) << 24;
+        lo ^= c;
+        c = t[7][lo & 0xFF] ^ t[6][(lo >> 8) & 0xFF] ^ t[5][(lo >> 16) & 0xFF] ^ t[4][lo >> 24] ^
+            t[3][hi & 0xFF] ^ t[2][(hi >> 8) & 0xFF] ^ t[1][(hi >> 16) & 0xFF] ^ t[0][hi >> 24];
+    }
+    for (; n != 0; ++p, --n) c = t[0][(c ^ *p) & 0xFF] ^ (c >> 8);
+    return c;
+}
+
+std::uint32_t portable_copy(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src, std::size_t n) noexcept {
+    while (n != 0) {
+        const std::size_t k = std::min(n, CRC_COPY_CHUNK);
+        c = portable_update(c, src, k);
+        std::memcpy(dst, src, k);  // src is still in cache
+        src += k;
+        dst += k;
+        n -= k;
+    }
+    return c;
+}
+
+}  // namespace
+
+const CrcShift& crc_shift_long() noexcept {
+    static const CrcShift s = make_shift(CRC_LONG);
+    return s;
+}
+const CrcShift& crc_shift_short() noexcept {
+    static const CrcShift s = make_shift(CRC_SHORT);
+    return s;
+}
+
+const CrcKernels kPortableCrc = {portable_update, portable_copy};
+
+}  // namespace detail
+
+// --------------------------------------------------------------- dispatch ---
+
+namespace {
+
+const detail::CrcKernels* crc_kernels_for(CrcPath p) noexcept {
+    switch (p) {
+        case CrcPath::Portable: return &detail::kPortableCrc;
+#if defined(DSPARK_X86)
+        case CrcPath::Sse42: return &detail::kSse42Crc;
+#endif
+        default: return nullptr;
+    }
+}
+
+bool env_is(const char* name, const char* value) {
+    const char* env = std::getenv(name);
+    if (env == nullptr) return false;
+    std::string s(env);
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return s == value;
+}
+
+CrcPath initial_crc_path() noexcept {
+    if (env_is("DSPARK_CRC32C", "portable") || env_is("DSPARK_SIMD", "scalar")) return CrcPath::Portable;
+    return best_crc_path();
+}
+
+std::atomic<int> g_crc_path{-1};
+
+const detail::CrcKernels& active_crc() noexcept { return *crc_kernels_for(active_crc_path()); }
+
+}  // namespace
+
+bool crc_path_supported(CrcPath p) noexcept {
+    switch (p) {
+        case CrcPath::Portable: return true;
+#if defined(DSPARK_X86)
+        case CrcPath::Sse42: return __builtin_cpu_supports("sse4.2");
+#endif
+        default: return false;
+    }
+}
+
+CrcPath best_crc_path() noexcept {
+    return crc_path_supported(CrcPath::Sse42) ? CrcPath::Sse42 : CrcPath::Portable;
+}
+
+CrcPath active_crc_path() noexcept {
+    int v = g_crc_path.load(std::memory_order_acquire);
+    if (v < 0) {
+        int expected = -1;
+        g_crc_path.compare_exchange_strong(expected, static_cast<int>(initial_crc_path()), std::memory_order_acq_rel);
+        v = g_crc_path.load(std::memory_order_acquire);
+    }
+    return static_cast<CrcPath>(v);
+}
+
+void set_crc_path(CrcPath p) {
+    if (!crc_path_supported(p))
+        throw std::invalid_argument(std::string("dspark: CRC-32C path '") + crc_path_name(p) +
+                                    "' is not supported on this CPU/build");
+    g_crc_path.store(static_cast<int>(p), std::memory_order_release);
+}
+
+const char* crc_path_name(CrcPath p) noexcept {
+    switch (p) {
+        case CrcPath::Portable: return "portable";
+        case CrcPath::Sse42: return "sse4.2";
+    }
+    return "?";
+}
+
+std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t n) noexcept {
+    return ~active_crc().update(~crc, static_cast<const std::uint8_t*>(data), n);
+}
+
+std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src, std::size_t n) noexcept {
+    return ~active_crc().copy(~crc, static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(src), n);
+}
+
+}  // namespace dspark

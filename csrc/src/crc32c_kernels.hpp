@@ -1,0 +1,49 @@
+// Internal: the CRC-32C kernels of each path and the tables they share.
+//
+// Kernels work on the raw CRC register (no initial / final inversion; the
+// public crc32c() adds those). The SSE4.2 kernel checksums three streams of
+// LONG (or SHORT) bytes at once and joins them with the shift operators
+// below: appending n zero bytes to a message is a linear map of its register,
+// applied here as four byte-indexed table lookups.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace dspark {
+namespace detail {
+
+// The reflected CRC-32C polynomial.
+inline constexpr std::uint32_t CRC32C_POLY = 0x82F63B78u;
+// Stream lengths of the three-way interleaved loop (LONG: 3 x 8 KiB; SHORT
+// covers what is left of medium inputs); the shift tables join the streams.
+inline constexpr std::size_t CRC_LONG = 8192;
+inline constexpr std::size_t CRC_SHORT = 256;
+// The portable copy checksums and copies chunks of this many bytes (in L1).
+inline constexpr std::size_t CRC_COPY_CHUNK = 3 * CRC_LONG;
+// Copies at least this large use non-temporal stores (they would only evict
+// the cache; smaller ones are likely read again soon).
+inline constexpr std::size_t CRC_STREAM_MIN_BYTES = std::size_t(4) << 20;
+
+struct CrcKernels {
+    std::uint32_t (*update)(std::uint32_t raw, const std::uint8_t* p, std::size_t n);
+    std::uint32_t (*copy)(std::uint32_t raw, std::uint8_t* dst, const std::uint8_t* src, std::size_t n);
+};
+
+struct CrcShift {
+    std::uint32_t t[4][256];
+};
+// Register maps "append CRC_LONG (CRC_SHORT) zero bytes".
+const CrcShift& crc_shift_long() noexcept;
+const CrcShift& crc_shift_short() noexcept;
+
+static inline std::uint32_t crc_apply_shift(const CrcShift& s, std::uint32_t c) noexcept {
+    return s.t[0][c & 0xFF] ^ s.t[1][(c >> 8) & 0xFF] ^ s.t[2][(c >> 16) & 0xFF] ^ s.t[3][c >> 24];
+}
+
+extern const CrcKernels kPortableCrc;
+#if defined(DSPARK_X86)
+extern const CrcKernels kSse42Crc;
+#endif
+
+}  // namespace detail
+}  // namespace dspark

@@ -1,0 +1,106 @@
+// CRC-32C: known vectors, both paths against a bitwise definition on random
+// buffers of every length class (bytes, 8-byte words, SHORT and LONG
+// streams), chaining, and crc32c_copy (same value, same bytes copied).
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "check.hpp"
+#include "dspark/crc32c.hpp"
+
+using namespace dspark;
+
+namespace {
+
+// The definition, one bit at a time (independent of both kernels' tables).
+std::uint32_t crc32c_bitwise(const std::uint8_t* p, std::size_t n) {
+    std::uint32_t c = 0xFFFFFFFFu;
+    for (std::size_t i = 0; i < n; ++i) {
+        c ^= p[i];
+        for (int k = 0; k < 8; ++k) c = (c & 1) ? (c >> 1) ^ 0x82F63B78u : c >> 1;
+    }
+    return ~c;
+}
+
+std::vector<CrcPath> paths() {
+    std::vector<CrcPath> v;
+    for (CrcPath p : {CrcPath::Portable, CrcPath::Sse42})
+        if (crc_path_supported(p)) v.push_back(p);
+    return v;
+}
+
+std::vector<std::uint8_t> random_bytes(std::size_t n, unsigned seed) {
+    std::mt19937 g(seed);
+    std::vector<std::uint8_t> v(n);
+    for (auto& b : v) b = static_cast<std::uint8_t>(g());
+    return v;
+}
+
+// Lengths around every boundary of the kernels (8, 3 x 256, 3 x 8192, the copy chunk).
+const std::size_t LENGTHS[] = {0, 1, 7, 8, 9, 63, 255, 767, 768, 769, 1000, 24575, 24576, 24577, 50000, 73731};
+
+}  // namespace
+
+TEST_CASE(known_vectors) {
+    const char* nine = "123456789";
+    std::vector<std::uint8_t> zeros(32, 0), ones(32, 0xFF), inc(32);
+    for (int i = 0; i < 32; ++i) inc[static_cast<std::size_t>(i)] = static_cast<std::uint8_t>(i);
+    const CrcPath before = active_crc_path();
+    for (CrcPath p : paths()) {
+        set_crc_path(p);
+        CHECK_EQ(crc32c(0, nine, 9), 0xE3069283u);
+        CHECK_EQ(crc32c(0, nine, 0), 0u);
+        // RFC 3720 (iSCSI) B.4 test vectors.
+        CHECK_EQ(crc32c(0, zeros.data(), 32), 0x8A9136AAu);
+        CHECK_EQ(crc32c(0, ones.data(), 32), 0x62A8AB43u);
+        CHECK_EQ(crc32c(0, inc.data(), 32), 0x46DD794Eu);
+    }
+    set_crc_path(before);
+}
+
+TEST_CASE(paths_agree_with_the_definition) {
+    const CrcPath before = active_crc_path();
+    for (std::size_t n : LENGTHS) {
+        const auto data = random_bytes(n + 3, static_cast<unsigned>(n));
+        for (std::size_t off = 0; off < 3; ++off) {  // unaligned starts too
+            const std::uint32_t want = crc32c_bitwise(data.data() + off, n);
+            for (CrcPath p : paths()) {
+                set_crc_path(p);
+                CHECK_EQ(crc32c(0, data.data() + off, n), want);
+                // Chained in two uneven parts.
+                const std::size_t cut = n / 3;
+                CHECK_EQ(crc32c(crc32c(0, data.data() + off, cut), data.data() + off + cut, n - cut), want);
+            }
+        }
+    }
+    set_crc_path(before);
+}
+
+TEST_CASE(copy_checksums_and_copies) {
+    const CrcPath before = active_crc_path();
+    // Past the streaming threshold too (non-temporal stores), with an unaligned dst.
+    std::vector<std::size_t> lengths(std::begin(LENGTHS), std::end(LENGTHS));
+    lengths.push_back((std::size_t(4) << 20) + 12345);
+    for (std::size_t n : lengths) {
+        const auto src = random_bytes(n, static_cast<unsigned>(n) + 7);
+        const std::uint32_t want = crc32c_bitwise(src.data(), n);
+        for (CrcPath p : paths()) {
+            set_crc_path(p);
+            std::vector<std::uint8_t> dst(n + 5, 0xA5);
+            CHECK_EQ(crc32c_copy(0, dst.data() + 3, src.data(), n), want);
+            CHECK(n == 0 || std::memcmp(dst.data() + 3, src.data(), n) == 0);
+            CHECK(dst[0] == 0xA5 && dst[1] == 0xA5 && dst[2] == 0xA5 && dst[n + 3] == 0xA5 && dst[n + 4] == 0xA5);
+        }
+    }
+    set_crc_path(before);
+}
+
+TEST_CASE(dispatch) {
+    CHECK(crc_path_supported(CrcPath::Portable));
+    CHECK(crc_path_supported(best_crc_path()));
+    CHECK(std::strcmp(crc_path_name(CrcPath::Sse42), "sse4.2") == 0);
+    if (!crc_path_supported(CrcPath::Sse42)) CHECK_THROWS(set_crc_path(CrcPath::Sse42), std::invalid_argument);
+}
+
+TEST_MAIN()
