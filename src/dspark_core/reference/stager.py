@@ -593,7 +593,7 @@ class ReferenceStager:
             restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
             accept_open=s.accept_open, tentative=s.tentative,
         )
-        for k in range(s.end - s.horizon):
+        for k in range(0 if self._external else s.end - s.horizon):
             st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
         n = s.end - s.horizon
         st.ring = self._ring_for(old.ring, s.horizon, n)
