@@ -10,6 +10,12 @@ alike; the table gives each side's median GB/s (float32 side of the
 conversion) and the candidate / baseline ratio per storage.
 
     python bench/ab_convert.py --baseline OLD/bin/python --candidate NEW/bin/python
+    python bench/ab_convert.py --baseline OLD/bin/python --call no-out   # quantize_rows(x, st)
+
+``--call out`` (default) times ``quantize_rows(x, st, out=o)`` (under the
+default ``nonfinite="error"`` that call checks the input before writing
+``o``, so that a rejected call leaves it untouched); ``--call no-out`` times
+the allocating call, whose check stays fused in the single conversion pass.
 
 Not a test (never collected by pytest).
 """
@@ -31,7 +37,7 @@ CHILD = r"""
 import json, sys, time
 import numpy as np
 from dspark_core import formats
-rows, dim, repeats, path = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+rows, dim, repeats, path, call = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
 rng = np.random.default_rng(0)
 x = rng.standard_normal((rows, dim)).astype(np.float32)
 x[:, 7] *= 3000.0  # a massive channel, still encodable everywhere
@@ -42,15 +48,15 @@ with formats.simd_path(path):
         best = float("inf")
         for _ in range(repeats):
             t0 = time.perf_counter()
-            formats.quantize_rows(x, st, out=o)
+            formats.quantize_rows(x, st, out=o) if call == "out" else formats.quantize_rows(x, st)
             best = min(best, time.perf_counter() - t0)
         out[st] = best
 print(json.dumps(out))
 """ % (STORAGES,)
 
 
-def measure(python: str, rows: int, dim: int, repeats: int, path: str) -> dict[str, float]:
-    res = subprocess.run([python, "-c", CHILD, str(rows), str(dim), str(repeats), path],
+def measure(python: str, rows: int, dim: int, repeats: int, path: str, call: str) -> dict[str, float]:
+    res = subprocess.run([python, "-c", CHILD, str(rows), str(dim), str(repeats), path, call],
                          check=True, capture_output=True, text=True)
     return json.loads(res.stdout.strip().splitlines()[-1])
 
@@ -64,6 +70,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=5, help="timings per child (best kept)")
     ap.add_argument("--rounds", type=int, default=7, help="alternating child runs per side (median kept)")
     ap.add_argument("--path", default=_common.simd_path().split()[0], help="SIMD path for both (scalar, avx2, avx512)")
+    ap.add_argument("--call", choices=("out", "no-out"), default="out",
+                    help="time quantize_rows into a preallocated out= (default) or allocating")
     ap.add_argument("--out", help="also write the table to this file")
     args = ap.parse_args(argv)
 
@@ -71,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for _ in range(args.rounds):
         for side in ("baseline", "candidate"):
             py = args.baseline if side == "baseline" else args.candidate
-            for st, t in measure(py, args.rows, args.dim, args.repeats, args.path).items():
+            for st, t in measure(py, args.rows, args.dim, args.repeats, args.path, args.call).items():
                 times[side].setdefault(st, []).append(t)
     gb = args.rows * args.dim * 4 / 1e9
     rows = []
@@ -83,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     lines = _common.header_lines(
         "A/B encode throughput (GB/s of float32 input, median of alternating runs)",
         [f"rows x dim: {args.rows} x {args.dim}; SIMD path: {args.path}; "
-         f"{args.rounds} rounds x best of {args.repeats}"],
+         f"{args.rounds} rounds x best of {args.repeats}; call: {args.call}"],
     )
     lines += _common.table(["storage", "baseline GB/s", "candidate GB/s", "candidate / baseline"], rows)
     _common.emit(lines, args.out)

@@ -6,12 +6,14 @@ included. Layers, bottom up:
 
 0 base       errors, _args, _version: no import from the package
 1 binding    _ext._row_format: the C++ row formats and the core's name tables
-2 contract   core_tables, config, stage_plan, snapshot_format: the tables and
-             the value types the Stager binding takes and returns
+2 contract   core_tables, config, stage_plan, snapshot_format, stager_copy:
+             the tables, the value types the Stager binding takes and returns,
+             and how a Stager is pickled (config plus snapshots)
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
 4 api        formats, cuda, gguf, context_plan: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
-6 tools      testing, sim: differential runner, fuzzing, the loop, toy models
+6 tools      testing, sim, engines: differential runner, fuzzing, the loop, toy models,
+             real-engine adapters (optional engines, imported lazily)
 7 cli        cli: commands and all table / text presentation
 8 root       the package's ``__init__`` (the embedding API)
 
@@ -42,6 +44,7 @@ LAYERS: dict[str, int] = {
     "slot_moves": 2,
     "snapshot_format": 2,
     "protocol_mismatch": 2,
+    "stager_copy": 2,
     "_ext._stager": 3,
     "_ext._cuda": 3,
     "formats": 4,
@@ -51,6 +54,7 @@ LAYERS: dict[str, int] = {
     "reference": 5,
     "testing": 6,
     "sim": 6,
+    "engines": 6,
     "cli": 7,
     "": 8,
 }

@@ -67,7 +67,8 @@ def test_steady_rounds_at_depth_stay_bounded():
             s.accept(0, n_acc)
         n_past += n_acc + 1
         assert st.stats(0)["peak_rows"] <= bound
-        assert ref.stats(0)["rows"] <= W  # rows still stageable never exceed the window
+        assert ref.stats(0)["live_rows"] <= W  # rows still stageable never exceed the window
+        assert st.stats(0)["rows"] == ref.stats(0)["rows"]  # the ring holds what the bookkeeping says
     stats = st.stats(0)
     assert stats["reserved_bytes"] == bound * cfg.row_bytes
     assert stats["live_rows"] == ref.stats(0)["live_rows"] <= W

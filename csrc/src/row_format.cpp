@@ -191,20 +191,22 @@ const Kernels* kernels_for(SimdPath p) noexcept {
     }
 }
 
-SimdPath initial_path() noexcept {
+// DSPARK_SIMD as read now, and the path it names (when it names one).
+SimdEnv read_simd_env(SimdPath& want) noexcept {
     const char* env = std::getenv("DSPARK_SIMD");
-    if (env != nullptr) {
-        std::string s(env);
-        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        SimdPath want = best_simd_path();
-        bool known = true;
-        if (s == "scalar") want = SimdPath::Scalar;
-        else if (s == "avx2") want = SimdPath::Avx2;
-        else if (s == "avx512" || s == "avx-512") want = SimdPath::Avx512;
-        else known = false;
-        if (known && simd_supported(want)) return want;
-    }
-    return best_simd_path();
+    if (env == nullptr || *env == '\0') return SimdEnv::Unset;  // DSPARK_SIMD= (empty) is unset too
+    std::string s(env);
+    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (s == "scalar") want = SimdPath::Scalar;
+    else if (s == "avx2") want = SimdPath::Avx2;
+    else if (s == "avx512" || s == "avx-512") want = SimdPath::Avx512;
+    else return SimdEnv::Unknown;
+    return simd_supported(want) ? SimdEnv::Used : SimdEnv::Unsupported;
+}
+
+SimdPath initial_path() noexcept {
+    SimdPath want = best_simd_path();
+    return read_simd_env(want) == SimdEnv::Used ? want : best_simd_path();
 }
 
 std::atomic<int> g_active{-1};
@@ -239,6 +241,16 @@ std::size_t storage_bytes(Storage s, std::size_t n) noexcept {
         case Storage::Q4_0: return n / QK * Q4_0_BLOCK_BYTES;
     }
     return 0;
+}
+
+// The kernels read `src` and write `dst` chunk by chunk (through restrict
+// pointers): a `dst` overlapping `src`, even partly, would read values it had
+// already overwritten (a q4_0 decode in place got 3,737 of 4,096 values wrong).
+void check_disjoint(const void* src, std::size_t src_bytes, const void* dst, std::size_t dst_bytes, const char* fn) {
+    const auto a = reinterpret_cast<std::uintptr_t>(src), b = reinterpret_cast<std::uintptr_t>(dst);
+    if (a < b + dst_bytes && b < a + src_bytes)
+        throw std::invalid_argument(std::string("dspark: ") + fn +
+                                    ": the output overlaps the input; conversions are not done in place");
 }
 
 // Elements per conversion chunk: small enough to stay in L1/L2 between the
@@ -397,6 +409,11 @@ SimdPath best_simd_path() noexcept {
     return SimdPath::Scalar;
 }
 
+SimdEnv simd_env_status() noexcept {
+    SimdPath want = SimdPath::Scalar;
+    return read_simd_env(want);
+}
+
 SimdPath active_simd_path() noexcept {
     int v = g_active.load(std::memory_order_acquire);
     if (v < 0) {
@@ -485,6 +502,12 @@ std::size_t row_bytes(Storage s, std::size_t dim) {
         throw ConfigError(std::string("dspark: storage ") + storage_name(s) +
                           " needs a feature dim that is a positive multiple of 32, got " +
                           std::to_string(dim));
+    // storage_bytes multiplies: a dim whose byte count wraps around is refused.
+    const std::size_t units = is_q(s) ? dim / QK : dim;
+    const std::size_t unit_bytes = storage_bytes(s, is_q(s) ? QK : 1);
+    if (units > std::numeric_limits<std::size_t>::max() / unit_bytes)
+        throw ConfigError(std::string("dspark: a row of ") + std::to_string(dim) + " elements in " + storage_name(s) +
+                          " is too large: its byte count overflows size_t");
     return storage_bytes(s, dim);
 }
 
@@ -554,6 +577,7 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out, s
     const std::size_t n = checked_elems(n_rows, dim);
     if (n == 0) return -1;
     if (src == nullptr || dst == nullptr) throw std::invalid_argument("dspark: encode_rows: null pointer");
+    check_disjoint(src, n * elem_bytes(in), dst, storage_bytes(out, n), "encode_rows");
 
     const Kernels& k = active_kernels();
     auto* out_bytes = static_cast<std::uint8_t*>(dst);
@@ -621,6 +645,7 @@ void decode_rows(const void* src, Storage in, void* dst, ElemType out, std::size
     const std::size_t n = checked_elems(n_rows, dim);
     if (n == 0) return;
     if (src == nullptr || dst == nullptr) throw std::invalid_argument("dspark: decode_rows: null pointer");
+    check_disjoint(src, storage_bytes(in, n), dst, n * elem_bytes(out), "decode_rows");
 
     if ((in == Storage::F32 && out == ElemType::F32) || (in == Storage::F16 && out == ElemType::F16) ||
         (in == Storage::BF16 && out == ElemType::BF16)) {

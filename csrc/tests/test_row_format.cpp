@@ -3,7 +3,9 @@
 // CPU supports giving the same bytes as the scalar definition.
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <limits>
 #include <random>
 #include <vector>
@@ -513,6 +515,64 @@ TEST_CASE(f32_to_f16_random_bits_match_across_paths) {
         encode_rows(x.data(), ElemType::F32, rb.data(), Storage::BF16, 1, x.size(), NonFinite::Error);
         CHECK(out == rb);
     }
+}
+
+TEST_CASE(row_bytes_refuses_sizes_that_wrap_around) {
+    const std::size_t max = std::numeric_limits<std::size_t>::max();
+    CHECK_THROWS(row_bytes(Storage::F32, (std::size_t(1) << 62) + 1), ConfigError);  // was 4
+    CHECK_THROWS(row_bytes(Storage::F16, std::size_t(1) << 63), ConfigError);
+    CHECK_THROWS(row_bytes(Storage::BF16, max), ConfigError);
+    CHECK_THROWS(row_bytes(Storage::Q8_0, max / 32 * 32), ConfigError);
+    CHECK_EQ(row_bytes(Storage::F32, max / 4), max / 4 * 4);
+    CHECK_EQ(row_bytes(Storage::F16, max / 2), max / 2 * 2);
+    CHECK_EQ(row_bytes(Storage::Q8_0, max / 34 / 32 * 32), max / 34 / 32 * 34);
+    CHECK_EQ(row_bytes(Storage::Q4_0, max / 32 * 32), max / 32 * 18);  // 18 bytes per 32: never wraps
+}
+
+TEST_CASE(conversions_refuse_an_output_overlapping_the_input) {
+    std::vector<std::uint8_t> buf(4096, 0);
+    auto* f = reinterpret_cast<float*>(buf.data());
+    for (int i = 0; i < 256; ++i) f[i] = 0.5f * float(i - 100);
+    const std::vector<std::uint8_t> before = buf;
+    // 256 f32 (1024 bytes at 0): into itself, starting inside it, ending inside it.
+    CHECK_THROWS(encode_rows(f, ElemType::F32, f, Storage::F32, 8, 32, NonFinite::Error), std::invalid_argument);
+    CHECK_THROWS(encode_rows(f, ElemType::F32, buf.data() + 1020, Storage::Q8_0, 8, 32, NonFinite::Error),
+                 std::invalid_argument);
+    CHECK_THROWS(encode_rows(f + 64, ElemType::F32, buf.data() + 2, Storage::F16, 4, 32, NonFinite::Zero),
+                 std::invalid_argument);  // output [2, 258) ends inside the input [256, 768)
+    CHECK(buf == before);
+    // Decoding 8 q4_0 rows (144 bytes at 2048) into f32 at 2048 - 1024 + 4: ends inside them.
+    encode_rows(f, ElemType::F32, buf.data() + 2048, Storage::Q4_0, 8, 32, NonFinite::Error);
+    const std::vector<std::uint8_t> enc = buf;
+    CHECK_THROWS(decode_rows(buf.data() + 2048, Storage::Q4_0, buf.data() + 1028, ElemType::F32, 8, 32),
+                 std::invalid_argument);
+    CHECK_THROWS(decode_rows(buf.data() + 2048, Storage::Q4_0, buf.data() + 2048 + 143, ElemType::F16, 8, 32),
+                 std::invalid_argument);
+    CHECK(buf == enc);
+    // Adjacent on both sides is fine.
+    decode_rows(buf.data() + 2048, Storage::Q4_0, buf.data() + 1024, ElemType::F32, 8, 32);
+    decode_rows(buf.data() + 2048, Storage::Q4_0, buf.data() + 2048 + 144, ElemType::F16, 8, 32);
+    CHECK_EQ(encode_rows(f, ElemType::F32, buf.data() + 1024, Storage::F32, 8, 32, NonFinite::Error), -1);
+}
+
+TEST_CASE(simd_env_status_reports_what_dspark_simd_holds) {
+    // The core does not log: it reports, and the Python layer warns.
+    const char* saved = std::getenv("DSPARK_SIMD");
+    const std::string keep = saved ? saved : "";
+    unsetenv("DSPARK_SIMD");
+    CHECK(simd_env_status() == SimdEnv::Unset);
+    setenv("DSPARK_SIMD", "bogus", 1);
+    CHECK(simd_env_status() == SimdEnv::Unknown);
+    setenv("DSPARK_SIMD", "", 1);
+    CHECK(simd_env_status() == SimdEnv::Unset);
+    setenv("DSPARK_SIMD", "Scalar", 1);
+    CHECK(simd_env_status() == SimdEnv::Used);
+    setenv("DSPARK_SIMD", "avx-512", 1);
+    CHECK(simd_env_status() == (simd_supported(SimdPath::Avx512) ? SimdEnv::Used : SimdEnv::Unsupported));
+    setenv("DSPARK_SIMD", "avx2", 1);
+    CHECK(simd_env_status() == (simd_supported(SimdPath::Avx2) ? SimdEnv::Used : SimdEnv::Unsupported));
+    if (saved) setenv("DSPARK_SIMD", keep.c_str(), 1);
+    else unsetenv("DSPARK_SIMD");
 }
 
 TEST_CASE(set_simd_path_rejects_unsupported) {

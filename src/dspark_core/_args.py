@@ -101,12 +101,19 @@ def as_rows(rows: Any, feature_dim: int) -> np.ndarray:
 def as_encoded(data: Any, n: int, row_bytes: int) -> np.ndarray:
     """Rows already in storage format as a flat contiguous uint8 array.
 
-    Accepts uint8 ``(n, row_bytes)`` or ``(n * row_bytes,)``.
+    Accepts uint8 ``(n, row_bytes)`` or ``(n * row_bytes,)`` arrays and any
+    bytes-like object (``bytes``, ``bytearray``, ``memoryview``) of
+    ``n * row_bytes`` bytes, read as raw bytes whatever its item format.
 
     Raises:
-        TypeError: not uint8.
-        ValueError: wrong shape.
+        TypeError: not uint8 / not bytes-like.
+        ValueError: wrong shape or length.
     """
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        try:
+            data = np.frombuffer(data, np.uint8)  # the raw bytes, whatever the item format
+        except (ValueError, BufferError) as exc:
+            raise TypeError(f"encoded rows must be a contiguous buffer ({exc})") from None
     arr = np.asarray(data)
     if arr.dtype != np.uint8:
         raise TypeError(f"encoded rows must be uint8, got dtype {arr.dtype}")

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import warnings
 from typing import Iterator, NamedTuple
 
 import ml_dtypes
 import numpy as np
 
 from . import core_tables
+from ._args import as_index
 from ._ext import _row_format
 
 __all__ = [
@@ -54,7 +57,28 @@ NONFINITE_POLICIES = (*core_tables.NONFINITE_POLICIES, "keep")
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
 
 
+#: Largest feature_dim a size_t holds (the core's type); row_bytes refuses more.
+_SIZE_T_LIMIT = 1 << 64
+
+
+def _as_name(what: str, value: object) -> str:
+    """A string argument (a storage, policy or path name), or a TypeError naming it."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    return value
+
+
+def _as_dim(value: object) -> int:
+    """``feature_dim`` as an integer in [0, 2**64), or a TypeError / ValueError naming it."""
+    dim = as_index("feature_dim", value)
+    if not 0 <= dim < _SIZE_T_LIMIT:
+        raise ValueError(f"feature_dim must be in [0, 2**64), got {dim}")
+    return dim
+
+
 def _check_float_dtype(dtype: object, what: str) -> np.dtype:
+    if dtype is None:
+        raise TypeError(f"{what} must be a float dtype, got None")
     dt = np.dtype(dtype)  # type: ignore[call-overload]
     if dt not in _FLOAT_DTYPES:
         raise TypeError(
@@ -66,10 +90,11 @@ def _check_float_dtype(dtype: object, what: str) -> np.dtype:
 def row_bytes(storage: str, feature_dim: int) -> int:
     """Bytes of one row of ``feature_dim`` elements stored as ``storage``.
 
-    Raises :class:`dspark_core.errors.ConfigError` for an unknown storage or a
-    q format with ``feature_dim % 32 != 0``.
+    Raises :class:`dspark_core.errors.ConfigError` (a ``ValueError``) for an
+    unknown storage, a q format with ``feature_dim % 32 != 0``, or a byte
+    count that overflows; ``ValueError`` for a negative ``feature_dim``.
     """
-    return int(_row_format.row_bytes(storage, int(feature_dim)))
+    return int(_row_format.row_bytes(_as_name("storage", storage), _as_dim(feature_dim)))
 
 
 def storage_dtype(storage: str) -> np.dtype:
@@ -77,7 +102,7 @@ def storage_dtype(storage: str) -> np.dtype:
 
     float32 / float16 / bfloat16 for the float formats, uint8 for q formats.
     """
-    return np.dtype(_row_format.storage_out_dtype(storage))
+    return np.dtype(_row_format.storage_out_dtype(_as_name("storage", storage)))
 
 
 def _as_rows(x: object, what: str) -> np.ndarray:
@@ -122,13 +147,18 @@ def quantize_rows(
       block holding a NaN gets ``d = NaN`` and zero quants).
 
     ``out``, when given, must be a writeable C-contiguous array of exactly the
-    result's dtype and shape; it is filled and returned (no allocation).
+    result's dtype and shape, not overlapping ``x``; it is filled and returned
+    (no allocation). A rejected call leaves it untouched: under ``"error"``
+    q8_0 / q4_0 save ``out`` and put it back on a rejection, the float
+    storages check ``x`` before writing (one extra read of it); without
+    ``out`` the check stays fused into the single conversion pass.
 
     Raises ``TypeError`` for another input dtype and
     :class:`dspark_core.errors.ConfigError` for an unknown storage or a q
     format with ``D % 32 != 0``.
     """
-    if nonfinite not in NONFINITE_POLICIES:
+    _as_name("storage", storage)
+    if _as_name("nonfinite", nonfinite) not in NONFINITE_POLICIES:
         raise ValueError(f"nonfinite must be one of {NONFINITE_POLICIES}, got {nonfinite!r}")
     rows = _as_rows(x, "quantize_rows")
     out, bad = _row_format.encode(rows, storage, nonfinite, out)
@@ -189,18 +219,22 @@ def dequantize_rows(
     :func:`quantize_rows` returned, any C-contiguous array with the same
     bytes, or the storage's float dtype (n, feature_dim). Decoding is exact in
     float32; to float16 / bfloat16 it is one round-to-nearest-even step of the
-    float32 value. Writes into ``out`` (C-contiguous, right shape and dtype)
-    when given and returns it.
+    float32 value. Writes into ``out`` (C-contiguous, right shape and dtype,
+    not overlapping ``data``) when given and returns it.
     """
+    _as_name("storage", storage)
+    dim = _as_dim(feature_dim)
     dt = _check_float_dtype(out_dtype, "dequantize_rows out_dtype")
     if not isinstance(data, np.ndarray):
         raise TypeError(f"dequantize_rows: data must be a numpy array, got {type(data).__name__}")
     data = np.ascontiguousarray(data)
-    return _row_format.decode(data, storage, int(feature_dim), dt, out)
+    return _row_format.decode(data, storage, dim, dt, out)
 
 
 def find_nonfinite(x: np.ndarray) -> int:
     """Flat index of the first NaN / +-Inf in ``x`` (float32/float16/bfloat16), or -1."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"find_nonfinite: x must be a numpy array, got {type(x).__name__}")
     _check_float_dtype(x.dtype, "find_nonfinite")
     return int(_row_format.find_nonfinite(np.ascontiguousarray(x)))
 
@@ -225,7 +259,7 @@ def set_simd_path(name: str) -> None:
 
     ``ValueError`` for an unknown or unsupported path.
     """
-    _row_format.set_simd_path(name)
+    _row_format.set_simd_path(_as_name("name", name))
 
 
 @contextlib.contextmanager
@@ -240,3 +274,22 @@ def simd_path(name: str) -> Iterator[str]:
         yield name
     finally:
         set_simd_path(saved)
+
+
+def _warn_about_simd_env() -> None:
+    """DSPARK_SIMD that names no path, or one this CPU lacks, is ignored by the
+    core (which does not log): say so once, at import."""
+    status = _row_format.simd_env_status()
+    if status not in ("unknown", "unsupported"):
+        return
+    value = os.environ.get("DSPARK_SIMD", "")
+    why = "names no SIMD path" if status == "unknown" else "names a path this CPU / build does not support"
+    warnings.warn(
+        f"DSPARK_SIMD={value!r} {why}; valid values: {', '.join(_row_format.simd_path_names())} "
+        f"(supported here: {', '.join(simd_paths())}); using {active_simd_path()!r}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
+
+
+_warn_about_simd_env()

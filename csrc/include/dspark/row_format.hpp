@@ -54,7 +54,7 @@ struct EncodeBounds {
 EncodeBounds encode_bounds(Storage s, ElemType staged = ElemType::F32);
 
 // Bytes of one row of `dim` elements in `s`. Throws ConfigError when a q
-// format gets dim % 32 != 0 or dim == 0.
+// format gets dim % 32 != 0 or dim == 0, or when the byte count overflows.
 std::size_t row_bytes(Storage s, std::size_t dim);
 std::size_t elem_bytes(ElemType t) noexcept;
 
@@ -95,6 +95,8 @@ float element_value(const void* src, ElemType in, std::size_t i) noexcept;
 
 // Decode n_rows rows stored as `in` into `dst` (element type `out`). Exact to
 // f32; to f16 / bf16 it is one round-to-nearest-even step of the f32 value.
+// encode_rows and decode_rows throw std::invalid_argument when `dst`
+// overlaps `src` (not in place, not even partly).
 void decode_rows(const void* src, Storage in, void* dst, ElemType out,
                  std::size_t n_rows, std::size_t dim);
 
@@ -102,6 +104,10 @@ void decode_rows(const void* src, Storage in, void* dst, ElemType out,
 // unless the environment variable DSPARK_SIMD=scalar|avx2|avx512 names
 // another (an unsupported or unknown name falls back to the best supported
 // path). set_simd_path throws std::invalid_argument for an unsupported path.
+// The core does not log: simd_env_status() says what DSPARK_SIMD holds, so
+// that the caller can warn about a value that was not used.
+enum class SimdEnv : std::uint8_t { Unset = 0, Used = 1, Unknown = 2, Unsupported = 3 };
+SimdEnv simd_env_status() noexcept;
 bool simd_supported(SimdPath p) noexcept;
 SimdPath best_simd_path() noexcept;
 SimdPath active_simd_path() noexcept;

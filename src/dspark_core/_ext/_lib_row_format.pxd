@@ -45,11 +45,18 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
         Avx2
         Avx512
 
+    enum class SimdEnv(uint8_t):
+        Unset
+        Used
+        Unknown
+        Unsupported
+
     cdef cppclass EncodeBounds:
         float limit
         float clamp_to
 
     EncodeBounds encode_bounds(Storage s, ElemType staged) except +dspark_translate_exception
+    int64_t find_unencodable(const void* src, ElemType in_, size_t n_elems, float limit) except +dspark_translate_exception
     size_t row_bytes(Storage s, size_t dim) except +dspark_translate_exception
     size_t elem_bytes(ElemType t)
     const char* storage_name(Storage s)
@@ -68,3 +75,4 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     SimdPath active_simd_path()
     void set_simd_path(SimdPath p) except +dspark_translate_exception
     const char* simd_path_name(SimdPath p)
+    SimdEnv simd_env_status()

@@ -44,6 +44,12 @@ def bounds(storage: str, staged: Any = ...) -> tuple[float, float]:
 def find_nonfinite(src: npt.NDArray[Any]) -> int:
     """Flat index of the first NaN/Inf, or -1."""
 
+def simd_env_status() -> str:
+    """"unset", "used", "unknown" or "unsupported": what DSPARK_SIMD holds."""
+
+def simd_path_names() -> tuple[str, ...]:
+    """Every SIMD path name, scalar first."""
+
 def simd_paths() -> list[str]:
     """Supported SIMD paths, scalar first."""
 

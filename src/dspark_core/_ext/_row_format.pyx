@@ -10,6 +10,7 @@ import ml_dtypes
 
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint8_t
+from libc.string cimport memcpy
 from libcpp.string_view cimport string_view
 
 from dspark_core._ext._lib_row_format cimport (
@@ -20,6 +21,7 @@ from dspark_core._ext._lib_row_format cimport (
     simd_supported, best_simd_path as c_best_simd_path,
     active_simd_path as c_active_simd_path, set_simd_path as c_set_simd_path,
     simd_path_name, dspark_set_error_types,
+    SimdEnv, simd_env_status as c_simd_env_status, find_unencodable,
 )
 from dspark_core._ext._lib_stager cimport Skip, FailStage, skip_name, fail_stage_name
 from dspark_core.errors import ConfigError, StateError
@@ -128,7 +130,9 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
     float dtype for f32/f16/bf16 and uint8 (n, row_bytes) for q formats;
     ``first_bad`` is the flat index of the first NaN/Inf input under
     ``nonfinite="error"``/``"keep"`` (-1 when all finite; always -1 under
-    ``"zero"``/``"clamp_f16"``). The whole input is converted either way.
+    ``"zero"``/``"clamp_f16"``). The whole input is converted either way,
+    except into a caller's ``out`` under ``"error"``: that is checked first
+    and left untouched when the input has an unencodable value.
     """
     cdef ElemType et = _elem_of_dtype(src.dtype, "encode")
     cdef Storage s = _storage(storage)
@@ -147,12 +151,30 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
     else:
         shape = (n, dim)
     dt = storage_out_dtype(storage)
+    # A caller's out must survive a rejected call, and the fused check reports
+    # only after writing. Whichever moves fewer bytes: q formats (output at
+    # most 34/128 of the f32 input) save out and put it back on a rejection;
+    # float storages check the input first (one read of it). A fresh output
+    # has nothing to protect and keeps the single fused pass.
+    cdef bint protect = out is not None and nonfinite == "error"
+    cdef bint save = protect and (s == Storage.Q8_0 or s == Storage.Q4_0)
     out = _output(out, dt, shape, "encode")
     cdef const void* sp = _ptr(src)
     cdef void* dp = _ptr(out)
-    cdef int64_t bad
+    cdef size_t out_bytes = <size_t>out.nbytes
+    cdef cnp.ndarray saved = np.empty(out_bytes if save else 0, _U8)
+    cdef void* kp = _ptr(saved)
+    cdef int64_t bad = -1
+    cdef float limit = c_encode_bounds(s, ElemType.F32).limit if protect and not save else 0.0
     with nogil:
-        bad = encode_rows(sp, et, dp, s, n, dim, pol)
+        if save:
+            memcpy(kp, dp, out_bytes)
+        elif protect:
+            bad = find_unencodable(sp, et, n * dim, limit)
+        if bad < 0:
+            bad = encode_rows(sp, et, dp, s, n, dim, pol)
+            if save and bad >= 0:
+                memcpy(dp, kp, out_bytes)  # rejected: out as it was
     return out, bad
 
 
@@ -202,6 +224,19 @@ def find_nonfinite(cnp.ndarray src not None):
     with nogil:
         r = c_find_nonfinite(sp, et, n)
     return r
+
+
+_SIMD_ENV = ("unset", "used", "unknown", "unsupported")  # dspark::SimdEnv order
+
+
+def simd_env_status():
+    """What DSPARK_SIMD holds: "unset", "used", "unknown" (names no path) or "unsupported" here."""
+    return _SIMD_ENV[<int>c_simd_env_status()]
+
+
+def simd_path_names():
+    """Every SIMD path name DSPARK_SIMD and set_simd_path accept, scalar first."""
+    return tuple(_PATHS)
 
 
 def simd_paths():

@@ -38,6 +38,7 @@ from dspark_core.protocol_mismatch import MismatchGuard
 from dspark_core.slot_moves import SlotMoves, no_moves
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
+from dspark_core.stager_copy import reduce_stager
 
 cnp.import_array()
 dspark_set_error_types(ConfigError, StateError)
@@ -235,6 +236,10 @@ cdef class Stager:
 
     def __dealloc__(self):
         del self._core
+
+    def __reduce__(self):
+        """Pickle / deepcopy: the config plus every sequence's snapshot (``stager_copy``)."""
+        return reduce_stager(self)
 
     def __repr__(self):
         c = self.config

@@ -36,6 +36,14 @@ regenerate, an edited message) restage a full ``K``-row context. Live rows
 stay ``<= W + B`` (plus the dead head below the horizon that the core has not
 trimmed yet: fewer than ``TRIM_CHUNK`` rows), inside ``W + TRIM_CHUNK + B + 1``.
 
+Ring bookkeeping: the rows themselves are dropped here at once, but the
+counters ``rows``, ``peak_rows``, ``trims`` and ``trimmed_rows`` are the
+core's, computed from a ``head`` position that moves as the core's ring head
+does (``_trim``: lazily, once ``horizon - head >= TRIM_CHUNK``; before a
+prefill chunk that does not fit beside the held rows; never for input rows
+below the new horizon, which the core does not store at all). The core holds
+``[head, end)``; its counters are compared with these exactly.
+
 Slots. Besides the rows, each sequence drives a :class:`RingModel`: the
 core's ring bookkeeping (head, head slot, count, capacity) at the same points
 the core changes its ring, with the same lazy ``TRIM_CHUNK`` trim. It gives
@@ -64,6 +72,7 @@ from ..protocol_mismatch import MismatchGuard
 from ..slot_moves import SlotMoves, no_moves
 from ..stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
 from .ring import RingModel
+from ..stager_copy import reduce_stager
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
 
@@ -71,9 +80,10 @@ logger = logging.getLogger("dspark_core")
 
 
 
-#: Counters both the core and the reference keep (``stats``).
+#: Counters both the core and the reference keep (``stats``), equal after every call.
 SEMANTIC_STATS = (
-    "rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips", "live_rows",
+    "rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips",
+    "trims", "trimmed_rows", "rows", "peak_rows", "live_rows",
 )
 
 
@@ -92,6 +102,7 @@ class _Seq:
     tentative: int = 0
     open_round: tuple[int, int] | None = None  # (start, base)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
+    head: int = 0  # the core's ring head: it holds [head, end) (bookkeeping only)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
     ring: RingModel = field(default_factory=lambda: RingModel(0))  # replaced by the Stager's
 
@@ -129,6 +140,10 @@ class ReferenceStager:
         """Ring slots per sequence (``W + TRIM_CHUNK + B + 1``)."""
         return self.config.ring_rows
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle / deepcopy as the core does: the config plus every sequence's snapshot."""
+        return reduce_stager(self)
+
     def __repr__(self) -> str:
         c = self.config
         return (f"ReferenceStager(feature_dim={c.feature_dim}, block_size={c.block_size}, window={c.window}, "
@@ -156,9 +171,12 @@ class ReferenceStager:
     def _advance_horizon(self, st: _Seq) -> None:
         self._update_horizon(st)
         self._trim_ring(st)
+        if st.started and st.horizon - st.head >= TRIM_CHUNK:  # the core's lazy trim (counters)
+            self._trim(st, st.horizon, st.end)
+        self._note_size(st)
 
     def _trim_ring(self, st: _Seq) -> None:
-        """The core's lazy trim: dead head rows leave the ring a chunk at a time."""
+        """The core's lazy trim on the ring model: dead head rows leave a chunk at a time."""
         if st.started and st.horizon - st.ring.head >= TRIM_CHUNK:
             st.ring.drop_front(st.horizon)
 
@@ -170,6 +188,22 @@ class ReferenceStager:
             st.horizon = need
         for p in [p for p in st.rows if p < st.horizon]:
             del st.rows[p]
+
+    @staticmethod
+    def _trim(st: _Seq, new_head: int, buf_end: int) -> None:
+        """The core's head drop (bookkeeping): the ring ``[head, buf_end)`` loses rows below ``new_head``."""
+        new_head = min(max(new_head, st.head), buf_end)
+        if new_head > st.head:
+            st.stats["trims"] += 1
+            st.stats["trimmed_rows"] += new_head - st.head
+            st.head = new_head
+
+    @staticmethod
+    def _note_size(st: _Seq) -> None:
+        st.stats["rows"] = st.end - st.head if st.started else 0
+        st.stats["peak_rows"] = max(st.stats["peak_rows"], st.stats["rows"])
+        # Two models of the core's ring head (the counters' and the slots'): they must agree.
+        assert not st.started or st.head == st.ring.head, (st.head, st.ring.head)
 
     def _encode(self, seq: int, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
         c = self.config
@@ -275,7 +309,9 @@ class ReferenceStager:
 
     def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int) -> list[int]:
         """Append n rows (``enc``: their bytes, None in external mode); returns their slots."""
+        c = self.config
         was_started, old_end = st.started, st.end
+        held = st.end - st.head if st.started else 0
         if not st.started:
             st.started = True
             st.end = st.horizon = st.n_cache = st.pos_base = p0
@@ -285,13 +321,21 @@ class ReferenceStager:
         st.end = p0 + n
         if st.accept_open:
             st.tentative += n
-            if st.tentative > self.config.block_size + 1:
+            if st.tentative > c.block_size + 1:
                 st.accept_open, st.tentative = False, 0
+        # The core's bounded ingest (bookkeeping): input rows below the new
+        # horizon are never stored; a chunk that does not fit beside the held
+        # rows first trims the head up to that horizon.
+        h_new = max(st.horizon, self._firm_end(st) - c.window)
+        skip = min(max(h_new - p0, 0), n)
+        clean_append = skip == 0 and held + n - skip <= c.max_buffered_rows
+        if was_started and not clean_append:
+            self._trim(st, min(h_new, p0), p0)
+        if not was_started or st.head == p0:  # the ring is empty: it restarts at the first stored row
+            st.head = p0 + skip
         self._update_horizon(st)
-        for p in [p for p in st.rows if p < st.horizon]:
-            del st.rows[p]
         slots = self._ring_append(i, st, was_started, old_end, p0, n)
-        self._trim_ring(st)
+        self._advance_horizon(st)
         return slots
 
     def _ring_append(self, i: int, st: _Seq, was_started: bool, old_end: int, p0: int, n: int) -> list[int]:
@@ -457,6 +501,7 @@ class ReferenceStager:
         st.ring.drop_back(n_past)
         if st.ring.count == 0:
             st.ring.reset(n_past)
+        st.head = min(st.head, n_past)  # the core's ring drops its back rows (an emptied ring restarts there)
         st.end = n_past
         st.horizon = min(st.horizon, n_past)
         if st.n_cache > n_past:
@@ -492,6 +537,7 @@ class ReferenceStager:
         frm = max(st.horizon, st.ring.head)
         moves = st.ring.compact(frm, n_keep, hi, moved(st.horizon), i * self.config.ring_rows)
         st.end, st.horizon = moved(st.end), moved(st.horizon)
+        st.head = st.horizon  # the core keeps the live rows, renumbered from the horizon (no trim counted)
         st.n_cache, st.pos_base = moved(st.n_cache), moved(st.pos_base)
         st.restage_owed = True
         st.accept_open, st.tentative = False, 0
@@ -521,7 +567,7 @@ class ReferenceStager:
             started=a.started, end=a.end, horizon=a.horizon, n_cache=a.n_cache, pos_base=a.pos_base,
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
             accept_open=a.accept_open, tentative=a.tentative,
-            rows={p: r.copy() for p, r in a.rows.items()}, ring=ring,
+            rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0, ring=ring,
         )
         self._seqs[d] = b
         self._advance_horizon(b)
@@ -591,7 +637,7 @@ class ReferenceStager:
         st = _Seq(
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
             restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
-            accept_open=s.accept_open, tentative=s.tentative,
+            accept_open=s.accept_open, tentative=s.tentative, head=s.horizon,
         )
         for k in range(0 if self._external else s.end - s.horizon):
             st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
@@ -630,7 +676,6 @@ class ReferenceStager:
         st = self._get(seq)
         out = dict(st.stats)
         out["live_rows"] = st.end - st.horizon if st.started else 0
-        out["rows"] = len(st.rows)  # the reference holds exactly the stageable rows
         return out
 
     def live_slots(self, seq: int) -> np.ndarray:
