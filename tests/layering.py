@@ -6,9 +6,9 @@ included. Layers, bottom up:
 
 0 base       errors, _args, _version: no import from the package
 1 binding    _ext._row_format: the C++ row formats and the core's name tables
-2 contract   core_tables, config, stage_plan, snapshot_format, stager_copy:
-             the tables, the value types the Stager binding takes and returns,
-             and how a Stager is pickled (config plus snapshots)
+2 contract   core_tables, config, stage_plan, snapshot_format, protocol_mismatch,
+             stager_copy: the tables, the value types the Stager binding takes and
+             returns, the mismatch guard, and how a Stager is pickled (config plus snapshots)
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
 4 api        formats, cuda, gguf, context_plan: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)

@@ -89,3 +89,10 @@ def test_skip_reasons_are_what_the_core_returns():
     st.draft(0, 4)
     with pytest.raises(ValueError, match="stage must be one of"):
         st.fail(0, "verify")
+
+
+def test_the_fuzz_codec_reaches_every_policy():
+    """The op codec's policy table names exactly the core's policies (a new one gets fuzzed)."""
+    from dspark_core.testing import ops
+
+    assert set(ops._NONFINITE_BY_BYTE) == set(core_tables.NONFINITE_POLICIES)

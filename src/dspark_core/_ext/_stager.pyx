@@ -604,9 +604,9 @@ cdef class Stager:
         head, < TRIM_CHUNK). bytes / peak_bytes:
         ring memory written so far (resident). reserved_bytes: ring address
         space reserved up front (W + TRIM_CHUNK + B + 1 rows; pages become
-        resident only when written). The reference twin keeps the first
-        seven and ``live_rows`` with the same values, and ``rows`` (it holds
-        exactly the stageable rows).
+        resident only when written). The reference twin keeps every counter
+        but the three byte counts with the same values (it models the ring's
+        lazy trims as bookkeeping).
         """
         cdef int64_t s = self._seq(seq)
         cdef SeqStats t
@@ -615,7 +615,8 @@ cdef class Stager:
         return {
             "rounds": t.rounds, "commits": t.commits, "failures": t.failures, "rebases": t.rebases,
             "staged_rows": t.staged_rows, "restaged_rows": t.restaged_rows, "skips": t.skips,
-            "trims": t.trims, "trimmed_rows": t.trimmed_rows, "live_rows": t.live_rows, "rows": t.rows, "peak_rows": t.peak_rows,
+            "trims": t.trims, "trimmed_rows": t.trimmed_rows, "live_rows": t.live_rows, "rows": t.rows,
+            "peak_rows": t.peak_rows,
             "bytes": t.bytes, "peak_bytes": t.peak_bytes, "reserved_bytes": t.reserved_bytes,
         }
 

@@ -208,14 +208,14 @@ class ReferenceStager:
     def _encode(self, seq: int, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
         c = self.config
         if c.nonfinite == "error":
-            self._check_stageable(seq, positions, rows.astype(np.float32))
+            # Overflow included: the value must stay finite once stored and staged.
+            self._check_stageable(seq, positions, rows.astype(np.float32), rf.bounds(c.storage, c.stage_dtype)[0])
         enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite, c.stage_dtype)
         return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), c.row_bytes)
 
-    def _check_stageable(self, seq: int, positions: np.ndarray, values: np.ndarray) -> None:
-        """Raise unless every value stays finite once stored and staged (overflow included)."""
-        c = self.config
-        limit, _ = rf.bounds(c.storage, c.stage_dtype)
+    @staticmethod
+    def _check_stageable(seq: int, positions: np.ndarray, values: np.ndarray, limit: float) -> None:
+        """Raise unless every value is below ``limit`` in magnitude (NaN never is)."""
         with np.errstate(invalid="ignore"):
             bad = np.argwhere(~(np.abs(values) < np.float32(limit)))
         if len(bad):
@@ -283,15 +283,7 @@ class ReferenceStager:
             # Staged as float32 this is a non-finite stored value (a q block
             # scale that is inf / nan makes every value of its block one).
             staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
-            limit, _ = rf.bounds("f32", c.stage_dtype)
-            with np.errstate(invalid="ignore"):
-                bad = np.argwhere(~(np.abs(staged) < np.float32(limit)))
-            if len(bad):
-                r, ch = (int(v) for v in bad[0])
-                raise ValueError(
-                    f"sequence {i}: row {r} (position {int(pos[r])}), channel {ch} holds "
-                    f"{float(staged[r, ch]):.9g}; nothing was appended"
-                )
+            self._check_stageable(i, pos, staged, rf.bounds("f32", c.stage_dtype)[0])
         self._append(i, st, int(pos[0]), enc.copy(), n)
 
     def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
