@@ -441,23 +441,49 @@ void Stager::open_round(Seq& s, const RoundPlan& p, std::uint8_t* out) noexcept 
 }
 
 RoundPlan Stager::draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
-    require_count("n_past", n_past);
-    const RoundPlan p = plan_round(seq, s, n_past);
-    const std::size_t at = rows_out.size();
-    const std::size_t bytes = external() ? 0 : static_cast<std::size_t>(p.n_rows) * row_bytes_;
-    pool_->grow(rows_out, at + bytes);  // the only step that can fail (bad_alloc)
-    rows_out.resize(at + bytes);
-    open_round(s, p, rows_out.data() + at);
-    return p;
+    return draft_into(seq, n_past, [&](const RoundPlan* p, std::size_t k) { return grow_rows(rows_out, p, k); });
 }
 
 void Stager::draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
                         std::vector<RoundPlan>& plans, ByteVec& rows_out) {
+    draft_many_into(seqs, n_pasts, n, plans,
+                    [&](const RoundPlan* p, std::size_t k) { return grow_rows(rows_out, p, k); });
+}
+
+// Room for the rows of plans[0..n) at the end of `rows_out` (from the pool:
+// the only step that can fail, with bad_alloc).
+std::uint8_t* Stager::grow_rows(ByteVec& rows_out, const RoundPlan* plans, std::size_t n) const {
+    std::size_t bytes = 0;
+    for (std::size_t i = 0; i < n; ++i) bytes += static_cast<std::size_t>(plans[i].n_rows) * row_bytes_;
+    const std::size_t at = rows_out.size();
+    pool_->grow(rows_out, at + bytes);
+    rows_out.resize(at + bytes);
+    return rows_out.data() + at;
+}
+
+RoundPlan Stager::peek(std::int64_t seq, std::int64_t n_past) const {
     std::lock_guard<std::mutex> lock(mu_);
-    // Validate and plan everything, then allocate once, then open: a rejected
-    // batch (bad argument, state, or out of memory) changes nothing.
+    const Seq& s = ready(seq);
+    require_count("n_past", n_past);
+    return plan_round(seq, s, n_past);
+}
+
+RoundPlan Stager::draft_into(std::int64_t seq, std::int64_t n_past, const RowSink& sink) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    require_count("n_past", n_past);
+    const RoundPlan p = plan_round(seq, s, n_past);
+    // External-row mode stages no bytes: the sink is not asked for room.
+    std::uint8_t* out = external() ? nullptr : sink(&p, 1);  // may throw: nothing has changed yet
+    open_round(s, p, out);
+    return p;
+}
+
+void Stager::draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
+                             std::vector<RoundPlan>& plans, const RowSink& sink) {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Validate and plan everything, then take the room once, then open: a
+    // rejected batch (bad argument, state, or no room) changes nothing.
     for (std::size_t i = 0; i < n; ++i) get(seqs[i]);
     for (std::size_t i = 0; i < n; ++i) ready(seqs[i]);
     for (std::size_t i = 0; i < n; ++i)
@@ -466,18 +492,11 @@ void Stager::draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, s
     for (std::size_t i = 0; i < n; ++i) require_count("n_past", n_pasts[i]);
     std::vector<RoundPlan> planned;
     planned.reserve(n);
-    std::size_t bytes = rows_out.size();
-    for (std::size_t i = 0; i < n; ++i) {
-        planned.push_back(plan_round(seqs[i], get(seqs[i]), n_pasts[i]));
-        if (!external()) bytes += static_cast<std::size_t>(planned.back().n_rows) * row_bytes_;
-    }
-    const std::size_t at = rows_out.size();
-    pool_->grow(rows_out, bytes);
-    rows_out.resize(bytes);
-    std::size_t off = at;
+    for (std::size_t i = 0; i < n; ++i) planned.push_back(plan_round(seqs[i], get(seqs[i]), n_pasts[i]));
+    std::uint8_t* out = external() ? nullptr : sink(planned.data(), n);
     for (const RoundPlan& p : planned) {
-        open_round(get(p.seq), p, rows_out.data() + off);
-        if (!external()) off += static_cast<std::size_t>(p.n_rows) * row_bytes_;
+        open_round(get(p.seq), p, out);
+        if (out) out += static_cast<std::size_t>(p.n_rows) * row_bytes_;
     }
     plans.swap(planned);
 }

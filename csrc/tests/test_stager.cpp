@@ -351,6 +351,16 @@ TEST_CASE(external_rows_follow_slots_and_moves) {
     apply(ext.fork(0, 1));
     held.fork(0, 1);
     round(1);
+    // External mode stages no bytes: draft_into never asks its sink for room.
+    {
+        feed(0, held.state(0).end, 2, 0.25f);
+        const std::int64_t end = ext.state(0).end;
+        const RoundPlan p = ext.draft_into(0, end, [](const RoundPlan*, std::size_t) -> std::uint8_t* {
+            throw std::runtime_error("the sink must not be called in external-row mode");
+        });
+        CHECK(p.skip == Skip::None && p.n_rows == p.slot_runs[0].count + p.slot_runs[1].count);
+        ext.commit(0);
+    }
     // Rows in the wrong mode are an error, never silently accepted.
     auto p = span(ext.state(0).end, 1);
     auto r = rows_for(p[0], 1);

@@ -22,6 +22,7 @@ from .context_plan import ContextPlan, plan_context
 from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
 from .formats import dequantize_rows, quantize_rows, row_bytes
+from .sdk import get_cmake_dir, get_include, get_library_dir
 from .stage_plan import BatchPlan, StagePlan
 from ._version import __version__
 
@@ -49,4 +50,7 @@ __all__ = [
     "DrafterMetadataError",
     "ContextPlan",
     "plan_context",
+    "get_include",
+    "get_library_dir",
+    "get_cmake_dir",
 ]

@@ -13,6 +13,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -153,6 +154,18 @@ public:
     // One plan per sequence; rows of all of them appended to `rows_out` in order.
     void draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
                     std::vector<RoundPlan>& plans, ByteVec& rows_out);
+    // Where draft_into / draft_many_into put the staged rows. Called exactly
+    // once per call, under the Stager's lock, after every check and plan and
+    // before any state changes, with the plans; returns room for the rows of
+    // all of them in plan order (sum of n_rows * row_bytes() bytes, any
+    // alignment), or throws to reject the call, which then changes nothing.
+    // Never called in external-row mode (no rows: plans carry slot_runs).
+    using RowSink = std::function<std::uint8_t*(const RoundPlan* plans, std::size_t n)>;
+    RoundPlan draft_into(std::int64_t seq, std::int64_t n_past, const RowSink& sink);
+    void draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
+                         std::vector<RoundPlan>& plans, const RowSink& sink);
+    // The plan draft() would make now; changes nothing (same checks as draft).
+    RoundPlan peek(std::int64_t seq, std::int64_t n_past) const;
     void commit(std::int64_t seq);
     // Returns the consecutive-failure count when this failure disabled the
     // sequence (log it once), else 0.
@@ -238,6 +251,7 @@ private:
                                     std::size_t n) const;
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
     static void open_round(Seq& s, const RoundPlan& p, std::uint8_t* out) noexcept;
+    std::uint8_t* grow_rows(ByteVec& rows_out, const RoundPlan* plans, std::size_t n) const;
     FeatureBuffer ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const;
     // With `crc`, the rows are also checksummed (CRC-32C chained from *crc) in the same pass.
     void append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n,

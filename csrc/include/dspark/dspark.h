@@ -1,0 +1,264 @@
+/* dspark.h: the C ABI of the dspark_core staging core.
+ *
+ * A plain C (C99) interface over the C++ Stager and row formats, for servers
+ * that are not Python: C, C++ built with another compiler or standard
+ * library, Go through cgo, Rust through FFI. docs/c_api.md documents every
+ * call and the ownership of every buffer; the rules in short:
+ *
+ *  - Every call returns a dspark_status (0 = DSPARK_OK). No C++ exception
+ *    crosses this interface. On failure the calling thread's message is
+ *    dspark_last_error(); a rejected call changes nothing.
+ *  - The library never keeps a pointer the caller passed in, and never frees
+ *    one. Buffers the caller passes are read or written during the call only.
+ *  - A dspark_stager is safe to use from several threads at once (one mutex
+ *    inside), except dspark_stager_destroy, which must be the last call.
+ *  - Integers that name a choice (storage, dtype, ...) are int32_t codes,
+ *    never C enums, so their size is fixed across compilers and languages.
+ */
+#ifndef DSPARK_DSPARK_H
+#define DSPARK_DSPARK_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#if defined(_WIN32)
+#define DSPARK_API
+#else
+#define DSPARK_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Raised when a struct or a call's meaning changes incompatibly (new fields
+ * appended to a struct with a struct_size do not change it). */
+#define DSPARK_ABI_VERSION 1
+
+/* ---- status codes ------------------------------------------------------ */
+typedef int32_t dspark_status;
+enum {
+    DSPARK_OK = 0,
+    DSPARK_E_INVALID_ARGUMENT = 1, /* a bad value: position, count, range, non-finite row (Python ValueError) */
+    DSPARK_E_CONFIG = 2,           /* an unusable configuration (Python ConfigError) */
+    DSPARK_E_STATE = 3,            /* wrong protocol state, e.g. an open round (Python StateError) */
+    DSPARK_E_TYPE = 4,             /* an unknown dtype / storage code where a kind is chosen (Python TypeError) */
+    DSPARK_E_NULL_POINTER = 5,     /* a required pointer was NULL */
+    DSPARK_E_BUFFER_TOO_SMALL = 6, /* an output buffer is too small; the needed size is reported */
+    DSPARK_E_OUT_OF_MEMORY = 7,    /* an allocation failed (Python MemoryError) */
+    DSPARK_E_UNSUPPORTED = 8,      /* valid, but not supported by this build / version */
+    DSPARK_E_INTERNAL = 9          /* a broken invariant inside the library (a bug: please report) */
+};
+
+/* ---- codes --------------------------------------------------------------- */
+/* Storage formats of the feature buffer (GGML layouts for q8_0 / q4_0). */
+enum {
+    DSPARK_STORAGE_F32 = 0,
+    DSPARK_STORAGE_F16 = 1,
+    DSPARK_STORAGE_BF16 = 2,
+    DSPARK_STORAGE_Q8_0 = 3,
+    DSPARK_STORAGE_Q4_0 = 4
+};
+/* Element types of plain float rows (input rows, decoded output rows), and
+ * DSPARK_DTYPE_STORAGE: "the stager's storage bytes as they are" (draft). */
+enum {
+    DSPARK_DTYPE_STORAGE = -1,
+    DSPARK_DTYPE_F32 = 0,
+    DSPARK_DTYPE_F16 = 1,
+    DSPARK_DTYPE_BF16 = 2
+};
+/* What encoding does with values it cannot encode as finite values: NaN,
+ * +-Inf, and finite values whose encoding overflows (f16 >= 65520, a q block
+ * whose scale overflows, ...; docs/c_api.md). */
+enum {
+    DSPARK_NONFINITE_ERROR = 0,     /* process: reject the call; encode_rows: convert, report the first one */
+    DSPARK_NONFINITE_ZERO = 1,      /* unencodable -> 0 */
+    DSPARK_NONFINITE_CLAMP_F16 = 2, /* NaN -> 0, clamp to [-65504, 65504] (and to the format's range) */
+    DSPARK_NONFINITE_CLAMP = 3      /* NaN -> 0, clamp to the largest magnitude the format encodes */
+};
+/* Which drafter step failed (dspark_fail). */
+enum { DSPARK_FAIL_DECODE = 0, DSPARK_FAIL_CROP = 1 };
+/* Why a draft staged nothing (dspark_plan.skip). */
+enum {
+    DSPARK_SKIP_NONE = 0, /* not skipped: the plan opened a round */
+    DSPARK_SKIP_DISABLED = 1,
+    DSPARK_SKIP_EMPTY = 2,
+    DSPARK_SKIP_NO_CONTEXT = 3,
+    DSPARK_SKIP_MISSING_ROWS = 4
+};
+/* Who holds the staged rows. Only HELD exists now: the stager holds them and
+ * draft copies them into a caller buffer. EXTERNAL is reserved for a mode in
+ * which plans name ring slots of caller-owned memory; configs asking for it
+ * get DSPARK_E_UNSUPPORTED from this version. */
+enum { DSPARK_ROWS_HELD = 0, DSPARK_ROWS_EXTERNAL = 1 };
+
+/* ---- structs ------------------------------------------------------------- */
+/* A Stager's configuration. Initialise with dspark_config_init (which sets
+ * struct_size and the defaults), then set the fields. Later versions append
+ * fields; the library reads only the first struct_size bytes and gives any
+ * field past them its default, so old callers keep working. */
+typedef struct dspark_config {
+    uint32_t struct_size;  /* sizeof(dspark_config) as the caller compiled it */
+    int32_t storage;       /* DSPARK_STORAGE_*; default F32 */
+    int64_t feature_dim;   /* D, elements of a row; q formats need D % 32 == 0 */
+    int64_t block_size;    /* B, drafter block size */
+    int64_t window;        /* W, drafter positions [0, W); W > 2 * B */
+    int64_t max_seqs;      /* sequence ids 0 .. max_seqs - 1; default 1, at most 65536 */
+    int64_t max_failures;  /* consecutive failures that disable a sequence; default 3 */
+    int32_t nonfinite;     /* DSPARK_NONFINITE_*; default ERROR */
+    int32_t stage_dtype;   /* DSPARK_DTYPE_F32/F16/BF16 the drafter takes rows in: under ERROR, process
+                              rejects rows that would not stay finite in it; default F32 */
+    int32_t strict;        /* 1: a draft whose n_past does not match the buffered rows (it would skip
+                              with MISSING_ROWS) fails with DSPARK_E_STATE instead; default 0 */
+    int32_t rows_mode;     /* DSPARK_ROWS_HELD (the only mode of this version) */
+} dspark_config;
+
+/* One sequence's round as planned by dspark_draft. Context rows are the
+ * absolute positions [first_row, start), staged at drafter positions
+ * [first_row - pos_base, start - pos_base); the block follows at
+ * [crop_from, crop_from + block_size), crop_from == start - pos_base. */
+typedef struct dspark_plan {
+    int64_t seq;
+    int64_t start;
+    int64_t pos_base;    /* -1 when skipped */
+    int64_t first_row;
+    int64_t n_rows;      /* context rows staged (0 when skipped) */
+    int64_t crop_from;   /* -1 when skipped */
+    int32_t skip;        /* DSPARK_SKIP_*; NONE means a round is now open */
+    int32_t rebase;      /* 1: the drafter cache is restaged from position 0 */
+    int32_t clear_cache; /* 1: clear the drafter cache before staging */
+    int32_t rows_mode;   /* DSPARK_ROWS_HELD: rows went into the caller's buffer */
+    /* Reserved for the external-row mode (ring slots of the staged rows);
+     * zero in HELD mode. Keeps the struct's size when that mode arrives. */
+    int64_t reserved[6];
+} dspark_plan;
+
+/* Protocol state of one sequence (Python: Stager.state()). Set struct_size
+ * (dspark_state_init); the library fills at most struct_size bytes. */
+typedef struct dspark_state {
+    uint32_t struct_size;
+    int32_t started, open_round, disabled, restage_owed, first_round;
+    int64_t end, horizon, n_cache, pos_base, n_retained, n_pending;
+    int64_t consecutive_failures, tentative_rows;
+} dspark_state;
+
+/* Counters since the sequence's last begin (Python: Stager.stats()). Set
+ * struct_size (dspark_stats_init); the library fills at most struct_size bytes. */
+typedef struct dspark_stats {
+    uint32_t struct_size;
+    uint32_t reserved0;
+    int64_t rounds, commits, failures, rebases, staged_rows, restaged_rows, skips;
+    int64_t trims, trimmed_rows, live_rows, rows, peak_rows, bytes, peak_bytes, reserved_bytes;
+} dspark_stats;
+
+/* The defaults, with struct_size = sizeof as compiled by the caller. */
+static inline void dspark_config_init(dspark_config* c) {
+    memset(c, 0, sizeof *c);
+    c->struct_size = (uint32_t)sizeof(dspark_config);
+    c->storage = DSPARK_STORAGE_F32;
+    c->max_seqs = 1;
+    c->max_failures = 3;
+    c->nonfinite = DSPARK_NONFINITE_ERROR;
+    c->stage_dtype = DSPARK_DTYPE_F32;
+    c->strict = 0;
+    c->rows_mode = DSPARK_ROWS_HELD;
+}
+static inline void dspark_state_init(dspark_state* s) {
+    memset(s, 0, sizeof *s);
+    s->struct_size = (uint32_t)sizeof(dspark_state);
+}
+static inline void dspark_stats_init(dspark_stats* s) {
+    memset(s, 0, sizeof *s);
+    s->struct_size = (uint32_t)sizeof(dspark_stats);
+}
+
+/* ---- library ------------------------------------------------------------- */
+DSPARK_API const char* dspark_version(void);      /* "0.1.0": the package version */
+DSPARK_API int32_t dspark_abi_version(void);      /* DSPARK_ABI_VERSION of the library */
+/* Message of the last failed call on this thread ("" after a successful
+ * one). Valid until this thread's next dspark_* call. */
+DSPARK_API const char* dspark_last_error(void);
+DSPARK_API const char* dspark_status_name(dspark_status status);  /* "DSPARK_E_STATE", ... */
+
+/* ---- stager lifecycle ---------------------------------------------------- */
+typedef struct dspark_stager dspark_stager; /* opaque */
+
+/* *out receives a new Stager (NULL on failure). */
+DSPARK_API dspark_status dspark_stager_create(const dspark_config* config, dspark_stager** out);
+/* Frees the Stager; NULL is allowed (no-op). No call may use it afterwards. */
+DSPARK_API void dspark_stager_destroy(dspark_stager* st);
+/* The effective configuration (defaults filled in); fills struct_size bytes. */
+DSPARK_API dspark_status dspark_stager_config(const dspark_stager* st, dspark_config* out);
+/* Bytes of one stored row (storage format). */
+DSPARK_API dspark_status dspark_stager_row_bytes(const dspark_stager* st, size_t* out);
+/* The most context rows one plan can stage (window - block_size). */
+DSPARK_API dspark_status dspark_stager_max_plan_rows(const dspark_stager* st, int64_t* out);
+
+/* ---- the round protocol -------------------------------------------------- */
+DSPARK_API dspark_status dspark_begin(dspark_stager* st, int64_t seq);
+/* n rows of feature_dim elements of `dtype` (DSPARK_DTYPE_F32/F16/BF16) at
+ * positions[0..n); rows_bytes must be n * feature_dim * element size. */
+DSPARK_API dspark_status dspark_process(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                        const void* rows, int32_t dtype, size_t rows_bytes);
+/* n rows already in storage format; nbytes must be n * row_bytes. */
+DSPARK_API dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, const int64_t* positions,
+                                                size_t n, const void* data, size_t nbytes);
+/* Bytes dspark_draft would write for (seq, n_past) now, in `rows_dtype`
+ * (DSPARK_DTYPE_STORAGE or F32/F16/BF16); changes nothing. */
+DSPARK_API dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_past,
+                                           int32_t rows_dtype, size_t* bytes);
+/* Plans a round into *plan and writes its context rows (plan->n_rows rows,
+ * in `rows_dtype`) to rows[0 .. *rows_written). rows may be NULL when
+ * rows_capacity is 0. When the rows do not fit: DSPARK_E_BUFFER_TOO_SMALL,
+ * *rows_written = the bytes needed, nothing changed. rows_written may be NULL. */
+DSPARK_API dspark_status dspark_draft(dspark_stager* st, int64_t seq, int64_t n_past, int32_t rows_dtype,
+                                      void* rows, size_t rows_capacity, dspark_plan* plan, size_t* rows_written);
+/* One plan per sequence (ids unique) into plans[0..n); the rows of all plans
+ * follow each other in `rows`, plan order. All or nothing. */
+DSPARK_API dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_pasts, size_t n,
+                                           int32_t rows_dtype, void* rows, size_t rows_capacity, dspark_plan* plans,
+                                           size_t* rows_written);
+DSPARK_API dspark_status dspark_commit(dspark_stager* st, int64_t seq);
+/* stage: DSPARK_FAIL_DECODE / CROP. *disabled_after (may be NULL) receives
+ * the consecutive-failure count when this failure disabled the sequence, else 0. */
+DSPARK_API dspark_status dspark_fail(dspark_stager* st, int64_t seq, int32_t stage, int64_t* disabled_after);
+DSPARK_API dspark_status dspark_accept(dspark_stager* st, int64_t seq, int64_t n_accepted);
+
+/* ---- lifecycle ----------------------------------------------------------- */
+DSPARK_API dspark_status dspark_rollback(dspark_stager* st, int64_t seq, int64_t n_past);
+DSPARK_API dspark_status dspark_shift(dspark_stager* st, int64_t seq, int64_t n_keep, int64_t n_discard);
+DSPARK_API dspark_status dspark_fork(dspark_stager* st, int64_t src, int64_t dst);
+/* Snapshot bytes of one sequence (format of dspark_core.snapshot_format). */
+DSPARK_API dspark_status dspark_snapshot_size(const dspark_stager* st, int64_t seq, size_t* bytes);
+/* Writes the snapshot to out[0 .. *written). Too small: DSPARK_E_BUFFER_TOO_SMALL,
+ * *written = the bytes needed. */
+DSPARK_API dspark_status dspark_snapshot(const dspark_stager* st, int64_t seq, void* out, size_t capacity,
+                                         size_t* written);
+DSPARK_API dspark_status dspark_restore(dspark_stager* st, int64_t seq, const void* data, size_t nbytes);
+
+/* ---- introspection ------------------------------------------------------- */
+DSPARK_API dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out);
+DSPARK_API dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stats* out);
+
+/* ---- row formats (no Stager needed; thread-safe) ------------------------- */
+/* Bytes of one row of `dim` elements in `storage` (q formats: dim % 32 == 0). */
+DSPARK_API dspark_status dspark_row_bytes(int32_t storage, size_t dim, size_t* out);
+/* Encodes n_rows rows of dim `src_dtype` elements (src_bytes bytes) into
+ * dst (dst_capacity >= n_rows * row_bytes). Under DSPARK_NONFINITE_ERROR
+ * every row is still converted and *first_bad (may be NULL) receives the
+ * flat index of the first non-finite input element, or -1; it is -1 under
+ * the other policies. src and dst must not overlap. */
+DSPARK_API dspark_status dspark_encode_rows(const void* src, int32_t src_dtype, size_t src_bytes, size_t n_rows,
+                                            size_t dim, int32_t storage, int32_t nonfinite, void* dst,
+                                            size_t dst_capacity, int64_t* first_bad);
+/* Decodes n_rows rows stored as `storage` (src_bytes == n_rows * row_bytes)
+ * into dst as `dst_dtype` (dst_capacity >= n_rows * dim * element size). */
+DSPARK_API dspark_status dspark_decode_rows(const void* src, int32_t storage, size_t src_bytes, size_t n_rows,
+                                            size_t dim, void* dst, int32_t dst_dtype, size_t dst_capacity);
+
+#ifdef __cplusplus
+}  /* extern "C" */
+#endif
+
+#endif /* DSPARK_DSPARK_H */

@@ -1,0 +1,668 @@
+// Tests of the C ABI (dspark/dspark.h): every rejected call returns its status
+// code and a message naming the bad value, never crashes, and changes nothing;
+// accepted calls give what the C++ Stager gives for the same calls (the
+// oracle here is a second, C++ Stager driven in lock step). Runs clean under
+// DSPARK_SANITIZE=ON (ASan + UBSan).
+#include <cstddef>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "check.hpp"
+#include "dspark/dspark.h"
+#include "dspark/row_format.hpp"
+#include "dspark/stager.hpp"
+
+namespace {
+
+constexpr std::int64_t D = 32, B = 7, W = 20;
+
+dspark_config config(std::int32_t storage = DSPARK_STORAGE_F32, std::int64_t seqs = 2) {
+    dspark_config c;
+    dspark_config_init(&c);
+    c.feature_dim = D;
+    c.block_size = B;
+    c.window = W;
+    c.max_seqs = seqs;
+    c.storage = storage;
+    return c;
+}
+
+struct Handle {
+    dspark_stager* st = nullptr;
+    explicit Handle(const dspark_config& c) {
+        if (dspark_stager_create(&c, &st) != DSPARK_OK) std::printf("  create failed: %s\n", dspark_last_error());
+    }
+    ~Handle() { dspark_stager_destroy(st); }
+};
+
+// Activation-like rows: N(0,1)-ish noise from a hash, a massive channel (col
+// 3, ~1e4) and a huge-norm first row (position 0, ~1e5), tagged by position.
+std::vector<float> rows_for(std::int64_t from, std::int64_t n, int version = 0) {
+    std::vector<float> r(static_cast<std::size_t>(n * D));
+    for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t c = 0; c < D; ++c) {
+            const std::int64_t p = from + i;
+            const std::uint32_t h = static_cast<std::uint32_t>((p * 2654435761u) ^ (c * 40503u) ^ (version * 97u));
+            float v = (static_cast<float>(h % 2001u) - 1000.0f) / 400.0f;
+            if (c == 3) v = 1.0e4f + static_cast<float>(p);
+            if (p == 0) v *= 10.0f;
+            r[static_cast<std::size_t>(i * D + c)] = v;
+        }
+    return r;
+}
+
+std::vector<std::int64_t> span(std::int64_t from, std::int64_t n) {
+    std::vector<std::int64_t> p(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = from + i;
+    return p;
+}
+
+bool error_mentions(const char* what) { return std::strstr(dspark_last_error(), what) != nullptr; }
+
+dspark_status process(dspark_stager* st, std::int64_t seq, std::int64_t from, std::int64_t n, int version = 0) {
+    const auto rows = rows_for(from, n, version);
+    const auto pos = span(from, n);
+    return dspark_process(st, seq, pos.data(), pos.size(), rows.data(), DSPARK_DTYPE_F32, rows.size() * sizeof(float));
+}
+
+// The whole observable state of a sequence, to check that rejected calls change nothing.
+std::vector<std::uint8_t> snap(dspark_stager* st, std::int64_t seq) {
+    std::size_t n = 0;
+    if (dspark_snapshot_size(st, seq, &n) != DSPARK_OK) return {};
+    std::vector<std::uint8_t> out(n);
+    std::size_t written = 0;
+    if (dspark_snapshot(st, seq, out.data(), out.size(), &written) != DSPARK_OK) return {};
+    out.resize(written);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE(version_and_status_names) {
+    CHECK(std::strcmp(dspark_version(), "") != 0);
+    CHECK_EQ(dspark_abi_version(), DSPARK_ABI_VERSION);
+    CHECK(std::strcmp(dspark_status_name(DSPARK_E_STATE), "DSPARK_E_STATE") == 0);
+    CHECK(std::strcmp(dspark_status_name(12345), "DSPARK_E_UNKNOWN") == 0);
+}
+
+TEST_CASE(create_rejects_bad_configs_with_their_codes) {
+    dspark_stager* st = reinterpret_cast<dspark_stager*>(0x1);
+    CHECK_EQ(dspark_stager_create(nullptr, &st), DSPARK_E_NULL_POINTER);
+    CHECK(st == nullptr);  // *out is cleared before anything can fail
+    CHECK(error_mentions("config is NULL"));
+    dspark_config c = config();
+    CHECK_EQ(dspark_stager_create(&c, nullptr), DSPARK_E_NULL_POINTER);
+
+    c.window = 2 * B;  // W must exceed 2B
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("window (14) must be greater than 2 * block_size"));
+    c = config(DSPARK_STORAGE_Q4_0);
+    c.feature_dim = 33;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    c = config(7);
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("storage code 7"));
+    c = config();
+    c.nonfinite = -1;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    c = config();
+    c.max_seqs = (1 << 16) + 1;  // Python's MAX_SEQS_LIMIT
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("65537"));
+    c = config();
+    c.max_failures = 0;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    c = config();
+    c.stage_dtype = DSPARK_DTYPE_STORAGE;  // a stage dtype is a float type
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("stage_dtype code -1"));
+    c = config();
+    c.strict = 2;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    c = config();
+    c.rows_mode = DSPARK_ROWS_EXTERNAL;  // reserved, not in this version
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_UNSUPPORTED);
+    c.rows_mode = 9;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(st == nullptr);
+}
+
+TEST_CASE(config_struct_size_rules) {
+    dspark_stager* st = nullptr;
+    dspark_config c = config();
+    c.struct_size = 8;  // older than any version
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("struct_size"));
+    // A newer caller: trailing fields this library does not know must be zero.
+    struct Newer {
+        dspark_config base;
+        std::int64_t future;
+    } n;
+    n.base = config();
+    n.base.struct_size = sizeof(Newer);
+    n.future = 0;
+    CHECK_EQ(dspark_stager_create(&n.base, &st), DSPARK_OK);
+    dspark_config got;
+    dspark_config_init(&got);
+    CHECK_EQ(dspark_stager_config(st, &got), DSPARK_OK);
+    CHECK_EQ(got.window, W);
+    CHECK_EQ(got.max_failures, 3);
+    CHECK_EQ(got.struct_size, sizeof(dspark_config));
+    dspark_stager_destroy(st);
+    st = nullptr;
+    n.future = 1;
+    CHECK_EQ(dspark_stager_create(&n.base, &st), DSPARK_E_UNSUPPORTED);
+    CHECK(st == nullptr);
+    dspark_stager_destroy(nullptr);  // allowed
+}
+
+TEST_CASE(every_call_rejects_a_null_stager) {
+    std::int64_t i64 = 0;
+    std::size_t sz = 0;
+    dspark_plan plan;
+    dspark_state state;
+    dspark_state_init(&state);
+    dspark_stats stats;
+    dspark_stats_init(&stats);
+    dspark_config cfg;
+    dspark_config_init(&cfg);
+    const std::uint8_t byte = 0;
+    CHECK_EQ(dspark_stager_config(nullptr, &cfg), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_stager_row_bytes(nullptr, &sz), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_stager_max_plan_rows(nullptr, &i64), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_begin(nullptr, 0), DSPARK_E_NULL_POINTER);
+    CHECK(error_mentions("stager is NULL"));
+    CHECK_EQ(dspark_process(nullptr, 0, nullptr, 0, nullptr, DSPARK_DTYPE_F32, 0), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_process_encoded(nullptr, 0, nullptr, 0, nullptr, 0), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_draft_size(nullptr, 0, 1, DSPARK_DTYPE_F32, &sz), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_draft(nullptr, 0, 1, DSPARK_DTYPE_F32, nullptr, 0, &plan, &sz), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_draft_many(nullptr, &i64, &i64, 1, DSPARK_DTYPE_F32, nullptr, 0, &plan, &sz), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_commit(nullptr, 0), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_fail(nullptr, 0, DSPARK_FAIL_DECODE, &i64), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_accept(nullptr, 0, 0), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_rollback(nullptr, 0, 0), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_shift(nullptr, 0, 0, 0), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_fork(nullptr, 0, 1), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_snapshot_size(nullptr, 0, &sz), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_snapshot(nullptr, 0, nullptr, 0, &sz), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_restore(nullptr, 0, &byte, 1), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_state_get(nullptr, 0, &state), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_stats_get(nullptr, 0, &stats), DSPARK_E_NULL_POINTER);
+}
+
+TEST_CASE(null_buffers_and_outputs_are_errors_not_crashes) {
+    Handle h(config());
+    std::int64_t pos = 0;
+    CHECK_EQ(dspark_process(h.st, 0, nullptr, 1, nullptr, DSPARK_DTYPE_F32, D * 4), DSPARK_E_NULL_POINTER);
+    CHECK(error_mentions("positions is NULL"));
+    CHECK_EQ(dspark_process(h.st, 0, &pos, 1, nullptr, DSPARK_DTYPE_F32, D * 4), DSPARK_E_NULL_POINTER);
+    CHECK(error_mentions("rows is NULL"));
+    CHECK_EQ(dspark_process_encoded(h.st, 0, &pos, 1, nullptr, D * 4), DSPARK_E_NULL_POINTER);
+    // Zero rows: NULL is fine and nothing happens.
+    CHECK_EQ(dspark_process(h.st, 0, nullptr, 0, nullptr, DSPARK_DTYPE_F32, 0), DSPARK_OK);
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, nullptr, 0, nullptr, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK(error_mentions("plan is NULL"));
+    dspark_plan plan;
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, nullptr, 64, &plan, nullptr), DSPARK_E_NULL_POINTER);
+    std::size_t sz;
+    CHECK_EQ(dspark_draft_size(h.st, 0, 5, DSPARK_DTYPE_F32, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_snapshot_size(h.st, 0, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_snapshot(h.st, 0, nullptr, 10, &sz), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_restore(h.st, 0, nullptr, 10), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_state_get(h.st, 0, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_stats_get(h.st, 0, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_draft_many(h.st, nullptr, nullptr, 1, DSPARK_DTYPE_F32, nullptr, 0, &plan, nullptr),
+             DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_row_bytes(DSPARK_STORAGE_F32, D, nullptr), DSPARK_E_NULL_POINTER);
+    dspark_state st;
+    dspark_state_init(&st);
+    CHECK_EQ(dspark_state_get(h.st, 0, &st), DSPARK_OK);
+    CHECK_EQ(st.end, 5);  // only the accepted process call changed anything
+    CHECK(!st.open_round);
+}
+
+TEST_CASE(bad_values_name_themselves) {
+    Handle h(config());
+    CHECK_EQ(dspark_begin(h.st, 2), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 2"));
+    CHECK_EQ(dspark_begin(h.st, -1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    CHECK_EQ(process(h.st, 0, 7, 2), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("positions must continue at 5, got 7"));
+    // Wrong byte counts for the row count.
+    const auto rows = rows_for(5, 2);
+    const auto pos = span(5, 2);
+    CHECK_EQ(dspark_process(h.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4 - 1),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("rows must be 2 x 32 elements (256 bytes), got 255 bytes"));
+    CHECK_EQ(dspark_process(h.st, 0, pos.data(), 2, rows.data(), 9, rows.size() * 4), DSPARK_E_TYPE);
+    CHECK(error_mentions("dtype code 9"));
+    CHECK_EQ(dspark_process(h.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_STORAGE, rows.size() * 4), DSPARK_E_TYPE);
+    CHECK_EQ(dspark_process_encoded(h.st, 0, pos.data(), 2, rows.data(), 100), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("encoded rows must be 2 x 128 bytes"));
+    // Non-finite rows are rejected whole (nonfinite = ERROR).
+    auto bad = rows;
+    bad[D + 4] = std::numeric_limits<float>::quiet_NaN();
+    CHECK_EQ(dspark_process(h.st, 0, pos.data(), 2, bad.data(), DSPARK_DTYPE_F32, bad.size() * 4),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("row 1 (position 6), channel 4 holds nan"));
+    std::size_t sz;
+    CHECK_EQ(dspark_draft_size(h.st, 0, -1, DSPARK_DTYPE_F32, &sz), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("n_past must be in [0, 2**62), got -1"));
+    CHECK_EQ(dspark_draft_size(h.st, 0, 5, 7, &sz), DSPARK_E_TYPE);
+    CHECK_EQ(dspark_accept(h.st, 0, B + 1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("n_accepted must be in [0, 7], got 8"));
+    CHECK_EQ(dspark_shift(h.st, 0, -1, 1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_shift(h.st, 0, 3, 10), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("reaches past the end"));
+    CHECK_EQ(dspark_fork(h.st, 0, 0), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_fork(h.st, 0, 5), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_rollback(h.st, 0, -3), DSPARK_E_INVALID_ARGUMENT);
+    dspark_state st;
+    dspark_state_init(&st);
+    CHECK_EQ(dspark_state_get(h.st, 0, &st), DSPARK_OK);
+    CHECK_EQ(st.end, 5);
+}
+
+TEST_CASE(protocol_state_errors_and_atomicity) {
+    Handle h(config());
+    CHECK_EQ(dspark_commit(h.st, 0), DSPARK_E_STATE);
+    CHECK(error_mentions("has no open round"));
+    CHECK_EQ(dspark_fail(h.st, 0, DSPARK_FAIL_DECODE, nullptr), DSPARK_E_STATE);
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    dspark_plan plan;
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    std::size_t written = 0;
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, &written), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_NONE);
+    const auto before = snap(h.st, 1);
+    dspark_state open_state, st;
+    dspark_state_init(&open_state);
+    dspark_state_init(&st);
+    CHECK_EQ(dspark_state_get(h.st, 0, &open_state), DSPARK_OK);
+    CHECK(open_state.open_round);
+    // Round open: everything but commit / fail / introspection is a StateError.
+    CHECK_EQ(process(h.st, 0, 5, 1), DSPARK_E_STATE);
+    CHECK(error_mentions("sequence 0 has an open round"));
+    CHECK_EQ(dspark_begin(h.st, 0), DSPARK_E_STATE);
+    CHECK_EQ(dspark_accept(h.st, 0, 1), DSPARK_E_STATE);
+    CHECK_EQ(dspark_rollback(h.st, 0, 1), DSPARK_E_STATE);
+    CHECK_EQ(dspark_shift(h.st, 0, 1, 1), DSPARK_E_STATE);
+    CHECK_EQ(dspark_fork(h.st, 0, 1), DSPARK_E_STATE);
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, &written), DSPARK_E_STATE);
+    std::size_t sz;
+    CHECK_EQ(dspark_snapshot_size(h.st, 0, &sz), DSPARK_E_STATE);
+    std::uint8_t junk[4] = {1, 2, 3, 4};
+    CHECK_EQ(dspark_restore(h.st, 0, junk, sizeof junk), DSPARK_E_STATE);
+    CHECK_EQ(dspark_fail(h.st, 0, 5, nullptr), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("stage must be"));
+    CHECK_EQ(dspark_state_get(h.st, 0, &st), DSPARK_OK);
+    CHECK(std::memcmp(&st, &open_state, sizeof st) == 0);  // no rejected call changed anything
+    std::int64_t disabled = -1;
+    CHECK_EQ(dspark_fail(h.st, 0, DSPARK_FAIL_CROP, &disabled), DSPARK_OK);
+    CHECK_EQ(disabled, 0);
+    CHECK(snap(h.st, 1) == before);
+    // A bad snapshot is rejected with its reason and changes nothing.
+    const auto good = snap(h.st, 0);
+    CHECK(!good.empty());
+    auto damaged = good;
+    damaged[damaged.size() / 2] ^= 0x40;
+    CHECK_EQ(dspark_restore(h.st, 1, damaged.data(), damaged.size()), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("checksum"));
+    CHECK(snap(h.st, 1) == before);
+    CHECK_EQ(dspark_restore(h.st, 1, good.data(), good.size()), DSPARK_OK);
+    CHECK(snap(h.st, 1) == good);
+}
+
+TEST_CASE(stage_dtype_bounds_what_process_accepts) {
+    // f32 storage staged as f16: 9e4 would be +inf in the drafter's f16 rows.
+    dspark_config c = config();
+    c.stage_dtype = DSPARK_DTYPE_F16;
+    Handle h(c);
+    auto rows = rows_for(0, 2);
+    rows[D + 7] = 9.0e4f;
+    const auto pos = span(0, 2);
+    CHECK_EQ(dspark_process(h.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("staged as float16"));
+    // The same rows are fine for an f32-staged Stager, and with nonfinite = CLAMP.
+    Handle f32(config());
+    CHECK_EQ(dspark_process(f32.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
+    c.nonfinite = DSPARK_NONFINITE_CLAMP;
+    Handle clamp(c);
+    CHECK_EQ(dspark_process(clamp.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
+}
+
+TEST_CASE(strict_rejects_a_protocol_mismatch_before_anything_changes) {
+    dspark_config c = config();
+    Handle lax(c);
+    c.strict = 1;
+    Handle strict(c);
+    for (dspark_stager* st : {lax.st, strict.st}) {
+        CHECK_EQ(process(st, 0, 0, 5), DSPARK_OK);
+        dspark_plan plan;
+        std::vector<float> out(static_cast<std::size_t>(W * D));
+        CHECK_EQ(dspark_draft(st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+        CHECK_EQ(dspark_commit(st, 0), DSPARK_OK);
+        CHECK_EQ(process(st, 0, 5, B + 1), DSPARK_OK);  // a verify batch, and no accept
+    }
+    dspark_plan plan;
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    // Without strict: a skip the caller must notice (and log).
+    CHECK_EQ(dspark_draft(lax.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_MISSING_ROWS);
+    // Strict: an error naming the cause, and no skip counted.
+    dspark_stats before, after;
+    dspark_stats_init(&before);
+    dspark_stats_init(&after);
+    CHECK_EQ(dspark_stats_get(strict.st, 0, &before), DSPARK_OK);
+    CHECK_EQ(dspark_draft(strict.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr),
+             DSPARK_E_STATE);
+    CHECK(error_mentions("rows 8..12 are still buffered: was accept() not called"));
+    const std::int64_t seqs[] = {1, 0};
+    const std::int64_t pasts[] = {0, 8};
+    dspark_plan plans[2];
+    CHECK_EQ(dspark_draft_many(strict.st, seqs, pasts, 2, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, nullptr),
+             DSPARK_E_STATE);
+    CHECK(error_mentions("draft(n_past=8) does not match the buffered rows (newest 12)"));
+    CHECK_EQ(dspark_stats_get(strict.st, 0, &after), DSPARK_OK);
+    CHECK(std::memcmp(&before, &after, sizeof before) == 0);
+    // Ordinary skips are not mismatches: an unstarted sequence still skips EMPTY.
+    CHECK_EQ(dspark_draft(strict.st, 1, 0, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_EMPTY);
+    CHECK_EQ(dspark_accept(strict.st, 0, 2), DSPARK_OK);
+    CHECK_EQ(dspark_draft(strict.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_NONE);
+}
+
+TEST_CASE(disabled_after_max_failures) {
+    Handle h(config());
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    dspark_plan plan;
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    std::int64_t disabled = -1;
+    for (int i = 1; i <= 3; ++i) {
+        CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+        CHECK_EQ(dspark_fail(h.st, 0, DSPARK_FAIL_DECODE, &disabled), DSPARK_OK);
+        CHECK_EQ(disabled, i == 3 ? 3 : 0);
+    }
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_DISABLED);
+    CHECK_EQ(plan.n_rows, 0);
+}
+
+TEST_CASE(draft_too_small_reports_the_size_and_changes_nothing) {
+    Handle h(config(DSPARK_STORAGE_Q8_0));
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    std::size_t need_f32 = 0, need_raw = 0, row_bytes = 0;
+    CHECK_EQ(dspark_stager_row_bytes(h.st, &row_bytes), DSPARK_OK);
+    CHECK_EQ(row_bytes, dspark::row_bytes(dspark::Storage::Q8_0, D));
+    CHECK_EQ(dspark_draft_size(h.st, 0, 5, DSPARK_DTYPE_F32, &need_f32), DSPARK_OK);
+    CHECK_EQ(need_f32, 5u * D * 4);
+    CHECK_EQ(dspark_draft_size(h.st, 0, 5, DSPARK_DTYPE_STORAGE, &need_raw), DSPARK_OK);
+    CHECK_EQ(need_raw, 5u * row_bytes);
+    const auto before = snap(h.st, 0);
+    std::vector<std::uint8_t> buf(need_f32);
+    dspark_plan plan;
+    std::size_t written = 0;
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, buf.data(), need_f32 - 1, &plan, &written),
+             DSPARK_E_BUFFER_TOO_SMALL);
+    CHECK_EQ(written, need_f32);
+    CHECK(error_mentions("the plan needs 640"));
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, nullptr, 0, &plan, &written), DSPARK_E_BUFFER_TOO_SMALL);
+    CHECK(snap(h.st, 0) == before);  // no round opened
+    dspark_stats stats;
+    dspark_stats_init(&stats);
+    CHECK_EQ(dspark_stats_get(h.st, 0, &stats), DSPARK_OK);
+    CHECK_EQ(stats.rounds, 0);
+    // The exact size fits; decoded rows equal the decoded storage bytes.
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, buf.data(), need_f32, &plan, &written), DSPARK_OK);
+    CHECK_EQ(written, need_f32);
+    const auto src = rows_for(0, 5);
+    std::vector<std::uint8_t> enc(5 * row_bytes);
+    dspark::encode_rows(src.data(), dspark::ElemType::F32, enc.data(), dspark::Storage::Q8_0, 5, D,
+                        dspark::NonFinite::Error);
+    std::vector<float> dec(5 * D);
+    dspark::decode_rows(enc.data(), dspark::Storage::Q8_0, dec.data(), dspark::ElemType::F32, 5, D);
+    CHECK(std::memcmp(buf.data(), dec.data(), need_f32) == 0);
+    CHECK_EQ(dspark_commit(h.st, 0), DSPARK_OK);
+}
+
+TEST_CASE(state_and_stats_honour_a_smaller_struct_size) {
+    Handle h(config());
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    // An older caller's dspark_stats that ends after `failures`.
+    dspark_stats s;
+    std::memset(&s, 0xAB, sizeof s);
+    s.struct_size = offsetof(dspark_stats, rebases);
+    CHECK_EQ(dspark_stats_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.struct_size, offsetof(dspark_stats, rebases));
+    CHECK_EQ(s.rounds, 0);
+    std::int64_t untouched;
+    std::memset(&untouched, 0xAB, sizeof untouched);
+    CHECK(std::memcmp(&s.rebases, &untouched, sizeof untouched) == 0);  // past struct_size: not written
+    s.struct_size = 2;
+    CHECK_EQ(dspark_stats_get(h.st, 0, &s), DSPARK_E_INVALID_ARGUMENT);
+}
+
+TEST_CASE(c_calls_match_the_cpp_stager_in_lock_step) {
+    // The window loop (B = 7, W = 20, accepts 7 3 0 7 5 1 4) through both APIs.
+    Handle h(config(DSPARK_STORAGE_BF16, 1));
+    dspark::StagerOptions o;
+    o.feature_dim = D;
+    o.block_size = B;
+    o.window = W;
+    o.storage = dspark::Storage::BF16;
+    dspark::Stager ref(o);
+    const std::int64_t accepts[] = {7, 3, 0, 7, 5, 1, 4};
+    std::int64_t max_rows = 0;
+    CHECK_EQ(dspark_stager_max_plan_rows(h.st, &max_rows), DSPARK_OK);
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    ref.process(0, span(0, 5).data(), 5, rows_for(0, 5).data(), dspark::ElemType::F32);
+    std::int64_t n_past = 5;
+    std::vector<std::uint8_t> buf(static_cast<std::size_t>(W * D * 2));
+    for (int rnd = 0; rnd <= 7; ++rnd) {
+        dspark_plan plan;
+        std::size_t written = 0;
+        CHECK_EQ(dspark_draft(h.st, 0, n_past, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &plan, &written), DSPARK_OK);
+        dspark::ByteVec want;
+        const dspark::RoundPlan p = ref.draft(0, n_past, want);
+        CHECK_EQ(plan.start, p.start);
+        CHECK_EQ(plan.rebase, p.rebase);
+        CHECK_EQ(plan.clear_cache, p.clear_cache);
+        CHECK_EQ(plan.pos_base, p.pos_base);
+        CHECK_EQ(plan.first_row, p.first_row);
+        CHECK_EQ(plan.n_rows, p.n_rows);
+        CHECK_EQ(plan.crop_from, p.crop_from);
+        CHECK(plan.n_rows <= max_rows);
+        CHECK_EQ(written, want.size());
+        CHECK(std::memcmp(buf.data(), want.data(), written) == 0);
+        CHECK_EQ(dspark_commit(h.st, 0), DSPARK_OK);
+        ref.commit(0);
+        if (rnd == 7) break;
+        const auto rows = rows_for(n_past, B + 1, rnd + 1);
+        const auto pos = span(n_past, B + 1);
+        CHECK_EQ(dspark_process(h.st, 0, pos.data(), pos.size(), rows.data(), DSPARK_DTYPE_F32, rows.size() * 4),
+                 DSPARK_OK);
+        ref.process(0, pos.data(), pos.size(), rows.data(), dspark::ElemType::F32);
+        CHECK_EQ(dspark_accept(h.st, 0, accepts[rnd]), DSPARK_OK);
+        ref.accept(0, accepts[rnd]);
+        n_past += accepts[rnd] + 1;
+    }
+    dspark_stats s;
+    dspark_stats_init(&s);
+    CHECK_EQ(dspark_stats_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.rounds, 8);
+    CHECK_EQ(s.rebases, 4);
+    CHECK_EQ(s.restaged_rows, 40);
+    CHECK(snap(h.st, 0) == ref.snapshot(0));
+}
+
+TEST_CASE(draft_many_is_all_or_nothing) {
+    Handle h(config(DSPARK_STORAGE_F32, 3));
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    CHECK_EQ(process(h.st, 1, 0, 9), DSPARK_OK);
+    const std::int64_t seqs[] = {0, 1, 2};
+    const std::int64_t pasts[] = {5, 9, 0};
+    dspark_plan plans[3];
+    std::vector<float> out(static_cast<std::size_t>(3 * W * D));
+    std::size_t written = 0;
+    const std::int64_t dup[] = {0, 0, 2};
+    CHECK_EQ(dspark_draft_many(h.st, dup, pasts, 3, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, &written),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unique"));
+    CHECK_EQ(dspark_draft_many(h.st, seqs, pasts, 3, DSPARK_DTYPE_F32, out.data(), 14 * D * 4 - 4, plans, &written),
+             DSPARK_E_BUFFER_TOO_SMALL);
+    CHECK_EQ(written, 14u * D * 4);
+    dspark_state st;
+    dspark_state_init(&st);
+    CHECK_EQ(dspark_state_get(h.st, 0, &st), DSPARK_OK);
+    CHECK(!st.open_round);
+    CHECK_EQ(dspark_draft_many(h.st, seqs, pasts, 3, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, &written),
+             DSPARK_OK);
+    CHECK_EQ(written, 14u * D * 4);
+    CHECK_EQ(plans[0].n_rows, 5);
+    CHECK_EQ(plans[1].n_rows, 9);
+    CHECK_EQ(plans[2].skip, DSPARK_SKIP_EMPTY);
+    const auto r1 = rows_for(0, 9);
+    CHECK(std::memcmp(out.data() + 5 * D, r1.data(), r1.size() * 4) == 0);
+    CHECK_EQ(dspark_draft_many(h.st, seqs, pasts, 0, DSPARK_DTYPE_F32, nullptr, 0, nullptr, &written), DSPARK_OK);
+    CHECK_EQ(written, 0u);
+}
+
+TEST_CASE(snapshot_buffer_sizes) {
+    Handle h(config());
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    std::size_t n = 0, written = 0;
+    CHECK_EQ(dspark_snapshot_size(h.st, 0, &n), DSPARK_OK);
+    std::vector<std::uint8_t> buf(n);
+    CHECK_EQ(dspark_snapshot(h.st, 0, buf.data(), n - 1, &written), DSPARK_E_BUFFER_TOO_SMALL);
+    CHECK_EQ(written, n);
+    CHECK_EQ(dspark_snapshot(h.st, 0, buf.data(), n, &written), DSPARK_OK);
+    CHECK_EQ(written, n);
+    CHECK_EQ(dspark_restore(h.st, 1, buf.data(), n - 1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_restore(h.st, 1, buf.data(), 0), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("truncated"));
+}
+
+TEST_CASE(encode_decode_rows_check_sizes_codes_and_overlap) {
+    const auto src = rows_for(0, 3);
+    std::size_t rb = 0;
+    CHECK_EQ(dspark_row_bytes(DSPARK_STORAGE_Q4_0, D, &rb), DSPARK_OK);
+    CHECK_EQ(rb, 18u);
+    CHECK_EQ(dspark_row_bytes(DSPARK_STORAGE_Q4_0, 33, &rb), DSPARK_E_CONFIG);
+    CHECK_EQ(dspark_row_bytes(11, D, &rb), DSPARK_E_TYPE);
+    std::vector<std::uint8_t> enc(3 * 18);
+    std::int64_t bad = 99;
+    const std::size_t sb = src.size() * 4;
+    CHECK_EQ(dspark_encode_rows(src.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR,
+                                enc.data(), enc.size() - 1, &bad), DSPARK_E_BUFFER_TOO_SMALL);
+    CHECK_EQ(dspark_encode_rows(src.data(), DSPARK_DTYPE_F32, sb - 4, 3, D, DSPARK_STORAGE_Q4_0,
+                                DSPARK_NONFINITE_ERROR, enc.data(), enc.size(), &bad), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_encode_rows(src.data(), 5, sb, 3, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR, enc.data(),
+                                enc.size(), &bad), DSPARK_E_TYPE);
+    CHECK_EQ(dspark_encode_rows(src.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, 4, enc.data(), enc.size(),
+                                &bad), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("nonfinite code 4"));
+    CHECK_EQ(dspark_encode_rows(nullptr, DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR,
+                                enc.data(), enc.size(), &bad), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(bad, 99);  // rejected calls write nothing
+    CHECK_EQ(dspark_encode_rows(src.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR,
+                                enc.data(), enc.size(), &bad), DSPARK_OK);
+    CHECK_EQ(bad, -1);
+    std::vector<std::uint8_t> want(enc.size());
+    dspark::encode_rows(src.data(), dspark::ElemType::F32, want.data(), dspark::Storage::Q4_0, 3, D,
+                        dspark::NonFinite::Error);
+    CHECK(enc == want);
+    // The first non-finite element is reported; the rows are still converted.
+    auto nan_src = src;
+    nan_src[D + 5] = std::numeric_limits<float>::infinity();
+    CHECK_EQ(dspark_encode_rows(nan_src.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0,
+                                DSPARK_NONFINITE_ERROR, enc.data(), enc.size(), &bad), DSPARK_OK);
+    CHECK_EQ(bad, D + 5);
+    CHECK_EQ(dspark_encode_rows(nan_src.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ZERO,
+                                enc.data(), enc.size(), &bad), DSPARK_OK);
+    CHECK_EQ(bad, -1);
+    // In place is an overlap: rejected.
+    std::vector<float> inplace = src;
+    CHECK_EQ(dspark_encode_rows(inplace.data(), DSPARK_DTYPE_F32, sb, 3, D, DSPARK_STORAGE_F16, DSPARK_NONFINITE_ERROR,
+                                inplace.data(), sb, &bad), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("overlaps"));
+    std::vector<float> dec(3 * D);
+    CHECK_EQ(dspark_decode_rows(want.data(), DSPARK_STORAGE_Q4_0, want.size(), 3, D, dec.data(), DSPARK_DTYPE_F32,
+                                dec.size() * 4 - 1), DSPARK_E_BUFFER_TOO_SMALL);
+    CHECK_EQ(dspark_decode_rows(want.data(), DSPARK_STORAGE_Q4_0, want.size() + 1, 3, D, dec.data(), DSPARK_DTYPE_F32,
+                                dec.size() * 4), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_decode_rows(want.data(), DSPARK_STORAGE_Q4_0, want.size(), 3, D, dec.data(), DSPARK_DTYPE_STORAGE,
+                                dec.size() * 4), DSPARK_E_TYPE);
+    CHECK_EQ(dspark_decode_rows(want.data(), DSPARK_STORAGE_Q4_0, want.size(), 3, D, dec.data(), DSPARK_DTYPE_F32,
+                                dec.size() * 4), DSPARK_OK);
+    std::vector<float> want_dec(3 * D);
+    dspark::decode_rows(want.data(), dspark::Storage::Q4_0, want_dec.data(), dspark::ElemType::F32, 3, D);
+    CHECK(dec == want_dec);
+    // Sizes that overflow size_t are rejected, not wrapped.
+    const std::size_t huge = std::numeric_limits<std::size_t>::max() / 8;
+    CHECK_EQ(dspark_decode_rows(want.data(), DSPARK_STORAGE_F32, want.size(), huge, D, dec.data(), DSPARK_DTYPE_F32,
+                                dec.size() * 4), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("overflows"));
+    CHECK_EQ(dspark_encode_rows(src.data(), DSPARK_DTYPE_F32, 0, 0, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR,
+                                nullptr, 0, &bad), DSPARK_OK);  // zero rows: NULL is fine
+}
+
+// The window loop on `seq` through the C ABI; returns the bytes of every staged row.
+std::vector<std::uint8_t> window_loop(dspark_stager* st, std::int64_t seq) {
+    const std::int64_t accepts[] = {7, 3, 0, 7, 5, 1, 4};
+    std::vector<std::uint8_t> all, buf(static_cast<std::size_t>(W * D * 4));
+    if (process(st, seq, 0, 5, int(seq)) != DSPARK_OK) return {};
+    std::int64_t n_past = 5;
+    for (int rnd = 0; rnd <= 7; ++rnd) {
+        dspark_plan plan;
+        std::size_t written = 0;
+        if (dspark_draft(st, seq, n_past, DSPARK_DTYPE_F32, buf.data(), buf.size(), &plan, &written) != DSPARK_OK ||
+            dspark_commit(st, seq) != DSPARK_OK)
+            return {};
+        all.insert(all.end(), buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(written));
+        if (rnd == 7) break;
+        if (process(st, seq, n_past, B + 1, int(seq) * 16 + rnd + 1) != DSPARK_OK ||
+            dspark_accept(st, seq, accepts[rnd]) != DSPARK_OK)
+            return {};
+        n_past += accepts[rnd] + 1;
+    }
+    return all;
+}
+
+TEST_CASE(one_handle_from_several_threads) {
+    // Each thread drives its own sequence of one shared Stager; the results
+    // equal the same loops run one after another.
+    constexpr int N = 4;
+    Handle serial(config(DSPARK_STORAGE_BF16, N));
+    Handle shared(config(DSPARK_STORAGE_BF16, N));
+    std::vector<std::vector<std::uint8_t>> want(N), got(N);
+    for (int i = 0; i < N; ++i) want[i] = window_loop(serial.st, i);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < N; ++i) threads.emplace_back([&, i] { got[i] = window_loop(shared.st, i); });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < N; ++i) {
+        CHECK(!want[i].empty());
+        CHECK(got[i] == want[i]);
+    }
+    CHECK(want[0] != want[1]);  // the sequences' rows differ, so a mix-up would show
+}
+
+TEST_CASE(last_error_is_per_thread_and_cleared_by_success) {
+    CHECK_EQ(dspark_begin(nullptr, 0), DSPARK_E_NULL_POINTER);
+    std::string other = "unset";
+    std::thread t([&] { other = dspark_last_error(); });
+    t.join();
+    CHECK(other.empty());  // the other thread made no call
+    CHECK(error_mentions("stager is NULL"));
+    std::size_t rb;
+    CHECK_EQ(dspark_row_bytes(DSPARK_STORAGE_F32, D, &rb), DSPARK_OK);
+    CHECK(std::strcmp(dspark_last_error(), "") == 0);
+}
+
+TEST_MAIN()
