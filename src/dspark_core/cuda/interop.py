@@ -426,4 +426,3 @@ def _current_device(lib: str) -> int:
     if lib == "cupy":
         return int(mod.cuda.Device().id)
     return int(mod.cuda.current_device())
-
