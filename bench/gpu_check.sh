@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check for dspark_core's CUDA row conversion, in one go (< 5 minutes):
 #   1. builds and installs the package with the CUDA kernels (DSPARK_CUDA=ON),
-#   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes),
+#   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes; tests/test_device_ring.py),
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
 #      bandwidth on the same GPU.
 #
@@ -91,8 +91,8 @@ for lib in ("cupy", "torch"):
         print(f"{lib} not available ({type(exc).__name__})")
 EOF
 
-log "GPU tests (tests/test_cuda.py)"
-$PY -m pytest tests/test_cuda.py -q -p no:cacheprovider -rfEs -x
+log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py)"
+$PY -m pytest tests/test_cuda.py tests/test_device_ring.py -q -p no:cacheprovider -rfEs -x
 
 log "benchmark"
 $PY - <<'EOF'
@@ -185,5 +185,44 @@ for st in ("q8_0", "q4_0"):
     assert np.array_equal(encoded[st].get().view(np.uint8).reshape(-1),
                           formats.quantize_rows(host, st).view(np.uint8).reshape(-1)), st
 print("\nbenchmark data: GPU q8_0 / q4_0 bytes == CPU bytes")
+
+# DeviceRing: the rows of an external-row Stager on the device. write = Stager.process +
+# encode into the returned slots; gather = decode a plan's staged slots into one array.
+# Through the public API (the Stager's bookkeeping and the Python layer included).
+from dspark_core import Stager, StagerConfig
+from dspark_core.cuda.device_ring import slot_runs
+
+N = max(64, ROWS // 2)  # rows per write; W = 2N, so a rebase plan stages N rows
+print(f"\nDeviceRing (external-row Stager, W = {2 * N}, B = 16): {N} rows per write / gather; "
+      "GB/s = (bytes read + bytes written) / time")
+xw = cuda.DeviceArray.from_numpy(host[:N])
+for st in formats.STORAGES:
+    rb = formats.row_bytes(st, DIM)
+    for policy in ("zero", "error"):
+        stager = Stager(StagerConfig(DIM, 16, 2 * N, storage=st, rows="external", nonfinite=policy))
+        ring = cuda.DeviceRing(stager, backend="dspark")
+        at = [0]
+        written = [0]
+
+        def write():
+            p = at[0]
+            slots = ring.write(0, np.arange(p, p + N), xw)
+            at[0] = p + N
+            written[0] = int((slots >= 0).sum())
+
+        t = timeit(write, reps=5)
+        moved = N * DIM * 4 + written[0] * rb
+        how = "validate + copy, synchronous" if policy == "error" else "straight into the slots"
+        print(f"  write  f32 -> {st:<5s} {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)"
+              f"  {t * 1e3:7.3f} ms  (nonfinite={policy!r}: {how})")
+    plan = stager.draft(0, at[0])
+    k = plan.n_rows
+    for k_name, dt in (("f32", np.dtype(np.float32)), ("bf16", BF16)):
+        out = cuda.DeviceArray((k, DIM), dt)
+        t = timeit(lambda: ring.gather(plan, dt, out=out), reps=5)
+        moved = k * rb + k * DIM * dt.itemsize
+        print(f"  gather {st:>5s} -> {k_name:<4s} {moved / t / 1e9:8.1f} GB/s  ({100 * moved / t / 1e9 / copy_gbs:5.1f}% of copy)"
+              f"  {t * 1e3:7.3f} ms  ({k} rows in {len(slot_runs(plan.slots))} run(s))")
+    stager.commit(0)
 EOF
 log "done"

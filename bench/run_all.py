@@ -7,6 +7,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_convert.py  row-format conversion throughput (if present)
 * bench/bench_rounds.py   per-round staging cost vs reference / naive / memcpy, by depth
 * bench/bench_memory.py   peak buffered rows and bytes vs prompt length
+* bench/bench_external.py external-row mode vs held: bytes host <-> device and host CPU per round
 * bench/bench_snapshot.py snapshot_into / restore throughput vs memcpy (format v2)
 
 then writes the report (machine, date, command, a summary of the docs/design.md
@@ -42,7 +43,7 @@ import _common as C
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
-SCRIPTS = ("convert", "rounds", "memory", "snapshot")
+SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external")
 
 
 def run_script(name: str, args: list[str], timeout: float | None) -> tuple[int, str, str, float]:
@@ -130,6 +131,12 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
     if snap:
         for t in snap["targets"]:
             rows.append([t["target"], f"D = {t['D']:,}, {t['storage']}", C.fmt_x(t["value"], 2), C.verdict(t["pass"])])
+    ext = data.get("external")
+    if ext:
+        for t in ext["targets"]:
+            v = t["value"]
+            rows.append([t["target"], f"W = {ext['window']}, B = {ext['block']}",
+                         "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else f"{v}"), C.verdict(t["pass"])])
     return rows
 
 
@@ -207,6 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                     help='extra arguments for bench_rounds.py, one string: --rounds-args="--dims 25600"')
     ap.add_argument("--memory-args", default="",
                     help="extra arguments for bench_memory.py, one string (use the = form, as above)")
+    ap.add_argument("--external-args", default="",
+                    help="extra arguments for bench_external.py, one string (use the = form, as above)")
     ap.add_argument("--convert-args", default="",
                     help="extra arguments for bench_convert.py, one string (use the = form, as above)")
     ap.add_argument("--snapshot-args", default="",

@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     "core_tables": 2,
     "config": 2,
     "stage_plan": 2,
+    "slot_moves": 2,
     "snapshot_format": 2,
     "protocol_mismatch": 2,
     "stager_copy": 2,

@@ -351,7 +351,7 @@ def _edited(data: bytes, offset: int, fmt: str, value: int) -> bytes:
     (4, "<H", 3, "unsupported snapshot version 3"),
     (4, "<H", 0, "unsupported snapshot version 0"),
     (6, "<H", 88, "header size"),
-    (14, "<H", 1, "content flags 1"),
+    (14, "<H", 1, "holds no rows"),  # bit 0: rows held outside (external-row mode), not this Stager's mode
     (14, "<H", 0x8000, "content flags"),
     (77, "<B", 1, "reserved"),
     (79, "<B", 0x80, "reserved"),

@@ -43,6 +43,7 @@ def assert_same_plan(a, b):
     assert (a.rebase, a.clear_cache, a.crop_from, a.pos_base) == (b.rebase, b.clear_cache, b.crop_from, b.pos_base)
     np.testing.assert_array_equal(a.positions, b.positions)
     np.testing.assert_array_equal(a.block_positions, b.block_positions)
+    assert a.slots.dtype == b.slots.dtype == np.int64 and np.array_equal(a.slots, b.slots)
     assert a.positions.dtype == b.positions.dtype == np.int32
     assert a.encoded_rows.dtype == np.uint8 and a.encoded_rows.tobytes() == b.encoded_rows.tobytes()
     assert a.rows.dtype == b.rows.dtype and a.rows.shape == b.rows.shape
@@ -78,6 +79,8 @@ class CoreMatchesReference(RuleBasedStateMachine):
         assert a[0] == b[0], (name, args, a, b)
         if a[0] == "raise":
             assert a[1] is b[1], (name, args, a, b)
+        elif name in ("fork", "shift"):  # the moves an owner of external rows would apply
+            assert a[1].dtype == b[1].dtype == np.int64 and np.array_equal(a[1], b[1]), (name, args, a, b)
         return a, b
 
     def pick(self, k):

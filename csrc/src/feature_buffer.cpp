@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 
 namespace dspark {
 
@@ -15,6 +16,14 @@ void FeatureBuffer::reset(std::int64_t pos) noexcept {
 void FeatureBuffer::reserve_back(std::size_t n, std::size_t reserve_rows) {
     const std::size_t need = count_ + n;
     if (need <= cap_) return;
+    if (external_) {
+        // The owner's table has exactly reserve_rows slots for this ring.
+        if (cap_ != 0 || need > reserve_rows)
+            throw std::logic_error("dspark internal error: an external ring would outgrow its slots");
+        cap_ = reserve_rows;
+        head_slot_ = 0;
+        return;
+    }
     const std::size_t new_cap = std::max({need, reserve_rows, cap_ * 2});
     ByteVec fresh(new_cap * row_bytes_);  // address space; not touched here
     // Re-linearise: the oldest row goes to slot 0.
@@ -29,8 +38,9 @@ void FeatureBuffer::back_spans(std::size_t n, Span& first, Span& second) noexcep
     const std::size_t tail = count_ == 0 ? head_slot_ : slot(end() - 1) + 1;
     const std::size_t start = tail >= cap_ ? tail - cap_ : tail;
     const std::size_t run = std::min(n, cap_ - start);
-    first = {data_.data() + start * row_bytes_, run};
-    second = {data_.data(), n - run};
+    std::uint8_t* base = external_ ? nullptr : data_.data();
+    first = {base ? base + start * row_bytes_ : nullptr, run, start};
+    second = {base, n - run, 0};
     touched_ = std::max({touched_, start + run, n - run});
 }
 
@@ -49,12 +59,59 @@ void FeatureBuffer::drop_back(std::int64_t new_end) noexcept {
 }
 
 void FeatureBuffer::copy_out(std::int64_t from, std::int64_t to, std::uint8_t* dst) const noexcept {
-    if (to <= from) return;
+    if (to <= from || external_) return;
     const std::size_t n = static_cast<std::size_t>(to - from);
     const std::size_t s = slot(from);
     const std::size_t run = std::min(n, cap_ - s);
     std::memcpy(dst, data_.data() + s * row_bytes_, run * row_bytes_);
     if (run < n) std::memcpy(dst + run * row_bytes_, data_.data(), (n - run) * row_bytes_);
+}
+
+void FeatureBuffer::runs(std::int64_t from, std::int64_t to, std::int64_t base, SlotRun out[2]) const noexcept {
+    out[0] = out[1] = SlotRun{};
+    if (to <= from) return;
+    const std::size_t n = static_cast<std::size_t>(to - from);
+    const std::size_t s = slot(from);
+    const std::size_t run = std::min(n, cap_ - s);
+    out[0] = {base + static_cast<std::int64_t>(s), static_cast<std::int64_t>(run)};
+    if (run < n) out[1] = {base, static_cast<std::int64_t>(n - run)};
+}
+
+void FeatureBuffer::compact(std::int64_t from, std::int64_t lo, std::int64_t hi, std::int64_t new_head,
+                            std::int64_t base, std::vector<SlotMove>& moves) {
+    from = std::clamp(from, head_pos_, end());
+    lo = std::clamp(lo, from, end());
+    hi = std::clamp(hi, lo, end());
+    const std::size_t n_front = static_cast<std::size_t>(lo - from);
+    const std::size_t n_gap = static_cast<std::size_t>(hi - lo);
+    const std::size_t n_tail = static_cast<std::size_t>(end() - hi);
+    // Plan the copies first (the only allocation). Tail row i goes from ring
+    // offset (hi - head) + i down to (lo - head) + i: copying in increasing
+    // order never overwrites a row still to be read, and pieces of at most
+    // n_gap rows that never straddle the ring's end have disjoint ranges.
+    const std::size_t first_move = moves.size();
+    if (n_front && n_gap && n_tail) {
+        std::size_t src = slot(hi), dst = slot(lo), left = n_tail;
+        while (left) {
+            const std::size_t run = std::min({left, n_gap, cap_ - src, cap_ - dst});
+            moves.push_back({base + static_cast<std::int64_t>(src), base + static_cast<std::int64_t>(dst),
+                             static_cast<std::int64_t>(run)});
+            src = src + run == cap_ ? 0 : src + run;
+            dst = dst + run == cap_ ? 0 : dst + run;
+            left -= run;
+        }
+    }
+    const std::size_t first = n_front ? slot(from) : n_tail ? slot(hi) : 0;
+    if (!external_)
+        for (std::size_t i = first_move; i < moves.size(); ++i) {
+            const SlotMove& m = moves[i];
+            std::memcpy(data_.data() + static_cast<std::size_t>(m.dst - base) * row_bytes_,
+                        data_.data() + static_cast<std::size_t>(m.src - base) * row_bytes_,
+                        static_cast<std::size_t>(m.count) * row_bytes_);
+        }
+    count_ = n_front + n_tail;
+    head_slot_ = count_ ? first : 0;
+    head_pos_ = new_head;
 }
 
 }  // namespace dspark

@@ -33,10 +33,12 @@ constexpr std::size_t OFF_ROWS_CRC = 88, OFF_HEADER_CRC = 92;
 constexpr std::uint32_t FLAG_STARTED = 1, FLAG_DISABLED = 2, FLAG_OWED = 4, FLAG_FIRST_ROUND = 8,
                         FLAG_ACCEPT_OPEN = 16;
 constexpr std::uint32_t FLAG_BITS = 31;
-// Content flags (v2, offset 14): which parts the snapshot carries. None are
-// defined yet; bit 0 is kept for "rows held outside the snapshot" (external
-// row mode: bookkeeping only). A reader rejects bits it does not know.
-constexpr std::uint16_t CONTENT_FLAGS_KNOWN = 0;
+// Content flags (v2, offset 14): which parts the snapshot carries. Bit 0:
+// the rows are held outside the snapshot (external-row mode: bookkeeping
+// only, n_rows still says how many rows the owner keeps). A reader rejects
+// bits it does not know.
+constexpr std::uint16_t CONTENT_EXTERNAL_ROWS = 1;
+constexpr std::uint16_t CONTENT_FLAGS_KNOWN = CONTENT_EXTERNAL_ROWS;
 
 // CRC-32 (IEEE 802.3, zlib's crc32), table-driven: version 1 only.
 std::uint32_t crc32_v1(const std::uint8_t* p, std::size_t n) {
@@ -104,6 +106,7 @@ struct Fingerprint {
 }  // namespace
 
 std::size_t Stager::snapshot_bytes(const Seq& s) const noexcept {
+    if (external()) return HEADER_BYTES;  // bookkeeping only
     const std::int64_t n_rows = s.started ? s.end - s.horizon : 0;
     return HEADER_BYTES + static_cast<std::size_t>(n_rows) * row_bytes_;
 }
@@ -118,7 +121,7 @@ void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
     put<std::uint32_t>(h + 8, static_cast<std::uint32_t>(opt_.feature_dim));
     put<std::uint8_t>(h + 12, static_cast<std::uint8_t>(opt_.storage));
     put<std::uint8_t>(h + 13, static_cast<std::uint8_t>(opt_.nonfinite));
-    put<std::uint16_t>(h + 14, std::uint16_t(0));  // content flags: rows inline
+    put<std::uint16_t>(h + 14, external() ? CONTENT_EXTERNAL_ROWS : std::uint16_t(0));  // content flags
     put<std::uint32_t>(h + 16, static_cast<std::uint32_t>(opt_.window));
     put<std::uint32_t>(h + 20, static_cast<std::uint32_t>(opt_.block_size));
     put<std::uint32_t>(h + 24, static_cast<std::uint32_t>(row_bytes_));
@@ -137,7 +140,7 @@ void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
     // One pass over the rows: each ring run is checksummed and copied together.
     std::uint32_t rows_crc = 0;
     std::uint8_t* out = dst + HEADER_BYTES;
-    if (n_rows)
+    if (n_rows && !external())
         s.buf.for_each_run(s.horizon, s.end, [&](const std::uint8_t* run, std::size_t bytes) {
             rows_crc = crc32c_copy(rows_crc, out, run, bytes);
             out += bytes;
@@ -173,7 +176,7 @@ std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     return out;
 }
 
-void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
+void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& target = ready(seq);
     if (n < PREAMBLE_BYTES)
@@ -196,9 +199,17 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
             bad("snapshot header checksum mismatch (damaged data)");
         const auto content = take<std::uint16_t>(d + 14);
         if (content & ~CONTENT_FLAGS_KNOWN)
-            bad("snapshot content flags " + std::to_string(content) +
-                " are not supported by this build (rows held outside the snapshot?)");
+            bad("snapshot content flags " + std::to_string(content) + " are not supported by this build");
     }
+    // Rows inline (held mode, every v1) or with their owner (external mode):
+    // the snapshot must come from a Stager of this Stager's mode.
+    const bool snap_external = !v1 && (take<std::uint16_t>(d + 14) & CONTENT_EXTERNAL_ROWS);
+    if (snap_external && !external())
+        bad("snapshot holds no rows (taken in external-row mode: the rows stayed with their owner); this Stager "
+            "holds its rows (rows='held'): restore it into an external-row Stager");
+    if (!snap_external && external())
+        bad("snapshot carries its rows (taken in held mode); this Stager runs in external-row mode "
+            "(rows='external') and cannot take them: restore it into a held-mode Stager");
 
     const Fingerprint theirs{take<std::uint32_t>(d + 8), take<std::uint32_t>(d + 16), take<std::uint32_t>(d + 20),
                              take<std::uint32_t>(d + 24), d[12], d[13], d[76], !v1};
@@ -213,8 +224,11 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     const bool reserved_set = v1 ? (d[13] || d[14] || d[15] || take<std::uint32_t>(d + 76)) : (d[77] || d[78] || d[79]);
     if (reserved_set || (flags & ~FLAG_BITS)) bad("snapshot has reserved bits set");
     const std::uint64_t n_rows = take<std::uint64_t>(d + 80);
-    // Overflow-safe: n_rows must fit the bytes actually present.
-    if (n_rows > (n - header - trailer) / (row_bytes_ ? row_bytes_ : 1) || header + n_rows * row_bytes_ + trailer != n)
+    // Overflow-safe: n_rows must fit the bytes actually present (none in external mode).
+    if (external()) {
+        if (n != header) bad("snapshot length " + std::to_string(n) + " is not its header's " + std::to_string(header) +
+                             " bytes (an external-row snapshot holds no rows)");
+    } else if (n_rows > (n - header - trailer) / (row_bytes_ ? row_bytes_ : 1) || header + n_rows * row_bytes_ + trailer != n)
         bad("snapshot length " + std::to_string(n) + " does not match its " + std::to_string(n_rows) + " rows of " +
             std::to_string(row_bytes_) + " bytes");
     const std::int64_t end = take<std::int64_t>(d + 32), horizon = take<std::int64_t>(d + 40);
@@ -242,9 +256,9 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     // holding rows has them checked first, then copied: it must survive a
     // damaged snapshot.
     const std::uint8_t* rows = d + header;
-    const std::size_t rows_bytes = static_cast<std::size_t>(n_rows) * row_bytes_;
+    const std::size_t rows_bytes = external() ? 0 : static_cast<std::size_t>(n_rows) * row_bytes_;
     const std::uint32_t rows_crc = v1 ? 0 : take<std::uint32_t>(d + OFF_ROWS_CRC);
-    const bool fused = !v1 && target.buf.size() == 0;
+    const bool fused = !v1 && !external() && target.buf.size() == 0;
     if (!v1 && !fused && crc32c(0, rows, rows_bytes) != rows_crc) bad("snapshot rows checksum mismatch (damaged data)");
 
     // Build the new state completely, then swap it in: bad data never
@@ -264,7 +278,14 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     const std::int64_t old_head = target.buf.head();
     const bool reused = target.buf.capacity() != 0 && target.buf.capacity() >= n_rows;  // ring_for's rule
     s.buf = ring_for(target.buf, horizon, n_rows);  // validated: nothing below can fail but the fused check
-    if (fused) {
+    if (external()) {
+        // The owner puts the rows back: take their slots, write nothing.
+        if (n_rows) {
+            FeatureBuffer::Span x, y;
+            s.buf.back_spans(static_cast<std::size_t>(n_rows), x, y);
+            s.buf.commit_back(static_cast<std::size_t>(n_rows));
+        }
+    } else if (fused) {
         std::uint32_t crc = 0;
         append_rows(s.buf, rows, n_rows, &crc);
         if (crc != rows_crc) {
@@ -277,6 +298,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) {
     } else {
         append_rows(s.buf, rows, n_rows);
     }
+    if (runs_out) s.buf.runs(horizon, end, slot_base(seq), runs_out);
     target = std::move(s);
     advance_horizon(target);
 }

@@ -47,6 +47,8 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     if (o.window < 1) throw ConfigError("window must be >= 1, got " + std::to_string(o.window));
     if (o.max_seqs < 1) throw ConfigError("max_seqs must be >= 1, got " + std::to_string(o.max_seqs));
     if (o.max_failures < 1) throw ConfigError("max_failures must be >= 1, got " + std::to_string(o.max_failures));
+    if (o.rows != RowMode::Held && o.rows != RowMode::External)
+        throw ConfigError("rows must be Held or External, got code " + std::to_string(static_cast<int>(o.rows)));
     // A rebase keeps W / 2 rows and must still fit a block: W > 2B (never an abort).
     if (o.window <= 2 * o.block_size)
         throw ConfigError("window (" + std::to_string(o.window) + ") must be greater than 2 * block_size (2 * " +
@@ -74,7 +76,7 @@ void Stager::fresh_seq(Seq& s) const {
     FeatureBuffer buf = std::move(s.buf);
     s = Seq{};
     s.buf = std::move(buf);
-    if (s.buf.row_bytes() != row_bytes_) s.buf = FeatureBuffer(row_bytes_);
+    if (s.buf.row_bytes() != row_bytes_ || s.buf.external() != external()) s.buf = new_ring();
     s.buf.reset(0);
     note_size(s);
 }
@@ -100,6 +102,13 @@ Stager::Seq& Stager::opened(std::int64_t seq) {
     Seq& s = get(seq);
     if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
     return s;
+}
+
+void Stager::require_mode(RowMode mode, const char* call) const {
+    if (opt_.rows == mode) return;
+    throw std::invalid_argument(std::string(call) + (mode == RowMode::Held
+        ? " needs held rows, but this Stager runs in external-row mode (use process_external: the rows stay with their owner)"
+        : " needs external-row mode, but this Stager holds its rows (use process / process_encoded)"));
 }
 
 void Stager::check_ready(std::int64_t seq) const {
@@ -188,9 +197,11 @@ std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const
 // value that cannot be staged as a finite value, or -1. value(i) is input
 // element i (flat from row 0) as f32, for the error message.
 // Atomic: nothing observable changes unless every row is accepted.
+// slots_out (external mode): the global slot of every input row, -1 for the
+// rows below the new horizon that are never stored.
 template <class Encode, class Value>
 void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
-                    bool fallible) {
+                    bool fallible, std::int64_t* slots_out) {
     if (n == 0) return;
     const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
     auto reject = [&](std::int64_t flat) { throw std::invalid_argument(unstageable_message(seq_id, p0, flat, value(flat))); };
@@ -238,7 +249,15 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n,
         // Only free slots were written: rejecting here leaves every row as it was.
         if (fallible && clean_append && bad >= 0) reject(bad);
         s.buf.commit_back(keep);
+        if (slots_out) {
+            const std::int64_t base = slot_base(seq_id);
+            for (std::size_t i = 0; i < a.rows; ++i) slots_out[skip + i] = base + static_cast<std::int64_t>(a.slot + i);
+            for (std::size_t i = 0; i < b.rows; ++i)
+                slots_out[skip + a.rows + i] = base + static_cast<std::int64_t>(b.slot + i);
+        }
     }
+    if (slots_out)
+        for (std::size_t i = 0; i < skip; ++i) slots_out[i] = -1;
     // Success: publish the new state.
     if (!s.started) {
         s.started = true;
@@ -254,6 +273,7 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n,
 void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& s = ready(seq);
+    require_mode(RowMode::Held, "process");
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const std::size_t in_row = dim * elem_bytes(type);
@@ -330,6 +350,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
                              std::size_t nbytes) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& s = ready(seq);
+    require_mode(RowMode::Held, "process_encoded");
     if (nbytes != n * row_bytes_)
         throw std::invalid_argument("encoded rows must be " + std::to_string(n) + " x " + std::to_string(row_bytes_) +
                                     " bytes (" + storage_name(opt_.storage) + "), got " + std::to_string(nbytes));
@@ -350,6 +371,17 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
         return row[static_cast<std::size_t>(flat) % dim];
     };
     ingest(seq, s, p0, n, encode, value, fallible);
+}
+
+void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
+    std::lock_guard<std::mutex> lock(mu_);
+    Seq& s = ready(seq);
+    require_mode(RowMode::External, "process_external");
+    const std::int64_t p0 = validate_positions(seq, s, positions, n);
+    // No bytes to convert or check: the owner writes the rows at the slots.
+    auto encode = [](std::size_t, std::size_t, std::uint8_t*) -> std::int64_t { return -1; };
+    auto value = [](std::int64_t) { return 0.0f; };  // never asked: nothing is checked
+    ingest(seq, s, p0, n, encode, value, false, slots_out);
 }
 
 // -- rounds -------------------------------------------------------------------
@@ -383,6 +415,7 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, const Seq& s, std::int64_t sta
     p.first_row = lo;
     p.n_rows = start - lo;
     p.crop_from = start - base;
+    s.buf.runs(lo, start, slot_base(seq_id), p.slot_runs);
     return p;
 }
 
@@ -440,7 +473,8 @@ RoundPlan Stager::draft_into(std::int64_t seq, std::int64_t n_past, const RowSin
     Seq& s = ready(seq);
     require_count("n_past", n_past);
     const RoundPlan p = plan_round(seq, s, n_past);
-    std::uint8_t* out = sink(&p, 1);  // may throw: nothing has changed yet
+    // External-row mode stages no bytes: the sink is not asked for room.
+    std::uint8_t* out = external() ? nullptr : sink(&p, 1);  // may throw: nothing has changed yet
     open_round(s, p, out);
     return p;
 }
@@ -459,7 +493,7 @@ void Stager::draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pas
     std::vector<RoundPlan> planned;
     planned.reserve(n);
     for (std::size_t i = 0; i < n; ++i) planned.push_back(plan_round(seqs[i], get(seqs[i]), n_pasts[i]));
-    std::uint8_t* out = sink(planned.data(), n);
+    std::uint8_t* out = external() ? nullptr : sink(planned.data(), n);
     for (const RoundPlan& p : planned) {
         open_round(get(p.seq), p, out);
         if (out) out += static_cast<std::size_t>(p.n_rows) * row_bytes_;
@@ -544,7 +578,7 @@ void Stager::rollback(std::int64_t seq, std::int64_t n_past) {
     advance_horizon(s);
 }
 
-void Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard) {
+std::vector<SlotMove> Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard) {
     std::lock_guard<std::mutex> lock(mu_);
     Seq& s = ready(seq);
     if (n_keep < 0 || n_discard < 0)
@@ -552,36 +586,31 @@ void Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard
                                     std::to_string(n_discard));
     require_count("n_keep", n_keep);
     require_count("n_discard", n_discard);
-    if (!s.started || n_discard == 0) return;
+    std::vector<SlotMove> moves;
+    if (!s.started || n_discard == 0) return moves;
     const std::int64_t hi = n_keep + n_discard;
     if (hi > s.end)
         throw std::invalid_argument("shift of [" + std::to_string(n_keep) + ", " + std::to_string(hi) +
                                     ") reaches past the end of the sequence (" + std::to_string(s.end) + ")");
     auto moved = [&](std::int64_t x) { return x < n_keep ? x : (x < hi ? n_keep : x - n_discard); };
-    // Rebuild the live rows [horizon, end) without the discarded range, in the
-    // same ring: gather them (the only allocation, before anything changes),
-    // then lay them out again from the ring's first slot.
+    // Keep the live rows [horizon, end) without the discarded range, in place:
+    // the rows before it stay in their slots, the rows after it move down to
+    // follow them (no copy at all when either side is empty, the usual case:
+    // the window lies past n_keep). Dead head rows below the horizon go too.
     const std::int64_t from = std::max(s.horizon, s.buf.head());
-    const std::int64_t keep_hi = std::min(s.end, n_keep), tail_lo = std::max(from, hi);
-    const std::size_t n_front = static_cast<std::size_t>(std::max<std::int64_t>(0, keep_hi - from));
-    const std::size_t n_tail = static_cast<std::size_t>(std::max<std::int64_t>(0, s.end - tail_lo));
-    ByteVec rows((n_front + n_tail) * row_bytes_);
-    if (n_front) s.buf.copy_out(from, keep_hi, rows.data());
-    if (n_tail) s.buf.copy_out(tail_lo, s.end, rows.data() + n_front * row_bytes_);
-    const std::int64_t new_h = moved(s.horizon);
-    s.buf.reset(new_h);
-    append_rows(s.buf, rows.data(), n_front + n_tail);
+    s.buf.compact(from, n_keep, hi, moved(s.horizon), slot_base(seq), moves);  // allocates first
     s.end = moved(s.end);
-    s.horizon = new_h;
+    s.horizon = moved(s.horizon);
     s.n_cache = moved(s.n_cache);
     s.pos_base = moved(s.pos_base);
     s.restage_owed = true;
     s.accept_open = false;
     s.tentative = 0;
     advance_horizon(s);
+    return moves;
 }
 
-void Stager::fork(std::int64_t src, std::int64_t dst) {
+std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst) {
     std::lock_guard<std::mutex> lock(mu_);
     get(src);
     get(dst);
@@ -602,22 +631,34 @@ void Stager::fork(std::int64_t src, std::int64_t dst) {
     c.tentative = a.tentative;
     const std::int64_t from = a.started ? std::max(a.horizon, a.buf.head()) : 0;
     const std::size_t k = a.started ? static_cast<std::size_t>(a.end - from) : 0;
+    // The copies: the parent's rows (at most two runs) to the child's first slots.
+    std::vector<SlotMove> moves;
+    SlotRun parent[2];
+    a.buf.runs(from, from + static_cast<std::int64_t>(k), slot_base(src), parent);
+    moves.reserve(2);
     c.buf = ring_for(b.buf, from, k);  // the child's old rows are being replaced
     if (k) {
         FeatureBuffer::Span x, y;
         c.buf.back_spans(k, x, y);  // an emptied ring starts at slot 0: one span
         a.buf.copy_out(from, a.end, x.data);
         c.buf.commit_back(k);
+        std::int64_t to = slot_base(dst) + static_cast<std::int64_t>(x.slot);
+        for (const SlotRun& r : parent)
+            if (r.count) {
+                moves.push_back({r.first, to, r.count});
+                to += r.count;
+            }
     }
     b = std::move(c);
     advance_horizon(b);
+    return moves;
 }
 
 // A ring for n rows from position pos: `reuse` itself (emptied) when it has
 // room, else a new one. Allocates, and so may throw, before touching `reuse`.
 FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const {
     if (reuse.capacity() == 0 || reuse.capacity() < n) {
-        FeatureBuffer fresh(row_bytes_);
+        FeatureBuffer fresh = new_ring();
         fresh.reserve_back(n, max_rows_);
         fresh.reset(pos);
         return fresh;
@@ -664,6 +705,13 @@ SeqState Stager::state(std::int64_t seq) const {
     o.first_round = s.first_round;
     o.tentative_rows = s.accept_open ? s.tentative : 0;
     return o;
+}
+
+void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = get(seq);
+    out[0] = out[1] = SlotRun{};
+    if (s.started) s.buf.runs(s.horizon, s.end, slot_base(seq), out);
 }
 
 SeqStats Stager::stats(std::int64_t seq) const {

@@ -291,4 +291,82 @@ TEST_CASE(rollback_into_the_cache_owes_a_restage) {
     CHECK(s.draft(0, 7, rows).skip == Skip::NoContext);
 }
 
+// External-row mode: the owner's table, written at the returned slots and
+// moved by the returned moves, holds at plan.slot_runs what a held Stager
+// stages, across a ring wrap, a shift that moves rows and a fork.
+TEST_CASE(external_rows_follow_slots_and_moves) {
+    StagerOptions o = opts(3, 12, Storage::F32, 2);
+    Stager held(o);
+    o.rows = RowMode::External;
+    Stager ext(o);
+    CHECK_EQ(ext.ring_rows(), 12 + TRIM_CHUNK + 3 + 1);
+    const std::size_t rb = ext.row_bytes();
+    std::vector<std::uint8_t> table(static_cast<std::size_t>(2 * ext.ring_rows()) * rb, 0xa5);
+    auto feed = [&](std::int64_t seq, std::int64_t from, std::int64_t n, float version) {
+        auto r = rows_for(from, n, version);
+        auto p = span(from, n);
+        held.process(seq, p.data(), p.size(), r.data(), ElemType::F32);
+        std::vector<std::int64_t> slots(p.size());
+        ext.process_external(seq, p.data(), p.size(), slots.data());
+        for (std::size_t i = 0; i < slots.size(); ++i)
+            if (slots[i] >= 0) std::memcpy(table.data() + static_cast<std::size_t>(slots[i]) * rb, r.data() + i * D, rb);
+    };
+    auto apply = [&](const std::vector<SlotMove>& moves) {
+        for (const SlotMove& m : moves) {
+            CHECK(m.src + m.count <= m.dst || m.dst + m.count <= m.src);  // never overlapping
+            std::memcpy(table.data() + static_cast<std::size_t>(m.dst) * rb,
+                        table.data() + static_cast<std::size_t>(m.src) * rb, static_cast<std::size_t>(m.count) * rb);
+        }
+    };
+    bool wrapped = false;
+    auto round = [&](std::int64_t seq) {
+        const std::int64_t end = held.state(seq).end;
+        ByteVec hr, xr;
+        const RoundPlan hp = held.draft(seq, end, hr), xp = ext.draft(seq, end, xr);
+        CHECK(xr.size() == 0);  // no rows in external mode
+        CHECK_EQ(hp.n_rows, xp.n_rows);
+        std::size_t at = 0;
+        for (const SlotRun& run : xp.slot_runs)
+            for (std::int64_t k = 0; k < run.count; ++k, ++at)
+                CHECK(std::memcmp(table.data() + static_cast<std::size_t>(run.first + k) * rb, hr.data() + at * rb, rb) == 0);
+        CHECK_EQ(static_cast<std::int64_t>(at), xp.n_rows);
+        wrapped = wrapped || xp.slot_runs[1].count > 0;
+        if (hp.skip == Skip::None) {
+            held.commit(seq);
+            ext.commit(seq);
+        }
+    };
+    feed(0, 0, 40, 0);
+    for (int i = 0; i < 300; ++i) {
+        round(0);
+        feed(0, held.state(0).end, 4, 0.5f);
+        held.accept(0, 3);
+        ext.accept(0, 3);
+    }
+    CHECK(wrapped);
+    const auto hm = held.shift(0, held.state(0).end - 4, 1), xm = ext.shift(0, ext.state(0).end - 4, 1);
+    CHECK(!xm.empty() && xm.size() == hm.size());
+    apply(xm);
+    round(0);
+    apply(ext.fork(0, 1));
+    held.fork(0, 1);
+    round(1);
+    // External mode stages no bytes: draft_into never asks its sink for room.
+    {
+        feed(0, held.state(0).end, 2, 0.25f);
+        const std::int64_t end = ext.state(0).end;
+        const RoundPlan p = ext.draft_into(0, end, [](const RoundPlan*, std::size_t) -> std::uint8_t* {
+            throw std::runtime_error("the sink must not be called in external-row mode");
+        });
+        CHECK(p.skip == Skip::None && p.n_rows == p.slot_runs[0].count + p.slot_runs[1].count);
+        ext.commit(0);
+    }
+    // Rows in the wrong mode are an error, never silently accepted.
+    auto p = span(ext.state(0).end, 1);
+    auto r = rows_for(p[0], 1);
+    CHECK_THROWS(ext.process(0, p.data(), 1, r.data(), ElemType::F32), std::invalid_argument);
+    std::int64_t slot = 0;
+    CHECK_THROWS(held.process_external(0, p.data(), 1, &slot), std::invalid_argument);
+}
+
 TEST_MAIN()

@@ -14,7 +14,7 @@ import numpy as np
 
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code",
-    "readable_bytes", "writable_bytes",
+    "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
 ]
 
 #: Positions are int64 in the core; keep well clear of overflow in ``pos + B``.
@@ -151,3 +151,28 @@ def writable_bytes(buffer: Any) -> memoryview:
     if not view.c_contiguous:
         raise TypeError(f"buffer must be C-contiguous, got a strided {type(buffer).__name__}")
     return view.cast("B")
+
+
+def check_rows_given(external: bool, rows: Any) -> None:
+    """``process``: rows must be given in held mode and must not be in external-row mode.
+
+    Raises:
+        TypeError: naming the mode.
+    """
+    if external and rows is not None:
+        raise TypeError(
+            "process: this Stager runs in external-row mode (rows='external') and holds no rows: "
+            "call process(seq, positions) without rows and write each row at the slot it returns"
+        )
+    if not external and rows is None:
+        raise TypeError(
+            "process: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
+            "or configure StagerConfig(rows='external')"
+        )
+
+
+def require_held_rows(external: bool, call: str) -> None:
+    """A call that needs the rows themselves (``process_encoded``, ``snapshot``
+    of rows): a TypeError naming the mode in external-row mode."""
+    if external:
+        raise TypeError(f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows")

@@ -24,6 +24,7 @@ __all__ = [
     "STORAGES",
     "STAGE_DTYPES",
     "NONFINITE_POLICIES",
+    "ROW_MODES",
     "MAX_SEQS_LIMIT",
     "StagerConfig",
     "window_for",
@@ -39,6 +40,11 @@ TRIM_CHUNK = 512
 
 #: dtypes ``plan.rows`` can be staged in.
 STAGE_DTYPES = ("float32", "float16", "bfloat16")
+
+#: Who holds the feature rows: the Stager ("held") or the server ("external":
+#: the Stager keeps only the ring's bookkeeping and hands out slots). Mirrors
+#: the C++ ``dspark::RowMode`` codes.
+ROW_MODES = ("held", "external")
 
 #: Upper bounds of a window and a row width (mirrors the C++ core: drafter
 #: positions are int32 in a plan; the snapshot header stores them as u32).
@@ -121,6 +127,11 @@ class StagerConfig:
             ``n_past`` disagrees with the buffered rows (a forgotten
             ``accept`` / ``rollback`` / ``process``) instead of skipping with
             ``"missing_rows"`` and logging one warning per sequence.
+        rows: ``"held"`` (the Stager keeps the rows; plans carry them) or
+            ``"external"`` (the server keeps them in a table of
+            ``max_seqs * ring_rows`` rows: ``process`` returns the slots to
+            write, plans carry ``slots``, ``fork`` / ``shift`` return the
+            copies to apply; see docs/external_rows.md).
 
     Raises:
         ConfigError: for any value that cannot work, naming it.
@@ -135,6 +146,7 @@ class StagerConfig:
     stage_dtype: str = "float32"
     nonfinite: str = "error"
     strict: bool = False
+    rows: str = "held"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -162,6 +174,8 @@ class StagerConfig:
             raise ConfigError(f"strict must be a bool, got {self.strict!r}")
         if self.nonfinite not in NONFINITE_POLICIES:
             raise ConfigError(f"nonfinite {self.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
+        if self.rows not in ROW_MODES:
+            raise ConfigError(f"rows {self.rows!r} is not supported; use one of {ROW_MODES}")
 
     # -- derived values -------------------------------------------------
     @property
@@ -173,6 +187,17 @@ class StagerConfig:
     def max_buffered_rows(self) -> int:
         """Upper bound on rows a sequence ever holds: ``W + TRIM_CHUNK + B + 1``."""
         return self.window + TRIM_CHUNK + self.block_size + 1
+
+    @property
+    def ring_rows(self) -> int:
+        """Ring slots per sequence (``max_buffered_rows``): sequence ``s`` owns
+        the global slots ``[s * ring_rows, (s + 1) * ring_rows)``."""
+        return self.max_buffered_rows
+
+    @property
+    def external_rows(self) -> bool:
+        """True in external-row mode (``rows="external"``)."""
+        return self.rows == "external"
 
     @property
     def row_bytes(self) -> int:

@@ -15,9 +15,11 @@ Version 2 (written); "fingerprint" fields must match the restoring Stager::
     13     1     nonfinite policy (u8, index in
                  NONFINITE_POLICIES)                        fingerprint
     14     2     content flags (u16): what the snapshot carries; 0 = rows
-                 inline. No bit is defined yet; bit 0 is kept for "rows held
-                 outside the snapshot" (external-row mode: bookkeeping only).
-                 A reader rejects bits it does not know.
+                 inline. Bit 0 (CONTENT_EXTERNAL_ROWS): the rows are held
+                 outside the snapshot (external-row mode: bookkeeping only;
+                 n_rows still counts them, none follow the header). A
+                 reader rejects bits it does not know, and a snapshot of
+                 the other row mode.
     16     4     window (u32)                               fingerprint
     20     4     block_size (u32)                           fingerprint
     24     4     row_bytes (u32)                            fingerprint
@@ -79,8 +81,10 @@ HEADER_BYTES = 96
 #: Offsets of the two checksums in a v2 header.
 ROWS_CRC_AT = 88
 HEADER_CRC_AT = 92
-#: Content flags a reader of this version understands (none defined yet).
-CONTENT_FLAGS_KNOWN = 0
+#: Content flag: the rows stayed with their owner (external-row mode).
+CONTENT_EXTERNAL_ROWS = 1
+#: Content flags a reader of this version understands.
+CONTENT_FLAGS_KNOWN = CONTENT_EXTERNAL_ROWS
 #: Version 1: an 88-byte header, the rows, a 4-byte CRC-32 trailer.
 V1_VERSION = 1
 V1_HEADER_BYTES = 88
@@ -227,13 +231,18 @@ class SnapshotState:
     tentative: int
     failures: int
     rows: bytes
+    external: bool = False  # taken in external-row mode: ``rows`` is empty, the owner keeps them
 
 
 def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
     """Serialise ``state`` (format v2) under ``fingerprint = (feature_dim, storage_code,
     window, block, row_bytes, nonfinite_code, stage_code)`` (``StagerConfig.snapshot_fingerprint``)."""
     feature_dim, storage_code, window, block, row_bytes, nonfinite_code, stage_code = fingerprint
-    n_rows = len(state.rows) // row_bytes if row_bytes else 0
+    if state.external:
+        assert not state.rows, "an external-row snapshot carries no rows"
+        n_rows = state.end - state.horizon if state.started else 0
+    else:
+        n_rows = len(state.rows) // row_bytes if row_bytes else 0
     flags = (
         FLAG_STARTED * state.started
         | FLAG_DISABLED * state.disabled
@@ -242,7 +251,8 @@ def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
         | FLAG_ACCEPT_OPEN * state.accept_open
     )
     fields = _FIELDS.pack(
-        MAGIC, VERSION, HEADER_BYTES, feature_dim, storage_code, nonfinite_code, 0, window, block, row_bytes,
+        MAGIC, VERSION, HEADER_BYTES, feature_dim, storage_code, nonfinite_code,
+        CONTENT_EXTERNAL_ROWS if state.external else 0, window, block, row_bytes,
         flags, state.end, state.horizon, state.n_cache, state.pos_base, state.tentative,
         state.failures, stage_code, b"\0\0\0", n_rows,
     )
@@ -278,8 +288,13 @@ def unpack(
     fingerprint: Fingerprint,
     storages: tuple[str, ...] = STORAGES,
     policies: tuple[str, ...] = NONFINITE_POLICIES,
+    external: bool = False,
 ) -> SnapshotState:
-    """Parse and validate snapshot bytes (v1 or v2); ``ValueError`` naming the first problem."""
+    """Parse and validate snapshot bytes (v1 or v2); ``ValueError`` naming the first problem.
+
+    ``external``: the restoring Stager runs in external-row mode; a snapshot of
+    the other row mode is a ``ValueError``.
+    """
     data = memoryview(data).cast("B")
     n = len(data)
     if n < PREAMBLE_BYTES:
@@ -307,9 +322,18 @@ def unpack(
         if crc32c(data[:HEADER_CRC_AT]) != header_crc:
             raise ValueError("snapshot header checksum mismatch (damaged data)")
         if content & ~CONTENT_FLAGS_KNOWN:
-            raise ValueError(
-                f"snapshot content flags {content} are not supported by this build (rows held outside the snapshot?)"
-            )
+            raise ValueError(f"snapshot content flags {content} are not supported by this build")
+    snap_external = not v1 and bool(content & CONTENT_EXTERNAL_ROWS)
+    if snap_external and not external:
+        raise ValueError(
+            "snapshot holds no rows (taken in external-row mode: the rows stayed with their owner); this Stager "
+            "holds its rows (rows='held'): restore it into an external-row Stager"
+        )
+    if external and not snap_external:
+        raise ValueError(
+            "snapshot carries its rows (taken in held mode); this Stager runs in external-row mode "
+            "(rows='external') and cannot take them: restore it into a held-mode Stager"
+        )
     theirs = (feature_dim, storage_code, window, block, row_bytes, nonfinite_code, stage_code)
     mine = tuple(fingerprint)
     if theirs[:5] != mine[:5] or (not v1 and theirs[5:] != mine[5:]):
@@ -322,7 +346,12 @@ def unpack(
     reserved_set = reserved != b"\0\0\0" or (v1 and (nonfinite_code or content or stage_code))
     if reserved_set or flags & ~FLAG_BITS:
         raise ValueError("snapshot has reserved bits set")
-    if n != header + n_rows * row_bytes + trailer:
+    if external:
+        if n != header:
+            raise ValueError(
+                f"snapshot length {n} is not its header's {header} bytes (an external-row snapshot holds no rows)"
+            )
+    elif n != header + n_rows * row_bytes + trailer:
         raise ValueError(f"snapshot length {n} does not match its {n_rows} rows of {row_bytes} bytes")
     started = bool(flags & FLAG_STARTED)
     if started:
@@ -343,7 +372,7 @@ def unpack(
         ok = end == horizon == n_cache == pos_base == tentative == n_rows == 0 and flags == FLAG_FIRST_ROUND and failures == 0
     if not ok:
         raise ValueError("snapshot fields are inconsistent")
-    rows = data[header: header + n_rows * row_bytes]
+    rows = data[header: header + (0 if external else n_rows * row_bytes)]
     if not v1 and crc32c(rows) != rows_crc:
         raise ValueError("snapshot rows checksum mismatch (damaged data)")
     return SnapshotState(
@@ -359,4 +388,5 @@ def unpack(
         tentative=tentative,
         failures=failures,
         rows=rows.tobytes(),
+        external=snap_external,
     )

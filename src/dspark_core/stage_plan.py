@@ -9,6 +9,12 @@ A :class:`StagePlan` tells the server, for one sequence and one round:
 
 Positions are *drafter* positions (``abs_pos - pos_base``), always inside
 ``[0, window)``. A plan with ``skip`` set stages nothing and opens no round.
+
+Every plan also carries ``slots``: the ring slot of each staged row (int64,
+in plan order), in both row modes. In external-row mode
+(``StagerConfig(rows="external")``) the Stager holds no rows: the server
+reads them from its own table at ``plan.slots`` (``DeviceRing.gather``), and
+``plan.rows`` / ``plan.encoded_rows`` raise.
 """
 
 from __future__ import annotations
@@ -27,6 +33,19 @@ DISABLED_WARNING = (
 )
 
 _Decoder = Callable[[np.ndarray], np.ndarray]
+
+_NO_SLOTS = np.zeros(0, np.int64)
+_NO_SLOTS.flags.writeable = False
+
+_EXTERNAL_ROWS = (
+    "this plan comes from a Stager in external-row mode (rows='external'): it holds no rows; "
+    "read them from your table at plan.slots (e.g. DeviceRing.gather(plan))"
+)
+
+
+def _no_slots() -> np.ndarray:
+    """No staged slots: an empty int64 array."""
+    return _NO_SLOTS
 
 
 def _no_rows(feature_dim: int, stage_dtype: Any) -> np.ndarray:
@@ -54,6 +73,12 @@ class StagePlan:
         pos_base: absolute position of drafter position 0 this round.
         encoded_rows: uint8 ``(n, row_bytes)``: the staged rows in storage format
             (upload these and dequantize on the device to move 4-7x fewer bytes).
+            Raises ValueError in external-row mode.
+        slots: int64 ``(n,)``: the ring slot of each staged row, in plan order
+            (both modes; at most two runs of consecutive slots).
+        external: the plan is from an external-row Stager (no rows here).
+        source: the Stager that made the plan (external mode; None in held
+            mode): whose table ``slots`` index.
     """
 
     __slots__ = (
@@ -66,7 +91,10 @@ class StagePlan:
         "block_positions",
         "crop_from",
         "pos_base",
-        "encoded_rows",
+        "slots",
+        "external",
+        "source",
+        "_encoded",
         "_rows",
         "_decode",
     )
@@ -83,9 +111,12 @@ class StagePlan:
         block_positions: np.ndarray,
         crop_from: int,
         pos_base: int,
-        encoded_rows: np.ndarray,
+        encoded_rows: np.ndarray | None,
         rows: np.ndarray | None = None,
         decode: _Decoder | None = None,
+        slots: np.ndarray | None = None,
+        external: bool = False,
+        source: Any = None,
     ) -> None:
         self.seq = seq
         self.start = start
@@ -96,28 +127,41 @@ class StagePlan:
         self.block_positions = block_positions
         self.crop_from = crop_from
         self.pos_base = pos_base
-        self.encoded_rows = encoded_rows
+        self.slots = _no_slots() if slots is None else slots
+        self.external = external
+        self.source = source
+        self._encoded = encoded_rows
         self._rows = rows
         self._decode = decode
 
     @classmethod
     def skipped(cls, seq: int, start: int, reason: str, *, feature_dim: int, row_bytes: int,
-                stage_dtype: np.dtype) -> "StagePlan":
+                stage_dtype: np.dtype, external: bool = False) -> "StagePlan":
         """A plan that stages nothing and opens no round (``skip = reason``)."""
         return cls(
             seq=seq, start=start, skip=reason, rebase=False, clear_cache=False,
             positions=np.zeros(0, np.int32), block_positions=np.zeros(0, np.int32),
-            crop_from=-1, pos_base=-1, encoded_rows=_no_encoded(row_bytes),
-            rows=_no_rows(feature_dim, stage_dtype),
+            crop_from=-1, pos_base=-1, encoded_rows=None if external else _no_encoded(row_bytes),
+            rows=None if external else _no_rows(feature_dim, stage_dtype), external=external,
         )
+
+    @property
+    def encoded_rows(self) -> np.ndarray:
+        """The staged rows in storage format, uint8 ``(n, row_bytes)`` (held mode only)."""
+        if self.external:
+            raise ValueError(_EXTERNAL_ROWS)
+        assert self._encoded is not None
+        return self._encoded
 
     @property
     def rows(self) -> np.ndarray:
         """The staged rows, ``(n, feature_dim)`` in the configured stage dtype.
 
         Decoded from ``encoded_rows`` on first access (a free view when the
-        storage format is the stage dtype) and cached.
+        storage format is the stage dtype) and cached. Held mode only.
         """
+        if self.external:
+            raise ValueError(_EXTERNAL_ROWS)
         if self._rows is None:
             assert self._decode is not None
             self._rows = self._decode(self.encoded_rows)
@@ -151,9 +195,13 @@ class BatchPlan:
         positions: int32 drafter positions of all context rows, concatenated.
         row_seq: int32 sequence id of each concatenated context row.
         skips: ``{seq: reason}`` for the sequences that were skipped.
+        slots: int64 ring slot of each concatenated context row (both modes).
+        external: the plans come from an external-row Stager (``rows`` and
+            ``encoded_rows`` raise; gather the rows at ``slots``).
     """
 
-    __slots__ = ("plans", "seqs", "positions", "row_seq", "skips", "_rows", "_encoded", "_empty_rows", "_empty_encoded")
+    __slots__ = ("plans", "seqs", "positions", "row_seq", "skips", "slots", "external", "_rows", "_encoded",
+                 "_empty_rows", "_empty_encoded")
 
     def __init__(
         self,
@@ -162,11 +210,13 @@ class BatchPlan:
         feature_dim: int = 0,
         row_bytes: int = 0,
         stage_dtype: Any = np.float32,
+        external: bool = False,
     ) -> None:
         """``feature_dim``, ``row_bytes``, ``stage_dtype``: the shapes and dtype of
         :attr:`rows` / :attr:`encoded_rows` for an empty batch, ``(0, D)`` and
         ``(0, row_bytes)``, as a skipped plan's (so shapes never depend on it)."""
         self.plans = list(plans)
+        self.external = external
         self._empty_rows = _no_rows(feature_dim, stage_dtype)
         self._empty_encoded = _no_encoded(row_bytes)
         self.seqs = [p.seq for p in self.plans]
@@ -177,9 +227,11 @@ class BatchPlan:
             self.row_seq = np.concatenate(
                 [np.full(p.n_rows, p.seq, dtype=np.int32) for p in active]
             )
+            self.slots = np.concatenate([p.slots for p in active]).astype(np.int64, copy=False)
         else:
             self.positions = np.zeros(0, dtype=np.int32)
             self.row_seq = np.zeros(0, dtype=np.int32)
+            self.slots = _no_slots()
         self._rows: np.ndarray | None = None
         self._encoded: np.ndarray | None = None
 
@@ -188,7 +240,9 @@ class BatchPlan:
 
     @property
     def rows(self) -> np.ndarray:
-        """All staged context rows, concatenated in plan order (stage dtype)."""
+        """All staged context rows, concatenated in plan order (stage dtype; held mode only)."""
+        if self.external:
+            raise ValueError(_EXTERNAL_ROWS)
         if self._rows is None:
             parts = [p.rows for p in self.plans]
             self._rows = np.concatenate(parts) if parts else self._empty_rows
@@ -196,7 +250,9 @@ class BatchPlan:
 
     @property
     def encoded_rows(self) -> np.ndarray:
-        """All staged context rows in storage format, concatenated (uint8)."""
+        """All staged context rows in storage format, concatenated (uint8; held mode only)."""
+        if self.external:
+            raise ValueError(_EXTERNAL_ROWS)
         if self._encoded is None:
             parts = [p.encoded_rows for p in self.plans]
             self._encoded = np.concatenate(parts) if parts else self._empty_encoded

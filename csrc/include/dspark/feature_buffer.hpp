@@ -12,7 +12,11 @@
 //    slot), so a short context costs only what it holds, and the ring never
 //    grows, copies or re-linearises on the hot path;
 //  * capacity only grows past that (re-linearising) if asked for more rows
-//    than it has free slots, which the Stager's horizon rule never does.
+//    than it has free slots, which the Stager's horizon rule never does;
+//  * an external ring (external-row mode) keeps the same bookkeeping (head,
+//    size, capacity, slot arithmetic) but no bytes: its owner holds the rows
+//    at the ring indices this class computes, so its capacity is exactly the
+//    first reservation and never grows (growing would renumber every slot).
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -23,21 +27,40 @@
 
 namespace dspark {
 
+// A run of consecutive slots: [first, first + count).
+struct SlotRun {
+    std::int64_t first = 0;
+    std::int64_t count = 0;
+};
+
+// A copy the owner of external rows applies: rows [src, src + count) to
+// [dst, dst + count). Moves apply in the order given; the two ranges of one
+// move never overlap, so a plain copy (memcpy, cudaMemcpy, tensor copy_) is
+// correct, and an earlier move never overwrites a row a later one reads.
+struct SlotMove {
+    std::int64_t src = 0;
+    std::int64_t dst = 0;
+    std::int64_t count = 0;
+};
+
 class FeatureBuffer {
 public:
-    // A writable run of free slots for rows about to be appended.
+    // A writable run of free slots for rows about to be appended: `rows`
+    // slots from ring index `slot` (data is null in an external ring).
     struct Span {
         std::uint8_t* data = nullptr;
         std::size_t rows = 0;
+        std::size_t slot = 0;
     };
 
     FeatureBuffer() = default;
-    explicit FeatureBuffer(std::size_t row_bytes) : row_bytes_(row_bytes) {}
+    explicit FeatureBuffer(std::size_t row_bytes, bool external = false) : row_bytes_(row_bytes), external_(external) {}
     // A moved-from ring is empty (capacity 0), never a dangling view.
     FeatureBuffer(FeatureBuffer&& o) noexcept { *this = std::move(o); }
     FeatureBuffer& operator=(FeatureBuffer&& o) noexcept {
         if (this != &o) {
             row_bytes_ = o.row_bytes_;
+            external_ = o.external_;
             data_ = std::move(o.data_);
             cap_ = std::exchange(o.cap_, 0);
             touched_ = std::exchange(o.touched_, 0);
@@ -56,9 +79,11 @@ public:
     std::int64_t end() const noexcept { return head_pos_ + static_cast<std::int64_t>(count_); }
     std::size_t size() const noexcept { return count_; }
     std::size_t capacity() const noexcept { return cap_; }
-    // Address space reserved, and the part of it ever written (resident).
-    std::size_t bytes_reserved() const noexcept { return cap_ * row_bytes_; }
-    std::size_t bytes_touched() const noexcept { return touched_ * row_bytes_; }
+    bool external() const noexcept { return external_; }
+    // Address space reserved, and the part of it ever written (resident);
+    // 0 for an external ring, which holds no bytes.
+    std::size_t bytes_reserved() const noexcept { return external_ ? 0 : cap_ * row_bytes_; }
+    std::size_t bytes_touched() const noexcept { return external_ ? 0 : touched_ * row_bytes_; }
 
     // Forget every row; the next row appended is at position `pos`. Keeps the
     // allocation (a server reuses its slots).
@@ -66,7 +91,8 @@ public:
 
     // Ensure n more rows fit without dropping any. The first call reserves
     // max(size() + n, reserve_rows) rows; later growth (only past that) at
-    // least doubles.
+    // least doubles. An external ring reserves exactly reserve_rows and
+    // throws std::logic_error where a held one would grow.
     void reserve_back(std::size_t n, std::size_t reserve_rows);
     // Up to two spans covering the next n free slots (call reserve_back first).
     void back_spans(std::size_t n, Span& first, Span& second) noexcept;
@@ -78,7 +104,8 @@ public:
     // Drop rows at and above new_end (clamped to [head, end]).
     void drop_back(std::int64_t new_end) noexcept;
 
-    // Copy rows [from, to) (inside [head, end)) to dst, contiguous, oldest first.
+    // Copy rows [from, to) (inside [head, end)) to dst, contiguous, oldest first
+    // (nothing in an external ring).
     void copy_out(std::int64_t from, std::int64_t to, std::uint8_t* dst) const noexcept;
     // Calls f(data, bytes) for each contiguous run (at most two) holding rows
     // [from, to) (inside [head, end)), oldest first.
@@ -92,13 +119,30 @@ public:
         if (run < n) f(static_cast<const std::uint8_t*>(data_.data()), (n - run) * row_bytes_);
     }
 
-private:
+    // The ring indices of rows [from, to) (inside [head, end)), plus `base`:
+    // at most two runs (the ring wraps at most once); unused runs are empty.
+    void runs(std::int64_t from, std::int64_t to, std::int64_t base, SlotRun out[2]) const noexcept;
+
+    // Keep rows [from, lo) and [hi, end) and renumber them from new_head:
+    // rows below `from` and rows [lo, hi) go (all clamped to [head, end]).
+    // The front rows stay in their slots; the tail rows move down to follow
+    // them, and when both are non-empty the copies (ring indices + base) are
+    // appended to `moves`, in the order they must apply, each at most
+    // hi - lo rows so that its source and destination never overlap. (When
+    // one side is empty nothing moves.) Rows of a held ring are moved here.
+    // Allocates before it changes anything.
+    void compact(std::int64_t from, std::int64_t lo, std::int64_t hi, std::int64_t new_head, std::int64_t base,
+                 std::vector<SlotMove>& moves);
+
+    // The ring index of position pos (head <= pos < end).
     std::size_t slot(std::int64_t pos) const noexcept {
         std::size_t s = head_slot_ + static_cast<std::size_t>(pos - head_pos_);
         return s >= cap_ ? s - cap_ : s;
     }
 
+private:
     std::size_t row_bytes_ = 0;
+    bool external_ = false;  // bookkeeping only: the rows live with the owner
     ByteVec data_;  // cap_ * row_bytes_ (never zero-filled: rows are written before read)
     std::size_t cap_ = 0;             // rows
     std::size_t touched_ = 0;         // slots [0, touched_) have been written

@@ -34,6 +34,15 @@ inline constexpr std::int64_t MAX_POSITION = std::int64_t(1) << 62;
 inline constexpr std::int64_t MAX_WINDOW = std::int64_t(1) << 30;
 inline constexpr std::int64_t MAX_FEATURE_DIM = std::int64_t(1) << 28;
 
+// Who holds the row bytes. Held: the Stager keeps every row in its own ring
+// and plans carry the rows. External: the Stager runs the same state machine
+// over the same ring bookkeeping but holds no bytes; process() returns the
+// slot where the owner writes each row, plans carry the slots of their rows,
+// and lifecycle operations that move rows return the copies to apply. Slots
+// are global: seq * ring_rows() + ring index, one table of
+// max_seqs * ring_rows() rows that the owner allocates.
+enum class RowMode : std::uint8_t { Held = 0, External = 1 };
+
 struct StagerOptions {
     std::int64_t feature_dim = 0;
     std::int64_t block_size = 0;
@@ -45,6 +54,7 @@ struct StagerOptions {
     // The element type plans are staged out in: rows must stay finite after
     // that last narrowing too (an f32-stored 9e4 staged as f16 is +inf).
     ElemType stage = ElemType::F32;
+    RowMode rows = RowMode::Held;
 };
 
 // Why draft() staged nothing, in the order the reasons are checked.
@@ -66,6 +76,9 @@ struct RoundPlan {
     std::int64_t first_row = 0;
     std::int64_t n_rows = 0;
     std::int64_t crop_from = -1;
+    // The slots of the n_rows staged rows, in plan order (both modes): at
+    // most two runs, the second starting at the sequence's first slot.
+    SlotRun slot_runs[2];
 };
 
 // Protocol state of one sequence (the reference's state() dict).
@@ -109,6 +122,10 @@ public:
     const StagerOptions& options() const noexcept { return opt_; }
     std::int64_t w_keep() const noexcept { return w_keep_; }
     std::size_t row_bytes() const noexcept { return row_bytes_; }
+    bool external() const noexcept { return opt_.rows == RowMode::External; }
+    // Slots per sequence (W + TRIM_CHUNK + B + 1): sequence s owns global
+    // slots [s * ring_rows(), (s + 1) * ring_rows()).
+    std::int64_t ring_rows() const noexcept { return static_cast<std::int64_t>(max_rows_); }
 
     // Throws unless `seq` exists (std::invalid_argument) and has no open round
     // (StateError): the checks every call but commit/fail starts with.
@@ -118,13 +135,21 @@ public:
 
     void begin(std::int64_t seq);
     // n rows at positions[0..n) of element type `type`, contiguous rows of
-    // feature_dim elements.
+    // feature_dim elements (held mode only).
     void process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows,
                  ElemType type);
-    // n rows already in storage format (n * row_bytes bytes).
+    // n rows already in storage format (n * row_bytes bytes; held mode only).
     void process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n,
                          const std::uint8_t* data, std::size_t nbytes);
-    // Plans a round and appends its rows (storage format) to `rows_out`.
+    // External mode: accept n rows at positions[0..n) that the owner holds;
+    // slots_out[i] is the global slot where the owner writes row i, or -1 for
+    // a row below the horizon that no round can stage (the owner need not
+    // write it). At most two runs of consecutive slots. The core never sees
+    // the rows, so it cannot check them for NaN / Inf: the owner does, before
+    // this call (DeviceRing validates first, then calls this).
+    void process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out);
+    // Plans a round and appends its rows (storage format; nothing in external
+    // mode) to `rows_out`.
     RoundPlan draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out);
     // One plan per sequence; rows of all of them appended to `rows_out` in order.
     void draft_many(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
@@ -134,6 +159,7 @@ public:
     // before any state changes, with the plans; returns room for the rows of
     // all of them in plan order (sum of n_rows * row_bytes() bytes, any
     // alignment), or throws to reject the call, which then changes nothing.
+    // Never called in external-row mode (no rows: plans carry slot_runs).
     using RowSink = std::function<std::uint8_t*(const RoundPlan* plans, std::size_t n)>;
     RoundPlan draft_into(std::int64_t seq, std::int64_t n_past, const RowSink& sink);
     void draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
@@ -147,8 +173,11 @@ public:
     void accept(std::int64_t seq, std::int64_t n_accepted);
 
     void rollback(std::int64_t seq, std::int64_t n_past);
-    void shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard);
-    void fork(std::int64_t src, std::int64_t dst);
+    // shift and fork return the copies an owner of external rows applies, in
+    // order (see SlotMove); in held mode the core has applied them itself and
+    // returns them for the record. Empty when nothing moves.
+    std::vector<SlotMove> shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard);
+    std::vector<SlotMove> fork(std::int64_t src, std::int64_t dst);
     // Snapshots (format v2, layout in snapshot.cpp): the sequence's state as
     // checksummed bytes another Stager of the same configuration restores.
     // snapshot_size is the exact size snapshot_into writes; snapshot_into
@@ -157,12 +186,21 @@ public:
     // cap is too small. restore reads versions 1 and 2 straight from `data`
     // (no copy first) and throws std::invalid_argument for damaged, foreign
     // or inconsistent data, leaving the sequence untouched.
+    // External-row mode: a snapshot carries the bookkeeping only (content flag
+    // "external rows"; the owner saves the rows at live_slots(seq) itself),
+    // and restore fills runs_out (when given) with the slots where the owner
+    // puts those rows back, oldest first. A snapshot of the other mode is
+    // rejected like damaged data (std::invalid_argument, nothing changed).
     std::size_t snapshot_size(std::int64_t seq) const;
     std::size_t snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size_t cap) const;
     std::vector<std::uint8_t> snapshot(std::int64_t seq) const;
-    void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes);
+    void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes, SlotRun* runs_out = nullptr);
 
     SeqState state(std::int64_t seq) const;
+    // The slots of the stageable rows [horizon, end), oldest first, as at most
+    // two runs (both modes): what an owner of external rows saves with a
+    // snapshot of the sequence.
+    void live_slots(std::int64_t seq, SlotRun out[2]) const;
     SeqStats stats(std::int64_t seq) const;
 
     // Where draft() takes large output buffers from; give them back with
@@ -204,8 +242,11 @@ private:
 
     template <class Encode, class Value>
     void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
-                bool fallible);
+                bool fallible, std::int64_t* slots_out = nullptr);
     std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
+    void require_mode(RowMode mode, const char* call) const;
+    std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(max_rows_); }
+    FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
     std::int64_t validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
                                     std::size_t n) const;
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;

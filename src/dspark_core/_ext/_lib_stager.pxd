@@ -24,6 +24,19 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void give(ByteVec v)
         size_t pooled_bytes()
 
+    enum class RowMode(uint8_t):
+        Held
+        External
+
+    cdef cppclass SlotRun:
+        int64_t first
+        int64_t count
+
+    cdef cppclass SlotMove:
+        int64_t src
+        int64_t dst
+        int64_t count
+
     cdef cppclass StagerOptions:
         int64_t feature_dim
         int64_t block_size
@@ -33,6 +46,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t max_failures
         NonFinite nonfinite
         ElemType stage
+        RowMode rows
 
     # dspark::Skip::None (0) cannot be named from Cython: compare <int>skip with 0.
     enum class Skip(uint8_t):
@@ -55,6 +69,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t first_row
         int64_t n_rows
         int64_t crop_from
+        SlotRun slot_runs[2]
 
     cdef cppclass SeqState:
         bool started
@@ -81,6 +96,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         Stager(const StagerOptions& options) except +dspark_translate_exception
         int64_t w_keep()
         size_t row_bytes()
+        int64_t ring_rows()
         void check_ready(int64_t seq) except +dspark_translate_exception
         void check_open(int64_t seq) except +dspark_translate_exception
         void begin(int64_t seq) except +dspark_translate_exception
@@ -88,6 +104,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
                      ElemType type) except +dspark_translate_exception
         void process_encoded(int64_t seq, const int64_t* positions, size_t n, const uint8_t* data,
                              size_t nbytes) except +dspark_translate_exception
+        void process_external(int64_t seq, const int64_t* positions, size_t n,
+                              int64_t* slots_out) except +dspark_translate_exception
         RoundPlan draft(int64_t seq, int64_t n_past, ByteVec& rows_out) except +dspark_translate_exception
         void draft_many(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
                         ByteVec& rows_out) except +dspark_translate_exception
@@ -95,13 +113,14 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception
         void rollback(int64_t seq, int64_t n_past) except +dspark_translate_exception
-        void shift(int64_t seq, int64_t n_keep, int64_t n_discard) except +dspark_translate_exception
-        void fork(int64_t src, int64_t dst) except +dspark_translate_exception
+        vector[SlotMove] shift(int64_t seq, int64_t n_keep, int64_t n_discard) except +dspark_translate_exception
+        vector[SlotMove] fork(int64_t src, int64_t dst) except +dspark_translate_exception
         size_t snapshot_size(int64_t seq) except +dspark_translate_exception
         size_t snapshot_into(int64_t seq, uint8_t* dst, size_t cap) except +dspark_translate_exception
         vector[uint8_t] snapshot(int64_t seq) except +dspark_translate_exception
-        void restore(int64_t seq, const uint8_t* data, size_t nbytes) except +dspark_translate_exception
+        void restore(int64_t seq, const uint8_t* data, size_t nbytes, SlotRun* runs_out) except +dspark_translate_exception
         SeqState state(int64_t seq) except +dspark_translate_exception
+        void live_slots(int64_t seq, SlotRun* out) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
         const shared_ptr[BufferPool]& pool()
 

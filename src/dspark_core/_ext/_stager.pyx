@@ -23,17 +23,19 @@ from libcpp.vector cimport vector
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    advise_huge_pages,
+    RowMode, SlotMove, advise_huge_pages,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
     CrcPath, crc32c as c_crc32c, crc_path_supported, active_crc_path, set_crc_path, crc_path_name,
 )
 
 from dspark_core._args import (
-    as_count, as_encoded, as_index, as_positions, as_rows, readable_bytes, row_dtype_code, writable_bytes,
+    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, readable_bytes, require_held_rows,
+    row_dtype_code, writable_bytes,
 )
-from dspark_core.config import STORAGES, NONFINITE_POLICIES, STAGE_DTYPES, StagerConfig
+from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
 from dspark_core.protocol_mismatch import MismatchGuard
+from dspark_core.slot_moves import SlotMoves, no_moves
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
 from dspark_core.stager_copy import reduce_stager
@@ -52,6 +54,32 @@ _SKIPS = (None, *SKIP_REASONS)
 _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES)}
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+
+
+cdef object _moves_array(vector[SlotMove]& v):
+    """(n, 3) int64 ``[src_slot, dst_slot, count]`` rows, in the order they apply."""
+    cdef cnp.ndarray out = np.empty((v.size(), 3), _I64)
+    cdef int64_t* p = <int64_t*>cnp.PyArray_DATA(out)
+    cdef size_t i
+    for i in range(v.size()):
+        p[3 * i] = v[i].src
+        p[3 * i + 1] = v[i].dst
+        p[3 * i + 2] = v[i].count
+    return out
+
+
+cdef object _plan_slots(RoundPlan& p):
+    """The plan's slots, in plan order, from its (at most two) runs."""
+    cdef int64_t a = p.slot_runs[0].count, b = p.slot_runs[1].count
+    cdef cnp.ndarray out = np.empty(a + b, _I64)
+    cdef int64_t* q = <int64_t*>cnp.PyArray_DATA(out)
+    cdef int64_t i, f0 = p.slot_runs[0].first, f1 = p.slot_runs[1].first
+    for i in range(a):
+        q[i] = f0 + i
+    for i in range(b):
+        q[a + i] = f1 + i
+    return out
 
 
 # -- CRC-32C of snapshot format v2 (the core's dispatched kernels) -------------
@@ -172,8 +200,10 @@ cdef class Stager:
     cdef size_t _row_bytes
     cdef object _stage_dtype
     cdef bint _view_rows
+    cdef bint _external
     cdef object _decoder
     cdef object _mismatch
+    cdef int64_t _moves_issued
 
     def __cinit__(self, config):
         if not isinstance(config, StagerConfig):
@@ -187,7 +217,9 @@ cdef class Stager:
         o.max_failures = config.max_failures
         o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
         o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
+        o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
         self._core = new CStager(o)
+        self._external = o.rows == RowMode.External
         self.config = config
         self._D = config.feature_dim
         self._B = config.block_size
@@ -212,12 +244,32 @@ cdef class Stager:
     def __repr__(self):
         c = self.config
         return (f"Stager(feature_dim={c.feature_dim}, block_size={c.block_size}, window={c.window}, "
-                f"max_seqs={c.max_seqs}, storage={c.storage!r})")
+                f"max_seqs={c.max_seqs}, storage={c.storage!r}"
+                + (", rows='external')" if self._external else ")"))
 
     @property
     def w_keep(self):
         """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
         return self._core.w_keep()
+
+    @property
+    def ring_rows(self):
+        """Ring slots per sequence (``W + TRIM_CHUNK + B + 1``): sequence ``s``
+        owns the global slots ``[s * ring_rows, (s + 1) * ring_rows)``; an
+        external-row owner allocates ``max_seqs * ring_rows`` rows."""
+        return self._core.ring_rows()
+
+    @property
+    def moves_issued(self):
+        """Non-empty move arrays ``fork`` / ``shift`` have returned so far (the
+        last one's ``serial``): an owner applies them in that order."""
+        return self._moves_issued
+
+    cdef object _moves(self, vector[SlotMove]& v):
+        if v.size() == 0:
+            return no_moves(self)
+        self._moves_issued += 1
+        return SlotMoves.wrap(_moves_array(v), self, self._moves_issued)
 
     cdef int64_t _seq(self, seq) except -1:
         i = seq if type(seq) is int else as_index("seq", seq)
@@ -229,16 +281,24 @@ cdef class Stager:
         cdef int64_t n = p.n_rows
         if <int>p.skip != 0:  # dspark::Skip::None
             return StagePlan.skipped(p.seq, p.start, _SKIPS[<int>p.skip], feature_dim=self._D,
-                                     row_bytes=self._row_bytes, stage_dtype=self._stage_dtype)
-        enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
+                                     row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
+                                     external=self._external)
         lo = p.first_row - p.pos_base
+        if self._external:
+            return StagePlan(
+                seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
+                positions=np.arange(lo, lo + n, dtype=_I32),
+                block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
+                crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, slots=_plan_slots(p),
+                external=True, source=self)
+        enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
         return StagePlan(
             seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
             positions=np.arange(lo, lo + n, dtype=_I32),
             block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
             crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc,
             rows=enc.view(self._stage_dtype).reshape(n, self._D) if self._view_rows else None,
-            decode=self._decoder)
+            decode=self._decoder, slots=_plan_slots(p))
 
     # -- round protocol ---------------------------------------------------
     def begin(self, seq):
@@ -248,15 +308,24 @@ cdef class Stager:
             self._core.begin(s)
         self._mismatch.reset(s)
 
-    def process(self, seq, positions, rows):
+    def process(self, seq, positions, rows=None):
         """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``.
 
-        The rows are read with the GIL released: another thread must not
-        write to ``rows`` during the call.
+        Held mode: returns None. The rows are read with the GIL released:
+        another thread must not write to ``rows`` during the call.
+
+        External-row mode (``rows="external"``): pass no rows; returns the
+        int64 slot where the owner writes each row (same order as
+        ``positions``; -1 for a row below the horizon, which no round can
+        stage and need not be written). The core never sees the rows, so the
+        owner checks them for NaN / Inf first (``DeviceRing.write`` does).
         """
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
+        check_rows_given(self._external, rows)
+        if self._external:
+            return self._process_external(s, positions)
         cdef ElemType t
         if _plain_positions(positions) and _plain_rows(rows, self._D, &t) and \
                 cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0):
@@ -275,6 +344,16 @@ cdef class Stager:
         with nogil:
             self._core.process(s, pp, n, rp, t)
 
+    cdef object _process_external(self, int64_t s, positions):
+        pos = positions if _plain_positions(positions) else as_positions(positions)
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        cdef cnp.ndarray slots = np.empty(n, _I64)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
+        cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
+        with nogil:
+            self._core.process_external(s, pp, n, sp)
+        return slots
+
     def process_encoded(self, seq, positions, data):
         """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat).
 
@@ -286,6 +365,7 @@ cdef class Stager:
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
+        require_held_rows(self._external, "process_encoded")
         pos = as_positions(positions)
         buf = as_encoded(data, pos.shape[0], self._row_bytes)
         cdef size_t n = pos.shape[0]
@@ -351,7 +431,8 @@ cdef class Stager:
                 self._mismatch.skipped(plans[i].seq, plans[i].start, self._core.state(plans[i].seq).end)
             result.append(self._plan(plans[i], data, offset))
             offset += plans[i].n_rows * self._row_bytes
-        return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype)
+        return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
+                         external=self._external)
 
     def commit(self, seq):
         """The drafter decode and crop of the open round succeeded."""
@@ -396,21 +477,36 @@ cdef class Stager:
             self._core.rollback(s, p)
 
     def shift(self, seq, n_keep, n_discard):
-        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down."""
+        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down.
+
+        Returns the copies the owner of external rows applies, a
+        :class:`~dspark_core.slot_moves.SlotMoves` ((n, 3) int64
+        ``[src_slot, dst_slot, count]`` rows, in order; each a plain copy:
+        source and destination never overlap); empty when nothing moves.
+        Held mode: the core has applied them itself.
+        """
         cdef int64_t s = self._seq(seq)
         with nogil:
             self._core.check_ready(s)
         cdef int64_t k = as_count("n_keep", n_keep)
         cdef int64_t d = as_count("n_discard", n_discard)
+        cdef vector[SlotMove] moves
         with nogil:
-            self._core.shift(s, k, d)
+            moves = self._core.shift(s, k, d)
+        return self._moves(moves)
 
     def fork(self, src, dst):
-        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round."""
+        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round.
+
+        Returns the copies of ``src``'s rows into ``dst``'s slots, as
+        :meth:`shift` does ((n, 3) int64, at most two rows).
+        """
         cdef int64_t a = self._seq(as_index("src", src))
         cdef int64_t b = self._seq(as_index("dst", dst))
+        cdef vector[SlotMove] moves
         with nogil:
-            self._core.fork(a, b)
+            moves = self._core.fork(a, b)
+        return self._moves(moves)
 
     def snapshot_size(self, seq):
         """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
@@ -462,6 +558,11 @@ cdef class Stager:
     def restore(self, seq, data):
         """Replace the sequence's state with a snapshot; bad data raises ValueError and changes nothing.
 
+        External-row mode: the snapshot carries the bookkeeping only; returns
+        the int64 slots where the owner puts the saved rows back (the rows of
+        ``live_slots(seq)`` at snapshot time, oldest first). A snapshot of the
+        other row mode is a ValueError. Held mode: returns None.
+
         ``data`` is any buffer (bytes, bytearray, memoryview, ndarray, mmap),
         read in place with the GIL released: another thread must not write to
         it during the call.
@@ -472,8 +573,10 @@ cdef class Stager:
         cdef const uint8_t[::1] raw = readable_bytes(data)
         cdef size_t n = raw.shape[0]
         cdef const uint8_t* dp = &raw[0] if n else NULL
+        cdef RoundPlan p
         with nogil:
-            self._core.restore(s, dp, n)
+            self._core.restore(s, dp, n, p.slot_runs)
+        return _plan_slots(p) if self._external else None
 
     # -- introspection ------------------------------------------------------
     def state(self, seq):
@@ -516,6 +619,17 @@ cdef class Stager:
             "peak_rows": t.peak_rows,
             "bytes": t.bytes, "peak_bytes": t.peak_bytes, "reserved_bytes": t.reserved_bytes,
         }
+
+    def live_slots(self, seq):
+        """Slots of the stageable rows ``[horizon, end)``, oldest first (int64; both modes).
+
+        What an owner of external rows saves alongside ``snapshot(seq)``.
+        """
+        cdef int64_t s = self._seq(seq)
+        cdef RoundPlan p
+        with nogil:
+            self._core.live_slots(s, p.slot_runs)
+        return _plan_slots(p)
 
     def buffered_positions(self, seq):
         """``(horizon, end)``: the absolute positions that can still be staged."""

@@ -86,6 +86,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="check every round's drafter logits against a from-scratch recompute (slower)")
     p.add_argument("--stager", choices=("auto", "core", "reference"), default="auto",
                    help="Stager implementation: the C++ core, the pure-Python reference, or auto (core if built)")
+    p.add_argument("--rows", choices=("held", "external"), default="held",
+                   help="held: the Stager keeps the rows (default); external: an external-row Stager plans slots "
+                        "and a CUDA DeviceRing keeps the rows on the device (needs a CUDA build and device)")
     p.add_argument("--only", choices=("both", "windowed", "absolute"), default="both", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -174,6 +177,7 @@ def simulate(
     fail_every: int = 0,
     check: bool = False,
     stager: str = "auto",
+    rows: str = "held",
     modes: tuple[str, ...] = ("windowed", "absolute"),
     progress: Callable[[str], Callable[[int, int], None]] | None = None,
 ) -> dict[str, Any]:
@@ -190,7 +194,7 @@ def simulate(
         raise ValueError("--context, --generate and --seqs must be >= 1")
     if fail_every < 0:
         raise ValueError("--fail-every must be >= 0")
-    win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage)
+    win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage, rows=rows)
     # "absolute": a window no session position can reach, so no rebase ever fires; its w_keep
     # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as without a window
     abs_window = 2 * (context + generate + block + 1) + 1
@@ -213,7 +217,7 @@ def simulate(
             "context": context, "generate": generate, "block": block, "window": window, "storage": storage,
             "seqs": seqs, "seed": seed, "feature_dim": feature_dim, "deviation": deviation,
             "prefill_chunk": prefill_chunk, "fail_every": fail_every, "check": check,
-            "row_bytes": win_cfg.row_bytes, "absolute_window": abs_cfg.window,
+            "row_bytes": win_cfg.row_bytes, "absolute_window": abs_cfg.window, "rows": rows,
         },
         "greedy_reference_s": greedy_s,
         "modes": {},
@@ -226,7 +230,13 @@ def simulate(
         drafter: Any = ToyDrafter.for_target(targets[0], block, seed=seed)
         if fail_every:
             drafter = FlakyDrafter(drafter, every=fail_every, stage="mixed", seed=seed)
-        loop = SpeculativeLoop(st, drafter, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0)
+        ring = None
+        if rows == "external":
+            from ..cuda import DeviceRing
+
+            ring = DeviceRing(st)  # RuntimeError without a CUDA device
+        loop = SpeculativeLoop(st, drafter, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0,
+                               ring=ring)
         bar = progress(mode) if progress is not None else None
         res = loop.run(prompts, generate, progress=bar)
         if bar is not None and hasattr(bar, "close"):
@@ -273,6 +283,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"dspark-core simulate: {c['seqs']} sequence(s), {c['context']:,}-token prompt + {c['generate']:,} generated, "
         f"block B={c['block']}, window W={c['window']}, storage {c['storage']} "
         f"(D={c['feature_dim']}, {c['row_bytes']} B/row), Stager: {result.get('stager', '?')}"
+        + (", rows on the device (external-row mode, DeviceRing)" if c.get("rows") == "external" else "")
     )
     labels = {"windowed": f"windowed (W={c['window']})", "absolute": "absolute (no window)"}
     cols = [labels.get(m, m) for m in modes]
@@ -362,7 +373,7 @@ def run(args: argparse.Namespace) -> int:
             context=args.context, generate=args.generate, block=args.block, window=args.window,
             storage=args.storage, seqs=args.seqs, seed=args.seed, feature_dim=args.feature_dim,
             deviation=args.deviation, prefill_chunk=args.prefill_chunk, fail_every=args.fail_every,
-            check=args.check, stager=args.stager, modes=modes, progress=progress,
+            check=args.check, stager=args.stager, rows=args.rows, modes=modes, progress=progress,
         )
     except (ConfigError, ValueError) as exc:
         print(f"dspark-core simulate: {exc}", file=sys.stderr)

@@ -43,6 +43,13 @@ does (``_trim``: lazily, once ``horizon - head >= TRIM_CHUNK``; before a
 prefill chunk that does not fit beside the held rows; never for input rows
 below the new horizon, which the core does not store at all). The core holds
 ``[head, end)``; its counters are compared with these exactly.
+
+Slots. Besides the rows, each sequence drives a :class:`RingModel`: the
+core's ring bookkeeping (head, head slot, count, capacity) at the same points
+the core changes its ring, with the same lazy ``TRIM_CHUNK`` trim. It gives
+every plan's ``slots`` and the moves ``fork`` / ``shift`` return, in both row
+modes; in external-row mode (``rows="external"``) it is all the reference
+keeps of the rows, and ``process`` returns the slots to write.
 """
 
 from __future__ import annotations
@@ -55,11 +62,16 @@ import numpy as np
 
 from . import formats as rf
 from .. import snapshot_format
-from .._args import as_count, as_encoded, as_index, as_positions, as_rows, readable_bytes, writable_bytes
+from .._args import (
+    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, readable_bytes, require_held_rows,
+    writable_bytes,
+)
 from ..config import STORAGES, TRIM_CHUNK, StagerConfig
 from ..errors import StateError
 from ..protocol_mismatch import MismatchGuard
+from ..slot_moves import SlotMoves, no_moves
 from ..stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
+from .ring import RingModel
 from ..stager_copy import reduce_stager
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
@@ -92,6 +104,18 @@ class _Seq:
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
     head: int = 0  # the core's ring head: it holds [head, end) (bookkeeping only)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
+    ring: RingModel = field(default_factory=lambda: RingModel(0))  # replaced by the Stager's
+
+
+def _moves(src_slots: list[int], dst_slots: list[int]) -> np.ndarray:
+    """Slot pairs (one per row, in order) as (n, 3) int64 moves of consecutive runs."""
+    runs: list[list[int]] = []
+    for a, b in zip(src_slots, dst_slots):
+        if runs and runs[-1][0] + runs[-1][2] == a and runs[-1][1] + runs[-1][2] == b:
+            runs[-1][2] += 1
+        else:
+            runs.append([a, b, 1])
+    return np.array(runs, np.int64).reshape(len(runs), 3)
 
 
 class ReferenceStager:
@@ -102,12 +126,19 @@ class ReferenceStager:
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
         self._mismatch = MismatchGuard(config.strict)
-        self._seqs = [_Seq() for _ in range(config.max_seqs)]
+        self._external = config.external_rows
+        self.moves_issued = 0
+        self._seqs = [_Seq(ring=RingModel(config.ring_rows)) for _ in range(config.max_seqs)]
 
     @property
     def w_keep(self) -> int:
         """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
         return self.config.w_keep
+
+    @property
+    def ring_rows(self) -> int:
+        """Ring slots per sequence (``W + TRIM_CHUNK + B + 1``)."""
+        return self.config.ring_rows
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle / deepcopy as the core does: the config plus every sequence's snapshot."""
@@ -138,15 +169,25 @@ class ReferenceStager:
         return st.end
 
     def _advance_horizon(self, st: _Seq) -> None:
-        if st.started:
-            need = self._firm_end(st) - self.config.window
-            if need > st.horizon:
-                st.horizon = need
-            for p in [p for p in st.rows if p < st.horizon]:
-                del st.rows[p]
-            if st.horizon - st.head >= TRIM_CHUNK:  # the core's lazy trim
-                self._trim(st, st.horizon, st.end)
+        self._update_horizon(st)
+        self._trim_ring(st)
+        if st.started and st.horizon - st.head >= TRIM_CHUNK:  # the core's lazy trim (counters)
+            self._trim(st, st.horizon, st.end)
         self._note_size(st)
+
+    def _trim_ring(self, st: _Seq) -> None:
+        """The core's lazy trim on the ring model: dead head rows leave a chunk at a time."""
+        if st.started and st.horizon - st.ring.head >= TRIM_CHUNK:
+            st.ring.drop_front(st.horizon)
+
+    def _update_horizon(self, st: _Seq) -> None:
+        if not st.started:
+            return
+        need = self._firm_end(st) - self.config.window
+        if need > st.horizon:
+            st.horizon = need
+        for p in [p for p in st.rows if p < st.horizon]:
+            del st.rows[p]
 
     @staticmethod
     def _trim(st: _Seq, new_head: int, buf_end: int) -> None:
@@ -161,6 +202,8 @@ class ReferenceStager:
     def _note_size(st: _Seq) -> None:
         st.stats["rows"] = st.end - st.head if st.started else 0
         st.stats["peak_rows"] = max(st.stats["peak_rows"], st.stats["rows"])
+        # Two models of the core's ring head (the counters' and the slots'): they must agree.
+        assert not st.started or st.head == st.ring.head, (st.head, st.ring.head)
 
     def _encode(self, seq: int, positions: np.ndarray, rows: np.ndarray) -> np.ndarray:
         c = self.config
@@ -191,21 +234,34 @@ class ReferenceStager:
     # -- round protocol -------------------------------------------------
     def begin(self, seq: int) -> None:
         """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
-        i, _ = self._closed(seq)
-        self._seqs[i] = _Seq()
+        i, old = self._closed(seq)
+        old.ring.reset(0)  # the core keeps the ring (and its capacity) of a reused slot
+        self._seqs[i] = _Seq(ring=old.ring)
         self._mismatch.reset(i)
 
-    def process(self, seq: int, positions: Any, rows: Any) -> None:
-        """Buffer the target's capture rows at absolute ``positions``."""
+    def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
+        """Buffer the target's capture rows at absolute ``positions``.
+
+        External-row mode: no rows; returns the slot of each row (-1 below
+        the horizon).
+        """
         i, st = self._closed(seq)
+        check_rows_given(self._external, rows)
+        if self._external:
+            pos = as_positions(positions)
+            if len(pos) == 0:
+                return np.zeros(0, np.int64)
+            self._check_positions(i, st, pos)
+            return np.array(self._append(i, st, int(pos[0]), None, len(pos)), np.int64)
         pos = as_positions(positions)
         arr = as_rows(rows, self.config.feature_dim)
         if arr.shape[0] != len(pos):
             raise ValueError(f"{len(pos)} positions for {arr.shape[0]} rows")
         if len(pos) == 0:
-            return
+            return None
         self._check_positions(i, st, pos)
-        self._append(st, int(pos[0]), self._encode(i, pos, arr))
+        self._append(i, st, int(pos[0]), self._encode(i, pos, arr), len(pos))
+        return None
 
     def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
         """Buffer rows already in storage format (uint8 ``(n, row_bytes)`` or flat).
@@ -215,6 +271,7 @@ class ReferenceStager:
         rewrite encoded rows.
         """
         i, st = self._closed(seq)
+        require_held_rows(self._external, "process_encoded")
         c = self.config
         pos = as_positions(positions)
         n = len(pos)
@@ -227,7 +284,7 @@ class ReferenceStager:
             # scale that is inf / nan makes every value of its block one).
             staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
             self._check_stageable(i, pos, staged, rf.bounds("f32", c.stage_dtype)[0])
-        self._append(st, int(pos[0]), enc.copy())
+        self._append(i, st, int(pos[0]), enc.copy(), n)
 
     def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
         if len(pos) > 1 and not np.all(np.diff(pos) == 1):
@@ -242,15 +299,17 @@ class ReferenceStager:
             )
             raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {p0} ({why})")
 
-    def _append(self, st: _Seq, p0: int, enc: np.ndarray) -> None:
-        n = len(enc)
+    def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int) -> list[int]:
+        """Append n rows (``enc``: their bytes, None in external mode); returns their slots."""
         c = self.config
-        was_started, held = st.started, (st.end - st.head if st.started else 0)
+        was_started, old_end = st.started, st.end
+        held = st.end - st.head if st.started else 0
         if not st.started:
             st.started = True
             st.end = st.horizon = st.n_cache = st.pos_base = p0
-        for k in range(n):
-            st.rows[p0 + k] = enc[k].copy()
+        if enc is not None:
+            for k in range(n):
+                st.rows[p0 + k] = enc[k].copy()
         st.end = p0 + n
         if st.accept_open:
             st.tentative += n
@@ -266,7 +325,31 @@ class ReferenceStager:
             self._trim(st, min(h_new, p0), p0)
         if not was_started or st.head == p0:  # the ring is empty: it restarts at the first stored row
             st.head = p0 + skip
+        self._update_horizon(st)
+        slots = self._ring_append(i, st, was_started, old_end, p0, n)
         self._advance_horizon(st)
+        return slots
+
+    def _ring_append(self, i: int, st: _Seq, was_started: bool, old_end: int, p0: int, n: int) -> list[int]:
+        """The core's bounded ingest, on the ring: rows below the new horizon
+        are never stored (slot -1); when the new rows do not fit beside the
+        held ones, the dead head goes first; an empty ring restarts at index 0."""
+        ring = st.ring
+        skip = min(max(st.horizon - p0, 0), n)
+        keep = n - skip
+        if ring.cap == 0:
+            ring.reserve(keep)
+        clean = skip == 0 and ring.count + keep <= ring.cap
+        if was_started and not clean:
+            ring.drop_front(min(st.horizon, old_end))
+        if not was_started or ring.count == 0:
+            ring.reset(p0 + skip)
+        idx: list[int] = []
+        if keep:
+            ring.reserve(keep)
+            idx = ring.append(keep)
+        base = i * self.config.ring_rows
+        return [-1] * skip + [base + x for x in idx]
 
     def _skip_reason(self, st: _Seq, start: int) -> str | None:
         if st.disabled:
@@ -287,20 +370,27 @@ class ReferenceStager:
             if reason == "missing_rows":
                 self._mismatch.skipped(i, start, st.end)
             return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=c.row_bytes,
-                                     stage_dtype=c.numpy_stage_dtype)
+                                     stage_dtype=c.numpy_stage_dtype, external=self._external)
         rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
         if rebase:
             keep = min(start - st.horizon, c.w_keep)
             base = lo = start - keep
         else:
             base, lo = st.pos_base, st.n_cache
-        assert lo >= st.horizon, "staged rows must be available"
-        enc = np.stack([st.rows[p] for p in range(lo, start)]) if start > lo else np.zeros((0, c.row_bytes), np.uint8)
+        assert lo >= st.horizon and lo >= st.ring.head, "staged rows must be available"
+        slots = np.array(st.ring.slots(lo, start, i * c.ring_rows), np.int64)
+        if self._external:
+            enc = rows = None
+        else:
+            enc = (np.stack([st.rows[p] for p in range(lo, start)]) if start > lo
+                   else np.zeros((0, c.row_bytes), np.uint8))
+            rows = self._decode(enc)
         plan = StagePlan(
             seq=i, start=start, skip=None, rebase=rebase, clear_cache=rebase or st.first_round,
             positions=np.arange(lo - base, start - base, dtype=np.int32),
             block_positions=np.arange(start - base, start - base + c.block_size, dtype=np.int32),
-            crop_from=start - base, pos_base=base, encoded_rows=enc, rows=self._decode(enc),
+            crop_from=start - base, pos_base=base, encoded_rows=enc, rows=rows, slots=slots,
+            external=self._external, source=self if self._external else None,
         )
         st.open_round = (start, base)
         st.accept_open, st.tentative = True, 0
@@ -338,6 +428,7 @@ class ReferenceStager:
         return BatchPlan(
             [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],
             feature_dim=c.feature_dim, row_bytes=c.row_bytes, stage_dtype=c.numpy_stage_dtype,
+            external=self._external,
         )
 
     def _open(self, seq: Any) -> tuple[int, _Seq]:
@@ -385,6 +476,7 @@ class ReferenceStager:
         new_end = st.end - st.tentative + keep
         for p in range(new_end, st.end):
             st.rows.pop(p, None)
+        st.ring.drop_back(new_end)
         st.end = new_end
         st.tentative = 0
         self._advance_horizon(st)
@@ -398,6 +490,9 @@ class ReferenceStager:
             return
         for p in [p for p in st.rows if p >= n_past]:
             del st.rows[p]
+        st.ring.drop_back(n_past)
+        if st.ring.count == 0:
+            st.ring.reset(n_past)
         st.head = min(st.head, n_past)  # the core's ring drops its back rows (an emptied ring restarts there)
         st.end = n_past
         st.horizon = min(st.horizon, n_past)
@@ -410,13 +505,16 @@ class ReferenceStager:
         st.accept_open, st.tentative = False, 0
         self._advance_horizon(st)
 
-    def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
-        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest down."""
-        _, st = self._closed(seq)
+    def shift(self, seq: int, n_keep: int, n_discard: int) -> SlotMoves:
+        """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move the rest down.
+
+        Returns the moves ``[src_slot, dst_slot, count]`` (see RingModel.compact).
+        """
+        i, st = self._closed(seq)
         n_keep = as_count("n_keep", n_keep)
         n_discard = as_count("n_discard", n_discard)
         if not st.started or n_discard == 0:
-            return
+            return no_moves(self)
         if n_keep + n_discard > st.end:
             raise ValueError(
                 f"shift of [{n_keep}, {n_keep + n_discard}) reaches past the end of the sequence ({st.end})"
@@ -427,15 +525,22 @@ class ReferenceStager:
             return x if x < n_keep else (n_keep if x < hi else x - n_discard)
 
         st.rows = {moved(p): r for p, r in st.rows.items() if not n_keep <= p < hi}
+        # The ring keeps the live rows in place around the discarded range.
+        frm = max(st.horizon, st.ring.head)
+        moves = st.ring.compact(frm, n_keep, hi, moved(st.horizon), i * self.config.ring_rows)
         st.end, st.horizon = moved(st.end), moved(st.horizon)
-        st.head = st.horizon  # the core rebuilds its ring from the live rows (no trim counted)
+        st.head = st.horizon  # the core keeps the live rows, renumbered from the horizon (no trim counted)
         st.n_cache, st.pos_base = moved(st.n_cache), moved(st.pos_base)
         st.restage_owed = True
         st.accept_open, st.tentative = False, 0
         self._advance_horizon(st)
+        return self._issue(np.array(moves, np.int64).reshape(len(moves), 3))
 
-    def fork(self, src: int, dst: int) -> None:
-        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages next round."""
+    def fork(self, src: int, dst: int) -> SlotMoves:
+        """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages next round.
+
+        Returns the moves of ``src``'s rows into ``dst``'s first slots.
+        """
         s = as_index("src", src)
         d = as_index("dst", dst)
         self._get(s)
@@ -445,23 +550,45 @@ class ReferenceStager:
         if s == d:
             raise ValueError(f"fork needs two different sequences, got {s} twice")
         a = self._seqs[s]
+        frm = max(a.horizon, a.ring.head) if a.started else 0
+        k = a.end - frm if a.started else 0
+        src_slots = a.ring.slots(frm, frm + k, s * self.config.ring_rows)
+        ring = self._ring_for(self._seqs[d].ring, frm, k)
+        dst_slots = [d * self.config.ring_rows + x for x in ring.append(k)]
         b = _Seq(
             started=a.started, end=a.end, horizon=a.horizon, n_cache=a.n_cache, pos_base=a.pos_base,
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
             accept_open=a.accept_open, tentative=a.tentative,
-            rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0,
+            rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0, ring=ring,
         )
         self._seqs[d] = b
         self._advance_horizon(b)
+        return self._issue(_moves(src_slots, dst_slots))
+
+    def _issue(self, moves: np.ndarray) -> SlotMoves:
+        """Moves as the core returns them: numbered from 1 when non-empty."""
+        if len(moves) == 0:
+            return no_moves(self)
+        self.moves_issued += 1
+        return SlotMoves.wrap(moves, self, self.moves_issued)
+
+    def _ring_for(self, reuse: RingModel, pos: int, n: int) -> RingModel:
+        """The core's ring_for: ``reuse`` emptied when it has room for n rows, else a new ring."""
+        if reuse.cap == 0 or reuse.cap < n:
+            reuse = RingModel(self.config.ring_rows)
+            reuse.reserve(n)
+        reuse.reset(pos)
+        return reuse
 
     def _snapshot_state(self, seq: int) -> snapshot_format.SnapshotState:
         _, st = self._closed(seq)
-        rows = b"".join(st.rows[p].tobytes() for p in range(st.horizon, st.end)) if st.started else b""
+        held = not self._external  # external-row mode: bookkeeping only, the owner keeps the rows
+        rows = b"".join(st.rows[p].tobytes() for p in range(st.horizon, st.end)) if st.started and held else b""
         return snapshot_format.SnapshotState(
             started=st.started, disabled=st.disabled, restage_owed=st.restage_owed,
             first_round=st.first_round, accept_open=st.accept_open, end=st.end, horizon=st.horizon,
             n_cache=st.n_cache, pos_base=st.pos_base, tentative=st.tentative, failures=st.failures,
-            rows=rows,
+            rows=rows, external=self._external,
         )
 
     def snapshot(self, seq: int) -> bytes:
@@ -471,7 +598,7 @@ class ReferenceStager:
     def snapshot_size(self, seq: int) -> int:
         """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
         _, st = self._closed(seq)
-        n_rows = st.end - st.horizon if st.started else 0
+        n_rows = st.end - st.horizon if st.started and not self._external else 0
         return snapshot_format.snapshot_bytes(n_rows, self.config.row_bytes)
 
     def snapshot_into(self, seq: int, buffer: Any) -> int:
@@ -490,21 +617,31 @@ class ReferenceStager:
         out[:need] = self.snapshot(seq)
         return need
 
-    def restore(self, seq: int, data: Any) -> None:
-        """Replace the sequence's state with a snapshot; bad data leaves it untouched."""
-        i, _ = self._closed(seq)
+    def restore(self, seq: int, data: Any) -> np.ndarray | None:
+        """Replace the sequence's state with a snapshot; bad data leaves it untouched.
+
+        External-row mode: returns the slots where the owner puts the saved rows back.
+        """
+        i, old = self._closed(seq)
         raw = readable_bytes(data)
-        s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES)
+        s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES, external=self._external)
         rb = self.config.row_bytes
         st = _Seq(
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
             restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
             accept_open=s.accept_open, tentative=s.tentative, head=s.horizon,
         )
-        for k in range(s.end - s.horizon):
+        for k in range(0 if self._external else s.end - s.horizon):
             st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
+        n = s.end - s.horizon
+        st.ring = self._ring_for(old.ring, s.horizon, n)
+        if n:
+            st.ring.reserve(n)
+            st.ring.append(n)
+        slots = np.array(st.ring.slots(s.horizon, s.end, i * self.config.ring_rows), np.int64)
         self._seqs[i] = st
         self._advance_horizon(st)
+        return slots if self._external else None
 
     # -- introspection --------------------------------------------------
     def state(self, seq: int) -> dict[str, Any]:
@@ -532,6 +669,14 @@ class ReferenceStager:
         out = dict(st.stats)
         out["live_rows"] = st.end - st.horizon if st.started else 0
         return out
+
+    def live_slots(self, seq: int) -> np.ndarray:
+        """Slots of the stageable rows ``[horizon, end)``, oldest first."""
+        i = as_index("seq", seq)
+        st = self._get(seq)
+        if not st.started:
+            return np.zeros(0, np.int64)
+        return np.array(st.ring.slots(st.horizon, st.end, i * self.config.ring_rows), np.int64)
 
     def buffered_positions(self, seq: int) -> tuple[int, int]:
         """``(horizon, end)``: the absolute positions that can still be staged."""

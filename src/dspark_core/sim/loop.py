@@ -33,6 +33,11 @@ A failed drafter round (any exception from ``clear``/``decode``/``crop`` other
 than ``AssertionError``, which signals a bug) is reported with
 ``stager.fail`` and the round falls back to one plain target decode.
 
+With ``ring`` (a :class:`~dspark_core.cuda.DeviceRing` over an external-row
+Stager) the rows live on the device: ``process`` becomes ``ring.write`` (the
+target's rows are uploaded, as a GPU target would produce them there) and the
+drafter reads ``ring.gather(plan)`` instead of ``plan.rows``.
+
 With ``check_recompute`` the loop checks, after each committed round, that the
 drafter's (incremental, windowed) block logits equal a from-scratch
 ``drafter.recompute`` over the context rows ``[pos_base, start)`` at rebased
@@ -286,6 +291,9 @@ class SpeculativeLoop:
         use_draft_many: plan all sequences with one ``draft_many`` call per iteration
             (default: when there is more than one sequence).
         record_timeline: keep per-round positions and buffered rows (for plots).
+        ring: a :class:`~dspark_core.cuda.DeviceRing` over ``stager`` (which must
+            then be in external-row mode): rows are written to and gathered
+            from the device table instead of passing through the Stager.
     """
 
     def __init__(
@@ -300,6 +308,7 @@ class SpeculativeLoop:
         atol: float = 1e-9,
         use_draft_many: bool | None = None,
         record_timeline: bool = True,
+        ring: Any = None,
     ) -> None:
         self.stager = stager
         self.drafter = drafter
@@ -308,6 +317,11 @@ class SpeculativeLoop:
         if cfg is None:
             raise TypeError("stager must expose its StagerConfig as .config")
         self.config = cfg
+        if ring is not None and getattr(ring, "stager", None) is not stager:
+            raise ValueError("ring must be a DeviceRing over this loop's stager")
+        if ring is None and getattr(cfg, "external_rows", False):
+            raise ValueError("an external-row Stager holds no rows: pass ring=DeviceRing(stager)")
+        self.ring = ring
         self.block_size: int = int(cfg.block_size)
         if len(self.targets) > cfg.max_seqs:
             raise ValueError(f"{len(self.targets)} targets for a Stager with max_seqs={cfg.max_seqs}")
@@ -352,7 +366,12 @@ class SpeculativeLoop:
 
     def _process(self, s: _SeqState, start: int, rows: np.ndarray) -> None:
         pos = np.arange(start, start + len(rows), dtype=np.int64)
-        self._st("process", s.seq, pos, rows)
+        if self.ring is not None:
+            t = time.perf_counter()
+            self.ring.write(s.seq, pos, self.ring.upload(rows))
+            self._t_stager += time.perf_counter() - t
+        else:
+            self._st("process", s.seq, pos, rows)
         if self.check_every:
             # the loop's own log of the rows fed to the Stager (truncated on accept), for the f32 check
             need = start + len(rows)
@@ -402,10 +421,11 @@ class SpeculativeLoop:
         block = [s.last] + [int(d.mask_token_id)] * (B - 1)
         stage = "decode"
         t = time.perf_counter()
+        rows = self._staged_rows(plan)
         try:
             if plan.clear_cache:
                 d.clear(s.seq)
-            out = d.decode(s.seq, plan.positions, plan.rows, block, bpos)
+            out = d.decode(s.seq, plan.positions, rows, block, bpos)
             stage = "crop"
             d.crop(s.seq, int(plan.crop_from))
         except AssertionError:
@@ -433,11 +453,22 @@ class SpeculativeLoop:
         if len(draft) != B:
             raise ValueError(f"drafter returned {len(draft)} draft tokens, expected {B}")
         if self.check_every:
-            self._check(s, plan, block, logits, draft)
+            self._check(s, plan, rows, block, logits, draft)
         return draft
 
+    def _staged_rows(self, plan: Any) -> Any:
+        """The plan's rows: ``plan.rows``, or gathered from the device ring (then brought
+        to the host for the toy drafter, as a GPU drafter would read them in place)."""
+        if self.ring is None:
+            return plan.rows
+        t = time.perf_counter()
+        try:
+            return self.ring.to_numpy(self.ring.gather(plan))
+        finally:
+            self._t_stager += time.perf_counter() - t
+
     def _check(
-        self, s: _SeqState, plan: Any, block: list[int], logits: np.ndarray | None, draft: np.ndarray
+        self, s: _SeqState, plan: Any, rows: Any, block: list[int], logits: np.ndarray | None, draft: np.ndarray
     ) -> None:
         """Incremental equals recompute over [pos_base, start) at rebased positions."""
         res = s.res
@@ -445,7 +476,7 @@ class SpeculativeLoop:
         if plan.clear_cache:
             s.shadow.clear()
         base, start = int(plan.pos_base), int(plan.start)
-        staged = np.asarray(plan.rows)
+        staged = np.asarray(rows)
         for i, p in enumerate(np.asarray(plan.positions)):
             s.shadow[base + int(p)] = staged[i]
         # the drafter cache now holds [pos_base, start); nothing else may be in the shadow

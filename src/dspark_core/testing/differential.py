@@ -72,7 +72,7 @@ def _plan_diff(a: Any, b: Any) -> str | None:
         va, vb = getattr(a, name), getattr(b, name)
         if va != vb or type(va) is not type(vb) and not (isinstance(va, int) and isinstance(vb, int)):
             return f"plan.{name}: core {va!r} != reference {vb!r}"
-    for name in ("positions", "block_positions", "encoded_rows"):
+    for name in ("positions", "block_positions", "slots", "encoded_rows"):
         va, vb = getattr(a, name), getattr(b, name)
         if va.dtype != vb.dtype or va.shape != vb.shape or va.tobytes() != vb.tobytes():
             return f"plan.{name}: core {va.dtype}{va.shape} != reference {vb.dtype}{vb.shape} (or bytes differ)"
@@ -195,7 +195,7 @@ class _Runner:
                 self.count_plan(pa)
                 if self.check:
                     self.plan_check(c, pa)
-            for name in ("positions", "row_seq", "rows", "encoded_rows"):
+            for name in ("positions", "row_seq", "slots", "rows", "encoded_rows"):
                 va, vb = getattr(ra, name), getattr(rb, name)
                 if va.dtype != vb.dtype or va.shape != vb.shape or va.tobytes() != vb.tobytes():
                     self.fail(f"{c.text}: batch.{name} differs")
@@ -212,6 +212,10 @@ class _Runner:
                 rb = {k: rb[k] for k in SEMANTIC_STATS}
             if ra != rb:
                 self.fail(f"{c.text}: {ra} != {rb}")
+        elif isinstance(ra, np.ndarray) or isinstance(rb, np.ndarray):  # fork / shift moves
+            if not (isinstance(ra, np.ndarray) and isinstance(rb, np.ndarray) and ra.dtype == rb.dtype
+                    and ra.shape == rb.shape and np.array_equal(ra, rb)):
+                self.fail(f"{c.text}: core returned {ra!r}, reference {rb!r}")
         elif ra != rb:
             self.fail(f"{c.text}: core returned {ra!r}, reference {rb!r}")
 

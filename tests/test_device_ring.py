@@ -1,0 +1,368 @@
+"""DeviceRing: an external-row Stager's rows on the device, bit-exact with held mode.
+
+Runs where a CUDA device is usable: a real GPU, or (in CI) the
+DSPARK_CUDA=EMULATE build's emulated device, where "device memory" is host
+memory and the same kernels run under the warp model. The oracle is a held
+Stager with the same configuration fed the same host rows: after every round
+``ring.gather(plan)`` must equal its ``plan.rows`` byte for byte (and
+``gather(batch)`` its ``batch.rows``), through long prefills, ring wrap,
+rebases, failures, rollbacks, forks and shifts, for every storage and stage
+dtype. Launches are counted by wrapping the binding's encode / decode entry
+points (one kernel launch per call, as test_cuda_kernels.cpp checks).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from dspark_core import Stager, StagerConfig, cuda
+from dspark_core.config import STORAGES
+from dspark_core.errors import ConfigError, StateError
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
+
+
+@pytest.mark.skipif(cuda.available(), reason="checks the no-device error; a device is present")
+def test_without_a_device_the_ring_says_why():
+    st = Stager(StagerConfig(32, 2, 12, rows="external"))
+    with pytest.raises(RuntimeError, match="no CUDA device available"):
+        cuda.DeviceRing(st)
+
+
+def activations(rng, n, dim, dtype=np.float32, bos=False, big=True):
+    """N(0, 1) noise with a few massive channels (1e3 - 1e5) and a huge-norm BOS row
+    (``big=False``: massive channels up to 3e4, which every storage can hold)."""
+    x = rng.standard_normal((n, dim)).astype(np.float32)
+    x[:, [1, dim // 3, dim - 2]] *= np.array([1e3, 2e4, 1e5] if big else [1e3, 5e3, 7e3], np.float32)
+    if bos and n and big:
+        x[0] *= np.float32(300.0)
+    if np.dtype(dtype) == np.float16:  # float16 inputs stay finite (its range ends at 65504)
+        x = np.clip(x, -6e4, 6e4)
+    return x.astype(dtype)
+
+
+def dev(x):
+    return cuda.DeviceArray.from_numpy(np.ascontiguousarray(x))
+
+
+def host(d):
+    return d.get().view(np.uint8).reshape(-1)
+
+
+class Launches:
+    """Counts calls of the binding's encode / decode (one kernel launch each)."""
+
+    def __init__(self, monkeypatch):
+        self.n = 0
+        for name in ("encode", "decode"):
+            fn = getattr(cuda._cuda, name)
+            monkeypatch.setattr(cuda._cuda, name, self._counted(fn))
+
+    def _counted(self, fn):
+        def call(*a):
+            self.n += 1
+            return fn(*a)
+        return call
+
+    def take(self):
+        n, self.n = self.n, 0
+        return n
+
+
+class Pair:
+    """A held Stager (the oracle) and an external Stager + DeviceRing, driven together."""
+
+    def __init__(self, cfg, seed=0, in_dtype=np.float32, big=False):
+        self.held = Stager(cfg)
+        self.ext = Stager(cfg.replace(rows="external"))
+        self.ring = cuda.DeviceRing(self.ext)
+        self.rng = np.random.default_rng(seed)
+        self.dim = cfg.feature_dim
+        self.in_dtype = in_dtype
+        self.big = big
+
+    def end(self, seq):
+        return self.held.state(seq)["end"]
+
+    def feed(self, seq, n):
+        start = self.end(seq)
+        rows = activations(self.rng, n, self.dim, self.in_dtype, bos=start == 0, big=self.big)
+        pos = np.arange(start, start + n)
+        self.held.process(seq, pos, rows)
+        return self.ring.write(seq, pos, dev(rows))
+
+    def both(self, name, *args):
+        a = getattr(self.held, name)(*args)
+        b = getattr(self.ext, name)(*args)
+        return a, b
+
+    def round(self, seq, close="commit"):
+        """draft on both; the ring's gather equals the held plan's rows byte for byte."""
+        end = self.end(seq)
+        hp, xp = self.both("draft", seq, end)
+        assert hp.skip == xp.skip and np.array_equal(hp.slots, xp.slots)
+        if hp.skip is None:
+            got = self.ring.gather(xp)
+            assert got.shape == hp.rows.shape and got.dtype == hp.rows.dtype
+            assert np.array_equal(host(got), hp.rows.view(np.uint8).reshape(-1))
+            self.both("commit", seq) if close == "commit" else self.both("fail", seq, close)
+        return hp, xp
+
+
+#: (storage, stage dtype) pairs whose stage dtype does not narrow the storage's bounds.
+RING_CONFIGS = [(s, "float32") for s in STORAGES] + [("f16", "float16"), ("f16", "bfloat16"), ("bf16", "bfloat16"),
+                                                     ("q8_0", "bfloat16"), ("q4_0", "bfloat16")]
+
+
+@gpu
+@pytest.mark.parametrize("nonfinite", ["clamp", "error"])
+@pytest.mark.parametrize(("storage", "stage_dtype"), RING_CONFIGS)
+def test_device_ring_matches_held_mode(storage, stage_dtype, nonfinite):
+    """Massive activations (1e5 channels, a 300x BOS row) clamped to what the storage holds,
+    or, under nonfinite="error", rows every storage can hold."""
+    cfg = StagerConfig(64, 3, 24, max_seqs=3, storage=storage, stage_dtype=stage_dtype, nonfinite=nonfinite)
+    p = Pair(cfg, seed=STORAGES.index(storage), big=nonfinite == "clamp")
+    p.feed(0, 900)  # a prompt far longer than the window: bounded ingest
+    wrapped = False
+    for i in range(220):  # ~900 rows through a 540-slot ring: wraps
+        hp, xp = p.round(0, "commit" if i % 17 else "decode")
+        wrapped |= bool(len(xp.slots) > 1 and np.any(np.diff(xp.slots) != 1))
+        p.feed(0, 4)
+        p.both("accept", 0, i % 4)
+    assert wrapped
+    p.both("rollback", 0, p.end(0) - 5)
+    p.round(0)
+    hm = p.held.fork(0, 1)
+    xm = p.ring.fork(0, 1)
+    assert np.array_equal(hm, xm)
+    p.round(1)
+    p.feed(1, 4)
+    keep = p.end(1) - 6
+    hm, xm = p.held.shift(1, keep, 2), p.ring.shift(1, keep, 2)
+    assert np.array_equal(hm, xm) and len(xm) > 0
+    p.round(1)
+    # draft_many: one batch, one contiguous device array.
+    p.feed(0, 4)
+    p.feed(2, 30)
+    hb, xb = p.both("draft_many", [0, 1, 2], [p.end(0), p.end(1), p.end(2)])
+    got = p.ring.gather(xb)
+    assert np.array_equal(host(got), hb.rows.view(np.uint8).reshape(-1))
+    assert got.shape == (len(hb.rows), 64)
+
+
+@gpu
+@pytest.mark.parametrize("in_dtype", [np.float32, np.float16, BF16], ids=["f32", "f16", "bf16"])
+@pytest.mark.parametrize("storage", ["f16", "q8_0"])
+def test_write_is_bit_exact_for_every_input_dtype(storage, in_dtype):
+    cfg = StagerConfig(64, 2, 20, storage=storage)
+    p = Pair(cfg, seed=3, in_dtype=in_dtype)
+    slots = p.feed(0, 7)
+    np.testing.assert_array_equal(slots, np.arange(7))
+    enc = p.held.draft(0, 7).encoded_rows
+    assert p.ring.read(slots).tobytes() == enc.tobytes()
+
+
+@gpu
+@pytest.mark.parametrize("nonfinite", ["error", "zero"])
+def test_launches_per_call(monkeypatch, nonfinite):
+    """write: <= 2 encode launches (one validation launch more under 'error');
+    gather: <= 2 decode launches per sequence, also when the slots wrap."""
+    cfg = StagerConfig(64, 3, 24, storage="q4_0", nonfinite=nonfinite, max_seqs=2)
+    p = Pair(cfg)
+    launches = Launches(monkeypatch)
+    p.feed(0, 30)  # 12 rows stay at slots 0..11 (W // 2)
+    p.feed(0, 1)  # one more: rounds of 4 rows then straddle the ring's end
+    assert launches.take() == 2
+    worst_write = worst_gather = 0
+    for _ in range(200):
+        end = p.end(0)
+        xp = p.ext.draft(0, end)
+        hp = p.held.draft(0, end)
+        launches.take()
+        got = p.ring.gather(xp)
+        worst_gather = max(worst_gather, launches.take())
+        assert host(got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
+        p.both("commit", 0)
+        p.feed(0, 4)
+        worst_write = max(worst_write, launches.take())
+        p.both("accept", 0, 3)
+    assert worst_gather == 2  # the ring wrapped under a plan: two runs, two launches
+    assert worst_write == (1 if nonfinite == "error" else 2)  # error: validate once, then copy
+
+
+@gpu
+def test_nonfinite_rows_are_rejected_before_anything_changes():
+    cfg = StagerConfig(32, 2, 12)
+    p = Pair(cfg)
+    p.feed(0, 5)
+    state, stats = p.ext.state(0), p.ext.stats(0)
+    before = p.ring.read(range(8))
+    rows = activations(p.rng, 3, 32)
+    rows[1, 7] = np.nan
+    with pytest.raises(ValueError, match=r"row 1 \(position 6\) holds a non-finite value"):
+        p.ring.write(0, [5, 6, 7], dev(rows))
+    assert p.ext.state(0) == state and p.ext.stats(0) == stats
+    assert p.ring.read(range(8)).tobytes() == before.tobytes()
+    # A prefill chunk longer than the staging buffer is validated in pieces.
+    big = activations(p.rng, 1300, 32)
+    big[1100, 0] = np.inf
+    with pytest.raises(ValueError, match=r"row 1100 \(position 1105\)"):
+        p.ring.write(0, np.arange(5, 1305), dev(big))
+    assert p.ext.state(0) == state
+    # Under nonfinite="zero" the row is written with zeros, as the held core does.
+    z = Pair(cfg.replace(nonfinite="zero"))
+    z.held.process(0, [0, 1, 2], rows)
+    slots = z.ring.write(0, [0, 1, 2], dev(rows))
+    assert z.ring.read(slots).tobytes() == z.held.draft(0, 3).encoded_rows.tobytes()
+
+
+@gpu
+def test_long_prefill_chunk_is_encoded_into_its_slots():
+    """More rows than the staging buffer holds: validated in pieces, then encoded straight
+    into the slots; only the rows a later round can stage get one."""
+    cfg = StagerConfig(32, 4, 900, storage="bf16")
+    p = Pair(cfg, seed=5)
+    slots = p.feed(0, 1400)
+    w = cfg.window  # the last W rows stay stageable
+    assert (slots[: 1400 - w] == -1).all()
+    np.testing.assert_array_equal(slots[1400 - w:], np.arange(w))
+    hp, _ = p.round(0)
+    assert hp.n_rows == cfg.w_keep
+
+
+@gpu
+@pytest.mark.parametrize("storage", ["f32", "q8_0"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_gather_in_another_dtype_equals_the_cpu_decoder(storage, dtype):
+    from dspark_core import formats
+
+    cfg = StagerConfig(64, 2, 16, storage=storage)
+    p = Pair(cfg, seed=11)
+    p.feed(0, 9)
+    hp, xp = p.both("draft", 0, 9)
+    got = p.ring.gather(xp, dtype)
+    want = formats.dequantize_rows(hp.encoded_rows, storage, 64, BF16 if dtype == "bfloat16" else dtype)
+    assert got.shape == want.shape and host(got).tobytes() == want.tobytes()
+    out = cuda.DeviceArray(want.shape, want.dtype)
+    assert p.ring.gather(xp, dtype, out=out) is out and host(out).tobytes() == want.tobytes()
+    with pytest.raises(ValueError, match="shape"):
+        p.ring.gather(xp, dtype, out=cuda.DeviceArray((1, 64), want.dtype))
+
+
+@gpu
+def test_errors_are_clear_and_change_nothing():
+    cfg = StagerConfig(32, 2, 12, max_seqs=2)
+    with pytest.raises(ValueError, match="external-row mode"):
+        cuda.DeviceRing(Stager(cfg))
+    # A stage dtype that narrows the storage's bounds: held mode would reject rows the kernels accept.
+    with pytest.raises(ConfigError, match="stage_dtype"):
+        cuda.DeviceRing(Stager(cfg.replace(rows="external", stage_dtype="float16")))
+    p = Pair(cfg)
+    other = Stager(cfg.replace(rows="external"))
+    p.feed(0, 6)
+    other.process(0, np.arange(6))
+    with pytest.raises(ValueError, match="another Stager"):
+        p.ring.gather(other.draft(0, 6))
+    other.commit(0)
+    hp, xp = p.both("draft", 0, 6)
+    p.ring.gather(xp)
+    with pytest.raises(StateError):
+        p.ring.write(0, [6], dev(activations(p.rng, 1, 32)))
+    p.both("commit", 0)
+    with pytest.raises(ValueError, match="no open round"):
+        p.ring.gather(xp)
+    # Wrong dtype, shape, host memory, positions: clear errors, nothing appended.
+    state = p.ext.state(0)
+    with pytest.raises(TypeError, match="dtype int32"):
+        p.ring.write(0, [6], dev(np.zeros((1, 32), np.int32)))
+    with pytest.raises(ValueError, match=r"must be \(n, 32\)"):
+        p.ring.write(0, [6], dev(np.zeros((1, 31), np.float32)))
+    with pytest.raises(TypeError, match="host memory"):
+        p.ring.write(0, [6], np.zeros((1, 32), np.float32))
+    with pytest.raises(ValueError, match="continue at 6"):
+        p.ring.write(0, [7], dev(np.zeros((1, 32), np.float32)))
+    with pytest.raises(ValueError, match="2 positions for 1 rows"):
+        p.ring.write(0, [6, 7], dev(np.zeros((1, 32), np.float32)))
+    assert p.ext.state(0) == state
+    # Moves: of another Stager, out of order, or not moves at all.
+    p.feed(0, 2)
+    p.held.fork(0, 1)
+    first = p.ext.fork(0, 1)
+    p.held.fork(0, 1)
+    second = p.ext.fork(0, 1)
+    with pytest.raises(ValueError, match="out of order: expected moves #1"):
+        p.ring.apply(second)
+    p.ring.apply(first)
+    with pytest.raises(ValueError, match="out of order"):
+        p.ring.apply(first)  # twice
+    other.process(1, np.arange(0, 3))
+    with pytest.raises(ValueError, match="another Stager"):
+        p.ring.apply(other.fork(1, 0))
+    with pytest.raises(TypeError, match="moves"):
+        p.ring.apply(np.asarray(second))
+    p.ring.apply(second)
+    p.round(1)
+
+
+@gpu
+@pytest.mark.parametrize("storage", ["f32", "q4_0"])
+def test_loop_with_rows_on_the_device_is_lossless(storage):
+    """The whole speculative loop (prefill chunks, rebases, injected drafter failures, two
+    sequences planned with draft_many) with the rows only on the device: the output is the
+    target's greedy decoding, the drafter's incremental logits equal a from-scratch recompute,
+    and every figure equals the held-mode run's."""
+    from dspark_core.cli.simulate import simulate
+
+    kw = dict(context=700, generate=120, block=4, window=64, storage=storage, seqs=2, feature_dim=64,
+              prefill_chunk=256, fail_every=7, check=True, stager="core", modes=("windowed",))
+    ext = simulate(rows="external", **kw)
+    held = simulate(rows="held", **kw)
+    assert ext["lossless"] and held["lossless"]
+    e, h = ext["modes"]["windowed"], held["modes"]["windowed"]
+    assert e["rebases"] > 0 and e["failures"] > 0 and e["recompute_checks"] > 0
+    for k in ("generated_tokens", "drafter_rounds", "failures", "rebases", "restaged_rows", "acceptance",
+              "peak_rows", "max_drafter_pos", "recompute_max_err"):
+        assert e[k] == h[k], k
+
+
+def test_simulate_rows_external_without_a_device_says_why(capsys):
+    from dspark_core import cli
+
+    if cuda.available():
+        pytest.skip("checks the no-device error; a device is present")
+    assert cli.main(["simulate", "--context", "100", "--generate", "10", "--rows", "external", "-q"]) == 2
+    assert "no CUDA device available" in capsys.readouterr().err
+
+
+@gpu
+def test_snapshot_and_restore_move_a_sequence_between_rings():
+    """An external snapshot (bookkeeping) plus the ring's device copy of the rows restore the
+    sequence on another ring: its next round stages what the held Stager stages."""
+    cfg = StagerConfig(64, 3, 24, max_seqs=2, storage="q8_0")
+    p = Pair(cfg, seed=9)
+    p.feed(0, 300)
+    for _ in range(40):
+        p.round(0)
+        p.feed(0, 4)
+        p.both("accept", 0, 2)
+    data, rows = p.ring.snapshot(0)
+    held_data = p.held.snapshot(0)
+    other = Stager(cfg.replace(rows="external"))
+    ring2 = cuda.DeviceRing(other)
+    with pytest.raises(ValueError, match=r"rows must be uint8 \("):
+        ring2.restore(1, data, dev(np.zeros((1, 2), np.uint8)))
+    with pytest.raises(ValueError, match="carries its rows"):
+        ring2.restore(1, held_data, rows)
+    assert other.state(1)["started"] is False
+    slots = ring2.restore(1, data, rows)
+    assert len(slots) == rows.shape[0]
+    held2 = Stager(cfg)
+    held2.restore(1, held_data)
+    end = held2.state(1)["end"]
+    hp, xp = held2.draft(1, end), other.draft(1, end)
+    got = ring2.gather(xp)
+    assert host(got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
