@@ -36,6 +36,12 @@ constexpr std::int64_t MAX_SEQS_LIMIT = std::int64_t(1) << 16;
 constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
 
 thread_local std::string last_error;
+// The slot copies of this thread's last dspark_fork / dspark_shift and the
+// runs of its last dspark_restore (dspark_last_moves / dspark_last_restore_runs):
+// the ops stay atomic and need no caller buffer sized in advance. Each is
+// reset before its call runs, so a failed call leaves none behind.
+thread_local std::vector<dspark_slot_move> last_moves;
+thread_local dspark::SlotRun last_restore_runs[2];
 
 // Errors raised by this layer itself (the core's own types carry the rest).
 struct NullPointer : std::invalid_argument {
@@ -221,7 +227,7 @@ void check_strict(const dspark_stager& st, std::int64_t seq, std::int64_t n_past
                              cause + " (strict=True; nothing changed)");
 }
 
-dspark_plan to_c(const dspark::RoundPlan& p) {
+dspark_plan to_c(const dspark::RoundPlan& p, bool external) {
     dspark_plan c;
     std::memset(&c, 0, sizeof c);
     c.seq = p.seq;
@@ -233,7 +239,11 @@ dspark_plan to_c(const dspark::RoundPlan& p) {
     c.skip = static_cast<std::int32_t>(p.skip);
     c.rebase = p.rebase;
     c.clear_cache = p.clear_cache;
-    c.rows_mode = DSPARK_ROWS_HELD;
+    c.rows_mode = external ? DSPARK_ROWS_EXTERNAL : DSPARK_ROWS_HELD;
+    for (int k = 0; k < 2; ++k) {
+        c.slot_first[k] = p.slot_runs[k].first;
+        c.slot_count[k] = p.slot_runs[k].count;
+    }
     return c;
 }
 
@@ -242,10 +252,13 @@ dspark_plan to_c(const dspark::RoundPlan& p) {
 // (decoding cannot fail). Too small: TooSmall before anything changes.
 class DraftSink {
 public:
+    // External mode: the core never calls the sink (plans carry slots), so
+    // the row arguments are ignored and nothing is written.
     DraftSink(dspark_stager& st, std::int32_t dtype, void* rows, std::size_t capacity)
-        : st_(st), dtype_(dtype), rows_(static_cast<std::uint8_t*>(rows)), capacity_(capacity),
-          out_row_(out_row_bytes(st, dtype)) {
-        require_buffer(rows, capacity, "rows");
+        : st_(st), dtype_(st.core.external() ? DSPARK_DTYPE_STORAGE : dtype),
+          rows_(st.core.external() ? nullptr : static_cast<std::uint8_t*>(rows)),
+          capacity_(st.core.external() ? 0 : capacity), out_row_(out_row_bytes(st, dtype_)) {
+        require_buffer(rows_, capacity_, "rows");
     }
 
     dspark::Stager::RowSink sink() {
@@ -280,6 +293,20 @@ private:
     dspark::ByteVec scratch_;
 };
 
+// Runs fork / shift and keeps its moves as this thread's last moves. The
+// room is reserved before the op, so recording cannot fail after it changed
+// the stager (a move list holds at most 2 + ring_rows pieces).
+template <class Op>
+dspark_status with_moves(dspark_stager* st, Op&& op) {
+    last_moves.clear();
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        last_moves.reserve(static_cast<std::size_t>(core.ring_rows()) + 2);
+        const std::vector<dspark::SlotMove> moves = op(core);
+        for (const dspark::SlotMove& m : moves) last_moves.push_back(dspark_slot_move{m.src, m.dst, m.count});
+    });
+}
+
 }  // namespace
 
 extern "C" {
@@ -311,11 +338,9 @@ dspark_status dspark_stager_create(const dspark_config* config, dspark_stager** 
         require(out, "out");
         *out = nullptr;
         const dspark_config c = read_config(config);
-        if (c.rows_mode != DSPARK_ROWS_HELD) {
-            if (c.rows_mode == DSPARK_ROWS_EXTERNAL)
-                throw Unsupported("rows_mode DSPARK_ROWS_EXTERNAL is not supported by this version");
-            throw dspark::ConfigError("rows_mode " + std::to_string(c.rows_mode) + " is not a rows mode");
-        }
+        if (c.rows_mode != DSPARK_ROWS_HELD && c.rows_mode != DSPARK_ROWS_EXTERNAL)
+            throw dspark::ConfigError("rows_mode " + std::to_string(c.rows_mode) +
+                                      " is not a rows mode (DSPARK_ROWS_HELD 0 or DSPARK_ROWS_EXTERNAL 1)");
         if (c.max_seqs > MAX_SEQS_LIMIT)
             throw dspark::ConfigError("max_seqs (" + std::to_string(c.max_seqs) + ") exceeds the limit " +
                                       std::to_string(MAX_SEQS_LIMIT));
@@ -331,6 +356,7 @@ dspark_status dspark_stager_create(const dspark_config* config, dspark_stager** 
             throw dspark::ConfigError("stage_dtype code " + std::to_string(c.stage_dtype) +
                                       " is not supported; use DSPARK_DTYPE_F32, F16 or BF16");
         o.stage = static_cast<ElemType>(c.stage_dtype);
+        o.rows = c.rows_mode == DSPARK_ROWS_EXTERNAL ? dspark::RowMode::External : dspark::RowMode::Held;
         if (c.strict != 0 && c.strict != 1)
             throw dspark::ConfigError("strict must be 0 or 1, got " + std::to_string(c.strict));
         *out = new dspark_stager(o, c);  // the core checks every value (ConfigError)
@@ -338,6 +364,14 @@ dspark_status dspark_stager_create(const dspark_config* config, dspark_stager** 
 }
 
 void dspark_stager_destroy(dspark_stager* st) { delete st; }
+
+dspark_status dspark_ring_rows(const dspark_stager* st, int64_t* out) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require(out, "out");
+        *out = core.ring_rows();
+    });
+}
 
 dspark_status dspark_stager_config(const dspark_stager* st, dspark_config* out) {
     return guarded([&] {
@@ -398,6 +432,17 @@ dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, const int64
     });
 }
 
+dspark_status dspark_process_external(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                      int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        core.check_ready(seq);
+        require_buffer(positions, n, "positions");
+        require_buffer(slots_out, n, "slots_out");
+        core.process_external(seq, positions, n, slots_out);  // held mode: invalid_argument naming the mode
+    });
+}
+
 dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_past, int32_t rows_dtype,
                                 size_t* bytes) {
     return guarded([&] {
@@ -405,6 +450,10 @@ dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_
         require(bytes, "bytes");
         const std::size_t row = out_row_bytes(*st, rows_dtype);
         const dspark::RoundPlan p = core.peek(seq, n_past);
+        if (core.external()) {  // plans name slots: nothing to copy out
+            *bytes = 0;
+            return;
+        }
         *bytes = mul_size(static_cast<std::size_t>(p.n_rows), row, "draft rows");
     });
 }
@@ -421,7 +470,7 @@ dspark_status dspark_draft(dspark_stager* st, int64_t seq, int64_t n_past, int32
             if (n_past >= 0) check_strict(*st, seq, n_past);  // a bad n_past is the core's error
             const dspark::RoundPlan p = core.draft_into(seq, n_past, sink.sink());
             const std::size_t written = sink.finish();
-            *plan = to_c(p);
+            *plan = to_c(p, core.external());
             if (rows_written) *rows_written = written;
         },
         rows_written);
@@ -446,7 +495,7 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
             std::vector<dspark::RoundPlan> out;
             core.draft_many_into(seqs, n_pasts, n, out, sink.sink());
             const std::size_t written = sink.finish();
-            for (std::size_t i = 0; i < out.size(); ++i) plans[i] = to_c(out[i]);
+            for (std::size_t i = 0; i < out.size(); ++i) plans[i] = to_c(out[i], core.external());
             if (rows_written) *rows_written = written;
         },
         rows_written);
@@ -477,11 +526,45 @@ dspark_status dspark_rollback(dspark_stager* st, int64_t seq, int64_t n_past) {
 }
 
 dspark_status dspark_shift(dspark_stager* st, int64_t seq, int64_t n_keep, int64_t n_discard) {
-    return guarded([&] { core_of(st).shift(seq, n_keep, n_discard); });
+    return with_moves(st, [&](dspark::Stager& core) { return core.shift(seq, n_keep, n_discard); });
 }
 
 dspark_status dspark_fork(dspark_stager* st, int64_t src, int64_t dst) {
-    return guarded([&] { core_of(st).fork(src, dst); });
+    return with_moves(st, [&](dspark::Stager& core) { return core.fork(src, dst); });
+}
+
+dspark_status dspark_last_moves(const dspark_slot_move** moves, size_t* n) {
+    return guarded([&] {
+        require(moves, "moves");
+        require(n, "n");
+        *moves = last_moves.empty() ? nullptr : last_moves.data();
+        *n = last_moves.size();
+    });
+}
+
+dspark_status dspark_live_slots(const dspark_stager* st, int64_t seq, int64_t first[2], int64_t count[2]) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require(first, "first");
+        require(count, "count");
+        dspark::SlotRun runs[2];
+        core.live_slots(seq, runs);
+        for (int k = 0; k < 2; ++k) {
+            first[k] = runs[k].first;
+            count[k] = runs[k].count;
+        }
+    });
+}
+
+dspark_status dspark_last_restore_runs(int64_t first[2], int64_t count[2]) {
+    return guarded([&] {
+        require(first, "first");
+        require(count, "count");
+        for (int k = 0; k < 2; ++k) {
+            first[k] = last_restore_runs[k].first;
+            count[k] = last_restore_runs[k].count;
+        }
+    });
 }
 
 dspark_status dspark_snapshot_size(const dspark_stager* st, int64_t seq, size_t* bytes) {
@@ -511,11 +594,15 @@ dspark_status dspark_snapshot(const dspark_stager* st, int64_t seq, void* out, s
 }
 
 dspark_status dspark_restore(dspark_stager* st, int64_t seq, const void* data, size_t nbytes) {
+    last_restore_runs[0] = last_restore_runs[1] = dspark::SlotRun{};
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         core.check_ready(seq);
         require_buffer(data, nbytes, "data");
-        core.restore(seq, static_cast<const std::uint8_t*>(data), nbytes);  // checks every byte
+        dspark::SlotRun runs[2];
+        core.restore(seq, static_cast<const std::uint8_t*>(data), nbytes, runs);  // checks every byte
+        last_restore_runs[0] = runs[0];
+        last_restore_runs[1] = runs[1];
     });
 }
 

@@ -43,6 +43,31 @@ int main(void) {
     EXPECT(dspark_commit(st, 0) == DSPARK_OK);
     dspark_stager_destroy(st);
 
+    /* External rows: slots instead of rows, moves through dspark_last_moves. */
+    {
+        int64_t slots[5], ring = 0, first[2], count[2];
+        const dspark_slot_move* moves = NULL;
+        size_t n_moves = 0;
+        c.rows_mode = DSPARK_ROWS_EXTERNAL;
+        c.max_seqs = 2;
+        st = NULL;
+        EXPECT(dspark_stager_create(&c, &st) == DSPARK_OK);
+        EXPECT(dspark_ring_rows(st, &ring) == DSPARK_OK && ring > 20);
+        EXPECT(dspark_process(st, 0, pos, 5, rows, DSPARK_DTYPE_F32, sizeof rows) == DSPARK_E_INVALID_ARGUMENT);
+        EXPECT(dspark_process_external(st, 0, pos, 5, slots) == DSPARK_OK);
+        EXPECT(slots[0] == 0 && slots[4] == 4);
+        EXPECT(dspark_draft(st, 0, 5, DSPARK_DTYPE_STORAGE, NULL, 0, &plan, &written) == DSPARK_OK);
+        EXPECT(written == 0 && plan.rows_mode == DSPARK_ROWS_EXTERNAL && plan.n_rows == 5);
+        EXPECT(plan.slot_first[0] == 0 && plan.slot_count[0] == 5 && plan.slot_count[1] == 0);
+        EXPECT(dspark_commit(st, 0) == DSPARK_OK);
+        EXPECT(dspark_fork(st, 0, 1) == DSPARK_OK);
+        EXPECT(dspark_last_moves(&moves, &n_moves) == DSPARK_OK && n_moves == 1);
+        EXPECT(moves[0].src == 0 && moves[0].dst == ring && moves[0].count == 5);
+        EXPECT(dspark_live_slots(st, 1, first, count) == DSPARK_OK && first[0] == ring && count[0] == 5);
+        EXPECT(dspark_last_restore_runs(first, count) == DSPARK_OK && count[0] == 0 && count[1] == 0);
+        dspark_stager_destroy(st);
+    }
+
     EXPECT(dspark_row_bytes(DSPARK_STORAGE_Q4_0, D, &rb) == DSPARK_OK && rb == 18);
     EXPECT(dspark_encode_rows(rows, DSPARK_DTYPE_F32, sizeof rows, 5, D, DSPARK_STORAGE_Q4_0, DSPARK_NONFINITE_ERROR, q,
                               sizeof q, &bad) == DSPARK_OK && bad == -1);

@@ -123,10 +123,9 @@ TEST_CASE(create_rejects_bad_configs_with_their_codes) {
     c.strict = 2;
     CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
     c = config();
-    c.rows_mode = DSPARK_ROWS_EXTERNAL;  // reserved, not in this version
-    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_UNSUPPORTED);
     c.rows_mode = 9;
     CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("rows_mode 9"));
     CHECK(st == nullptr);
 }
 
@@ -651,6 +650,343 @@ TEST_CASE(one_handle_from_several_threads) {
         CHECK(got[i] == want[i]);
     }
     CHECK(want[0] != want[1]);  // the sequences' rows differ, so a mix-up would show
+}
+
+// ---- external-row mode -----------------------------------------------------
+
+// The owner of external rows: a table of max_seqs * ring_rows storage rows,
+// written only at the slots process_external returns and moved only by the
+// moves fork / shift report. Its rows at a plan's slot runs must be the held
+// stager's draft rows byte for byte.
+struct Mirror {
+    std::size_t row_bytes = 0;
+    std::vector<std::uint8_t> table;
+
+    Mirror(dspark_stager* st, std::int64_t seqs) {
+        std::int64_t ring = 0;
+        CHECK_EQ(dspark_ring_rows(st, &ring), DSPARK_OK);
+        CHECK_EQ(dspark_stager_row_bytes(st, &row_bytes), DSPARK_OK);
+        table.assign(static_cast<std::size_t>(seqs * ring) * row_bytes, 0xEE);
+    }
+    std::uint8_t* row(std::int64_t slot) { return table.data() + static_cast<std::size_t>(slot) * row_bytes; }
+
+    // Encodes rows (f32, n x D) as the owner would and writes row i at slots[i] >= 0.
+    void write(const std::int64_t* slots, std::int64_t n, const std::vector<float>& rows, std::int32_t storage) {
+        std::vector<std::uint8_t> enc(static_cast<std::size_t>(n) * row_bytes);
+        std::int64_t bad = 0;
+        CHECK_EQ(dspark_encode_rows(rows.data(), DSPARK_DTYPE_F32, rows.size() * 4, static_cast<std::size_t>(n), D,
+                                    storage, DSPARK_NONFINITE_ERROR, enc.data(), enc.size(), &bad),
+                 DSPARK_OK);
+        CHECK_EQ(bad, -1);
+        for (std::int64_t i = 0; i < n; ++i)
+            if (slots[i] >= 0) std::memcpy(row(slots[i]), enc.data() + static_cast<std::size_t>(i) * row_bytes, row_bytes);
+    }
+    // Rows at runs (first, count), in order.
+    std::vector<std::uint8_t> gather(const std::int64_t first[2], const std::int64_t count[2]) {
+        std::vector<std::uint8_t> out;
+        for (int k = 0; k < 2; ++k)
+            for (std::int64_t i = 0; i < count[k]; ++i) out.insert(out.end(), row(first[k] + i), row(first[k] + i) + row_bytes);
+        return out;
+    }
+    void put(const std::int64_t first[2], const std::int64_t count[2], const std::vector<std::uint8_t>& rows) {
+        std::size_t at = 0;
+        for (int k = 0; k < 2; ++k)
+            for (std::int64_t i = 0; i < count[k]; ++i, at += row_bytes) std::memcpy(row(first[k] + i), rows.data() + at, row_bytes);
+        CHECK_EQ(at, rows.size());
+    }
+    // Applies this thread's last moves; returns how many there were.
+    std::size_t apply_last_moves() {
+        const dspark_slot_move* moves = nullptr;
+        std::size_t n = 99;
+        CHECK_EQ(dspark_last_moves(&moves, &n), DSPARK_OK);
+        for (std::size_t i = 0; i < n; ++i) {
+            CHECK(moves[i].count > 0);
+            // The contract: the two ranges of one move never overlap (memcpy is enough).
+            CHECK(moves[i].src + moves[i].count <= moves[i].dst || moves[i].dst + moves[i].count <= moves[i].src);
+            std::memcpy(row(moves[i].dst), row(moves[i].src), static_cast<std::size_t>(moves[i].count) * row_bytes);
+        }
+        return n;
+    }
+};
+
+std::vector<dspark_slot_move> last_moves_copy() {
+    const dspark_slot_move* moves = nullptr;
+    std::size_t n = 0;
+    CHECK_EQ(dspark_last_moves(&moves, &n), DSPARK_OK);
+    return n ? std::vector<dspark_slot_move>(moves, moves + n) : std::vector<dspark_slot_move>{};
+}
+
+bool same_moves(const std::vector<dspark_slot_move>& a, const std::vector<dspark_slot_move>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (a[i].src != b[i].src || a[i].dst != b[i].dst || a[i].count != b[i].count) return false;
+    return true;
+}
+
+constexpr std::int32_t EXT_STORAGE = DSPARK_STORAGE_Q8_0;
+constexpr std::int64_t EXT_SEQS = 3;
+
+dspark_config external_config() {
+    dspark_config c = config(EXT_STORAGE, EXT_SEQS);
+    c.rows_mode = DSPARK_ROWS_EXTERNAL;
+    return c;
+}
+
+// A held and an external stager fed the same calls.
+struct Pair {
+    Handle held{config(EXT_STORAGE, EXT_SEQS)};
+    Handle ext{external_config()};
+    Mirror mirror{ext.st, EXT_SEQS};
+    std::int64_t processed_below_horizon = 0;  // rows process_external said not to write
+
+    void begin(std::int64_t seq) {
+        CHECK_EQ(dspark_begin(held.st, seq), DSPARK_OK);
+        CHECK_EQ(dspark_begin(ext.st, seq), DSPARK_OK);
+    }
+    void process(std::int64_t seq, std::int64_t from, std::int64_t n, int version) {
+        const auto rows = rows_for(from, n, version);
+        const auto pos = span(from, n);
+        CHECK_EQ(dspark_process(held.st, seq, pos.data(), pos.size(), rows.data(), DSPARK_DTYPE_F32, rows.size() * 4),
+                 DSPARK_OK);
+        std::vector<std::int64_t> slots(static_cast<std::size_t>(n), -7);
+        CHECK_EQ(dspark_process_external(ext.st, seq, pos.data(), pos.size(), slots.data()), DSPARK_OK);
+        for (std::int64_t s : slots) {
+            CHECK(s >= -1);  // every entry written
+            if (s < 0) ++processed_below_horizon;
+        }
+        mirror.write(slots.data(), n, rows, EXT_STORAGE);
+    }
+    // Drafts both at n_past; the plans must agree and the mirror rows at the
+    // external plan's slots must be the held draft's rows. Returns the plan.
+    dspark_plan draft(std::int64_t seq, std::int64_t n_past) {
+        std::vector<std::uint8_t> buf(static_cast<std::size_t>(W) * mirror.row_bytes);
+        dspark_plan hp, xp;
+        std::size_t hw = 0, xw = 99;
+        CHECK_EQ(dspark_draft(held.st, seq, n_past, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &hp, &hw), DSPARK_OK);
+        std::size_t size = 99;
+        CHECK_EQ(dspark_draft_size(ext.st, seq, n_past, DSPARK_DTYPE_F32, &size), DSPARK_OK);
+        CHECK_EQ(size, 0u);
+        CHECK_EQ(dspark_draft(ext.st, seq, n_past, DSPARK_DTYPE_F32, nullptr, 0, &xp, &xw), DSPARK_OK);
+        CHECK_EQ(xw, 0u);
+        CHECK_EQ(hp.rows_mode, DSPARK_ROWS_HELD);
+        CHECK_EQ(xp.rows_mode, DSPARK_ROWS_EXTERNAL);
+        CHECK_EQ(xp.skip, hp.skip);
+        CHECK_EQ(xp.start, hp.start);
+        CHECK_EQ(xp.rebase, hp.rebase);
+        CHECK_EQ(xp.clear_cache, hp.clear_cache);
+        CHECK_EQ(xp.pos_base, hp.pos_base);
+        CHECK_EQ(xp.first_row, hp.first_row);
+        CHECK_EQ(xp.n_rows, hp.n_rows);
+        CHECK_EQ(xp.crop_from, hp.crop_from);
+        for (int k = 0; k < 2; ++k) {  // the same ring bookkeeping in both modes
+            CHECK_EQ(xp.slot_first[k], hp.slot_first[k]);
+            CHECK_EQ(xp.slot_count[k], hp.slot_count[k]);
+            CHECK_EQ(xp.reserved[k], 0);
+        }
+        CHECK_EQ(xp.slot_count[0] + xp.slot_count[1], xp.n_rows);
+        CHECK_EQ(hw, static_cast<std::size_t>(hp.n_rows) * mirror.row_bytes);
+        const std::vector<std::uint8_t> got = mirror.gather(xp.slot_first, xp.slot_count);
+        CHECK_EQ(got.size(), hw);
+        CHECK(std::memcmp(got.data(), buf.data(), hw) == 0);
+        return xp;
+    }
+    void both(dspark_status (*call)(dspark_stager*, std::int64_t), std::int64_t seq) {
+        CHECK_EQ(call(held.st, seq), DSPARK_OK);
+        CHECK_EQ(call(ext.st, seq), DSPARK_OK);
+    }
+    void accept(std::int64_t seq, std::int64_t n) {
+        CHECK_EQ(dspark_accept(held.st, seq, n), DSPARK_OK);
+        CHECK_EQ(dspark_accept(ext.st, seq, n), DSPARK_OK);
+    }
+    // Rounds of the speculative loop from n_past; returns the new n_past.
+    std::int64_t rounds(std::int64_t seq, std::int64_t n_past, int n, int version, bool* wrapped) {
+        for (int r = 0; r < n; ++r) {
+            const dspark_plan p = draft(seq, n_past);
+            CHECK_EQ(p.skip, DSPARK_SKIP_NONE);
+            if (p.skip != DSPARK_SKIP_NONE) std::printf("  seq %lld n_past %lld round %d\n", (long long)seq, (long long)n_past, r);
+            if (p.slot_count[1] > 0) *wrapped = true;
+            both(dspark_commit, seq);
+            process(seq, n_past, B + 1, version + r);
+            const std::int64_t n_acc = (r * 5 + 3) % (B + 1);
+            accept(seq, n_acc);
+            n_past += n_acc + 1;
+        }
+        return n_past;
+    }
+};
+
+TEST_CASE(external_rows_match_held_rows_through_the_c_abi) {
+    Pair t;
+    std::int64_t ring = 0;
+    CHECK_EQ(dspark_ring_rows(t.ext.st, &ring), DSPARK_OK);
+    CHECK_EQ(ring, W + 512 + B + 1);  // W + TRIM_CHUNK + B + 1
+    dspark_config got;
+    dspark_config_init(&got);
+    CHECK_EQ(dspark_stager_config(t.ext.st, &got), DSPARK_OK);
+    CHECK_EQ(got.rows_mode, DSPARK_ROWS_EXTERNAL);
+
+    // A long prefill in chunks: the ring trims its dead head and wraps.
+    t.begin(0);
+    std::int64_t n_past = 0;
+    for (; n_past < 2 * ring + 37; n_past += 97) t.process(0, n_past, 97, 0);
+    t.process(0, n_past, 3 * W, 0);  // one chunk longer than the window: its head is below the horizon
+    n_past += 3 * W;
+    CHECK(t.processed_below_horizon > 0);
+    bool wrapped = false;
+    n_past = t.rounds(0, n_past, 12, 1, &wrapped);
+
+    // Keep prefilling in short chunks until a plan's slots wrap the ring.
+    for (int i = 0; i < 200 && !wrapped; ++i) {
+        t.process(0, n_past, 13, 100 + i);
+        n_past += 13;
+        const dspark_plan p = t.draft(0, n_past);
+        if (p.slot_count[1] > 0) wrapped = true;
+        t.both(dspark_commit, 0);
+    }
+    CHECK(wrapped);
+    t.process(0, n_past, 4, 299);  // the last plan drafted at n_past: new rows before the next round
+    n_past += 4;
+    n_past = t.rounds(0, n_past, 6, 300, &wrapped);
+
+    // fork: the child's rows are copied by the moves only.
+    CHECK_EQ(dspark_fork(t.held.st, 0, 1), DSPARK_OK);
+    const std::vector<dspark_slot_move> held_fork = last_moves_copy();
+    CHECK_EQ(dspark_fork(t.ext.st, 0, 1), DSPARK_OK);
+    CHECK(same_moves(last_moves_copy(), held_fork));
+    const std::size_t n_fork = t.mirror.apply_last_moves();
+    CHECK(n_fork >= 1 && n_fork <= 2);
+    for (const dspark_slot_move& m : held_fork) CHECK(m.dst >= ring && m.dst + m.count <= 2 * ring);  // into seq 1
+    std::int64_t child_past = t.rounds(1, n_past, 5, 400, &wrapped);
+    n_past = t.rounds(0, n_past, 3, 500, &wrapped);  // the parent is untouched by the child's rounds
+
+    // shift with rows on both sides of the discarded range: the tail moves.
+    dspark_state s;
+    dspark_state_init(&s);
+    CHECK_EQ(dspark_state_get(t.ext.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.end, n_past);
+    const std::int64_t n_keep = n_past - 9, n_discard = 4;
+    CHECK(n_keep > s.horizon);
+    CHECK_EQ(dspark_shift(t.held.st, 0, n_keep, n_discard), DSPARK_OK);
+    const std::vector<dspark_slot_move> held_shift = last_moves_copy();
+    CHECK_EQ(dspark_shift(t.ext.st, 0, n_keep, n_discard), DSPARK_OK);
+    CHECK(same_moves(last_moves_copy(), held_shift));
+    CHECK(t.mirror.apply_last_moves() > 0);
+    n_past -= n_discard;
+    t.process(0, n_past, 5, 600);
+    n_past += 5;
+    n_past = t.rounds(0, n_past, 4, 700, &wrapped);
+    // A shift that moves nothing (the discarded range is the tail) reports no moves.
+    CHECK_EQ(dspark_shift(t.ext.st, 1, child_past - 2, 2), DSPARK_OK);
+    CHECK(last_moves_copy().empty());
+    CHECK_EQ(dspark_shift(t.held.st, 1, child_past - 2, 2), DSPARK_OK);
+    child_past -= 2;
+    child_past = t.rounds(1, child_past, 3, 800, &wrapped);
+
+    // snapshot / restore into other handles: the owner saves the rows at the
+    // live slots and puts them back at the restore runs.
+    Pair u;
+    std::int64_t live_first[2], live_count[2];
+    CHECK_EQ(dspark_live_slots(t.ext.st, 0, live_first, live_count), DSPARK_OK);
+    CHECK_EQ(dspark_state_get(t.ext.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(live_count[0] + live_count[1], s.end - s.horizon);
+    const std::vector<std::uint8_t> saved = t.mirror.gather(live_first, live_count);
+    const std::vector<std::uint8_t> xsnap = snap(t.ext.st, 0), hsnap = snap(t.held.st, 0);
+    CHECK(!xsnap.empty() && xsnap.size() < hsnap.size());  // bookkeeping only
+    // seq 2 of the other pair: its slots differ from seq 0's.
+    CHECK_EQ(dspark_restore(u.held.st, 2, hsnap.data(), hsnap.size()), DSPARK_OK);
+    CHECK_EQ(dspark_restore(u.ext.st, 2, xsnap.data(), xsnap.size()), DSPARK_OK);
+    std::int64_t rf[2] = {-5, -5}, rc[2] = {-5, -5};
+    CHECK_EQ(dspark_last_restore_runs(rf, rc), DSPARK_OK);
+    CHECK_EQ(rc[0] + rc[1], live_count[0] + live_count[1]);
+    CHECK(rf[0] >= 2 * ring && rf[0] + rc[0] <= 3 * ring);
+    std::int64_t lf[2], lc[2];
+    CHECK_EQ(dspark_live_slots(u.ext.st, 2, lf, lc), DSPARK_OK);
+    for (int k = 0; k < 2; ++k) {
+        CHECK_EQ(lf[k] * (lc[k] > 0), rf[k] * (rc[k] > 0));
+        CHECK_EQ(lc[k], rc[k]);
+    }
+    u.mirror.put(rf, rc, saved);
+    std::int64_t u_past = u.rounds(2, n_past, 6, 900, &wrapped);
+    CHECK(u_past > n_past);
+
+    // A snapshot of the other mode is rejected; the failed restore leaves no runs.
+    const std::vector<std::uint8_t> before = snap(u.ext.st, 0);
+    CHECK_EQ(dspark_restore(u.ext.st, 0, hsnap.data(), hsnap.size()), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_last_restore_runs(rf, rc), DSPARK_OK);
+    CHECK(rc[0] == 0 && rc[1] == 0);
+    CHECK(snap(u.ext.st, 0) == before);
+    CHECK_EQ(dspark_restore(u.held.st, 0, xsnap.data(), xsnap.size()), DSPARK_E_INVALID_ARGUMENT);
+}
+
+TEST_CASE(external_mode_error_paths_change_nothing) {
+    Pair t;
+    t.begin(0);
+    t.process(0, 0, 6, 0);
+    const std::vector<std::uint8_t> xs = snap(t.ext.st, 0), hs = snap(t.held.st, 0);
+    const auto pos = span(6, 2);
+    const auto rows = rows_for(6, 2);
+    // Row calls of the other mode name the mode.
+    CHECK_EQ(dspark_process(t.ext.st, 0, pos.data(), 2, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("external-row mode"));
+    std::vector<std::uint8_t> enc(2 * t.mirror.row_bytes);
+    CHECK_EQ(dspark_process_encoded(t.ext.st, 0, pos.data(), 2, enc.data(), enc.size()), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("external-row mode"));
+    std::int64_t slots[2] = {-9, -9};
+    CHECK_EQ(dspark_process_external(t.held.st, 0, pos.data(), 2, slots), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("needs external-row mode"));
+    CHECK(slots[0] == -9 && slots[1] == -9);
+    // NULL buffers, a bad position, an unknown sequence: errors, nothing written.
+    CHECK_EQ(dspark_process_external(t.ext.st, 0, pos.data(), 2, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK(error_mentions("slots_out is NULL"));
+    CHECK_EQ(dspark_process_external(t.ext.st, 0, nullptr, 2, slots), DSPARK_E_NULL_POINTER);
+    CHECK(error_mentions("positions is NULL"));
+    const std::int64_t gap[2] = {7, 8};
+    CHECK_EQ(dspark_process_external(t.ext.st, 0, gap, 2, slots), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("positions must continue at 6, got 7"));
+    CHECK(slots[0] == -9 && slots[1] == -9);
+    CHECK_EQ(dspark_process_external(t.ext.st, EXT_SEQS, pos.data(), 2, slots), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_process_external(t.ext.st, 0, nullptr, 0, nullptr), DSPARK_OK);  // empty: nothing to point at
+    CHECK(snap(t.ext.st, 0) == xs);
+    CHECK(snap(t.held.st, 0) == hs);
+    // An open round refuses process_external (StateError), as process.
+    dspark_plan p;
+    CHECK_EQ(dspark_draft(t.ext.st, 0, 6, DSPARK_DTYPE_STORAGE, nullptr, 0, &p, nullptr), DSPARK_OK);
+    CHECK_EQ(p.skip, DSPARK_SKIP_NONE);
+    CHECK_EQ(dspark_process_external(t.ext.st, 0, pos.data(), 2, slots), DSPARK_E_STATE);
+    CHECK(error_mentions("open round"));
+    CHECK_EQ(dspark_commit(t.ext.st, 0), DSPARK_OK);
+    // A failed fork / shift leaves no moves behind (a stale list is never applied twice).
+    CHECK_EQ(dspark_fork(t.ext.st, 0, 1), DSPARK_OK);
+    CHECK(!last_moves_copy().empty());
+    CHECK_EQ(dspark_fork(t.ext.st, 0, EXT_SEQS), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(last_moves_copy().empty());
+    const dspark_slot_move* m = nullptr;
+    std::size_t n = 0;
+    CHECK_EQ(dspark_last_moves(nullptr, &n), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_last_moves(&m, nullptr), DSPARK_E_NULL_POINTER);
+    std::int64_t f[2], c[2];
+    CHECK_EQ(dspark_last_restore_runs(nullptr, c), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_live_slots(t.ext.st, 0, f, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_ring_rows(nullptr, f), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_ring_rows(t.ext.st, nullptr), DSPARK_E_NULL_POINTER);
+}
+
+TEST_CASE(last_moves_are_per_thread) {
+    Pair t;
+    t.begin(0);
+    t.process(0, 0, 6, 0);
+    CHECK_EQ(dspark_fork(t.ext.st, 0, 1), DSPARK_OK);
+    const std::vector<dspark_slot_move> mine = last_moves_copy();
+    CHECK(!mine.empty());
+    std::size_t other_n = 99;
+    std::thread([&] {
+        const dspark_slot_move* m = nullptr;
+        dspark_last_moves(&m, &other_n);
+        CHECK_EQ(dspark_fork(t.held.st, 0, 1), DSPARK_OK);  // this thread's own moves
+    }).join();
+    CHECK_EQ(other_n, 0u);
+    CHECK(same_moves(last_moves_copy(), mine));
 }
 
 TEST_CASE(last_error_is_per_thread_and_cleared_by_success) {

@@ -87,10 +87,13 @@ enum {
     DSPARK_SKIP_NO_CONTEXT = 3,
     DSPARK_SKIP_MISSING_ROWS = 4
 };
-/* Who holds the staged rows. Only HELD exists now: the stager holds them and
- * draft copies them into a caller buffer. EXTERNAL is reserved for a mode in
- * which plans name ring slots of caller-owned memory; configs asking for it
- * get DSPARK_E_UNSUPPORTED from this version. */
+/* Who holds the staged rows. HELD: the stager holds them, process takes the
+ * rows and draft copies them into a caller buffer. EXTERNAL: the caller owns
+ * a table of max_seqs * ring_rows rows (dspark_ring_rows) and the stager
+ * holds no row bytes: dspark_process_external hands out the slot of each row,
+ * plans name the slots of their rows (dspark_plan.slot_first / slot_count),
+ * and fork / shift report the copies to apply (dspark_last_moves).
+ * docs/external_rows.md has the owner's duties. */
 enum { DSPARK_ROWS_HELD = 0, DSPARK_ROWS_EXTERNAL = 1 };
 
 /* ---- structs ------------------------------------------------------------- */
@@ -111,7 +114,7 @@ typedef struct dspark_config {
                               rejects rows that would not stay finite in it; default F32 */
     int32_t strict;        /* 1: a draft whose n_past does not match the buffered rows (it would skip
                               with MISSING_ROWS) fails with DSPARK_E_STATE instead; default 0 */
-    int32_t rows_mode;     /* DSPARK_ROWS_HELD (the only mode of this version) */
+    int32_t rows_mode;     /* DSPARK_ROWS_HELD (default) or DSPARK_ROWS_EXTERNAL */
 } dspark_config;
 
 /* One sequence's round as planned by dspark_draft. Context rows are the
@@ -128,11 +131,24 @@ typedef struct dspark_plan {
     int32_t skip;        /* DSPARK_SKIP_*; NONE means a round is now open */
     int32_t rebase;      /* 1: the drafter cache is restaged from position 0 */
     int32_t clear_cache; /* 1: clear the drafter cache before staging */
-    int32_t rows_mode;   /* DSPARK_ROWS_HELD: rows went into the caller's buffer */
-    /* Reserved for the external-row mode (ring slots of the staged rows);
-     * zero in HELD mode. Keeps the struct's size when that mode arrives. */
-    int64_t reserved[6];
+    int32_t rows_mode;   /* HELD: rows went into the caller's buffer; EXTERNAL: they are at the slots */
+    /* The global slots of the n_rows context rows, in plan order (both
+     * modes): run k is slots [slot_first[k], slot_first[k] + slot_count[k]);
+     * run 1 (count 0 when unused) follows run 0 when the ring wraps. Zero
+     * counts when skipped. */
+    int64_t slot_first[2];
+    int64_t slot_count[2];
+    int64_t reserved[2]; /* zero */
 } dspark_plan;
+
+/* A copy the owner of external rows applies: table rows [src, src + count)
+ * to [dst, dst + count). Apply in the order given; the two ranges of one move
+ * never overlap, and no move overwrites a row a later one reads. */
+typedef struct dspark_slot_move {
+    int64_t src;
+    int64_t dst;
+    int64_t count;
+} dspark_slot_move;
 
 /* Protocol state of one sequence (Python: Stager.state()). Set struct_size
  * (dspark_state_init); the library fills at most struct_size bytes. */
@@ -194,6 +210,10 @@ DSPARK_API dspark_status dspark_stager_config(const dspark_stager* st, dspark_co
 DSPARK_API dspark_status dspark_stager_row_bytes(const dspark_stager* st, size_t* out);
 /* The most context rows one plan can stage (window - block_size). */
 DSPARK_API dspark_status dspark_stager_max_plan_rows(const dspark_stager* st, int64_t* out);
+/* Slots per sequence (both modes): sequence s owns the global slots
+ * [s * ring_rows, (s + 1) * ring_rows); an external-row table has
+ * max_seqs * ring_rows rows. */
+DSPARK_API dspark_status dspark_ring_rows(const dspark_stager* st, int64_t* out);
 
 /* ---- the round protocol -------------------------------------------------- */
 DSPARK_API dspark_status dspark_begin(dspark_stager* st, int64_t seq);
@@ -201,9 +221,19 @@ DSPARK_API dspark_status dspark_begin(dspark_stager* st, int64_t seq);
  * positions[0..n); rows_bytes must be n * feature_dim * element size. */
 DSPARK_API dspark_status dspark_process(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
                                         const void* rows, int32_t dtype, size_t rows_bytes);
-/* n rows already in storage format; nbytes must be n * row_bytes. */
+/* n rows already in storage format; nbytes must be n * row_bytes. Both
+ * process calls are for HELD mode (DSPARK_E_INVALID_ARGUMENT on an EXTERNAL
+ * stager). */
 DSPARK_API dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, const int64_t* positions,
                                                 size_t n, const void* data, size_t nbytes);
+/* EXTERNAL mode: accepts rows at positions[0..n) that the caller holds;
+ * slots_out[i] (n entries, written on success only) receives the global slot
+ * where the caller writes row i, or -1 for a row below the horizon that no
+ * round can stage (not needed). At most two runs of consecutive slots. The
+ * library never sees these rows: check them for NaN / Inf before this call.
+ * DSPARK_E_INVALID_ARGUMENT on a HELD stager. */
+DSPARK_API dspark_status dspark_process_external(dspark_stager* st, int64_t seq, const int64_t* positions,
+                                                 size_t n, int64_t* slots_out);
 /* Bytes dspark_draft would write for (seq, n_past) now, in `rows_dtype`
  * (DSPARK_DTYPE_STORAGE or F32/F16/BF16); changes nothing. */
 DSPARK_API dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_past,
@@ -211,7 +241,10 @@ DSPARK_API dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq,
 /* Plans a round into *plan and writes its context rows (plan->n_rows rows,
  * in `rows_dtype`) to rows[0 .. *rows_written). rows may be NULL when
  * rows_capacity is 0. When the rows do not fit: DSPARK_E_BUFFER_TOO_SMALL,
- * *rows_written = the bytes needed, nothing changed. rows_written may be NULL. */
+ * *rows_written = the bytes needed, nothing changed. rows_written may be NULL.
+ * EXTERNAL mode: no rows are written (rows_dtype, rows and rows_capacity are
+ * ignored, *rows_written = 0); the rows are at plan->slot_first / slot_count
+ * (dspark_draft_size reports 0). */
 DSPARK_API dspark_status dspark_draft(dspark_stager* st, int64_t seq, int64_t n_past, int32_t rows_dtype,
                                       void* rows, size_t rows_capacity, dspark_plan* plan, size_t* rows_written);
 /* One plan per sequence (ids unique) into plans[0..n); the rows of all plans
@@ -227,15 +260,36 @@ DSPARK_API dspark_status dspark_accept(dspark_stager* st, int64_t seq, int64_t n
 
 /* ---- lifecycle ----------------------------------------------------------- */
 DSPARK_API dspark_status dspark_rollback(dspark_stager* st, int64_t seq, int64_t n_past);
+/* shift and fork record the slot copies they made (HELD: applied already,
+ * for the record) or that the caller must apply (EXTERNAL) as this thread's
+ * last moves: see dspark_last_moves. */
 DSPARK_API dspark_status dspark_shift(dspark_stager* st, int64_t seq, int64_t n_keep, int64_t n_discard);
 DSPARK_API dspark_status dspark_fork(dspark_stager* st, int64_t src, int64_t dst);
+/* The moves of this thread's last dspark_fork / dspark_shift call (n = 0
+ * when nothing moved or that call failed; before any such call too). *moves
+ * points into the library's thread-local storage: read-only, not to be freed,
+ * valid until this thread's next dspark_fork / dspark_shift. */
+DSPARK_API dspark_status dspark_last_moves(const dspark_slot_move** moves, size_t* n);
+/* The slots of the stageable rows [horizon, end) of seq, oldest first, as
+ * two runs (count 0 when unused): in EXTERNAL mode, the rows the caller saves
+ * with a snapshot (which then carries the bookkeeping only). */
+DSPARK_API dspark_status dspark_live_slots(const dspark_stager* st, int64_t seq, int64_t first[2],
+                                           int64_t count[2]);
 /* Snapshot bytes of one sequence (format of dspark_core.snapshot_format). */
 DSPARK_API dspark_status dspark_snapshot_size(const dspark_stager* st, int64_t seq, size_t* bytes);
 /* Writes the snapshot to out[0 .. *written). Too small: DSPARK_E_BUFFER_TOO_SMALL,
  * *written = the bytes needed. */
 DSPARK_API dspark_status dspark_snapshot(const dspark_stager* st, int64_t seq, void* out, size_t capacity,
                                          size_t* written);
+/* Restores seq from a snapshot of the same mode (a snapshot of the other
+ * mode is DSPARK_E_INVALID_ARGUMENT). Records where the restored rows
+ * [horizon, end) live as this thread's last restore runs (EXTERNAL: where
+ * the caller puts the saved rows back, in order): dspark_last_restore_runs. */
 DSPARK_API dspark_status dspark_restore(dspark_stager* st, int64_t seq, const void* data, size_t nbytes);
+/* The runs of this thread's last dspark_restore call: run k is the slots
+ * [first[k], first[k] + count[k]); counts 0 when that call failed or before
+ * any. Kept until this thread's next dspark_restore. */
+DSPARK_API dspark_status dspark_last_restore_runs(int64_t first[2], int64_t count[2]);
 
 /* ---- introspection ------------------------------------------------------- */
 DSPARK_API dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out);
