@@ -448,12 +448,10 @@ dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
         require(bytes, "bytes");
-        const std::size_t row = out_row_bytes(*st, rows_dtype);
+        // External mode: plans name slots, nothing is copied out (rows_dtype
+        // is ignored, as by dspark_draft).
+        const std::size_t row = core.external() ? 0 : out_row_bytes(*st, rows_dtype);
         const dspark::RoundPlan p = core.peek(seq, n_past);
-        if (core.external()) {  // plans name slots: nothing to copy out
-            *bytes = 0;
-            return;
-        }
         *bytes = mul_size(static_cast<std::size_t>(p.n_rows), row, "draft rows");
     });
 }

@@ -764,9 +764,9 @@ struct Pair {
         std::size_t hw = 0, xw = 99;
         CHECK_EQ(dspark_draft(held.st, seq, n_past, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &hp, &hw), DSPARK_OK);
         std::size_t size = 99;
-        CHECK_EQ(dspark_draft_size(ext.st, seq, n_past, DSPARK_DTYPE_F32, &size), DSPARK_OK);
+        CHECK_EQ(dspark_draft_size(ext.st, seq, n_past, 77, &size), DSPARK_OK);  // rows_dtype is ignored
         CHECK_EQ(size, 0u);
-        CHECK_EQ(dspark_draft(ext.st, seq, n_past, DSPARK_DTYPE_F32, nullptr, 0, &xp, &xw), DSPARK_OK);
+        CHECK_EQ(dspark_draft(ext.st, seq, n_past, 77, nullptr, 0, &xp, &xw), DSPARK_OK);
         CHECK_EQ(xw, 0u);
         CHECK_EQ(hp.rows_mode, DSPARK_ROWS_HELD);
         CHECK_EQ(xp.rows_mode, DSPARK_ROWS_EXTERNAL);
