@@ -104,11 +104,6 @@ void quantize_block_q4_0_scalar(const float* x, std::uint8_t* out) {
     }
 }
 
-static std::int64_t s_find_nonfinite_f32(const float* src, std::size_t n) {
-    for (std::size_t i = 0; i < n; ++i)
-        if (is_nonfinite_bits(src[i])) return static_cast<std::int64_t>(i);
-    return -1;
-}
 static std::int64_t s_find_unencodable_f32(const float* src, std::size_t n, float limit) {
     for (std::size_t i = 0; i < n; ++i)
         if (unencodable(src[i], limit)) return static_cast<std::int64_t>(i);
@@ -151,7 +146,7 @@ static std::int64_t s_copy_find_nonfinite_f32(const float* src, float* dst, std:
         const std::size_t len = std::min(PIECE, n - off);
         std::memcpy(dst + off, src + off, len * 4);
         if (first_bad < 0) {
-            const std::int64_t i = s_find_nonfinite_f32(dst + off, len);
+            const std::int64_t i = s_find_unencodable_f32(dst + off, len, NO_LIMIT);
             if (i >= 0) first_bad = static_cast<std::int64_t>(off) + i;
         }
     }
@@ -167,7 +162,6 @@ const Kernels kScalarKernels = {
     s_quantize_q4_0,
     s_dequantize_q8_0,
     s_dequantize_q4_0,
-    s_find_nonfinite_f32,
     s_find_unencodable_f32,
     s_copy_find_nonfinite_f32,
 };
@@ -332,7 +326,7 @@ bool encode_chunk(const Kernels& k, const float* p, std::size_t len, Storage out
     switch (out) {
         case Storage::F32:
             std::memcpy(dst, p, len * 4);
-            return k.find_nonfinite_f32(p, len) >= 0;
+            return k.find_unencodable_f32(p, len, detail::NO_LIMIT) >= 0;
         case Storage::F16: return k.f32_to_f16(p, reinterpret_cast<std::uint16_t*>(dst), len);
         case Storage::BF16: return k.f32_to_bf16(p, reinterpret_cast<std::uint16_t*>(dst), len);
         case Storage::Q8_0: return k.quantize_q8_0(p, dst, len / QK);
@@ -517,7 +511,7 @@ std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
     if (src == nullptr) throw std::invalid_argument("dspark: find_nonfinite: null source");
     switch (in) {
         case ElemType::F32:
-            return active_kernels().find_nonfinite_f32(static_cast<const float*>(src), n_elems);
+            return active_kernels().find_unencodable_f32(static_cast<const float*>(src), n_elems, detail::NO_LIMIT);
         case ElemType::F16: {
             const auto* h = static_cast<const std::uint16_t*>(src);
             for (std::size_t i = 0; i < n_elems; ++i)

@@ -297,28 +297,6 @@ void a_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
     }
 }
 
-std::int64_t a_find_nonfinite_f32(const float* src, std::size_t n) {
-    const __m256i e = _mm256_set1_epi32(0x7f800000);
-    std::size_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m256i acc = _mm256_setzero_si256();
-        __m256i c[4];
-        for (int k = 0; k < 4; ++k) {
-            const __m256i u = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8 * k));
-            c[k] = _mm256_cmpeq_epi32(_mm256_and_si256(u, e), e);
-            acc = _mm256_or_si256(acc, c[k]);
-        }
-        if (!_mm256_testz_si256(acc, acc)) {
-            for (int k = 0; k < 4; ++k) {
-                const int m = _mm256_movemask_ps(_mm256_castsi256_ps(c[k]));
-                if (m) return static_cast<std::int64_t>(i + 8 * k + __builtin_ctz(static_cast<unsigned>(m)));
-            }
-        }
-    }
-    const std::int64_t r = kScalarKernels.find_nonfinite_f32(src + i, n - i);
-    return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
-}
-
 std::int64_t a_find_unencodable_f32(const float* src, std::size_t n, float limit) {
     const __m256 lim = _mm256_set1_ps(limit);
     std::size_t i = 0;
@@ -347,7 +325,7 @@ std::int64_t a_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
         }
         for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 8 * k), u[k]);
         if (!_mm256_testz_si256(bad, bad) && first_bad < 0)
-            first_bad = static_cast<std::int64_t>(i) + a_find_nonfinite_f32(src + i, 32);
+            first_bad = static_cast<std::int64_t>(i) + a_find_unencodable_f32(src + i, 32, NO_LIMIT);
     }
     const std::int64_t r = kScalarKernels.copy_find_nonfinite_f32(src + i, dst + i, n - i);  // the tail
     if (first_bad < 0 && r >= 0) first_bad = static_cast<std::int64_t>(i) + r;
@@ -363,7 +341,7 @@ void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
 
 const Kernels kAvx2Kernels = {
     a_f32_to_f16,      a_f32_to_bf16,     a_f16_to_f32,      a_bf16_to_f32,        a_quantize_q8_0,
-    a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_nonfinite_f32, a_find_unencodable_f32,
+    a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_unencodable_f32,
     a_copy_find_nonfinite_f32,
 };
 

@@ -230,24 +230,6 @@ bool x_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb) {
                                                                                  -8.0f, Q4_0_LIMIT);
 }
 
-std::int64_t x_find_nonfinite_f32(const float* src, std::size_t n) {
-    const __m512i e = _mm512_set1_epi32(0x7f800000);
-    std::size_t i = 0;
-    for (; i + 64 <= n; i += 64) {
-        __mmask16 m[4];
-        for (int k = 0; k < 4; ++k) {
-            const __m512i u = _mm512_loadu_si512(src + i + 16 * k);
-            m[k] = _mm512_cmpeq_epi32_mask(_mm512_and_si512(u, e), e);
-        }
-        if ((m[0] | m[1] | m[2] | m[3]) != 0) {
-            for (int k = 0; k < 4; ++k)
-                if (m[k]) return static_cast<std::int64_t>(i + 16 * k + __builtin_ctz(static_cast<unsigned>(m[k])));
-        }
-    }
-    const std::int64_t r = kScalarKernels.find_nonfinite_f32(src + i, n - i);
-    return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
-}
-
 std::int64_t x_find_unencodable_f32(const float* src, std::size_t n, float limit) {
     const __m512 lim = _mm512_set1_ps(limit);
     std::size_t i = 0;
@@ -277,7 +259,7 @@ std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
     if (stream) {  // peel up to 15 floats so the streaming stores are 64-byte aligned
         while ((reinterpret_cast<std::uintptr_t>(dst + i) & 63) != 0) ++i;
         std::memcpy(dst, src, i * 4);
-        first_bad = kScalarKernels.find_nonfinite_f32(src, i);
+        first_bad = kScalarKernels.find_unencodable_f32(src, i, NO_LIMIT);
     }
     for (; i + 64 <= n; i += 64) {
         __m512i u[4];
@@ -291,7 +273,7 @@ std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
         } else {
             for (int k = 0; k < 4; ++k) _mm512_storeu_si512(dst + i + 16 * k, u[k]);
         }
-        if (bad && first_bad < 0) first_bad = static_cast<std::int64_t>(i) + x_find_nonfinite_f32(src + i, 64);
+        if (bad && first_bad < 0) first_bad = static_cast<std::int64_t>(i) + x_find_unencodable_f32(src + i, 64, NO_LIMIT);
     }
     if (stream) _mm_sfence();
     const std::int64_t r = kScalarKernels.copy_find_nonfinite_f32(src + i, dst + i, n - i);  // the tail
@@ -303,7 +285,7 @@ std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
 
 const Kernels kAvx512Kernels = {
     x_f32_to_f16,         x_f32_to_bf16,        avx2_f16_to_f32,      avx2_bf16_to_f32,     x_quantize_q8_0,
-    x_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, x_find_nonfinite_f32, x_find_unencodable_f32,
+    x_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, x_find_unencodable_f32,
     x_copy_find_nonfinite_f32,
 };
 

@@ -30,6 +30,8 @@ inline constexpr float F16_LIMIT = 65520.0f;
 inline constexpr float BF16_LIMIT = 0x1.ffp+127f;
 inline constexpr float Q8_0_LIMIT = 8321040.0f;
 inline constexpr float Q4_0_LIMIT = 524160.0f;
+// f32 storage: only NaN / +-Inf are unencodable.
+inline constexpr float NO_LIMIT = __builtin_huge_valf();
 
 struct Kernels {
     // f32 -> f16 (IEEE binary16, round to nearest even, NaN kept quiet) and
@@ -50,9 +52,8 @@ struct Kernels {
     bool (*quantize_q4_0)(const float* src, std::uint8_t* dst, std::size_t n_blocks);
     void (*dequantize_q8_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
     void (*dequantize_q4_0)(const std::uint8_t* src, float* dst, std::size_t n_blocks);
-    // Index of the first NaN / +-Inf among n floats, or -1.
-    std::int64_t (*find_nonfinite_f32)(const float* src, std::size_t n);
-    // Index of the first of n floats with !(|x| < limit) (NaN included), or -1.
+    // Index of the first of n floats with !(|x| < limit) (NaN included), or -1;
+    // limit = +inf (NO_LIMIT) finds the first NaN / +-Inf.
     std::int64_t (*find_unencodable_f32)(const float* src, std::size_t n, float limit);
     // Copy n floats bit for bit and return the index of the first NaN / +-Inf,
     // or -1: the f32 -> f32 ingest path, one pass over memory.
