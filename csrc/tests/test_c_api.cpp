@@ -4,6 +4,8 @@
 // oracle here is a second, C++ Stager driven in lock step). Runs clean under
 // DSPARK_SANITIZE=ON (ASan + UBSan).
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -476,6 +478,55 @@ TEST_CASE(state_and_stats_fill_every_field) {
         CHECK_EQ(sizeof(dspark_stats), bytes);
     }
 #undef DSPARK_COUNT_FIELD
+}
+
+#if defined(__linux__)
+// The process's virtual memory (VmSize, KiB), from /proc/self/status.
+long vm_size_kib() {
+    FILE* f = std::fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+        if (std::strncmp(line, "VmSize:", 7) == 0) kib = std::strtol(line + 7, nullptr, 10);
+    std::fclose(f);
+    return kib;
+}
+#endif
+
+// A fork or shift keeps only the moves it returned: at the largest window the
+// config allows, a fork of a 3-row sequence succeeds and leaves the thread
+// holding three rows' worth (it once reserved window + 2 moves, 24 GiB here,
+// and failed with DSPARK_E_OUT_OF_MEMORY, or kept them).
+TEST_CASE(moves_take_only_what_the_call_returns) {
+    dspark_config c = config(DSPARK_STORAGE_F32, 2);
+    c.window = dspark::MAX_WINDOW;
+    c.rows_mode = DSPARK_ROWS_EXTERNAL;
+    Handle h(c);
+    const auto pos = span(0, 3);
+    std::int64_t slots[3];
+    CHECK_EQ(dspark_process_external(h.st, 0, pos.data(), 3, slots), DSPARK_OK);
+    dspark_status st = DSPARK_OK;
+    const dspark_slot_move* moves = nullptr;
+    std::size_t n = 0;
+    long grew = 0;
+    std::thread([&] {
+#if defined(__linux__)
+        const long before = vm_size_kib();
+#endif
+        st = dspark_fork(h.st, 0, 1);
+        if (st == DSPARK_OK) st = dspark_last_moves(&moves, &n);
+        if (st == DSPARK_OK && n == 1) {
+            CHECK_EQ(moves[0].count, 3);
+            CHECK_EQ(moves[0].src, 0);
+        }
+#if defined(__linux__)
+        grew = vm_size_kib() - before;
+#endif
+    }).join();
+    CHECK_EQ(st, DSPARK_OK);
+    CHECK_EQ(n, 1u);
+    CHECK(grew < 64 * 1024);  // KiB: nothing near window-sized
 }
 
 TEST_CASE(disabled_after_max_failures) {

@@ -16,7 +16,7 @@ import numpy as np
 cimport numpy as cnp
 from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, INT64_MIN, INT64_MAX
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport move
@@ -57,8 +57,8 @@ _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
-cdef int64_t _I64_MIN = -(1 << 63)
-cdef int64_t _I64_MAX = (1 << 63) - 1
+cdef int64_t _I64_MIN = INT64_MIN
+cdef int64_t _I64_MAX = INT64_MAX
 
 
 cdef tuple _field_names(const FieldInfo* f):
