@@ -378,7 +378,7 @@ def test_the_cores_limits_reach_python_at_their_boundary():
     # A tampered config (a pickle bypasses __post_init__) meets the same check in the core.
     cfg = StagerConfig(32, 4, 20)
     object.__setattr__(cfg, "max_seqs", 200_000)
-    with pytest.raises(ConfigError, match=r"max_seqs \(200000\) exceeds the limit 65536"):
+    with pytest.raises(ConfigError, match=rf"max_seqs \(200000\) exceeds the limit {core_tables.MAX_SEQS_LIMIT}"):
         Stager(cfg)
     object.__setattr__(cfg, "max_seqs", 2**70)  # beyond int64: clamped, still refused
     with pytest.raises(ConfigError, match="exceeds the limit"):

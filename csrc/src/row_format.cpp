@@ -496,7 +496,7 @@ std::size_t row_bytes(Storage s, std::size_t dim) {
     if (is_q(s) && (dim == 0 || dim % QK != 0))
         throw ConfigError(std::string("dspark: storage ") + storage_name(s) +
                           " needs feature_dim % 32 == 0, got feature_dim " +
-                          std::to_string(dim) + " (a positive multiple: whole blocks of 32)");
+                          std::to_string(dim) + " (a positive multiple of 32: whole blocks)");
     // storage_bytes multiplies: a dim whose byte count wraps around is refused.
     const std::size_t units = is_q(s) ? dim / QK : dim;
     const std::size_t unit_bytes = storage_bytes(s, is_q(s) ? QK : 1);

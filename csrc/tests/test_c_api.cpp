@@ -529,6 +529,30 @@ TEST_CASE(moves_take_only_what_the_call_returns) {
     CHECK(grew < 64 * 1024);  // KiB: nothing near window-sized
 }
 
+// design.md 2.1 on the C ABI: this layer's own checks (codes, NULL buffers,
+// byte counts) come after the core's sequence checks, as Python's conversions do.
+TEST_CASE(c_conversions_come_after_the_sequence_checks) {
+    Handle h(config());
+    std::int64_t pos = 0;
+    CHECK_EQ(dspark_process(h.st, 9, &pos, 1, nullptr, 42, 3), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    CHECK_EQ(dspark_process_encoded(h.st, 9, nullptr, 1, nullptr, 4), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    CHECK_EQ(dspark_restore(h.st, 9, nullptr, 10), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    std::size_t sz = 0;
+    CHECK_EQ(dspark_snapshot(h.st, -1, nullptr, 10, &sz), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_fail(h.st, 0, 7, nullptr), DSPARK_E_STATE);  // no open round, before the stage code
+    CHECK(error_mentions("no open round"));
+    const std::int64_t seqs[] = {0, 9};
+    CHECK_EQ(dspark_draft_many(h.st, seqs, nullptr, 2, DSPARK_DTYPE_F32, nullptr, 0, nullptr, nullptr),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    // A known, closed sequence: now the conversion's own error.
+    CHECK_EQ(dspark_restore(h.st, 0, nullptr, 10), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_process(h.st, 0, &pos, 1, nullptr, 42, 3), DSPARK_E_TYPE);
+}
+
 TEST_CASE(disabled_after_max_failures) {
     Handle h(config());
     CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);

@@ -22,6 +22,7 @@ from . import core_tables
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
     "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
+    "process_args", "encoded_args", "draft_many_pasts",
 ]
 
 #: Positions and counts stay below this (the core's limit, ``dspark::MAX_POSITION``).
@@ -190,3 +191,33 @@ def require_held_rows(external: bool, call: str) -> None:
     naming the mode in external-row mode (the Python API's choice of call)."""
     if external:
         raise TypeError(f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows")
+
+
+# -- one call's arguments, in the order of its signature -----------------------
+
+
+def process_args(external: bool, feature_dim: int, positions: Any, rows: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """``process``: the positions, and the rows (held mode), as the core reads them."""
+    check_rows_given(external, rows)
+    pos = as_positions(positions)
+    if external:
+        return pos, None
+    arr = as_rows(rows, feature_dim)
+    if arr.shape[0] != pos.shape[0]:
+        raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
+    return pos, arr
+
+
+def encoded_args(external: bool, row_bytes: int, positions: Any, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``process_encoded``: the positions and the flat bytes."""
+    require_held_rows(external, "process_encoded")
+    pos = as_positions(positions)
+    return pos, as_encoded(data, pos.shape[0], row_bytes)
+
+
+def draft_many_pasts(n_pasts: Any, n: int) -> np.ndarray:
+    """``draft_many``: one int64 ``n_past`` per sequence."""
+    pv = np.asarray([as_int64("n_past", x) for x in n_pasts], dtype=np.int64)
+    if pv.shape[0] != n:
+        raise ValueError(f"{n} sequences for {pv.shape[0]} n_past values")
+    return pv

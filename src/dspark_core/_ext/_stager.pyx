@@ -31,8 +31,8 @@ from dspark_core._ext._lib_stager cimport (
 )
 
 from dspark_core._args import (
-    as_choice, as_encoded, as_index, as_int64, as_positions, as_rows, check_rows_given, readable_bytes,
-    require_held_rows, row_dtype_code, writable_bytes,
+    as_choice, as_index, as_int64, as_positions, draft_many_pasts, encoded_args, process_args, readable_bytes,
+    row_dtype_code, writable_bytes,
 )
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
@@ -388,7 +388,7 @@ cdef class Stager:
             # the right width, nothing to convert.
             pos, arr = positions, rows
         else:
-            pos, arr = self._converted(s, False, _process_args, (self._external, self._D, positions, rows))
+            pos, arr = self._converted(s, False, process_args, (self._external, self._D, positions, rows))
             if self._external:
                 return self._process_external(s, pos)
             t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
@@ -427,7 +427,7 @@ cdef class Stager:
         rewrite encoded rows.
         """
         cdef int64_t s = _i64("seq", seq)
-        pos, buf = self._converted(s, False, _encoded_args, (self._external, self._row_bytes, positions, data))
+        pos, buf = self._converted(s, False, encoded_args, (self._external, self._row_bytes, positions, data))
         cdef size_t n = pos.shape[0]
         cdef size_t nbytes = buf.shape[0]
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
@@ -453,7 +453,7 @@ cdef class Stager:
         cdef size_t n = sv.shape[0]
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         try:
-            pv = _draft_many_pasts(n_pasts, n)
+            pv = draft_many_pasts(n_pasts, n)
         except (TypeError, ValueError):
             self._sequence_errors_first(sp, n, False)
             raise
@@ -652,33 +652,3 @@ cdef class Stager:
         """``(horizon, end)``: the absolute positions that can still be staged."""
         st = self.state(seq)
         return (st["horizon"], st["end"]) if st["started"] else (0, 0)
-
-
-# -- conversions of a call's arguments (types and shapes; values are the core's)
-
-
-def _process_args(bint external, int64_t dim, positions, rows):
-    """``process``: the positions, and the rows (held mode), as the core reads them."""
-    check_rows_given(external, rows)
-    pos = as_positions(positions)
-    if external:
-        return pos, None
-    arr = as_rows(rows, dim)
-    if arr.shape[0] != pos.shape[0]:
-        raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
-    return pos, arr
-
-
-def _encoded_args(bint external, size_t row_bytes, positions, data):
-    """``process_encoded``: the positions and the flat bytes."""
-    require_held_rows(external, "process_encoded")
-    pos = as_positions(positions)
-    return pos, as_encoded(data, pos.shape[0], row_bytes)
-
-
-def _draft_many_pasts(n_pasts, size_t n):
-    """``draft_many``: one int64 n_past per sequence."""
-    pv = np.asarray([as_int64("n_past", x) for x in n_pasts], dtype=np.int64)
-    if <size_t>pv.shape[0] != n:
-        raise ValueError(f"{n} sequences for {pv.shape[0]} n_past values")
-    return pv
