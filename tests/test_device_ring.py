@@ -16,6 +16,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import at_once
 
 from dspark_core import Stager, StagerConfig, cuda, snapshot_format
 from dspark_core.config import STORAGES
@@ -372,8 +373,6 @@ def _ring_trial(threads_call_the_ring):
     """A held oracle, an external Stager and its ring: sequence 0 holds 300 rows, 2 holds
     200, 4 holds 40; 5's snapshot and device rows are saved. Threads then fork, shift and
     restore overlapping sequences at once and draft an unrelated one."""
-    import threading
-
     cfg = StagerConfig(32, 4, 400, max_seqs=6, storage="q8_0")
     p = Pair(cfg, seed=1)
     for seq, n in ((0, 300), (2, 200), (4, 40), (5, 120)):
@@ -384,26 +383,14 @@ def _ring_trial(threads_call_the_ring):
     if threads_call_the_ring:
         calls.append(("restore", (2, snap_x, rows_x)))
     target = p.ring if threads_call_the_ring else p.ext
-    results = {}
-    barrier = threading.Barrier(len(calls) + 1)
     gathered = []
 
-    def run(k, name, args):
-        barrier.wait()
-        results[k] = getattr(target, name)(*args)
-
     def draft_other():
-        barrier.wait()
         plan = p.ext.draft(4, 40)
         gathered.append(p.ring.to_numpy(p.ring.gather(plan)).tobytes())
         p.ext.commit(4)
 
-    ts = [threading.Thread(target=run, args=(k, name, args)) for k, (name, args) in enumerate(calls)]
-    ts.append(threading.Thread(target=draft_other))
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
+    results = at_once([(getattr(target, name), args) for name, args in calls], draft_other)
     order = sorted(results, key=lambda k: results[k].serial)
     assert [results[k].serial for k in order] == list(range(1, len(calls) + 1))
     for k in order:

@@ -22,6 +22,7 @@ import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from conftest import at_once
 
 from dspark_core import Stager, StagerConfig, snapshot_format
 from dspark_core.config import STORAGES
@@ -481,32 +482,18 @@ def _apply(mirror, change, saved_rows):
 
 def _threaded_trial(trial):
     """One trial: four threads change the table at once, a fifth drafts another sequence."""
-    import threading
-
     cfg, held, ext, mirror, (snap_h, snap_x, saved) = _prepared()
     calls = [("shift", (0, 100, 50)), ("fork", (0, 1)), ("restore", (2, snap_x)), ("fork", (2, 3))]
     if trial % 2:
         calls.reverse()  # start order varies too
-    results: dict[int, object] = {}
-    barrier = threading.Barrier(len(calls) + 1)
     plan_rows: list[bytes] = []
 
-    def run(k, name, args):
-        barrier.wait()
-        results[k] = getattr(ext, name)(*args)
-
     def draft_other():
-        barrier.wait()
         plan = ext.draft(4, 40)
         plan_rows.append(mirror[plan.slots].tobytes())  # seq 4 is nobody else's: its rows stand
         ext.commit(4)
 
-    threads = [threading.Thread(target=run, args=(k, name, args)) for k, (name, args) in enumerate(calls)]
-    threads.append(threading.Thread(target=draft_other))
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    results = at_once([(getattr(ext, name), args) for name, args in calls], draft_other)
     order = sorted(results, key=lambda k: results[k].serial)
     assert [results[k].serial for k in order] == [1, 2, 3, 4]
     assert ext.moves_issued == 4

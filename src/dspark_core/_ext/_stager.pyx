@@ -16,7 +16,8 @@ import numpy as np
 cimport numpy as cnp
 from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, INT64_MIN, INT64_MAX
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport move
@@ -57,8 +58,6 @@ _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
-cdef int64_t _I64_MIN = INT64_MIN
-cdef int64_t _I64_MAX = INT64_MAX
 
 
 cdef tuple _field_names(const FieldInfo* f):
@@ -90,9 +89,13 @@ cdef dict _fields_dict(const void* record, const FieldInfo* f, tuple names):
 
 
 cdef inline int64_t _i64(name, value) except? -1:
-    """An integer argument (a Python int in int64 without a call)."""
-    if type(value) is int and _I64_MIN <= value <= _I64_MAX:
-        return value
+    """An integer argument: a Python int that fits int64 directly, anything else through ``as_int64``."""
+    cdef int overflow = 0
+    cdef long long v
+    if type(value) is int:
+        v = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow:
+            return v
     return as_int64(name, value)
 
 
@@ -331,6 +334,16 @@ cdef class Stager:
             self._sequence_errors_first(&s, 1, open_round)
             raise
 
+    cdef int64_t _arg(self, int64_t s, name, value) except? -1:
+        """An integer argument of a call on ``s`` (a conversion error after ``s``'s own errors)."""
+        cdef int overflow = 0
+        cdef long long v
+        if type(value) is int:
+            v = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if not overflow:
+                return v
+        return self._converted(s, False, as_int64, (name, value))
+
     cdef object _moves(self, vector[SlotMove]& v, uint64_t serial):
         if v.size() == 0:
             return no_moves(self)
@@ -438,8 +451,7 @@ cdef class Stager:
     def draft(self, seq, n_past):
         """Plan this round for a target at ``n_past``: a :class:`StagePlan` (opens a round unless skipped)."""
         cdef int64_t s = _i64("seq", seq)
-        cdef int64_t start = n_past if type(n_past) is int and _I64_MIN <= n_past <= _I64_MAX \
-            else self._converted(s, False, as_int64, ("n_past", n_past))
+        cdef int64_t start = self._arg(s, "n_past", n_past)
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
         cdef RoundPlan p
@@ -493,8 +505,7 @@ cdef class Stager:
     def accept(self, seq, n_accepted):
         """Keep the rows of the accepted tokens (``n_accepted + 1``) of the last verify batch."""
         cdef int64_t s = _i64("seq", seq)
-        cdef int64_t n = n_accepted if type(n_accepted) is int and _I64_MIN <= n_accepted <= _I64_MAX \
-            else self._converted(s, False, as_int64, ("n_accepted", n_accepted))
+        cdef int64_t n = self._arg(s, "n_accepted", n_accepted)
         with nogil:
             self._core.accept(s, n)
 
@@ -502,7 +513,7 @@ cdef class Stager:
     def rollback(self, seq, n_past):
         """The target rolled back to ``n_past``: drop rows ``>= n_past`` (restage if the cache reached past it)."""
         cdef int64_t s = _i64("seq", seq)
-        cdef int64_t p = self._converted(s, False, as_int64, ("n_past", n_past))
+        cdef int64_t p = self._arg(s, "n_past", n_past)
         with nogil:
             self._core.rollback(s, p)
 
@@ -516,8 +527,8 @@ cdef class Stager:
         Held mode: the core has applied them itself.
         """
         cdef int64_t s = _i64("seq", seq)
-        cdef int64_t k = self._converted(s, False, as_int64, ("n_keep", n_keep))
-        cdef int64_t d = self._converted(s, False, as_int64, ("n_discard", n_discard))
+        cdef int64_t k = self._arg(s, "n_keep", n_keep)
+        cdef int64_t d = self._arg(s, "n_discard", n_discard)
         cdef vector[SlotMove] moves
         cdef uint64_t serial = 0
         with nogil:
