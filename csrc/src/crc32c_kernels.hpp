@@ -1,7 +1,7 @@
 // Internal: the CRC-32C kernels of each path and the tables they share.
 //
 // Kernels work on the raw CRC register (no initial / final inversion; the
-// public crc32c() adds those). The SSE4.2 kernel checksums three streams of
+// public crc32c() adds those). The instruction kernels checksum three streams of
 // LONG (or SHORT) bytes at once and joins them with the shift operators
 // below: appending n zero bytes to a message is a linear map of its register,
 // applied here as four byte-indexed table lookups.
@@ -43,6 +43,9 @@ static inline std::uint32_t crc_apply_shift(const CrcShift& s, std::uint32_t c) 
 extern const CrcKernels kPortableCrc;
 #if defined(DSPARK_X86)
 extern const CrcKernels kSse42Crc;
+#endif
+#if defined(DSPARK_AARCH64)
+extern const CrcKernels kArmCrc;
 #endif
 
 }  // namespace detail

@@ -41,10 +41,11 @@ std::uint16_t bf16(float f) {
     return h;
 }
 
+// Every path of the registry's row-format family that this CPU runs.
 std::vector<SimdPath> paths() {
     std::vector<SimdPath> v;
-    for (SimdPath p : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512})
-        if (simd_supported(p)) v.push_back(p);
+    for (int p = 0; p < kernel_path_count(KernelFamily::RowFormat); ++p)
+        if (simd_supported(static_cast<SimdPath>(p))) v.push_back(static_cast<SimdPath>(p));
     return v;
 }
 
@@ -571,13 +572,16 @@ TEST_CASE(simd_env_status_reports_what_dspark_simd_holds) {
     CHECK(simd_env_status() == (simd_supported(SimdPath::Avx512) ? SimdEnv::Used : SimdEnv::Unsupported));
     setenv("DSPARK_SIMD", "avx2", 1);
     CHECK(simd_env_status() == (simd_supported(SimdPath::Avx2) ? SimdEnv::Used : SimdEnv::Unsupported));
+    setenv("DSPARK_SIMD", "NEON-bf16", 1);
+    CHECK(simd_env_status() == (simd_supported(SimdPath::NeonBf16) ? SimdEnv::Used : SimdEnv::Unsupported));
     if (saved) setenv("DSPARK_SIMD", keep.c_str(), 1);
     else unsetenv("DSPARK_SIMD");
 }
 
 TEST_CASE(set_simd_path_rejects_unsupported) {
     PathGuard g;
-    for (SimdPath p : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+    for (int i = 0; i < kernel_path_count(KernelFamily::RowFormat); ++i) {
+        const auto p = static_cast<SimdPath>(i);
         if (simd_supported(p)) {
             set_simd_path(p);
             CHECK(active_simd_path() == p);
