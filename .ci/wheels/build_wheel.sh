@@ -38,7 +38,7 @@ if [ "$arch" = x86_64 ]; then
 elif [ "$arch" = aarch64 ]; then
   export DSPARK_CUDA=OFF
   : "${ARM64_ROOT:?ARM64_ROOT: an arm64 Debian root with libpython3.11-dev (.ci/arm64_root.sh)}"
-  : "${ARM64_WHEELS:?ARM64_WHEELS: a directory with numpy's aarch64 wheel}"
+  : "${ARM64_WHEELS:?ARM64_WHEELS: a directory holding the aarch64 numpy wheel}"
   # Debian splits pyconfig.h by architecture: one include directory for the build.
   cp -r "$ARM64_ROOT/usr/include/python3.11" "$work/pyinc"
   cp "$ARM64_ROOT/usr/include/aarch64-linux-gnu/python3.11/pyconfig.h" "$work/pyinc/pyconfig.h"
