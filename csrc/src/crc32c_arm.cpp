@@ -19,36 +19,19 @@ namespace detail {
 
 namespace {
 
-inline std::uint64_t load64(const std::uint8_t* p) noexcept {
-    std::uint64_t v;
-    std::memcpy(&v, p, 8);  // little-endian, as the portable tables assume
-    return v;
-}
-
-// Three streams of `len` bytes at p, p + len, p + 2 len (len % 8 == 0).
-inline std::uint32_t three_way(std::uint32_t c, const std::uint8_t* p, std::size_t len, const CrcShift& shift) noexcept {
-    std::uint32_t c0 = c, c1 = 0, c2 = 0;
-    const std::uint8_t* end = p + len;
-    for (; p != end; p += 8) {
-        c0 = __crc32cd(c0, load64(p));
-        c1 = __crc32cd(c1, load64(p + len));
-        c2 = __crc32cd(c2, load64(p + 2 * len));
+// The instructions for crc_update_streams (crc32c_kernels.hpp).
+struct ArmCrc32c {
+    static std::uint64_t load64(const std::uint8_t* p) noexcept {
+        std::uint64_t v;
+        std::memcpy(&v, p, 8);  // little-endian, as the portable tables assume
+        return v;
     }
-    return crc_apply_shift(shift, crc_apply_shift(shift, c0) ^ c1) ^ c2;
-}
+    static std::uint32_t u64(std::uint32_t c, std::uint64_t v) noexcept { return __crc32cd(c, v); }
+    static std::uint32_t u8(std::uint32_t c, std::uint8_t v) noexcept { return __crc32cb(c, v); }
+};
 
 std::uint32_t arm_update(std::uint32_t c, const std::uint8_t* p, std::size_t n) noexcept {
-    if (n >= 3 * CRC_LONG) {
-        const CrcShift& s = crc_shift_long();
-        for (; n >= 3 * CRC_LONG; p += 3 * CRC_LONG, n -= 3 * CRC_LONG) c = three_way(c, p, CRC_LONG, s);
-    }
-    if (n >= 3 * CRC_SHORT) {
-        const CrcShift& s = crc_shift_short();
-        for (; n >= 3 * CRC_SHORT; p += 3 * CRC_SHORT, n -= 3 * CRC_SHORT) c = three_way(c, p, CRC_SHORT, s);
-    }
-    for (; n >= 8; p += 8, n -= 8) c = __crc32cd(c, load64(p));
-    for (; n != 0; ++p, --n) c = __crc32cb(c, *p);
-    return c;
+    return crc_update_streams<ArmCrc32c>(c, p, n);
 }
 
 // three_way fused with the copy: every 16 bytes are loaded once, checksummed
@@ -83,7 +66,7 @@ std::uint32_t arm_copy(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* s
             c = copy_three_way(c, dst, src, CRC_SHORT, s);
     }
     for (; n >= 8; src += 8, dst += 8, n -= 8) {
-        const std::uint64_t v = load64(src);
+        const std::uint64_t v = ArmCrc32c::load64(src);
         c = __crc32cd(c, v);
         std::memcpy(dst, &v, 8);
     }

@@ -193,9 +193,9 @@ int kernel_path_from_name(KernelFamily f, std::string_view name) noexcept {
     const std::string s = lower(name);
     // "scalar" is every family's portable path; "avx-512" an old spelling.
     if (s == "scalar") return 0;
-    if (f == KernelFamily::RowFormat && s == "avx-512") return 2;
+    const std::string want = f == KernelFamily::RowFormat && s == "avx-512" ? "avx512" : s;
     for (int p = 0; p < fam->n_paths; ++p)
-        if (s == fam->paths[p].name) return p;
+        if (want == fam->paths[p].name) return p;
     return -1;
 }
 

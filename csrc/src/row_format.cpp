@@ -1,6 +1,7 @@
 // Row formats: scalar (portable) kernels, which are the definition every SIMD
-// path must match byte for byte, plus runtime dispatch and the public entry
-// points of row_format.hpp. See docs/design.md section 3.
+// path must match byte for byte on every CPU, the row-format family's kernel
+// tables for the dispatch registry (dispatch.cpp chooses the path), and the
+// public entry points of row_format.hpp. See docs/design.md section 3.
 //
 // Quantizers follow ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref
 // (ggml-quants.c) exactly for finite input. For blocks holding a NaN (only
