@@ -13,7 +13,8 @@
 #     and run under qemu: the formats' differential tests against gguf-py's
 #     numpy quantizers (every path), the dispatch tests, a Stager loop, the
 #     CRC-32C kernels, and the C program of examples/sdk through dspark.h
-#     (cross-compiled against the wheel's SDK), compared with the Python output.
+#     (cross-compiled against the wheel's SDK), compared with the Python output;
+#  5. bench/aarch64_insns.sh: instructions per element, scalar vs NEON.
 # The x86_64 wheel is left in $AARCH64_WHEELHOUSE (if set) for .ci/sdk_check.sh.
 # Each step prints its wall time.
 #
@@ -121,3 +122,7 @@ a64py examples/sdk/window_loop.py >"$WORK/python.out"
 diff -u "$WORK/python.out" "$WORK/c.out"
 echo "aarch64: C through dspark.h == Python ($(wc -l <"$WORK/c.out") lines)"
 lap "aarch64 wheel: the C program through dspark.h (qemu)"
+
+# -- 5. instruction counts, scalar vs NEON (what emulation can say about speed) ------------
+bash bench/aarch64_insns.sh "$B"
+lap "bench/aarch64_insns.sh"
