@@ -36,9 +36,9 @@ def test_simulate_json_windowed_vs_absolute(capsys):
         assert m["lossless"] is True
     W = data["config"]["window"]
     assert data["config"]["trained"] == W == 64  # the toy drafter's trained range defaults to the window
-    assert w["tokens_per_seq"] == 300 and a["tokens_per_seq"] == sim.DEFAULTS["absolute_tokens"] == 128
+    assert w["tokens_per_seq"] == 300 and a["tokens_per_seq"] == sim.DEFAULTS["absolute_tokens"] == 64
     assert w["max_drafter_pos"] < W <= a["max_drafter_pos"]
-    assert a["max_drafter_pos"] >= 700 + 128 - 1
+    assert a["max_drafter_pos"] >= 700 + 64 - 1
     assert w["max_drafter_batch"] <= W < a["max_drafter_batch"]
     assert w["rebases"] > 0 and a["rebases"] == 0
     assert w["peak_rows"] < a["peak_rows"]
@@ -47,7 +47,7 @@ def test_simulate_json_windowed_vs_absolute(capsys):
     assert w["rounds_outside_window"] == 0 < a["rounds_outside_window"]
     assert 0.5 < w["restaged_per_token"] < 1.5
     # the trained range: windowed drafts inside it, absolute entirely past it (positions >= 700)
-    assert w["rounds_past_trained_range"] == 0 and a["rounds_past_trained_range"] == a["drafter_rounds"] > 100
+    assert w["rounds_past_trained_range"] == 0 and a["rounds_past_trained_range"] == a["drafter_rounds"] > 50
     assert w["acceptance_in_trained_range"] == w["acceptance"] > 0.3
     assert a["acceptance_in_trained_range"] is None
     assert a["acceptance_past_trained_range"] == a["acceptance"] < 0.2 * w["acceptance"]
@@ -81,7 +81,7 @@ def test_simulate_table_with_checks_and_failures(capsys):
         assert label in out
     assert "lossless (== target greedy)" in out and " NO" not in out
     assert "windowed (W=64)" in out and "absolute (no window)" in out
-    assert "ran the first 128 of 300 tokens" in " ".join(out.split())
+    assert "ran the first 64 of 300 tokens" in " ".join(out.split())
 
 
 def test_acceptance_by_position_groups_rounds_of_equal_count():

@@ -19,7 +19,7 @@ effect measured with a 27B target and a drafter trained on 4,096 positions
 Every absolute round attends over every staged row (the whole prompt), about
 50 times a windowed round's work at the default 24k-token prompt, so the absolute
 baseline generates only the first ``--absolute-tokens`` tokens (default
-128; 0: all of ``--generate``): its per-round figures and acceptance are
+64; 0: all of ``--generate``): its per-round figures and acceptance are
 measured over those rounds, and the screen says so. numpy's OpenBLAS runs on one
 thread meanwhile (:mod:`dspark_core.sim.blas_threads`): the toy's skinny products
 ran up to 30x slower on two threads of a loaded machine.
@@ -63,7 +63,7 @@ DEFAULTS: dict[str, Any] = {
     "deviation": 0.03,
     "prefill_chunk": 2048,
     "trained": None,  # the toy drafter's trained range; None: the window W
-    "absolute_tokens": 128,
+    "absolute_tokens": 64,
 }
 
 #: What the toy models, as measured in a llama.cpp server (27B target, drafter trained on 4,096 positions).

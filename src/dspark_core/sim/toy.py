@@ -60,6 +60,7 @@ __all__ = [
     "rope",
     "rope_angles",
     "rotate",
+    "cos_sin",
     "untrained_angles",
     "greedy_reference",
 ]
@@ -266,14 +267,19 @@ def rope_angles(positions: np.ndarray, half: int, base: float = 10000.0) -> np.n
 
 def rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
     """Rotary embedding (NeoX half-split layout) of ``x`` ``(n, heads, head_dim)`` at ``positions``."""
-    return rotate(x, rope_angles(positions, x.shape[-1] // 2, base))
+    return rotate(x, cos_sin(rope_angles(positions, x.shape[-1] // 2, base), x.dtype))
 
 
-def rotate(x: np.ndarray, ang: np.ndarray) -> np.ndarray:
-    """Rotate ``x`` ``(n, heads, head_dim)`` by ``ang`` ``(n, head_dim // 2)`` (NeoX half-split pairs)."""
+def cos_sin(ang: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``cos`` and ``sin`` of angles ``(n, half)`` in ``dtype``, shaped ``(n, 1, half)`` for :func:`rotate`."""
+    return np.cos(ang).astype(dtype)[:, None, :], np.sin(ang).astype(dtype)[:, None, :]
+
+
+def rotate(x: np.ndarray, cs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Rotate ``x`` ``(n, heads, head_dim)`` by the angles whose :func:`cos_sin` is ``cs``
+    (NeoX half-split pairs)."""
     half = x.shape[-1] // 2
-    cos = np.cos(ang).astype(x.dtype)[:, None, :]
-    sin = np.sin(ang).astype(x.dtype)[:, None, :]
+    cos, sin = cs
     a, b = x[..., :half], x[..., half:]
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
 
@@ -477,8 +483,8 @@ class ToyDrafter:
                 ang[past] = untrained_angles(pos[past], half, self.seed)
         return ang
 
-    def _pe(self, x: np.ndarray, positions: np.ndarray) -> np.ndarray:
-        return rotate(x, self.position_angles(positions))
+    def _cs(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return cos_sin(self.position_angles(positions), self.dtype)
 
     def _ctx_kv(self, rows: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """K (after RoPE at ``positions``) and V of context rows, all layers: ``(L, H, n, hd)`` each."""
@@ -486,15 +492,17 @@ class ToyDrafter:
         L, H, hd = self.n_layers, self.n_heads, self.head_dim
         w = np.concatenate([np.concatenate(self.wk_ctx, axis=1), np.concatenate(self.wv_ctx, axis=1)], axis=1)
         kv = (rows @ w).reshape(n, 2, L, H, hd)
-        k = self._pe(kv[:, 0].reshape(n, L * H, hd), positions).reshape(n, L, H, hd)
+        k = rotate(kv[:, 0].reshape(n, L * H, hd), self._cs(positions)).reshape(n, L, H, hd)
         return k.transpose(1, 2, 0, 3), kv[:, 1].transpose(1, 2, 0, 3)
 
-    def _block_qkv(self, layer: int, h: np.ndarray, bang: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Block queries, keys (rotated by ``bang``, the block positions' angles) and values
-        of one layer, ``(H, B, hd)`` each."""
+    def _block_qkv(
+        self, layer: int, h: np.ndarray, bcs: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Block queries, keys (rotated to the block positions, whose :func:`cos_sin` is ``bcs``)
+        and values of one layer, ``(H, B, hd)`` each."""
         shp = (len(h), self.n_heads, self.head_dim)
-        q = rotate((h @ self.wq[layer]).reshape(shp), bang).transpose(1, 0, 2)
-        kb = rotate((h @ self.wk_blk[layer]).reshape(shp), bang).transpose(1, 0, 2)
+        q = rotate((h @ self.wq[layer]).reshape(shp), bcs).transpose(1, 0, 2)
+        kb = rotate((h @ self.wk_blk[layer]).reshape(shp), bcs).transpose(1, 0, 2)
         vb = (h @ self.wv_blk[layer]).reshape(shp).transpose(1, 0, 2)
         return q, kb, vb
 
@@ -558,9 +566,9 @@ class ToyDrafter:
         end = hi + len(bpos)
         c.n = end
         h = self.tok_emb[toks]
-        bang = self.position_angles(bpos)
+        bcs = self._cs(bpos)
         for layer in range(self.n_layers):
-            q, kb, vb = self._block_qkv(layer, h, bang)
+            q, kb, vb = self._block_qkv(layer, h, bcs)
             c.k[layer, :, hi:end] = kb
             c.v[layer, :, hi:end] = vb
             h = self._attend(layer, h, q, c.k[layer, :, :end], c.v[layer, :, :end])
@@ -581,9 +589,9 @@ class ToyDrafter:
         toks = self._check_block(block_tokens, bpos)
         h = self.tok_emb[toks]
         k, v = self._ctx_kv(x, pos)
-        bang = self.position_angles(bpos)
+        bcs = self._cs(bpos)
         for layer in range(self.n_layers):
-            q, kb, vb = self._block_qkv(layer, h, bang)
+            q, kb, vb = self._block_qkv(layer, h, bcs)
             h = self._attend(
                 layer, h, q, np.concatenate([k[layer], kb], axis=1), np.concatenate([v[layer], vb], axis=1)
             )
