@@ -214,7 +214,7 @@ def _drafted(st, seq, n_past):
 
 
 @pytest.mark.parametrize("cls", [Stager, ReferenceStager])
-def test_a_session_checks_in_both_modes_and_the_rows_are_the_held_rows(cls):
+def test_held_and_external_sessions_stage_the_same_rows(cls):
     held = InvariantChecker(cls(CFG))
     ext = InvariantChecker(cls(CFG.replace(rows="external")))
     assert held.mirror is None and ext.mirror.shape == (3 * ext.ring_rows, CFG.row_bytes)
@@ -305,6 +305,18 @@ def test_a_wrong_process_slot_is_caught():
         InvariantChecker(st, inner.config).process(0, np.arange(5), _rows(5))
 
 
+def test_a_live_row_without_a_slot_is_caught():
+    inner = _ext()
+
+    def process(seq, pos):
+        slots = inner.process(seq, pos).copy()
+        slots[-1] = -1  # "below the horizon", but it is the newest row
+        return slots
+
+    with pytest.raises(InvariantViolation, match="slot -1 must mark exactly the rows below the horizon"):
+        InvariantChecker(_Broken(inner, process=process), inner.config).process(0, np.arange(5), _rows(5))
+
+
 def test_a_fork_that_loses_its_moves_is_caught():
     inner = _ext()
     st = _Broken(inner, fork=lambda src, dst: _moves(inner.fork(src, dst), []))
@@ -369,4 +381,18 @@ def test_a_plan_outside_its_sequence_slots_is_caught():
     ck = InvariantChecker(_Broken(inner, draft=draft), inner.config)
     ck.process(0, np.arange(20), _rows(20))
     with pytest.raises(InvariantViolation, match="leave sequence 0"):
+        ck.draft(0, 20)
+
+
+def test_a_plan_whose_slots_hold_other_rows_is_caught():
+    inner = _ext()
+
+    def draft(seq, n_past):
+        plan = inner.draft(seq, n_past)
+        plan.slots = plan.slots - 1  # still the sequence's slots, one row early
+        return plan
+
+    ck = InvariantChecker(_Broken(inner, draft=draft), inner.config)
+    ck.process(0, np.arange(20), _rows(20))
+    with pytest.raises(InvariantViolation, match="differs from the row the server gave"):
         ck.draft(0, 20)

@@ -93,6 +93,14 @@ def test_acceptance_by_position_groups_rounds_of_equal_count():
     assert [len(v) for v in sim.acceptance_by_position({"max_pos": [], "drafted": [], "accepted": []})] == [0, 0]
 
 
+def test_acceptance_between_splits_rounds_at_the_trained_range():
+    tls = [{"max_pos": [10, 63, 64, 70], "drafted": [4, 4, 4, 0], "accepted": [2, 4, 1, 0]},
+           {"max_pos": [64], "drafted": [4], "accepted": [0]}]
+    assert sim.acceptance_between(tls, 0, 64) == 6 / 8  # a round whose block ends at position 64 is past [0, 64)
+    assert sim.acceptance_between(tls, 64, float("inf")) == 1 / 8
+    assert sim.acceptance_between(tls, 100, 200) is None
+
+
 def test_simulate_bad_range_options_are_clean_errors(capsys):
     for bad in (["--trained", "0"], ["--absolute-tokens", "-1"]):
         rc, _, err = _run(["--context", "50", "--generate", "10", "--quiet", *bad], capsys)

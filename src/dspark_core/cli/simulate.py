@@ -244,7 +244,7 @@ def mode_tokens(mode: str, generate: int, absolute_tokens: int) -> int:
     return generate
 
 
-def _in_range_acceptance(timelines: list[dict[str, list[int]]], lo: int, hi: float) -> float | None:
+def acceptance_between(timelines: list[dict[str, list[int]]], lo: int, hi: float) -> float | None:
     """Acceptance over the rounds whose largest drafter position lies in ``[lo, hi)`` (None: no such round)."""
     drafted = accepted = 0
     for tl in timelines:
@@ -331,8 +331,8 @@ def _simulate(
             int(np.sum(np.asarray(s.timeline.get("max_pos", []), dtype=np.int64) >= trained)) for s in res.sequences
         )
         tls = [s.timeline or {} for s in res.sequences]
-        summ["acceptance_in_trained_range"] = _in_range_acceptance(tls, 0, trained)
-        summ["acceptance_past_trained_range"] = _in_range_acceptance(tls, trained, float("inf"))
+        summ["acceptance_in_trained_range"] = acceptance_between(tls, 0, trained)
+        summ["acceptance_past_trained_range"] = acceptance_between(tls, trained, float("inf"))
         summ["drafter_kv_rows_needed"] = summ["drafter_kv_peak"]
         summ["timeline"] = {
             k: [int(x) for x in v] for k, v in (res.sequences[0].timeline or {}).items()
