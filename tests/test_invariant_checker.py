@@ -124,7 +124,7 @@ class CheckerModes(RuleBasedStateMachine):
         if h[0] == "ok":
             for a, b, c in zip(h[1].plans, x[1].plans, r[1].plans):
                 self.same_plan(a, b, c)
-            for s in set(p.seq for p in h[1].plans if p.skip is None):
+            for s in {p.seq for p in h[1].plans if p.skip is None}:
                 self.all3("commit", s)
 
     @rule(seq=SEQ, back=hs.integers(0, 40))
