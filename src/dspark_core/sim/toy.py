@@ -23,7 +23,11 @@
     target well whenever its positions are right. Because the head keys on
     *relative* positions, staging a row at a wrong drafter position or
     forgetting a crop shows up as lost acceptance, and the cache asserts make
-    such bugs loud.
+    such bugs loud. With ``n_ctx_train`` the position encoding is defined on
+    ``[0, n_ctx_train)`` only (seeded pseudo-random rotations past it), as a
+    trained drafter's is on the positions it was trained on: drafting at
+    absolute positions past the range falls to chance, drafting inside a
+    window holds.
 
     The drafter keeps an incremental KV cache per sequence (``clear``,
     ``crop``); :meth:`ToyDrafter.recompute` evaluates the same block from
