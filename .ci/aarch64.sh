@@ -15,21 +15,26 @@
 #     CRC-32C kernels, and the C program of examples/sdk through dspark.h
 #     (cross-compiled against the wheel's SDK), compared with the Python output;
 #  5. bench/aarch64_insns.sh: instructions per element, scalar vs NEON.
-# The x86_64 wheel is left in $AARCH64_WHEELHOUSE (if set) for .ci/sdk_check.sh.
+# Both wheels are left in $AARCH64_WHEELHOUSE (default build/wheelhouse); .ci/run
+# hands the x86_64 one to .ci/sdk_check.sh.
 # Each step prints its wall time.
 #
 # Environment: PYTHON (default python3), CI_JOBS (default 2), AARCH64_WORK (a
-# work directory kept between runs; default a fresh temporary one),
-# AARCH64_WHEELHOUSE (where the two wheels go).
+# work directory kept between runs, arm64 root included; default a temporary
+# one, removed at exit), AARCH64_WHEELHOUSE (where the two wheels go).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 PY=${PYTHON:-python3}
 JOBS=${CI_JOBS:-2}
-WORK=${AARCH64_WORK:-$(mktemp -d)}
-mkdir -p "$WORK"
-WORK=$(cd "$WORK" && pwd)
-HOUSE=${AARCH64_WHEELHOUSE:-$WORK/wheelhouse}
+if [ -n "${AARCH64_WORK:-}" ]; then
+  mkdir -p "$AARCH64_WORK"
+  WORK=$(cd "$AARCH64_WORK" && pwd)
+else
+  WORK=$(mktemp -d)
+  trap 'rm -rf "$WORK"' EXIT
+fi
+HOUSE=${AARCH64_WHEELHOUSE:-$ROOT/build/wheelhouse}
 export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 T0=$(date +%s)
 LAST=$T0

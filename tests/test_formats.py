@@ -221,6 +221,29 @@ def test_decode_matches_gguf_py(name: str, storage: str, path: str) -> None:
     np.testing.assert_array_equal(bf.view(np.uint16), rne)
 
 
+@pytest.mark.parametrize("storage", ["q8_0", "q4_0"])
+def test_zero_quant_of_an_infinite_scale_decodes_to_x86s_nan(storage: str) -> None:
+    """inf * 0 is x86's default NaN 0xffc00000 on every CPU and path (Arm's own is
+    0x7fc00000), in the core and in the reference twin; inf * +-1 is +-inf."""
+    nb = 34 if storage == "q8_0" else 18
+    blocks = np.zeros((2, nb), np.uint8)
+    blocks[0, :2], blocks[1, :2] = [0x00, 0x7C], [0x00, 0xFC]  # d = +inf, -inf
+    if storage == "q8_0":
+        blocks[:, 3], blocks[:, 4] = 1, 0xFF  # quants 0, 1, -1, 0, ...
+        want = [0xFFC00000, 0x7F800000, 0xFF800000]
+    else:
+        blocks[:, 2] = 0x98  # element 0: nibble 8 (0); element 16: nibble 9 (+1)
+        want = [0xFFC00000, 0x7F800000]
+    for path in PATHS:
+        with formats.simd_path(path):
+            got = formats.dequantize_rows(blocks.reshape(1, -1), storage, 64).view(np.uint32).reshape(2, 32)
+        twin = ref.decode(blocks.reshape(1, -1), storage, 64).view(np.uint32).reshape(2, 32)
+        np.testing.assert_array_equal(got, twin)
+        first = [got[0, 0], got[0, 1], got[0, 2]] if storage == "q8_0" else [got[0, 0], got[0, 16]]
+        assert first == want, (path, [hex(v) for v in first])
+        assert got[1, 0] == 0xFFC00000
+
+
 def test_decode_into_out_and_flat_bytes() -> None:
     x = CASES["gauss_1"]
     enc = formats.quantize_rows(x, "q4_0")
