@@ -3,10 +3,13 @@
 #
 #  1. ASan + UBSan build of the core and its ctest tests (-DDSPARK_SANITIZE=ON), ctest; then
 #     the Cython binding built the same way and the pytest suite run against it.
-#  2. libFuzzer targets (csrc/fuzz, clang): replay the recorded findings, then fuzz each
-#     target for FUZZ_SECONDS from a copy of its seed corpus (tests/fuzz_corpus/cpp_*).
-#  3. atheris (python -m dspark_core.testing.fuzz) on the ops / snapshot / decode targets for
-#     PY_FUZZ_SECONDS each, from a copy of tests/fuzz_corpus/<target>.
+#  2. libFuzzer targets (csrc/fuzz, clang): fuzz_stager (held and external-row mode with a
+#     mirror table, threads), fuzz_formats, fuzz_c_api (the C ABI against the C++ API): replay
+#     the recorded findings, then fuzz each target for FUZZ_SECONDS from a copy of its seed
+#     corpus (tests/fuzz_corpus/cpp_*), and print its coverage (libFuzzer's cov / ft).
+#  3. atheris (python -m dspark_core.testing.fuzz) on the ops (held + external mirror) /
+#     threads / snapshot / decode targets for PY_FUZZ_SECONDS each, from a copy of
+#     tests/fuzz_corpus/<target>.
 #
 # Environment: FUZZ_SECONDS (default 60), PY_FUZZ_SECONDS (default 30), PYTHON (default
 # python3; must import dspark_core), SAN_CXX (compiler of the sanitizer ctest build, default
@@ -78,11 +81,11 @@ fi
 say "libFuzzer build (clang $CLANG_MAJOR)"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$WORK/fuzz" -G Ninja -DDSPARK_FUZZ=ON -DDSPARK_BUILD_TESTS=OFF \
   -DDSPARK_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$WORK/fuzz-configure.log"
-cmake --build "$WORK/fuzz" -j"$JOBS" --target fuzz_stager fuzz_formats >"$WORK/fuzz-build.log" \
+cmake --build "$WORK/fuzz" -j"$JOBS" --target fuzz_stager fuzz_formats fuzz_c_api >"$WORK/fuzz-build.log" \
   || { tail -30 "$WORK/fuzz-build.log"; exit 1; }
 
 known_open() { grep -qxF "$1" "$CORPUS/findings/KNOWN_OPEN" 2>/dev/null; }
-for t in stager formats; do
+for t in stager formats c_api; do
   bin="$WORK/fuzz/csrc/fuzz/fuzz_$t"
   # Recorded findings: open ones must still reproduce, fixed ones must pass.
   for f in "$CORPUS/findings/cpp_$t"/*; do
@@ -115,7 +118,7 @@ if ! "$PYTHON" -c "import atheris" >/dev/null 2>&1; then
   fi
 fi
 if "$PYTHON" -c "import atheris, dspark_core.testing.fuzz" >/dev/null 2>&1; then
-  for t in ops snapshot decode; do
+  for t in ops threads snapshot decode; do
     say "python -m dspark_core.testing.fuzz --target $t: ${PY_FUZZ_SECONDS}s"
     mkdir -p "$WORK/py-corpus-$t" "$WORK/py-artifacts-$t"
     cp "$CORPUS/$t"/* "$WORK/py-corpus-$t"/
