@@ -479,11 +479,17 @@ void op_draft_many(Reader& r, Fixture& fx) {
         seqs[i] = fx.seq_of(r.u8());
         pasts[i] = n_past_of(fx, seqs[i], mode);
     }
-#ifdef DSPARK_FUZZ_SKIP_KNOWN  // exploration builds: stay clear of a finding already reported
+#ifdef DSPARK_FUZZ_SKIP_KNOWN  // exploration builds: stay clear of the findings already reported
     if (fx.c.strict)
-        for (std::size_t i = 0; i < k; ++i)
+        for (std::size_t i = 0; i < k; ++i) {
+            if (!fx.valid(seqs[i])) seqs[i] = 0;
             for (std::size_t j = 0; j < i; ++j)
-                if (seqs[i] == seqs[j]) seqs[i] = -1;
+                if (seqs[i] == seqs[j]) seqs[i] = seqs[0] == 0 && k > 1 ? 1 % fx.c.max_seqs : 0;
+        }
+    if (fx.c.strict && std::any_of(seqs.begin(), seqs.end(), [&](std::int64_t s) { return !fx.valid(s); })) return;
+    for (std::size_t i = 0; fx.c.strict && i < k; ++i)
+        for (std::size_t j = 0; j < i; ++j)
+            if (seqs[i] == seqs[j]) return;
 #endif
     const std::int32_t dtype = static_cast<std::int32_t>(dt % 4) - 1;
     std::vector<dspark_plan> plans(k);
@@ -637,6 +643,14 @@ void op_formats(Reader& r) {
     FUZZ_CHECK(back == wback);
     check_same(dspark_decode_rows(got.data(), storage, n * rb + 1, n, dim, back.data(), out, back.size()),
                DSPARK_E_INVALID_ARGUMENT, "decode_rows(bytes + 1)");
+    check_same(dspark_encode_rows(in.data(), dtype, in.size() + 1, n, dim, storage, policy, got.data(), got.size(), nullptr),
+               DSPARK_E_INVALID_ARGUMENT, "encode_rows(bytes + 1)");
+    if (n && dim) {  // a short destination: the size needed, nothing written
+        std::vector<std::uint8_t> small(n * dim * elem_bytes(static_cast<ElemType>(out)) - 1, 0x44);
+        check_same(dspark_decode_rows(got.data(), storage, n * rb, n, dim, small.data(), out, small.size()),
+                   DSPARK_E_BUFFER_TOO_SMALL, "decode_rows(small)");
+        for (std::uint8_t v : small) FUZZ_CHECK(v == 0x44);
+    }
 }
 
 // Every call that takes a stager, given NULL: DSPARK_E_NULL_POINTER, no crash.
@@ -816,6 +830,11 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (!create(r, run.fx, run.cpp)) return 0;
     // Status names and the version for any code.
     FUZZ_CHECK(dspark_abi_version() == DSPARK_ABI_VERSION && dspark_version()[0] != '\0');
+    for (dspark_status code = -1; code <= DSPARK_E_INTERNAL + 1; ++code) {
+        const char* name = dspark_status_name(code);
+        FUZZ_CHECK(name != nullptr && std::strncmp(name, "DSPARK_", 7) == 0);
+        FUZZ_CHECK((std::strcmp(name, "DSPARK_E_UNKNOWN") == 0) == (code < DSPARK_OK || code > DSPARK_E_INTERNAL));
+    }
     int ops = 0;
     while (r.more() && ops++ < 64) {
         step(r, run.fx);
