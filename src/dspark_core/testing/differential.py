@@ -97,6 +97,10 @@ def _plan_diff(a: Any, b: Any) -> str | None:
     return None
 
 
+def _said(o: tuple[str, Any]) -> str:
+    return f"raised {type(o[1]).__name__}: {o[1]}" if o[0] == "raise" else "returned"
+
+
 def _to_external(snapshot: bytes) -> bytes:
     """The bookkeeping of a held-mode v2 snapshot as an external-row snapshot (content flag set,
     rows dropped, checksums fixed)."""
@@ -151,7 +155,7 @@ class ExternalShadow:
     def follow(self, runner: "_Runner", c: Call, a: tuple[str, Any]) -> None:
         """Make the call ``c`` on the twin, given the held core's outcome ``a``."""
         m, args = c.method, c.args
-        seq = args[0] if args else None
+        seq: Any = args[0] if args else None
         before_rows = runner.valid(seq) and not self.held.state(int(seq))["open_round"]
         if m in ("process", "process_encoded"):
             if a[0] == "ok":
@@ -215,8 +219,7 @@ class ExternalShadow:
         """Call ``fn(*args)`` on the twin: the same outcome as the held core's ``a``."""
         x = _outcome(fn, args)
         if x[0] != a[0] or (x[0] == "raise" and type(x[1]) is not type(a[1])):
-            what = (lambda o: f"raised {type(o[1]).__name__}: {o[1]}" if o[0] == "raise" else "returned")
-            runner.fail(f"{c.text}: held core {what(a)}, external core {what(x)}")
+            runner.fail(f"{c.text}: held core {_said(a)}, external core {_said(x)}")
         return x[1]
 
     def check_plan(self, runner: "_Runner", c: Call, hp: Any, xp: Any) -> None:
@@ -792,8 +795,6 @@ def replay_threads(config: StagerConfig, calls: Sequence[Call], *, threads: int 
     Returns the number of calls replayed. Raises:
         Desync: on the first difference (the trace lists the replayed calls).
     """
-    import threading
-
     from .._ext._stager import Stager
 
     log = logging.getLogger("dspark_core")
