@@ -821,7 +821,8 @@ def _replay_threads(config: StagerConfig, calls: Sequence[Call], threads: int, e
         got: list[Any] = [None] * len(todo)
         errors: list[BaseException] = []
 
-        def worker(k: int, todo: list[Call] = todo, threaded: Any = threaded, got: list[Any] = got) -> None:
+        def worker(k: int, todo: list[Call] = todo, threaded: Any = threaded, got: list[Any] = got,
+                   errors: list[BaseException] = errors) -> None:
             try:
                 for i, c in enumerate(todo):
                     if int(c.args[0]) % threads == k:
