@@ -487,9 +487,11 @@ void op_draft_many(Reader& r, Fixture& fx) {
                 if (seqs[i] == seqs[j]) seqs[i] = seqs[0] == 0 && k > 1 ? 1 % fx.c.max_seqs : 0;
         }
     if (fx.c.strict && std::any_of(seqs.begin(), seqs.end(), [&](std::int64_t s) { return !fx.valid(s); })) return;
-    for (std::size_t i = 0; fx.c.strict && i < k; ++i)
+    for (std::size_t i = 0; fx.c.strict && i < k; ++i) {
+        if (pasts[i] < 0 || pasts[i] >= MAXP) return;
         for (std::size_t j = 0; j < i; ++j)
             if (seqs[i] == seqs[j]) return;
+    }
 #endif
     const std::int32_t dtype = static_cast<std::int32_t>(dt % 4) - 1;
     std::vector<dspark_plan> plans(k);

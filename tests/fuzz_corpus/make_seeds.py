@@ -184,6 +184,10 @@ def findings() -> None:
     # (DSPARK_E_STATE) where the C++ (and Python) API first reject the unknown id.
     write("findings/cpp_c_api", "strict-before-unknown-id",
           bytes([0, 3, 10, 2, 0xE0, 0, 0, 0, 1, 2, 3, 0, 0, 5, 0, 0, 4, 2, 0, 0, 0, 5, 0, 2, 0, 0, 2, 15]))
+    # ... and a strict dspark_draft_many whose second n_past is negative reports the first
+    # sequence's mismatch (DSPARK_E_STATE) where the C++ API rejects the negative n_past.
+    write("findings/cpp_c_api", "strict-before-range-check-many",
+          bytes([0, 3, 10, 1, 0xE0, 0, 0, 0, 1, 0, 3, 0, 0, 5, 0, 0, 5, 0, 2, 9, 0, 0, 1]))
     write("findings/cpp_formats", "restore-horizon-above-firm-end",
           bytes([2, 0, 3, 2, 2, 17, 18, 16, 13, 8, 13, 0]) + bytes(2 * 128))
     # Decoders: NaN quiet bit. bf16 storage -> bfloat16 keeps a signalling NaN (0xff9a) that the
