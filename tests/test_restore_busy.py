@@ -207,3 +207,51 @@ def test_restores_into_busy_slots_in_turn_pass_the_spare_ring_around():
     for s in (0, 1, 2):
         same_state(core, ref, s)
         same_next_round(core, ref, s)
+
+
+@pytest.mark.parametrize("path", ["portable", "best"])
+def test_a_buffer_changing_under_restore_never_passes_as_intact(path):
+    """Another thread flips a byte of the snapshot's rows back and forth while restore runs
+    (the GIL is released): each restore either rejects the data or stores exactly the rows that
+    were checksummed, i.e. the original rows (the copy is what gets checksummed, on every
+    CRC-32C kernel), and a rejected one leaves the busy slot as it was."""
+    import threading
+
+    from dspark_core._ext import _stager
+
+    cfg = StagerConfig(1024, 4, 64, max_seqs=2)
+    st = Stager(cfg)
+    rows = massive_rows(np.random.default_rng(3), 60, 1024)
+    st.process(0, np.arange(60), rows)  # the source
+    st.process(1, np.arange(30), rows[:30])  # a busy slot
+    snap = bytes(st.snapshot(0))
+    want = snap[96:]
+    buf = np.frombuffer(bytearray(snap), np.uint8).copy()
+    spot = 96 + len(want) // 2
+    before = _stager.crc32c_path()
+    if path == "portable":
+        _stager.set_crc32c_path("portable")
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            buf[spot] ^= 0x10
+    t = threading.Thread(target=flip)
+    t.start()
+    accepted = rejected = 0
+    try:
+        for _ in range(300):
+            held = bytes(st.snapshot(1))
+            try:
+                st.restore(1, buf)
+            except ValueError:
+                rejected += 1
+                assert bytes(st.snapshot(1)) == held
+                continue
+            accepted += 1
+            assert bytes(st.snapshot(1))[96:] == want
+    finally:
+        stop.set()
+        t.join()
+        _stager.set_crc32c_path(before)
+    assert accepted + rejected == 300
