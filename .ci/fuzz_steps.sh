@@ -81,7 +81,8 @@ fi
 say "libFuzzer build (clang $CLANG_MAJOR)"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$WORK/fuzz" -G Ninja -DDSPARK_FUZZ=ON -DDSPARK_BUILD_TESTS=OFF \
   -DDSPARK_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$WORK/fuzz-configure.log"
-cmake --build "$WORK/fuzz" -j"$JOBS" --target fuzz_stager fuzz_formats fuzz_c_api >"$WORK/fuzz-build.log" \
+cmake --build "$WORK/fuzz" -j"$JOBS" --target fuzz_stager fuzz_formats fuzz_c_api fuzz_stager_skip_known \
+  fuzz_formats_skip_known fuzz_c_api_skip_known >"$WORK/fuzz-build.log" \
   || { tail -30 "$WORK/fuzz-build.log"; exit 1; }
 
 known_open() { grep -qxF "$1" "$CORPUS/findings/KNOWN_OPEN" 2>/dev/null; }
@@ -98,7 +99,10 @@ for t in stager formats c_api; do
       else echo "REGRESSION: $key"; tail -20 "$WORK/replay.log"; status=1; fi
     fi
   done
-  say "fuzz_$t: ${FUZZ_SECONDS}s"
+  # With open findings of this target, fuzz the build that steers clear of them (csrc/fuzz/
+  # CMakeLists.txt): the bounded run is for new findings; the open ones were replayed above.
+  if grep -q "^cpp_$t/" "$CORPUS/findings/KNOWN_OPEN" 2>/dev/null; then bin="${bin}_skip_known"; fi
+  say "$(basename "$bin"): ${FUZZ_SECONDS}s"
   mkdir -p "$WORK/corpus-$t" "$WORK/artifacts-$t"
   cp "$CORPUS/cpp_$t"/* "$WORK/corpus-$t"/
   if ! "$bin" -max_total_time="$FUZZ_SECONDS" -print_final_stats=1 -timeout=20 -rss_limit_mb=2048 \
