@@ -87,10 +87,21 @@ _INCLUDE = re.compile(r"(?<![\w/])dspark/(\w+\.h(?:pp)?)\b")
 _SOURCE = re.compile(r"(?<![\w/.\-$])((?:\w+/)*\w+\.(?:py|pyx|pxd|pyi|hpp|cpp|cu|cuh))\b")
 
 
+#: C-family sources: only their comments are prose (``fx.cpp`` in code is a member).
+_C_FAMILY = (".hpp", ".cpp", ".h", ".c", ".cu", ".cuh")
+_C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def _prose(path: str, text: str) -> str:
+    """The part of a file that names other files in words: a C-family file's comments, else all of it."""
+    return "\n".join(_C_COMMENT.findall(text)) if path.endswith(_C_FAMILY) else text
+
+
 def _not_a_file(path: str, names: set[str]) -> bool:
     """Names of that shape that are not files of this repository: a project, the
-    wheel's installed SDK layout, and C++ the build generates from a .pyx."""
-    if path == "llama.cpp" or path.startswith("dspark_core/include/"):
+    wheel's installed SDK layout, a short variable's member named in a comment
+    (``fx.cpp``), and C++ the build generates from a .pyx."""
+    if path == "llama.cpp" or path.startswith("dspark_core/include/") or len(path.rsplit(".", 1)[0]) < 3:
         return True
     return path.endswith(".cpp") and any(n.endswith("/" + path[:-4] + ".pyx") for n in names)
 
@@ -111,7 +122,7 @@ def test_paths_named_in_comments_and_docs_exist() -> None:
         if not (f.endswith(_TEXT_SUFFIXES) or f == ".ci/run"):
             continue
         here = (ROOT / f).parent
-        text = (ROOT / f).read_text(errors="replace")
+        text = _prose(f, (ROOT / f).read_text(errors="replace"))
         for m in _TOP_PATH.finditer(text):
             path = m.group(1).rstrip("/.")
             if text[m.end():m.end() + 1] in ("*", "$", "{"):

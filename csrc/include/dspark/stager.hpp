@@ -205,6 +205,9 @@ public:
     // The same for n sequences (draft_many's): every id exists, then each
     // round state.
     void check_sequences(const std::int64_t* seqs, std::size_t n, bool open_round = false) const;
+    // check_sequence for a call that needs no open round / an open round.
+    void check_ready(std::int64_t seq) const { check_sequence(seq, false); }
+    void check_open(std::int64_t seq) const { check_sequence(seq, true); }
 
     void begin(std::int64_t seq);
     // n rows at positions[0..n) of element type `type`, contiguous rows of
@@ -367,6 +370,10 @@ private:
     EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
     std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
     std::vector<Seq> seqs_;
+    // Held mode: the ring a restore over a busy slot checksums and copies the
+    // snapshot's rows into before swapping it in (snapshot.cpp); the replaced
+    // ring becomes the spare. Empty until the first such restore.
+    FeatureBuffer spare_;
     std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
     // Stager-wide counters, taken while the touched sequences are locked:
     // rounds opened (RoundPlan::round) and table changes (serials).
