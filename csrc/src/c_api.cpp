@@ -442,7 +442,7 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
                     require_buffer(plans, n, "plans");
                     return DraftSink(*st, rows_dtype, rows, rows_capacity);
                 } catch (...) {
-                    core.check_sequences(seqs, n);  // the sequences' errors first (design.md 2.1)
+                    core.check_batch("draft_many", seqs, n);  // the sequences' errors first (design.md 2.1)
                     throw;
                 }
             }();

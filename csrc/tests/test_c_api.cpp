@@ -423,7 +423,7 @@ TEST_CASE(strict_mode_comes_after_the_argument_checks) {
     dspark_plan plans[2];
     CHECK_EQ(dspark_draft_many(strict.st, dup, pasts, 2, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, nullptr),
              DSPARK_E_INVALID_ARGUMENT);
-    CHECK(error_mentions("unique"));
+    CHECK(error_mentions("appears twice"));
     // n_past 5 lags behind the rows 0..11, all in the drafter's cache.
     CHECK_EQ(dspark_draft(strict.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr),
              DSPARK_E_STATE);
@@ -464,7 +464,7 @@ TEST_CASE(state_and_stats_fill_every_field) {
     set += rec.name != static_cast<decltype(rec.name)>(0xABABABABABABABABull);
     {
         const dspark_state& rec = s;
-        bytes = sizeof(rec.struct_size);
+        bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
         DSPARK_SEQ_STATE_FIELDS(DSPARK_COUNT_FIELD)
         CHECK_EQ(set, fields);
         CHECK_EQ(sizeof(dspark_state), bytes);
@@ -688,7 +688,7 @@ TEST_CASE(draft_many_is_all_or_nothing) {
     const std::int64_t dup[] = {0, 0, 2};
     CHECK_EQ(dspark_draft_many(h.st, dup, pasts, 3, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, &written),
              DSPARK_E_INVALID_ARGUMENT);
-    CHECK(error_mentions("unique"));
+    CHECK(error_mentions("appears twice"));
     CHECK_EQ(dspark_draft_many(h.st, seqs, pasts, 3, DSPARK_DTYPE_F32, out.data(), 14 * D * 4 - 4, plans, &written),
              DSPARK_E_BUFFER_TOO_SMALL);
     CHECK_EQ(written, 14u * D * 4);

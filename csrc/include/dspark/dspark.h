@@ -157,6 +157,8 @@ typedef struct dspark_state {
     int32_t started, open_round, disabled, restage_owed, first_round;
     int64_t end, horizon, n_cache, pos_base, n_retained, n_pending;
     int64_t consecutive_failures, tentative_rows;
+    int32_t reservation_open; /* 1 between dspark_reserve and dspark_confirm / dspark_cancel */
+    int32_t reserved0;        /* zero */
 } dspark_state;
 
 /* Counters since the sequence's last begin (Python: Stager.stats()). Set
