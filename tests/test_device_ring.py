@@ -17,9 +17,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dspark_core import Stager, StagerConfig, cuda
+from dspark_core import Stager, StagerConfig, cuda, formats
 from dspark_core.config import STORAGES
-from dspark_core.errors import ConfigError, StateError
+from dspark_core.errors import StateError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -113,9 +113,9 @@ class Pair:
         return hp, xp
 
 
-#: (storage, stage dtype) pairs whose stage dtype does not narrow the storage's bounds.
-RING_CONFIGS = [(s, "float32") for s in STORAGES] + [("f16", "float16"), ("f16", "bfloat16"), ("bf16", "bfloat16"),
-                                                     ("q8_0", "bfloat16"), ("q4_0", "bfloat16")]
+#: Every (storage, stage dtype) pair, narrowing ones included (f32 rows staged as float16
+#: are held to 65,520 by the device kernels as by a held Stager).
+RING_CONFIGS = [(s, d) for s in STORAGES for d in ("float32", "float16", "bfloat16")]
 
 
 @gpu
@@ -238,7 +238,6 @@ def test_long_prefill_chunk_is_encoded_into_its_slots():
 @pytest.mark.parametrize("storage", ["f32", "q8_0"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_gather_in_another_dtype_equals_the_cpu_decoder(storage, dtype):
-    from dspark_core import formats
 
     cfg = StagerConfig(64, 2, 16, storage=storage)
     p = Pair(cfg, seed=11)
@@ -253,14 +252,57 @@ def test_gather_in_another_dtype_equals_the_cpu_decoder(storage, dtype):
         p.ring.gather(xp, dtype, out=cuda.DeviceArray((1, 64), want.dtype))
 
 
+#: (storage, stage dtype) pairs whose stage dtype narrows the storage's own bounds.
+NARROWING = [(s, d) for s, d in RING_CONFIGS
+             if formats.encode_bounds(s, BF16 if d == "bfloat16" else d) != formats.encode_bounds(s)]
+
+
+def test_narrowing_pairs_exist():
+    assert ("f32", "float16") in NARROWING and ("q8_0", "float16") in NARROWING and ("f32", "bfloat16") in NARROWING
+    assert ("f16", "float16") not in NARROWING
+
+
+@gpu
+@pytest.mark.parametrize("nonfinite", ["error", "zero", "clamp", "clamp_f16"])
+@pytest.mark.parametrize(("storage", "stage_dtype"), NARROWING)
+def test_a_narrowing_stage_dtype_holds_device_rows_to_its_limit(storage, stage_dtype, nonfinite):
+    """Finite rows just below, at and above the narrowed limit (and far above the storage's
+    own for f32): the ring rejects exactly what the held Stager rejects, and otherwise
+    stores and stages its bytes, clamped or zeroed alike."""
+    cfg = StagerConfig(64, 2, 16, storage=storage, stage_dtype=stage_dtype, nonfinite=nonfinite)
+    b = formats.encode_bounds(storage, BF16 if stage_dtype == "bfloat16" else stage_dtype)
+    p = Pair(cfg, seed=21)
+    p.feed(0, 6)
+    below, at = np.float32(b.clamp_to), np.float32(b.limit)
+    above = np.nextafter(at, np.float32(np.inf))
+    far = np.float32(min(float(at) * 1.5, 3.4e38))
+    rejected = 0
+    for k, v in enumerate([below, -below, at, -above, far]):
+        rows = activations(p.rng, 3, 64, big=False)
+        rows[1, 5 + k] = v
+        pos = np.arange(p.end(0), p.end(0) + 3)
+        state, before = p.ext.state(0), p.ring.read(range(12))
+        try:
+            p.held.process(0, pos, rows)
+        except ValueError:
+            assert nonfinite == "error" and abs(v) >= at
+            with pytest.raises(ValueError, match=r"row 1 .* overflows"):
+                p.ring.write(0, pos, dev(rows))
+            assert p.ext.state(0) == state and p.ring.read(range(12)).tobytes() == before.tobytes()
+            rejected += 1
+            continue
+        assert abs(v) < at or nonfinite != "error"
+        p.ring.write(0, pos, dev(rows))
+        p.round(0)  # the staged rows: the held plan's, byte for byte (rows in stage_dtype)
+        assert p.held.state(0) == p.ext.state(0)
+    assert rejected == (3 if nonfinite == "error" else 0)
+
+
 @gpu
 def test_errors_are_clear_and_change_nothing():
     cfg = StagerConfig(32, 2, 12, max_seqs=2)
     with pytest.raises(ValueError, match="external-row mode"):
         cuda.DeviceRing(Stager(cfg))
-    # A stage dtype that narrows the storage's bounds: held mode would reject rows the kernels accept.
-    with pytest.raises(ConfigError, match="stage_dtype"):
-        cuda.DeviceRing(Stager(cfg.replace(rows="external", stage_dtype="float16")))
     p = Pair(cfg)
     other = Stager(cfg.replace(rows="external"))
     p.feed(0, 6)

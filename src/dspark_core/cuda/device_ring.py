@@ -45,7 +45,7 @@ import numpy as np
 
 from .. import formats
 from .._args import as_positions
-from ..errors import ConfigError, StateError
+from ..errors import StateError
 from ..slot_moves import SlotMoves
 from ..stage_plan import BatchPlan, StagePlan
 from . import _backend, interop
@@ -103,19 +103,14 @@ class DeviceRing:
         self.storage = cfg.storage if storage is None else storage
         self.feature_dim = int(cfg.feature_dim)
         self.row_bytes = formats.row_bytes(self.storage, self.feature_dim)  # ConfigError for q + D % 32
-        # The kernels check and clamp against the storage's bounds; a held Stager also
-        # narrows them to its stage dtype (f32 rows staged as float16 must stay below
-        # 65520). Where that differs the ring could not give held mode's answer.
-        stage = _stage_dtype(cfg.stage_dtype)
-        if formats.encode_bounds(self.storage, stage) != formats.encode_bounds(self.storage):
-            raise ConfigError(
-                f"DeviceRing: storage {self.storage!r} rows staged as {cfg.stage_dtype} would need tighter bounds than "
-                f"the device kernels check ({self.storage}'s own); configure the Stager with stage_dtype float32 or "
-                f"bfloat16 (gather(plan, dtype) still decodes to any dtype) or use storage 'f16'"
-            )
         self.ring_rows = int(stager.ring_rows)
         self.rows = int(cfg.max_seqs) * self.ring_rows
         self.stage_dtype = _stage_dtype(cfg.stage_dtype)
+        # The kernels hold the rows to encode_bounds(storage, stage_dtype), as a held
+        # Stager's process() does: rows staged in a narrower type than the storage
+        # decodes to (f32 rows staged as float16) must stay below that type's limit.
+        self._staged = _backend._ELEM[self.stage_dtype]
+        self._limit = formats.encode_bounds(self.storage, self.stage_dtype).limit
         self._error = cfg.nonfinite == "error"
         self._policy = _backend._POLICY[cfg.nonfinite]
         lib = backend or next((x for x in ("cupy", "torch") if interop._usable_backend(x)), "dspark")
@@ -172,12 +167,13 @@ class DeviceRing:
             for r0 in range(0, n, STAGING_ROWS):
                 m = min(STAGING_ROWS, n - r0)
                 bad = cu.encode(a.ptr + r0 * in_row, elem, staging, _backend._STORAGE[self.storage], m,
-                                self.feature_dim, self._policy, True, s)
+                                self.feature_dim, self._policy, True, s, self._staged)
                 if bad >= 0:
                     r = r0 + int(bad) // self.feature_dim
                     raise ValueError(
-                        f"sequence {seq}: row {r} (position {int(pos[r])}) holds a non-finite value; nothing was "
-                        "appended (nonfinite='error')"
+                        f"sequence {seq}: row {r} (position {int(pos[r])}) holds a non-finite value, or one that "
+                        f"overflows {self.storage} storage staged as {self.stage_dtype} (|x| must stay below "
+                        f"{self._limit:.9g}); nothing was appended (nonfinite='error')"
                     )
             staged = n <= STAGING_ROWS
         slots = self.stager.process(seq, pos)
@@ -187,7 +183,7 @@ class DeviceRing:
                 cu.copy_device(dst, self._staging_ptr + r0 * self.row_bytes, m * self.row_bytes, s)
             else:
                 cu.encode(a.ptr + r0 * in_row, elem, dst, _backend._STORAGE[self.storage], m, self.feature_dim,
-                          self._policy, False, s)
+                          self._policy, False, s, self._staged)
         interop._mark_written(self.table, s, self._stream_obj)
         return slots
 
