@@ -29,9 +29,10 @@ gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.un
 
 #: The owner classes by name; DeviceRing's tests skip without a device.
 OWNERS = {"host": HostRing, "device": cuda.DeviceRing}
+OWNER_PARAMS = ["host", pytest.param("device", marks=gpu)]
 
 
-@pytest.fixture(params=["host", pytest.param("device", marks=gpu)])
+@pytest.fixture(params=OWNER_PARAMS)
 def owner(request):
     """Which owner of the rows a test drives (every interface test runs for both)."""
     return request.param

@@ -18,17 +18,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dspark_core import HostRing, Stager, StagerConfig, cuda, formats
+from dspark_core import Stager, StagerConfig, cuda, formats
 from dspark_core.config import STORAGES
+from test_device_ring import OWNER_PARAMS, OWNERS, empty, gpu, host as host_bytes
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
-gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
-OWNERS = {"host": HostRing, "device": cuda.DeviceRing}
-
-
-@pytest.fixture(params=["host", pytest.param("device", marks=gpu)])
-def owner(request):
-    return request.param
 
 
 def activations(rng, n, dim, scale=1.0):
@@ -38,14 +32,6 @@ def activations(rng, n, dim, scale=1.0):
     if n:
         x[0] *= np.float32(3.0)
     return x
-
-
-def host_bytes(ring, a):
-    return ring.to_numpy(a).view(np.uint8).reshape(-1)
-
-
-def empty(ring, shape, dtype):
-    return np.empty(shape, dtype) if isinstance(ring, HostRing) else cuda.DeviceArray(shape, dtype)
 
 
 def padded(plans, width):
@@ -127,6 +113,7 @@ class Server:
             self.ext.accept(seq, a)
 
 
+@pytest.mark.parametrize("owner", OWNER_PARAMS)
 @pytest.mark.parametrize("nonfinite", ["clamp", "error"])
 @pytest.mark.parametrize("storage", STORAGES)
 @pytest.mark.parametrize("stage_dtype", ["float32", "float16", "bfloat16"])
@@ -163,6 +150,7 @@ def test_batches_equal_held_mode(owner, storage, stage_dtype, nonfinite):
     assert wrapped
 
 
+@pytest.mark.parametrize("owner", OWNER_PARAMS)
 @pytest.mark.parametrize("in_dtype", [np.float32, np.float16, BF16], ids=["f32", "f16", "bf16"])
 def test_write_slots_takes_every_input_dtype_and_the_padded_shape(owner, in_dtype):
     cfg = StagerConfig(64, 2, 16, max_seqs=2, storage="q8_0")
@@ -181,6 +169,7 @@ def test_write_slots_takes_every_input_dtype_and_the_padded_shape(owner, in_dtyp
         assert ring.read([7]).tobytes() == want[:1].tobytes()
 
 
+@pytest.mark.parametrize("owner", OWNER_PARAMS)
 def test_a_rejected_batch_changes_nothing_and_names_the_row(owner):
     """nonfinite="error": the checked form raises before any row is written; the status form
     reports the row and column instead, and writes nothing either."""
@@ -205,6 +194,7 @@ def test_a_rejected_batch_changes_nothing_and_names_the_row(owner):
     assert ring.read([0]).tobytes() == formats.quantize_rows(x[:1], "f16").tobytes()
 
 
+@pytest.mark.parametrize("owner", OWNER_PARAMS)
 def test_slots_are_checked(owner):
     cfg = StagerConfig(32, 2, 12, max_seqs=2)
     ring = OWNERS[owner](Stager(cfg.replace(rows="external")))
@@ -224,6 +214,7 @@ def test_slots_are_checked(owner):
         ring.gather_slots(np.array([0, 1]), dtype=np.float64)
 
 
+@pytest.mark.parametrize("owner", OWNER_PARAMS)
 def test_write_many_is_the_per_sequence_writes_and_all_or_nothing(owner):
     """One call for three sequences equals three writes (slots, bytes, Stager state); a batch
     with one bad sequence (positions, or a NaN under nonfinite='error') changes nothing."""

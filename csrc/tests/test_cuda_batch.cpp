@@ -24,8 +24,10 @@
 #include "../cuda/row_batch_cuda.cu"
 #include "../cuda/cuda_graph.cu"
 #include "check.hpp"
+#include "row_types.hpp"
 
 using namespace dspark;
+using dspark_test::as_type;
 
 namespace {
 
@@ -79,13 +81,6 @@ std::vector<float> activations(std::size_t rows, std::size_t dim, unsigned seed,
         x[7 * dim + 2] = 1e6f;  // past f16's and q4_0's limits
     }
     return x;
-}
-
-std::vector<std::uint8_t> as_type(const std::vector<float>& x, ElemType et) {
-    std::vector<std::uint8_t> out(x.size() * elem_bytes(et));
-    if (et == ElemType::F32) std::memcpy(out.data(), x.data(), out.size());
-    else encode_rows(x.data(), ElemType::F32, out.data(), static_cast<Storage>(et), 1, x.size(), NonFinite::Error);
-    return out;
 }
 
 // Slots of a batch: rows land out of order and across the table's end, some
@@ -244,6 +239,16 @@ TEST_CASE(slots_outside_the_table_are_skipped_and_reported) {
     CHECK_EQ(status.as<std::uint64_t>()[BATCH_BAD_SLOT], 1u);
     const auto o = dst.bytes();
     CHECK(std::vector<std::uint8_t>(o.begin() + dim * 4, o.end()) == std::vector<std::uint8_t>(3 * dim * 4, 0));
+    // A bad slot closes the gate too: the checked write of the batch changes nothing.
+    Dev fresh(table_rows * rb, 0x11);
+    batch_status_reset_cuda(status.as<std::uint64_t>(), nullptr);
+    check_rows_cuda(d_src.p, ElemType::F32, 4, dim, d_slots.as<std::int64_t>(), table_rows, Storage::Q8_0,
+                    ElemType::F32, status.as<std::uint64_t>(), nullptr);
+    CHECK_EQ(status.as<std::uint64_t>()[BATCH_BAD_VALUE], none());
+    CHECK_EQ(status.as<std::uint64_t>()[BATCH_BAD_SLOT], 1u);
+    scatter_rows_cuda(d_src.p, ElemType::F32, 4, dim, d_slots.as<std::int64_t>(), fresh.p, Storage::Q8_0, table_rows,
+                      NonFinite::Error, ElemType::F32, status.as<std::uint64_t>(), true, nullptr);
+    CHECK(fresh.bytes() == std::vector<std::uint8_t>(table_rows * rb, 0x11));
 }
 
 TEST_CASE(a_captured_batch_replays_with_new_slots) {
