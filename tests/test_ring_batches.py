@@ -266,6 +266,19 @@ def test_one_launch_per_batch(monkeypatch, nonfinite):
         s.close([i % 4] * 16)
         s.step_rows([1 + (i + k) % 4 for k in range(16)])
         assert launches.take() == per_write
+    # write_many: process for each sequence, one launch for all their rows (and one check).
+    counts = np.arange(16) % 3 + 1
+    x = activations(s.rng, int(counts.sum()), 64)
+    starts = [s.end(q) for q in range(16)]
+    cu_seqlens = np.concatenate([[0], np.cumsum(counts)])
+    for q in range(16):
+        s.held.process(q, np.arange(starts[q], starts[q] + counts[q]), x[cu_seqlens[q]:cu_seqlens[q + 1]])
+    launches.take()
+    slots = s.ring.write_many(range(16), starts, cu_seqlens, s.ring.upload(x))
+    assert launches.take() == per_write
+    hb, xb = s.plans()
+    assert host_bytes(s.ring, s.ring.gather(xb)).tobytes() == hb.rows.view(np.uint8).reshape(-1).tobytes()
+    assert len(slots) == len(x)
 
 
 @gpu

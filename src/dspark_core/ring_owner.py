@@ -171,10 +171,10 @@ class RingOwner:
             self._precheck(seq, pos_of[i])
         row_pos = np.concatenate(pos_of) if pos_of else np.zeros(0, np.int64)
         row_seq = np.repeat(seq_ids, np.diff(cu))
-        prepared = self._prepare_write(row_seq, row_pos, a)
+        prepared = self._prepare_batch_write(row_seq, row_pos, a)
         slots = [self.stager.process(int(seq), pos_of[i]) for i, seq in enumerate(seq_ids.tolist())]
         flat = np.concatenate(slots).astype(np.int64, copy=False) if slots else np.zeros(0, np.int64)
-        self._store_write(a, flat, prepared)
+        self._store_batch_write(a, flat, prepared)
         return flat
 
     def _precheck(self, seq: int, pos: np.ndarray) -> None:
@@ -398,6 +398,14 @@ class RingOwner:
     def _store_write(self, a: Any, slots: np.ndarray, prepared: Any) -> None:
         """Encode the rows whose slot is >= 0 into their slots."""
         raise NotImplementedError
+
+    def _prepare_batch_write(self, seqs: np.ndarray, pos: np.ndarray, a: Any) -> Any:
+        """:meth:`_prepare_write` for the rows of many sequences (``seqs``: each row's)."""
+        return self._prepare_write(seqs, pos, a)
+
+    def _store_batch_write(self, a: Any, slots: np.ndarray, prepared: Any) -> None:
+        """:meth:`_store_write` for the rows of many sequences."""
+        self._store_write(a, slots, prepared)
 
     def _gather_plans(self, plans: list[StagePlan], n: int, odt: np.dtype, out: Any) -> Any:
         """Decode the plans' slots, concatenated, into ``out`` (n, feature_dim) of ``odt``."""

@@ -168,6 +168,26 @@ class DeviceRing(RingOwner):
                           self._policy, False, s, self._staged)
         interop._mark_written(self.table, s, self._stream_obj)
 
+    def _prepare_batch_write(self, seqs: np.ndarray, pos: np.ndarray, a: interop._DevArray) -> None:
+        """Under nonfinite="error": one read-only check launch over all the rows, its report
+        read back (one synchronization), before any Stager call."""
+        if not (self._error and a.shape[0]):
+            return
+        interop._order_after_producer(a, self.stream, self.device)
+        w = self._own_status()
+        self._cu.batch_status_reset(w, self.stream)
+        self._cu.check_rows(a.ptr, _backend._ELEM[a.dtype], a.shape[0], self.feature_dim, 0, self.rows,
+                            _backend._STORAGE[self.storage], self._staged, w, self.stream)
+        bad = int(self._status_words(self._status)[0])
+        if bad != STATUS_NONE:
+            raise self._unstageable(seqs, bad // self.feature_dim, pos)
+
+    def _store_batch_write(self, a: interop._DevArray, slots: np.ndarray, prepared: None) -> None:
+        """All the sequences' rows in one launch (their slots uploaded)."""
+        if len(slots):
+            self._scatter(_Slots(self._upload_slots(slots), (len(slots),), slots), a, None, "DeviceRing.write_many",
+                          checked=True)
+
     def _staging_rows(self, n: int) -> int:
         if self._staging is None or self._staging.shape[0] < n:
             self._staging = interop._alloc(self.lib, (n, self.row_bytes), _backend._U8, self.device, self.stream)
@@ -262,7 +282,8 @@ class DeviceRing(RingOwner):
             self._check_slot_values(host, fn)
         return _Slots(d.ptr, tuple(d.shape), host)
 
-    def _scatter(self, s: _Slots, a: interop._DevArray, status: Any, fn: str) -> None:
+    def _scatter(self, s: _Slots, a: interop._DevArray, status: Any, fn: str, checked: bool = False) -> None:
+        """The batch write; ``checked``: the rows were checked already (write_many)."""
         n = s.size
         if n == 0:
             return
@@ -272,7 +293,7 @@ class DeviceRing(RingOwner):
         elem = _backend._ELEM[a.dtype]
         code = _backend._STORAGE[self.storage]
         words = self._status_ptr(status, fn) if status is not None else 0
-        if status is None and self._error:
+        if status is None and self._error and not checked:
             # Checked: a read-only check launch, its report read back, then the write.
             w = self._own_status()
             cu.batch_status_reset(w, st)
