@@ -204,6 +204,9 @@ def test_slots_are_checked(owner):
             ring.write_slots(np.array(bad), x)
         with pytest.raises(ValueError, match="outside the table"):
             ring.gather_slots(np.array(bad))
+    with pytest.raises(ValueError, match="a slot appears twice"):
+        ring.write_slots(np.array([4, 4]), x)
+    ring.gather_slots(np.array([4, 4]))  # reading one row twice is fine
     with pytest.raises(TypeError, match="integer"):
         ring.write_slots(np.array([0.0, 1.0]), x)
     with pytest.raises(ValueError, match=r"rows must be \(3, 32\)"):

@@ -116,12 +116,12 @@ class HostRing(RingOwner):
             raise ValueError(f"{self._name}: status must be the uint64 (2,) array new_status() returns")
         return status
 
-    def _batch_slots(self, slots: Any, fn: str, status: Any) -> np.ndarray:
+    def _batch_slots(self, slots: Any, fn: str, status: Any, distinct: bool) -> np.ndarray:
         h = np.asarray(slots)
         if h.dtype.kind not in "iu" or h.ndim not in (1, 2):
             raise TypeError(f"{fn}: slots must be a 1-D or 2-D integer array, got {h.dtype} {h.shape}")
         h = np.ascontiguousarray(h, np.int64)
-        self._check_slot_values(h, fn)
+        self._check_slot_values(h, fn, distinct)
         if status is not None:
             self._status_words(status)[:] = STATUS_NONE
         return h

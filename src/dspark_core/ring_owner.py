@@ -288,7 +288,7 @@ class RingOwner:
         skipped.
         """
         fn = f"{self._name}.write_slots"
-        s = self._batch_slots(slots, fn, status)
+        s = self._batch_slots(slots, fn, status, True)
         a = self._input_rows(rows, in_dtype, fn, tuple(s.shape))
         self._scatter(s, a, status, fn)
 
@@ -303,17 +303,20 @@ class RingOwner:
         caller keeps the slots' rows alive (a plan's round still open).
         """
         fn = f"{self._name}.gather_slots"
-        s = self._batch_slots(slots, fn, status)
+        s = self._batch_slots(slots, fn, status, False)
         return self._gather_slots(s, out, dtype, status, fn)
 
-    def _check_slot_values(self, slots: np.ndarray, fn: str) -> None:
-        """Host slots: each -1 or a table row."""
+    def _check_slot_values(self, slots: np.ndarray, fn: str, distinct: bool) -> None:
+        """Host slots: each -1 or a table row; a write's distinct (two rows into one slot race)."""
         flat = slots.reshape(-1)
         bad = np.flatnonzero((flat < -1) | (flat >= self.rows))
         if len(bad):
             i = int(bad[0])
             raise ValueError(f"{fn}: slot {int(flat[i])} (row {i}) is outside the table [0, {self.rows}) "
                              "and not -1 (skip)")
+        live = flat[flat >= 0]
+        if distinct and len(np.unique(live)) != len(live):
+            raise ValueError(f"{fn}: a slot appears twice; the rows of one write go to distinct slots")
 
     def read_status(self, status: Any) -> BatchStatus:
         """What the batch that wrote ``status`` reported (waits for it)."""
@@ -411,8 +414,9 @@ class RingOwner:
         """Decode the plans' slots, concatenated, into ``out`` (n, feature_dim) of ``odt``."""
         raise NotImplementedError
 
-    def _batch_slots(self, slots: Any, fn: str, status: Any) -> Any:
-        """A batch's slots (checked as far as the form allows, see write_slots)."""
+    def _batch_slots(self, slots: Any, fn: str, status: Any, distinct: bool) -> Any:
+        """A batch's slots (checked as far as the form allows, see write_slots; ``distinct``:
+        a write's)."""
         raise NotImplementedError
 
     def _scatter(self, s: Any, a: Any, status: Any, fn: str) -> None:

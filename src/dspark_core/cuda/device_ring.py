@@ -32,6 +32,12 @@ again, straight into its slots, at most two launches). Under ``"zero"`` or
 ``"clamp_f16"`` nothing can be rejected: the slots come first and the rows
 are encoded straight into them (at most two launches, asynchronous).
 
+Batches. ``write_slots`` / ``gather_slots`` (and ``write_many``,
+``gather(batch_plan)``) move the rows of a whole batch of sequences in one
+kernel launch over a flat int64 slot array (csrc/cuda/row_batch_cuda.hpp);
+with ``status=`` they neither synchronize nor allocate, so a CUDA graph can
+hold them (docs/external_rows.md, "Batches").
+
 Ordering: everything is enqueued on the ring's stream (``stream=`` at
 construction; default: the table library's current stream, or the legacy
 default stream). The caller orders its producers and consumers with it.
@@ -260,13 +266,13 @@ class DeviceRing(RingOwner):
                                     self.stream)
         return self._index_ptr
 
-    def _batch_slots(self, slots: Any, fn: str, status: Any) -> _Slots:
+    def _batch_slots(self, slots: Any, fn: str, status: Any, distinct: bool) -> _Slots:
         if isinstance(slots, (np.ndarray, list, tuple)):
             h = np.asarray(slots)
             if h.dtype.kind not in "iu" or h.ndim not in (1, 2):
                 raise TypeError(f"{fn}: slots must be a 1-D or 2-D integer array, got {h.dtype} {h.shape}")
             h = np.ascontiguousarray(h, np.int64)
-            self._check_slot_values(h, fn)
+            self._check_slot_values(h, fn, distinct)
             return _Slots(self._upload_slots(h), tuple(h.shape), h)
         d = interop._dev_array(slots, f"{fn}: slots", stream=self.stream)
         if d.dtype != np.dtype(np.int64) or len(d.shape) not in (1, 2):
@@ -279,7 +285,7 @@ class DeviceRing(RingOwner):
             self.synchronize()
             raw = self._cu.copy_to_host(d.ptr, d.nbytes) if d.size else b""
             host = np.frombuffer(raw, np.int64).reshape(d.shape)
-            self._check_slot_values(host, fn)
+            self._check_slot_values(host, fn, distinct)
         return _Slots(d.ptr, tuple(d.shape), host)
 
     def _scatter(self, s: _Slots, a: interop._DevArray, status: Any, fn: str, checked: bool = False) -> None:
