@@ -152,7 +152,9 @@ class RingOwner:
         ``starts[i], starts[i] + 1, ...``. Returns the flat slots (int64,
         -1 below the horizon). Everything is checked first, for every
         sequence, in order: a rejected call raises naming the sequence and
-        changes nothing (no Stager, no table row).
+        changes nothing (no Stager, no table row). One encode for all the
+        rows (DeviceRing: one launch, and one check launch more under
+        ``nonfinite="error"``).
         """
         fn = f"{self._name}.write_many"
         seq_ids = np.asarray(seqs, dtype=np.int64).reshape(-1)
@@ -172,9 +174,14 @@ class RingOwner:
         row_pos = np.concatenate(pos_of) if pos_of else np.zeros(0, np.int64)
         row_seq = np.repeat(seq_ids, np.diff(cu))
         prepared = self._prepare_batch_write(row_seq, row_pos, a)
-        slots = [self.stager.process(int(seq), pos_of[i]) for i, seq in enumerate(seq_ids.tolist())]
-        flat = np.concatenate(slots).astype(np.int64, copy=False) if slots else np.zeros(0, np.int64)
-        self._store_batch_write(a, flat, prepared)
+        flat = np.full(a.shape[0], -1, np.int64)
+        try:
+            for i, seq in enumerate(seq_ids.tolist()):
+                flat[cu[i]:cu[i + 1]] = self.stager.process(seq, pos_of[i])
+        finally:
+            # Should process still refuse a sequence (a check not repeated above), the rows of
+            # the sequences it took are written all the same: the table follows the Stager.
+            self._store_batch_write(a, flat, prepared)
         return flat
 
     def _precheck(self, seq: int, pos: np.ndarray) -> None:
