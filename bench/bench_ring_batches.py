@@ -62,10 +62,10 @@ class Launches:
     NAMES = ("encode", "decode", "scatter_rows", "gather_rows", "check_rows")
 
     def __init__(self) -> None:
-        self.cu = CU
+        self.binding = CU
         self.calls = 0
         for name in self.NAMES:
-            setattr(self.cu, name, self._counted(getattr(self.cu, name)))
+            setattr(self.binding, name, self._counted(getattr(self.binding, name)))
 
     def _counted(self, fn: Any) -> Any:
         def call(*a: Any) -> Any:
@@ -75,9 +75,9 @@ class Launches:
 
     def count(self, fn: Any) -> tuple[int, int]:
         """(device operations, kernel launches on the emulated device or -1) of ``fn()``."""
-        calls, kernels = self.calls, self.cu.emulated_launches()
+        calls, kernels = self.calls, self.binding.emulated_launches()
         fn()
-        return self.calls - calls, (self.cu.emulated_launches() - kernels) if kernels >= 0 else -1
+        return self.calls - calls, (self.binding.emulated_launches() - kernels) if kernels >= 0 else -1
 
 
 def device_us(fn: Any, reps: int, inner: int) -> float:
