@@ -85,8 +85,10 @@ std::uint32_t portable_update(std::uint32_t c, const std::uint8_t* p, std::size_
 std::uint32_t portable_copy(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src, std::size_t n) noexcept {
     while (n != 0) {
         const std::size_t k = std::min(n, CRC_COPY_CHUNK);
-        c = portable_update(c, src, k);
-        std::memcpy(dst, src, k);  // src is still in cache
+        // The copy is what is checksummed (read back while in cache), so a
+        // source changing under the call can never pass as what was stored.
+        std::memcpy(dst, src, k);
+        c = portable_update(c, dst, k);
         src += k;
         dst += k;
         n -= k;

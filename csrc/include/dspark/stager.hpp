@@ -265,6 +265,10 @@ private:
     EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
     std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
     std::vector<Seq> seqs_;
+    // Held mode: the ring a restore over a busy slot checksums and copies the
+    // snapshot's rows into before swapping it in (snapshot.cpp); the replaced
+    // ring becomes the spare. Empty until the first such restore.
+    FeatureBuffer spare_;
     std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
     mutable std::mutex mu_;
 };
