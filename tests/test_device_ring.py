@@ -72,9 +72,11 @@ def empty(ring, shape, dtype):
 class Launches:
     """Counts calls of the binding's encode / decode (one kernel launch each)."""
 
+    NAMES = ("encode", "decode")
+
     def __init__(self, monkeypatch):
         self.n = 0
-        for name in ("encode", "decode"):
+        for name in self.NAMES:
             fn = getattr(cuda._cuda, name)
             monkeypatch.setattr(cuda._cuda, name, self._counted(fn))
 

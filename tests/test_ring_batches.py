@@ -21,6 +21,7 @@ import pytest
 from dspark_core import Stager, StagerConfig, cuda, formats
 from dspark_core.config import STORAGES
 from test_device_ring import OWNER_PARAMS, OWNERS, empty, gpu, host as host_bytes
+from test_device_ring import Launches as BindingCalls
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -42,31 +43,24 @@ def padded(plans, width):
     return out
 
 
-class Launches:
-    """Kernel launches on the device: the emulated device's own count, else the batch
-    binding's calls (one launch each, as test_cuda_batch.cpp checks)."""
+class Launches(BindingCalls):
+    """Kernel launches on the device: the emulated device's own count, else the binding's
+    calls (one launch each, as test_cuda_batch.cpp checks)."""
+
+    NAMES = BindingCalls.NAMES + ("scatter_rows", "gather_rows", "check_rows")
 
     def __init__(self, monkeypatch):
-        self.n = 0
         self.emulated = cuda._cuda.emulated_launches() >= 0
-        if not self.emulated:
-            for name in ("encode", "decode", "scatter_rows", "gather_rows", "check_rows"):
-                fn = getattr(cuda._cuda, name)
-                monkeypatch.setattr(cuda._cuda, name, self._counted(fn))
-        self.take()
-
-    def _counted(self, fn):
-        def call(*a):
-            self.n += 1
-            return fn(*a)
-        return call
+        if self.emulated:
+            self.n = cuda._cuda.emulated_launches()
+        else:
+            super().__init__(monkeypatch)
 
     def take(self):
-        if self.emulated:
-            now = cuda._cuda.emulated_launches()
-            n, self.n = now - self.n, now
-            return n
-        n, self.n = self.n, 0
+        if not self.emulated:
+            return super().take()
+        now = cuda._cuda.emulated_launches()
+        n, self.n = now - self.n, now
         return n
 
 
