@@ -47,7 +47,7 @@ import _common as C
 
 ds = C.import_dspark()
 from dspark_core import Stager, StagerConfig  # noqa: E402
-from dspark_core._ext import _stager  # noqa: E402
+from dspark_core import kernels  # noqa: E402
 from dspark_core import snapshot_format as sf  # noqa: E402
 
 GOAL = 0.8  # snapshot_into and restore-from-buffer, as a fraction of memcpy throughput
@@ -114,12 +114,11 @@ def measure(storage: str, D: int, W: int, B: int, repeats: int, v1_repeats: int,
             times[name].append(time.perf_counter_ns() - t0)
 
     # Other CRC-32C kernels (portable): snapshot_into and restore, interleaved with memcpy again.
-    active = _stager.crc32c_path()
+    active = kernels.active("crc32c")
     for path in crc_paths:
-        if path == active or path not in _stager.crc32c_paths():
+        if path == active or path not in kernels.supported("crc32c"):
             continue
-        _stager.set_crc32c_path(path)
-        try:
+        with kernels.use("crc32c", path):
             for name in (f"snapshot_into [{path}]", f"restore (emptied slot) [{path}]"):
                 times[name] = []
             for _ in range(max(1, repeats // 2)):
@@ -128,8 +127,6 @@ def measure(storage: str, D: int, W: int, B: int, repeats: int, v1_repeats: int,
                     t0 = time.perf_counter_ns()
                     fn()
                     times[name].append(time.perf_counter_ns() - t0)
-        finally:
-            _stager.set_crc32c_path(active)
 
     if v1_repeats:
         v1 = as_v1(buf)
@@ -185,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
           f"repeats, medians; ratio = memcpy median / operation median (goal >= {GOAL}x for snapshot_into and "
           "restore from a buffer)"),
          (f"CRC-32C kernel: {results[0]['crc_path'] if results else '?'} (supported: "
-          f"{', '.join(_stager.crc32c_paths())})"),
+          f"{', '.join(kernels.supported('crc32c'))})"),
          f"total wall time {wall:.0f} s"],
     )
     targets = []

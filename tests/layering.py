@@ -10,7 +10,7 @@ included. Layers, bottom up:
              stager_copy: the tables, the value types the Stager binding takes and
              returns, the mismatch guard, and how a Stager is pickled (config plus snapshots)
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
-4 api        formats, cuda, gguf, context_plan, ring_owner, host_ring: the Python API over the core
+4 api        formats, kernels, cuda, gguf, context_plan, ring_owner, host_ring: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
 6 tools      testing, sim, engines: differential runner, fuzzing, the loop, toy models,
              real-engine adapters (optional engines, imported lazily)
@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "_ext._stager": 3,
     "_ext._cuda": 3,
     "formats": 4,
+    "kernels": 4,
     "cuda": 4,
     "ring_owner": 4,
     "host_ring": 4,

@@ -217,7 +217,7 @@ def test_a_buffer_changing_under_restore_never_passes_as_intact(path):
     CRC-32C kernel), and a rejected one leaves the busy slot as it was."""
     import threading
 
-    from dspark_core._ext import _stager
+    from dspark_core import kernels
 
     cfg = StagerConfig(1024, 4, 64, max_seqs=2)
     st = Stager(cfg)
@@ -228,9 +228,9 @@ def test_a_buffer_changing_under_restore_never_passes_as_intact(path):
     want = snap[96:]
     buf = np.frombuffer(bytearray(snap), np.uint8).copy()
     spot = 96 + len(want) // 2
-    before = _stager.crc32c_path()
+    before = kernels.active("crc32c")
     if path == "portable":
-        _stager.set_crc32c_path("portable")
+        kernels.set_path("crc32c", "portable")
     stop = threading.Event()
 
     def flip() -> None:
@@ -253,5 +253,5 @@ def test_a_buffer_changing_under_restore_never_passes_as_intact(path):
     finally:
         stop.set()
         t.join()
-        _stager.set_crc32c_path(before)
+        kernels.set_path("crc32c", before)
     assert accepted + rejected == 300

@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "dspark/dispatch.hpp"
+
 namespace dspark {
 
 // Elements per quantization block (ggml's QK8_0 == QK4_0 == 32).
@@ -37,8 +39,9 @@ enum class ElemType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
 enum class NonFinite : std::uint8_t { Error = 0, Zero = 1, ClampF16 = 2, Clamp = 3 };
 inline constexpr int NONFINITE_COUNT = 4;
 
-// SIMD kernel families. Every path produces identical bytes.
-enum class SimdPath : std::uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// Row-format kernel paths: the path numbers of the dispatch registry's
+// RowFormat family (dspark/dispatch.hpp). Every path produces identical bytes.
+enum class SimdPath : std::uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonBf16 = 4 };
 
 // Which values a conversion carries as finite values. |x| < limit encodes
 // to a finite value; clamp_to is the largest magnitude that does (what the
@@ -100,13 +103,14 @@ float element_value(const void* src, ElemType in, std::size_t i) noexcept;
 void decode_rows(const void* src, Storage in, void* dst, ElemType out,
                  std::size_t n_rows, std::size_t dim);
 
-// Runtime dispatch. The active path starts as the best one this CPU supports,
-// unless the environment variable DSPARK_SIMD=scalar|avx2|avx512 names
-// another (an unsupported or unknown name falls back to the best supported
-// path). set_simd_path throws std::invalid_argument for an unsupported path.
-// The core does not log: simd_env_status() says what DSPARK_SIMD holds, so
-// that the caller can warn about a value that was not used.
-enum class SimdEnv : std::uint8_t { Unset = 0, Used = 1, Unknown = 2, Unsupported = 3 };
+// Runtime dispatch of the row formats: the RowFormat family of the dispatch
+// registry (dspark/dispatch.hpp), typed. The active path starts as the best
+// one this CPU supports unless DSPARK_SIMD names another (e.g.
+// DSPARK_SIMD=scalar|avx2|avx512|neon|neon-bf16; an unsupported or unknown
+// name is ignored). set_simd_path throws std::invalid_argument for an
+// unsupported path. simd_env_status() says what DSPARK_SIMD holds, so that
+// the caller can warn about a value that was not used (the core does not log).
+using SimdEnv = KernelEnv;
 SimdEnv simd_env_status() noexcept;
 bool simd_supported(SimdPath p) noexcept;
 SimdPath best_simd_path() noexcept;

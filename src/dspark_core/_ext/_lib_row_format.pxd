@@ -40,17 +40,6 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
         ClampF16
         Clamp
 
-    enum class SimdPath(uint8_t):
-        Scalar
-        Avx2
-        Avx512
-
-    enum class SimdEnv(uint8_t):
-        Unset
-        Used
-        Unknown
-        Unsupported
-
     cdef cppclass EncodeBounds:
         float limit
         float clamp_to
@@ -72,9 +61,31 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     void decode_rows(const void* src, Storage in_, void* dst, ElemType out, size_t n_rows,
                      size_t dim) except +dspark_translate_exception
 
-    bool simd_supported(SimdPath p)
-    SimdPath best_simd_path()
-    SimdPath active_simd_path()
-    void set_simd_path(SimdPath p) except +dspark_translate_exception
-    const char* simd_path_name(SimdPath p)
-    SimdEnv simd_env_status()
+
+# The dispatch registry: every runtime-chosen kernel family, its paths, the
+# CPU probe and DSPARK_SIMD (the row-format and CRC-32C paths included).
+cdef extern from "dspark/dispatch.hpp" namespace "dspark" nogil:
+    enum class KernelFamily(uint8_t):
+        RowFormat
+        Crc32c
+
+    enum class KernelEnv(uint8_t):
+        Unset
+        Used
+        Unknown
+        Unsupported
+
+    const char* KERNEL_ENV
+    const char* KERNEL_ENV_DEPRECATED
+    const char* kernel_family_name(KernelFamily f)
+    const char* kernel_path_name(KernelFamily f, int path)
+    int kernel_path_count(KernelFamily f)
+    int kernel_path_from_name(KernelFamily f, string_view name)
+    bool kernel_path_supported(KernelFamily f, int path)
+    int best_kernel_path(KernelFamily f)
+    int active_kernel_path(KernelFamily f)
+    void set_kernel_path(KernelFamily f, int path) except +dspark_translate_exception
+    const char* kernel_name(KernelFamily f, int k)
+    const char* kernel_origin(KernelFamily f, int k, int path)
+    KernelEnv kernel_env_status()
+    bool kernel_env_deprecated()

@@ -129,13 +129,6 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const char* fail_stage_name(FailStage s)
 
 
+# Its path switch is the dispatch registry's (_lib_row_format.pxd).
 cdef extern from "dspark/crc32c.hpp" namespace "dspark" nogil:
-    enum class CrcPath(uint8_t):
-        Portable
-        Sse42
-
     uint32_t crc32c(uint32_t crc, const void* data, size_t n)
-    bool crc_path_supported(CrcPath p)
-    CrcPath active_crc_path()
-    void set_crc_path(CrcPath p) except +dspark_translate_exception
-    const char* crc_path_name(CrcPath p)

@@ -25,7 +25,7 @@ from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
     RowMode, SlotMove, advise_huge_pages,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
-    CrcPath, crc32c as c_crc32c, crc_path_supported, active_crc_path, set_crc_path, crc_path_name,
+    crc32c as c_crc32c,
 )
 
 from dspark_core._args import (
@@ -82,8 +82,8 @@ cdef object _plan_slots(RoundPlan& p):
     return out
 
 
-# -- CRC-32C of snapshot format v2 (the core's dispatched kernels) -------------
-_CRC_PATHS = {"portable": CrcPath.Portable, "sse4.2": CrcPath.Sse42}
+# -- CRC-32C of snapshot format v2 (the core's dispatched kernels; the path
+# switch is the registry's, dspark_core.kernels) ------------------------------
 
 
 def crc32c(data, crc=0):
@@ -95,23 +95,6 @@ def crc32c(data, crc=0):
     with nogil:
         c = c_crc32c(c, p, n)
     return c
-
-
-def crc32c_paths():
-    """Names of the CRC-32C kernels this CPU and build support."""
-    return tuple(name for name, p in _CRC_PATHS.items() if crc_path_supported(p))
-
-
-def crc32c_path():
-    """Name of the active CRC-32C kernel ("sse4.2" or "portable")."""
-    return crc_path_name(active_crc_path()).decode()
-
-
-def set_crc32c_path(name):
-    """Switch the CRC-32C kernel (process-wide); ``ValueError`` for an unknown or unsupported one."""
-    if name not in _CRC_PATHS:
-        raise ValueError(f"unknown CRC-32C path {name!r}; use one of {tuple(_CRC_PATHS)}")
-    set_crc_path(_CRC_PATHS[name])
 
 
 cdef inline bint _plain_positions(x):
