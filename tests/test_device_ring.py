@@ -19,7 +19,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from dspark_core import HostRing, Stager, StagerConfig, cuda, formats
+from conftest import at_once
+
+from dspark_core import HostRing, Stager, StagerConfig, cuda, formats, snapshot_format
 from dspark_core.config import STORAGES
 from dspark_core.errors import StateError
 
@@ -347,7 +349,7 @@ def test_errors_are_clear_and_change_nothing(owner):
     first = p.ext.fork(0, 1)
     p.held.fork(0, 1)
     second = p.ext.fork(0, 1)
-    with pytest.raises(ValueError, match="out of order: expected moves #1"):
+    with pytest.raises(ValueError, match="out of order: expected change #1"):
         p.ring.apply(second)
     p.ring.apply(first)
     with pytest.raises(ValueError, match="out of order"):
@@ -425,3 +427,107 @@ def test_snapshot_and_restore_move_a_sequence_between_rings(owner):
     hp, xp = held2.draft(1, end), other.draft(1, end)
     got = ring2.gather(xp)
     assert host(ring2, got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
+
+
+def _ring_trial(owner, threads_call_the_ring):
+    """A held oracle, an external Stager and its ring: sequence 0 holds 300 rows, 2 holds
+    200, 4 holds 40; 5's snapshot and device rows are saved. Threads then fork, shift and
+    restore overlapping sequences at once and draft an unrelated one."""
+    cfg = StagerConfig(32, 4, 400, max_seqs=6, storage="q8_0")
+    p = Pair(cfg, owner, seed=1)
+    for seq, n in ((0, 300), (2, 200), (4, 40), (5, 120)):
+        p.feed(seq, n)
+    snap_x, rows_x = p.ring.snapshot(5)
+    snap_h = p.held.snapshot(5)
+    calls = [("shift", (0, 100, 50)), ("fork", (0, 1)), ("fork", (2, 3))]
+    if threads_call_the_ring:
+        calls.append(("restore", (2, snap_x, rows_x)))
+    target = p.ring if threads_call_the_ring else p.ext
+    gathered = []
+
+    def draft_other():
+        plan = p.ext.draft(4, 40)
+        gathered.append(p.ring.to_numpy(p.ring.gather(plan)).tobytes())
+        p.ext.commit(4)
+
+    results = at_once([(getattr(target, name), args) for name, args in calls], draft_other)
+    order = sorted(results, key=lambda k: results[k].serial)
+    assert [results[k].serial for k in order] == list(range(1, len(calls) + 1))
+    for k in order:
+        name, args = calls[k]
+        if not threads_call_the_ring:
+            p.ring.apply(results[k])  # the moves the threads got, applied in serial order
+        want = getattr(p.held, name)(*((2, snap_h) if name == "restore" else args))
+        if name != "restore":
+            assert np.array_equal(want, results[k])
+    assert gathered == [p.held.draft(4, 40).rows.tobytes()]
+    p.held.commit(4)
+    for s in range(cfg.max_seqs):
+        assert p.held.state(s) == p.ext.state(s)
+        slots = p.ext.live_slots(s)
+        rows = snapshot_format.unpack(p.held.snapshot(s), cfg.snapshot_fingerprint()).rows
+        assert p.ring.read(slots).tobytes() == rows, s
+
+
+@pytest.mark.parametrize("threads_call_the_ring", [True, False], ids=["ring-calls", "apply-after"])
+def test_table_changes_from_several_threads_apply_in_serial_order(owner, threads_call_the_ring):
+    """Concurrent fork / shift / restore: the core numbers them in the order they ran, the
+    ring applies them in that order (its own calls from any thread, or moves applied later
+    through apply), and the device table holds the held oracle's rows afterwards."""
+    for _ in range(40):
+        _ring_trial(owner, threads_call_the_ring)
+
+
+def test_apply_refuses_views_copies_and_edits(owner):
+    cfg = StagerConfig(32, 2, 64, max_seqs=2)
+    p = Pair(cfg, owner)
+    p.feed(0, 40)
+    hm, xm = p.held.shift(0, 10, 3), p.ext.shift(0, 10, 3)
+    assert len(xm) > 2 and np.array_equal(hm, xm)
+    table = p.ring.read(range(80))
+    for piece in (xm[:1], xm[::-1], xm.copy(), xm[1:]):
+        with pytest.raises(ValueError, match="not the array the Stager returned"):
+            p.ring.apply(piece)
+    xm.flags.writeable = True  # an edit in place keeps the serial, not the issued bytes
+    xm[0, 0] += 1
+    with pytest.raises(ValueError, match="not the array the Stager returned"):
+        p.ring.apply(xm)
+    xm[0, 0] -= 1
+    assert p.ring.read(range(80)).tobytes() == table.tobytes()  # nothing copied
+    p.ring.apply(xm)
+    p.round(0)
+    # A table change the ring did not apply blocks the ring's own next one, before the Stager moves.
+    p.held.fork(0, 1)
+    pending = p.ext.fork(0, 1)
+    state = p.ext.state(1)
+    with pytest.raises(ValueError, match="apply the missing"):
+        p.ring.fork(0, 1)
+    assert p.ext.state(1) == state and p.ext.moves_issued == pending.serial
+    p.ring.apply(pending)
+    p.round(1)
+
+
+def test_gather_refuses_a_plan_whose_round_has_closed(owner):
+    """A plan of a closed round is refused even while a newer round of its sequence is open
+    (its slots may hold other rows by now), and a batch plan likewise."""
+    cfg = StagerConfig(32, 2, 12, max_seqs=2)
+    p = Pair(cfg, owner)
+    p.feed(0, 5)
+    p.feed(1, 5)
+    _, old = p.both("draft", 0, 5)
+    p.both("commit", 0)
+    for _ in range(120):
+        p.round(0)
+        p.feed(0, 3)
+        p.both("accept", 0, 2)
+    hp, now = p.both("draft", 0, p.end(0))
+    assert now.round > old.round > 0
+    with pytest.raises(ValueError, match=rf"of round {old.round}, and the sequence has another round open"):
+        p.ring.gather(old)
+    assert np.array_equal(host(p.ring, p.ring.gather(now)), hp.rows.view(np.uint8).reshape(-1))
+    p.both("commit", 0)
+    hb, xb = p.both("draft_many", [0, 1], [p.end(0), p.end(1)])
+    p.ring.gather(xb)
+    p.both("commit", 1)
+    with pytest.raises(ValueError, match="sequence 1 is of round .* has no open round"):
+        p.ring.gather(xb)

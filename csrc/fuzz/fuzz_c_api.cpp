@@ -227,6 +227,7 @@ bool create(Reader& r, Fixture& fx, Stager*& cpp_holder) {
             o.nonfinite = static_cast<NonFinite>(c.nonfinite);
             o.stage = static_cast<ElemType>(c.stage_dtype);
             o.rows = c.rows_mode ? RowMode::External : RowMode::Held;
+            o.strict = c.strict == 1;  // strict mode is the core's: the oracle has it too
             want = expect_of([&] { cpp_holder = new Stager(o); });
         }
     }
@@ -299,9 +300,6 @@ std::vector<std::int64_t> positions(const Fixture& fx, std::int64_t seq, std::si
 
 std::int64_t n_past_of(const Fixture& fx, std::int64_t seq, std::uint8_t mode) {
     const std::int64_t end = fx.end_of(seq);
-#ifdef DSPARK_FUZZ_SKIP_KNOWN  // exploration builds: stay clear of a finding already reported
-    if (fx.c.strict && mode % 12 == 11) return end;
-#endif
     switch (mode % 12) {
         case 8: return end + 1;
         case 9: return end - 1;
@@ -413,12 +411,10 @@ bool same_plan(const dspark_plan& a, const RoundPlan& b) {
            a.slot_count[1] == b.slot_runs[1].count && a.reserved[0] == 0 && a.reserved[1] == 0;
 }
 
-// The C++ draft as the C ABI promises it: strict turns a MISSING_ROWS skip into
-// DSPARK_E_STATE (nothing changes: a skip opens no round).
+// The C++ draft: the same outcome the C ABI promises (strict mode included:
+// the core's, after every argument check).
 dspark_status oracle_draft(Fixture& fx, std::int64_t seq, std::int64_t n_past, RoundPlan& p, ByteVec& rows) {
-    dspark_status want = expect_of([&] { p = fx.cpp->draft(seq, n_past, rows); });
-    if (want == DSPARK_OK && fx.c.strict && p.skip == Skip::MissingRows) want = DSPARK_E_STATE;
-    return want;
+    return expect_of([&] { p = fx.cpp->draft(seq, n_past, rows); });
 }
 
 void op_draft(Reader& r, Fixture& fx, std::int64_t seq) {
@@ -482,20 +478,6 @@ void op_draft_many(Reader& r, Fixture& fx) {
         seqs[i] = fx.seq_of(r.u8());
         pasts[i] = n_past_of(fx, seqs[i], mode);
     }
-#ifdef DSPARK_FUZZ_SKIP_KNOWN  // exploration builds: stay clear of the findings already reported
-    if (fx.c.strict)
-        for (std::size_t i = 0; i < k; ++i) {
-            if (!fx.valid(seqs[i])) seqs[i] = 0;
-            for (std::size_t j = 0; j < i; ++j)
-                if (seqs[i] == seqs[j]) seqs[i] = seqs[0] == 0 && k > 1 ? 1 % fx.c.max_seqs : 0;
-        }
-    if (fx.c.strict && std::any_of(seqs.begin(), seqs.end(), [&](std::int64_t s) { return !fx.valid(s); })) return;
-    for (std::size_t i = 0; fx.c.strict && i < k; ++i) {
-        if (pasts[i] < 0 || pasts[i] >= MAXP) return;
-        for (std::size_t j = 0; j < i; ++j)
-            if (seqs[i] == seqs[j]) return;
-    }
-#endif
     const std::int32_t dtype = static_cast<std::int32_t>(dt % 4) - 1;
     std::vector<dspark_plan> plans(k);
     const std::size_t cap = static_cast<std::size_t>(std::max<std::int64_t>(0, fx.c.window)) * 4 *
@@ -506,25 +488,12 @@ void op_draft_many(Reader& r, Fixture& fx) {
     const dspark_status s = dspark_draft_many(fx.st, seqs.data(), pasts.data(), k, dtype, buf.data(), buf.size(),
                                               plans.data(), &written);
     check_status(s);
-    // The oracle: C++ draft_many. Strict turns a batch with a MISSING_ROWS skip
-    // into DSPARK_E_STATE, after every argument check (an unknown or busy
-    // sequence, a repeated id, an n_past out of range: the C++ errors win).
+    // The oracle: C++ draft_many (strict mode included: the core's, after
+    // every argument check: an unknown or busy sequence, a repeated id, an
+    // n_past out of range).
     std::vector<RoundPlan> out;
     ByteVec rows;
-    bool strict_miss = false;
-    if (fx.c.strict) {
-        bool args_ok = true;
-        for (std::size_t i = 0; i < k; ++i)
-            for (std::size_t j = 0; j < i; ++j) args_ok = args_ok && seqs[i] != seqs[j];
-        for (std::size_t i = 0; i < k && args_ok; ++i) {
-            RoundPlan pk;
-            args_ok = expect_of([&] { pk = fx.cpp->peek(seqs[i], pasts[i]); }) == DSPARK_OK;
-            strict_miss = strict_miss || (args_ok && pk.skip == Skip::MissingRows);
-        }
-        strict_miss = strict_miss && args_ok;
-    }
-    const dspark_status want = strict_miss ? DSPARK_E_STATE
-                                           : expect_of([&] { fx.cpp->draft_many(seqs.data(), pasts.data(), k, out, rows); });
+    const dspark_status want = expect_of([&] { fx.cpp->draft_many(seqs.data(), pasts.data(), k, out, rows); });
     check_same(s, want, "draft_many");
     if (s != DSPARK_OK) {
         FUZZ_CHECK(fx.fingerprint() == before);

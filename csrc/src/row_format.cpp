@@ -14,6 +14,7 @@
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "dispatch_families.hpp"
 #include "dspark/dispatch.hpp"
@@ -450,8 +451,8 @@ std::size_t row_bytes(Storage s, std::size_t dim) {
     check_storage(s);
     if (is_q(s) && (dim == 0 || dim % QK != 0))
         throw ConfigError(std::string("dspark: storage ") + storage_name(s) +
-                          " needs a feature dim that is a positive multiple of 32, got " +
-                          std::to_string(dim));
+                          " needs feature_dim % 32 == 0, got feature_dim " +
+                          std::to_string(dim) + " (a positive multiple of 32: whole blocks)");
     // storage_bytes multiplies: a dim whose byte count wraps around is refused.
     const std::size_t units = is_q(s) ? dim / QK : dim;
     const std::size_t unit_bytes = storage_bytes(s, is_q(s) ? QK : 1);
@@ -460,6 +461,12 @@ std::size_t row_bytes(Storage s, std::size_t dim) {
                           " is too large: its byte count overflows size_t");
     return storage_bytes(s, dim);
 }
+
+namespace {
+// An fp16 value (a stored f16 element or a q block's scale) is Inf or NaN:
+// its exponent bits are all ones.
+inline bool f16_bits_nonfinite(std::uint16_t h) noexcept { return (h & 0x7c00u) == 0x7c00u; }
+}  // namespace
 
 std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
     check_elem(in);
@@ -471,13 +478,48 @@ std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
         case ElemType::F16: {
             const auto* h = static_cast<const std::uint16_t*>(src);
             for (std::size_t i = 0; i < n_elems; ++i)
-                if ((h[i] & 0x7c00u) == 0x7c00u) return static_cast<std::int64_t>(i);
+                if (f16_bits_nonfinite(h[i])) return static_cast<std::int64_t>(i);
             return -1;
         }
         case ElemType::BF16: {
             const auto* b = static_cast<const std::uint16_t*>(src);
             for (std::size_t i = 0; i < n_elems; ++i)
                 if ((b[i] & 0x7f80u) == 0x7f80u) return static_cast<std::int64_t>(i);
+            return -1;
+        }
+    }
+    return -1;
+}
+
+std::int64_t find_unstageable_encoded(const void* rows, Storage s, std::size_t n_rows, std::size_t dim, float limit) {
+    const std::size_t rb = row_bytes(s, dim);  // checks s (and whole q blocks)
+    if (n_rows == 0) return -1;
+    if (rows == nullptr) throw std::invalid_argument("dspark: find_unstageable_encoded: null source");
+    const auto* data = static_cast<const std::uint8_t*>(rows);
+    if (limit < detail::NO_LIMIT) {
+        // A narrower staged type: decode each row and check its values.
+        std::vector<float> row(dim);
+        for (std::size_t r = 0; r < n_rows; ++r) {
+            decode_rows(data + r * rb, s, row.data(), ElemType::F32, 1, dim);
+            const std::int64_t i = find_unencodable(row.data(), ElemType::F32, dim, limit);
+            if (i >= 0) return static_cast<std::int64_t>(r * dim) + i;
+        }
+        return -1;
+    }
+    switch (s) {
+        case Storage::F32: return find_nonfinite(data, ElemType::F32, n_rows * dim);
+        case Storage::F16: return find_nonfinite(data, ElemType::F16, n_rows * dim);
+        case Storage::BF16: return find_nonfinite(data, ElemType::BF16, n_rows * dim);
+        case Storage::Q8_0:
+        case Storage::Q4_0: {
+            // A q block decodes to scale * quant: non-finite exactly when its fp16 scale is.
+            const std::size_t block = storage_bytes(s, QK);
+            for (std::size_t r = 0; r < n_rows; ++r)
+                for (std::size_t off = 0; off < rb; off += block) {
+                    std::uint16_t d;
+                    std::memcpy(&d, data + r * rb + off, 2);
+                    if (f16_bits_nonfinite(d)) return static_cast<std::int64_t>(r * dim + off / block * QK);
+                }
             return -1;
         }
     }

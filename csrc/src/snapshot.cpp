@@ -70,14 +70,10 @@ T take(const std::uint8_t* at) {
 
 [[noreturn]] void bad(const std::string& why) { throw std::invalid_argument(why); }
 
-std::string nonfinite_label(std::uint8_t code) {
-    switch (code) {
-        case static_cast<std::uint8_t>(NonFinite::Error): return "error";
-        case static_cast<std::uint8_t>(NonFinite::Zero): return "zero";
-        case static_cast<std::uint8_t>(NonFinite::ClampF16): return "clamp_f16";
-        case static_cast<std::uint8_t>(NonFinite::Clamp): return "clamp";
-        default: return "code " + std::to_string(code);
-    }
+// A code's name from one of the core's tables, or "code N" for a value past it.
+template <class E, class Name>
+std::string code_name(std::uint8_t code, int count, Name name) {
+    return code < count ? std::string(name(static_cast<E>(code))) : "code " + std::to_string(code);
 }
 
 // The configuration a snapshot was taken under (v1 has no nonfinite policy).
@@ -87,13 +83,12 @@ struct Fingerprint {
     bool v2;  // v1 records neither the nonfinite policy nor the staged type
 
     std::string str() const {
-        const std::string name = storage < STORAGE_COUNT ? storage_name(static_cast<Storage>(storage))
-                                                         : "code " + std::to_string(storage);
-        std::string s = "feature_dim=" + std::to_string(feature_dim) + ", storage=" + name +
+        std::string s = "feature_dim=" + std::to_string(feature_dim) +
+                        ", storage=" + code_name<Storage>(storage, STORAGE_COUNT, storage_name) +
                         ", window=" + std::to_string(window) + ", block_size=" + std::to_string(block);
         if (v2) {
-            s += ", nonfinite=" + nonfinite_label(nonfinite) + ", stage_dtype=" +
-                 (stage <= static_cast<std::uint8_t>(ElemType::BF16) ? std::string(elem_name(static_cast<ElemType>(stage))) : "code " + std::to_string(stage));
+            s += ", nonfinite=" + code_name<NonFinite>(nonfinite, NONFINITE_COUNT, nonfinite_name) +
+                 ", stage_dtype=" + code_name<ElemType>(stage, ELEM_TYPE_COUNT, elem_name);
         }
         return s;
     }
@@ -159,8 +154,9 @@ std::size_t Stager::snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size
     const Seq& s = ready(seq);
     const std::size_t need = snapshot_bytes(s);
     if (cap < need)
-        bad("snapshot buffer of " + std::to_string(cap) + " bytes is too small: the snapshot of sequence " +
-            std::to_string(seq) + " needs " + std::to_string(need));
+        throw BufferTooSmall("snapshot buffer of " + std::to_string(cap) +
+                             " bytes is too small: the snapshot of sequence " + std::to_string(seq) + " needs " +
+                             std::to_string(need), need);
     write_snapshot(s, dst);
     return need;
 }
@@ -176,9 +172,11 @@ std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     return out;
 }
 
-void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out) {
+void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out,
+                     std::uint64_t* serial) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& target = ready(seq);
+    Seq& target = mut(ready(seq));
+    if (serial) *serial = 0;
     if (n < PREAMBLE_BYTES)
         bad("snapshot is truncated: " + std::to_string(n) + " bytes, a header needs " + std::to_string(HEADER_BYTES));
     if (std::memcmp(d, MAGIC, 4) != 0) bad("not a dspark_core snapshot (bad magic)");
@@ -312,6 +310,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     s.pos_base = pos_base;
     s.tentative = tentative;
     s.failures = failures;
+    s.mismatch_reported = target.mismatch_reported;  // the slot's report, until its begin()
     if (external() || !count) {
         s.buf = ring_for(target.buf, horizon, static_cast<std::size_t>(n_rows));
         if (external() && n_rows) {  // the owner puts the rows back: take their slots, write nothing
@@ -327,6 +326,11 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     if (runs_out) s.buf.runs(horizon, end, slot_base(seq), runs_out);
     target = std::move(s);
     advance_horizon(target);
+    // The owner writes the rows back at those slots: a table change, in order.
+    if (external() && n_rows) {
+        const std::uint64_t k = next_serial();
+        if (serial) *serial = k;
+    }
 }
 
 }  // namespace dspark

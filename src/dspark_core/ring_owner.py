@@ -19,10 +19,21 @@ a caller can get wrong is checked here, the same way for both:
 
 A subclass implements the table and its conversions (the ``_``-prefixed
 hooks at the end of this class).
+
+Threads. The Stager numbers every change of the table it asks for (the
+moves of ``fork`` / ``shift``, the slots of an external ``restore``) under
+the lock of the operation, so their ``serial`` order is the order they
+happened in. An owner applies them in exactly that order: :meth:`fork`,
+:meth:`shift` and :meth:`restore` hold the owner's lock across the Stager's
+call and the copies, so several threads may call them at once;
+:meth:`apply` (moves a caller got from the Stager itself) refuses anything
+but the next serial, and anything but the array the Stager returned (a
+view, slice or copy of it has no serial).
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, NamedTuple
 
 import ml_dtypes
@@ -30,8 +41,7 @@ import numpy as np
 
 from . import formats, snapshot_format
 from ._args import as_positions
-from .errors import StateError
-from .slot_moves import SlotMoves
+from .slot_moves import RestoredSlots, SlotMoves
 from .stage_plan import BatchPlan, StagePlan
 
 __all__ = ["RingOwner", "BatchStatus", "STATUS_NONE"]
@@ -106,6 +116,9 @@ class RingOwner:
         self._nonfinite = cfg.nonfinite
         self._error = cfg.nonfinite == "error"
         self._moves_applied = int(stager.moves_issued)
+        # Held across a Stager call that changes the table and the owner's copies
+        # for it, so that table changes apply in serial order from any thread.
+        self._lock = threading.RLock()
 
     @property
     def _name(self) -> str:
@@ -132,12 +145,14 @@ class RingOwner:
         that cannot be staged under ``nonfinite="error"``) raises before the
         Stager or the table changes.
         """
+        pos = as_positions(positions)
+        # The Stager's own checks (sequence, round state, positions), in its
+        # order and with its messages, before the rows are looked at.
+        self.stager.check_process(seq, pos)
         a = self._input_rows(rows, in_dtype, f"{self._name}.write", None)
         n = a.shape[0]
-        pos = as_positions(positions)
         if len(pos) != n:
             raise ValueError(f"{self._name}.write: {len(pos)} positions for {n} rows")
-        self._precheck(seq, pos)
         prepared = self._prepare_write(seq, pos, a)
         slots = self.stager.process(seq, pos)
         self._store_write(a, slots, prepared)
@@ -170,7 +185,7 @@ class RingOwner:
             raise ValueError(f"{fn}: cu_seqlens must rise from 0 to the {a.shape[0]} rows, got {cu.tolist()}")
         pos_of = [np.arange(first[i], first[i] + cu[i + 1] - cu[i], dtype=np.int64) for i in range(len(seq_ids))]
         for i, seq in enumerate(seq_ids.tolist()):
-            self._precheck(seq, pos_of[i])
+            self.stager.check_process(seq, pos_of[i])
         row_pos = np.concatenate(pos_of) if pos_of else np.zeros(0, np.int64)
         row_seq = np.repeat(seq_ids, np.diff(cu))
         prepared = self._prepare_batch_write(row_seq, row_pos, a)
@@ -183,17 +198,6 @@ class RingOwner:
             # the sequences it took are written all the same: the table follows the Stager.
             self._store_batch_write(a, flat, prepared)
         return flat
-
-    def _precheck(self, seq: int, pos: np.ndarray) -> None:
-        """The Stager's own checks, in its order, before rows are looked at: an
-        open round is a StateError, broken positions a ValueError (as held mode)."""
-        st = self.stager.state(seq)  # unknown sequence: ValueError
-        if st["open_round"]:
-            raise StateError(f"sequence {seq} has an open round: call commit() or fail() first")
-        if len(pos) > 1 and not np.all(np.diff(pos) == 1):
-            raise ValueError(f"sequence {seq}: positions must be contiguous (+1 each row)")
-        if len(pos) and st["started"] and int(pos[0]) != st["end"]:
-            raise ValueError(f"sequence {seq}: positions must continue at {st['end']}, got {int(pos[0])}")
 
     def _unstageable(self, seq: Any, row: int, positions: np.ndarray) -> ValueError:
         """The error of a write whose row ``row`` holds a value that cannot be staged.
@@ -242,7 +246,9 @@ class RingOwner:
         """Decode the plan's staged slots into one contiguous ``(n_rows, feature_dim)`` array.
 
         ``plan``: a :class:`StagePlan` or a :class:`BatchPlan` (draft_many) of
-        this owner's Stager, while its round is open. ``dtype``: float32 /
+        this owner's Stager, while its round is open (a plan of a round that
+        has closed raises ``ValueError``: later writes may have reused its
+        slots, even if a newer round of the sequence is open). ``dtype``: float32 /
         float16 / bfloat16 (default: the Stager's ``stage_dtype``). Equal, byte
         for byte, to ``plan.rows`` of a held Stager with the same storage.
         """
@@ -262,10 +268,12 @@ class RingOwner:
                 f"{self._name}.gather: the plan of sequence {p.seq} comes from another Stager; its slots do not "
                 "index this ring's table"
             )
-        if not self.stager.state(p.seq)["open_round"]:
+        open_round = self.stager.open_round_id(p.seq)
+        if open_round == 0 or p.round != open_round:
+            now = "has no open round" if open_round == 0 else f"has another round open now (round {open_round})"
             raise ValueError(
-                f"{self._name}.gather: sequence {p.seq} has no open round: gather a plan between draft() and "
-                "commit() / fail() (later writes may reuse its slots)"
+                f"{self._name}.gather: the plan of sequence {p.seq} is of round {p.round}, and the sequence {now}: "
+                "gather a plan between its draft() and its commit() / fail() (later writes may reuse its slots)"
             )
 
     def _out_dtype(self, dtype: Any, fn: str) -> np.dtype:
@@ -333,12 +341,42 @@ class RingOwner:
                            None if slot == STATUS_NONE else slot)
 
     # -- moves ------------------------------------------------------------
+    def _next_change(self, change: SlotMoves | RestoredSlots, what: str) -> None:
+        """Refuse a table change that is not the Stager's next one, as it issued it
+        (a view, slice, copy or edit of it carries no serial, or other bytes)."""
+        if change.source is not self.stager and change.serial:
+            raise ValueError(f"{self._name}.{what}: these come from another Stager")
+        if not change.applicable():
+            raise ValueError(
+                f"{self._name}.{what}: not the array the Stager returned (a view, slice, reversal, copy or edit "
+                "of it carries no serial): pass fork() / shift() / restore()'s result itself"
+            )
+        want = self._moves_applied + 1
+        if change.serial != want:
+            raise ValueError(
+                f"{self._name}.{what}: table changes applied out of order: expected change #{want} of this "
+                f"Stager, got #{change.serial} (each non-empty fork / shift / restore result must be applied "
+                "once, in serial order)"
+            )
+
+    def _require_applied(self, what: str) -> None:
+        """Before the owner asks the Stager for a table change: every earlier one is
+        applied (else the new one could not be, and the Stager would have moved on)."""
+        issued = int(self.stager.moves_issued)
+        if issued != self._moves_applied:
+            raise ValueError(
+                f"{self._name}.{what}: the Stager issued table changes up to #{issued}, the ring applied up to "
+                f"#{self._moves_applied}: apply the missing fork() / shift() moves first (nothing changed)"
+            )
+
     def apply(self, moves: SlotMoves) -> None:
         """Apply the moves ``fork`` / ``shift`` returned (row copies, in order).
 
-        Every non-empty moves array of the Stager must be applied, in the
-        order they were returned; moves of another Stager, or applied out of
-        order (twice, or after skipping one), raise ``ValueError`` and copy
+        Every non-empty moves array of the Stager (and the slots of an
+        external ``restore``, which :meth:`restore` fills) must be applied
+        once, in serial order; moves of another Stager, out of order (twice,
+        or after skipping one), or not the array the Stager returned (a view,
+        slice, reversal, copy or edit of it) raise ``ValueError`` and copy
         nothing.
         """
         if not isinstance(moves, SlotMoves):
@@ -347,31 +385,29 @@ class RingOwner:
             )
         if len(moves) == 0:
             return
-        if moves.source is not self.stager:
-            raise ValueError(f"{self._name}.apply: these moves come from another Stager")
-        want = self._moves_applied + 1
-        if moves.serial != want:
-            raise ValueError(
-                f"{self._name}.apply: moves applied out of order: expected moves #{want} of this Stager, got "
-                f"#{moves.serial} (each non-empty fork/shift result must be applied once, in order)"
-            )
-        rows = moves.tolist()
-        for src, dst, m in rows:
-            if not (m > 0 and 0 <= src and src + m <= self.rows and 0 <= dst and dst + m <= self.rows):
-                raise ValueError(f"{self._name}.apply: move [{src}, {dst}, {m}] is outside the table")
-        self._copy_moves(rows)
-        self._moves_applied = moves.serial
+        with self._lock:
+            self._next_change(moves, "apply")
+            rows = moves.tolist()
+            for src, dst, m in rows:
+                if not (m > 0 and 0 <= src and src + m <= self.rows and 0 <= dst and dst + m <= self.rows):
+                    raise ValueError(f"{self._name}.apply: move [{src}, {dst}, {m}] is outside the table")
+            self._copy_moves(rows)
+            self._moves_applied = moves.serial
 
     def fork(self, src: int, dst: int) -> SlotMoves:
-        """``stager.fork(src, dst)`` and apply its moves."""
-        moves = self.stager.fork(src, dst)
-        self.apply(moves)
+        """``stager.fork(src, dst)`` and apply its moves (safe from several threads)."""
+        with self._lock:
+            self._require_applied("fork")
+            moves = self.stager.fork(src, dst)
+            self.apply(moves)
         return moves
 
     def shift(self, seq: int, n_keep: int, n_discard: int) -> SlotMoves:
-        """``stager.shift(seq, n_keep, n_discard)`` and apply its moves."""
-        moves = self.stager.shift(seq, n_keep, n_discard)
-        self.apply(moves)
+        """``stager.shift(seq, n_keep, n_discard)`` and apply its moves (safe from several threads)."""
+        with self._lock:
+            self._require_applied("shift")
+            moves = self.stager.shift(seq, n_keep, n_discard)
+            self.apply(moves)
         return moves
 
     # -- snapshots --------------------------------------------------------
@@ -389,8 +425,13 @@ class RingOwner:
         state = snapshot_format.unpack(data, cfg.snapshot_fingerprint(), external=True)
         n = state.end - state.horizon if state.started else 0
         r = self._snapshot_rows(rows, n)
-        slots = self.stager.restore(seq, data)
-        self._copy_in(slots, r)
+        with self._lock:  # the restore and its copies, in serial order among the table changes
+            self._require_applied("restore")
+            slots = self.stager.restore(seq, data)
+            if len(slots):
+                self._next_change(slots, "restore")
+                self._copy_in(slots, r)
+                self._moves_applied = slots.serial
         return slots
 
     # -- the table: implemented by each owner -------------------------------

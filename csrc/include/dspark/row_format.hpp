@@ -25,6 +25,7 @@ inline constexpr int STORAGE_COUNT = 5;
 
 // Plain float element types rows arrive in and are staged out in.
 enum class ElemType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+inline constexpr int ELEM_TYPE_COUNT = 3;
 
 // What encoding does with values it cannot encode as finite values: NaN,
 // +-Inf, and finite values whose encoding overflows (|x| >= the bounds'
@@ -93,6 +94,13 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out,
 std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems);
 // Flat index of the first element with !(|x| < limit) (NaN included), or -1.
 std::int64_t find_unencodable(const void* src, ElemType in, std::size_t n_elems, float limit);
+// Flat index of the first element of n_rows rows already in storage `s`
+// (`dim` elements each) whose value, decoded to f32, is not below `limit` in
+// magnitude (NaN never is), or -1. With limit = +inf that is a non-finite
+// stored value: the element for f32 / f16 / bf16, the block scale for q8_0 /
+// q4_0 (reported at the block's first element); a finite limit (rows staged
+// as a narrower type: encode_bounds(F32, staged).limit) decodes each row.
+std::int64_t find_unstageable_encoded(const void* rows, Storage s, std::size_t n_rows, std::size_t dim, float limit);
 // Element `i` of `src` widened to f32 (exact): error messages quote it.
 float element_value(const void* src, ElemType in, std::size_t i) noexcept;
 

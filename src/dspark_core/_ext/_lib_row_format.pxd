@@ -8,9 +8,8 @@ from libcpp.string_view cimport string_view
 
 
 cdef extern from "_errors.hpp" nogil:
-    # Maps dspark::ConfigError -> dspark_core.ConfigError, StateError ->
-    # StateError, TypeError -> TypeError, std::invalid_argument -> ValueError,
-    # std::bad_alloc -> MemoryError, anything else -> RuntimeError.
+    # Raises the Python exception of the C++ one being handled: the core's
+    # table (DSPARK_ERROR_KINDS in dspark/errors.hpp) decides which.
     void dspark_translate_exception()
     # Registers the Python exception classes (once, at module import).
     void dspark_set_error_types(object config_error, object state_error) with gil
@@ -21,6 +20,8 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     size_t Q8_0_BLOCK_BYTES
     size_t Q4_0_BLOCK_BYTES
     int STORAGE_COUNT
+    int NONFINITE_COUNT
+    int ELEM_TYPE_COUNT
 
     enum class Storage(uint8_t):
         F32
@@ -51,6 +52,7 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     const char* storage_name(Storage s)
     size_t storage_block_elems(Storage s) except +dspark_translate_exception
     const char* nonfinite_name(NonFinite p)
+    const char* elem_name(ElemType t)
     Storage storage_from_name(string_view name) except +dspark_translate_exception
 
     int64_t encode_rows(const void* src, ElemType in_, void* dst, Storage out, size_t n_rows,

@@ -14,6 +14,26 @@ STORAGE_BLOCKS: tuple[tuple[int, int], ...]
 NONFINITE_POLICIES: tuple[str, ...]
 SKIP_REASONS: tuple[str, ...]
 FAIL_STAGES: tuple[str, ...]
+ROW_MODES: tuple[str, ...]
+ELEM_TYPES: tuple[str, ...]
+TRIM_CHUNK: int
+MAX_POSITION: int
+MAX_WINDOW: int
+MAX_FEATURE_DIM: int
+MAX_SEQS_LIMIT: int
+
+def check_stager_options(
+    feature_dim: int,
+    block_size: int,
+    window: int,
+    max_seqs: int,
+    storage: int,
+    max_failures: int,
+    nonfinite: int,
+    stage_dtype: int,
+    rows: int,
+) -> None:
+    """The core's check of a Stager configuration (ConfigError naming the first unusable value)."""
 
 def row_bytes(storage: str, dim: int) -> int:
     """Bytes of one row of ``dim`` elements stored as ``storage``."""

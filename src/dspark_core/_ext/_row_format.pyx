@@ -24,7 +24,12 @@ from dspark_core._ext._lib_row_format cimport (
     best_kernel_path, active_kernel_path, set_kernel_path, kernel_name, kernel_origin,
     kernel_env_status as c_kernel_env_status, kernel_env_deprecated as c_kernel_env_deprecated,
 )
-from dspark_core._ext._lib_stager cimport Skip, FailStage, skip_name, fail_stage_name
+from dspark_core._ext._lib_row_format cimport ELEM_TYPE_COUNT, elem_name
+from dspark_core._ext._lib_stager cimport (
+    Skip, FailStage, RowMode, StagerOptions, skip_name, fail_stage_name, row_mode_name, check_options,
+    TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION, MAX_WINDOW as C_MAX_WINDOW,
+    MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT,
+)
 from dspark_core.errors import ConfigError, StateError
 
 cnp.import_array()
@@ -68,9 +73,40 @@ cdef const char* _fail_stage_name(int i) noexcept:
     return fail_stage_name(<FailStage><uint8_t>i)
 
 
+cdef const char* _row_mode_name(int i) noexcept:
+    return row_mode_name(<RowMode><uint8_t>i)
+
+
 NONFINITE_POLICIES = _names(_nonfinite_name, 0)
 SKIP_REASONS = _names(_skip_name, 1)  # Skip::None (0) is no reason
 FAIL_STAGES = _names(_fail_stage_name, 0)
+ROW_MODES = _names(_row_mode_name, 0)
+#: Element types rows come in and are staged out in (numpy names; dspark::ElemType).
+ELEM_TYPES = tuple(elem_name(<ElemType><uint8_t>i).decode() for i in range(ELEM_TYPE_COUNT))
+
+# The core's limits (dspark/stager.hpp).
+TRIM_CHUNK = C_TRIM_CHUNK
+MAX_POSITION = C_MAX_POSITION
+MAX_WINDOW = C_MAX_WINDOW
+MAX_FEATURE_DIM = C_MAX_FEATURE_DIM
+MAX_SEQS_LIMIT = C_MAX_SEQS_LIMIT
+
+
+def check_stager_options(int64_t feature_dim, int64_t block_size, int64_t window, int64_t max_seqs, int storage,
+                         int64_t max_failures, int nonfinite, int stage_dtype, int rows):
+    """The core's check of a Stager configuration (codes are table indices):
+    ConfigError naming the first unusable value, as the Stager's constructor raises."""
+    cdef StagerOptions o
+    o.feature_dim = feature_dim
+    o.block_size = block_size
+    o.window = window
+    o.max_seqs = max_seqs
+    o.storage = <Storage><uint8_t>storage
+    o.max_failures = max_failures
+    o.nonfinite = <NonFinite><uint8_t>nonfinite
+    o.stage = <ElemType><uint8_t>stage_dtype
+    o.rows = <RowMode><uint8_t>rows
+    check_options(o)
 
 # Python-side codes of the C++ NonFinite enum. "keep" is the conversion-only
 # policy: convert as-is and report nothing (Error's code).

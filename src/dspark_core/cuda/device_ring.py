@@ -41,6 +41,9 @@ hold them (docs/external_rows.md, "Batches").
 Ordering: everything is enqueued on the ring's stream (``stream=`` at
 construction; default: the table library's current stream, or the legacy
 default stream). The caller orders its producers and consumers with it.
+
+Threads, and the identity and order checks of moves and plans: the shared
+owner's (:mod:`dspark_core.ring_owner`).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-__all__ = ["encode", "decode", "apply_nonfinite", "bounds", "STORAGES"]
+__all__ = ["encode", "decode", "apply_nonfinite", "bounds", "row_bytes", "STORAGES"]
 
 #: The storages this oracle implements, written out on purpose: the oracle
 #: does not read the core's table (a test checks both list the same formats).
@@ -40,6 +40,13 @@ _QT = {
 #: Bytes of one 32-element block, from gguf-py's own table.
 _BLOCK_BYTES = {name: gguf.GGML_QUANT_SIZES[qt][1] for name, qt in _QT.items() if name != "bf16"}
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def row_bytes(storage: str, dim: int) -> int:
+    """Bytes of one row of ``dim`` elements: numpy's item sizes, gguf-py's block table."""
+    if storage in _BLOCK_BYTES:
+        return dim // 32 * _BLOCK_BYTES[storage]
+    return dim * {"f32": 4, "f16": 2, "bf16": 2}[storage]
 
 
 def _rows_f32(x: np.ndarray) -> np.ndarray:

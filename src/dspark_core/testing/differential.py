@@ -77,7 +77,7 @@ class RunReport:
 def _outcome(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
     try:
         return ("ok", fn(*args))
-    except Exception as exc:  # noqa: BLE001 - the type is what is compared
+    except Exception as exc:  # noqa: BLE001 - the type and the message are what is compared
         return ("raise", exc)
 
 
@@ -326,7 +326,7 @@ class _Runner:
         if a[0] == "raise":
             ta, tb = type(a[1]), type(b[1])
             rep.trace[-1] = f"{line}  -> {ta.__name__}"
-            if ta is not tb:
+            if ta is not tb or str(a[1]) != str(b[1]):  # the same exception, word for word
                 self.fail(f"{c.text}: core raised {ta.__name__}({a[1]}), reference {tb.__name__}({b[1]})")
             if not isinstance(a[1], ALLOWED_ERRORS):
                 self.fail(f"{c.text}: undocumented exception {ta.__name__}: {a[1]}")
@@ -689,7 +689,7 @@ def run_differential(
 ) -> RunReport:
     """Apply ``ops`` to the C++ core and to the reference, comparing everything.
 
-    After every call: the same outcome (the same exception type, or the same
+    After every call: the same outcome (the same exception type and message, or the same
     plan fields, ``encoded_rows`` and ``rows`` bytes, return values), the same
     ``state(seq)`` and :data:`~dspark_core.reference.SEMANTIC_STATS` counters
     for every sequence, the same snapshot bytes for every sequence with no
