@@ -25,6 +25,10 @@
 
 namespace dspark {
 
+class PrefixStore;  // dspark/prefix_store.hpp
+struct KeyChain;
+struct PrefixHit;
+
 // Head rows below the horizon are dropped once this many have piled up.
 inline constexpr std::int64_t TRIM_CHUNK = 512;
 // Positions stay below this so that pos + block never overflows.
@@ -202,6 +206,28 @@ public:
     // snapshot of the sequence.
     void live_slots(std::int64_t seq, SlotRun out[2]) const;
     SeqStats stats(std::int64_t seq) const;
+
+    // -- prefix store (stager_prefix.cpp; dspark/prefix_store.hpp, docs/prefix_cache.md) --
+    // Both take this Stager's mutex, then the store's (the lock order), and
+    // throw ConfigError unless the store's configuration is this Stager's.
+    //
+    // Records the rows of seq's final positions [start, end) in `store` under
+    // `keys`, one key per block of store.block_tokens positions (the last
+    // block may be partial); only the rows a later hit can need are kept.
+    // The rows must still be held: publish each block when the server hands
+    // it over. External-row mode: returns the copies from this Stager's
+    // table (src) to the store's table (dst), to apply before the next call
+    // on either; held mode: empty (the rows were copied).
+    std::vector<SlotMove> publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
+                                         std::int64_t start, std::int64_t end);
+    // Starts seq afresh (as begin() does) from a prefix-cache hit of the
+    // first n_tokens positions (`keys`: the chain of their blocks): its ring
+    // receives the rows the store holds, so that the first round stages what
+    // a full prefill would have; the server prefills from hit.replay_from.
+    // External-row mode: `moves` (may be null in held mode) receives the
+    // copies from the store's table (src) to this Stager's table (dst).
+    PrefixHit start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
+                                std::vector<SlotMove>* moves);
 
     // Where draft() takes large output buffers from; give them back with
     // pool()->give(std::move(buffer)) once the caller is done with them.
