@@ -539,15 +539,15 @@ PrefixStore::HitPlan PrefixStore::plan_hit(const KeyChain& keys, std::int64_t h)
         plan.owed = a > 0;  // the first round restages [start - K, start), as a full prefill's rebase does
     } else {
         // need == 0 and i0 == 0 here: `found` holds every block of the chain.
-        const std::int64_t lo2 = h - K;  // > m >= 0
-        to = first_missing(lo2);
-        a = std::min(to, lo2);
-        // The held run ending at `to` may reach below lo2: extend it down,
-        // whole blocks at a time (every row below W - B is kept).
-        for (std::int64_t j = lo2 / bt; to > lo2 && j >= 0; --j) {
+        to = first_missing(h - K);
+        // The run of rows held contiguously below `to` (every row below W - B is kept).
+        a = to;
+        while (a > 0) {
+            const std::int64_t j = (a - 1) / bt;
             const Block* b = found[static_cast<std::size_t>(j)];
-            if (!b || !covers(b->kept, j * bt, std::min(j * bt + bt, h))) break;
-            a = j * bt;
+            if (!b || b->kept.first >= a) break;
+            a = std::max(b->kept.first, j * bt);
+            if (a > j * bt) break;
         }
         r.origin = a;
         r.exact = false;
@@ -556,7 +556,7 @@ PrefixStore::HitPlan PrefixStore::plan_hit(const KeyChain& keys, std::int64_t h)
     r.replay_from = to;
     r.rows = to - a;
     // The pieces of rows [a, to), block by block, and the blocks read.
-    for (std::int64_t i = a / bt; i * bt < to; ++i) {  // a >= need: every block is in `found`
+    for (std::int64_t i = a / bt; a < to && i * bt < to; ++i) {  // a >= need: every block is in `found`
         Block* b = found[static_cast<std::size_t>(i - i0)];
         const std::int64_t lo = std::max(a, i * bt), hi = std::min(to, i * bt + bt);
         for_each_piece(b->kept, b->pages, [&](const Piece& pc) {
