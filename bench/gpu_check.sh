@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU check for dspark_core's CUDA row conversion, in one go (< 5 minutes):
 #   1. builds and installs the package with the CUDA kernels (DSPARK_CUDA=ON),
-#   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes; tests/test_device_ring.py),
+#   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes; tests/test_device_ring.py;
+#      tests/test_device_prefix.py),
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
 #      bandwidth on the same GPU.
 #
@@ -91,8 +92,8 @@ for lib in ("cupy", "torch"):
         print(f"{lib} not available ({type(exc).__name__})")
 EOF
 
-log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py)"
-$PY -m pytest tests/test_cuda.py tests/test_device_ring.py -q -p no:cacheprovider -rfEs -x
+log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_device_prefix.py)"
+$PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_device_prefix.py -q -p no:cacheprovider -rfEs -x
 
 log "benchmark"
 $PY - <<'EOF'

@@ -46,6 +46,7 @@ import numpy as np
 from .. import formats
 from .._args import as_positions
 from ..errors import ConfigError, StateError
+from ..prefix_hit import PrefixMoves
 from ..slot_moves import SlotMoves
 from ..stage_plan import BatchPlan, StagePlan
 from . import _backend, interop
@@ -278,13 +279,16 @@ class DeviceRing:
             )
 
     # -- moves ------------------------------------------------------------
-    def apply(self, moves: SlotMoves) -> None:
+    def apply(self, moves: SlotMoves, *, prefix_table: Any = None) -> None:
         """Apply the moves ``fork`` / ``shift`` returned (device-to-device copies, in order).
 
         Every non-empty moves array of the Stager must be applied, in the
         order they were returned; moves of another Stager, or applied out of
         order (twice, or after skipping one), raise ``ValueError`` and copy
-        nothing.
+        nothing. The moves of a prefix store's publish / hit
+        (:class:`~dspark_core.prefix_hit.PrefixMoves`) copy between this
+        ring's table and the store's: pass its
+        :class:`~dspark_core.cuda.PrefixTable` as ``prefix_table``.
         """
         if not isinstance(moves, SlotMoves):
             raise TypeError(
@@ -302,6 +306,19 @@ class DeviceRing:
             )
         rb = self.row_bytes
         rows = moves.tolist()
+        if isinstance(moves, PrefixMoves):  # -- prefix store: between this table and the store's --
+            if prefix_table is None or prefix_table.store is not moves.store:
+                raise ValueError(
+                    "DeviceRing.apply: these moves copy between this ring and a PrefixStore's table: pass "
+                    "prefix_table=<the PrefixTable of that store>"
+                )
+            if prefix_table.storage != self.storage or prefix_table.device != self.device:
+                raise ValueError("DeviceRing.apply: the PrefixTable keeps another storage or lives on another device")
+            prefix_table.copy(moves, self._table_ptr, self.rows)
+            self._moves_applied = moves.serial
+            interop._mark_written(self.table if moves.direction != "publish" else prefix_table.table, self.stream,
+                                  self._stream_obj)
+            return
         for src, dst, m in rows:
             if not (m > 0 and 0 <= src and src + m <= self.rows and 0 <= dst and dst + m <= self.rows):
                 raise ValueError(f"DeviceRing.apply: move [{src}, {dst}, {m}] is outside the table")
