@@ -37,7 +37,8 @@ import numpy as np
 
 from .loop import SpeculativeLoop
 
-__all__ = ["VARIANTS", "MultiTurnConfig", "PrefixCache", "run_multiturn"]
+__all__ = ["VARIANTS", "MultiTurnConfig", "PrefixCache", "Request", "RequestLoop", "Publisher", "PlanRecorder",
+           "run_multiturn"]
 
 #: The variants, in the order they are reported.
 VARIANTS = ("off", "cold", "replay", "store")
@@ -109,13 +110,18 @@ class PrefixCache:
         return min(h, n - 1)
 
 
-class _Recorder:
-    """The Stager, recording each request's first plan and its accepted counts."""
+class PlanRecorder:
+    """The Stager, recording each request's first plan (``first_plan``, its ``first_rows``) and
+    the accepted counts of its rounds; ``restart()`` before each request."""
 
     def __init__(self, stager: Any) -> None:
         self._st = stager
+        self.first_plan: Any = None
         self.first_rows: int | None = None
         self.accepted: list[int] = []
+
+    def restart(self) -> None:
+        self.first_plan, self.first_rows, self.accepted = None, None, []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._st, name)
@@ -123,7 +129,7 @@ class _Recorder:
     def draft(self, seq: int, n_past: int) -> Any:
         plan = self._st.draft(seq, n_past)
         if plan.skip is None and self.first_rows is None:
-            self.first_rows = int(plan.n_rows)
+            self.first_plan, self.first_rows = plan, int(plan.n_rows)
         return plan
 
     def accept(self, seq: int, n: int) -> None:
@@ -132,26 +138,43 @@ class _Recorder:
 
 
 @dataclass
-class _Request:
-    """What ``_Loop._prefill`` does for one request."""
+class Request:
+    """How :class:`RequestLoop` prefills one request.
 
-    replay_from: int = 0  # the target prefills [replay_from, len(prompt)); the KV before it is cached
-    hit: bool = False  # the Stager was started by store.hit: no begin()
-    publish: Callable[[int], None] | None = None  # publish(end): blocks complete below `end`
+    Attributes:
+        replay_from: the target prefills ``[replay_from, len(prompt))``; its KV before that
+            comes from the prefix cache.
+        hit: the Stager's sequence was started by ``PrefixStore.hit`` (no ``begin``).
+        restore: ``restore(target)`` loads the cached KV (a real engine's state restore) and
+            leaves the target at ``replay_from``; without it the target is reset and, for a
+            toy target, recomputes it (which is not counted as prefill).
+        publish: ``publish(end)`` after each prefill chunk (the blocks complete below ``end``).
+        prefilled: tokens the target prefilled (set by the loop).
+    """
+
+    replay_from: int = 0
+    hit: bool = False
+    restore: Callable[[Any], None] | None = None
+    publish: Callable[[int], None] | None = None
     prefilled: int = 0
 
 
-class _Loop(SpeculativeLoop):
-    """The speculative loop, with a prefill that starts from a prefix-cache hit."""
+class RequestLoop(SpeculativeLoop):
+    """The speculative loop, with a prefill that starts from a prefix-cache hit (``request``)."""
 
-    request: _Request = _Request()
+    request: Request = Request()
 
     def _prefill(self, s: Any, tokens: Any) -> None:
         prompt = np.asarray(tokens, dtype=np.int64).reshape(-1)
         r = self.request
-        s.target.reset()
-        if r.replay_from:  # the cached KV: the toy target recomputes its state, which is no prefill
-            s.target.decode(prompt[:r.replay_from])
+        if r.restore is not None:
+            r.restore(s.target)
+            if s.target.n_past != r.replay_from:
+                raise ValueError(f"restore left the target at {s.target.n_past}, not at {r.replay_from}")
+        else:
+            s.target.reset()
+            if r.replay_from:  # the cached KV: the toy target recomputes its state, which is no prefill
+                s.target.decode(prompt[:r.replay_from])
         if not r.hit:
             self._st("begin", s.seq)
         last = -1
@@ -168,7 +191,7 @@ class _Loop(SpeculativeLoop):
         s.out = [last]
 
 
-class _Publisher:
+class Publisher:
     """Publishes a request's blocks into the store as they complete (``PrefixStore.publish``)."""
 
     def __init__(self, store: Any, stager: Any, block_tokens: int, cached: int, keys: list[bytes]) -> None:
@@ -275,20 +298,20 @@ def run_multiturn(
         st, kind = make_stager(scfg)
         out["stager"] = kind
         store = _store_for(st, scfg, bt, cfg.budget_bytes) if variant == "store" else None
-        rec = _Recorder(st)
+        rec = PlanRecorder(st)
         target = new_target()
         drafter = ToyDrafter.for_target(target, cfg.block, seed=cfg.seed)
         # Prefill chunks of at most W - K tokens: a block completed by a chunk then still has its
         # rows in the ring when the server hands it over (longer chunks: PrefixStore.publish_rows).
         chunk = min(cfg.prefill_chunk, cfg.window - K)
-        loop = _Loop(rec, drafter, [target], prefill_chunk=chunk, record_timeline=False)
+        loop = RequestLoop(rec, drafter, [target], prefill_chunk=chunk, record_timeline=False)
         cache = PrefixCache(bt)
         tot = _Totals()
         peak_store = 0
         for prompt, reply in requests:
             would_hit = cache.hit(prompt)  # what a prefix cache would hold (off: not used)
             h = 0 if variant == "off" else would_hit
-            req = _Request()
+            req = Request()
             pub = None
             if variant == "cold":
                 req.replay_from = h
@@ -300,9 +323,9 @@ def run_multiturn(
                 hit = store.hit(st, 0, cache.chain(prompt, h), h)
                 req.replay_from, req.hit = hit.replay_from, True
                 tot.replayed += hit.replay_tokens
-                pub = _Publisher(store, st, bt, h, cache.chain(prompt, len(prompt)))
+                pub = Publisher(store, st, bt, h, cache.chain(prompt, len(prompt)))
                 req.publish = pub
-            rec.first_rows, rec.accepted = None, []
+            rec.restart()
             loop.request = req
             res = loop.run([prompt], cfg.generate).sequences[0]
             tot.lossless &= bool(np.array_equal(res.tokens, reply))
