@@ -19,6 +19,7 @@
 #include "dspark/errors.hpp"
 #include "dspark/row_format.hpp"
 #include "dspark/stager.hpp"
+#include "c_api_common.hpp"
 
 #ifndef DSPARK_VERSION_STRING
 #error "DSPARK_VERSION_STRING must be defined by the build (the project version)"
@@ -26,6 +27,7 @@
 
 namespace {
 
+using namespace dspark_c;  // guarded, require, last_error(), last_moves(), ... (c_api_common.hpp)
 using dspark::ElemType;
 using dspark::NonFinite;
 using dspark::Storage;
@@ -35,78 +37,9 @@ constexpr std::int64_t MAX_SEQS_LIMIT = std::int64_t(1) << 16;
 // The size of the first version of dspark_config: every field of it is required.
 constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
 
-thread_local std::string last_error;
-// The slot copies of this thread's last dspark_fork / dspark_shift and the
-// runs of its last dspark_restore (dspark_last_moves / dspark_last_restore_runs):
-// the ops stay atomic and need no caller buffer sized in advance. Each is
-// reset before its call runs, so a failed call leaves none behind.
-thread_local std::vector<dspark_slot_move> last_moves;
+// The runs of this thread's last dspark_restore (dspark_last_restore_runs),
+// reset before the call runs. (The last error and last moves: c_api_common.hpp.)
 thread_local dspark::SlotRun last_restore_runs[2];
-
-// Errors raised by this layer itself (the core's own types carry the rest).
-struct NullPointer : std::invalid_argument {
-    using std::invalid_argument::invalid_argument;
-};
-struct Unsupported : std::invalid_argument {
-    using std::invalid_argument::invalid_argument;
-};
-// An output buffer is too small; `needed` goes back to the caller.
-struct TooSmall : std::length_error {
-    std::size_t needed;
-    TooSmall(const std::string& what, std::size_t n) : std::length_error(what), needed(n) {}
-};
-
-dspark_status fail_with(dspark_status code, const char* what) noexcept {
-    try {
-        last_error = what;
-    } catch (...) {
-        last_error.clear();  // no memory for the message: the code still says it
-    }
-    return code;
-}
-
-// Runs body() and maps what it throws. `needed` (optional) receives
-// TooSmall::needed. Order matters: the core's types derive from the std ones.
-template <class Body>
-dspark_status guarded(Body&& body, std::size_t* needed = nullptr) noexcept {
-    last_error.clear();
-    try {
-        body();
-        return DSPARK_OK;
-    } catch (const TooSmall& e) {
-        if (needed) *needed = e.needed;
-        return fail_with(DSPARK_E_BUFFER_TOO_SMALL, e.what());
-    } catch (const NullPointer& e) {
-        return fail_with(DSPARK_E_NULL_POINTER, e.what());
-    } catch (const Unsupported& e) {
-        return fail_with(DSPARK_E_UNSUPPORTED, e.what());
-    } catch (const dspark::ConfigError& e) {
-        return fail_with(DSPARK_E_CONFIG, e.what());
-    } catch (const dspark::TypeError& e) {
-        return fail_with(DSPARK_E_TYPE, e.what());
-    } catch (const dspark::StateError& e) {
-        return fail_with(DSPARK_E_STATE, e.what());
-    } catch (const std::invalid_argument& e) {
-        return fail_with(DSPARK_E_INVALID_ARGUMENT, e.what());
-    } catch (const std::out_of_range& e) {
-        return fail_with(DSPARK_E_INVALID_ARGUMENT, e.what());
-    } catch (const std::bad_alloc&) {
-        return fail_with(DSPARK_E_OUT_OF_MEMORY, "dspark_core: out of memory");
-    } catch (const std::exception& e) {
-        return fail_with(DSPARK_E_INTERNAL, e.what());
-    } catch (...) {
-        return fail_with(DSPARK_E_INTERNAL, "dspark_core: unknown C++ exception");
-    }
-}
-
-void require(const void* p, const char* name) {
-    if (!p) throw NullPointer(std::string(name) + " is NULL");
-}
-
-// A buffer of `n` bytes may be NULL only when it is empty.
-void require_buffer(const void* p, std::size_t n, const char* name) {
-    if (!p && n) throw NullPointer(std::string(name) + " is NULL but " + std::to_string(n) + " bytes were given");
-}
 
 Storage storage_of(std::int32_t code, bool config) {
     if (code < 0 || code >= dspark::STORAGE_COUNT) {
@@ -136,48 +69,10 @@ NonFinite nonfinite_of(std::int32_t code, bool config) {
     return static_cast<NonFinite>(code);
 }
 
-// a * b, or invalid_argument naming `what` when it does not fit a size_t.
-std::size_t mul_size(std::size_t a, std::size_t b, const char* what) {
-    if (a != 0 && b > SIZE_MAX / a) throw std::invalid_argument(std::string(what) + " overflows size_t");
-    return a * b;
-}
-
 void require_disjoint(const void* a, std::size_t na, const void* b, std::size_t nb) {
     const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
     if (na && nb && pa < pb + nb && pb < pa + na)
         throw std::invalid_argument("the output buffer overlaps the input buffer");
-}
-
-// Output structs with a struct_size: the library writes the first
-// min(struct_size, sizeof) bytes, keeping the caller's struct_size.
-template <class T>
-void write_sized(T* out, const T& value) {
-    std::uint32_t size;
-    std::memcpy(&size, out, sizeof size);
-    if (size < sizeof(std::uint32_t)) throw std::invalid_argument("struct_size " + std::to_string(size) + " is too small");
-    T v = value;
-    v.struct_size = size;
-    std::memcpy(static_cast<void*>(out), &v, std::min<std::size_t>(size, sizeof(T)));
-}
-
-}  // namespace
-
-// The handle: the Stager plus what the C layer needs to answer about it.
-struct dspark_stager {
-    dspark::Stager core;
-    dspark_config config;
-    explicit dspark_stager(const dspark::StagerOptions& o, const dspark_config& c) : core(o), config(c) {}
-};
-
-namespace {
-
-dspark::Stager& core_of(dspark_stager* st) {
-    require(st, "stager");
-    return st->core;
-}
-const dspark::Stager& core_of(const dspark_stager* st) {
-    require(st, "stager");
-    return st->core;
 }
 
 // The config as this library knows it: the caller's first struct_size
@@ -298,12 +193,12 @@ private:
 // the stager (a move list holds at most 2 + ring_rows pieces).
 template <class Op>
 dspark_status with_moves(dspark_stager* st, Op&& op) {
-    last_moves.clear();
+    last_moves().clear();
     return guarded([&] {
         dspark::Stager& core = core_of(st);
-        last_moves.reserve(static_cast<std::size_t>(core.ring_rows()) + 2);
+        last_moves().reserve(static_cast<std::size_t>(core.ring_rows()) + 2);
         const std::vector<dspark::SlotMove> moves = op(core);
-        for (const dspark::SlotMove& m : moves) last_moves.push_back(dspark_slot_move{m.src, m.dst, m.count});
+        for (const dspark::SlotMove& m : moves) last_moves().push_back(dspark_slot_move{m.src, m.dst, m.count});
     });
 }
 
@@ -315,7 +210,7 @@ const char* dspark_version(void) { return DSPARK_VERSION_STRING; }
 
 int32_t dspark_abi_version(void) { return DSPARK_ABI_VERSION; }
 
-const char* dspark_last_error(void) { return last_error.c_str(); }
+const char* dspark_last_error(void) { return last_error().c_str(); }
 
 const char* dspark_status_name(dspark_status status) {
     switch (status) {
@@ -535,8 +430,8 @@ dspark_status dspark_last_moves(const dspark_slot_move** moves, size_t* n) {
     return guarded([&] {
         require(moves, "moves");
         require(n, "n");
-        *moves = last_moves.empty() ? nullptr : last_moves.data();
-        *n = last_moves.size();
+        *moves = last_moves().empty() ? nullptr : last_moves().data();
+        *n = last_moves().size();
     });
 }
 
