@@ -19,6 +19,17 @@ settings.load_profile("ci" if os.environ.get("CI") else "dev")
 STAGERS = {"core": Stager, "reference": ReferenceStager}
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_blas_thread():
+    """numpy's OpenBLAS on one thread: the tests' products are small, and on a loaded machine
+    its worker threads wait for busy cores (tests/test_loop.py: 58 s with two threads, 5 s
+    with one, at load 8 on 2 cores)."""
+    from dspark_core.sim.blas_threads import single_blas_thread
+
+    with single_blas_thread():
+        yield
+
+
 @pytest.fixture(params=sorted(STAGERS))
 def make_stager(request):
     """A factory ``make_stager(config_or_kwargs)`` for the parametrised implementation."""

@@ -42,12 +42,13 @@ def _prompt(n: int, seed: int) -> np.ndarray:
 
 
 def _session(stager_cls, *, prompts, n_generate, B=4, W=96, storage="f32", drafter_wrap=None,
-             check=1, seed=0, deviation=0.03, max_failures=3, prefill_chunk=256, stage_dtype="float32"):
+             check=1, seed=0, deviation=0.03, max_failures=3, prefill_chunk=256, stage_dtype="float32",
+             n_ctx_train=None):
     cfg = StagerConfig(D, B, W, max_seqs=len(prompts), storage=storage, max_failures=max_failures,
                        stage_dtype=stage_dtype)
     st = stager_cls(cfg)
     targets = [ToyTarget(feature_dim=D, lookahead=B, deviation=deviation, seed=seed) for _ in prompts]
-    drafter = ToyDrafter.for_target(targets[0], B, seed=seed)
+    drafter = ToyDrafter.for_target(targets[0], B, seed=seed, n_ctx_train=n_ctx_train)
     if drafter_wrap is not None:
         drafter = drafter_wrap(drafter)
     loop = SpeculativeLoop(st, drafter, targets, check_recompute=check, prefill_chunk=prefill_chunk)
@@ -131,6 +132,41 @@ def test_windowed_acceptance_equals_absolute_acceptance(stager_cls):
     assert a.stats["rebases"] > 10 and b.stats["rebases"] == 0
     assert a.accepted == b.accepted and a.rounds == b.rounds
     assert a.accepted / a.rounds > 0.5  # tokens accepted per round: speculation works
+
+
+def _acceptance(timeline, lo, hi):
+    """Accepted / drafted over the rounds whose largest drafter position is in [lo, hi)."""
+    pos = np.asarray(timeline["max_pos"])
+    sel = (pos >= lo) & (pos < hi)
+    return np.sum(np.asarray(timeline["accepted"])[sel]) / np.sum(np.asarray(timeline["drafted"])[sel])
+
+
+def test_trained_range_absolute_acceptance_falls_past_it_windowed_holds(stager_cls):
+    """A drafter whose position encoding is defined on [0, T) only: absolute staging crosses T
+    and its acceptance collapses there; windowed staging never leaves [0, W), W <= T, and
+    drafts exactly as a drafter without a range would. Every run stays lossless."""
+    P, N, B, T = 100, 900, 4, 256
+    W_abs = 2 * (P + N + B + 1) + 1
+    run = {}
+    for name, W, rng in (("win", 96, T), ("win_free", 96, None), ("abs", W_abs, T), ("abs_free", W_abs, None)):
+        check = 1 if name == "abs" else 0  # past T, too, the cached drafter equals a recompute
+        res, greedy, _, _ = _session(stager_cls, prompts=[_prompt(P, 14)], n_generate=N, W=W, check=check,
+                                     n_ctx_train=rng)
+        s = res.sequences[0]
+        assert np.array_equal(s.tokens, greedy[0]), name
+        assert s.recompute_checks == (s.rounds if check else 0) and s.recompute_max_err < 1e-9
+        assert sum(s.timeline["drafted"]) == s.drafted and sum(s.timeline["accepted"]) == s.accepted
+        run[name] = s
+    win, absolute = run["win"], run["abs"]
+    assert win.max_drafter_pos < 96 and absolute.max_drafter_pos >= P + N - 1
+    # windowed: inside the range throughout, so exactly the unbounded drafter's drafts
+    assert win.timeline == run["win_free"].timeline and win.acceptance > 0.3
+    # absolute: as good as windowed while its rounds are inside [0, T) ...
+    inside = _acceptance(absolute.timeline, 0, T)
+    assert inside > 0.5 * win.acceptance
+    # ... and below a fifth of it past T, where the unbounded drafter keeps drafting well
+    assert _acceptance(absolute.timeline, T, np.inf) < 0.2 * win.acceptance
+    assert _acceptance(run["abs_free"].timeline, T, np.inf) > 0.5 * win.acceptance
 
 
 def test_recompute_check_with_a_float16_drafter(stager_cls):

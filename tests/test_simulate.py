@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
+import numpy as np
 import pytest
 
 from dspark_core.cli import simulate as sim
@@ -34,8 +35,10 @@ def test_simulate_json_windowed_vs_absolute(capsys):
             assert key in m
         assert m["lossless"] is True
     W = data["config"]["window"]
+    assert data["config"]["trained"] == W == 64  # the toy drafter's trained range defaults to the window
+    assert w["tokens_per_seq"] == 300 and a["tokens_per_seq"] == sim.DEFAULTS["absolute_tokens"] == 64
     assert w["max_drafter_pos"] < W <= a["max_drafter_pos"]
-    assert a["max_drafter_pos"] >= 700 + 300 - 1
+    assert a["max_drafter_pos"] >= 700 + 64 - 1
     assert w["max_drafter_batch"] <= W < a["max_drafter_batch"]
     assert w["rebases"] > 0 and a["rebases"] == 0
     assert w["peak_rows"] < a["peak_rows"]
@@ -43,6 +46,30 @@ def test_simulate_json_windowed_vs_absolute(capsys):
     assert w["drafter_kv_rows_needed"] <= W < a["drafter_kv_rows_needed"]
     assert w["rounds_outside_window"] == 0 < a["rounds_outside_window"]
     assert 0.5 < w["restaged_per_token"] < 1.5
+    # the trained range: windowed drafts inside it, absolute entirely past it (positions >= 700)
+    assert w["rounds_past_trained_range"] == 0 and a["rounds_past_trained_range"] == a["drafter_rounds"] > 50
+    assert w["acceptance_in_trained_range"] == w["acceptance"] > 0.3
+    assert a["acceptance_in_trained_range"] is None
+    assert a["acceptance_past_trained_range"] == a["acceptance"] < 0.2 * w["acceptance"]
+
+
+def test_simulate_absolute_acceptance_falls_as_it_crosses_the_trained_range(capsys):
+    argv = ["--context", "40", "--generate", "500", "--block", "4", "--window", "64", "--trained", "160",
+            "--absolute-tokens", "0", "--quiet", "--stager", "reference"]
+    rc, out, _ = _run([*argv, "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    w, a = data["modes"]["windowed"], data["modes"]["absolute"]
+    assert data["lossless"] and a["tokens_per_seq"] == w["tokens_per_seq"] == 500
+    assert w["max_drafter_pos"] < 64 and w["acceptance"] > 0.3
+    assert 0 < a["rounds_past_trained_range"] < a["drafter_rounds"]
+    assert a["acceptance_in_trained_range"] > 0.5 * w["acceptance"]
+    assert a["acceptance_past_trained_range"] < 0.2 * w["acceptance"]
+    rc, out, _ = _run(argv, capsys)
+    assert rc == 0
+    assert "drafter rounds at positions >= 160 (trained)" in out
+    assert "in the rounds inside the range" in out and "past it" in out
+    assert "toy model of the effect" in out.lower() and "59% to 4.6%" in out and "1.36x" in out
 
 
 def test_simulate_table_with_checks_and_failures(capsys):
@@ -54,6 +81,30 @@ def test_simulate_table_with_checks_and_failures(capsys):
         assert label in out
     assert "lossless (== target greedy)" in out and " NO" not in out
     assert "windowed (W=64)" in out and "absolute (no window)" in out
+    assert "ran the first 64 of 300 tokens" in " ".join(out.split())
+
+
+def test_acceptance_by_position_groups_rounds_of_equal_count():
+    tl = {"max_pos": [5, 1, 3, 2, 4, 9], "drafted": [4, 4, 4, 0, 4, 4], "accepted": [1, 4, 3, 0, 2, 0]}
+    x, y = sim.acceptance_by_position(tl, n_groups=2)
+    # drafted rounds by position: 1 (4/4), 3 (3/4), 4 (2/4) | 5 (1/4), 9 (0/4); the failed round is left out
+    np.testing.assert_allclose(x, [8 / 3, 7.0])
+    np.testing.assert_allclose(y, [9 / 12, 1 / 8])
+    assert [len(v) for v in sim.acceptance_by_position({"max_pos": [], "drafted": [], "accepted": []})] == [0, 0]
+
+
+def test_acceptance_between_splits_rounds_at_the_trained_range():
+    tls = [{"max_pos": [10, 63, 64, 70], "drafted": [4, 4, 4, 0], "accepted": [2, 4, 1, 0]},
+           {"max_pos": [64], "drafted": [4], "accepted": [0]}]
+    assert sim.acceptance_between(tls, 0, 64) == 6 / 8  # a round whose block ends at position 64 is past [0, 64)
+    assert sim.acceptance_between(tls, 64, float("inf")) == 1 / 8
+    assert sim.acceptance_between(tls, 100, 200) is None
+
+
+def test_simulate_bad_range_options_are_clean_errors(capsys):
+    for bad in (["--trained", "0"], ["--absolute-tokens", "-1"]):
+        rc, _, err = _run(["--context", "50", "--generate", "10", "--quiet", *bad], capsys)
+        assert rc == 2 and bad[0].lstrip("-") in err
 
 
 def test_simulate_bad_window_is_a_clean_error(capsys):
@@ -93,3 +144,22 @@ def test_defaults_are_embedded():
     args = parser.parse_args(["simulate"])
     assert args.context == sim.DEFAULTS["context"] and args.window == sim.DEFAULTS["window"]
     assert args.func is sim.run
+
+
+def test_single_blas_thread_sets_one_thread_and_restores_the_count():
+    from dspark_core.sim.blas_threads import openblas_libraries, single_blas_thread
+
+    libs = openblas_libraries()
+    blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]["name"]
+    assert bool(libs) == ("openblas" in blas.lower())  # numpy's own OpenBLAS is found when it has one
+    counts = [getattr(lib, get)() for lib, _, get in libs]
+    try:
+        for lib, set_, _ in libs:
+            getattr(lib, set_)(2)
+        with single_blas_thread() as n:
+            assert n == len(libs)
+            assert [getattr(lib, get)() for lib, _, get in libs] == [1] * n
+        assert [getattr(lib, get)() for lib, _, get in libs] == [2] * len(libs)
+    finally:
+        for (lib, set_, _), c in zip(libs, counts):
+            getattr(lib, set_)(c)

@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_core.sim.toy import DrafterFailure, FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference, rope
+from dspark_core.sim.toy import (
+    DrafterFailure, FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference, rope, rope_angles, untrained_angles,
+)
 
 # float64 drafter: incremental and batch evaluation differ only in summation order (~n * 2**-53).
 RTOL = ATOL = 1e-9
@@ -168,3 +170,68 @@ def test_flaky_drafter_fails_on_schedule():
         d.crop(0, 10)
     assert e.value.stage == "crop"
     assert d.cache_len(0) == 14  # the block stayed: the next round must clear
+
+
+# -- the trained range ----------------------------------------------------------------------
+
+
+def test_position_encoding_is_rope_inside_the_trained_range_and_untrained_past_it():
+    d = ToyDrafter(n_ctx_train=100, seed=3)
+    pos = np.array([0, 1, 57, 99, 100, 101, 5000])
+    ang = d.position_angles(pos)
+    np.testing.assert_array_equal(ang[:4], rope_angles(pos[:4], 16))
+    assert np.all(np.abs(ang[4:] - rope_angles(pos[4:], 16)) > 1e-6)
+    # untrained angles: a pure function of (seed, position), uniform-looking, seed-dependent
+    np.testing.assert_array_equal(ang[4:], d.position_angles(pos[4:]))
+    np.testing.assert_array_equal(ang[5], d.position_angles(np.array([101]))[0])
+    many = untrained_angles(np.arange(1000, 3000), 16, 3)
+    assert many.min() >= 0.0 and many.max() < 2 * np.pi
+    assert abs(float(many.mean()) - np.pi) < 0.05
+    assert not np.array_equal(many, untrained_angles(np.arange(1000, 3000), 16, 4))
+    # no trained range: RoPE everywhere
+    np.testing.assert_array_equal(ToyDrafter().position_angles(pos), rope_angles(pos, 16))
+    with pytest.raises(ValueError, match="n_ctx_train"):
+        ToyDrafter(n_ctx_train=0)
+
+
+def _block_predictions(d: ToyDrafter, t: ToyTarget, start: int, offset: int) -> int:
+    """How many of the block's B predictions match the target, with the context [0, start)
+    placed at drafter positions [offset, offset + start)."""
+    B = d.block_size
+    rows = t.rows_at(0, start)
+    last = int(t.tokens[start])
+    logits = d.recompute(rows, np.arange(start) + offset, [last] + [d.mask_token_id] * (B - 1),
+                         np.arange(start, start + B) + offset)
+    return int(np.sum(np.argmax(logits, axis=1) == t.tokens[start + 1 : start + 1 + B]))
+
+
+def test_drafter_predicts_inside_its_trained_range_and_not_past_it():
+    t = ToyTarget(seed=5, deviation=0.03)
+    greedy_reference(t, _prompt(300), 400)
+    d = ToyDrafter.for_target(t, 8, n_ctx_train=1024)
+    starts = range(310, 690, 20)
+    inside = [_block_predictions(d, t, s, 0) for s in starts]
+    # inside the range the encoding is exactly relative: shifted placements predict the same
+    assert [_block_predictions(d, t, s, 1024 - 8 - s) for s in starts] == inside
+    assert sum(inside) > 0.3 * 8 * len(starts)
+    # past it the planted head cannot find the row `lookahead` back: chance is 1/128 a token
+    for offset in (1024, 20_000):
+        past = sum(_block_predictions(d, t, s, offset) for s in starts)
+        assert past < 0.1 * sum(inside)
+    # without a trained range the far shift still predicts
+    assert [_block_predictions(ToyDrafter.for_target(t, 8), t, s, 20_000) for s in starts] == inside
+
+
+def test_incremental_equals_recompute_across_the_trained_range():
+    t = ToyTarget(seed=4)
+    rows = _ctx(t, 300)
+    d = ToyDrafter.for_target(t, 8, n_ctx_train=150)
+    block = [5] + [d.mask_token_id] * 7
+    n = 0
+    for chunk in (100, 45, 1, 154):  # the block enters the untrained range, then the context does
+        hi = n + chunk
+        inc = d.decode(0, np.arange(n, hi), rows[n:hi], block, np.arange(hi, hi + 8))
+        d.crop(0, hi)
+        ref = d.recompute(rows[:hi], np.arange(hi), block, np.arange(hi, hi + 8))
+        np.testing.assert_allclose(inc, ref, rtol=RTOL, atol=ATOL)
+        n = hi

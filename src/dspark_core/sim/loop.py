@@ -163,7 +163,8 @@ class SequenceResult:
         recompute_checks / recompute_max_err: "incremental equals recompute" checks done
             and the largest absolute logit difference seen.
         timeline: per drafter round: ``n_past``, ``max_pos`` (largest drafter position),
-            ``rows`` (buffered rows after the round), ``rebase`` (0/1).
+            ``rows`` (buffered rows after the round), ``rebase`` (0/1), ``drafted`` (``B``,
+            or 0 for a failed round) and ``accepted`` (draft tokens the target kept).
     """
 
     seq: int
@@ -512,7 +513,8 @@ class SpeculativeLoop:
                 f"(round {res.rounds}, pos_base {base}, start {start}, rebase {plan.rebase})"
             )
 
-    def _verify(self, s: _SeqState, draft: np.ndarray) -> None:
+    def _verify(self, s: _SeqState, draft: np.ndarray) -> int:
+        """Verify ``draft`` with one target decode; returns the number of draft tokens accepted."""
         B = self.block_size
         res = s.res
         assert res is not None
@@ -534,6 +536,7 @@ class SpeculativeLoop:
         s.last = int(g[n_acc])
         s.out.append(s.last)
         s.n_past += n_acc + 1
+        return n_acc
 
     # -- driver -------------------------------------------------------------------------
     def run(
@@ -561,7 +564,7 @@ class SpeculativeLoop:
         for s in states:
             s.res = SequenceResult(seq=s.seq, prompt_len=s.prompt_len, tokens=np.zeros(0, np.int64))
             if self.record_timeline:
-                s.res.timeline = {"n_past": [], "max_pos": [], "rows": [], "rebase": []}
+                s.res.timeline = {"n_past": [], "max_pos": [], "rows": [], "rebase": [], "drafted": [], "accepted": []}
             self._prefill(s, prompts[s.seq])
         # Per-round figures cover generation only: the prefill's time is not a round's.
         self._t_stager = self._t_drafter = self._t_target = 0.0
@@ -586,10 +589,11 @@ class SpeculativeLoop:
                     self._track_rows(s)
                     continue
                 draft = self._drafter_round(s, plan)
+                n_acc = 0
                 if draft is None:
                     self._plain_decode(s)
                 else:
-                    self._verify(s, draft)
+                    n_acc = self._verify(s, draft)
                 rows = self._track_rows(s)
                 if self.record_timeline:
                     tl = res.timeline
@@ -597,6 +601,8 @@ class SpeculativeLoop:
                     tl["max_pos"].append(int(plan.block_positions[-1]))
                     tl["rows"].append(rows)
                     tl["rebase"].append(int(bool(plan.rebase)))
+                    tl["drafted"].append(0 if draft is None else self.block_size)
+                    tl["accepted"].append(n_acc)
             active = [s for s in active if len(s.out) < n_generate]
             if progress is not None:
                 progress(sum(min(len(s.out), n_generate) for s in states), total)

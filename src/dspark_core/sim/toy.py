@@ -23,7 +23,11 @@
     target well whenever its positions are right. Because the head keys on
     *relative* positions, staging a row at a wrong drafter position or
     forgetting a crop shows up as lost acceptance, and the cache asserts make
-    such bugs loud.
+    such bugs loud. With ``n_ctx_train`` the position encoding is defined on
+    ``[0, n_ctx_train)`` only (seeded pseudo-random rotations past it), as a
+    trained drafter's is on the positions it was trained on: drafting at
+    absolute positions past the range falls to chance, drafting inside a
+    window holds.
 
     The drafter keeps an incremental KV cache per sequence (``clear``,
     ``crop``); :meth:`ToyDrafter.recompute` evaluates the same block from
@@ -58,6 +62,10 @@ __all__ = [
     "DrafterFailure",
     "TargetOutput",
     "rope",
+    "rope_angles",
+    "rotate",
+    "cos_sin",
+    "untrained_angles",
     "greedy_reference",
 ]
 
@@ -255,16 +263,48 @@ def greedy_reference(target: ToyTarget, prompt: Tokens, n_generate: int) -> np.n
 # drafter
 
 
+def rope_angles(positions: np.ndarray, half: int, base: float = 10000.0) -> np.ndarray:
+    """RoPE's rotation angles ``p * base**(-i / half)``, ``(n, half)`` float64."""
+    theta = base ** (-np.arange(half, dtype=np.float64) / half)
+    return np.asarray(positions, dtype=np.float64).reshape(-1)[:, None] * theta[None, :]
+
+
 def rope(x: np.ndarray, positions: np.ndarray, base: float = 10000.0) -> np.ndarray:
     """Rotary embedding (NeoX half-split layout) of ``x`` ``(n, heads, head_dim)`` at ``positions``."""
-    hd = x.shape[-1]
-    half = hd // 2
-    theta = base ** (-np.arange(half, dtype=np.float64) / half)
-    ang = np.asarray(positions, dtype=np.float64)[:, None] * theta[None, :]
-    cos = np.cos(ang).astype(x.dtype)[:, None, :]
-    sin = np.sin(ang).astype(x.dtype)[:, None, :]
+    return rotate(x, cos_sin(rope_angles(positions, x.shape[-1] // 2, base), x.dtype))
+
+
+def cos_sin(ang: np.ndarray, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """``cos`` and ``sin`` of angles ``(n, half)`` in ``dtype``, shaped ``(n, 1, half)`` for :func:`rotate`."""
+    return np.cos(ang).astype(dtype)[:, None, :], np.sin(ang).astype(dtype)[:, None, :]
+
+
+def rotate(x: np.ndarray, cs: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """Rotate ``x`` ``(n, heads, head_dim)`` by the angles whose :func:`cos_sin` is ``cs``
+    (NeoX half-split pairs)."""
+    half = x.shape[-1] // 2
+    cos, sin = cs
     a, b = x[..., :half], x[..., half:]
     return np.concatenate([a * cos - b * sin, a * sin + b * cos], axis=-1)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on uint64 ``x``: a counter-based hash (wraps mod 2**64 on purpose)."""
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def untrained_angles(positions: np.ndarray, half: int, seed: int) -> np.ndarray:
+    """Rotation angles of positions a drafter never trained on: uniform in ``[0, 2 pi)``,
+    a pure function of ``(seed, position, frequency)`` (so a cached key and a recompute agree).
+    """
+    pos = np.asarray(positions, dtype=np.int64).reshape(-1).astype(np.uint64)
+    key = pos[:, None] * np.uint64(half) + np.arange(half, dtype=np.uint64)[None, :]
+    h = _splitmix64(key ^ _splitmix64(np.full(1, seed & (2**64 - 1), dtype=np.uint64)))
+    return (h >> np.uint64(11)).astype(np.float64) * (2.0 * np.pi / 2.0**53)
 
 
 class _KVCache:
@@ -310,9 +350,16 @@ class ToyDrafter:
         lookahead: the relative distance the planted head attends to (the target's ``lookahead``).
         n_layers, n_heads, head_dim: shape; ``n_heads * head_dim`` is the model width.
         dtype: compute dtype (float64 default, see the module docstring for tolerances).
-        seed: seed of the random (non-planted) weights.
+        seed: seed of the random (non-planted) weights (and of the untrained positions' encoding).
         strict: assert that staged positions continue the cache contiguously and
             that the block sits right after the context (catches staging bugs).
+        n_ctx_train: the trained range: the drafter's position encoding is defined
+            on ``[0, n_ctx_train)`` only, as a trained drafter's is on the positions it
+            was trained on. Inside it, RoPE (exactly relative); at a position ``>=
+            n_ctx_train``, a seeded pseudo-random rotation, out of distribution, so the
+            planted head no longer finds the row ``lookahead`` back and the drafts fall
+            to chance (the toy's version of acceptance collapsing past the training
+            length). ``None`` (default): RoPE everywhere, exactly relative.
     """
 
     def __init__(
@@ -327,7 +374,10 @@ class ToyDrafter:
         dtype: type = np.float64,
         seed: int = 0,
         strict: bool = True,
+        n_ctx_train: int | None = None,
     ) -> None:
+        if n_ctx_train is not None and n_ctx_train < 1:
+            raise ValueError(f"n_ctx_train must be >= 1 or None, got {n_ctx_train}")
         if feature_dim < _CODE + 1:
             raise ValueError(f"feature_dim must be >= {_CODE + 1}, got {feature_dim}")
         if head_dim != _CODE or n_heads < 1 or n_layers < 1:
@@ -340,6 +390,8 @@ class ToyDrafter:
         self.n_layers, self.n_heads, self.head_dim = n_layers, n_heads, head_dim
         self.dtype = np.dtype(dtype)
         self.strict = strict
+        self.seed = seed
+        self.n_ctx_train = n_ctx_train
         dm = n_heads * head_dim
         self.d_model = dm
         rng = np.random.default_rng(np.random.SeedSequence([seed, 0xD2A7]))
@@ -423,20 +475,38 @@ class ToyDrafter:
         return max((c.peak for c in self._caches.values()), default=0)
 
     # -- math -------------------------------------------------------------------
+    def position_angles(self, positions: np.ndarray) -> np.ndarray:
+        """The drafter's rotation angles at ``positions``, ``(n, head_dim // 2)``: RoPE inside
+        the trained range ``[0, n_ctx_train)``, :func:`untrained_angles` past it."""
+        half = self.head_dim // 2
+        ang = rope_angles(positions, half)
+        if self.n_ctx_train is not None:
+            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+            past = pos >= self.n_ctx_train
+            if past.any():
+                ang[past] = untrained_angles(pos[past], half, self.seed)
+        return ang
+
+    def _cs(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return cos_sin(self.position_angles(positions), self.dtype)
+
     def _ctx_kv(self, rows: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """K (after RoPE at ``positions``) and V of context rows, all layers: ``(L, H, n, hd)`` each."""
         n = len(rows)
         L, H, hd = self.n_layers, self.n_heads, self.head_dim
         w = np.concatenate([np.concatenate(self.wk_ctx, axis=1), np.concatenate(self.wv_ctx, axis=1)], axis=1)
         kv = (rows @ w).reshape(n, 2, L, H, hd)
-        k = rope(kv[:, 0].reshape(n, L * H, hd), positions).reshape(n, L, H, hd)
+        k = rotate(kv[:, 0].reshape(n, L * H, hd), self._cs(positions)).reshape(n, L, H, hd)
         return k.transpose(1, 2, 0, 3), kv[:, 1].transpose(1, 2, 0, 3)
 
-    def _block_qkv(self, layer: int, h: np.ndarray, bpos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Block queries, keys (RoPE at ``bpos``) and values of one layer, ``(H, B, hd)`` each."""
+    def _block_qkv(
+        self, layer: int, h: np.ndarray, bcs: tuple[np.ndarray, np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Block queries, keys (rotated to the block positions, whose :func:`cos_sin` is ``bcs``)
+        and values of one layer, ``(H, B, hd)`` each."""
         shp = (len(h), self.n_heads, self.head_dim)
-        q = rope((h @ self.wq[layer]).reshape(shp), bpos).transpose(1, 0, 2)
-        kb = rope((h @ self.wk_blk[layer]).reshape(shp), bpos).transpose(1, 0, 2)
+        q = rotate((h @ self.wq[layer]).reshape(shp), bcs).transpose(1, 0, 2)
+        kb = rotate((h @ self.wk_blk[layer]).reshape(shp), bcs).transpose(1, 0, 2)
         vb = (h @ self.wv_blk[layer]).reshape(shp).transpose(1, 0, 2)
         return q, kb, vb
 
@@ -445,11 +515,12 @@ class ToyDrafter:
         o = np.empty((len(h), self.n_heads, self.head_dim), dtype=h.dtype)
         scale = 1.0 / np.sqrt(self.head_dim)
         for hh in range(self.n_heads):  # 2-D products per head: numpy's batched matmul is slow on strided views
-            s = (q[hh] @ k[hh].T) * scale  # (B, n)
+            # Scale q, not the (B, n) scores, and normalise the (B, hd) output, not the
+            # weights: two passes fewer over (B, n) when n is a whole 24k-token prompt.
+            s = (q[hh] * scale) @ k[hh].T  # (B, n)
             s -= s.max(axis=-1, keepdims=True)
-            p = np.exp(s)
-            p /= p.sum(axis=-1, keepdims=True)
-            o[:, hh] = p @ v[hh]
+            np.exp(s, out=s)
+            o[:, hh] = (s @ v[hh]) / s.sum(axis=-1, keepdims=True)
         return h + o.reshape(len(h), self.d_model) @ self.wo[layer]
 
     def _check_block(self, block_tokens: Tokens, block_positions: np.ndarray) -> np.ndarray:
@@ -499,8 +570,9 @@ class ToyDrafter:
         end = hi + len(bpos)
         c.n = end
         h = self.tok_emb[toks]
+        bcs = self._cs(bpos)
         for layer in range(self.n_layers):
-            q, kb, vb = self._block_qkv(layer, h, bpos)
+            q, kb, vb = self._block_qkv(layer, h, bcs)
             c.k[layer, :, hi:end] = kb
             c.v[layer, :, hi:end] = vb
             h = self._attend(layer, h, q, c.k[layer, :, :end], c.v[layer, :, :end])
@@ -521,8 +593,9 @@ class ToyDrafter:
         toks = self._check_block(block_tokens, bpos)
         h = self.tok_emb[toks]
         k, v = self._ctx_kv(x, pos)
+        bcs = self._cs(bpos)
         for layer in range(self.n_layers):
-            q, kb, vb = self._block_qkv(layer, h, bpos)
+            q, kb, vb = self._block_qkv(layer, h, bcs)
             h = self._attend(
                 layer, h, q, np.concatenate([k[layer], kb], axis=1), np.concatenate([v[layer], vb], axis=1)
             )

@@ -21,6 +21,9 @@ Three pieces, all deterministic (the same bytes always give the same calls):
   contiguous, drafter positions inside ``[0, W)``, the block fits, staged rows
   are the rows the server gave, ``clear_cache`` whenever the drafter cache
   cannot be trusted, the buffer bound, no round left open after commit/fail.
+  Over an external-row Stager the checker owns the rows (a numpy mirror of
+  the row table, filled at the slots ``process`` returns, moved by ``fork`` /
+  ``shift``) and checks each plan's rows read at ``plan.slots``.
 
 Example: fuzz the core against the reference::
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Iterable, NoReturn, Sequence
 
 import numpy as np
 
 from .. import snapshot_format
+from .._args import as_encoded, as_positions, as_rows
 from ..config import NONFINITE_POLICIES, STORAGES, StagerConfig
 from ..reference import formats as rf
 from ..stage_plan import SKIP_REASONS
@@ -27,23 +29,52 @@ def _violation(msg: str) -> NoReturn:
     raise InvariantViolation(msg)
 
 
+def check_slots(slots: Any, seq: int, n: int, config: StagerConfig, what: str) -> None:
+    """Check ring slots handed out for ``seq`` (a plan's, ``process``'s, ``restore``'s).
+
+    int64 ``(n,)``; each ``-1`` (``process``: below the horizon) or inside the
+    sequence's slots ``[seq * ring_rows, (seq + 1) * ring_rows)``; the valid ones
+    distinct and at most two runs of consecutive slots, the second starting at
+    the sequence's first slot (the ring wraps at most once).
+
+    Raises:
+        InvariantViolation: naming ``what`` and the broken rule.
+    """
+    sl = np.asarray(slots)
+    if sl.dtype != np.int64 or sl.shape != (n,):
+        _violation(f"{what}: slots are {sl.dtype}{sl.shape}, expected int64({n},)")
+    R = config.ring_rows
+    lo = seq * R
+    valid = sl[sl >= 0]
+    if np.any(sl < -1) or np.any((valid < lo) | (valid >= lo + R)):
+        _violation(f"{what}: slots {sl.tolist()[:8]} leave sequence {seq}'s slots [{lo}, {lo + R})")
+    breaks = np.flatnonzero(np.diff(valid) != 1)
+    if len(breaks) > 1 or (len(breaks) == 1 and valid[breaks[0] + 1] != lo):
+        _violation(f"{what}: slots {valid.tolist()[:8]}... are not at most two runs, the second from slot {lo}")
+
+
 def check_plan(plan: Any, config: StagerConfig, *, verify_rows: bool = True) -> None:
     """Check one :class:`StagePlan` against the protocol's static guarantees.
 
     Drafter positions inside ``[0, W)`` and contiguous (context rows then the
     block, no gap), ``crop_from`` at the block, ``clear_cache`` plans start at
     drafter position 0, a rebase keeps at most ``w_keep`` rows, array shapes
-    and dtypes, and (``verify_rows``) ``rows`` equal ``encoded_rows`` decoded.
+    and dtypes, ``slots`` (:func:`check_slots`), and, in held mode, (``verify_rows``)
+    ``rows`` equal ``encoded_rows`` decoded. An external-row plan carries no rows.
 
     Raises:
         InvariantViolation: naming the broken rule.
     """
     c = config
     tag = f"seq {plan.seq} plan at {plan.start}"
+    external = bool(getattr(plan, "external", False))
+    if external != c.external_rows:
+        _violation(f"{tag}: an {'external' if external else 'held'}-row plan from a Stager configured rows={c.rows!r}")
     if plan.skip is not None:
         if plan.skip not in SKIP_REASONS:
             _violation(f"{tag}: unknown skip reason {plan.skip!r}")
-        if len(plan.positions) or len(plan.block_positions) or len(plan.encoded_rows):
+        if len(plan.positions) or len(plan.block_positions) or len(plan.slots) or (
+                not external and len(plan.encoded_rows)):
             _violation(f"{tag}: a skipped plan stages something")
         return
     pos = np.asarray(plan.positions)
@@ -71,6 +102,11 @@ def check_plan(plan: Any, config: StagerConfig, *, verify_rows: bool = True) -> 
                    f"(block at {plan.crop_from})")
     if plan.rebase and n > c.w_keep:
         _violation(f"{tag}: a rebase restaged {n} rows, more than w_keep = {c.w_keep}")
+    check_slots(plan.slots, int(plan.seq), n, c, tag)
+    if n and np.any(np.asarray(plan.slots) < 0):
+        _violation(f"{tag}: a staged row has no slot")
+    if external:
+        return
     enc = np.asarray(plan.encoded_rows)
     if enc.dtype != np.uint8 or enc.shape != (n, c.row_bytes):
         _violation(f"{tag}: encoded_rows is {enc.dtype}{enc.shape}, expected uint8({n}, {c.row_bytes})")
@@ -132,7 +168,8 @@ def check_invariants(
         if not st["open_round"] and hasattr(stager, "snapshot"):
             # The sequence's own snapshot must be restorable (and describe this state).
             try:
-                snap = snapshot_format.unpack(bytes(stager.snapshot(s)), c.snapshot_fingerprint(), STORAGES)
+                snap = snapshot_format.unpack(bytes(stager.snapshot(s)), c.snapshot_fingerprint(), STORAGES,
+                                              external=c.external_rows)
             except ValueError as exc:
                 _violation(f"{tag}: its own snapshot would not restore: {exc}")
             if (snap.end, snap.horizon, snap.n_cache, snap.pos_base) != (end, h, nc, pb):
@@ -158,6 +195,13 @@ class _Model:
     truth: dict[int, bytes] = field(default_factory=dict)  # abs position -> encoded row the server gave
     cache: dict[int, tuple[int, bytes]] | None = None  # drafter pos -> (abs pos, row); None: unknown
     open_plan: Any = None
+    open_rows: np.ndarray | None = None  # the open plan's rows (uint8), read while its round was open
+
+
+#: Filler of the external-row mirror's unwritten slots: staging one shows up as a wrong row.
+UNWRITTEN = 0xA5
+#: Snapshots whose rows an external-row checker remembers for ``restore`` without ``rows``.
+SAVED_SNAPSHOTS = 64
 
 
 class InvariantChecker:
@@ -167,6 +211,18 @@ class InvariantChecker:
 
         st = InvariantChecker(Stager(config))        # or ReferenceStager, or your own
         st.begin(0); st.process(0, pos, rows); plan = st.draft(0, n_past); st.commit(0)
+
+    With an external-row Stager (``rows="external"``) the checker is the owner
+    of the rows: it keeps a numpy mirror of the row table (:attr:`mirror`,
+    ``max_seqs * ring_rows`` rows of ``row_bytes``), so ``process(seq, pos,
+    rows)`` still takes the rows (it encodes them, asks the Stager for slots
+    and writes them there, returning the slots), ``process_encoded`` writes
+    encoded rows, ``fork`` / ``shift`` apply their moves to the mirror,
+    ``snapshot`` keeps the live rows and ``restore`` puts them back at the
+    slots it returns. Every plan's rows are read from the mirror at
+    ``plan.slots`` (:meth:`plan_rows`) and checked exactly as in held mode, and
+    after every call each sequence's live rows (``live_slots``) must be the
+    rows the server gave.
 
     Besides :func:`check_plan` and :func:`check_invariants` after every call,
     it keeps a model of the drafter's KV cache as a server following the
@@ -196,6 +252,13 @@ class InvariantChecker:
         self._check_rows = check_rows
         self._models = [_Model() for _ in range(self._cfg.max_seqs)]
         self.calls = 0
+        self._external = bool(self._cfg.external_rows)
+        #: External-row mode: the row table the checker owns (uint8, ``max_seqs * ring_rows`` rows).
+        self.mirror: np.ndarray | None = None
+        if self._external:
+            self.mirror = np.full((self._cfg.max_seqs * self._cfg.ring_rows, self._cfg.row_bytes), UNWRITTEN, np.uint8)
+        self._saved: OrderedDict[bytes, np.ndarray | None] = OrderedDict()  # snapshot -> its rows (None: ambiguous)
+        self._last_serial = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._st, name)
@@ -225,6 +288,53 @@ class InvariantChecker:
             raise
         check_invariants(self._st, self._cfg, closed=closed)
         return result
+
+    def _check_live(self) -> None:
+        """External rows: every sequence's live rows in the mirror are the rows the server gave."""
+        if not self._external or not self._check_rows:
+            return
+        assert self.mirror is not None
+        for s in range(self._cfg.max_seqs):
+            st = self._st.state(s)
+            if not st["started"]:
+                continue
+            live = np.asarray(self._st.live_slots(s))
+            check_slots(live, s, st["end"] - st["horizon"], self._cfg, f"seq {s} live_slots")
+            truth = self._models[s].truth
+            for k, slot in enumerate(live.tolist()):
+                want = truth.get(st["horizon"] + k)
+                if want is not None and self.mirror[slot].tobytes() != want:
+                    _violation(f"seq {s}: the row of position {st['horizon'] + k} at slot {slot} is not the row "
+                               "the server gave (a slot or a move went wrong)")
+
+    def _apply_moves(self, moves: Any, what: str) -> None:
+        """Check ``fork`` / ``shift`` moves against the contract; apply them to the mirror (external rows)."""
+        mv = np.asarray(moves)
+        if mv.dtype != np.int64 or mv.ndim != 2 or mv.shape[1] != 3:
+            _violation(f"{what}: moves are {mv.dtype}{mv.shape}, expected int64 (n, 3)")
+        table = self._cfg.max_seqs * self._cfg.ring_rows
+        for src, dst, n in mv.tolist():
+            if n <= 0 or src < 0 or dst < 0 or src + n > table or dst + n > table:
+                _violation(f"{what}: move [{src}, {dst}, {n}] leaves the table of {table} rows")
+            if not (src + n <= dst or dst + n <= src):
+                _violation(f"{what}: move [{src}, {dst}, {n}] overlaps itself")
+        serial = getattr(moves, "serial", None)
+        if len(mv) and isinstance(serial, (int, np.integer)):
+            if serial <= self._last_serial:
+                _violation(f"{what}: moves serial {serial} does not follow the last one applied ({self._last_serial})")
+            self._last_serial = int(serial)
+        if self._external:
+            assert self.mirror is not None
+            for src, dst, n in mv.tolist():  # in order: a later move may read what an earlier one wrote
+                self.mirror[dst:dst + n] = self.mirror[src:src + n].copy()
+
+    def plan_rows(self, plan: Any) -> np.ndarray:
+        """The plan's staged rows in storage format, uint8 ``(n, row_bytes)``: ``plan.encoded_rows``,
+        or (external rows) the mirror's rows at ``plan.slots``. Read them while the round is open."""
+        if not self._external:
+            return np.asarray(plan.encoded_rows)
+        assert self.mirror is not None
+        return self.mirror[np.asarray(plan.slots, dtype=np.int64)]
 
     def _enc(self, rows: Any) -> np.ndarray:
         x = np.ascontiguousarray(rows)
@@ -267,7 +377,7 @@ class InvariantChecker:
                 if self._check_rows and m.truth.get(abs_pos, row) != row:
                     _violation(f"{tag}: drafter position {dpos} holds a stale row for target position {abs_pos}")
         if self._check_rows:
-            enc = np.asarray(plan.encoded_rows)
+            enc = self.plan_rows(plan)
             for k in range(n):
                 abs_pos = plan.pos_base + first + k
                 want = m.truth.get(abs_pos)
@@ -286,7 +396,11 @@ class InvariantChecker:
         if s is not None:
             self._models[s] = _Model()
 
-    def process(self, seq: int, positions: Any, rows: Any) -> None:
+    def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
+        """``process``; with external rows the checker keeps ``rows`` (it encodes them, asks the
+        Stager for slots, writes them there) and returns the slots."""
+        if self._external:
+            return self._process_external(seq, positions, rows, encoded=False)
         self._call("process", seq, positions, rows)
         s = self._valid(seq)
         pos = np.asarray(positions).reshape(-1)
@@ -295,8 +409,13 @@ class InvariantChecker:
             for k, p in enumerate(pos.tolist()):
                 self._models[s].truth[int(p)] = enc[k].tobytes()
             self._sync_truth(s)
+        return None
 
-    def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
+    def process_encoded(self, seq: int, positions: Any, data: Any) -> np.ndarray | None:
+        """``process_encoded``; with external rows the checker writes ``data`` at the slots
+        ``process(seq, positions)`` returns, and returns them."""
+        if self._external:
+            return self._process_external(seq, positions, data, encoded=True)
         self._call("process_encoded", seq, positions, data)
         s = self._valid(seq)
         pos = np.asarray(positions).reshape(-1)
@@ -305,6 +424,40 @@ class InvariantChecker:
             for k, p in enumerate(pos.tolist()):
                 self._models[s].truth[int(p)] = enc[k].tobytes()
             self._sync_truth(s)
+        return None
+
+    def _process_external(self, seq: int, positions: Any, rows: Any, *, encoded: bool) -> np.ndarray:
+        c = self._cfg
+        if rows is None:
+            raise TypeError("InvariantChecker owns the external rows: pass them to process(seq, positions, rows) "
+                            "(it calls the Stager's process(seq, positions) and writes them at the slots)")
+        # The owner's duty: check the rows before asking for slots (an accepted call is final).
+        pos = as_positions(positions)
+        if encoded:
+            enc = as_encoded(rows, len(pos), c.row_bytes).reshape(len(pos), c.row_bytes)
+        else:
+            x = as_rows(rows, c.feature_dim)
+            if len(x) != len(pos):
+                raise ValueError(f"{len(pos)} positions for {len(x)} rows")
+            # under nonfinite="error" an unencodable row raises here, before the Stager sees the call
+            enc = np.ascontiguousarray(rf.encode(x, c.storage, c.nonfinite, c.stage_dtype)).view(np.uint8)
+            enc = enc.reshape(len(pos), c.row_bytes)
+        slots = self._call("process", seq, positions)
+        s = int(seq)
+        check_slots(slots, s, len(pos), c, f"seq {s} process")
+        st = self._st.state(s)
+        below = pos < st["horizon"]
+        if not np.array_equal(np.asarray(slots) < 0, below):
+            _violation(f"seq {s} process: slot -1 must mark exactly the rows below the horizon {st['horizon']}")
+        assert self.mirror is not None
+        keep = np.asarray(slots) >= 0
+        self.mirror[np.asarray(slots)[keep]] = enc[keep]
+        m = self._models[s]
+        for k, p in enumerate(pos.tolist()):
+            m.truth[int(p)] = enc[k].tobytes()
+        self._sync_truth(s)
+        self._check_live()
+        return np.asarray(slots)
 
     def _after_plan(self, s: int, plan: Any) -> None:
         check_plan(plan, self._cfg)
@@ -314,6 +467,7 @@ class InvariantChecker:
             if not st["open_round"]:
                 _violation(f"seq {s}: draft returned a plan but opened no round")
             self._models[s].open_plan = plan
+            self._models[s].open_rows = self.plan_rows(plan).copy()
         elif st["open_round"]:
             _violation(f"seq {s}: a skipped plan ({plan.skip}) left a round open")
 
@@ -332,6 +486,9 @@ class InvariantChecker:
         want = np.concatenate([p.positions for p in active]) if active else np.zeros(0, np.int32)
         if not np.array_equal(batch.positions, want):
             _violation("draft_many: batch positions are not the plans' positions concatenated")
+        want = np.concatenate([p.slots for p in active]) if active else np.zeros(0, np.int64)
+        if not np.array_equal(batch.slots, want):
+            _violation("draft_many: batch slots are not the plans' slots concatenated")
         return batch
 
     def commit(self, seq: int) -> None:
@@ -339,11 +496,11 @@ class InvariantChecker:
         s = int(seq)
         m = self._models[s]
         plan, m.open_plan = m.open_plan, None
-        if plan is None:
+        enc, m.open_rows = m.open_rows, None
+        if plan is None or enc is None:
             return  # opened behind the checker's back: nothing to model
         cache = {} if plan.clear_cache or m.cache is None else m.cache
         first = int(plan.crop_from) - plan.n_rows
-        enc = np.asarray(plan.encoded_rows)
         for k in range(plan.n_rows):
             cache[first + k] = (plan.pos_base + first + k, enc[k].tobytes())
         m.cache = {d: v for d, v in cache.items() if d < plan.crop_from}  # the crop
@@ -352,7 +509,7 @@ class InvariantChecker:
     def fail(self, seq: int, stage: str = "decode") -> None:
         self._call("fail", seq, stage, closed=[int(seq)])
         m = self._models[int(seq)]
-        m.open_plan = None
+        m.open_plan = m.open_rows = None
         m.cache = None
 
     def accept(self, seq: int, n_accepted: int) -> None:
@@ -377,8 +534,9 @@ class InvariantChecker:
                 m.cache = None  # the drafter holds rows of positions the target dropped
             self._sync_truth(s)
 
-    def shift(self, seq: int, n_keep: int, n_discard: int) -> None:
-        self._call("shift", seq, n_keep, n_discard)
+    def shift(self, seq: int, n_keep: int, n_discard: int) -> Any:
+        moves = self._call("shift", seq, n_keep, n_discard)
+        self._apply_moves(moves, f"shift({seq}, {n_keep}, {n_discard})")
         s = self._valid(seq)
         if s is not None and n_discard:
             m = self._models[s]
@@ -386,36 +544,66 @@ class InvariantChecker:
             m.truth = {(p if p < n_keep else p - n_discard): r for p, r in m.truth.items() if not n_keep <= p < hi}
             m.cache = None
             self._sync_truth(s)
+        self._check_live()
+        return moves
 
-    def fork(self, src: int, dst: int) -> None:
-        self._call("fork", src, dst)
+    def fork(self, src: int, dst: int) -> Any:
+        moves = self._call("fork", src, dst)
+        self._apply_moves(moves, f"fork({src}, {dst})")
         a, b = self._models[int(src)], _Model()
         b.truth = dict(a.truth)
         self._models[int(dst)] = b
         self._sync_truth(int(dst))
+        self._check_live()
+        return moves
 
     def snapshot(self, seq: int) -> bytes:
+        """``snapshot``; with external rows the checker also keeps the live rows, for :meth:`restore`."""
         data = self._call("snapshot", seq)
         s = int(seq)
         c = self._cfg
         try:
-            snap = snapshot_format.unpack(bytes(data), c.snapshot_fingerprint(), STORAGES)
+            snap = snapshot_format.unpack(bytes(data), c.snapshot_fingerprint(), STORAGES, external=c.external_rows)
         except ValueError as exc:
             _violation(f"seq {s}: its own snapshot does not restore: {exc}")
         st = self._st.state(s)
         for k in ("end", "horizon", "n_cache", "pos_base", "started", "disabled"):
             if getattr(snap, k) != st[k]:
                 _violation(f"seq {s}: snapshot {k} = {getattr(snap, k)}, state says {st[k]}")
+        self._save_rows(s, bytes(data))
         return data
 
     def snapshot_into(self, seq: int, buffer: Any) -> int:
         n = self._call("snapshot_into", seq, buffer)
         s = int(seq)
-        if n != self._st.snapshot_size(s) or bytes(memoryview(buffer).cast("B")[:n]) != bytes(self._st.snapshot(s)):
+        written = bytes(memoryview(buffer).cast("B")[:n])
+        if n != self._st.snapshot_size(s) or written != bytes(self._st.snapshot(s)):
             _violation(f"seq {s}: snapshot_into wrote other bytes than snapshot() returns")
+        self._save_rows(s, written)
         return n
 
-    def restore(self, seq: int, data: Any) -> None:
+    def _save_rows(self, s: int, data: bytes) -> None:
+        """External rows: remember the rows of ``live_slots(s)`` under the snapshot's bytes (which
+        hold no rows, so two snapshots with the same bookkeeping and other rows are ambiguous)."""
+        if not self._external:
+            return
+        assert self.mirror is not None
+        rows = self.mirror[np.asarray(self._st.live_slots(s), dtype=np.int64)]
+        if data in self._saved:
+            old = self._saved[data]
+            self._saved[data] = rows if old is not None and np.array_equal(old, rows) else None
+            self._saved.move_to_end(data)
+        else:
+            self._saved[data] = rows
+            while len(self._saved) > SAVED_SNAPSHOTS:
+                self._saved.popitem(last=False)
+
+    def restore(self, seq: int, data: Any, rows: Any = None) -> np.ndarray | None:
+        """``restore``. External rows: also puts the snapshot's rows (``rows``: uint8 ``(n, row_bytes)``,
+        the rows of ``live_slots`` when it was taken; default: those this checker kept when it took
+        the snapshot) back at the slots the Stager returns, and returns the slots."""
+        if self._external:
+            return self._restore_external(seq, data, rows)
         self._call("restore", seq, data)
         s = int(seq)
         c = self._cfg
@@ -424,6 +612,42 @@ class InvariantChecker:
         rb = c.row_bytes
         for k in range(snap.end - snap.horizon):
             m.truth[snap.horizon + k] = snap.rows[k * rb:(k + 1) * rb]
+        self._after_restore(s, m)
+        return None
+
+    def _restore_external(self, seq: int, data: Any, rows: Any) -> np.ndarray:
+        c = self._cfg
+        raw = bytes(memoryview(data).cast("B"))
+        try:
+            snap = snapshot_format.unpack(raw, c.snapshot_fingerprint(), STORAGES, external=True)
+        except ValueError:
+            snap = None  # the Stager must reject it (checked below)
+        enc = np.zeros((0, c.row_bytes), np.uint8)
+        if snap is not None:
+            n = snap.end - snap.horizon
+            if rows is None:
+                rows = self._saved.get(raw)
+                if rows is None:
+                    raise TypeError("restore(seq, data, rows): an external-row snapshot holds no rows; pass the rows "
+                                    "of live_slots(seq) at snapshot time (this checker kept none for these bytes)")
+            enc = as_encoded(rows, n, c.row_bytes).reshape(n, c.row_bytes)
+        slots = self._call("restore", seq, data)
+        s = int(seq)
+        if snap is None:
+            _violation(f"seq {s}: restore accepted a snapshot an external-row Stager cannot take")
+        check_slots(slots, s, len(enc), c, f"seq {s} restore")
+        if np.any(np.asarray(slots) < 0):
+            _violation(f"seq {s}: restore returned slot -1 for a live row")
+        assert self.mirror is not None
+        self.mirror[np.asarray(slots)] = enc
+        m = _Model()
+        for k in range(len(enc)):
+            m.truth[snap.horizon + k] = enc[k].tobytes()
+        self._after_restore(s, m)
+        self._check_live()
+        return np.asarray(slots)
+
+    def _after_restore(self, s: int, m: _Model) -> None:
         self._models[s] = m
         st = self._st.state(s)
         if st["started"] and not st["restage_owed"]:
