@@ -133,7 +133,10 @@ def run(args: argparse.Namespace) -> int:
         )
         if min(cfg.conversations, cfg.turns, cfg.user_tokens, cfg.generate, cfg.system_tokens) < 1:
             raise ValueError("--conversations, --turns, --system-tokens, --user-tokens and --reply-tokens must be >= 1")
-        result = run_multiturn(cfg, make_stager=lambda c: make_stager(args.stager, c))
+        from ..sim.blas_threads import single_blas_thread
+
+        with single_blas_thread():  # the toy's skinny products, as the long workload runs them
+            result = run_multiturn(cfg, make_stager=lambda c: make_stager(args.stager, c))
     except (ConfigError, ValueError) as exc:
         print(f"dspark-core simulate: {exc}", file=sys.stderr)
         return 2

@@ -300,7 +300,7 @@ def run_multiturn(
         store = _store_for(st, scfg, bt, cfg.budget_bytes) if variant == "store" else None
         rec = PlanRecorder(st)
         target = new_target()
-        drafter = ToyDrafter.for_target(target, cfg.block, seed=cfg.seed)
+        drafter = ToyDrafter.for_target(target, cfg.block, seed=cfg.seed, n_ctx_train=cfg.window)
         # Prefill chunks of at most W - K tokens: a block completed by a chunk then still has its
         # rows in the ring when the server hands it over (longer chunks: PrefixStore.publish_rows).
         chunk = min(cfg.prefill_chunk, cfg.window - K)
