@@ -81,7 +81,9 @@ def test_rounds_after_a_hit_equal_a_full_prefill(impl, storage, block, extra, bt
     rows = rows_of(h + new + 12 * (block + 1), 64)
     store = Store(cfg, bt, 1 << 24)
     pub, full, hit = Stg(cfg), Stg(cfg), Stg(cfg)
-    prefill(pub, store, 0, rows[:h], bt, min(chunk, cfg.window - cfg.w_keep))  # chunks up to W - K lose no row
+    # A block published after the chunk that completed it still has its kept rows when the chunk
+    # is at most W - max(K, block_tokens) tokens (docs/prefix_cache.md, "When to publish").
+    prefill(pub, store, 0, rows[:h], bt, max(1, min(chunk, cfg.window - max(cfg.w_keep, bt))))
     n = h + new  # the next request: the cached h tokens and `new` more
     full.begin(0)
     full.process(0, np.arange(n), rows[:n])
@@ -115,8 +117,13 @@ def test_a_miss_replays_at_most_K_positions(impl):
     prefill(st, store, 0, rows[:200], bt, 24)
     keys = chain(200, bt)
     # Complete: nothing to re-prefill.
+    store.publish_rows([b"other"], 0, 8, rows[:8])  # the most recent block
     r = store.hit(st, 1, keys, 200)
     assert (r.first_row, r.replay_from, r.rows, r.origin) == (200 - K, 200, K, 0)
+    s = st.state(1)
+    assert (s["end"], s["horizon"], s["n_cache"], s["pos_base"], s["restage_owed"]) == (200, 200 - K, 0, 0, True)
+    # The hit refreshed the blocks it read (positions [168, 200): the last 4 blocks).
+    assert store.keys()[-4:] == [as_key(k) for k in keys[-4:]] and store.keys()[-5] == b"other"
     # The block [184, 192) is gone: rows [168, 184) are there, replay from 184.
     store.evict([keys[23]])
     r = store.lookup(keys, 200)
@@ -183,6 +190,7 @@ def test_budget_and_lru(impl):
     page = bt * cfg.row_bytes
     with pytest.raises(ConfigError, match="smaller than one block"):
         Store(cfg, bt, page - 1)
+    assert Store(cfg, bt, page).n_pages == 1  # exactly one block fits
     store = Store(cfg, bt, 3 * page + page // 2)
     assert store.n_pages == 3
     rows = rows_of(40, 32)
@@ -191,10 +199,18 @@ def test_budget_and_lru(impl):
     store.publish_rows([1], 0, 4, rows[:4])  # refresh: 1 is the most recent now
     store.publish_rows([4], 12, 16, rows[12:16])  # evicts 2, the least recently used
     assert store.keys() == [as_key(3), as_key(1), as_key(4)]
+    # The lowest free page first: 4 took the page 2 left (page 1).
+    assert store.block_slots(4).tolist() == list(range(bt, 2 * bt))
     s = store.stats()
     assert (s["blocks"], s["pages"], s["evicted_lru"], s["republished"]) == (3, 3, 1, 1)
     assert s["bytes"] == 3 * page <= store.budget_bytes
     assert store.evict([3, 99]) == 1 and len(store) == 2 and 3 not in store and 1 in store
+    # Freed pages before pages never used: a large store reuses page 0 once block 1 is gone.
+    big = Store(cfg, bt, 100 * page)
+    big.publish_rows([1, 2, 3], 0, 12, rows[:12])
+    big.evict([1])
+    big.publish_rows([5], 12, 16, rows[12:16])
+    assert big.block_slots(5).tolist() == list(range(bt))
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)
@@ -232,6 +248,15 @@ def test_bad_input_is_rejected_and_changes_nothing(impl):
         store.publish(st, 0, [1], 136, 141)
     with pytest.raises(ValueError, match="block boundary"):
         store.publish(st, 0, [1], 130, 136)
+    # Rows of a verify batch before accept() are not final.
+    st.draft(0, 140)
+    st.commit(0)
+    st.process(0, np.arange(140, 145), rows[:5])
+    with pytest.raises(ValueError, match="final rows"):
+        store.publish(st, 0, [1], 136, 142)
+    st.accept(0, 4)
+    store.publish(st, 0, [1], 136, 144)  # final now
+    store.evict([1])
     # A Stager of another configuration; a store of another configuration's block.
     other = Stg(cfg.replace(storage="q8_0"))
     with pytest.raises(ConfigError, match="storage"):

@@ -162,7 +162,7 @@ TEST_CASE(hit_rounds_equal_a_full_prefill) {
     const Storage storages[] = {Storage::F32, Storage::F16, Storage::BF16, Storage::Q8_0, Storage::Q4_0};
     for (Storage stg : storages)
         for (std::int64_t bt : {8, 16, 100})
-            for (std::int64_t h : {8, 16, 40, 56, 57, 61, 96, 100, 200, 333}) {
+            for (std::int64_t h : {8, 16, 40, 56, 57, 60, 61, 96, 100, 200, 333}) {  // W - B = 60
                 const auto so = sopts(4, 64, stg);
                 PrefixStore store(popts(so, bt, 1 << 22));
                 Stager pub(so), full(so), hit(so);
@@ -238,6 +238,7 @@ TEST_CASE(budget_lru_and_eviction_by_key) {
     const std::int64_t bt = 8;
     const std::uint64_t page = 8 * D * 4;
     CHECK_THROWS(PrefixStore(popts(so, bt, page - 1)), ConfigError);
+    CHECK_EQ(PrefixStore(popts(so, bt, page)).n_pages(), 1);  // exactly one block fits
     PrefixStore store(popts(so, bt, 5 * page + 7));
     CHECK_EQ(store.n_pages(), 5);
     Stager st(so);
@@ -257,6 +258,46 @@ TEST_CASE(budget_lru_and_eviction_by_key) {
     CHECK_EQ(store.evict(ev.view()), 0);
     CHECK_EQ(static_cast<std::int64_t>(store.size()), 3);
     CHECK_EQ(store.stats().evicted_by_key, 2);
+    // The lowest free page first: the pages of k16:24 and k24:32 are free again; a new block
+    // takes the lower of them.
+    std::int64_t lowest = store.n_pages();
+    const auto r = rows_for(500, 8);
+    Chain fresh(0, 8, bt, "z");
+    store.publish_rows(fresh.view(), 0, 8, r.data(), ElemType::F32, r.size() * 4);
+    std::vector<bool> used(static_cast<std::size_t>(store.n_pages()), false);
+    for (const std::string& k : store.keys())
+        if (k != "kz0:8") used[static_cast<std::size_t>(store.block_slots(k).front() / store.page_rows())] = true;
+    for (std::int64_t p = 0; p < store.n_pages(); ++p)
+        if (!used[static_cast<std::size_t>(p)]) {
+            lowest = p;
+            break;
+        }
+    CHECK_EQ(store.block_slots("kz0:8").front(), lowest * store.page_rows());
+}
+
+TEST_CASE(a_hit_refreshes_the_blocks_it_read) {
+    const auto so = sopts(4, 64);  // K = 32
+    const std::int64_t bt = 8;
+    PrefixStore store(popts(so, bt, 1 << 20));
+    Stager st(so);
+    prefill_and_publish(st, 0, store, 100, 24);  // k0:8 .. k96:100
+    const auto r = rows_for(0, 16);
+    Chain other(0, 16, bt, "q");
+    store.publish_rows(other.view(), 0, 16, r.data(), ElemType::F32, r.size() * 4);  // newer than all of them
+    Chain c(0, 100, bt);
+    std::vector<SlotMove> moves;
+    st.start_from_prefix(1, store, c.view(), 100, &moves);  // reads [68, 100): blocks k64:72 .. k96:100
+    const auto keys = store.keys();
+    CHECK(keys.front() == std::string("k0:8"));
+    CHECK(keys.back() == std::string("k96:100"));
+    CHECK(keys[keys.size() - 6] == std::string("kq8:16"));  // the other prompt is older now
+    // The lowest free page first, before pages never used: k0:8 held page 0.
+    CHECK_EQ(store.block_slots("k0:8").front(), 0);
+    Chain first(0, 8, bt);
+    store.evict(first.view());
+    Chain z(0, 8, bt, "z");
+    store.publish_rows(z.view(), 0, 8, r.data(), ElemType::F32, 8 * D * 4);
+    CHECK_EQ(store.block_slots("kz0:8").front(), 0);
 }
 
 TEST_CASE(rejected_calls_change_nothing) {
@@ -286,12 +327,23 @@ TEST_CASE(rejected_calls_change_nothing) {
     // A Stager of another configuration.
     Stager other_cfg(sopts(4, 64, Storage::Q8_0));
     CHECK_THROWS(other_cfg.publish_prefix(0, store, c.view(), 0, 40), ConfigError);
-    // Rows past the sequence's final rows.
+    // Rows past the sequence's final rows; rows of a verify batch before accept().
     Chain c48(0, 48, bt);
     CHECK_THROWS(st.publish_prefix(0, store, c48.view(), 0, 48), std::invalid_argument);
+    ByteVec out;
+    st.draft(0, 40, out);
+    st.commit(0);
+    process(st, 0, 40, 5);  // a verify batch: rows 41..44 are tentative until accept
+    Chain v(40, 48, bt, "v");
+    CHECK_THROWS(st.publish_prefix(0, store, v.view(), 40, 42), std::invalid_argument);
+    st.accept(0, 4);
+    // Rows that left the window (the sequence holds its last W = 64 positions).
+    process(st, 0, 45, 100);
+    Chain gone(40, 48, bt, "g");
+    CHECK_THROWS(st.publish_prefix(0, store, gone.view(), 40, 48), std::invalid_argument);
     CHECK_EQ(static_cast<std::int64_t>(store.size()), 5);
     CHECK(store.stats().hits == 0);
-    (void)before;
+    CHECK(store.keys() == before || store.keys().back() == std::string("k0:8"));  // the refresh above only
 }
 
 TEST_CASE(export_import_round_trip_and_damage) {
