@@ -11,13 +11,12 @@ conversations, misses replay at most K tokens and acceptance still matches.
 
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
-from dspark_core.cli import simulate as sim
 from dspark_core.sim.multiturn import MultiTurnConfig, PrefixCache, run_multiturn
+from test_simulate import _run  # the simulate command's parser, as the long workload's tests run it
 
 SMALL = MultiTurnConfig(conversations=2, turns=3, system_tokens=300, user_tokens=20, generate=64, window=256,
                         block=4, feature_dim=64)
@@ -73,16 +72,6 @@ def test_the_prefix_cache_hits_the_end_of_the_previous_request():
     assert cache.hit(np.concatenate([a[:90], [7, 8, 9]])) == 90  # the partial block at the end
     assert cache.hit(np.concatenate([a[:50], [7] * 60])) == 48  # full blocks only
     assert cache.hit(a[:90]) == 89  # at least one token is computed
-
-
-def _run(argv, capsys):
-    parser = argparse.ArgumentParser()
-    sub = parser.add_subparsers(dest="command")
-    sim.add_parser(sub)
-    args = parser.parse_args(["simulate", *argv])
-    rc = args.func(args)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 ARGS = ["--workload", "multiturn", "--conversations", "2", "--turns", "2", "--system-tokens", "200",
