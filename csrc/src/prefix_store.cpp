@@ -310,7 +310,7 @@ void PrefixStore::publish_rows(const KeyChain& keys, std::int64_t start, std::in
     const std::size_t in_row = dim * elem_bytes(type);
     const std::size_t n = static_cast<std::size_t>(end - start);
     if (!rows && n) bad("rows are missing");
-    if (rows_bytes != n * in_row)
+    if (rows_bytes % in_row != 0 || rows_bytes / in_row != n)  // (n * in_row could overflow)
         bad("rows must be " + std::to_string(n) + " x " + std::to_string(dim) + " " + elem_name(type) + " values (" +
             std::to_string(n * in_row) + " bytes) for positions " + range(start, end) + ", got " +
             std::to_string(rows_bytes) + " bytes");
