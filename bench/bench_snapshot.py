@@ -13,15 +13,17 @@ interleaved and in a rotating order, each repeat times:
 * restore, emptied slot: ``begin(1); restore(1, buffer)`` from that buffer
   (the decode side's reused slot: rows are checksummed while copied, one pass);
 * restore, slot holding rows: ``restore(1, buffer)`` over a slot that still
-  holds rows (checked first, then copied: two passes over the source);
+  holds rows (one pass too: the rows are checksummed while copied into the
+  Stager's spare ring, swapped in once they check out, so a damaged snapshot
+  still leaves the slot untouched);
 * snapshot(): the allocating call (a fresh bytes object each time: its page
   faults are part of the cost);
 * v1 restore: the same state as a version-1 blob (zlib's byte-at-a-time
   CRC-32), what restore cost before format v2 (fewer repeats, it is slow).
 
 Ratios are memcpy's median time over the operation's median time (1.0x =
-memcpy speed; the goal for snapshot_into and restore from a buffer is >=
-0.8x). --crc-paths also times snapshot_into / restore on the portable CRC-32C
+memcpy speed; the goal for snapshot_into and restore from a buffer, into an
+emptied slot or one holding rows, is >= 0.8x). --crc-paths also times snapshot_into / restore on the portable CRC-32C
 kernel. Peak memory is about 9 snapshot sizes (~3.8 GB at f32, D = 25,600).
 
     python bench/bench_snapshot.py --quick     # D = 12,288, W = 1024, few repeats (seconds)
@@ -45,7 +47,7 @@ import _common as C
 
 ds = C.import_dspark()
 from dspark_core import Stager, StagerConfig  # noqa: E402
-from dspark_core._ext import _stager  # noqa: E402
+from dspark_core import kernels  # noqa: E402
 from dspark_core import snapshot_format as sf  # noqa: E402
 
 GOAL = 0.8  # snapshot_into and restore-from-buffer, as a fraction of memcpy throughput
@@ -112,12 +114,11 @@ def measure(storage: str, D: int, W: int, B: int, repeats: int, v1_repeats: int,
             times[name].append(time.perf_counter_ns() - t0)
 
     # Other CRC-32C kernels (portable): snapshot_into and restore, interleaved with memcpy again.
-    active = _stager.crc32c_path()
+    active = kernels.active("crc32c")
     for path in crc_paths:
-        if path == active or path not in _stager.crc32c_paths():
+        if path == active or path not in kernels.supported("crc32c"):
             continue
-        _stager.set_crc32c_path(path)
-        try:
+        with kernels.use("crc32c", path):
             for name in (f"snapshot_into [{path}]", f"restore (emptied slot) [{path}]"):
                 times[name] = []
             for _ in range(max(1, repeats // 2)):
@@ -126,8 +127,6 @@ def measure(storage: str, D: int, W: int, B: int, repeats: int, v1_repeats: int,
                     t0 = time.perf_counter_ns()
                     fn()
                     times[name].append(time.perf_counter_ns() - t0)
-        finally:
-            _stager.set_crc32c_path(active)
 
     if v1_repeats:
         v1 = as_v1(buf)
@@ -183,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
           f"repeats, medians; ratio = memcpy median / operation median (goal >= {GOAL}x for snapshot_into and "
           "restore from a buffer)"),
          (f"CRC-32C kernel: {results[0]['crc_path'] if results else '?'} (supported: "
-          f"{', '.join(_stager.crc32c_paths())})"),
+          f"{', '.join(kernels.supported('crc32c'))})"),
          f"total wall time {wall:.0f} s"],
     )
     targets = []
@@ -191,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         med, ratio = r["median_ns"], r["ratio"]
         for name in med:
-            goal = name in ("snapshot_into", "restore (emptied slot)")
+            goal = name in ("snapshot_into", "restore (emptied slot)", "restore (slot holding rows)")
             ok = ratio[name] >= GOAL if goal else None
             if goal:
                 targets.append({"target": f"{name} / memcpy >= {GOAL}x", "storage": r["storage"], "D": r["D"],
@@ -204,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
                       f">= {GOAL}x"], rows, "lrrrlrrrl")
     lines += ["", ("GB/s counts the snapshot's bytes once (1e9 B/s). 'emptied slot' is what a decode node's "
                    "reused slot sees after begin(); a slot still holding rows must survive a damaged snapshot, so "
-                   "its rows are checked before the copy (a second pass over the source). snapshot() pays the page "
-                   "faults of a fresh bytes object each call."), ""]
+                   "the rows are checksummed while copied into the Stager's spare ring (also one pass), which "
+                   "replaces the slot's ring only once they check out. snapshot() pays the page faults of a fresh "
+                   "bytes object each call."), ""]
     lines += ["Snapshot sizes (96 + rows x row_bytes; the table in docs/moving_sequences.md uses the same formula):", ""]
     size_rows = []
     for s in storages:

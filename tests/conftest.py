@@ -65,3 +65,29 @@ def feature_rows(positions, dim: int, version: int = 0, dtype=np.float32) -> np.
     pos = np.asarray(positions, dtype=np.float64)
     rows = pos[:, None] * 1.0 + version * 0.25 + np.arange(dim)[None, :] * 1e-3
     return rows.astype(dtype)
+
+
+def at_once(calls, *extra):
+    """Run ``target(*args)`` for each ``(target, args)`` of ``calls`` in its own thread, all
+    released together (a barrier), then the ``extra`` callables likewise; returns
+    ``{index in calls: result}`` once every thread has finished."""
+    import threading
+
+    results: dict[int, object] = {}
+    barrier = threading.Barrier(len(calls) + len(extra))
+
+    def run(k, target, args):
+        barrier.wait()
+        results[k] = target(*args)
+
+    def run_extra(fn):
+        barrier.wait()
+        fn()
+
+    threads = [threading.Thread(target=run, args=(k, t, a)) for k, (t, a) in enumerate(calls)]
+    threads += [threading.Thread(target=run_extra, args=(fn,)) for fn in extra]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results

@@ -4,13 +4,14 @@ Each module of ``src/dspark_core`` belongs to one layer; a module imports
 only modules of its own or a lower layer, lazy (function-level) imports
 included. Layers, bottom up:
 
-0 base       errors, _args, _version: no import from the package
-1 binding    _ext._row_format: the C++ row formats and the core's name tables
-2 contract   core_tables, config, stage_plan, snapshot_format, protocol_mismatch,
-             stager_copy: the tables, the value types the Stager binding takes and
-             returns, the mismatch guard, and how a Stager is pickled (config plus snapshots)
+0 base       errors, _version: no import from the package
+1 binding    _ext._row_format: the C++ row formats and the core's name tables and limits
+2 contract   core_tables, _args, config, stage_plan, slot_moves, snapshot_format,
+             protocol_mismatch, stager_copy: the tables, the binding's argument
+             conversions, the value types the Stager binding takes and returns, how a
+             protocol mismatch is logged, and how a Stager is pickled (config plus snapshots)
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
-4 api        formats, cuda, gguf, context_plan: the Python API over the core
+4 api        formats, kernels, cuda, gguf, context_plan: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
 6 tools      testing, sim, engines: differential runner, fuzzing, the loop, toy models,
              real-engine adapters (optional engines, imported lazily)
@@ -33,7 +34,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "src" / PACKAGE
 #: Module (or subpackage) -> layer. A module not listed inherits its subpackage's layer.
 LAYERS: dict[str, int] = {
     "errors": 0,
-    "_args": 0,
+    "_args": 2,
     "_old_paths": 0,
     "_version": 0,
     "_ext": 1,
@@ -51,6 +52,7 @@ LAYERS: dict[str, int] = {
     "_ext._stager": 3,
     "_ext._cuda": 3,
     "formats": 4,
+    "kernels": 4,
     "cuda": 4,
     "gguf": 4,
     "context_plan": 4,

@@ -16,10 +16,11 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import at_once
 
-from dspark_core import Stager, StagerConfig, cuda
+from dspark_core import Stager, StagerConfig, cuda, formats, snapshot_format
 from dspark_core.config import STORAGES
-from dspark_core.errors import ConfigError, StateError
+from dspark_core.errors import StateError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -113,9 +114,9 @@ class Pair:
         return hp, xp
 
 
-#: (storage, stage dtype) pairs whose stage dtype does not narrow the storage's bounds.
-RING_CONFIGS = [(s, "float32") for s in STORAGES] + [("f16", "float16"), ("f16", "bfloat16"), ("bf16", "bfloat16"),
-                                                     ("q8_0", "bfloat16"), ("q4_0", "bfloat16")]
+#: Every (storage, stage dtype) pair, narrowing ones included (f32 rows staged as float16
+#: are held to 65,520 by the device kernels as by a held Stager).
+RING_CONFIGS = [(s, d) for s in STORAGES for d in ("float32", "float16", "bfloat16")]
 
 
 @gpu
@@ -238,7 +239,6 @@ def test_long_prefill_chunk_is_encoded_into_its_slots():
 @pytest.mark.parametrize("storage", ["f32", "q8_0"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 def test_gather_in_another_dtype_equals_the_cpu_decoder(storage, dtype):
-    from dspark_core import formats
 
     cfg = StagerConfig(64, 2, 16, storage=storage)
     p = Pair(cfg, seed=11)
@@ -253,14 +253,57 @@ def test_gather_in_another_dtype_equals_the_cpu_decoder(storage, dtype):
         p.ring.gather(xp, dtype, out=cuda.DeviceArray((1, 64), want.dtype))
 
 
+#: (storage, stage dtype) pairs whose stage dtype narrows the storage's own bounds.
+NARROWING = [(s, d) for s, d in RING_CONFIGS
+             if formats.encode_bounds(s, BF16 if d == "bfloat16" else d) != formats.encode_bounds(s)]
+
+
+def test_narrowing_pairs_exist():
+    assert ("f32", "float16") in NARROWING and ("q8_0", "float16") in NARROWING and ("f32", "bfloat16") in NARROWING
+    assert ("f16", "float16") not in NARROWING
+
+
+@gpu
+@pytest.mark.parametrize("nonfinite", ["error", "zero", "clamp", "clamp_f16"])
+@pytest.mark.parametrize(("storage", "stage_dtype"), NARROWING)
+def test_a_narrowing_stage_dtype_holds_device_rows_to_its_limit(storage, stage_dtype, nonfinite):
+    """Finite rows just below, at and above the narrowed limit (and far above the storage's
+    own for f32): the ring rejects exactly what the held Stager rejects, and otherwise
+    stores and stages its bytes, clamped or zeroed alike."""
+    cfg = StagerConfig(64, 2, 16, storage=storage, stage_dtype=stage_dtype, nonfinite=nonfinite)
+    b = formats.encode_bounds(storage, BF16 if stage_dtype == "bfloat16" else stage_dtype)
+    p = Pair(cfg, seed=21)
+    p.feed(0, 6)
+    below, at = np.float32(b.clamp_to), np.float32(b.limit)
+    above = np.nextafter(at, np.float32(np.inf))
+    far = np.float32(min(float(at) * 1.5, 3.4e38))
+    rejected = 0
+    for k, v in enumerate([below, -below, at, -above, far]):
+        rows = activations(p.rng, 3, 64, big=False)
+        rows[1, 5 + k] = v
+        pos = np.arange(p.end(0), p.end(0) + 3)
+        state, before = p.ext.state(0), p.ring.read(range(12))
+        try:
+            p.held.process(0, pos, rows)
+        except ValueError:
+            assert nonfinite == "error" and abs(v) >= at
+            with pytest.raises(ValueError, match=r"row 1 .* overflows"):
+                p.ring.write(0, pos, dev(rows))
+            assert p.ext.state(0) == state and p.ring.read(range(12)).tobytes() == before.tobytes()
+            rejected += 1
+            continue
+        assert abs(v) < at or nonfinite != "error"
+        p.ring.write(0, pos, dev(rows))
+        p.round(0)  # the staged rows: the held plan's, byte for byte (rows in stage_dtype)
+        assert p.held.state(0) == p.ext.state(0)
+    assert rejected == (3 if nonfinite == "error" else 0)
+
+
 @gpu
 def test_errors_are_clear_and_change_nothing():
     cfg = StagerConfig(32, 2, 12, max_seqs=2)
     with pytest.raises(ValueError, match="external-row mode"):
         cuda.DeviceRing(Stager(cfg))
-    # A stage dtype that narrows the storage's bounds: held mode would reject rows the kernels accept.
-    with pytest.raises(ConfigError, match="stage_dtype"):
-        cuda.DeviceRing(Stager(cfg.replace(rows="external", stage_dtype="float16")))
     p = Pair(cfg)
     other = Stager(cfg.replace(rows="external"))
     p.feed(0, 6)
@@ -294,7 +337,7 @@ def test_errors_are_clear_and_change_nothing():
     first = p.ext.fork(0, 1)
     p.held.fork(0, 1)
     second = p.ext.fork(0, 1)
-    with pytest.raises(ValueError, match="out of order: expected moves #1"):
+    with pytest.raises(ValueError, match="out of order: expected change #1"):
         p.ring.apply(second)
     p.ring.apply(first)
     with pytest.raises(ValueError, match="out of order"):
@@ -366,3 +409,110 @@ def test_snapshot_and_restore_move_a_sequence_between_rings():
     hp, xp = held2.draft(1, end), other.draft(1, end)
     got = ring2.gather(xp)
     assert host(got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
+
+
+def _ring_trial(threads_call_the_ring):
+    """A held oracle, an external Stager and its ring: sequence 0 holds 300 rows, 2 holds
+    200, 4 holds 40; 5's snapshot and device rows are saved. Threads then fork, shift and
+    restore overlapping sequences at once and draft an unrelated one."""
+    cfg = StagerConfig(32, 4, 400, max_seqs=6, storage="q8_0")
+    p = Pair(cfg, seed=1)
+    for seq, n in ((0, 300), (2, 200), (4, 40), (5, 120)):
+        p.feed(seq, n)
+    snap_x, rows_x = p.ring.snapshot(5)
+    snap_h = p.held.snapshot(5)
+    calls = [("shift", (0, 100, 50)), ("fork", (0, 1)), ("fork", (2, 3))]
+    if threads_call_the_ring:
+        calls.append(("restore", (2, snap_x, rows_x)))
+    target = p.ring if threads_call_the_ring else p.ext
+    gathered = []
+
+    def draft_other():
+        plan = p.ext.draft(4, 40)
+        gathered.append(p.ring.to_numpy(p.ring.gather(plan)).tobytes())
+        p.ext.commit(4)
+
+    results = at_once([(getattr(target, name), args) for name, args in calls], draft_other)
+    order = sorted(results, key=lambda k: results[k].serial)
+    assert [results[k].serial for k in order] == list(range(1, len(calls) + 1))
+    for k in order:
+        name, args = calls[k]
+        if not threads_call_the_ring:
+            p.ring.apply(results[k])  # the moves the threads got, applied in serial order
+        want = getattr(p.held, name)(*((2, snap_h) if name == "restore" else args))
+        if name != "restore":
+            assert np.array_equal(want, results[k])
+    assert gathered == [p.held.draft(4, 40).rows.tobytes()]
+    p.held.commit(4)
+    for s in range(cfg.max_seqs):
+        assert p.held.state(s) == p.ext.state(s)
+        slots = p.ext.live_slots(s)
+        rows = snapshot_format.unpack(p.held.snapshot(s), cfg.snapshot_fingerprint()).rows
+        assert p.ring.read(slots).tobytes() == rows, s
+
+
+@gpu
+@pytest.mark.parametrize("threads_call_the_ring", [True, False], ids=["ring-calls", "apply-after"])
+def test_table_changes_from_several_threads_apply_in_serial_order(threads_call_the_ring):
+    """Concurrent fork / shift / restore: the core numbers them in the order they ran, the
+    ring applies them in that order (its own calls from any thread, or moves applied later
+    through apply), and the device table holds the held oracle's rows afterwards."""
+    for _ in range(40):
+        _ring_trial(threads_call_the_ring)
+
+
+@gpu
+def test_apply_refuses_views_copies_and_edits():
+    cfg = StagerConfig(32, 2, 64, max_seqs=2)
+    p = Pair(cfg)
+    p.feed(0, 40)
+    hm, xm = p.held.shift(0, 10, 3), p.ext.shift(0, 10, 3)
+    assert len(xm) > 2 and np.array_equal(hm, xm)
+    table = p.ring.read(range(80))
+    for piece in (xm[:1], xm[::-1], xm.copy(), xm[1:]):
+        with pytest.raises(ValueError, match="not the array the Stager returned"):
+            p.ring.apply(piece)
+    xm.flags.writeable = True  # an edit in place keeps the serial, not the issued bytes
+    xm[0, 0] += 1
+    with pytest.raises(ValueError, match="not the array the Stager returned"):
+        p.ring.apply(xm)
+    xm[0, 0] -= 1
+    assert p.ring.read(range(80)).tobytes() == table.tobytes()  # nothing copied
+    p.ring.apply(xm)
+    p.round(0)
+    # A table change the ring did not apply blocks the ring's own next one, before the Stager moves.
+    p.held.fork(0, 1)
+    pending = p.ext.fork(0, 1)
+    state = p.ext.state(1)
+    with pytest.raises(ValueError, match="apply the missing"):
+        p.ring.fork(0, 1)
+    assert p.ext.state(1) == state and p.ext.moves_issued == pending.serial
+    p.ring.apply(pending)
+    p.round(1)
+
+
+@gpu
+def test_gather_refuses_a_plan_whose_round_has_closed():
+    """A plan of a closed round is refused even while a newer round of its sequence is open
+    (its slots may hold other rows by now), and a batch plan likewise."""
+    cfg = StagerConfig(32, 2, 12, max_seqs=2)
+    p = Pair(cfg)
+    p.feed(0, 5)
+    p.feed(1, 5)
+    _, old = p.both("draft", 0, 5)
+    p.both("commit", 0)
+    for _ in range(120):
+        p.round(0)
+        p.feed(0, 3)
+        p.both("accept", 0, 2)
+    hp, now = p.both("draft", 0, p.end(0))
+    assert now.round > old.round > 0
+    with pytest.raises(ValueError, match=rf"of round {old.round}, and the sequence has another round open"):
+        p.ring.gather(old)
+    assert np.array_equal(host(p.ring.gather(now)), hp.rows.view(np.uint8).reshape(-1))
+    p.both("commit", 0)
+    hb, xb = p.both("draft_many", [0, 1], [p.end(0), p.end(1)])
+    p.ring.gather(xb)
+    p.both("commit", 1)
+    with pytest.raises(ValueError, match="sequence 1 is of round .* has no open round"):
+        p.ring.gather(xb)

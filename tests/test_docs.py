@@ -1,9 +1,11 @@
 """The documentation stands on its own: links resolve inside the repository, nothing points
-outside it, and the sdist ships docs/ and examples/."""
+outside it, every repository path named in a comment or a document exists, and the sdist
+ships docs/ and examples/."""
 
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -72,3 +74,70 @@ def test_sdist_ships_docs_and_examples() -> None:
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())
     include = cfg["tool"]["scikit-build"]["sdist"]["include"]
     assert {"docs", "examples"} <= set(include)
+
+
+#: Text files whose comments and prose name repository paths.
+_TEXT_SUFFIXES = (".py", ".pyx", ".pxd", ".pyi", ".hpp", ".cpp", ".h", ".c", ".cu", ".cuh", ".md", ".sh", ".txt",
+                  ".cmake", ".toml", ".in")
+#: A path from a top-level folder of the repository (relative to the root or to the naming file).
+_TOP_PATH = re.compile(r"(?<![\w/.$])((?:csrc|src|docs|tests|bench|examples|\.ci)/[\w.\-/]*[\w\-/])")
+#: A public header by its include path.
+_INCLUDE = re.compile(r"(?<![\w/])dspark/(\w+\.h(?:pp)?)\b")
+#: A source file named by its name or a partial path (``reference/stager.py``).
+_SOURCE = re.compile(r"(?<![\w/.\-$])((?:\w+/)*\w+\.(?:py|pyx|pxd|pyi|hpp|cpp|cu|cuh))\b")
+
+
+#: C-family sources: only their comments are prose (``fx.cpp`` in code is a member).
+_C_FAMILY = (".hpp", ".cpp", ".h", ".c", ".cu", ".cuh")
+_C_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def _prose(path: str, text: str) -> str:
+    """The part of a file that names other files in words: a C-family file's comments, else all of it."""
+    return "\n".join(_C_COMMENT.findall(text)) if path.endswith(_C_FAMILY) else text
+
+
+def _not_a_file(path: str, names: set[str]) -> bool:
+    """Names of that shape that are not files of this repository: a project, the
+    wheel's installed SDK layout, a short variable's member named in a comment
+    (``fx.cpp``), and C++ the build generates from a .pyx."""
+    if path == "llama.cpp" or path.startswith("dspark_core/include/") or len(path.rsplit(".", 1)[0]) < 3:
+        return True
+    return path.endswith(".cpp") and any(n.endswith("/" + path[:-4] + ".pyx") for n in names)
+
+
+def _repository_files() -> list[str]:
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout.split()
+    return [f for f in out if (ROOT / f).exists()]
+
+
+def test_paths_named_in_comments_and_docs_exist() -> None:
+    """A comment or document that names a file of the repository names one that exists
+    (the reference twin's old module path was cited for months after it moved)."""
+    files = _repository_files()
+    names = set(files)
+    missing = []
+    for f in files:
+        if not (f.endswith(_TEXT_SUFFIXES) or f == ".ci/run"):
+            continue
+        here = (ROOT / f).parent
+        text = _prose(f, (ROOT / f).read_text(errors="replace"))
+        for m in _TOP_PATH.finditer(text):
+            path = m.group(1).rstrip("/.")
+            if text[m.end():m.end() + 1] in ("*", "$", "{"):
+                continue  # a glob or a name built at run time
+            if not ((ROOT / path).exists() or (here / path).exists()):
+                missing.append(f"{f}: {path}")
+        for m in _INCLUDE.finditer(text):
+            if not (ROOT / "csrc" / "include" / "dspark" / m.group(1)).exists():
+                missing.append(f"{f}: dspark/{m.group(1)}")
+        for m in _SOURCE.finditer(text):
+            path = m.group(1)
+            if path.startswith(("csrc/", "src/", "docs/", "tests/", "bench/", "examples/")):
+                continue  # checked above
+            if _not_a_file(path, names):
+                continue
+            if not any(n == path or n.endswith("/" + path) for n in names):
+                missing.append(f"{f}: {path}")
+    assert not missing, "paths that do not exist:\n" + "\n".join(sorted(set(missing)))

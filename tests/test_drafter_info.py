@@ -487,6 +487,17 @@ _PROBE = textwrap.dedent(
 
     path, data_offset, probe_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
     def rss_peak_kib():
+        # This process's own peak (VmHWM). Not ru_maxrss: on Linux a child starts
+        # with its parent's peak there (kept across fork + exec), so after a test
+        # that made pytest big (the emulated CUDA device's arrays) every growth
+        # measured here would read 0.
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1])
+        except OSError:
+            pass
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     def faults():
         r = resource.getrusage(resource.RUSAGE_SELF)

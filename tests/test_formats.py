@@ -28,13 +28,43 @@ def as_bytes(a: np.ndarray) -> np.ndarray:
 
 
 def gguf_encode(x: np.ndarray, storage: str) -> np.ndarray:
-    """The oracle, straight from gguf-py / numpy (no policy, no quirk fix)."""
+    """The oracle, straight from gguf-py / numpy (no policy, no quirk fix but
+    the CPU's float -> int conversion, see as_on_x86)."""
     with np.errstate(all="ignore"):
         if storage == "f32":
             return x.astype(np.float32)
         if storage == "f16":
             return x.astype(np.float16)
-        return gguf.quantize(x, QT[storage])
+        enc = gguf.quantize(x, QT[storage])
+    return as_on_x86(x, storage, enc) if storage in ("q8_0", "q4_0") else enc
+
+
+def as_on_x86(x: np.ndarray, storage: str, enc: np.ndarray) -> np.ndarray:
+    """gguf-py's q8_0 / q4_0 bytes as numpy gives them on x86, on any CPU.
+
+    numpy converts float to int with the CPU's instruction; the core's bytes
+    are x86's on every CPU (docs/design.md 3.2). They differ only where
+    ``x * id`` is infinite: a block whose fp32 inverse scale ``1 / d``
+    overflows (every |x| below ~1e-37), where x86 gives the low byte of
+    INT32_MIN (0) and Arm saturates (+inf -> 0xff; q4_0 clips that to 15).
+    On x86 this changes nothing."""
+    out = np.array(enc, dtype=np.uint8).reshape(-1, 34 if storage == "q8_0" else 18)
+    for b, blk in enumerate(np.asarray(x, np.float32).reshape(-1, 32)):
+        m = blk[int(np.argmax(np.abs(blk)))]
+        d = np.abs(m) / np.float32(127) if storage == "q8_0" else m / np.float32(-8)
+        with np.errstate(all="ignore"):
+            if d != 0 and np.isinf(np.float32(1) / d):
+                out[b, 2:] = 0
+    return out.reshape(np.shape(enc))
+
+
+def test_as_on_x86_rewrites_only_overflowing_inverse_scales() -> None:
+    x = np.stack([CASES["f32_subnormal"][0, :64], CASES["gauss_1"][0, :64]]).astype(np.float32)
+    for storage in ("q8_0", "q4_0"):
+        enc = np.full((2, formats.row_bytes(storage, 64)), 0xAB, np.uint8)
+        got = as_on_x86(x, storage, enc)
+        assert np.all(got[0].reshape(2, -1)[:, 2:] == 0) and np.all(got[0].reshape(2, -1)[:, :2] == 0xAB)
+        assert np.all(got[1] == 0xAB)
 
 
 def normalise_q4_zero_blocks(x: np.ndarray, enc: np.ndarray) -> np.ndarray:
@@ -174,8 +204,12 @@ def test_decode_matches_gguf_py(name: str, storage: str, path: str) -> None:
     elif storage == "bf16":
         want = gguf.dequantize(raw, QT["bf16"])
     else:
+        blocks = raw.reshape(-1, 34 if storage == "q8_0" else 18)
         with np.errstate(all="ignore"):  # inf d * 0 in d_overflow
-            want = gguf.dequantize(raw.reshape(-1, 34 if storage == "q8_0" else 18), QT[storage])
+            want = np.asarray(gguf.dequantize(blocks, QT[storage]), np.float32).reshape(-1, 32)
+        # inf * 0 is the CPU's default NaN: x86's (0xffc00000) is the core's on every CPU.
+        inf_d = np.isinf(blocks[:, :2].copy().view(np.float16).reshape(-1))
+        want.view(np.uint32)[inf_d[:, None] & np.isnan(want)] = 0xFFC00000
     want = np.asarray(want, np.float32).reshape(-1, DIM)
     assert f32.dtype == np.float32 and f32.shape == (x.shape[0], DIM)
     np.testing.assert_array_equal(f32.view(np.uint32), want.view(np.uint32))
@@ -185,6 +219,29 @@ def test_decode_matches_gguf_py(name: str, storage: str, path: str) -> None:
     u = want.view(np.uint32).astype(np.uint64)
     rne = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
     np.testing.assert_array_equal(bf.view(np.uint16), rne)
+
+
+@pytest.mark.parametrize("storage", ["q8_0", "q4_0"])
+def test_zero_quant_of_an_infinite_scale_decodes_to_x86s_nan(storage: str) -> None:
+    """inf * 0 is x86's default NaN 0xffc00000 on every CPU and path (Arm's own is
+    0x7fc00000), in the core and in the reference twin; inf * +-1 is +-inf."""
+    nb = 34 if storage == "q8_0" else 18
+    blocks = np.zeros((2, nb), np.uint8)
+    blocks[0, :2], blocks[1, :2] = [0x00, 0x7C], [0x00, 0xFC]  # d = +inf, -inf
+    if storage == "q8_0":
+        blocks[:, 3], blocks[:, 4] = 1, 0xFF  # quants 0, 1, -1, 0, ...
+        want = [0xFFC00000, 0x7F800000, 0xFF800000]
+    else:
+        blocks[:, 2] = 0x98  # element 0: nibble 8 (0); element 16: nibble 9 (+1)
+        want = [0xFFC00000, 0x7F800000]
+    for path in PATHS:
+        with formats.simd_path(path):
+            got = formats.dequantize_rows(blocks.reshape(1, -1), storage, 64).view(np.uint32).reshape(2, 32)
+        twin = ref.decode(blocks.reshape(1, -1), storage, 64).view(np.uint32).reshape(2, 32)
+        np.testing.assert_array_equal(got, twin)
+        first = [got[0, 0], got[0, 1], got[0, 2]] if storage == "q8_0" else [got[0, 0], got[0, 16]]
+        assert first == want, (path, [hex(v) for v in first])
+        assert got[1, 0] == 0xFFC00000
 
 
 def test_decode_into_out_and_flat_bytes() -> None:

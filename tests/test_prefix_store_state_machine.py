@@ -45,8 +45,8 @@ SEQ = hs.integers(0, 5)
 def outcome(fn, *args):
     try:
         return ("ok", fn(*args))
-    except Exception as exc:  # noqa: BLE001 - the type is what is compared
-        return ("raise", type(exc))
+    except Exception as exc:  # noqa: BLE001 - the type and the message are what is compared
+        return ("raise", (type(exc), str(exc)))
 
 
 class Pair:
@@ -123,7 +123,11 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         kinds = {o[0] for o in outs}
         assert len(kinds) == 1, [(p.name, o) for p, o in zip(self.pairs, outs)]
         if outs[0][0] == "raise":
-            assert len({o[1] for o in outs}) == 1, [(p.name, o) for p, o in zip(self.pairs, outs)]
+            # The same exception type everywhere, and the same message from the core and the
+            # reference of each row mode (each spells its messages out on its own).
+            assert len({o[1][0] for o in outs}) == 1, [(p.name, o) for p, o in zip(self.pairs, outs)]
+            assert outs[0][1] == outs[1][1] and outs[2][1] == outs[3][1], [(p.name, o) for p, o in zip(self.pairs, outs)]
+            event("rejected: " + outs[0][1][0].__name__)
         return outs
 
     def feed(self, seq: int, lo: int, hi: int) -> None:
@@ -267,7 +271,7 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         if other:
             rows = rows * np.float32(0.5)
             outs = [outcome(p.store.publish_rows, keys, lo, hi, rows) for p in self.pairs[:2]]
-            assert outs[0][0] == outs[1][0] and (outs[0][0] == "ok" or outs[0][1] is outs[1][1]), outs
+            assert outs[0][0] == outs[1][0] and (outs[0][0] == "ok" or outs[0][1] == outs[1][1]), outs
             if outs[0][0] == "ok":  # nothing was held: undo, so that the keys keep their true rows
                 for p in self.pairs[:2]:
                     p.store.evict(keys)
@@ -303,7 +307,8 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         if outs[0][0] == "ok":
             slots = outs[2][1]
             assert np.array_equal(slots, outs[3][1])
-            blk = prefix_block_format.unpack(self.cfg, self.bt, bytes(blob))
+            blk = prefix_block_format.unpack(bytes(blob), prefix_block_format.fingerprint(self.cfg), self.bt,
+                                             self.cfg.w_keep)
             self.table[slots] = np.frombuffer(blk.rows, np.uint8).reshape(-1, self.cfg.row_bytes)
 
     # -- invariants -----------------------------------------------------

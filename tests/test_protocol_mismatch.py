@@ -104,3 +104,49 @@ def test_positions_error_names_the_likely_cause(make_stager):
         st.process(0, np.arange(8, 10), feature_rows(range(8, 10), D))
     with pytest.raises(ValueError, match=r"got 13 \(rows 11..12 were never processed"):
         st.process(0, np.arange(13, 14), feature_rows(range(13, 14), D))
+
+
+def lagging_setup(st):
+    """Rows 0..108 all in the drafter's cache: the sequence's buffered end is 109."""
+    st.process(0, np.arange(109), feature_rows(range(109), D))
+    assert st.draft(0, 109).skip is None
+    st.commit(0)
+
+
+def test_a_lagging_n_past_is_out_of_protocol_too(make_stager, caplog):
+    """draft(50) with rows up to 108 buffered was a silent no_context skip: it is
+    a mismatch like any other (strict raises, otherwise one warning)."""
+    strict = make_stager(feature_dim=D, block_size=B, window=200, strict=True)
+    lagging_setup(strict)
+    before = (strict.state(0), strict.stats(0))
+    with pytest.raises(StateError, match=r"draft\(n_past=50\) does not match the buffered rows \(newest 108\): "
+                                         r"rows 50..108 are still buffered"):
+        strict.draft(0, 50)
+    with pytest.raises(StateError, match="sequence 0"):
+        strict.draft_many([0], [50])
+    assert (strict.state(0), strict.stats(0)) == before
+    lax = make_stager(feature_dim=D, block_size=B, window=200)
+    lagging_setup(lax)
+    with caplog.at_level(logging.WARNING, logger="dspark_core"):
+        assert lax.draft(0, 50).skip == "no_context"
+        assert lax.draft(0, 60).skip == "no_context"
+    (rec,) = [r for r in caplog.records if r.name == "dspark_core"]
+    assert rec.getMessage().startswith(
+        "sequence 0: draft(n_past=50) skipped (no_context): the newest buffered row is 108; rows 50..108 are still"
+    )
+
+
+def test_legitimate_skips_stay_legitimate_under_strict(make_stager, caplog):
+    st = make_stager(feature_dim=D, block_size=B, window=200, strict=True, max_seqs=2, max_failures=1)
+    with caplog.at_level(logging.WARNING, logger="dspark_core"):
+        assert st.draft(0, 7).skip == "empty"  # nothing processed: any n_past
+        lagging_setup(st)
+        assert st.draft(0, 109).skip == "no_context"  # at the end, nothing new
+        st.rollback(0, 100)  # into the drafter's cache
+        assert st.draft(0, 100).skip == "no_context"  # exactly the rolled-back n_past
+        st.process(0, [100], feature_rows([100], D))
+        assert st.draft(0, 101).skip is None
+        st.fail(0)  # max_failures=1: disabled
+        assert st.draft(0, 5).skip == "disabled"  # its server may stop feeding it rows
+    assert mismatch_records(caplog) == []
+    assert not [r for r in caplog.records if "draft(n_past" in r.getMessage()]

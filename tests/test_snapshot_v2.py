@@ -21,6 +21,7 @@ from hypothesis import strategies as hs
 
 from dspark_core import Stager, StagerConfig
 from dspark_core._ext import _stager
+from dspark_core import kernels
 from dspark_core import snapshot_format as sf
 from dspark_core.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
 from dspark_core.reference import ReferenceStager
@@ -50,13 +51,11 @@ def activations(n: int, dim: int, seed: int, first: int = 1) -> np.ndarray:
     return x
 
 
-@pytest.fixture(params=_stager.crc32c_paths())
+@pytest.fixture(params=kernels.supported("crc32c"))
 def crc_path(request):
     """Run on each CRC-32C kernel this CPU has (the process-wide switch is restored after)."""
-    before = _stager.crc32c_path()
-    _stager.set_crc32c_path(request.param)
-    yield request.param
-    _stager.set_crc32c_path(before)
+    with kernels.use("crc32c", request.param):
+        yield request.param
 
 
 # -- CRC-32C -----------------------------------------------------------------
@@ -73,25 +72,22 @@ def test_crc32c_check_values(crc_path):
 
 
 def test_crc32c_paths_cover_this_cpu():
-    assert "portable" in _stager.crc32c_paths()
-    with pytest.raises(ValueError, match="unknown CRC-32C path"):
-        _stager.set_crc32c_path("pclmul")
+    assert kernels.supported("crc32c")[0] == "portable"
+    assert kernels.active("crc32c") in kernels.supported("crc32c")
+    with pytest.raises(ValueError, match="unknown crc32c path 'pclmul'"):
+        kernels.set_path("crc32c", "pclmul")
 
 
 @settings(max_examples=40)
-@given(data=hs.binary(min_size=0, max_size=3000), cut=hs.integers(0, 3000), path=hs.sampled_from(_stager.crc32c_paths()))
+@given(data=hs.binary(min_size=0, max_size=3000), cut=hs.integers(0, 3000), path=hs.sampled_from(kernels.supported("crc32c")))
 def test_crc32c_random_buffers_match_the_definition(data, cut, path):
-    before = _stager.crc32c_path()
-    _stager.set_crc32c_path(path)
-    try:
+    with kernels.use("crc32c", path):
         want = crc32c_bitwise(data)
         assert _stager.crc32c(data) == want
         assert sf.crc32c(data) == want
         k = min(cut, len(data))
         assert _stager.crc32c(data[k:], _stager.crc32c(data[:k])) == want
         assert sf.crc32c(data[k:], sf.crc32c(data[:k])) == want
-    finally:
-        _stager.set_crc32c_path(before)
 
 
 @pytest.mark.parametrize("n", [24575, 24577, 73731])
@@ -490,14 +486,25 @@ def test_docs_size_table_follows_the_formula():
     assert seen == 20
 
 
-@pytest.mark.parametrize("env, want", [({"DSPARK_CRC32C": "portable"}, "portable"),
-                                       ({"DSPARK_SIMD": "scalar"}, "portable")])
-def test_environment_picks_the_portable_kernel(env, want):
+@pytest.mark.parametrize("env, want, warning", [
+    ({"DSPARK_SIMD": "portable"}, "portable", None),
+    ({"DSPARK_SIMD": "scalar"}, "portable", None),
+    # The old variable still works, with a FutureWarning naming its replacement.
+    ({"DSPARK_CRC32C": "portable"}, "portable", "FutureWarning: DSPARK_CRC32C is deprecated"),
+    # DSPARK_SIMD wins over it.
+    ({"DSPARK_CRC32C": "portable", "DSPARK_SIMD": kernels.best("crc32c")}, kernels.best("crc32c"), "FutureWarning"),
+])
+def test_environment_picks_the_crc32c_kernel(env, want, warning):
     import os
     import subprocess
     import sys
 
-    code = "from dspark_core._ext import _stager as s; print(s.crc32c_path(), hex(s.crc32c(b'123456789')))"
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
-                         check=True).stdout.split()
-    assert out == [want, "0xe3069283"]
+    code = ("from dspark_core import kernels; from dspark_core._ext import _stager as s; "
+            "print(kernels.active('crc32c'), hex(s.crc32c(b'123456789')))")
+    base = {k: v for k, v in os.environ.items() if k not in ("DSPARK_SIMD", "DSPARK_CRC32C")}
+    r = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True, check=True)
+    assert r.stdout.split() == [want, "0xe3069283"]
+    if warning is None:
+        assert "Warning" not in r.stderr, r.stderr
+    else:
+        assert warning in r.stderr, r.stderr

@@ -362,3 +362,41 @@ def test_every_array_layout_stages_the_same_rows(make_stager, variant):
     plan = st.draft(0, 6)
     np.testing.assert_array_equal(plan.rows, rows)
     assert plan.rows.dtype == np.float32 and plan.rows.dtype.isnative
+
+
+def test_the_cores_limits_reach_python_at_their_boundary():
+    """Python reads its limits from the core and leaves the checks to it: the boundary is
+    exact (a stale copy of a limit on either side breaks one of the two sides)."""
+    from dspark_core import Stager, core_tables
+
+    assert StagerConfig(32, 4, 20, max_seqs=core_tables.MAX_SEQS_LIMIT).max_seqs == core_tables.MAX_SEQS_LIMIT
+    with pytest.raises(ConfigError, match=rf"max_seqs \({core_tables.MAX_SEQS_LIMIT + 1}\) exceeds the limit"):
+        StagerConfig(32, 4, 20, max_seqs=core_tables.MAX_SEQS_LIMIT + 1)
+    assert StagerConfig(32, 4, core_tables.MAX_WINDOW).window == core_tables.MAX_WINDOW
+    with pytest.raises(ConfigError, match=r"must be <= 2\*\*30"):
+        StagerConfig(32, 4, core_tables.MAX_WINDOW + 1)
+    # A tampered config (a pickle bypasses __post_init__) meets the same check in the core.
+    cfg = StagerConfig(32, 4, 20)
+    object.__setattr__(cfg, "max_seqs", 200_000)
+    with pytest.raises(ConfigError, match=rf"max_seqs \(200000\) exceeds the limit {core_tables.MAX_SEQS_LIMIT}"):
+        Stager(cfg)
+    object.__setattr__(cfg, "max_seqs", 2**70)  # beyond int64: clamped, still refused
+    with pytest.raises(ConfigError, match="exceeds the limit"):
+        Stager(cfg)
+
+
+def test_a_conversion_error_comes_after_the_sequence_checks(make_stager):
+    """docs/design.md 2.1: an unknown sequence, then its round state, then the arguments
+    (their kind first): the binding's own conversions respect that order."""
+    st = make_stager(feature_dim=D, block_size=B, window=W, max_seqs=2)
+    for call in (lambda: st.accept(5, 1.5), lambda: st.draft(5, "x"), lambda: st.process(5, [0.5], None),
+                 lambda: st.draft_many([0, 5], [1]), lambda: st.fail(5, 3), lambda: st.restore(5, 12345),
+                 lambda: st.check_process(5, [0.5])):
+        with pytest.raises(ValueError, match="unknown sequence 5"):
+            call()
+    with pytest.raises(StateError, match="no open round"):
+        st.fail(0, 3)
+    with pytest.raises(ValueError, match=r"stage must be one of \('decode', 'crop'\), got 3"):
+        st.process(0, [0], feature_rows([0], D))
+        st.draft(0, 1)
+        st.fail(0, 3)

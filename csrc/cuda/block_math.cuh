@@ -206,16 +206,22 @@ DSPARK_HD std::uint32_t limit_bits(int st) {
     return st == S_F16 ? 0x477ff000u : st == S_BF16 ? 0x7f7f8000u : st == S_Q8_0 ? 0x4afdf020u
                                                                 : st == S_Q4_0 ? 0x48fff000u : 0x7f800000u;
 }
-// !(|v| < limit): NaN, +-Inf, or a finite value whose encoding overflows.
-DSPARK_HD bool unencodable(float v, int st) { return !(abs_f(v) < u2f(limit_bits(st))); }
+// The kernels take the limit as bits: the storage's own, or a tighter one
+// when the rows are staged in a narrower type (dspark::encode_bounds(st,
+// staged).limit: f32 rows staged as f16 must stay below 65520). Either way
+// the clamp bound is the float just below it, as encode_bounds' clamp_to.
+//
+// !(|v| < limit): NaN, +-Inf, or a finite value whose encoding (or staging)
+// overflows.
+DSPARK_HD bool beyond(float v, std::uint32_t limit) { return !(abs_f(v) < u2f(limit)); }
 
 // NF_ZERO: unencodable -> 0. NF_CLAMP: NaN -> 0, clamp to the largest
 // encodable magnitude. NF_CLAMP_F16: the same, bounded by +-65504 too.
 // NF_ERROR: unchanged (the caller records the first unencodable index).
-DSPARK_HD float apply_policy(float v, int policy, int st) {
-    if (policy == NF_ZERO) return unencodable(v, st) ? 0.0f : v;
+DSPARK_HD float apply_policy(float v, int policy, std::uint32_t limit) {
+    if (policy == NF_ZERO) return beyond(v, limit) ? 0.0f : v;
     if (policy == NF_CLAMP || policy == NF_CLAMP_F16) {
-        float hi = u2f(limit_bits(st) - 1u);
+        float hi = u2f(limit - 1u);
         if (policy == NF_CLAMP_F16 && hi > 65504.0f) hi = 65504.0f;
         if (v != v) v = 0.0f;
         v = v < -hi ? -hi : v;

@@ -51,13 +51,17 @@ std::string cuda_device_name(int dev);
 // launch for the whole run, enqueued on `stream` on the device that owns
 // `src` (which must also own `dst`).
 //
-// Policies as encode_rows(). Under NonFinite::Error with report_nonfinite,
-// the flat index of the first non-finite input (or -1) is copied back, which
-// synchronizes `stream`; with report_nonfinite false (or another policy)
-// nothing is copied back, the call returns -1 at once and the conversion is
-// asynchronous with respect to the host.
+// Policies as encode_rows() with bounds encode_bounds(out, staged): rows
+// that will be staged as a narrower type (`staged`, e.g. f32 storage staged
+// as f16) are held to that type's limit too, exactly as a Stager's process()
+// holds them. Under NonFinite::Error with report_nonfinite, the flat index of
+// the first input that cannot be staged (non-finite, or |x| >= the limit; or
+// -1) is copied back, which synchronizes `stream`; with report_nonfinite
+// false (or another policy) nothing is copied back, the call returns -1 at
+// once and the conversion is asynchronous with respect to the host.
 std::int64_t encode_rows_cuda(const void* src, ElemType in, void* dst, Storage out, std::size_t n_rows,
-                              std::size_t dim, NonFinite policy, void* stream, bool report_nonfinite = true);
+                              std::size_t dim, NonFinite policy, void* stream, bool report_nonfinite = true,
+                              ElemType staged = ElemType::F32);
 
 // Decode n_rows rows stored as `in` (device) into `dst` (device, element type
 // `out`): exact to f32, then one RNE step to f16 / bf16; same format in and

@@ -10,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -233,8 +234,10 @@ std::string cuda_device_name(int dev) {
 }
 
 std::int64_t encode_rows_cuda(const void* src, ElemType in, void* dst, Storage out, std::size_t n_rows,
-                              std::size_t dim, NonFinite policy, void* stream, bool report_nonfinite) {
+                              std::size_t dim, NonFinite policy, void* stream, bool report_nonfinite,
+                              ElemType staged) {
     check_elem(in);
+    check_elem(staged);
     if (static_cast<unsigned>(policy) >= static_cast<unsigned>(NONFINITE_COUNT)) throw std::invalid_argument("dspark cuda: unknown non-finite policy code");
     (void)row_bytes(out, dim);  // validates the storage code and dim for q formats
     const std::size_t n = checked_elems(n_rows, dim);
@@ -253,13 +256,17 @@ std::int64_t encode_rows_cuda(const void* src, ElemType in, void* dst, Storage o
     std::optional<BadFlag> flag;
     if (want) flag.emplace(s);
     const int pol = static_cast<int>(policy);
+    // The limit as bits: the storage's own, or tighter for a narrower staged type.
+    const float limit_f = encode_bounds(out, staged).limit;
+    std::uint32_t limit = 0;
+    std::memcpy(&limit, &limit_f, sizeof limit);
     unsigned long long* bad = flag ? flag->get() : nullptr;
     const unsigned grid_e = grid_for((n + kChunk - 1) / kChunk, dev);  // a thread per 4 elements
     const unsigned grid_q = grid_for((n + kElemsPerLane - 1) / kElemsPerLane, dev);  // a lane per 4 elements
     switch (in) {
-        case ElemType::F32: launch_encode_in<E_F32>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
-        case ElemType::F16: launch_encode_in<E_F16>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
-        case ElemType::BF16: launch_encode_in<E_BF16>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s); break;
+        case ElemType::F32: launch_encode_in<E_F32>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s, limit); break;
+        case ElemType::F16: launch_encode_in<E_F16>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s, limit); break;
+        case ElemType::BF16: launch_encode_in<E_BF16>(static_cast<int>(out), src, dst, n, pol, bad, grid_e, grid_q, s, limit); break;
     }
     DSPARK_CK(cudaGetLastError(), std::string("launching the ") + storage_name(out) + " encode kernel");
     return flag ? flag->read() : -1;

@@ -147,10 +147,10 @@ __device__ __forceinline__ std::size_t grid_threads() { return static_cast<std::
 // memcpy: even a signalling NaN keeps its bits).
 template <int IN, int OUT>
 __device__ __forceinline__ void encode_elem(const void* __restrict__ src, void* __restrict__ dst, std::size_t i,
-                                            int policy, unsigned long long* __restrict__ bad) {
+                                            int policy, std::uint32_t limit, unsigned long long* __restrict__ bad) {
     float v = load_elem(src, IN, i);
     if (policy == NF_ERROR) {
-        if (bad != nullptr && unencodable(v, OUT)) atomicMin(bad, static_cast<unsigned long long>(i));
+        if (bad != nullptr && beyond(v, limit)) atomicMin(bad, static_cast<unsigned long long>(i));
         if (IN == OUT) {
             if (IN == E_F32)
                 static_cast<std::uint32_t*>(dst)[i] = static_cast<const std::uint32_t*>(src)[i];
@@ -159,14 +159,14 @@ __device__ __forceinline__ void encode_elem(const void* __restrict__ src, void* 
             return;
         }
     } else {
-        v = apply_policy(v, policy, OUT);
+        v = apply_policy(v, policy, limit);
     }
     store_elem(dst, OUT, i, v);
 }
 
 template <int IN, int OUT>
 __global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restrict__ src, void* __restrict__ dst,
-                                                           std::size_t n, int policy,
+                                                           std::size_t n, int policy, std::uint32_t limit,
                                                            unsigned long long* __restrict__ bad) {
     const std::size_t full = n / kChunk;  // whole chunks; the n % 4 tail goes element by element
     for (std::size_t c = global_thread(); c < full; c += grid_threads()) {
@@ -176,7 +176,7 @@ __global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restric
         if (policy == NF_ERROR) {
 #pragma unroll
             for (int k = 0; k < 4; ++k)
-                if (bad != nullptr && unencodable(v[k], OUT)) {  // the chunk's first; atomicMin keeps the run's
+                if (bad != nullptr && beyond(v[k], limit)) {  // the chunk's first; atomicMin keeps the run's
                     atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(k)));
                     break;
                 }
@@ -186,12 +186,12 @@ __global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restric
             }
         } else {
 #pragma unroll
-            for (int k = 0; k < 4; ++k) v[k] = apply_policy(v[k], policy, OUT);
+            for (int k = 0; k < 4; ++k) v[k] = apply_policy(v[k], policy, limit);
         }
         store4(dst, OUT, i, v);
     }
     const std::size_t t = global_thread();
-    if (t < n - full * kChunk) encode_elem<IN, OUT>(src, dst, full * kChunk + t, policy, bad);
+    if (t < n - full * kChunk) encode_elem<IN, OUT>(src, dst, full * kChunk + t, policy, limit, bad);
 }
 
 // Elements per lane in the quantizers: a lane owns 4 consecutive elements of
@@ -210,7 +210,7 @@ constexpr int kBlocksPerWarp = 32 / kLanesPerBlock;  // 4
 // full-mask shuffles are well defined; a block's NaN case is selected after.
 template <int IN, int Q>
 __global__ void __launch_bounds__(kThreads) k_quantize(const void* __restrict__ src, std::uint8_t* __restrict__ dst,
-                                                       std::size_t n_blocks, int policy,
+                                                       std::size_t n_blocks, int policy, std::uint32_t limit,
                                                        unsigned long long* __restrict__ bad) {
     const int lane = static_cast<int>(threadIdx.x & 31u);
     const int group = lane / kLanesPerBlock;  // which of the warp's 4 blocks
@@ -232,9 +232,9 @@ __global__ void __launch_bounds__(kThreads) k_quantize(const void* __restrict__ 
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
             if (policy == NF_ERROR) {
-                if (first_bad < 0 && unencodable(v[k], Q)) first_bad = k;
+                if (first_bad < 0 && beyond(v[k], limit)) first_bad = k;
             } else {
-                v[k] = apply_policy(v[k], policy, Q);
+                v[k] = apply_policy(v[k], policy, limit);
             }
             if (!has_nan && is_nan(v[k])) {
                 has_nan = true;
@@ -366,16 +366,21 @@ void launch(void (*kernel)(P...), unsigned grid, cudaStream_t stream, A... args)
 
 // Encode a run of n elements of type IN into storage `out` (a Storage code).
 // grid_e sizes the element kernels, grid_q the quantizers (8 lanes per block).
+// `limit` (bits; 0: the storage's own, limit_bits(out)) is what the policy
+// and the flag hold values to: encode_bounds(out, staged).limit, never above
+// the storage's own.
 template <int IN>
 void launch_encode_in(int out, const void* src, void* dst, std::size_t n, int policy, unsigned long long* bad,
-                      unsigned grid_e, unsigned grid_q, cudaStream_t s) {
+                      unsigned grid_e, unsigned grid_q, cudaStream_t s, std::uint32_t limit = 0) {
     auto* d8 = static_cast<std::uint8_t*>(dst);
+    const std::uint32_t own = limit_bits(out);
+    const std::uint32_t lim = limit != 0 && limit < own ? limit : own;  // positive floats order as their bits
     switch (out) {
-        case S_F32: launch(k_encode_float<IN, E_F32>, grid_e, s, src, dst, n, policy, bad); break;
-        case S_F16: launch(k_encode_float<IN, E_F16>, grid_e, s, src, dst, n, policy, bad); break;
-        case S_BF16: launch(k_encode_float<IN, E_BF16>, grid_e, s, src, dst, n, policy, bad); break;
-        case S_Q8_0: launch(k_quantize<IN, S_Q8_0>, grid_q, s, src, d8, n / QK, policy, bad); break;
-        case S_Q4_0: launch(k_quantize<IN, S_Q4_0>, grid_q, s, src, d8, n / QK, policy, bad); break;
+        case S_F32: launch(k_encode_float<IN, E_F32>, grid_e, s, src, dst, n, policy, lim, bad); break;
+        case S_F16: launch(k_encode_float<IN, E_F16>, grid_e, s, src, dst, n, policy, lim, bad); break;
+        case S_BF16: launch(k_encode_float<IN, E_BF16>, grid_e, s, src, dst, n, policy, lim, bad); break;
+        case S_Q8_0: launch(k_quantize<IN, S_Q8_0>, grid_q, s, src, d8, n / QK, policy, lim, bad); break;
+        case S_Q4_0: launch(k_quantize<IN, S_Q4_0>, grid_q, s, src, d8, n / QK, policy, lim, bad); break;
         default: break;
     }
 }

@@ -30,9 +30,9 @@ using dspark_fuzz::Reader;
 namespace {
 
 std::vector<SimdPath> paths() {
-    std::vector<SimdPath> v{SimdPath::Scalar};
-    if (simd_supported(SimdPath::Avx2)) v.push_back(SimdPath::Avx2);
-    if (simd_supported(SimdPath::Avx512)) v.push_back(SimdPath::Avx512);
+    std::vector<SimdPath> v;
+    for (int p = 0; p < kernel_path_count(KernelFamily::RowFormat); ++p)
+        if (simd_supported(static_cast<SimdPath>(p))) v.push_back(static_cast<SimdPath>(p));
     return v;
 }
 

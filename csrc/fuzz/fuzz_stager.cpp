@@ -10,7 +10,20 @@
 //  * a broken invariant: positions contiguous, drafter positions inside
 //    [0, W), the block fits, the buffer bound (peak rows), no round open after
 //    commit / fail, and staged rows equal to the rows the caller gave (a
-//    shadow copy of every sequence's rows is kept here).
+//    shadow copy of every sequence's rows is kept here);
+//  * external-row mode disagreeing with held mode: every call also runs on an
+//    external-row Stager of the same configuration, whose rows live in a
+//    mirror table here, written at the slots process / restore return and
+//    moved by the moves fork / shift return, as an owner does. Both must give
+//    the same outcome, plans, slot runs, moves and states, and after every
+//    call the mirror's rows at the live slots must be the held Stager's rows.
+//    (The owner checks rows before process, as docs/external_rows.md says:
+//    rows the held Stager rejected are never offered to the external one.)
+//  * threads (configurations with b3 >= 128 and two or more sequences): the
+//    single-sequence calls made are replayed on a fresh Stager from two
+//    threads, sequences split between them, and serially on another; every
+//    call's outcome (plan, rows, moves, snapshot bytes) and every sequence's
+//    final snapshot must be the serial replay's.
 //
 // Build: cmake -DDSPARK_FUZZ=ON with clang (csrc/fuzz/CMakeLists.txt).
 // Run:   ./fuzz_stager -max_total_time=60 CORPUS_DIR
@@ -20,10 +33,12 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <functional>
 #include <map>
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "dspark/errors.hpp"
@@ -56,16 +71,138 @@ bool same_stats(const SeqStats& a, const SeqStats& b) {
            a.rows == b.rows && a.peak_rows == b.peak_rows;
 }
 
+// How a call ended: 0 returned, 1 std::invalid_argument (incl. ConfigError,
+// TypeError), 2 StateError.
+enum Outcome : int { OK = 0, INVALID = 1, STATE = 2 };
+
+template <class Fn>
+int outcome_of(Fn&& fn) {
+    try {
+        fn();
+    } catch (const StateError&) {
+        return STATE;
+    } catch (const std::invalid_argument&) {
+        return INVALID;
+    }
+    return OK;
+}
+
+StagerOptions external_of(StagerOptions o) {
+    o.rows = RowMode::External;
+    return o;
+}
+
+bool same_plan(const RoundPlan& a, const RoundPlan& b) {
+    return a.seq == b.seq && a.skip == b.skip && a.rebase == b.rebase && a.clear_cache == b.clear_cache &&
+           a.start == b.start && a.pos_base == b.pos_base && a.first_row == b.first_row && a.n_rows == b.n_rows &&
+           a.crop_from == b.crop_from && a.slot_runs[0].first == b.slot_runs[0].first &&
+           a.slot_runs[0].count == b.slot_runs[0].count && a.slot_runs[1].first == b.slot_runs[1].first &&
+           a.slot_runs[1].count == b.slot_runs[1].count;
+}
+
+bool same_moves(const std::vector<SlotMove>& a, const std::vector<SlotMove>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i)
+        if (a[i].src != b[i].src || a[i].dst != b[i].dst || a[i].count != b[i].count) return false;
+    return true;
+}
+
+// One single-sequence call, replayable on any Stager of the configuration:
+// returns its outcome and what it returned, as bytes (for the thread replay).
+struct Replay {
+    std::int64_t seq;
+    std::function<std::string(Stager&)> run;
+};
+
+template <class T>
+void put_pod(std::string& out, const T& v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
 struct Harness {
     StagerOptions o;
     Stager st;
+    // External-row twin and its owner's table (max_seqs * ring_rows rows).
+    Stager ext;
+    std::size_t rb;
+    std::vector<std::uint8_t> table;
     std::vector<Shadow> shadow;
     std::vector<std::vector<std::uint8_t>> snaps;
     std::int64_t bound;
+    int last = OK;  // the held call's outcome in attempt()
+    std::vector<Replay> replays;  // single-sequence calls made on st, in order (threads mode)
+    bool record_replays = false;
 
     explicit Harness(const StagerOptions& opt)
-        : o(opt), st(opt), shadow(static_cast<std::size_t>(opt.max_seqs)),
-          bound(opt.window + TRIM_CHUNK + opt.block_size + 1) {}
+        : o(opt), st(opt), ext(external_of(opt)), rb(st.row_bytes()),
+          table(static_cast<std::size_t>(opt.max_seqs * ext.ring_rows()) * rb, 0xa5),
+          shadow(static_cast<std::size_t>(opt.max_seqs)), bound(opt.window + TRIM_CHUNK + opt.block_size + 1) {}
+
+    std::uint8_t* slot_row(std::int64_t slot) {
+        FUZZ_CHECK(slot >= 0 && static_cast<std::size_t>(slot + 1) * rb <= table.size());
+        return table.data() + static_cast<std::size_t>(slot) * rb;
+    }
+    // The owner writes rows [i] to slots[i] (-1: not stored).
+    void write_rows(const std::int64_t* slots, std::size_t n, const std::uint8_t* enc) {
+        for (std::size_t i = 0; i < n; ++i)
+            if (slots[i] >= 0) std::memcpy(slot_row(slots[i]), enc + i * rb, rb);
+    }
+    // The owner copies rows in order along the runs.
+    void write_runs(const SlotRun runs[2], const std::uint8_t* rows) {
+        for (int k = 0; k < 2; ++k)
+            for (std::int64_t i = 0; i < runs[k].count; ++i, rows += rb) std::memcpy(slot_row(runs[k].first + i), rows, rb);
+    }
+    void apply(const std::vector<SlotMove>& moves) {
+        for (const SlotMove& m : moves) {
+            FUZZ_CHECK(m.count > 0 && (m.src + m.count <= m.dst || m.dst + m.count <= m.src));  // never overlapping
+            slot_row(m.src + m.count - 1), slot_row(m.dst + m.count - 1);  // inside the table
+            std::memcpy(slot_row(m.dst), slot_row(m.src), static_cast<std::size_t>(m.count) * rb);
+        }
+    }
+    // The external plan's rows, read from the table, are the held plan's rows.
+    void check_plan_rows(const RoundPlan& xp, const std::uint8_t* rows) {
+        std::size_t at = 0;
+        for (const SlotRun& run : xp.slot_runs)
+            for (std::int64_t i = 0; i < run.count; ++i, ++at)
+                FUZZ_CHECK(std::memcmp(slot_row(run.first + i), rows + at * rb, rb) == 0);
+        FUZZ_CHECK(static_cast<std::int64_t>(at) == xp.n_rows);
+    }
+    // After every call: the same state in both modes, and the table holds the
+    // held Stager's live rows at the live slots.
+    void check_mirror() {
+        for (std::int64_t s = 0; s < o.max_seqs; ++s) {
+            const SeqState h = st.state(s), x = ext.state(s);
+            FUZZ_CHECK(same_state(h, x));
+            FUZZ_CHECK(same_stats(st.stats(s), ext.stats(s)));
+            SlotRun hl[2], xl[2];
+            st.live_slots(s, hl);
+            ext.live_slots(s, xl);
+            for (int k = 0; k < 2; ++k) FUZZ_CHECK(hl[k].first == xl[k].first && hl[k].count == xl[k].count);
+            if (h.open_round || !h.started) continue;
+            const auto snap = st.snapshot(s);  // rows [horizon, end) after the 96-byte header
+            FUZZ_CHECK(snap.size() == 96 + static_cast<std::size_t>(h.end - h.horizon) * rb);
+            std::size_t at = 96;
+            for (int k = 0; k < 2; ++k)
+                for (std::int64_t i = 0; i < xl[k].count; ++i, at += rb)
+                    FUZZ_CHECK(std::memcmp(slot_row(xl[k].first + i), snap.data() + at, rb) == 0);
+            FUZZ_CHECK(at == snap.size());
+        }
+    }
+    // Run a call on the external twin: the same outcome as the held one.
+    template <class Fn>
+    bool ext_attempt(Fn&& fn) {
+        const int x = outcome_of(fn);
+        if (x != last) std::fprintf(stderr, "held outcome %d, external outcome %d\n", last, x);
+        FUZZ_CHECK(x == last);
+        return x == OK;
+    }
+    // Whether a rejection of this sequence's call comes before its rows are
+    // looked at (an unknown sequence, an open round): the external twin must
+    // reject it too, although the owner would also have offered it the rows.
+    bool rejected_before_rows(std::int64_t seq) const { return !valid(seq) || st.state(seq).open_round; }
+    void log_replay(std::int64_t seq, std::function<std::string(Stager&)> fn) {
+        if (record_replays && valid(seq)) replays.push_back({seq, std::move(fn)});
+    }
 
     std::int64_t seq_of(std::uint8_t b) const {
         const int v = b % 16;
@@ -136,16 +273,11 @@ struct Harness {
         std::vector<SeqState> sb;
         std::vector<SeqStats> tb;
         for (std::int64_t s = 0; s < o.max_seqs; ++s) sb.push_back(st.state(s)), tb.push_back(st.stats(s));
-        try {
-            fn();
-        } catch (const StateError&) {
-            goto rejected;
-        } catch (const std::invalid_argument&) {  // incl. ConfigError, TypeError
-            goto rejected;
+        last = outcome_of(fn);
+        if (last == OK) {
+            check_all();
+            return true;
         }
-        check_all();
-        return true;
-    rejected:
         for (std::int64_t s = 0; s < o.max_seqs; ++s) {
             FUZZ_CHECK(same_state(st.state(s), sb[static_cast<std::size_t>(s)]));
             FUZZ_CHECK(same_stats(st.stats(s), tb[static_cast<std::size_t>(s)]));
@@ -225,8 +357,29 @@ struct Harness {
         // What the stager should store (same conversion, same policy).
         std::vector<std::uint8_t> enc(n * st.row_bytes());
         if (n) encode_rows(in.data(), t, enc.data(), o.storage, n, D, o.nonfinite, encode_bounds(o.storage, o.stage));
-        if (attempt([&] { st.process(seq, pos.data(), n, in.data(), t); }))
-            record(seq, pos, enc.data());
+        const bool ok = attempt([&] { st.process(seq, pos.data(), n, in.data(), t); });
+        if (ok) record(seq, pos, enc.data());
+        process_external(seq, pos, enc, ok);
+        log_replay(seq, [seq, pos, in, t](Stager& x) {
+            return std::to_string(outcome_of([&] { x.process(seq, pos.data(), pos.size(), in.data(), t); }));
+        });
+    }
+
+    // The owner's side of an accepted process: the same positions on the
+    // external twin, the encoded rows written at the slots it returns. Rows
+    // the held Stager rejected are never offered (the owner checks first),
+    // unless the call is rejected before rows are looked at.
+    void process_external(std::int64_t seq, const std::vector<std::int64_t>& pos, const std::vector<std::uint8_t>& enc,
+                          bool held_ok) {
+        if (!held_ok && !rejected_before_rows(seq)) return;
+        std::vector<std::int64_t> slots(pos.size(), -2);
+        if (ext_attempt([&] { ext.process_external(seq, pos.data(), pos.size(), slots.data()); })) {
+            for (std::size_t i = 0; i < slots.size(); ++i) {
+                FUZZ_CHECK(slots[i] == -1 || (slots[i] >= seq * ext.ring_rows() && slots[i] < (seq + 1) * ext.ring_rows()));
+                FUZZ_CHECK(i == 0 || slots[i - 1] == -1 || slots[i] != slots[i - 1]);
+            }
+            write_rows(slots.data(), slots.size(), enc.data());
+        }
     }
 
     void op_process_encoded(Reader& r, std::int64_t seq) {
@@ -245,8 +398,12 @@ struct Harness {
         std::size_t nbytes = enc.size();
         if (dmode % 8 == 5) nbytes = nbytes ? nbytes - 1 : 1;  // a wrong length
         if (nbytes > enc.size()) enc.resize(nbytes);
-        if (attempt([&] { st.process_encoded(seq, pos.data(), n, enc.data(), nbytes); }))
-            record(seq, pos, enc.data());
+        const bool ok = attempt([&] { st.process_encoded(seq, pos.data(), n, enc.data(), nbytes); });
+        if (ok) record(seq, pos, enc.data());
+        process_external(seq, pos, enc, ok);
+        log_replay(seq, [seq, pos, enc, nbytes](Stager& x) {
+            return std::to_string(outcome_of([&] { x.process_encoded(seq, pos.data(), pos.size(), enc.data(), nbytes); }));
+        });
     }
 
     std::int64_t n_past_of(std::int64_t seq, std::uint8_t mode) {
@@ -264,14 +421,34 @@ struct Harness {
         }
     }
 
-    void op_draft(std::int64_t seq, std::int64_t n_past) {
+    // draft on both twins: the same plan, and the table's rows at its slots.
+    bool draft_both(std::int64_t seq, std::int64_t n_past, RoundPlan& p) {
         const SeqState before = valid(seq) ? st.state(seq) : SeqState{};
-        ByteVec out;
-        RoundPlan p;
-        if (attempt([&] { p = st.draft(seq, n_past, out); })) {
+        ByteVec out, xout;
+        RoundPlan xp;
+        const bool ok = attempt([&] { p = st.draft(seq, n_past, out); });
+        if (ok) {
             check_plan(p, out.data(), out.size(), before);
             FUZZ_CHECK(st.state(seq).open_round == (p.skip == Skip::None));
         }
+        if (ext_attempt([&] { xp = ext.draft(seq, n_past, xout); })) {
+            FUZZ_CHECK(same_plan(p, xp) && xout.empty());
+            check_plan_rows(xp, out.data());
+        }
+        log_replay(seq, [seq, n_past](Stager& x) {
+            ByteVec rows;
+            RoundPlan q;
+            std::string r = std::to_string(outcome_of([&] { q = x.draft(seq, n_past, rows); }));
+            put_pod(r, q.skip), put_pod(r, q.start), put_pod(r, q.pos_base), put_pod(r, q.first_row);
+            put_pod(r, q.n_rows), put_pod(r, q.rebase), put_pod(r, q.slot_runs);
+            return r.append(reinterpret_cast<const char*>(rows.data()), rows.size());
+        });
+        return ok;
+    }
+
+    void op_draft(std::int64_t seq, std::int64_t n_past) {
+        RoundPlan p;
+        draft_both(seq, n_past, p);
     }
 
     void op_draft_many(Reader& r) {
@@ -284,8 +461,8 @@ struct Harness {
             pasts.push_back(n_past_of(seqs.back(), mode));
             before.push_back(valid(seqs.back()) ? st.state(seqs.back()) : SeqState{});
         }
-        std::vector<RoundPlan> plans;
-        ByteVec out;
+        std::vector<RoundPlan> plans, xplans;
+        ByteVec out, xout;
         if (attempt([&] { st.draft_many(seqs.data(), pasts.data(), k, plans, out); })) {
             FUZZ_CHECK(plans.size() == k);
             std::size_t off = 0;
@@ -296,6 +473,15 @@ struct Harness {
                 off += nb;
             }
             FUZZ_CHECK(off == out.size());
+        }
+        if (ext_attempt([&] { ext.draft_many(seqs.data(), pasts.data(), k, xplans, xout); })) {
+            FUZZ_CHECK(xplans.size() == k && xout.empty());
+            std::size_t off = 0;
+            for (std::size_t i = 0; i < k; ++i) {
+                FUZZ_CHECK(same_plan(plans[i], xplans[i]));
+                check_plan_rows(xplans[i], out.data() + off);
+                off += static_cast<std::size_t>(plans[i].n_rows) * rb;
+            }
         }
     }
 
@@ -332,7 +518,8 @@ struct Harness {
         }
         std::vector<std::uint8_t> before;
         if (valid(seq) && !st.state(seq).open_round) before = st.snapshot(seq);
-        if (attempt([&] { st.restore(seq, data.data(), data.size()); })) {
+        const bool ok = attempt([&] { st.restore(seq, data.data(), data.size()); });
+        if (ok) {
             auto& m = shadow[static_cast<std::size_t>(seq)].rows;
             m.clear();
             const SeqState x = st.state(seq);
@@ -341,6 +528,47 @@ struct Harness {
         } else if (!before.empty()) {
             FUZZ_CHECK(st.snapshot(seq) == before);
         }
+        const bool header_patch = !(damage % 8 == 7 || snaps.empty()) && damage % 8 >= 4 && damage % 8 <= 6;
+        restore_external(seq, data, ok, header_patch);
+        log_replay(seq, [seq, data](Stager& x) {
+            std::string r = std::to_string(outcome_of([&] { x.restore(seq, data.data(), data.size()); }));
+            if (r == "0") {
+                const auto snap = x.snapshot(seq);
+                r.append(reinterpret_cast<const char*>(snap.data()), snap.size());
+            }
+            return r;
+        });
+    }
+
+    // The same bookkeeping as an external-row snapshot: the content flag set,
+    // the rows dropped, the checksums fixed.
+    static std::vector<std::uint8_t> as_external(std::vector<std::uint8_t> d) {
+        constexpr std::size_t HEADER = 96, CONTENT_FLAGS = 14;
+        if (d.size() < HEADER) return d;
+        d.resize(HEADER);
+        d[CONTENT_FLAGS] |= 1;
+        dspark_fuzz::fix_crc(d);
+        return d;
+    }
+
+    // The owner's restore: a snapshot the held Stager took restores into the
+    // external twin as bookkeeping, and its rows go to the slots returned. A
+    // rewritten header field must be rejected by both modes alike.
+    void restore_external(std::int64_t seq, const std::vector<std::uint8_t>& data, bool held_ok, bool must_agree) {
+        if (held_ok) {
+            // A version-1 blob has no v2 header to convert: take the held Stager's state now.
+            const bool v2 = data.size() >= 96 && data[4] == 2 && data[5] == 0;
+            const std::vector<std::uint8_t> src = v2 ? data : st.snapshot(seq);
+            const std::vector<std::uint8_t> x = as_external(src);
+            SlotRun runs[2];
+            if (ext_attempt([&] { ext.restore(seq, x.data(), x.size(), runs); })) {
+                FUZZ_CHECK(static_cast<std::size_t>(runs[0].count + runs[1].count) * rb + 96 == src.size());
+                write_runs(runs, src.data() + 96);
+            }
+        } else if (must_agree || rejected_before_rows(seq)) {
+            const std::vector<std::uint8_t> x = as_external(data);
+            ext_attempt([&] { ext.restore(seq, x.data(), x.size()); });
+        }
     }
 
     void op_round(Reader& r, std::int64_t seq) {
@@ -348,16 +576,14 @@ struct Harness {
         const std::int64_t B = o.block_size;
         for (int k = 0; k < 1 + rounds % 6; ++k) {
             const std::int64_t end = end_of(seq);
-            const SeqState before = valid(seq) ? st.state(seq) : SeqState{};
-            ByteVec out;
             RoundPlan p;
-            if (attempt([&] { p = st.draft(seq, end, out); })) {
-                check_plan(p, out.data(), out.size(), before);
+            if (draft_both(seq, end, p)) {
                 if (p.skip == Skip::None) {
                     if (close % 8 < 5 || k % 2) {
-                        attempt([&] { st.commit(seq); });
+                        twin(seq, [seq](Stager& x) { x.commit(seq); });
                     } else if (close % 8 < 7) {
-                        attempt([&] { st.fail(seq, static_cast<FailStage>(close % 8 - 5)); });
+                        const auto stage = static_cast<FailStage>(close % 8 - 5);
+                        twin(seq, [seq, stage](Stager& x) { x.fail(seq, stage); });
                     } else {
                         return;  // leave it open
                     }
@@ -365,50 +591,89 @@ struct Harness {
                 }
             }
             const std::size_t n = static_cast<std::size_t>(nv % 4 == 0 ? B + 1 : std::min<std::int64_t>(nv % 4, B + 1));
-            Reader none(nullptr, 0);
-            std::vector<float> x = make_rows(n, none);
-            std::vector<std::int64_t> pos(n);
-            for (std::size_t i = 0; i < n; ++i) pos[i] = end + static_cast<std::int64_t>(i);
-            std::vector<std::uint8_t> enc(n * st.row_bytes());
-            encode_rows(x.data(), ElemType::F32, enc.data(), o.storage, n, static_cast<std::size_t>(o.feature_dim),
-                        o.nonfinite);
-            if (attempt([&] { st.process(seq, pos.data(), n, x.data(), ElemType::F32); })) record(seq, pos, enc.data());
-            attempt([&] { st.accept(seq, (acc + 3 * k) % (B + 1)); });
+            process_rows(seq, n, 0);
+            const std::int64_t a = (acc + 3 * k) % (B + 1);
+            twin(seq, [seq, a](Stager& y) { y.accept(seq, a); });
         }
+    }
+
+    // Contiguous float rows at the sequence's end, on both twins (the rows of
+    // op_round and op_long_decode: ordinary activations from a seed).
+    bool process_rows(std::int64_t seq, std::size_t n, std::uint8_t seed) {
+        const std::int64_t end = end_of(seq);
+        const std::uint8_t bytes[3] = {0, seed, 0};  // fill, seed, no special value
+        Reader rr(bytes, sizeof bytes);
+        std::vector<float> x = make_rows(n, rr);
+        std::vector<std::int64_t> pos(n);
+        for (std::size_t i = 0; i < n; ++i) pos[i] = end + static_cast<std::int64_t>(i);
+        std::vector<std::uint8_t> enc(n * rb);
+        if (n) encode_rows(x.data(), ElemType::F32, enc.data(), o.storage, n, static_cast<std::size_t>(o.feature_dim),
+                           o.nonfinite, encode_bounds(o.storage, o.stage));
+        const bool ok = attempt([&] { st.process(seq, pos.data(), n, x.data(), ElemType::F32); });
+        if (ok) record(seq, pos, enc.data());
+        process_external(seq, pos, enc, ok);
+        log_replay(seq, [seq, pos, x](Stager& y) {
+            return std::to_string(outcome_of([&] { y.process(seq, pos.data(), pos.size(), x.data(), ElemType::F32); }));
+        });
+        return ok;
+    }
+
+    // Enough chunks of W / 2 rows to pass the whole ring once: rows stay live
+    // across the ring's end, so plans, live slots, forks and shifts see two runs.
+    void op_long_decode(std::int64_t seq, std::uint8_t b) {
+        const std::size_t chunk = static_cast<std::size_t>(std::max<std::int64_t>(1, o.window / 2));
+        const std::size_t chunks = static_cast<std::size_t>(ext.ring_rows()) / chunk + 1 + (b >> 2) % 4;
+        for (std::size_t k = 0; k < chunks; ++k)
+            if (!process_rows(seq, chunk, static_cast<std::uint8_t>(b + k))) return;
+    }
+
+    // A call with no result to compare but its outcome, on both twins (and
+    // logged for the thread replay when it concerns one sequence).
+    bool twin(std::int64_t seq, const std::function<void(Stager&)>& fn) {
+        const bool ok = attempt([&] { fn(st); });
+        ext_attempt([&] { fn(ext); });
+        log_replay(seq, [fn](Stager& x) { return std::to_string(outcome_of([&] { fn(x); })); });
+        return ok;
     }
 
     void step(Reader& r) {
         const std::uint8_t code = r.u8();
         const std::int64_t seq = seq_of(r.u8());
         switch (code % 16) {
-            case 0: attempt([&] { st.begin(seq); }); if (valid(seq) && !st.state(seq).open_round) shadow[seq].rows.clear(); break;
+            case 0: twin(seq, [seq](Stager& x) { x.begin(seq); }); if (valid(seq) && !st.state(seq).open_round) shadow[seq].rows.clear(); break;
             case 1: case 2: op_process(r, seq, r.u8() % 13); break;
             case 3: {
-                const std::uint8_t b = r.u8();  // a long prefill, past the window and a trim chunk
+                const std::uint8_t b = r.u8();
+                if (b % 4 == 3) {  // a long decode in chunks of W / 2 rows: the ring wraps (held rows stay live)
+                    op_long_decode(seq, b);
+                    break;
+                }
+                // a long prefill, past the window and a trim chunk
                 op_process(r, seq, static_cast<std::size_t>(o.window + (b % 2 ? TRIM_CHUNK : 1) + b % 64));
                 break;
             }
             case 4: op_process_encoded(r, seq); break;
             case 5: op_draft(seq, n_past_of(seq, r.u8())); break;
             case 6: op_draft_many(r); break;
-            case 7: attempt([&] { st.commit(seq); }); if (valid(seq)) FUZZ_CHECK(!st.state(seq).open_round); break;
+            case 7: twin(seq, [seq](Stager& x) { x.commit(seq); }); if (valid(seq)) FUZZ_CHECK(!st.state(seq).open_round); break;
             case 8: {
                 const std::uint8_t b = r.u8();
-                attempt([&] { st.fail(seq, static_cast<FailStage>(b % 4)); });
+                const auto stage = static_cast<FailStage>(b % 4);
+                twin(seq, [seq, stage](Stager& x) { x.fail(seq, stage); });
                 if (valid(seq) && b % 4 < 2) FUZZ_CHECK(!st.state(seq).open_round);
                 break;
             }
             case 9: {
                 const std::uint8_t b = r.u8();
                 const std::int64_t n = b == 255 ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(b % 12) - 1;
-                attempt([&] { st.accept(seq, n); });
+                twin(seq, [seq, n](Stager& x) { x.accept(seq, n); });
                 break;
             }
             case 10: {
                 const std::uint8_t b = r.u8();
                 const std::int64_t end = end_of(seq);
                 const std::int64_t np = b >= 250 ? (b == 250 ? -1 : b == 251 ? MAXP : 0) : std::max<std::int64_t>(0, end - (b % 42 - 2));
-                attempt([&] { st.rollback(seq, np); });
+                twin(seq, [seq, np](Stager& x) { x.rollback(seq, np); });
                 break;
             }
             case 11: {
@@ -418,7 +683,19 @@ struct Harness {
                 if (mode % 8 == 5) keep = -1;
                 if (mode % 8 == 6) discard = end - keep + 1;
                 if (mode % 8 == 7) discard = MAXP - 1, keep = MAXP - 1;
-                if (attempt([&] { st.shift(seq, keep, discard); }) && discard > 0) {
+                std::vector<SlotMove> hm, xm;
+                const bool ok = attempt([&] { hm = st.shift(seq, keep, discard); });
+                if (ext_attempt([&] { xm = ext.shift(seq, keep, discard); })) {
+                    FUZZ_CHECK(same_moves(hm, xm));
+                    apply(xm);
+                }
+                log_replay(seq, [seq, keep, discard](Stager& x) {
+                    std::vector<SlotMove> m;
+                    std::string out = std::to_string(outcome_of([&] { m = x.shift(seq, keep, discard); }));
+                    for (const SlotMove& v : m) put_pod(out, v);
+                    return out;
+                });
+                if (ok && discard > 0) {
                     // Mirror the shift in the shadow: drop [keep, keep + discard), move the rest down.
                     auto& m = shadow[static_cast<std::size_t>(seq)].rows;
                     std::map<std::int64_t, std::string> moved;
@@ -432,11 +709,17 @@ struct Harness {
             }
             case 12: {
                 const std::int64_t dst = seq_of(r.u8());
-                if (attempt([&] { st.fork(seq, dst); }) && valid(dst)) shadow[dst].rows = shadow[seq].rows;
+                std::vector<SlotMove> hm, xm;
+                if (attempt([&] { hm = st.fork(seq, dst); }) && valid(dst)) shadow[dst].rows = shadow[seq].rows;
+                if (ext_attempt([&] { xm = ext.fork(seq, dst); })) {
+                    FUZZ_CHECK(same_moves(hm, xm));
+                    apply(xm);
+                }
                 break;
             }
             case 13:
                 attempt([&] { snaps.push_back(st.snapshot(seq)); });
+                ext_attempt([&] { (void)ext.snapshot(seq); });
                 if (snaps.size() > 8) snaps.erase(snaps.begin());
                 break;
             case 14: op_restore(r, seq); break;
@@ -444,6 +727,37 @@ struct Harness {
         }
     }
 };
+
+// The recorded single-sequence calls, replayed serially on one Stager and
+// from two threads (sequences split by parity) on another: calls on different
+// sequences commute, so every call must end as in the serial replay and every
+// sequence's final state and snapshot bytes must be the serial ones. (A
+// missing lock, a shared buffer handed to two calls, a torn ring would show
+// as a different plan, rows or snapshot, or as a sanitizer report.)
+void thread_replay(const StagerOptions& o, const std::vector<Replay>& calls) {
+    Stager serial(o), threaded(o);
+    std::vector<std::string> want(calls.size()), got(calls.size());
+    for (std::size_t i = 0; i < calls.size(); ++i) want[i] = calls[i].run(serial);
+    auto worker = [&](std::int64_t parity) {
+        for (std::size_t i = 0; i < calls.size(); ++i)
+            if (calls[i].seq % 2 == parity) got[i] = calls[i].run(threaded);
+    };
+    std::thread even(worker, 0), odd(worker, 1);
+    even.join();
+    odd.join();
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+        if (got[i] != want[i])
+            std::fprintf(stderr, "call %zu (sequence %lld): threads gave outcome %c, the serial replay %c\n", i,
+                         static_cast<long long>(calls[i].seq), got[i].empty() ? '?' : got[i][0],
+                         want[i].empty() ? '?' : want[i][0]);
+        FUZZ_CHECK(got[i] == want[i]);
+    }
+    for (std::int64_t s = 0; s < o.max_seqs; ++s) {
+        FUZZ_CHECK(same_state(serial.state(s), threaded.state(s)));
+        FUZZ_CHECK(same_stats(serial.stats(s), threaded.stats(s)));
+        if (!serial.state(s).open_round) FUZZ_CHECK(serial.snapshot(s) == threaded.snapshot(s));
+    }
+}
 
 }  // namespace
 
@@ -471,8 +785,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         return 0;
     }
     Harness h(o);
+    h.record_replays = b3 >= 128 && o.max_seqs >= 2;
     int ops = 0;
-    while (r.more() && ops++ < 96) h.step(r);
+    while (r.more() && ops++ < 96) {
+        h.step(r);
+        h.check_mirror();
+    }
+    if (h.record_replays) thread_replay(o, h.replays);
     // Whatever happened, every sequence can still be snapshotted and restored.
     for (std::int64_t s = 0; s < o.max_seqs; ++s) {
         if (h.st.state(s).open_round) continue;
@@ -484,6 +803,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
             FUZZ_CHECK(!"a sequence's own snapshot does not restore");
         }
         h.check_seq(s);
+        // The owner's side: save the rows at the live slots, restore the
+        // bookkeeping, put the rows back where restore says.
+        SlotRun live[2], runs[2];
+        h.ext.live_slots(s, live);
+        std::vector<std::uint8_t> saved;
+        for (const SlotRun& run : live)
+            for (std::int64_t i = 0; i < run.count; ++i)
+                saved.insert(saved.end(), h.slot_row(run.first + i), h.slot_row(run.first + i) + h.rb);
+        const auto xsnap = h.ext.snapshot(s);
+        h.ext.restore(s, xsnap.data(), xsnap.size(), runs);
+        FUZZ_CHECK(static_cast<std::size_t>(runs[0].count + runs[1].count) * h.rb == saved.size());
+        h.write_runs(runs, saved.data());
     }
+    h.check_mirror();
     return 0;
 }

@@ -1,12 +1,15 @@
 // The C ABI (dspark/dspark.h) over the C++ Stager and row formats.
 //
 // Every entry point runs its body inside guarded(), which maps each C++
-// exception to a status code and the thread's last-error message: no
-// exception crosses the C boundary. Argument checks that the Python binding
-// makes before calling the core (null pointers, code ranges, byte counts,
-// max_seqs) are made here; every value check the core makes itself (sequence
-// ids, positions, protocol state, ...) is left to it, so both APIs reject the
-// same calls with the same messages. A rejected call changes nothing.
+// exception to its status code (the core's one table, DSPARK_ERROR_KINDS)
+// and the thread's last-error message: no exception crosses the C boundary.
+// This layer only converts: int32 codes to the core's enums (the core's
+// enum_from_code), NULL pointers and byte counts of C buffers. Every rule of
+// the contract (sequence ids, round state, values, strict mode, limits) is
+// the core's, so both APIs reject the same calls with the same messages, in
+// the same order (docs/design.md 2.1): a conversion that fails lets the
+// core's sequence checks speak first (converted()). A rejected call changes
+// nothing.
 #include "dspark/dspark.h"
 
 #include <algorithm>
@@ -19,60 +22,32 @@
 #include "dspark/errors.hpp"
 #include "dspark/row_format.hpp"
 #include "dspark/stager.hpp"
-#include "c_api_common.hpp"
 
 #ifndef DSPARK_VERSION_STRING
 #error "DSPARK_VERSION_STRING must be defined by the build (the project version)"
 #endif
 
+#include "c_api_common.hpp"
+
 namespace {
 
-using namespace dspark_c;  // guarded, require, last_error(), last_moves(), ... (c_api_common.hpp)
 using dspark::ElemType;
 using dspark::NonFinite;
 using dspark::Storage;
 
-// Python's MAX_SEQS_LIMIT (config.py): a sanity limit on sequence slots.
-constexpr std::int64_t MAX_SEQS_LIMIT = std::int64_t(1) << 16;
 // The size of the first version of dspark_config: every field of it is required.
 constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
 
-// The runs of this thread's last dspark_restore (dspark_last_restore_runs),
-// reset before the call runs. (The last error and last moves: c_api_common.hpp.)
-thread_local dspark::SlotRun last_restore_runs[2];
+using namespace dspark_c;  // the shared guard, conversions, handle and last moves (c_api_common.hpp)
 
-Storage storage_of(std::int32_t code, bool config) {
-    if (code < 0 || code >= dspark::STORAGE_COUNT) {
-        const std::string msg = "storage code " + std::to_string(code) +
-                                " is not supported; use DSPARK_STORAGE_F32/F16/BF16/Q8_0/Q4_0 (0..4)";
-        if (config) throw dspark::ConfigError(msg);
-        throw dspark::TypeError(msg);
-    }
-    return static_cast<Storage>(code);
-}
-
-ElemType elem_of(std::int32_t code, const char* what) {
-    if (code < DSPARK_DTYPE_F32 || code > DSPARK_DTYPE_BF16)
-        throw dspark::TypeError(std::string(what) + ": dtype code " + std::to_string(code) +
-                                " is not supported (expected DSPARK_DTYPE_F32, F16 or BF16)");
-    return static_cast<ElemType>(code);
-}
-
-NonFinite nonfinite_of(std::int32_t code, bool config) {
-    static_assert(DSPARK_NONFINITE_CLAMP + 1 == dspark::NONFINITE_COUNT, "the C codes follow dspark::NonFinite");
-    if (code < 0 || code >= dspark::NONFINITE_COUNT) {
-        const std::string msg = "nonfinite code " + std::to_string(code) +
-                                " is not supported; use DSPARK_NONFINITE_ERROR, ZERO, CLAMP_F16 or CLAMP (0..3)";
-        if (config) throw dspark::ConfigError(msg);
-        throw std::invalid_argument(msg);
-    }
-    return static_cast<NonFinite>(code);
-}
-
-void require_disjoint(const void* a, std::size_t na, const void* b, std::size_t nb) {
-    const auto pa = reinterpret_cast<std::uintptr_t>(a), pb = reinterpret_cast<std::uintptr_t>(b);
-    if (na && nb && pa < pb + nb && pb < pa + na)
-        throw std::invalid_argument("the output buffer overlaps the input buffer");
+// A getter: the handle, the output pointer, then *out = get(handle).
+template <class T, class Get>
+dspark_status get_into(const dspark_stager* st, T* out, Get&& get) {
+    return guarded([&] {
+        core_of(st);
+        require(out, "out");
+        *out = get(*st);
+    });
 }
 
 // The config as this library knows it: the caller's first struct_size
@@ -86,8 +61,8 @@ dspark_config read_config(const dspark_config* in) {
                                     std::to_string(CONFIG_V1_BYTES) + " (initialise it with dspark_config_init)");
     const auto* raw = reinterpret_cast<const unsigned char*>(in);
     for (std::size_t i = sizeof(dspark_config); i < size; ++i)
-        if (raw[i]) throw Unsupported("config sets fields this library version does not know (struct_size " +
-                                      std::to_string(size) + " > " + std::to_string(sizeof(dspark_config)) + ")");
+        if (raw[i]) throw dspark::Unsupported("config sets fields this library version does not know (struct_size " +
+                                              std::to_string(size) + " > " + std::to_string(sizeof(dspark_config)) + ")");
     dspark_config c;
     dspark_config_init(&c);
     std::memcpy(static_cast<void*>(&c), in, std::min<std::size_t>(size, sizeof c));
@@ -95,31 +70,32 @@ dspark_config read_config(const dspark_config* in) {
     return c;
 }
 
+// The core's options for a C config: the codes converted; every value is
+// checked by the Stager's constructor (check_options).
+dspark::StagerOptions options_of(const dspark_config& c) {
+    using dspark::ConfigError;
+    using dspark::enum_from_code;
+    dspark::StagerOptions o;
+    o.feature_dim = c.feature_dim;
+    o.block_size = c.block_size;
+    o.window = c.window;
+    o.max_seqs = c.max_seqs;
+    o.max_failures = c.max_failures;
+    o.storage = enum_from_code<ConfigError>("storage", c.storage, dspark::STORAGE_COUNT, dspark::storage_name);
+    o.nonfinite =
+        enum_from_code<ConfigError>("nonfinite", c.nonfinite, dspark::NONFINITE_COUNT, dspark::nonfinite_name);
+    o.stage = enum_from_code<ConfigError>("stage_dtype", c.stage_dtype, dspark::ELEM_TYPE_COUNT, dspark::elem_name);
+    o.rows = enum_from_code<ConfigError>("rows_mode", c.rows_mode, dspark::ROW_MODE_COUNT, dspark::row_mode_name);
+    static_assert(DSPARK_ROWS_EXTERNAL == static_cast<int>(dspark::RowMode::External), "the C codes follow RowMode");
+    if (c.strict != 0 && c.strict != 1) throw ConfigError("strict must be 0 or 1, got " + std::to_string(c.strict));
+    o.strict = c.strict == 1;
+    return o;
+}
+
 // Bytes per staged row in `dtype` (DSPARK_DTYPE_STORAGE: the storage bytes).
 std::size_t out_row_bytes(const dspark_stager& st, std::int32_t dtype) {
     if (dtype == DSPARK_DTYPE_STORAGE) return st.core.row_bytes();
-    return mul_size(static_cast<std::size_t>(st.config.feature_dim), dspark::elem_bytes(elem_of(dtype, "draft rows")),
-                    "row size");
-}
-
-// strict: a draft at n_past that would skip because the buffered rows do not
-// end at n_past - 1 (a protocol mismatch: a missing accept, rollback or
-// process) is a StateError, with the cause (Python: protocol_mismatch.py).
-void check_strict(const dspark_stager& st, std::int64_t seq, std::int64_t n_past) {
-    if (!st.config.strict) return;
-    const dspark::SeqState s = st.core.state(seq);
-    if (s.disabled || !s.started || n_past <= s.n_cache || s.end == n_past) return;
-    const std::string cause =
-        s.end > n_past
-            ? "rows " + std::to_string(n_past) + ".." + std::to_string(s.end - 1) +
-                  " are still buffered: was accept() not called after the verify batch (it keeps n_accepted + 1 "
-                  "of its rows), or is a rollback() to the target's n_past missing?"
-            : "rows " + std::to_string(s.end) + ".." + std::to_string(n_past - 1) +
-                  " were never processed: every target decode (prefill chunk, verify batch) must be passed to "
-                  "process()";
-    throw dspark::StateError("sequence " + std::to_string(seq) + ": draft(n_past=" + std::to_string(n_past) +
-                             ") does not match the buffered rows (newest " + std::to_string(s.end - 1) + "): " +
-                             cause + " (strict=True; nothing changed)");
+    return mul_size(static_cast<std::size_t>(st.config.feature_dim), dspark::elem_bytes(elem_of(dtype)), "row size");
 }
 
 dspark_plan to_c(const dspark::RoundPlan& p, bool external) {
@@ -144,7 +120,8 @@ dspark_plan to_c(const dspark::RoundPlan& p, bool external) {
 
 // Drafts through the core's RowSink: storage bytes go straight into the
 // caller's buffer, or into `scratch` and are decoded after the round opened
-// (decoding cannot fail). Too small: TooSmall before anything changes.
+// (decoding cannot fail). Too small: BufferTooSmall, thrown by the core's
+// call of the sink after every check and before anything changes.
 class DraftSink {
 public:
     // External mode: the core never calls the sink (plans carry slots), so
@@ -162,8 +139,9 @@ public:
             for (std::size_t i = 0; i < n; ++i) n_rows_ += static_cast<std::size_t>(plans[i].n_rows);
             const std::size_t need = mul_size(n_rows_, out_row_, "draft rows");
             if (need > capacity_)
-                throw TooSmall("the rows buffer holds " + std::to_string(capacity_) + " bytes, the plan needs " +
-                               std::to_string(need), need);
+                throw dspark::BufferTooSmall("the rows buffer holds " + std::to_string(capacity_) +
+                                                 " bytes, the plan needs " + std::to_string(need),
+                                             need);
             if (dtype_ == DSPARK_DTYPE_STORAGE) return rows_;
             scratch_.resize(n_rows_ * st_.core.row_bytes());  // may throw bad_alloc: nothing changed yet
             return scratch_.data();
@@ -188,17 +166,16 @@ private:
     dspark::ByteVec scratch_;
 };
 
-// Runs fork / shift and keeps its moves as this thread's last moves. The
-// room is reserved before the op, so recording cannot fail after it changed
-// the stager (a move list holds at most 2 + ring_rows pieces).
+// Runs fork / shift and keeps its moves as this thread's last moves: the
+// core's own vector is swapped in, so recording allocates nothing after the
+// op changed the Stager (and holds only what the op returned).
 template <class Op>
 dspark_status with_moves(dspark_stager* st, Op&& op) {
-    last_moves().clear();
+    last_moves.clear();
+    last_moves_copied = false;
     return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        last_moves().reserve(static_cast<std::size_t>(core.ring_rows()) + 2);
-        const std::vector<dspark::SlotMove> moves = op(core);
-        for (const dspark::SlotMove& m : moves) last_moves().push_back(dspark_slot_move{m.src, m.dst, m.count});
+        std::vector<dspark::SlotMove> moves = op(core_of(st));
+        last_moves.swap(moves);
     });
 }
 
@@ -210,20 +187,15 @@ const char* dspark_version(void) { return DSPARK_VERSION_STRING; }
 
 int32_t dspark_abi_version(void) { return DSPARK_ABI_VERSION; }
 
-const char* dspark_last_error(void) { return last_error().c_str(); }
+const char* dspark_last_error(void) { return last_error.c_str(); }
 
 const char* dspark_status_name(dspark_status status) {
     switch (status) {
         case DSPARK_OK: return "DSPARK_OK";
-        case DSPARK_E_INVALID_ARGUMENT: return "DSPARK_E_INVALID_ARGUMENT";
-        case DSPARK_E_CONFIG: return "DSPARK_E_CONFIG";
-        case DSPARK_E_STATE: return "DSPARK_E_STATE";
-        case DSPARK_E_TYPE: return "DSPARK_E_TYPE";
-        case DSPARK_E_NULL_POINTER: return "DSPARK_E_NULL_POINTER";
-        case DSPARK_E_BUFFER_TOO_SMALL: return "DSPARK_E_BUFFER_TOO_SMALL";
-        case DSPARK_E_OUT_OF_MEMORY: return "DSPARK_E_OUT_OF_MEMORY";
-        case DSPARK_E_UNSUPPORTED: return "DSPARK_E_UNSUPPORTED";
-        case DSPARK_E_INTERNAL: return "DSPARK_E_INTERNAL";
+#define DSPARK_STATUS_NAME(k, c_status, python) \
+    case DSPARK_E_##c_status: return "DSPARK_E_" #c_status;
+        DSPARK_ERROR_KINDS(DSPARK_STATUS_NAME)
+#undef DSPARK_STATUS_NAME
         default: return "DSPARK_E_UNKNOWN";
     }
 }
@@ -233,39 +205,14 @@ dspark_status dspark_stager_create(const dspark_config* config, dspark_stager** 
         require(out, "out");
         *out = nullptr;
         const dspark_config c = read_config(config);
-        if (c.rows_mode != DSPARK_ROWS_HELD && c.rows_mode != DSPARK_ROWS_EXTERNAL)
-            throw dspark::ConfigError("rows_mode " + std::to_string(c.rows_mode) +
-                                      " is not a rows mode (DSPARK_ROWS_HELD 0 or DSPARK_ROWS_EXTERNAL 1)");
-        if (c.max_seqs > MAX_SEQS_LIMIT)
-            throw dspark::ConfigError("max_seqs (" + std::to_string(c.max_seqs) + ") exceeds the limit " +
-                                      std::to_string(MAX_SEQS_LIMIT));
-        dspark::StagerOptions o;
-        o.feature_dim = c.feature_dim;
-        o.block_size = c.block_size;
-        o.window = c.window;
-        o.max_seqs = c.max_seqs;
-        o.storage = storage_of(c.storage, true);
-        o.max_failures = c.max_failures;
-        o.nonfinite = nonfinite_of(c.nonfinite, true);
-        if (c.stage_dtype < DSPARK_DTYPE_F32 || c.stage_dtype > DSPARK_DTYPE_BF16)
-            throw dspark::ConfigError("stage_dtype code " + std::to_string(c.stage_dtype) +
-                                      " is not supported; use DSPARK_DTYPE_F32, F16 or BF16");
-        o.stage = static_cast<ElemType>(c.stage_dtype);
-        o.rows = c.rows_mode == DSPARK_ROWS_EXTERNAL ? dspark::RowMode::External : dspark::RowMode::Held;
-        if (c.strict != 0 && c.strict != 1)
-            throw dspark::ConfigError("strict must be 0 or 1, got " + std::to_string(c.strict));
-        *out = new dspark_stager(o, c);  // the core checks every value (ConfigError)
+        *out = new dspark_stager(options_of(c), c);  // the core checks every value (ConfigError)
     });
 }
 
 void dspark_stager_destroy(dspark_stager* st) { delete st; }
 
 dspark_status dspark_ring_rows(const dspark_stager* st, int64_t* out) {
-    return guarded([&] {
-        const dspark::Stager& core = core_of(st);
-        require(out, "out");
-        *out = core.ring_rows();
-    });
+    return get_into(st, out, [](const dspark_stager& h) { return h.core.ring_rows(); });
 }
 
 dspark_status dspark_stager_config(const dspark_stager* st, dspark_config* out) {
@@ -277,21 +224,11 @@ dspark_status dspark_stager_config(const dspark_stager* st, dspark_config* out) 
 }
 
 dspark_status dspark_stager_row_bytes(const dspark_stager* st, size_t* out) {
-    return guarded([&] {
-        const dspark::Stager& core = core_of(st);
-        require(out, "out");
-        *out = core.row_bytes();
-    });
+    return get_into(st, out, [](const dspark_stager& h) { return h.core.row_bytes(); });
 }
 
 dspark_status dspark_stager_max_plan_rows(const dspark_stager* st, int64_t* out) {
-    return guarded([&] {
-        core_of(st);
-        require(out, "out");
-        // Without a rebase start - pos_base + B <= W bounds the rows; a rebase
-        // stages at most w_keep <= W - B.
-        *out = st->config.window - st->config.block_size;
-    });
+    return get_into(st, out, [](const dspark_stager& h) { return h.core.max_plan_rows(); });
 }
 
 dspark_status dspark_begin(dspark_stager* st, int64_t seq) {
@@ -302,16 +239,19 @@ dspark_status dspark_process(dspark_stager* st, int64_t seq, const int64_t* posi
                              int32_t dtype, size_t rows_bytes) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
-        core.check_ready(seq);
-        const ElemType t = elem_of(dtype, "process");
-        const std::size_t want = mul_size(mul_size(n, static_cast<std::size_t>(st->config.feature_dim), "rows"),
-                                          dspark::elem_bytes(t), "rows");
-        if (rows_bytes != want)
-            throw std::invalid_argument("rows must be " + std::to_string(n) + " x " +
-                                        std::to_string(st->config.feature_dim) + " elements (" + std::to_string(want) +
-                                        " bytes), got " + std::to_string(rows_bytes) + " bytes");
-        require_buffer(positions, n, "positions");
-        require_buffer(rows, rows_bytes, "rows");
+        const ElemType t = converted(core, seq, false, [&] {
+            const ElemType type = elem_of(dtype);
+            const std::size_t want = mul_size(mul_size(n, static_cast<std::size_t>(st->config.feature_dim), "rows"),
+                                              dspark::elem_bytes(type), "rows");
+            if (rows_bytes != want)
+                throw std::invalid_argument("rows must be " + std::to_string(n) + " x " +
+                                            std::to_string(st->config.feature_dim) + " elements (" +
+                                            std::to_string(want) + " bytes), got " + std::to_string(rows_bytes) +
+                                            " bytes");
+            require_buffer(positions, n, "positions");
+            require_buffer(rows, rows_bytes, "rows");
+            return type;
+        });
         core.process(seq, positions, n, rows, t);
     });
 }
@@ -320,9 +260,10 @@ dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, const int64
                                      const void* data, size_t nbytes) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
-        core.check_ready(seq);
-        require_buffer(positions, n, "positions");
-        require_buffer(data, nbytes, "data");
+        converted(core, seq, false, [&] {
+            require_buffer(positions, n, "positions");
+            require_buffer(data, nbytes, "data");
+        });
         core.process_encoded(seq, positions, n, static_cast<const std::uint8_t*>(data), nbytes);  // checks nbytes
     });
 }
@@ -331,9 +272,10 @@ dspark_status dspark_process_external(dspark_stager* st, int64_t seq, const int6
                                       int64_t* slots_out) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
-        core.check_ready(seq);
-        require_buffer(positions, n, "positions");
-        require_buffer(slots_out, n, "slots_out");
+        converted(core, seq, false, [&] {
+            require_buffer(positions, n, "positions");
+            require_buffer(slots_out, n, "slots_out");
+        });
         core.process_external(seq, positions, n, slots_out);  // held mode: invalid_argument naming the mode
     });
 }
@@ -342,10 +284,12 @@ dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_
                                 size_t* bytes) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
-        require(bytes, "bytes");
         // External mode: plans name slots, nothing is copied out (rows_dtype
         // is ignored, as by dspark_draft).
-        const std::size_t row = core.external() ? 0 : out_row_bytes(*st, rows_dtype);
+        const std::size_t row = converted(core, seq, false, [&] {
+            require(bytes, "bytes");
+            return core.external() ? std::size_t(0) : out_row_bytes(*st, rows_dtype);
+        });
         const dspark::RoundPlan p = core.peek(seq, n_past);
         *bytes = mul_size(static_cast<std::size_t>(p.n_rows), row, "draft rows");
     });
@@ -356,11 +300,11 @@ dspark_status dspark_draft(dspark_stager* st, int64_t seq, int64_t n_past, int32
     return guarded(
         [&] {
             dspark::Stager& core = core_of(st);
-            require(plan, "plan");
             if (rows_written) *rows_written = 0;
-            DraftSink sink(*st, rows_dtype, rows, rows_capacity);
-            core.check_ready(seq);
-            if (n_past >= 0) check_strict(*st, seq, n_past);  // a bad n_past is the core's error
+            DraftSink sink = converted(core, seq, false, [&] {
+                require(plan, "plan");
+                return DraftSink(*st, rows_dtype, rows, rows_capacity);
+            });
             const dspark::RoundPlan p = core.draft_into(seq, n_past, sink.sink());
             const std::size_t written = sink.finish();
             *plan = to_c(p, core.external());
@@ -375,18 +319,20 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
     return guarded(
         [&] {
             dspark::Stager& core = core_of(st);
-            require_buffer(seqs, n, "seqs");
-            require_buffer(n_pasts, n, "n_pasts");
-            require_buffer(plans, n, "plans");
             if (rows_written) *rows_written = 0;
-            DraftSink sink(*st, rows_dtype, rows, rows_capacity);
-            if (st->config.strict) {  // before anything opens: a rejected batch changes nothing
-                for (std::size_t i = 0; i < n; ++i) core.check_ready(seqs[i]);
-                for (std::size_t i = 0; i < n; ++i)
-                    if (n_pasts[i] >= 0) check_strict(*st, seqs[i], n_pasts[i]);
-            }
+            require_buffer(seqs, n, "seqs");
+            DraftSink sink = [&] {
+                try {
+                    require_buffer(n_pasts, n, "n_pasts");
+                    require_buffer(plans, n, "plans");
+                    return DraftSink(*st, rows_dtype, rows, rows_capacity);
+                } catch (...) {
+                    core.check_sequences(seqs, n);  // the sequences' errors first (design.md 2.1)
+                    throw;
+                }
+            }();
             std::vector<dspark::RoundPlan> out;
-            core.draft_many_into(seqs, n_pasts, n, out, sink.sink());
+            core.draft_many_into(seqs, n_pasts, n, out, sink.sink());  // strict mode's checks included
             const std::size_t written = sink.finish();
             for (std::size_t i = 0; i < out.size(); ++i) plans[i] = to_c(out[i], core.external());
             if (rows_written) *rows_written = written;
@@ -401,11 +347,11 @@ dspark_status dspark_commit(dspark_stager* st, int64_t seq) {
 dspark_status dspark_fail(dspark_stager* st, int64_t seq, int32_t stage, int64_t* disabled_after) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
-        core.check_open(seq);
-        if (stage != DSPARK_FAIL_DECODE && stage != DSPARK_FAIL_CROP)
-            throw std::invalid_argument("stage must be DSPARK_FAIL_DECODE (0) or DSPARK_FAIL_CROP (1), got " +
-                                        std::to_string(stage));
-        const std::int64_t d = core.fail(seq, static_cast<dspark::FailStage>(stage));
+        const auto s = converted(core, seq, true, [&] {
+            return dspark::enum_from_code<std::invalid_argument>("stage", stage, dspark::FAIL_STAGE_COUNT,
+                                                                 dspark::fail_stage_name);
+        });
+        const std::int64_t d = core.fail(seq, s);
         if (disabled_after) *disabled_after = d;
     });
 }
@@ -430,8 +376,16 @@ dspark_status dspark_last_moves(const dspark_slot_move** moves, size_t* n) {
     return guarded([&] {
         require(moves, "moves");
         require(n, "n");
-        *moves = last_moves().empty() ? nullptr : last_moves().data();
-        *n = last_moves().size();
+        if (!last_moves_copied) {
+            // A copy of exactly the last call's moves (the previous copy is freed).
+            std::vector<dspark_slot_move> c;
+            c.reserve(last_moves.size());
+            for (const dspark::SlotMove& m : last_moves) c.push_back(dspark_slot_move{m.src, m.dst, m.count});
+            last_moves_c.swap(c);
+            last_moves_copied = true;
+        }
+        *moves = last_moves_c.empty() ? nullptr : last_moves_c.data();
+        *n = last_moves_c.size();
     });
 }
 
@@ -463,7 +417,7 @@ dspark_status dspark_last_restore_runs(int64_t first[2], int64_t count[2]) {
 dspark_status dspark_snapshot_size(const dspark_stager* st, int64_t seq, size_t* bytes) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
-        require(bytes, "bytes");
+        converted(core, seq, false, [&] { require(bytes, "bytes"); });
         *bytes = core.snapshot_size(seq);
     });
 }
@@ -472,14 +426,10 @@ dspark_status dspark_snapshot(const dspark_stager* st, int64_t seq, void* out, s
     return guarded(
         [&] {
             const dspark::Stager& core = core_of(st);
-            require_buffer(out, capacity, "out");
             if (written) *written = 0;
-            // The core writes straight into `out` (one pass, no copy); it would
-            // reject a short buffer too, but without the size the caller needs.
-            const std::size_t need = core.snapshot_size(seq);
-            if (need > capacity)
-                throw TooSmall("the snapshot buffer holds " + std::to_string(capacity) + " bytes, the snapshot needs " +
-                               std::to_string(need), need);
+            converted(core, seq, false, [&] { require_buffer(out, capacity, "out"); });
+            // The core writes straight into `out` (one pass, no copy), or
+            // throws BufferTooSmall with the size needed.
             const std::size_t n = core.snapshot_into(seq, static_cast<std::uint8_t*>(out), capacity);
             if (written) *written = n;
         },
@@ -490,8 +440,7 @@ dspark_status dspark_restore(dspark_stager* st, int64_t seq, const void* data, s
     last_restore_runs[0] = last_restore_runs[1] = dspark::SlotRun{};
     return guarded([&] {
         dspark::Stager& core = core_of(st);
-        core.check_ready(seq);
-        require_buffer(data, nbytes, "data");
+        converted(core, seq, false, [&] { require_buffer(data, nbytes, "data"); });
         dspark::SlotRun runs[2];
         core.restore(seq, static_cast<const std::uint8_t*>(data), nbytes, runs);  // checks every byte
         last_restore_runs[0] = runs[0];
@@ -499,6 +448,8 @@ dspark_status dspark_restore(dspark_stager* st, int64_t seq, const void* data, s
     });
 }
 
+// The core's field lists (stager.hpp): a field of SeqState / SeqStats that
+// dspark_state / dspark_stats lacks does not compile.
 dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
@@ -506,19 +457,8 @@ dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_stat
         const dspark::SeqState s = core.state(seq);
         dspark_state c;
         std::memset(&c, 0, sizeof c);
-        c.started = s.started;
-        c.open_round = s.open_round;
-        c.disabled = s.disabled;
-        c.restage_owed = s.restage_owed;
-        c.first_round = s.first_round;
-        c.end = s.end;
-        c.horizon = s.horizon;
-        c.n_cache = s.n_cache;
-        c.pos_base = s.pos_base;
-        c.n_retained = s.n_retained;
-        c.n_pending = s.n_pending;
-        c.consecutive_failures = s.consecutive_failures;
-        c.tentative_rows = s.tentative_rows;
+#define DSPARK_COPY_FIELD(type, name) c.name = static_cast<decltype(c.name)>(s.name);
+        DSPARK_SEQ_STATE_FIELDS(DSPARK_COPY_FIELD)
         write_sized(out, c);
     });
 }
@@ -530,21 +470,8 @@ dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stat
         const dspark::SeqStats s = core.stats(seq);
         dspark_stats c;
         std::memset(&c, 0, sizeof c);
-        c.rounds = s.rounds;
-        c.commits = s.commits;
-        c.failures = s.failures;
-        c.rebases = s.rebases;
-        c.staged_rows = s.staged_rows;
-        c.restaged_rows = s.restaged_rows;
-        c.skips = s.skips;
-        c.trims = s.trims;
-        c.trimmed_rows = s.trimmed_rows;
-        c.live_rows = s.live_rows;
-        c.rows = s.rows;
-        c.peak_rows = s.peak_rows;
-        c.bytes = s.bytes;
-        c.peak_bytes = s.peak_bytes;
-        c.reserved_bytes = s.reserved_bytes;
+        DSPARK_SEQ_STATS_FIELDS(DSPARK_COPY_FIELD)
+#undef DSPARK_COPY_FIELD
         write_sized(out, c);
     });
 }
@@ -552,7 +479,7 @@ dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stat
 dspark_status dspark_row_bytes(int32_t storage, size_t dim, size_t* out) {
     return guarded([&] {
         require(out, "out");
-        *out = dspark::row_bytes(storage_of(storage, false), dim);
+        *out = dspark::row_bytes(storage_of(storage), dim);
     });
 }
 
@@ -560,9 +487,9 @@ dspark_status dspark_encode_rows(const void* src, int32_t src_dtype, size_t src_
                                  int32_t storage, int32_t nonfinite, void* dst, size_t dst_capacity,
                                  int64_t* first_bad) {
     return guarded([&] {
-        const ElemType in = elem_of(src_dtype, "encode_rows");
-        const Storage out = storage_of(storage, false);
-        const NonFinite policy = nonfinite_of(nonfinite, false);
+        const ElemType in = elem_of(src_dtype);
+        const Storage out = storage_of(storage);
+        const NonFinite policy = nonfinite_of(nonfinite);
         const std::size_t rb = dspark::row_bytes(out, dim);  // ConfigError for q formats and dim % 32
         const std::size_t in_bytes = mul_size(mul_size(n_rows, dim, "encode_rows input"), dspark::elem_bytes(in),
                                               "encode_rows input");
@@ -572,11 +499,12 @@ dspark_status dspark_encode_rows(const void* src, int32_t src_dtype, size_t src_
                                         " bytes), got " + std::to_string(src_bytes) + " bytes");
         const std::size_t out_bytes = mul_size(n_rows, rb, "encode_rows output");
         if (dst_capacity < out_bytes)
-            throw TooSmall("encode_rows: dst holds " + std::to_string(dst_capacity) + " bytes, needs " +
-                           std::to_string(out_bytes), out_bytes);
+            throw dspark::BufferTooSmall("encode_rows: dst holds " + std::to_string(dst_capacity) + " bytes, needs " +
+                                             std::to_string(out_bytes),
+                                         out_bytes);
         require_buffer(src, src_bytes, "src");
         require_buffer(dst, out_bytes, "dst");
-        require_disjoint(src, src_bytes, dst, out_bytes);
+        // The core refuses a dst overlapping src.
         const std::int64_t bad = n_rows ? dspark::encode_rows(src, in, dst, out, n_rows, dim, policy) : -1;
         if (first_bad) *first_bad = bad;
     });
@@ -585,8 +513,8 @@ dspark_status dspark_encode_rows(const void* src, int32_t src_dtype, size_t src_
 dspark_status dspark_decode_rows(const void* src, int32_t storage, size_t src_bytes, size_t n_rows, size_t dim,
                                  void* dst, int32_t dst_dtype, size_t dst_capacity) {
     return guarded([&] {
-        const Storage in = storage_of(storage, false);
-        const ElemType out = elem_of(dst_dtype, "decode_rows");
+        const Storage in = storage_of(storage);
+        const ElemType out = elem_of(dst_dtype);
         const std::size_t rb = dspark::row_bytes(in, dim);
         const std::size_t in_bytes = mul_size(n_rows, rb, "decode_rows input");
         if (src_bytes != in_bytes)
@@ -596,11 +524,12 @@ dspark_status dspark_decode_rows(const void* src, int32_t storage, size_t src_by
         const std::size_t out_bytes = mul_size(mul_size(n_rows, dim, "decode_rows output"), dspark::elem_bytes(out),
                                                "decode_rows output");
         if (dst_capacity < out_bytes)
-            throw TooSmall("decode_rows: dst holds " + std::to_string(dst_capacity) + " bytes, needs " +
-                           std::to_string(out_bytes), out_bytes);
+            throw dspark::BufferTooSmall("decode_rows: dst holds " + std::to_string(dst_capacity) + " bytes, needs " +
+                                             std::to_string(out_bytes),
+                                         out_bytes);
         require_buffer(src, src_bytes, "src");
         require_buffer(dst, out_bytes, "dst");
-        require_disjoint(src, src_bytes, dst, out_bytes);
+        // The core refuses a dst overlapping src.
         if (n_rows) dspark::decode_rows(src, in, dst, out, n_rows, dim);
     });
 }

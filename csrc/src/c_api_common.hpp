@@ -1,7 +1,9 @@
-// What the C ABI's translation units share (private: not installed): the
-// exception-to-status mapping, this thread's last error and last moves, the
-// argument checks, and the stager handle. c_api.cpp holds the Stager and row
-// format calls, c_api_prefix.cpp the prefix store's.
+// What the C ABI's translation units share (private: not installed): this
+// thread's last error and last moves, the guard that maps every exception to
+// its status (the core's one table, DSPARK_ERROR_KINDS), converted() (a
+// failed conversion lets the core's sequence checks speak first), the
+// conversions of C arguments, and the stager handle. c_api.cpp holds the
+// Stager and row format calls, c_api_prefix.cpp the prefix store's.
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -13,6 +15,7 @@
 
 #include "dspark/dspark.h"
 #include "dspark/errors.hpp"
+#include "dspark/row_format.hpp"
 #include "dspark/stager.hpp"
 
 // The handle: the Stager plus what the C layer needs to answer about it.
@@ -24,84 +27,85 @@ struct dspark_stager {
 
 namespace dspark_c {
 
-// This thread's last error message (dspark_last_error).
-inline std::string& last_error() {
-    thread_local std::string message;
-    return message;
-}
+inline thread_local std::string last_error;
+// This thread's last dspark_fork / dspark_shift moves, as the core returned
+// them (swapped in: recording them allocates nothing after the op changed the
+// Stager), and their C copy, made when dspark_last_moves asks (exactly their
+// size). And the runs of its last dspark_restore. Each is reset before its
+// call runs, so a failed call leaves none behind.
+inline thread_local std::vector<dspark::SlotMove> last_moves;
+inline thread_local std::vector<dspark_slot_move> last_moves_c;
+inline thread_local bool last_moves_copied = true;  // last_moves_c holds last_moves
+inline thread_local dspark::SlotRun last_restore_runs[2];
 
-// The slot copies of this thread's last call that moves rows (dspark_fork,
-// dspark_shift, dspark_prefix_publish, dspark_prefix_hit; dspark_last_moves):
-// the ops stay atomic and need no caller buffer sized in advance. Reset
-// before each such call runs, so a failed call leaves none behind.
-inline std::vector<dspark_slot_move>& last_moves() {
-    thread_local std::vector<dspark_slot_move> moves;
-    return moves;
+inline dspark_status status_of(dspark::ErrorKind kind) noexcept {
+    switch (kind) {
+#define DSPARK_STATUS_CASE(k, c_status, python) \
+    case dspark::ErrorKind::k: return DSPARK_E_##c_status;
+        DSPARK_ERROR_KINDS(DSPARK_STATUS_CASE)
+#undef DSPARK_STATUS_CASE
+    }
+    return DSPARK_E_INTERNAL;
 }
-
-// Errors raised by the C layer itself (the core's own types carry the rest).
-struct NullPointer : std::invalid_argument {
-    using std::invalid_argument::invalid_argument;
-};
-struct Unsupported : std::invalid_argument {
-    using std::invalid_argument::invalid_argument;
-};
-// An output buffer is too small; `needed` goes back to the caller.
-struct TooSmall : std::length_error {
-    std::size_t needed;
-    TooSmall(const std::string& what, std::size_t n) : std::length_error(what), needed(n) {}
-};
 
 inline dspark_status fail_with(dspark_status code, const char* what) noexcept {
     try {
-        last_error() = what;
+        last_error = what;
     } catch (...) {
-        last_error().clear();  // no memory for the message: the code still says it
+        last_error.clear();  // no memory for the message: the code still says it
     }
     return code;
 }
 
 // Runs body() and maps what it throws. `needed` (optional) receives
-// TooSmall::needed. Order matters: the core's types derive from the std ones.
+// BufferTooSmall::needed.
 template <class Body>
 dspark_status guarded(Body&& body, std::size_t* needed = nullptr) noexcept {
-    last_error().clear();
+    last_error.clear();
     try {
         body();
         return DSPARK_OK;
-    } catch (const TooSmall& e) {
-        if (needed) *needed = e.needed;
-        return fail_with(DSPARK_E_BUFFER_TOO_SMALL, e.what());
-    } catch (const NullPointer& e) {
-        return fail_with(DSPARK_E_NULL_POINTER, e.what());
-    } catch (const Unsupported& e) {
-        return fail_with(DSPARK_E_UNSUPPORTED, e.what());
-    } catch (const dspark::ConfigError& e) {
-        return fail_with(DSPARK_E_CONFIG, e.what());
-    } catch (const dspark::TypeError& e) {
-        return fail_with(DSPARK_E_TYPE, e.what());
-    } catch (const dspark::StateError& e) {
-        return fail_with(DSPARK_E_STATE, e.what());
-    } catch (const std::invalid_argument& e) {
-        return fail_with(DSPARK_E_INVALID_ARGUMENT, e.what());
-    } catch (const std::out_of_range& e) {
-        return fail_with(DSPARK_E_INVALID_ARGUMENT, e.what());
-    } catch (const std::bad_alloc&) {
-        return fail_with(DSPARK_E_OUT_OF_MEMORY, "dspark_core: out of memory");
-    } catch (const std::exception& e) {
-        return fail_with(DSPARK_E_INTERNAL, e.what());
     } catch (...) {
-        return fail_with(DSPARK_E_INTERNAL, "dspark_core: unknown C++ exception");
+        const dspark::CaughtError e = dspark::classify_current_error();
+        if (needed && e.kind == dspark::ErrorKind::BufferTooSmall) *needed = e.needed;
+        return fail_with(status_of(e.kind), e.what);
+    }
+}
+
+// Converts a call's C arguments; when that fails, the core's own sequence
+// checks (an unknown sequence, the round state: design.md 2.1) come first,
+// then the conversion's error. The one place this layer orders errors.
+template <class Convert>
+auto converted(const dspark::Stager& core, std::int64_t seq, bool open_round, Convert&& convert) {
+    try {
+        return convert();
+    } catch (...) {
+        core.check_sequence(seq, open_round);
+        throw;
     }
 }
 
 inline void require(const void* p, const char* name) {
-    if (!p) throw NullPointer(std::string(name) + " is NULL");
+    if (!p) throw dspark::NullPointer(std::string(name) + " is NULL");
 }
 
 // A buffer of `n` bytes may be NULL only when it is empty.
 inline void require_buffer(const void* p, std::size_t n, const char* name) {
-    if (!p && n) throw NullPointer(std::string(name) + " is NULL but " + std::to_string(n) + " bytes were given");
+    if (!p && n)
+        throw dspark::NullPointer(std::string(name) + " is NULL but " + std::to_string(n) + " bytes were given");
+}
+
+// int32 codes -> the core's enums, with the core's message naming the valid codes.
+inline dspark::Storage storage_of(std::int32_t code) {
+    return dspark::enum_from_code<dspark::TypeError>("storage", code, dspark::STORAGE_COUNT, dspark::storage_name);
+}
+inline dspark::ElemType elem_of(std::int32_t code) {
+    return dspark::enum_from_code<dspark::TypeError>("dtype", code, dspark::ELEM_TYPE_COUNT, dspark::elem_name);
+}
+inline dspark::NonFinite nonfinite_of(std::int32_t code) {
+    static_assert(DSPARK_NONFINITE_CLAMP + 1 == dspark::NONFINITE_COUNT, "the C codes follow dspark::NonFinite");
+    return dspark::enum_from_code<std::invalid_argument>("nonfinite", code, dspark::NONFINITE_COUNT,
+                                                         dspark::nonfinite_name);
 }
 
 // a * b, or invalid_argument naming `what` when it does not fit a size_t.

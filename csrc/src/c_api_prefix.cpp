@@ -1,7 +1,8 @@
 // The C ABI of the prefix store (dspark/dspark.h, "prefix store") over
-// dspark::PrefixStore and the Stager's prefix calls. Same rules as c_api.cpp:
-// every entry point runs inside guarded(), argument checks the Python binding
-// makes are made here, value checks are the core's.
+// dspark::PrefixStore and the Stager's prefix calls. As c_api.cpp: every
+// entry point runs inside guarded() (the core's one error table), this layer
+// only converts (NULL pointers, buffer sizes, dtype codes; converted() lets
+// the sequence's own errors come first), and every rule is the core's.
 #include <cstring>
 #include <string>
 #include <string_view>
@@ -53,22 +54,38 @@ dspark_prefix_hit_result to_c(const dspark::PrefixHit& h) {
     return c;
 }
 
-// Room for the moves a publish or hit of `core` can return (a move per ring
-// run of each page piece: fewer than 2 * ring_rows + 2), taken before the op
-// so that recording them cannot fail once the op changed the stager.
-void reserve_moves(const dspark::Stager& core) {
-    last_moves().reserve(2 * static_cast<std::size_t>(core.ring_rows()) + 2);
+// The slots a call hands out go to the caller's buffer of `capacity`
+// entries: the core asks after every check (BufferTooSmall when it is short;
+// *n, when given, receives the count either way).
+dspark::SlotSink slots_into(int64_t* slots, size_t capacity, size_t* n) {
+    return [=](std::size_t count) -> std::int64_t* {
+        if (n) *n = count;
+        if (count > capacity)
+            throw dspark::BufferTooSmall("slots_out holds " + std::to_string(capacity) + " entries, the call needs " +
+                                             std::to_string(count),
+                                         count);
+        return slots;
+    };
 }
 
-void record(const std::vector<dspark::SlotMove>& moves) {
-    for (const dspark::SlotMove& m : moves) last_moves().push_back(dspark_slot_move{m.src, m.dst, m.count});
+// Resets this thread's last moves, then runs op, which returns the moves the
+// core made: they are swapped in (recording allocates nothing after the op
+// changed the stager or the store), as dspark_fork's.
+template <class Op>
+dspark_status with_prefix_moves(Op&& op) {
+    last_moves.clear();
+    last_moves_copied = false;
+    return guarded([&] {
+        std::vector<dspark::SlotMove> moves = op();
+        last_moves.swap(moves);
+    });
 }
 
 }  // namespace
 
 extern "C" {
 
-dspark_status dspark_prefix_store_create(const dspark_stager* like, int64_t block_tokens, uint64_t budget_bytes,
+dspark_status dspark_prefix_store_create(const dspark_stager* like, int64_t block_tokens, int64_t budget_bytes,
                                          dspark_prefix_store** out) {
     return guarded([&] {
         require(out, "out");
@@ -84,7 +101,7 @@ dspark_status dspark_prefix_store_create(const dspark_stager* like, int64_t bloc
         o.rows = s.rows;
         o.block_tokens = block_tokens;
         o.budget_bytes = budget_bytes;
-        *out = new dspark_prefix_store(o);  // ConfigError for an unusable budget or block size
+        *out = new dspark_prefix_store(o);  // the core checks every value (ConfigError)
     });
 }
 
@@ -102,28 +119,24 @@ dspark_status dspark_prefix_store_layout(const dspark_prefix_store* store, int64
 
 dspark_status dspark_prefix_publish(dspark_stager* st, int64_t seq, dspark_prefix_store* store, const uint8_t* keys,
                                     const size_t* key_offsets, size_t n_keys, int64_t start, int64_t end) {
-    last_moves().clear();
-    return guarded([&] {
+    return with_prefix_moves([&] {
         dspark::Stager& core = core_of(st);
-        dspark::PrefixStore& s = store_of(store);
-        const dspark::KeyChain chain = chain_of(keys, key_offsets, n_keys);
-        reserve_moves(core);
-        record(core.publish_prefix(seq, s, chain, start, end));
+        dspark::PrefixStore* s = converted(core, seq, false, [&] { return &store_of(store); });
+        const dspark::KeyChain chain = converted(core, seq, false, [&] { return chain_of(keys, key_offsets, n_keys); });
+        return core.publish_prefix(seq, *s, chain, start, end);
     });
 }
 
 dspark_status dspark_prefix_hit(dspark_stager* st, int64_t seq, dspark_prefix_store* store, const uint8_t* keys,
                                 const size_t* key_offsets, size_t n_keys, int64_t n_tokens, dspark_prefix_hit_result* out) {
-    last_moves().clear();
-    return guarded([&] {
+    return with_prefix_moves([&] {
         dspark::Stager& core = core_of(st);
-        dspark::PrefixStore& s = store_of(store);
-        const dspark::KeyChain chain = chain_of(keys, key_offsets, n_keys);
+        dspark::PrefixStore* s = converted(core, seq, false, [&] { return &store_of(store); });
+        const dspark::KeyChain chain = converted(core, seq, false, [&] { return chain_of(keys, key_offsets, n_keys); });
         std::vector<dspark::SlotMove> moves;
-        reserve_moves(core);
-        const dspark::PrefixHit h = core.start_from_prefix(seq, s, chain, n_tokens, &moves);
+        const dspark::PrefixHit h = core.start_from_prefix(seq, *s, chain, n_tokens, &moves);
         if (out) *out = to_c(h);
-        record(moves);
+        return moves;
     });
 }
 
@@ -141,28 +154,29 @@ dspark_status dspark_prefix_publish_rows(dspark_prefix_store* store, const uint8
                                          size_t rows_bytes) {
     return guarded([&] {
         dspark::PrefixStore& s = store_of(store);
-        if (dtype < DSPARK_DTYPE_F32 || dtype > DSPARK_DTYPE_BF16)
-            throw dspark::TypeError("publish_rows: dtype code " + std::to_string(dtype) +
-                                    " is not supported (expected DSPARK_DTYPE_F32, F16 or BF16)");
+        const dspark::KeyChain chain = chain_of(keys, key_offsets, n_keys);
+        const dspark::ElemType type = elem_of(dtype);
         require_buffer(rows, rows_bytes, "rows");
-        s.publish_rows(chain_of(keys, key_offsets, n_keys), start, end, rows, static_cast<dspark::ElemType>(dtype),
-                       rows_bytes);
+        s.publish_rows(chain, start, end, rows, type, rows_bytes);  // checks the row count
     });
 }
 
-dspark_status dspark_prefix_publish_external(dspark_prefix_store* store, const uint8_t* keys,
-                                             const size_t* key_offsets, size_t n_keys, int64_t start, int64_t end,
-                                             int64_t* slots_out) {
+dspark_status dspark_prefix_publish_slots(dspark_prefix_store* store, const uint8_t* keys, const size_t* key_offsets,
+                                          size_t n_keys, int64_t start, int64_t end, int64_t* slots_out,
+                                          size_t slots_capacity) {
     return guarded([&] {
         dspark::PrefixStore& s = store_of(store);
-        s.publish_external(chain_of(keys, key_offsets, n_keys), start, end, slots_out);
+        const dspark::KeyChain chain = chain_of(keys, key_offsets, n_keys);
+        require_buffer(slots_out, slots_capacity, "slots_out");
+        s.publish_slots(chain, start, end, slots_into(slots_out, slots_capacity, nullptr));
     });
 }
 
 dspark_status dspark_prefix_evict(dspark_prefix_store* store, const uint8_t* keys, const size_t* key_offsets,
                                   size_t n_keys, int64_t* n_evicted) {
     return guarded([&] {
-        const int64_t n = store_of(store).evict(chain_of(keys, key_offsets, n_keys));
+        dspark::PrefixStore& s = store_of(store);
+        const int64_t n = s.evict(chain_of(keys, key_offsets, n_keys));
         if (n_evicted) *n_evicted = n;
     });
 }
@@ -185,16 +199,17 @@ dspark_status dspark_prefix_keys(const dspark_prefix_store* store, uint8_t* byte
         const dspark::PrefixStore& s = store_of(store);
         require(n_keys, "n_keys");
         require(bytes_needed, "bytes_needed");
+        require_buffer(bytes, bytes_capacity, "bytes");
+        require_buffer(key_offsets, offsets_capacity, "key_offsets");
         const std::vector<std::string> keys = s.keys();  // one snapshot of the LRU order
         std::size_t total = 0;
         for (const std::string& k : keys) total += k.size();
         *n_keys = keys.size();
         *bytes_needed = total;
         if (bytes_capacity < total || offsets_capacity < keys.size() + 1)
-            throw TooSmall("the keys need " + std::to_string(total) + " bytes and " + std::to_string(keys.size() + 1) +
-                           " offsets", total);
-        require_buffer(bytes, total, "bytes");
-        require(key_offsets, "key_offsets");
+            throw dspark::BufferTooSmall("the keys need " + std::to_string(total) + " bytes and " +
+                                             std::to_string(keys.size() + 1) + " offsets",
+                                         total);
         std::size_t at = 0;
         key_offsets[0] = 0;
         for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -233,11 +248,13 @@ dspark_status dspark_prefix_block_slots(const dspark_prefix_store* store, const 
                                         int64_t* slots, size_t capacity, size_t* n) {
     return guarded([&] {
         const dspark::PrefixStore& s = store_of(store);
+        const std::string_view k = key_of(key, key_len);
+        require_buffer(slots, capacity, "slots");
         require(n, "n");
-        const std::vector<std::int64_t> v = s.block_slots(key_of(key, key_len));
+        const std::vector<std::int64_t> v = s.block_slots(k);
         *n = v.size();
-        if (capacity < v.size()) throw TooSmall("the block has " + std::to_string(v.size()) + " rows", v.size());
-        require_buffer(slots, v.size(), "slots");
+        if (capacity < v.size())
+            throw dspark::BufferTooSmall("the block has " + std::to_string(v.size()) + " rows", v.size());
         if (!v.empty()) std::memcpy(slots, v.data(), v.size() * sizeof(std::int64_t));
     });
 }
@@ -249,10 +266,10 @@ dspark_status dspark_prefix_export(const dspark_prefix_store* store, const uint8
         [&] {
             const dspark::PrefixStore& s = store_of(store);
             const std::string_view k = key_of(key, key_len);
-            const std::size_t size = s.export_size(k);
-            if (capacity < size) throw TooSmall("the block needs " + std::to_string(size) + " bytes", size);
-            require(out, "out");
             require_buffer(rows, rows_bytes, "rows");
+            require_buffer(out, capacity, "out");
+            if (written) *written = 0;
+            // The core checks the key, the rows and the capacity (BufferTooSmall: needed).
             const std::size_t n = s.export_into(k, static_cast<std::uint8_t*>(out), capacity,
                                                 static_cast<const std::uint8_t*>(rows), rows_bytes);
             if (written) *written = n;
@@ -267,22 +284,11 @@ dspark_status dspark_prefix_import(dspark_prefix_store* store, const void* data,
     return guarded([&] {
         dspark::PrefixStore& s = store_of(store);
         require_buffer(data, nbytes, "data");
-        const auto* d = static_cast<const std::uint8_t*>(data);
-        if (s.external()) {
-            // The slots the import will report: its kept rows (u32 at offset 48 of a
-            // well-formed header; the core rejects anything else before changing anything).
-            std::size_t rows = 0;
-            if (nbytes >= 64) rows = std::size_t(d[48]) | std::size_t(d[49]) << 8 | std::size_t(d[50]) << 16 |
-                                     std::size_t(d[51]) << 24;
-            if (n_slots) *n_slots = rows;
-            if (slots_capacity < rows)
-                throw TooSmall("the block has " + std::to_string(rows) + " rows: slots_out needs room for each", rows);
-            require_buffer(slots_out, rows, "slots_out");
-        }
-        std::vector<std::int64_t> slots;
-        s.import_block(d, nbytes, s.external() ? &slots : nullptr);
-        if (!slots.empty()) std::memcpy(slots_out, slots.data(), slots.size() * sizeof(std::int64_t));
-        if (n_slots) *n_slots = slots.size();
+        require_buffer(slots_out, slots_capacity, "slots_out");
+        if (n_slots) *n_slots = 0;
+        // The core checks the whole block first, then asks for room for its
+        // slots (external rows only).
+        s.import_block(static_cast<const std::uint8_t*>(data), nbytes, slots_into(slots_out, slots_capacity, n_slots));
     });
 }
 

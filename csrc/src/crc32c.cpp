@@ -1,16 +1,13 @@
 // CRC-32C: the portable slicing-by-8 kernel, the shift tables of the
-// interleaved SSE4.2 kernel (crc32c_sse42.cpp) and the runtime dispatch.
+// interleaved instruction kernels (crc32c_sse42.cpp, crc32c_arm.cpp) and
+// their entry in the dispatch registry.
 #include "dspark/crc32c.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <cctype>
-#include <cstdlib>
 #include <cstring>
-#include <stdexcept>
-#include <string>
 
 #include "crc32c_kernels.hpp"
+#include "dispatch_families.hpp"
 
 namespace dspark {
 namespace detail {
@@ -85,8 +82,10 @@ std::uint32_t portable_update(std::uint32_t c, const std::uint8_t* p, std::size_
 std::uint32_t portable_copy(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src, std::size_t n) noexcept {
     while (n != 0) {
         const std::size_t k = std::min(n, CRC_COPY_CHUNK);
-        c = portable_update(c, src, k);
-        std::memcpy(dst, src, k);  // src is still in cache
+        // The copy is what is checksummed (read back while in cache), so a
+        // source changing under the call can never pass as what was stored.
+        std::memcpy(dst, src, k);
+        c = portable_update(c, dst, k);
         src += k;
         dst += k;
         n -= k;
@@ -119,66 +118,38 @@ const detail::CrcKernels* crc_kernels_for(CrcPath p) noexcept {
 #if defined(DSPARK_X86)
         case CrcPath::Sse42: return &detail::kSse42Crc;
 #endif
+#if defined(DSPARK_AARCH64)
+        case CrcPath::ArmCrc: return &detail::kArmCrc;
+#endif
         default: return nullptr;
     }
 }
 
-bool env_is(const char* name, const char* value) {
-    const char* env = std::getenv(name);
-    if (env == nullptr) return false;
-    std::string s(env);
-    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    return s == value;
-}
-
-CrcPath initial_crc_path() noexcept {
-    if (env_is("DSPARK_CRC32C", "portable") || env_is("DSPARK_SIMD", "scalar")) return CrcPath::Portable;
-    return best_crc_path();
-}
-
-std::atomic<int> g_crc_path{-1};
-
+// The registry only ever activates a path whose kernels this build has.
 const detail::CrcKernels& active_crc() noexcept { return *crc_kernels_for(active_crc_path()); }
 
 }  // namespace
 
+namespace detail {
+const char* crc32c_kernel_name(int k) noexcept {
+    return k == 0 ? "crc32c" : k == 1 ? "crc32c copy" : nullptr;
+}
+const char* crc32c_kernel_origin(int k, int path) noexcept {
+    return crc32c_kernel_name(k) != nullptr && crc_kernels_for(static_cast<CrcPath>(path)) != nullptr
+               ? crc_path_name(static_cast<CrcPath>(path))
+               : nullptr;
+}
+}  // namespace detail
+
 bool crc_path_supported(CrcPath p) noexcept {
-    switch (p) {
-        case CrcPath::Portable: return true;
-#if defined(DSPARK_X86)
-        case CrcPath::Sse42: return __builtin_cpu_supports("sse4.2");
-#endif
-        default: return false;
-    }
+    return kernel_path_supported(KernelFamily::Crc32c, static_cast<int>(p));
 }
-
-CrcPath best_crc_path() noexcept {
-    return crc_path_supported(CrcPath::Sse42) ? CrcPath::Sse42 : CrcPath::Portable;
-}
-
-CrcPath active_crc_path() noexcept {
-    int v = g_crc_path.load(std::memory_order_acquire);
-    if (v < 0) {
-        int expected = -1;
-        g_crc_path.compare_exchange_strong(expected, static_cast<int>(initial_crc_path()), std::memory_order_acq_rel);
-        v = g_crc_path.load(std::memory_order_acquire);
-    }
-    return static_cast<CrcPath>(v);
-}
-
-void set_crc_path(CrcPath p) {
-    if (!crc_path_supported(p))
-        throw std::invalid_argument(std::string("dspark: CRC-32C path '") + crc_path_name(p) +
-                                    "' is not supported on this CPU/build");
-    g_crc_path.store(static_cast<int>(p), std::memory_order_release);
-}
-
+CrcPath best_crc_path() noexcept { return static_cast<CrcPath>(best_kernel_path(KernelFamily::Crc32c)); }
+CrcPath active_crc_path() noexcept { return static_cast<CrcPath>(active_kernel_path(KernelFamily::Crc32c)); }
+void set_crc_path(CrcPath p) { set_kernel_path(KernelFamily::Crc32c, static_cast<int>(p)); }
 const char* crc_path_name(CrcPath p) noexcept {
-    switch (p) {
-        case CrcPath::Portable: return "portable";
-        case CrcPath::Sse42: return "sse4.2";
-    }
-    return "?";
+    const char* n = kernel_path_name(KernelFamily::Crc32c, static_cast<int>(p));
+    return n != nullptr ? n : "?";
 }
 
 std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t n) noexcept {

@@ -1,7 +1,7 @@
 // Internal: the CRC-32C kernels of each path and the tables they share.
 //
 // Kernels work on the raw CRC register (no initial / final inversion; the
-// public crc32c() adds those). The SSE4.2 kernel checksums three streams of
+// public crc32c() adds those). The instruction kernels checksum three streams of
 // LONG (or SHORT) bytes at once and joins them with the shift operators
 // below: appending n zero bytes to a message is a linear map of its register,
 // applied here as four byte-indexed table lookups.
@@ -40,9 +40,46 @@ static inline std::uint32_t crc_apply_shift(const CrcShift& s, std::uint32_t c) 
     return s.t[0][c & 0xFF] ^ s.t[1][(c >> 8) & 0xFF] ^ s.t[2][(c >> 16) & 0xFF] ^ s.t[3][c >> 24];
 }
 
+// The update of the instruction kernels, written once for both: three
+// interleaved streams of CRC_LONG, then CRC_SHORT bytes (the instruction's
+// latency is about three of its issue slots), joined by the shift tables, then
+// 8 bytes and single bytes. `Crc` supplies the two instructions (u64: one
+// 8-byte step, u8: one byte); each kernel's translation unit instantiates it
+// with its own ISA flags (static: internal linkage, see row_format_kernels.hpp).
+template <class Crc>
+static inline std::uint32_t crc_three_way(std::uint32_t c, const std::uint8_t* p, std::size_t len,
+                                          const CrcShift& shift) noexcept {
+    std::uint32_t c0 = c, c1 = 0, c2 = 0;
+    const std::uint8_t* end = p + len;
+    for (; p != end; p += 8) {
+        c0 = Crc::u64(c0, Crc::load64(p));
+        c1 = Crc::u64(c1, Crc::load64(p + len));
+        c2 = Crc::u64(c2, Crc::load64(p + 2 * len));
+    }
+    return crc_apply_shift(shift, crc_apply_shift(shift, c0) ^ c1) ^ c2;
+}
+
+template <class Crc>
+static inline std::uint32_t crc_update_streams(std::uint32_t c, const std::uint8_t* p, std::size_t n) noexcept {
+    if (n >= 3 * CRC_LONG) {
+        const CrcShift& s = crc_shift_long();
+        for (; n >= 3 * CRC_LONG; p += 3 * CRC_LONG, n -= 3 * CRC_LONG) c = crc_three_way<Crc>(c, p, CRC_LONG, s);
+    }
+    if (n >= 3 * CRC_SHORT) {
+        const CrcShift& s = crc_shift_short();
+        for (; n >= 3 * CRC_SHORT; p += 3 * CRC_SHORT, n -= 3 * CRC_SHORT) c = crc_three_way<Crc>(c, p, CRC_SHORT, s);
+    }
+    for (; n >= 8; p += 8, n -= 8) c = Crc::u64(c, Crc::load64(p));
+    for (; n != 0; ++p, --n) c = Crc::u8(c, *p);
+    return c;
+}
+
 extern const CrcKernels kPortableCrc;
 #if defined(DSPARK_X86)
 extern const CrcKernels kSse42Crc;
+#endif
+#if defined(DSPARK_AARCH64)
+extern const CrcKernels kArmCrc;
 #endif
 
 }  // namespace detail

@@ -21,39 +21,21 @@ namespace detail {
 
 namespace {
 
-inline std::uint64_t load64(const std::uint8_t* p) noexcept {
-    std::uint64_t v;
-    std::memcpy(&v, p, 8);
-    return v;
-}
-
-// Three streams of `len` bytes at p, p + len, p + 2 len (len % 8 == 0).
-inline std::uint32_t three_way(std::uint32_t c, const std::uint8_t* p, std::size_t len, const CrcShift& shift) noexcept {
-    std::uint64_t c0 = c, c1 = 0, c2 = 0;
-    const std::uint8_t* end = p + len;
-    for (; p != end; p += 8) {
-        c0 = _mm_crc32_u64(c0, load64(p));
-        c1 = _mm_crc32_u64(c1, load64(p + len));
-        c2 = _mm_crc32_u64(c2, load64(p + 2 * len));
+// The instructions for crc_update_streams (crc32c_kernels.hpp).
+struct Sse42 {
+    static std::uint64_t load64(const std::uint8_t* p) noexcept {
+        std::uint64_t v;
+        std::memcpy(&v, p, 8);
+        return v;
     }
-    std::uint32_t r = crc_apply_shift(shift, static_cast<std::uint32_t>(c0)) ^ static_cast<std::uint32_t>(c1);
-    return crc_apply_shift(shift, r) ^ static_cast<std::uint32_t>(c2);
-}
+    static std::uint32_t u64(std::uint32_t c, std::uint64_t v) noexcept {
+        return static_cast<std::uint32_t>(_mm_crc32_u64(c, v));
+    }
+    static std::uint32_t u8(std::uint32_t c, std::uint8_t v) noexcept { return _mm_crc32_u8(c, v); }
+};
 
 std::uint32_t sse42_update(std::uint32_t c, const std::uint8_t* p, std::size_t n) noexcept {
-    if (n >= 3 * CRC_LONG) {
-        const CrcShift& s = crc_shift_long();
-        for (; n >= 3 * CRC_LONG; p += 3 * CRC_LONG, n -= 3 * CRC_LONG) c = three_way(c, p, CRC_LONG, s);
-    }
-    if (n >= 3 * CRC_SHORT) {
-        const CrcShift& s = crc_shift_short();
-        for (; n >= 3 * CRC_SHORT; p += 3 * CRC_SHORT, n -= 3 * CRC_SHORT) c = three_way(c, p, CRC_SHORT, s);
-    }
-    std::uint64_t c64 = c;
-    for (; n >= 8; p += 8, n -= 8) c64 = _mm_crc32_u64(c64, load64(p));
-    c = static_cast<std::uint32_t>(c64);
-    for (; n != 0; ++p, --n) c = _mm_crc32_u8(c, *p);
-    return c;
+    return crc_update_streams<Sse42>(c, p, n);
 }
 
 template <bool Stream>

@@ -6,6 +6,7 @@
 #include "dspark/prefix_store.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -71,20 +72,20 @@ PrefixStore::PrefixStore(const PrefixStoreOptions& o) : opt_(o) {
     so.nonfinite = o.nonfinite;
     so.stage = o.stage;
     so.rows = o.rows;
-    const Stager probe(so);  // ConfigError for anything a Stager refuses; max_seqs 1 allocates nothing
+    const Stager probe(so);  // ConfigError for anything a Stager refuses; max_seqs 1 allocates no rows
     row_bytes_ = probe.row_bytes();
     w_keep_ = probe.w_keep();
-    if (o.block_tokens < 1)
-        throw ConfigError("block_tokens must be >= 1, got " + std::to_string(o.block_tokens));
+    if (o.block_tokens < 1) throw ConfigError("block_tokens must be >= 1, got " + std::to_string(o.block_tokens));
     if (o.block_tokens > MAX_WINDOW)
         throw ConfigError("block_tokens (" + std::to_string(o.block_tokens) + ") must be <= 2**30");
+    if (o.budget_bytes < 1) throw ConfigError("budget_bytes must be >= 1, got " + std::to_string(o.budget_bytes));
     page_rows_ = std::min(o.block_tokens, w_keep_);
     page_bytes_ = static_cast<std::size_t>(page_rows_) * row_bytes_;
     // The largest block: a full block's kept rows (all of it below W - B, K
     // rows above).
     const std::int64_t max_kept = std::min(o.block_tokens, std::max(o.window - o.block_size, w_keep_));
     const std::int64_t max_block_pages = pages_for(max_kept);
-    const std::uint64_t pages = o.budget_bytes / page_bytes_;
+    const std::uint64_t pages = static_cast<std::uint64_t>(o.budget_bytes) / page_bytes_;
     if (pages < static_cast<std::uint64_t>(max_block_pages))
         throw ConfigError("budget_bytes (" + std::to_string(o.budget_bytes) + ") is smaller than one block: " +
                           std::to_string(max_kept) + " rows of " + std::to_string(row_bytes_) + " bytes in " +
@@ -195,13 +196,34 @@ std::vector<PrefixStore::PlannedBlock> PrefixStore::plan_publish(const KeyChain&
     return plan;
 }
 
-bool PrefixStore::same_rows(const Block& b, const RowSource& src) const {
-    bool same = true;
-    for_each_piece(b.kept, b.pages, [&](const Piece& pc) {
-        if (same && !src.same(pc, external() ? nullptr : page_data(pc.page) + static_cast<std::size_t>(pc.off) * row_bytes_))
-            same = false;
-    });
-    return same;
+void PrefixStore::require_mode(RowMode mode, const char* call, const char* other) const {
+    if (opt_.rows == mode) return;
+    throw TypeError(std::string(call) + (mode == RowMode::Held
+                                             ? " needs a held-row store; this one keeps its rows in the owner's table (use "
+                                             : " needs an external-row store; this one holds its rows (use ") +
+                    other + ")");
+}
+
+std::int64_t PrefixStore::new_pages(const std::vector<PlannedBlock>& plan) const noexcept {
+    std::int64_t n = 0;
+    for (const PlannedBlock& pb : plan)
+        if (!pb.existing) n += pages_for(pb.kept.count);
+    return n;
+}
+
+void PrefixStore::check_same_rows(const std::vector<PlannedBlock>& plan, const RowSame& same,
+                                  const std::string& who) const {
+    if (external()) return;  // the owner's rows: not visible here
+    for (const PlannedBlock& pb : plan) {
+        if (!pb.existing) continue;
+        bool equal = true;
+        for_each_piece(pb.existing->kept, pb.existing->pages, [&](const Piece& pc) {
+            equal = equal && same(pc, page_data(pc.page) + static_cast<std::size_t>(pc.off) * row_bytes_);
+        });
+        if (!equal)
+            bad(who + "the block at " + range(pb.start, pb.end) + " (key " + key_text(pb.key) +
+                ") is already held with other rows: a block published twice must carry the same rows");
+    }
 }
 
 void PrefixStore::reserve_pages(std::int64_t n_new) {
@@ -266,7 +288,7 @@ void PrefixStore::touch(Block& b) { lru_.splice(lru_.end(), lru_, b.lru); }
 // (reserve_pages): what is left to fail is the index's own small
 // allocations (std::bad_alloc), and then every block is added whole or not
 // at all, the ones before it staying added.
-void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const RowSource& src) {
+void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill) {
     for (const PlannedBlock& pb : plan)
         if (pb.existing) {
             touch(*pb.existing);
@@ -293,7 +315,7 @@ void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const Ro
         stats_.key_bytes += static_cast<std::int64_t>(b.key.size());
         stats_.published += 1;
         for_each_piece(b.kept, b.pages, [&](const Piece& pc) {
-            src.fill(pc, external() ? nullptr : page_data(pc.page) + static_cast<std::size_t>(pc.off) * row_bytes_);
+            fill(pc, external() ? nullptr : page_data(pc.page) + static_cast<std::size_t>(pc.off) * row_bytes_);
         });
     }
 }
@@ -301,19 +323,16 @@ void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const Ro
 void PrefixStore::publish_rows(const KeyChain& keys, std::int64_t start, std::int64_t end, const void* rows,
                                ElemType type, std::size_t rows_bytes) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (external())
-        bad("publish_rows needs a held-row store; this one keeps its rows in the owner's table (use publish_external)");
-    if (static_cast<unsigned>(type) > static_cast<unsigned>(ElemType::BF16))
-        throw TypeError("rows element type code " + std::to_string(static_cast<unsigned>(type)) + " is not supported");
+    require_mode(RowMode::Held, "publish_rows", "publish_slots");
     const std::vector<PlannedBlock> plan = plan_publish(keys, start, end);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const std::size_t in_row = dim * elem_bytes(type);
     const std::size_t n = static_cast<std::size_t>(end - start);
-    if (!rows && n) bad("rows are missing");
     if (rows_bytes % in_row != 0 || rows_bytes / in_row != n)  // (n * in_row could overflow)
-        bad("rows must be " + std::to_string(n) + " x " + std::to_string(dim) + " " + elem_name(type) + " values (" +
-            std::to_string(n * in_row) + " bytes) for positions " + range(start, end) + ", got " +
-            std::to_string(rows_bytes) + " bytes");
+        bad("rows must be " + std::to_string(n) + " x " + std::to_string(dim) + " " + elem_name(type) +
+            " values for positions " + range(start, end) + ", got " + std::to_string(rows_bytes / in_row) +
+            (rows_bytes % in_row ? " rows and " + std::to_string(rows_bytes % in_row) + " bytes" : " rows"));
+    if (!rows && n) bad("rows are missing");
     // Encode every kept row once (checked under "error" before anything
     // changes); then fill new blocks from, and compare held ones with, it.
     const auto* src = static_cast<const std::uint8_t*>(rows);
@@ -333,53 +352,55 @@ void PrefixStore::publish_rows(const KeyChain& keys, std::int64_t start, std::in
         const std::int64_t first_bad = encode_rows(src + i * in_row, type, enc.data() + i * row_bytes_, opt_.storage,
                                                    j - i, dim, opt_.nonfinite, bounds);
         if (first_bad >= 0) {
-            const std::size_t row = i + static_cast<std::size_t>(first_bad) / dim;
-            char val[32];
-            std::snprintf(val, sizeof val, "%.9g",
-                          static_cast<double>(element_value(src, type, row * dim + static_cast<std::size_t>(first_bad) % dim)));
+            const std::size_t flat = i * dim + static_cast<std::size_t>(first_bad);
+            const float v = element_value(src, type, flat);
+            char val[32], lim[32];
+            // NaN prints as "nan" whatever its sign bit (as Python formats it).
+            if (std::isnan(v)) std::snprintf(val, sizeof val, "nan");
+            else std::snprintf(val, sizeof val, "%.9g", static_cast<double>(v));
+            std::snprintf(lim, sizeof lim, "%.9g", static_cast<double>(bounds.limit));
+            const std::size_t row = flat / dim;
             bad("row " + std::to_string(row) + " (position " + std::to_string(start + static_cast<std::int64_t>(row)) +
-                "), channel " + std::to_string(static_cast<std::size_t>(first_bad) % dim) + " holds " + val +
-                ", which this store's rows cannot carry (nonfinite='error'); nothing was published");
+                "), channel " + std::to_string(flat % dim) + " holds " + val +
+                (std::isfinite(v) ? std::string(", which overflows ") + storage_name(opt_.storage) + " storage" +
+                                        (opt_.stage == ElemType::F32 ? std::string()
+                                                                     : std::string(" staged as ") + elem_name(opt_.stage)) +
+                                        " (|x| must stay below " + lim + ")"
+                                  : std::string(", a non-finite value")) +
+                "; nothing was published (nonfinite='error')");
         }
         i = j;
     }
-    RowSource rs;
-    rs.fill = [&](const Piece& pc, std::uint8_t* dst) {
-        std::memcpy(dst, enc.data() + static_cast<std::size_t>(pc.pos - start) * row_bytes_,
-                    static_cast<std::size_t>(pc.count) * row_bytes_);
-    };
-    rs.same = [&](const Piece& pc, const std::uint8_t* held) {
-        return std::memcmp(held, enc.data() + static_cast<std::size_t>(pc.pos - start) * row_bytes_,
-                           static_cast<std::size_t>(pc.count) * row_bytes_) == 0;
-    };
-    std::int64_t new_pages = 0;
-    for (const PlannedBlock& pb : plan) {
-        if (pb.existing && !same_rows(*pb.existing, rs))
-            bad("key " + key_text(pb.key) + " is already held with other rows for positions " + range(pb.start, pb.end) +
-                ": a block published twice must carry the same rows");
-        if (!pb.existing) new_pages += pages_for(pb.kept.count);
-    }
-    reserve_pages(new_pages);
-    commit_publish(plan, rs);
+    auto at = [&](std::int64_t pos) { return enc.data() + static_cast<std::size_t>(pos - start) * row_bytes_; };
+    check_same_rows(plan, [&](const Piece& pc, const std::uint8_t* held) {
+        return std::memcmp(held, at(pc.pos), static_cast<std::size_t>(pc.count) * row_bytes_) == 0;
+    }, "");
+    reserve_pages(new_pages(plan));
+    commit_publish(plan, [&](const Piece& pc, std::uint8_t* dst) {
+        std::memcpy(dst, at(pc.pos), static_cast<std::size_t>(pc.count) * row_bytes_);
+    });
 }
 
-void PrefixStore::publish_external(const KeyChain& keys, std::int64_t start, std::int64_t end, std::int64_t* slots_out) {
+void PrefixStore::publish_slots(const KeyChain& keys, std::int64_t start, std::int64_t end, const SlotSink& slots) {
     std::lock_guard<std::mutex> lock(mu_);
-    if (!external())
-        bad("publish_external needs an external-row store; this one holds its rows (use publish_rows)");
+    require_mode(RowMode::External, "publish_slots", "publish_rows");
     const std::vector<PlannedBlock> plan = plan_publish(keys, start, end);
-    if (!slots_out) bad("slots_out is missing");
-    for (std::int64_t i = 0; i < end - start; ++i) slots_out[i] = -1;
-    RowSource rs;
-    rs.fill = [&](const Piece& pc, std::uint8_t*) {
-        for (std::int64_t i = 0; i < pc.count; ++i) slots_out[pc.pos - start + i] = pc.page * page_rows_ + pc.off + i;
-    };
-    rs.same = [](const Piece&, const std::uint8_t*) { return true; };  // the owner's rows: not visible here
-    std::int64_t new_pages = 0;
-    for (const PlannedBlock& pb : plan)
-        if (!pb.existing) new_pages += pages_for(pb.kept.count);
-    reserve_pages(new_pages);
-    commit_publish(plan, rs);
+    // Every check passed: room for the slots (may throw), then the pages.
+    std::int64_t* out = slots(static_cast<std::size_t>(end - start));
+    reserve_pages(new_pages(plan));
+    std::fill(out, out + (end - start), std::int64_t(-1));
+    commit_publish(plan, [&](const Piece& pc, std::uint8_t*) {
+        for (std::int64_t i = 0; i < pc.count; ++i) out[pc.pos - start + i] = pc.page * page_rows_ + pc.off + i;
+    });
+}
+
+std::vector<std::int64_t> PrefixStore::publish_slots(const KeyChain& keys, std::int64_t start, std::int64_t end) {
+    std::vector<std::int64_t> out;
+    publish_slots(keys, start, end, [&](std::size_t n) {
+        out.resize(n);
+        return out.data();
+    });
+    return out;
 }
 
 // -- eviction and introspection -------------------------------------------------------
@@ -419,11 +440,15 @@ bool PrefixStore::contains(std::string_view key) const {
     return index_.count(std::string(key)) != 0;
 }
 
-PrefixBlockInfo PrefixStore::info(std::string_view key) const {
-    std::lock_guard<std::mutex> lock(mu_);
+const PrefixStore::Block& PrefixStore::held(std::string_view key) const {
     const auto it = index_.find(std::string(key));
     if (it == index_.end()) bad("this PrefixStore holds no block with key " + key_text(key));
-    const Block& b = it->second;
+    return it->second;
+}
+
+PrefixBlockInfo PrefixStore::info(std::string_view key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Block& b = held(key);
     PrefixBlockInfo out;
     out.start = b.start;
     out.end = b.end;
@@ -435,11 +460,10 @@ PrefixBlockInfo PrefixStore::info(std::string_view key) const {
 
 std::vector<std::int64_t> PrefixStore::block_slots(std::string_view key) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto it = index_.find(std::string(key));
-    if (it == index_.end()) bad("this PrefixStore holds no block with key " + key_text(key));
+    const Block& b = held(key);
     std::vector<std::int64_t> out;
-    out.reserve(static_cast<std::size_t>(it->second.rows()));
-    for_each_piece(it->second.kept, it->second.pages, [&](const Piece& pc) {
+    out.reserve(static_cast<std::size_t>(b.rows()));
+    for_each_piece(b.kept, b.pages, [&](const Piece& pc) {
         for (std::int64_t i = 0; i < pc.count; ++i) out.push_back(pc.page * page_rows_ + pc.off + i);
     });
     return out;
@@ -571,25 +595,24 @@ PrefixHit PrefixStore::lookup(const KeyChain& keys, std::int64_t n_tokens) const
 
 std::size_t PrefixStore::export_size(std::string_view key) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto it = index_.find(std::string(key));
-    if (it == index_.end()) bad("this PrefixStore holds no block with key " + key_text(key));
-    return BLOCK_HEADER_BYTES + key.size() + static_cast<std::size_t>(it->second.rows()) * row_bytes_;
+    return BLOCK_HEADER_BYTES + key.size() + static_cast<std::size_t>(held(key).rows()) * row_bytes_;
 }
 
 std::size_t PrefixStore::export_into(std::string_view key, std::uint8_t* dst, std::size_t cap, const std::uint8_t* rows,
                                      std::size_t rows_bytes) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const auto it = index_.find(std::string(key));
-    if (it == index_.end()) bad("this PrefixStore holds no block with key " + key_text(key));
-    const Block& b = it->second;
+    const Block& b = held(key);
     const std::size_t body = static_cast<std::size_t>(b.rows()) * row_bytes_;
-    const std::size_t need = BLOCK_HEADER_BYTES + key.size() + body;
-    if (cap < need)
-        bad("export buffer of " + std::to_string(cap) + " bytes is too small: the block needs " + std::to_string(need));
     if (external() && (!rows || rows_bytes != body))
         bad("an external-row store exports the rows its owner read from block_slots(key): " + std::to_string(b.rows()) +
             " rows of " + std::to_string(row_bytes_) + " bytes (" + std::to_string(body) + " bytes), got " +
-            std::to_string(rows ? rows_bytes : 0));
+            (rows ? std::to_string(rows_bytes) + " bytes" : std::string("none")));
+    if (!external() && (rows || rows_bytes)) bad("a held-row store exports its own rows: pass no rows");
+    const std::size_t need = BLOCK_HEADER_BYTES + key.size() + body;
+    if (cap < need)
+        throw BufferTooSmall("export buffer of " + std::to_string(cap) + " bytes is too small: the block needs " +
+                                 std::to_string(need),
+                             need);
     std::uint8_t* h = dst;
     std::memset(h, 0, BLOCK_HEADER_BYTES);
     std::memcpy(h, BLOCK_MAGIC, 4);
@@ -626,8 +649,11 @@ std::size_t PrefixStore::export_into(std::string_view key, std::uint8_t* dst, st
     return need;
 }
 
-void PrefixStore::import_block(const std::uint8_t* d, std::size_t n, std::vector<std::int64_t>* slots_out) {
-    std::lock_guard<std::mutex> lock(mu_);
+// Every check of an exported block, in order: length of the header, magic,
+// version, header size, header checksum, the configuration (fingerprint and
+// block_tokens), reserved bytes, the fields' consistency (key length,
+// positions, kept rows), total length, the key and rows' checksum.
+PrefixStore::ImportPlan PrefixStore::check_import(const std::uint8_t* d, std::size_t n) const {
     if (!d && n) bad("block data is missing");
     if (n < BLOCK_HEADER_BYTES)
         bad("prefix block is truncated: " + std::to_string(n) + " bytes, its header needs " +
@@ -649,7 +675,7 @@ void PrefixStore::import_block(const std::uint8_t* d, std::size_t n, std::vector
                              stage == static_cast<std::uint8_t>(opt_.stage) && window == opt_.window &&
                              block == opt_.block_size && take<std::uint32_t>(d + 24) == row_bytes_;
     if (!same_config) {
-        const bool known = st < STORAGE_COUNT && nf < NONFINITE_COUNT && stage <= static_cast<std::uint8_t>(ElemType::BF16);
+        const bool known = st < STORAGE_COUNT && nf < NONFINITE_COUNT && stage < ELEM_TYPE_COUNT;
         bad("prefix block was exported with (" +
             (known ? fingerprint_text(dim, static_cast<Storage>(st), static_cast<NonFinite>(nf),
                                       static_cast<ElemType>(stage), window, block)
@@ -662,47 +688,56 @@ void PrefixStore::import_block(const std::uint8_t* d, std::size_t n, std::vector
         bad("prefix block was exported with block_tokens=" + std::to_string(take<std::uint32_t>(d + 28)) +
             " but this store has block_tokens=" + std::to_string(opt_.block_tokens));
     if (take<std::uint32_t>(d + 52) != 0) bad("prefix block has reserved bytes set");
-    const std::size_t key_len = d[15];
-    const std::int64_t start = take<std::int64_t>(d + 32), end = take<std::int64_t>(d + 40);
-    const std::uint32_t n_rows = take<std::uint32_t>(d + 48);
-    if (key_len < 1 || key_len > PREFIX_MAX_KEY_BYTES || start < 0 || end <= start || end >= MAX_POSITION ||
-        start % opt_.block_tokens != 0 || end - start > opt_.block_tokens)
+    ImportPlan ip;
+    ip.key_len = d[15];
+    ip.start = take<std::int64_t>(d + 32);
+    ip.end = take<std::int64_t>(d + 40);
+    ip.n_rows = take<std::uint32_t>(d + 48);
+    if (ip.key_len < 1 || ip.key_len > PREFIX_MAX_KEY_BYTES || ip.start < 0 || ip.end <= ip.start ||
+        ip.end >= MAX_POSITION || ip.start % opt_.block_tokens != 0 || ip.end - ip.start > opt_.block_tokens ||
+        static_cast<std::int64_t>(ip.n_rows) != kept_run(ip.start, ip.end).count)
         bad("prefix block fields are inconsistent");
-    const SlotRun kept = kept_run(start, end);
-    if (static_cast<std::int64_t>(n_rows) != kept.count) bad("prefix block fields are inconsistent");
-    const std::size_t body = static_cast<std::size_t>(n_rows) * row_bytes_;
-    if (n != BLOCK_HEADER_BYTES + key_len + body)
+    const std::size_t body = static_cast<std::size_t>(ip.n_rows) * row_bytes_;
+    if (n != BLOCK_HEADER_BYTES + ip.key_len + body)
         bad("prefix block length " + std::to_string(n) + " does not match its header (" +
-            std::to_string(BLOCK_HEADER_BYTES + key_len + body) + " bytes)");
-    if (crc32c(0, d + BLOCK_HEADER_BYTES, key_len + body) != take<std::uint32_t>(d + OFF_BODY_CRC))
+            std::to_string(BLOCK_HEADER_BYTES + ip.key_len + body) + " bytes)");
+    if (crc32c(0, d + BLOCK_HEADER_BYTES, ip.key_len + body) != take<std::uint32_t>(d + OFF_BODY_CRC))
         bad("prefix block checksum mismatch (damaged data)");
-    const std::uint8_t* rows = d + BLOCK_HEADER_BYTES + key_len;
-    const std::size_t offsets[2] = {0, key_len};
+    ip.rows = d + BLOCK_HEADER_BYTES + ip.key_len;
+    return ip;
+}
+
+void PrefixStore::import_block(const std::uint8_t* d, std::size_t n, const SlotSink& slots) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const ImportPlan ip = check_import(d, n);
+    const std::size_t offsets[2] = {0, ip.key_len};
     const KeyChain chain{d + BLOCK_HEADER_BYTES, offsets, 1};
-    const std::vector<PlannedBlock> plan = plan_publish(chain, start, end);
-    // Rows in the data are the kept rows in position order: row t at t * row_bytes.
-    auto index_of = [&](std::int64_t pos) { return pos - kept.first; };
-    RowSource rs;
-    rs.fill = [&](const Piece& pc, std::uint8_t* dst) {
-        const std::int64_t t = index_of(pc.pos);
-        if (dst) {
-            std::memcpy(dst, rows + static_cast<std::size_t>(t) * row_bytes_, static_cast<std::size_t>(pc.count) * row_bytes_);
-        } else if (slots_out) {
-            for (std::int64_t i = 0; i < pc.count; ++i)
-                (*slots_out)[static_cast<std::size_t>(t + i)] = pc.page * page_rows_ + pc.off + i;
-        }
-    };
-    rs.same = [&](const Piece& pc, const std::uint8_t* held) {
-        return !held || std::memcmp(held, rows + static_cast<std::size_t>(index_of(pc.pos)) * row_bytes_,
-                                    static_cast<std::size_t>(pc.count) * row_bytes_) == 0;
-    };
-    const PlannedBlock& pb = plan.front();
-    if (pb.existing && !same_rows(*pb.existing, rs))
-        bad("key " + key_text(pb.key) + " is already held with other rows for positions " + range(start, end) +
-            ": a block imported twice must carry the same rows");
-    reserve_pages(pb.existing ? 0 : pages_for(n_rows));
-    if (slots_out) slots_out->assign(n_rows, -1);
-    commit_publish(plan, rs);
+    const std::vector<PlannedBlock> plan = plan_publish(chain, ip.start, ip.end);
+    // The data's rows are the kept rows in position order: row t at t * row_bytes.
+    const std::int64_t first = ip.end - static_cast<std::int64_t>(ip.n_rows);
+    auto row = [&](std::int64_t pos) { return ip.rows + static_cast<std::size_t>(pos - first) * row_bytes_; };
+    check_same_rows(plan, [&](const Piece& pc, const std::uint8_t* held_rows) {
+        return std::memcmp(held_rows, row(pc.pos), static_cast<std::size_t>(pc.count) * row_bytes_) == 0;
+    }, "");
+    // Every check passed: room for the slots (external), then the pages.
+    std::int64_t* out = external() ? slots(ip.n_rows) : nullptr;
+    reserve_pages(new_pages(plan));
+    if (out) std::fill(out, out + ip.n_rows, std::int64_t(-1));
+    commit_publish(plan, [&](const Piece& pc, std::uint8_t* dst) {
+        if (dst)
+            std::memcpy(dst, row(pc.pos), static_cast<std::size_t>(pc.count) * row_bytes_);
+        else
+            for (std::int64_t i = 0; i < pc.count; ++i) out[pc.pos - first + i] = pc.page * page_rows_ + pc.off + i;
+    });
+}
+
+std::vector<std::int64_t> PrefixStore::import_block(const std::uint8_t* data, std::size_t n) {
+    std::vector<std::int64_t> out;
+    import_block(data, n, [&](std::size_t rows) {
+        out.resize(rows);
+        return out.data();
+    });
+    return out;
 }
 
 }  // namespace dspark

@@ -1,6 +1,7 @@
 // Row formats: scalar (portable) kernels, which are the definition every SIMD
-// path must match byte for byte, plus runtime dispatch and the public entry
-// points of row_format.hpp. See docs/design.md section 3.
+// path must match byte for byte on every CPU, the row-format family's kernel
+// tables for the dispatch registry (dispatch.cpp chooses the path), and the
+// public entry points of row_format.hpp. See docs/design.md section 3.
 //
 // Quantizers follow ggml's quantize_row_q8_0_ref / quantize_row_q4_0_ref
 // (ggml-quants.c) exactly for finite input. For blocks holding a NaN (only
@@ -9,19 +10,16 @@
 // the block's max, so d is that NaN and every quant is 0.
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
+#include <vector>
 
+#include "dispatch_families.hpp"
+#include "dspark/dispatch.hpp"
 #include "dspark/errors.hpp"
 #include "dspark/row_format.hpp"
-
-#if defined(DSPARK_X86)
-#include <cpuid.h>
-#endif
 #include "row_format_kernels.hpp"
 
 namespace dspark {
@@ -117,25 +115,24 @@ static bool s_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t nb)
     for (std::size_t b = 0; b < nb; ++b) quantize_block_q4_0_scalar(src + b * QK, dst + b * Q4_0_BLOCK_BYTES);
     return s_find_unencodable_f32(src, nb * QK, Q4_0_LIMIT) >= 0;
 }
-static void s_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
-    for (std::size_t b = 0; b < nb; ++b) {
-        const std::uint8_t* blk = src + b * Q8_0_BLOCK_BYTES;
-        const float d = f16_to_f32_scalar(load_u16(blk));
-        for (std::size_t j = 0; j < QK; ++j)
-            dst[b * QK + j] = static_cast<float>(static_cast<std::int8_t>(blk[2 + j])) * d;
+void dequantize_block_q8_0_scalar(const std::uint8_t* blk, float* y) {
+    const float d = f16_to_f32_scalar(load_u16(blk));
+    for (std::size_t j = 0; j < QK; ++j) y[j] = mul_x86_nan(static_cast<float>(static_cast<std::int8_t>(blk[2 + j])), d);
+}
+void dequantize_block_q4_0_scalar(const std::uint8_t* blk, float* y) {
+    const float d = f16_to_f32_scalar(load_u16(blk));
+    for (std::size_t j = 0; j < QK / 2; ++j) {
+        const int lo = (blk[2 + j] & 0x0f) - 8;
+        const int hi = (blk[2 + j] >> 4) - 8;
+        y[j] = mul_x86_nan(static_cast<float>(lo), d);
+        y[QK / 2 + j] = mul_x86_nan(static_cast<float>(hi), d);
     }
 }
+static void s_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) {
+    for (std::size_t b = 0; b < nb; ++b) dequantize_block_q8_0_scalar(src + b * Q8_0_BLOCK_BYTES, dst + b * QK);
+}
 static void s_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
-    for (std::size_t b = 0; b < nb; ++b) {
-        const std::uint8_t* blk = src + b * Q4_0_BLOCK_BYTES;
-        const float d = f16_to_f32_scalar(load_u16(blk));
-        for (std::size_t j = 0; j < QK / 2; ++j) {
-            const int lo = (blk[2 + j] & 0x0f) - 8;
-            const int hi = (blk[2 + j] >> 4) - 8;
-            dst[b * QK + j] = static_cast<float>(lo) * d;
-            dst[b * QK + QK / 2 + j] = static_cast<float>(hi) * d;
-        }
-    }
+    for (std::size_t b = 0; b < nb; ++b) dequantize_block_q4_0_scalar(src + b * Q4_0_BLOCK_BYTES, dst + b * QK);
 }
 
 // Copy in L2-sized pieces and check each piece while it is cache-hot.
@@ -181,30 +178,15 @@ const Kernels* kernels_for(SimdPath p) noexcept {
         case SimdPath::Avx2: return &detail::kAvx2Kernels;
         case SimdPath::Avx512: return &detail::kAvx512Kernels;
 #endif
+#if defined(DSPARK_AARCH64)
+        case SimdPath::Neon: return &detail::kNeonKernels;
+        case SimdPath::NeonBf16: return &detail::kNeonBf16Kernels;
+#endif
         default: return nullptr;
     }
 }
 
-// DSPARK_SIMD as read now, and the path it names (when it names one).
-SimdEnv read_simd_env(SimdPath& want) noexcept {
-    const char* env = std::getenv("DSPARK_SIMD");
-    if (env == nullptr || *env == '\0') return SimdEnv::Unset;  // DSPARK_SIMD= (empty) is unset too
-    std::string s(env);
-    for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    if (s == "scalar") want = SimdPath::Scalar;
-    else if (s == "avx2") want = SimdPath::Avx2;
-    else if (s == "avx512" || s == "avx-512") want = SimdPath::Avx512;
-    else return SimdEnv::Unknown;
-    return simd_supported(want) ? SimdEnv::Used : SimdEnv::Unsupported;
-}
-
-SimdPath initial_path() noexcept {
-    SimdPath want = best_simd_path();
-    return read_simd_env(want) == SimdEnv::Used ? want : best_simd_path();
-}
-
-std::atomic<int> g_active{-1};
-
+// The registry only ever activates a path whose table this build has.
 const Kernels& active_kernels() noexcept { return *kernels_for(active_simd_path()); }
 
 bool is_q(Storage s) noexcept { return s == Storage::Q8_0 || s == Storage::Q4_0; }
@@ -350,90 +332,65 @@ EncodeBounds encode_bounds(Storage s, ElemType staged) {
     return table[static_cast<int>(s)][static_cast<int>(staged)];
 }
 
-#if defined(DSPARK_X86)
-namespace {
-// CPU features straight from cpuid / xgetbv: __builtin_cpu_supports("f16c")
-// is rejected by clang < 18, and the OS must have enabled the YMM / ZMM state.
-struct CpuFeatures {
-    bool avx2 = false, f16c = false, avx512 = false;
-};
-
-CpuFeatures detect_cpu() noexcept {
-    CpuFeatures f;
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
-    const bool osxsave = c & (1u << 27);
-    const bool f16c = c & (1u << 29);
-    if (!osxsave) return f;
-    unsigned lo = 0, hi = 0;
-    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
-    const bool ymm = (lo & 0x6u) == 0x6u;    // XMM + YMM state
-    const bool zmm = ymm && (lo & 0xE0u) == 0xE0u;  // opmask + ZMM state
-    unsigned a7 = 0, b7 = 0, c7 = 0, d7 = 0;
-    if (!__get_cpuid_count(7, 0, &a7, &b7, &c7, &d7)) return f;
-    f.f16c = ymm && f16c;
-    f.avx2 = ymm && (b7 & (1u << 5));
-    // AVX-512 F (16), DQ (17), BW (30), VL (31).
-    const unsigned need512 = (1u << 16) | (1u << 17) | (1u << 30) | (1u << 31);
-    f.avx512 = zmm && (b7 & need512) == need512;
-    return f;
+// Row-format paths are the registry's RowFormat family (dspark/dispatch.hpp);
+// SimdPath values are its path numbers.
+bool simd_supported(SimdPath p) noexcept {
+    return kernel_path_supported(KernelFamily::RowFormat, static_cast<int>(p));
 }
+SimdPath best_simd_path() noexcept {
+    return static_cast<SimdPath>(best_kernel_path(KernelFamily::RowFormat));
+}
+SimdPath active_simd_path() noexcept {
+    return static_cast<SimdPath>(active_kernel_path(KernelFamily::RowFormat));
+}
+void set_simd_path(SimdPath p) { set_kernel_path(KernelFamily::RowFormat, static_cast<int>(p)); }
+const char* simd_path_name(SimdPath p) noexcept {
+    const char* n = kernel_path_name(KernelFamily::RowFormat, static_cast<int>(p));
+    return n != nullptr ? n : "?";
+}
+SimdEnv simd_env_status() noexcept { return kernel_env_status(); }
 
-const CpuFeatures& cpu() noexcept {
-    static const CpuFeatures f = detect_cpu();
-    return f;
+namespace detail {
+
+// The kernels of a path table, by slot (the Kernels members in order), and
+// which path's table first holds the same function: the path whose code runs.
+namespace {
+constexpr const char* kKernelNames[] = {
+    "f32->f16",    "f32->bf16",   "f16->f32",    "bf16->f32",        "q8_0 encode",
+    "q4_0 encode", "q8_0 decode", "q4_0 decode", "unencodable scan", "f32 copy+scan",
+};
+constexpr int KERNEL_SLOTS = static_cast<int>(sizeof kKernelNames / sizeof kKernelNames[0]);
+
+bool same_slot(const Kernels& a, const Kernels& b, int k) noexcept {
+    switch (k) {
+        case 0: return a.f32_to_f16 == b.f32_to_f16;
+        case 1: return a.f32_to_bf16 == b.f32_to_bf16;
+        case 2: return a.f16_to_f32 == b.f16_to_f32;
+        case 3: return a.bf16_to_f32 == b.bf16_to_f32;
+        case 4: return a.quantize_q8_0 == b.quantize_q8_0;
+        case 5: return a.quantize_q4_0 == b.quantize_q4_0;
+        case 6: return a.dequantize_q8_0 == b.dequantize_q8_0;
+        case 7: return a.dequantize_q4_0 == b.dequantize_q4_0;
+        case 8: return a.find_unencodable_f32 == b.find_unencodable_f32;
+        case 9: return a.copy_find_nonfinite_f32 == b.copy_find_nonfinite_f32;
+    }
+    return false;
 }
 }  // namespace
-#endif
 
-bool simd_supported(SimdPath p) noexcept {
-    switch (p) {
-        case SimdPath::Scalar: return true;
-#if defined(DSPARK_X86)
-        case SimdPath::Avx2: return cpu().avx2 && cpu().f16c;
-        case SimdPath::Avx512: return cpu().avx512 && cpu().avx2 && cpu().f16c;
-#endif
-        default: return false;
+const char* row_format_kernel_name(int k) noexcept { return k >= 0 && k < KERNEL_SLOTS ? kKernelNames[k] : nullptr; }
+
+const char* row_format_kernel_origin(int k, int path) noexcept {
+    const Kernels* mine = kernels_for(static_cast<SimdPath>(path));
+    if (mine == nullptr || row_format_kernel_name(k) == nullptr) return nullptr;
+    for (int p = 0; p <= path; ++p) {
+        const Kernels* t = kernels_for(static_cast<SimdPath>(p));
+        if (t != nullptr && same_slot(*t, *mine, k)) return simd_path_name(static_cast<SimdPath>(p));
     }
+    return nullptr;
 }
 
-SimdPath best_simd_path() noexcept {
-    if (simd_supported(SimdPath::Avx512)) return SimdPath::Avx512;
-    if (simd_supported(SimdPath::Avx2)) return SimdPath::Avx2;
-    return SimdPath::Scalar;
-}
-
-SimdEnv simd_env_status() noexcept {
-    SimdPath want = SimdPath::Scalar;
-    return read_simd_env(want);
-}
-
-SimdPath active_simd_path() noexcept {
-    int v = g_active.load(std::memory_order_acquire);
-    if (v < 0) {
-        int expected = -1;
-        g_active.compare_exchange_strong(expected, static_cast<int>(initial_path()),
-                                         std::memory_order_acq_rel);
-        v = g_active.load(std::memory_order_acquire);
-    }
-    return static_cast<SimdPath>(v);
-}
-
-void set_simd_path(SimdPath p) {
-    if (!simd_supported(p))
-        throw std::invalid_argument(std::string("dspark: SIMD path '") + simd_path_name(p) +
-                                    "' is not supported on this CPU/build");
-    g_active.store(static_cast<int>(p), std::memory_order_release);
-}
-
-const char* simd_path_name(SimdPath p) noexcept {
-    switch (p) {
-        case SimdPath::Scalar: return "scalar";
-        case SimdPath::Avx2: return "avx2";
-        case SimdPath::Avx512: return "avx512";
-    }
-    return "?";
-}
+}  // namespace detail
 
 // ------------------------------------------------------------ public API ---
 
@@ -494,8 +451,8 @@ std::size_t row_bytes(Storage s, std::size_t dim) {
     check_storage(s);
     if (is_q(s) && (dim == 0 || dim % QK != 0))
         throw ConfigError(std::string("dspark: storage ") + storage_name(s) +
-                          " needs a feature dim that is a positive multiple of 32, got " +
-                          std::to_string(dim));
+                          " needs feature_dim % 32 == 0, got feature_dim " +
+                          std::to_string(dim) + " (a positive multiple of 32: whole blocks)");
     // storage_bytes multiplies: a dim whose byte count wraps around is refused.
     const std::size_t units = is_q(s) ? dim / QK : dim;
     const std::size_t unit_bytes = storage_bytes(s, is_q(s) ? QK : 1);
@@ -504,6 +461,12 @@ std::size_t row_bytes(Storage s, std::size_t dim) {
                           " is too large: its byte count overflows size_t");
     return storage_bytes(s, dim);
 }
+
+namespace {
+// An fp16 value (a stored f16 element or a q block's scale) is Inf or NaN:
+// its exponent bits are all ones.
+inline bool f16_bits_nonfinite(std::uint16_t h) noexcept { return (h & 0x7c00u) == 0x7c00u; }
+}  // namespace
 
 std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
     check_elem(in);
@@ -515,13 +478,48 @@ std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems) {
         case ElemType::F16: {
             const auto* h = static_cast<const std::uint16_t*>(src);
             for (std::size_t i = 0; i < n_elems; ++i)
-                if ((h[i] & 0x7c00u) == 0x7c00u) return static_cast<std::int64_t>(i);
+                if (f16_bits_nonfinite(h[i])) return static_cast<std::int64_t>(i);
             return -1;
         }
         case ElemType::BF16: {
             const auto* b = static_cast<const std::uint16_t*>(src);
             for (std::size_t i = 0; i < n_elems; ++i)
                 if ((b[i] & 0x7f80u) == 0x7f80u) return static_cast<std::int64_t>(i);
+            return -1;
+        }
+    }
+    return -1;
+}
+
+std::int64_t find_unstageable_encoded(const void* rows, Storage s, std::size_t n_rows, std::size_t dim, float limit) {
+    const std::size_t rb = row_bytes(s, dim);  // checks s (and whole q blocks)
+    if (n_rows == 0) return -1;
+    if (rows == nullptr) throw std::invalid_argument("dspark: find_unstageable_encoded: null source");
+    const auto* data = static_cast<const std::uint8_t*>(rows);
+    if (limit < detail::NO_LIMIT) {
+        // A narrower staged type: decode each row and check its values.
+        std::vector<float> row(dim);
+        for (std::size_t r = 0; r < n_rows; ++r) {
+            decode_rows(data + r * rb, s, row.data(), ElemType::F32, 1, dim);
+            const std::int64_t i = find_unencodable(row.data(), ElemType::F32, dim, limit);
+            if (i >= 0) return static_cast<std::int64_t>(r * dim) + i;
+        }
+        return -1;
+    }
+    switch (s) {
+        case Storage::F32: return find_nonfinite(data, ElemType::F32, n_rows * dim);
+        case Storage::F16: return find_nonfinite(data, ElemType::F16, n_rows * dim);
+        case Storage::BF16: return find_nonfinite(data, ElemType::BF16, n_rows * dim);
+        case Storage::Q8_0:
+        case Storage::Q4_0: {
+            // A q block decodes to scale * quant: non-finite exactly when its fp16 scale is.
+            const std::size_t block = storage_bytes(s, QK);
+            for (std::size_t r = 0; r < n_rows; ++r)
+                for (std::size_t off = 0; off < rb; off += block) {
+                    std::uint16_t d;
+                    std::memcpy(&d, data + r * rb + off, 2);
+                    if (f16_bits_nonfinite(d)) return static_cast<std::int64_t>(r * dim + off / block * QK);
+                }
             return -1;
         }
     }

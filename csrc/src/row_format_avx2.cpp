@@ -339,9 +339,11 @@ void avx2_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) { a_b
 void avx2_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t nb) { a_dequantize_q8_0(src, dst, nb); }
 void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) { a_dequantize_q4_0(src, dst, nb); }
 
+// The decoders by their exported names, the functions the AVX-512 table
+// holds too (the dispatch table tells a shared kernel by its address).
 const Kernels kAvx2Kernels = {
-    a_f32_to_f16,      a_f32_to_bf16,     a_f16_to_f32,      a_bf16_to_f32,        a_quantize_q8_0,
-    a_quantize_q4_0,   a_dequantize_q8_0, a_dequantize_q4_0, a_find_unencodable_f32,
+    a_f32_to_f16,         a_f32_to_bf16,        avx2_f16_to_f32,      avx2_bf16_to_f32,     a_quantize_q8_0,
+    a_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, a_find_unencodable_f32,
     a_copy_find_nonfinite_f32,
 };
 

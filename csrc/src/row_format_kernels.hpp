@@ -3,7 +3,11 @@
 // Every kernel works on a flat run of elements (rows are contiguous and the
 // q formats' blocks are contiguous too, so n_rows rows of `dim` elements are
 // just n_rows * dim / 32 consecutive blocks). The scalar table is the
-// definition; the AVX2 and AVX-512 tables must produce identical bytes.
+// definition; the AVX2, AVX-512, NEON and NEON-BF16 tables must produce
+// identical bytes, and so must the scalar table on every CPU: where x86 and
+// Arm differ (float -> int out of range, the NaN of inf * 0) the scalar code
+// spells out x86's result (cvtt_i32, mul_x86_nan), so the bytes depend on
+// the input alone.
 //
 // The scalar bit helpers below are `static inline` on purpose: this header is
 // included by translation units compiled for different ISAs, and an inline
@@ -75,12 +79,31 @@ void avx2_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 void avx2_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
 void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
 #endif
+#if defined(DSPARK_AARCH64)
+extern const Kernels kNeonKernels;
+extern const Kernels kNeonBf16Kernels;
+
+// The NEON kernels the NEON-BF16 table shares (all but f32 -> bf16).
+bool neon_f32_to_f16(const float* src, std::uint16_t* dst, std::size_t n);
+void neon_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
+void neon_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
+bool neon_quantize_q8_0(const float* src, std::uint8_t* dst, std::size_t n_blocks);
+bool neon_quantize_q4_0(const float* src, std::uint8_t* dst, std::size_t n_blocks);
+void neon_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
+void neon_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
+std::int64_t neon_find_unencodable_f32(const float* src, std::size_t n, float limit);
+std::int64_t neon_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n);
+#endif
 
 // Scalar single-block quantizers (defined in row_format.cpp, compiled for the
 // baseline ISA). The SIMD kernels hand blocks holding a NaN to these, so NaN
 // handling has exactly one definition.
 void quantize_block_q8_0_scalar(const float* x, std::uint8_t* out);
 void quantize_block_q4_0_scalar(const float* x, std::uint8_t* out);
+// Scalar single-block decoders, which the NEON decoders hand blocks with an
+// infinite scale to (the one case whose NaN bits differ between CPUs).
+void dequantize_block_q8_0_scalar(const std::uint8_t* blk, float* y);
+void dequantize_block_q4_0_scalar(const std::uint8_t* blk, float* y);
 
 // ---------------------------------------------------------------------------
 // Bit helpers (internal linkage in every TU; see the note at the top).
@@ -142,6 +165,17 @@ static inline std::uint16_t f32_to_bf16_scalar(float f) {
 
 static inline float bf16_to_f32_scalar(std::uint16_t b) {
     return bits_f32(static_cast<std::uint32_t>(b) << 16);
+}
+
+// q * d with x86's NaN rule for an invalid product (inf * 0): SSE returns
+// its default NaN 0xffc00000, Arm its default NaN 0x7fc00000. A NaN operand
+// (d only: q is an integer) comes back quieted on both.
+static inline float mul_x86_nan(float q, float d) {
+    const float r = q * d;
+#if !defined(DSPARK_X86)
+    if (r != r && d == d) return bits_f32(0xffc00000u);
+#endif
+    return r;
 }
 
 // x86 cvttss2si semantics: truncate toward zero; NaN or out of int32 range

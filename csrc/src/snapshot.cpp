@@ -62,14 +62,10 @@ using le::take;
 
 [[noreturn]] void bad(const std::string& why) { throw std::invalid_argument(why); }
 
-std::string nonfinite_label(std::uint8_t code) {
-    switch (code) {
-        case static_cast<std::uint8_t>(NonFinite::Error): return "error";
-        case static_cast<std::uint8_t>(NonFinite::Zero): return "zero";
-        case static_cast<std::uint8_t>(NonFinite::ClampF16): return "clamp_f16";
-        case static_cast<std::uint8_t>(NonFinite::Clamp): return "clamp";
-        default: return "code " + std::to_string(code);
-    }
+// A code's name from one of the core's tables, or "code N" for a value past it.
+template <class E, class Name>
+std::string code_name(std::uint8_t code, int count, Name name) {
+    return code < count ? std::string(name(static_cast<E>(code))) : "code " + std::to_string(code);
 }
 
 // The configuration a snapshot was taken under (v1 has no nonfinite policy).
@@ -79,13 +75,12 @@ struct Fingerprint {
     bool v2;  // v1 records neither the nonfinite policy nor the staged type
 
     std::string str() const {
-        const std::string name = storage < STORAGE_COUNT ? storage_name(static_cast<Storage>(storage))
-                                                         : "code " + std::to_string(storage);
-        std::string s = "feature_dim=" + std::to_string(feature_dim) + ", storage=" + name +
+        std::string s = "feature_dim=" + std::to_string(feature_dim) +
+                        ", storage=" + code_name<Storage>(storage, STORAGE_COUNT, storage_name) +
                         ", window=" + std::to_string(window) + ", block_size=" + std::to_string(block);
         if (v2) {
-            s += ", nonfinite=" + nonfinite_label(nonfinite) + ", stage_dtype=" +
-                 (stage <= static_cast<std::uint8_t>(ElemType::BF16) ? std::string(elem_name(static_cast<ElemType>(stage))) : "code " + std::to_string(stage));
+            s += ", nonfinite=" + code_name<NonFinite>(nonfinite, NONFINITE_COUNT, nonfinite_name) +
+                 ", stage_dtype=" + code_name<ElemType>(stage, ELEM_TYPE_COUNT, elem_name);
         }
         return s;
     }
@@ -151,8 +146,9 @@ std::size_t Stager::snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size
     const Seq& s = ready(seq);
     const std::size_t need = snapshot_bytes(s);
     if (cap < need)
-        bad("snapshot buffer of " + std::to_string(cap) + " bytes is too small: the snapshot of sequence " +
-            std::to_string(seq) + " needs " + std::to_string(need));
+        throw BufferTooSmall("snapshot buffer of " + std::to_string(cap) +
+                             " bytes is too small: the snapshot of sequence " + std::to_string(seq) + " needs " +
+                             std::to_string(need), need);
     write_snapshot(s, dst);
     return need;
 }
@@ -168,9 +164,11 @@ std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     return out;
 }
 
-void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out) {
+void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out,
+                     std::uint64_t* serial) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& target = ready(seq);
+    Seq& target = mut(ready(seq));
+    if (serial) *serial = 0;
     if (n < PREAMBLE_BYTES)
         bad("snapshot is truncated: " + std::to_string(n) + " bytes, a header needs " + std::to_string(HEADER_BYTES));
     if (std::memcmp(d, MAGIC, 4) != 0) bad("not a dspark_core snapshot (bad magic)");
@@ -243,18 +241,55 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     }
     if (!ok) bad("snapshot fields are inconsistent");
 
-    // Rows of v2: an emptied slot takes them checksummed while copied (one
-    // pass; its ring holds nothing a failed check could spoil). A slot still
-    // holding rows has them checked first, then copied: it must survive a
-    // damaged snapshot.
+    // Rows of v2 are checksummed while they are copied (one pass), always
+    // into slots that hold no stageable row of this sequence, so damaged data
+    // spoils nothing: a ring whose live rows all lie outside slots [0, n) (an
+    // emptied one, or one whose rows sit further on) takes them in its own
+    // slots; any other takes them in the Stager's spare ring, which is then
+    // swapped in, the replaced ring becoming the spare (one per Stager,
+    // reused, so memory stays bounded and no restore faults in fresh pages).
+    // Either way the rows end at slots [0, n), the layout ring_for gives (the
+    // reference's RingModel). Version 1 checksums the whole blob first.
     const std::uint8_t* rows = d + header;
-    const std::size_t rows_bytes = external() ? 0 : static_cast<std::size_t>(n_rows) * row_bytes_;
-    const std::uint32_t rows_crc = v1 ? 0 : take<std::uint32_t>(d + OFF_ROWS_CRC);
-    const bool fused = !v1 && !external() && target.buf.size() == 0;
-    if (!v1 && !fused && crc32c(0, rows, rows_bytes) != rows_crc) bad("snapshot rows checksum mismatch (damaged data)");
+    const std::size_t count = external() ? 0 : static_cast<std::size_t>(n_rows);
+    const std::size_t rows_bytes = count * row_bytes_;
+    if (v1 && count) {  // checked above, with the header: copy into the ring as it will be
+        FeatureBuffer ring = ring_for(target.buf, horizon, count);
+        append_rows(ring, rows, count);
+        target.buf = std::move(ring);
+    } else if (count) {
+        FeatureBuffer fresh;
+        FeatureBuffer* into = &target.buf;
+        if (target.buf.capacity() < count) {  // never used: a ring of its own (dropped if the data is bad)
+            fresh = new_ring();
+            fresh.reserve_back(count, max_rows_);
+            into = &fresh;
+        } else if (target.started) {
+            // Stageable rows [max(horizon, head), end) in slots [0, count)?
+            // (Rows below the horizon are dead: nothing stages, snapshots or
+            // brings them back, so they may be overwritten.)
+            SlotRun live[2];
+            target.buf.runs(std::max(target.horizon, target.buf.head()), target.buf.end(), 0, live);
+            const bool clear = (live[0].count == 0 || live[0].first >= static_cast<std::int64_t>(count)) &&
+                               live[1].count == 0;  // a second run starts at slot 0
+            if (!clear) {
+                if (spare_.capacity() < count) {
+                    spare_ = new_ring();
+                    spare_.reserve_back(count, max_rows_);
+                }
+                into = &spare_;
+            }
+        }
+        if (crc32c_copy(0, into->front_slots(count), rows, rows_bytes) != take<std::uint32_t>(d + OFF_ROWS_CRC))
+            bad("snapshot rows checksum mismatch (damaged data)");
+        if (into == &spare_) std::swap(spare_, target.buf);
+        else if (into == &fresh) target.buf = std::move(fresh);
+    } else if (!v1 && !external() && crc32c(0, rows, 0) != take<std::uint32_t>(d + OFF_ROWS_CRC)) {
+        bad("snapshot rows checksum mismatch (damaged data)");
+    }
 
     // Build the new state completely, then swap it in: bad data never
-    // leaves the slot half-restored.
+    // leaves the slot half-restored (nothing below can fail).
     Seq s;
     s.started = started;
     s.disabled = flags & FLAG_DISABLED;
@@ -267,32 +302,27 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     s.pos_base = pos_base;
     s.tentative = tentative;
     s.failures = failures;
-    const std::int64_t old_head = target.buf.head();
-    const bool reused = target.buf.capacity() != 0 && target.buf.capacity() >= n_rows;  // ring_for's rule
-    s.buf = ring_for(target.buf, horizon, n_rows);  // validated: nothing below can fail but the fused check
-    if (external()) {
-        // The owner puts the rows back: take their slots, write nothing.
-        if (n_rows) {
+    s.mismatch_reported = target.mismatch_reported;  // the slot's report, until its begin()
+    if (external() || !count) {
+        s.buf = ring_for(target.buf, horizon, static_cast<std::size_t>(n_rows));
+        if (external() && n_rows) {  // the owner puts the rows back: take their slots, write nothing
             FeatureBuffer::Span x, y;
             s.buf.back_spans(static_cast<std::size_t>(n_rows), x, y);
             s.buf.commit_back(static_cast<std::size_t>(n_rows));
         }
-    } else if (fused) {
-        std::uint32_t crc = 0;
-        append_rows(s.buf, rows, n_rows, &crc);
-        if (crc != rows_crc) {
-            if (reused) {  // give the (still empty) ring back as it was
-                target.buf = std::move(s.buf);
-                target.buf.reset(old_head);
-            }
-            bad("snapshot rows checksum mismatch (damaged data)");
-        }
     } else {
-        append_rows(s.buf, rows, n_rows);
+        s.buf = std::move(target.buf);  // the rows are in slots [0, count)
+        s.buf.reset(horizon);
+        s.buf.commit_back(count);
     }
     if (runs_out) s.buf.runs(horizon, end, slot_base(seq), runs_out);
     target = std::move(s);
     advance_horizon(target);
+    // The owner writes the rows back at those slots: a table change, in order.
+    if (external() && n_rows) {
+        const std::uint64_t k = next_serial();
+        if (serial) *serial = k;
+    }
 }
 
 }  // namespace dspark

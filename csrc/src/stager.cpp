@@ -2,9 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dspark/crc32c.hpp"
@@ -16,9 +18,16 @@ namespace {
 
 std::string seq_msg(std::int64_t seq) { return "sequence " + std::to_string(seq); }
 
+// A position-like count (n_past, n_keep, ...): [0, MAX_POSITION).
 void require_count(const char* name, std::int64_t v) {
     if (v < 0 || v >= MAX_POSITION)
         throw std::invalid_argument(std::string(name) + " must be in [0, 2**62), got " + std::to_string(v));
+}
+
+// An enum field of StagerOptions that holds no valid value (a C++ caller's cast).
+template <class E>
+void require_code(const char* field, E value, int count, const char* (*name)(E) noexcept) {
+    (void)enum_from_code<ConfigError>(field, static_cast<std::int64_t>(value), count, name);
 }
 
 }  // namespace
@@ -41,27 +50,60 @@ const char* fail_stage_name(FailStage s) noexcept {
     return nullptr;
 }
 
-Stager::Stager(const StagerOptions& o) : opt_(o) {
-    if (o.feature_dim < 1) throw ConfigError("feature_dim must be >= 1, got " + std::to_string(o.feature_dim));
-    if (o.block_size < 1) throw ConfigError("block_size must be >= 1, got " + std::to_string(o.block_size));
-    if (o.window < 1) throw ConfigError("window must be >= 1, got " + std::to_string(o.window));
-    if (o.max_seqs < 1) throw ConfigError("max_seqs must be >= 1, got " + std::to_string(o.max_seqs));
-    if (o.max_failures < 1) throw ConfigError("max_failures must be >= 1, got " + std::to_string(o.max_failures));
-    if (o.rows != RowMode::Held && o.rows != RowMode::External)
-        throw ConfigError("rows must be Held or External, got code " + std::to_string(static_cast<int>(o.rows)));
+const char* row_mode_name(RowMode m) noexcept {
+    switch (m) {
+        case RowMode::Held: return "held";
+        case RowMode::External: return "external";
+    }
+    return nullptr;
+}
+
+#define DSPARK_FIELD_INFO(T, type, name) {#name, offsetof(T, name), std::is_same<type, bool>::value},
+#define DSPARK_STATE_FIELD_INFO(type, name) DSPARK_FIELD_INFO(SeqState, type, name)
+#define DSPARK_STATS_FIELD_INFO(type, name) DSPARK_FIELD_INFO(SeqStats, type, name)
+const FieldInfo SEQ_STATE_FIELDS[] = {DSPARK_SEQ_STATE_FIELDS(DSPARK_STATE_FIELD_INFO){nullptr, 0, false}};
+const FieldInfo SEQ_STATS_FIELDS[] = {DSPARK_SEQ_STATS_FIELDS(DSPARK_STATS_FIELD_INFO){nullptr, 0, false}};
+#undef DSPARK_STATS_FIELD_INFO
+#undef DSPARK_STATE_FIELD_INFO
+#undef DSPARK_FIELD_INFO
+
+std::string mismatch_cause(std::int64_t n_past, std::int64_t end) {
+    if (end > n_past)
+        return "rows " + std::to_string(n_past) + ".." + std::to_string(end - 1) +
+               " are still buffered: was accept() not called after the verify batch (it keeps n_accepted + 1 of "
+               "its rows), or is a rollback() to the target's n_past missing?";
+    return "rows " + std::to_string(end) + ".." + std::to_string(n_past - 1) +
+           " were never processed: every target decode (prefill chunk, verify batch) must be passed to process()";
+}
+
+void check_options(const StagerOptions& o) {
+    const std::pair<const char*, std::int64_t> counts[] = {
+        {"feature_dim", o.feature_dim}, {"block_size", o.block_size},     {"window", o.window},
+        {"max_seqs", o.max_seqs},       {"max_failures", o.max_failures},
+    };
+    for (const auto& [name, v] : counts)
+        if (v < 1) throw ConfigError(std::string(name) + " must be >= 1, got " + std::to_string(v));
+    require_code("storage", o.storage, STORAGE_COUNT, storage_name);
+    require_code("nonfinite", o.nonfinite, NONFINITE_COUNT, nonfinite_name);
+    require_code("stage_dtype", o.stage, ELEM_TYPE_COUNT, elem_name);
+    require_code("rows", o.rows, ROW_MODE_COUNT, row_mode_name);
     // A rebase keeps W / 2 rows and must still fit a block: W > 2B (never an abort).
     if (o.window <= 2 * o.block_size)
         throw ConfigError("window (" + std::to_string(o.window) + ") must be greater than 2 * block_size (2 * " +
                           std::to_string(o.block_size) + " = " + std::to_string(2 * o.block_size) + ")");
-    if (o.window > MAX_WINDOW)
-        throw ConfigError("window (" + std::to_string(o.window) + ") must be <= 2**30");
+    if (o.window > MAX_WINDOW) throw ConfigError("window (" + std::to_string(o.window) + ") must be <= 2**30");
     if (o.feature_dim > MAX_FEATURE_DIM)
         throw ConfigError("feature_dim (" + std::to_string(o.feature_dim) + ") must be <= 2**28");
-    row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));  // ConfigError for q + D % 32
-    if (static_cast<unsigned>(o.nonfinite) >= static_cast<unsigned>(NONFINITE_COUNT))
-        throw ConfigError("unknown non-finite policy code " + std::to_string(static_cast<unsigned>(o.nonfinite)));
-    if (static_cast<unsigned>(o.stage) > static_cast<unsigned>(ElemType::BF16))
-        throw ConfigError("unknown staged element type code " + std::to_string(static_cast<unsigned>(o.stage)));
+    if (o.max_seqs > MAX_SEQS_LIMIT)
+        throw ConfigError("max_seqs (" + std::to_string(o.max_seqs) + ") exceeds the limit " +
+                          std::to_string(MAX_SEQS_LIMIT));
+    // q formats: whole blocks of 32 (ConfigError naming storage and feature_dim).
+    (void)dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));
+}
+
+Stager::Stager(const StagerOptions& o) : opt_(o) {
+    check_options(o);
+    row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));
     bounds_ = encode_bounds(o.storage, o.stage);
     w_keep_ = std::min(o.window / 2, o.window - o.block_size);
     max_rows_ = static_cast<std::size_t>(o.window + TRIM_CHUNK + o.block_size + 1);
@@ -81,7 +123,12 @@ void Stager::fresh_seq(Seq& s) const {
     note_size(s);
 }
 
-// -- lookups -----------------------------------------------------------------
+// -- validation (design.md 2.1) -------------------------------------------------
+// 1. an unknown sequence (std::invalid_argument), 2. the round state
+// (StateError), 3. the arguments' values, in the order of the call's
+// signature, content (non-finite rows, snapshot bytes) last, 4. strict mode's
+// protocol check (StateError). Each function below checks without changing
+// anything; the calls run them, then change state.
 
 const Stager::Seq& Stager::get(std::int64_t seq) const {
     if (seq < 0 || seq >= opt_.max_seqs)
@@ -89,17 +136,15 @@ const Stager::Seq& Stager::get(std::int64_t seq) const {
                                     std::to_string(opt_.max_seqs - 1) + ")");
     return seqs_[static_cast<std::size_t>(seq)];
 }
-Stager::Seq& Stager::get(std::int64_t seq) { return const_cast<Seq&>(static_cast<const Stager*>(this)->get(seq)); }
 
 const Stager::Seq& Stager::ready(std::int64_t seq) const {
     const Seq& s = get(seq);
     if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
     return s;
 }
-Stager::Seq& Stager::ready(std::int64_t seq) { return const_cast<Seq&>(static_cast<const Stager*>(this)->ready(seq)); }
 
-Stager::Seq& Stager::opened(std::int64_t seq) {
-    Seq& s = get(seq);
+const Stager::Seq& Stager::opened(std::int64_t seq) const {
+    const Seq& s = get(seq);
     if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
     return s;
 }
@@ -111,19 +156,72 @@ void Stager::require_mode(RowMode mode, const char* call) const {
         : " needs external-row mode, but this Stager holds its rows (use process / process_encoded)"));
 }
 
-void Stager::check_ready(std::int64_t seq) const {
+void Stager::check_sequences(const std::int64_t* seqs, std::size_t n, bool open_round) const {
     std::lock_guard<std::mutex> lock(mu_);
-    ready(seq);
+    for (std::size_t i = 0; i < n; ++i) get(seqs[i]);
+    for (std::size_t i = 0; i < n; ++i) open_round ? opened(seqs[i]) : ready(seqs[i]);
 }
 
-void Stager::check_open(std::int64_t seq) const {
+// Returns the first position, read once: everything after uses only it and n
+// (the caller's array may change under a released GIL; ours must not).
+std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* pos,
+                                        std::size_t n) const {
+    if (n == 0) return 0;
+    const std::int64_t p0 = pos[0];
+    // Every position in range first (the first one that is not is named),
+    // so that end = last + 1 < MAX_POSITION; then contiguity; then continuity.
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t p = i == 0 ? p0 : pos[i];
+        if (p < 0 || p >= MAX_POSITION - 1)
+            throw std::invalid_argument("position " + std::to_string(p) + " is out of range [0, 2**62 - 1)");
+    }
+    for (std::size_t i = 1; i < n; ++i)
+        if (pos[i] != p0 + static_cast<std::int64_t>(i))
+            throw std::invalid_argument(seq_msg(seq_id) + ": positions must be contiguous (+1 each row)");
+    if (s.started && p0 != s.end)
+        throw std::invalid_argument(
+            seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) + ", got " +
+            std::to_string(p0) +
+            (p0 < s.end ? " (rows up to " + std::to_string(s.end - 1) +
+                              " are buffered: was accept() not called after the verify batch, or is a rollback() "
+                              "to the target's n_past missing?)"
+                        : " (rows " + std::to_string(s.end) + ".." + std::to_string(p0 - 1) +
+                              " were never processed: every target decode must be passed to process())"));
+    return p0;
+}
+
+void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const Seq& s = get(seq);
-    if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
+    const Seq& s = ready(seq);
+    validate_positions(seq, s, positions, n);
+}
+
+RoundPlan Stager::check_draft(std::int64_t seq, const Seq& s, std::int64_t n_past) const {
+    require_count("n_past", n_past);
+    RoundPlan p = plan_round(seq, s, n_past);
+    if (p.mismatch && opt_.strict)
+        throw StateError(seq_msg(seq) + ": draft(n_past=" + std::to_string(n_past) +
+                         ") does not match the buffered rows (newest " + std::to_string(s.end - 1) +
+                         "): " + mismatch_cause(n_past, s.end) + " (strict=True; nothing changed)");
+    return p;
+}
+
+void Stager::check_accept(std::int64_t n_accepted) const {
+    if (n_accepted < 0 || n_accepted > opt_.block_size)
+        throw std::invalid_argument("n_accepted must be in [0, " + std::to_string(opt_.block_size) + "], got " +
+                                    std::to_string(n_accepted));
+}
+
+void Stager::check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const {
+    require_count("n_keep", n_keep);
+    require_count("n_discard", n_discard);
+    if (s.started && n_discard != 0 && n_keep + n_discard > s.end)
+        throw std::invalid_argument("shift of [" + std::to_string(n_keep) + ", " + std::to_string(n_keep + n_discard) +
+                                    ") reaches past the end of the sequence (" + std::to_string(s.end) + ")");
 }
 
 // -- the horizon ---------------------------------------------------------------
-// See reference.py: with f the smallest end an accept can leave, the last W
+// See reference/stager.py: with f the smallest end an accept can leave, the last W
 // positions before f stay stageable. Every later round needs less than that
 // (a rebase needs rows >= start - K, a plain round rows >= n_cache >=
 // pos_base > f + B - W), and keeping W instead of K rows is what lets a
@@ -165,31 +263,6 @@ void Stager::trim_head(Seq& s, std::int64_t new_head) noexcept {
 }
 
 // -- ingest -------------------------------------------------------------------
-
-// Returns the first position, read once: everything after uses only it and n
-// (the caller's array may change under a released GIL; ours must not).
-std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* pos,
-                                        std::size_t n) const {
-    if (n == 0) return 0;
-    const std::int64_t p0 = pos[0];
-    for (std::size_t i = 0; i < n; ++i) {
-        const std::int64_t p = i == 0 ? p0 : pos[i];
-        if (p < 0 || p >= MAX_POSITION - 1)  // so that end = last + 1 < MAX_POSITION
-            throw std::invalid_argument("position " + std::to_string(p) + " is out of range [0, 2**62 - 1)");
-        if (i && p != p0 + static_cast<std::int64_t>(i))
-            throw std::invalid_argument(seq_msg(seq_id) + ": positions must be contiguous (+1 each row)");
-    }
-    if (s.started && p0 != s.end)
-        throw std::invalid_argument(
-            seq_msg(seq_id) + ": positions must continue at " + std::to_string(s.end) + ", got " +
-            std::to_string(p0) +
-            (p0 < s.end ? " (rows up to " + std::to_string(s.end - 1) +
-                              " are buffered: was accept() not called after the verify batch, or is a rollback() "
-                              "to the target's n_past missing?)"
-                        : " (rows " + std::to_string(s.end) + ".." + std::to_string(p0 - 1) +
-                              " were never processed: every target decode must be passed to process())"));
-    return p0;
-}
 
 // encode(first_row, n_rows, dst) converts input rows [first_row, first_row +
 // n_rows) into dst (or only checks them when dst is null) and returns the
@@ -272,7 +345,7 @@ void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n,
 
 void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
+    Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process");
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
@@ -292,7 +365,9 @@ std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::
     const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
     const std::int64_t row = flat / dim;
     char val[32];
-    std::snprintf(val, sizeof val, "%.9g", static_cast<double>(v));
+    // NaN prints as "nan" whatever its sign bit (as Python formats it).
+    if (std::isnan(v)) std::snprintf(val, sizeof val, "nan");
+    else std::snprintf(val, sizeof val, "%.9g", static_cast<double>(v));
     std::string what;
     if (std::isfinite(v)) {
         char lim[32];
@@ -310,46 +385,10 @@ std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::
            "nonfinite=\"clamp\" to clamp to the largest value the storage can hold";
 }
 
-namespace {
-// Flat index of the first element (of n encoded rows) that does not stage as
-// a finite value, or -1. Staged as f32, that is a non-finite stored value:
-// the element for float storages, the block scale for q formats (reported at
-// the block's first element). A narrower staged type decodes each row and
-// checks it against `limit` (encode_bounds(F32, staged).limit).
-std::int64_t first_unstageable_encoded(const std::uint8_t* data, Storage st, std::size_t n, std::size_t dim,
-                                       std::size_t row_bytes, bool narrow, float limit) {
-    if (narrow) {
-        std::vector<float> row(dim);
-        for (std::size_t r = 0; r < n; ++r) {
-            decode_rows(data + r * row_bytes, st, row.data(), ElemType::F32, 1, dim);
-            const std::int64_t i = find_unencodable(row.data(), ElemType::F32, dim, limit);
-            if (i >= 0) return static_cast<std::int64_t>(r * dim) + i;
-        }
-        return -1;
-    }
-    switch (st) {
-        case Storage::F32: return find_nonfinite(data, ElemType::F32, n * dim);
-        case Storage::F16: return find_nonfinite(data, ElemType::F16, n * dim);
-        case Storage::BF16: return find_nonfinite(data, ElemType::BF16, n * dim);
-        default: {
-            const std::size_t block = st == Storage::Q8_0 ? Q8_0_BLOCK_BYTES : Q4_0_BLOCK_BYTES;
-            for (std::size_t r = 0; r < n; ++r)
-                for (std::size_t off = 0; off < row_bytes; off += block) {
-                    std::uint16_t d;
-                    std::memcpy(&d, data + r * row_bytes + off, 2);
-                    if ((d & 0x7c00u) == 0x7c00u)  // fp16 inf / nan
-                        return static_cast<std::int64_t>(r * dim + off / block * QK);
-                }
-            return -1;
-        }
-    }
-}
-}  // namespace
-
 void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n, const std::uint8_t* data,
                              std::size_t nbytes) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
+    Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process_encoded");
     if (nbytes != n * row_bytes_)
         throw std::invalid_argument("encoded rows must be " + std::to_string(n) + " x " + std::to_string(row_bytes_) +
@@ -357,12 +396,12 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
-    const bool narrow = opt_.stage != ElemType::F32;
+    // Stored bytes are staged as they are, so only the staged type bounds them.
     const float limit = encode_bounds(Storage::F32, opt_.stage).limit;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
         const std::uint8_t* from = data + first * row_bytes_;
         if (dst) std::memcpy(dst, from, count * row_bytes_);
-        return fallible ? first_unstageable_encoded(from, opt_.storage, count, dim, row_bytes_, narrow, limit) : -1;
+        return fallible ? find_unstageable_encoded(from, opt_.storage, count, dim, limit) : -1;
     };
     auto value = [&](std::int64_t flat) {  // the stored value, decoded
         std::vector<float> row(dim);
@@ -375,7 +414,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
 
 void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
+    Seq& s = mut(ready(seq));
     require_mode(RowMode::External, "process_external");
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     // No bytes to convert or check: the owner writes the rows at the slots.
@@ -391,6 +430,13 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, const Seq& s, std::int64_t sta
     RoundPlan p;
     p.seq = seq_id;
     p.start = start;
+    p.end = s.end;
+    // Out of protocol (docs/protocol.md section 3): a sequence with rows, not
+    // disabled (its server may stop feeding it), drafted at an n_past that is
+    // not its buffered end. Whatever the skip (missing_rows, or no_context for
+    // an n_past lagging behind rows already cached); never an opened round.
+    p.mismatch = s.started && !s.disabled && start != s.end;
+    p.report_mismatch = p.mismatch && !s.mismatch_reported;
     if (s.disabled) p.skip = Skip::Disabled;
     else if (!s.started) p.skip = Skip::Empty;
     else if (start <= s.n_cache) p.skip = Skip::NoContext;
@@ -419,15 +465,18 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, const Seq& s, std::int64_t sta
     return p;
 }
 
-// Copies a planned round's rows to out[at..] and opens the round. Cannot
-// throw: `out` already holds the room.
-void Stager::open_round(Seq& s, const RoundPlan& p, std::uint8_t* out) noexcept {
+// Copies a planned round's rows to out[at..] and opens the round, naming it
+// (p.round). Cannot throw: `out` already holds the room.
+void Stager::open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept {
     if (p.skip != Skip::None) {
-        s.stats.skips += 1;  // a skip changes no protocol state and opens no round
+        // A skip changes no protocol state and opens no round.
+        s.stats.skips += 1;
+        if (p.report_mismatch) s.mismatch_reported = true;
         return;
     }
     s.buf.copy_out(p.first_row, p.start, out);
     s.open = true;
+    s.round = p.round = rounds_.fetch_add(1, std::memory_order_relaxed) + 1;
     s.open_start = p.start;
     s.open_base = p.pos_base;
     s.accept_open = true;
@@ -463,19 +512,16 @@ std::uint8_t* Stager::grow_rows(ByteVec& rows_out, const RoundPlan* plans, std::
 
 RoundPlan Stager::peek(std::int64_t seq, std::int64_t n_past) const {
     std::lock_guard<std::mutex> lock(mu_);
-    const Seq& s = ready(seq);
-    require_count("n_past", n_past);
-    return plan_round(seq, s, n_past);
+    return check_draft(seq, ready(seq), n_past);
 }
 
 RoundPlan Stager::draft_into(std::int64_t seq, std::int64_t n_past, const RowSink& sink) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
-    require_count("n_past", n_past);
-    const RoundPlan p = plan_round(seq, s, n_past);
+    const Seq& s = ready(seq);
+    RoundPlan p = check_draft(seq, s, n_past);
     // External-row mode stages no bytes: the sink is not asked for room.
     std::uint8_t* out = external() ? nullptr : sink(&p, 1);  // may throw: nothing has changed yet
-    open_round(s, p, out);
+    open_round(mut(s), p, out);
     return p;
 }
 
@@ -483,7 +529,8 @@ void Stager::draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pas
                              std::vector<RoundPlan>& plans, const RowSink& sink) {
     std::lock_guard<std::mutex> lock(mu_);
     // Validate and plan everything, then take the room once, then open: a
-    // rejected batch (bad argument, state, or no room) changes nothing.
+    // rejected batch (bad argument, state, strict mismatch, or no room)
+    // changes nothing. Each check runs over the whole batch before the next.
     for (std::size_t i = 0; i < n; ++i) get(seqs[i]);
     for (std::size_t i = 0; i < n; ++i) ready(seqs[i]);
     for (std::size_t i = 0; i < n; ++i)
@@ -492,10 +539,10 @@ void Stager::draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pas
     for (std::size_t i = 0; i < n; ++i) require_count("n_past", n_pasts[i]);
     std::vector<RoundPlan> planned;
     planned.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) planned.push_back(plan_round(seqs[i], get(seqs[i]), n_pasts[i]));
+    for (std::size_t i = 0; i < n; ++i) planned.push_back(check_draft(seqs[i], get(seqs[i]), n_pasts[i]));
     std::uint8_t* out = external() ? nullptr : sink(planned.data(), n);
-    for (const RoundPlan& p : planned) {
-        open_round(get(p.seq), p, out);
+    for (RoundPlan& p : planned) {
+        open_round(mut(get(p.seq)), p, out);
         if (out) out += static_cast<std::size_t>(p.n_rows) * row_bytes_;
     }
     plans.swap(planned);
@@ -503,7 +550,7 @@ void Stager::draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pas
 
 void Stager::commit(std::int64_t seq) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = opened(seq);
+    Seq& s = mut(opened(seq));
     s.open = false;
     s.n_cache = s.open_start;
     s.pos_base = s.open_base;
@@ -516,9 +563,9 @@ void Stager::commit(std::int64_t seq) {
 
 std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = opened(seq);
-    if (stage != FailStage::Decode && stage != FailStage::Crop)
-        throw std::invalid_argument("stage must be 'decode' or 'crop'");
+    Seq& s = mut(opened(seq));
+    (void)enum_from_code<std::invalid_argument>("stage", static_cast<std::int64_t>(stage), FAIL_STAGE_COUNT,
+                                                fail_stage_name);
     // The drafter cache is unknown now: restage cleanly from the retained rows,
     // which are kept (dropping them would leave nothing to restage: a soft skip forever).
     s.open = false;
@@ -537,10 +584,8 @@ std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
 
 void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
-    if (n_accepted < 0 || n_accepted > opt_.block_size)
-        throw std::invalid_argument("n_accepted must be in [0, " + std::to_string(opt_.block_size) + "], got " +
-                                    std::to_string(n_accepted));
+    Seq& s = mut(ready(seq));
+    check_accept(n_accepted);
     if (!s.accept_open || s.tentative == 0) return;
     // Only rows appended since the last draft can go: never the retained head.
     const std::int64_t keep = std::min(s.tentative, n_accepted + 1);
@@ -555,12 +600,12 @@ void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
 
 void Stager::begin(std::int64_t seq) {
     std::lock_guard<std::mutex> lock(mu_);
-    fresh_seq(ready(seq));
+    fresh_seq(mut(ready(seq)));
 }
 
 void Stager::rollback(std::int64_t seq, std::int64_t n_past) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
+    Seq& s = mut(ready(seq));
     require_count("n_past", n_past);
     if (!s.started || n_past >= s.end) return;
     s.buf.drop_back(n_past);
@@ -578,20 +623,15 @@ void Stager::rollback(std::int64_t seq, std::int64_t n_past) {
     advance_horizon(s);
 }
 
-std::vector<SlotMove> Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard) {
+std::vector<SlotMove> Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard,
+                                    std::uint64_t* serial) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = ready(seq);
-    if (n_keep < 0 || n_discard < 0)
-        throw std::invalid_argument("n_keep and n_discard must be >= 0, got " + std::to_string(n_keep) + ", " +
-                                    std::to_string(n_discard));
-    require_count("n_keep", n_keep);
-    require_count("n_discard", n_discard);
+    Seq& s = mut(ready(seq));
+    check_shift(s, n_keep, n_discard);
+    if (serial) *serial = 0;
     std::vector<SlotMove> moves;
     if (!s.started || n_discard == 0) return moves;
     const std::int64_t hi = n_keep + n_discard;
-    if (hi > s.end)
-        throw std::invalid_argument("shift of [" + std::to_string(n_keep) + ", " + std::to_string(hi) +
-                                    ") reaches past the end of the sequence (" + std::to_string(s.end) + ")");
     auto moved = [&](std::int64_t x) { return x < n_keep ? x : (x < hi ? n_keep : x - n_discard); };
     // Keep the live rows [horizon, end) without the discarded range, in place:
     // the rows before it stay in their slots, the rows after it move down to
@@ -607,16 +647,21 @@ std::vector<SlotMove> Stager::shift(std::int64_t seq, std::int64_t n_keep, std::
     s.accept_open = false;
     s.tentative = 0;
     advance_horizon(s);
+    if (!moves.empty()) {
+        const std::uint64_t n = next_serial();  // under the sequence's lock
+        if (serial) *serial = n;
+    }
     return moves;
 }
 
-std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst) {
+std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint64_t* serial) {
     std::lock_guard<std::mutex> lock(mu_);
     get(src);
     get(dst);
-    Seq& a = ready(src);
-    Seq& b = ready(dst);
+    const Seq& a = ready(src);
+    Seq& b = mut(ready(dst));
     if (src == dst) throw std::invalid_argument("fork needs two different sequences, got " + std::to_string(src) + " twice");
+    if (serial) *serial = 0;
     Seq c;
     c.started = a.started;
     c.end = a.end;
@@ -629,6 +674,7 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst) {
     c.failures = a.failures;
     c.accept_open = a.accept_open;
     c.tentative = a.tentative;
+    c.mismatch_reported = b.mismatch_reported;  // the slot's report, until its begin()
     const std::int64_t from = a.started ? std::max(a.horizon, a.buf.head()) : 0;
     const std::size_t k = a.started ? static_cast<std::size_t>(a.end - from) : 0;
     // The copies: the parent's rows (at most two runs) to the child's first slots.
@@ -651,6 +697,10 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst) {
     }
     b = std::move(c);
     advance_horizon(b);
+    if (!moves.empty()) {
+        const std::uint64_t n = next_serial();  // under the lock of both sequences
+        if (serial) *serial = n;
+    }
     return moves;
 }
 
@@ -705,6 +755,12 @@ SeqState Stager::state(std::int64_t seq) const {
     o.first_round = s.first_round;
     o.tentative_rows = s.accept_open ? s.tentative : 0;
     return o;
+}
+
+std::uint64_t Stager::open_round_id(std::int64_t seq) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = get(seq);
+    return s.open ? s.round : 0;
 }
 
 void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {

@@ -1,6 +1,8 @@
 // The Stager side of the prefix store (dspark/prefix_store.hpp): publishing a
 // sequence's final rows from its ring, and starting a sequence from a hit.
-// Lock order: the Stager's mutex, then the store's.
+// Lock order: the Stager's mutex, then the store's. Moves of external rows
+// take their serial from the Stager's one counter of table changes, under
+// both locks, like fork / shift / restore (docs/external_rows.md).
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -30,11 +32,17 @@ void add_move(std::vector<SlotMove>& moves, std::int64_t src, std::int64_t dst, 
 
 }  // namespace
 
-std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
-                                             std::int64_t start, std::int64_t end) {
-    std::lock_guard<std::mutex> lock(mu_);
-    const Seq& s = ready(seq);
+// After the sequence's own checks (ready()), under the store's mutex, in
+// order: the store's configuration (ConfigError), the publish itself (the
+// store's plan_publish: positions, keys, the chain against them), the
+// sequence's rows (it holds rows, [start, end) are final, the rows new blocks
+// keep are still held), then the contents: a block already held must carry
+// the rows the ring still holds. No side effects.
+std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, const Seq& s, const PrefixStore& store,
+                                                             const KeyChain& keys, std::int64_t start,
+                                                             std::int64_t end) const {
     store.check_compatible(opt_);
+    std::vector<PrefixPlannedBlock> plan = store.plan_publish(keys, start, end);
     const std::string who = "sequence " + std::to_string(seq);
     if (!s.started) throw std::invalid_argument(who + " holds no rows (nothing was processed since begin())");
     // Rows an accept() may still drop are not final (the first one is).
@@ -43,20 +51,46 @@ std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& stor
         throw std::invalid_argument(who + ": positions " + range(start, end) + " reach past its final rows (" +
                                     range(s.horizon, final_end) + (final_end < s.end ? "; call accept() first" : "") +
                                     ")");
-    std::lock_guard<std::mutex> store_lock(store.mu_);
-    const auto plan = store.plan_publish(keys, start, end);
     for (const auto& pb : plan)
         if (!pb.existing && pb.kept.first < s.horizon)
-                throw std::invalid_argument(
-                    who + ": rows " + range(pb.kept.first, std::min(s.horizon, pb.kept.first + pb.kept.count)) + " of the block at " +
-                    range(pb.start, pb.end) + " are no longer held (its oldest row is " + std::to_string(s.horizon) +
-                    "): publish each block when the server hands it over, before later rows push it out of the "
-                    "window, or pass its rows to publish_rows");
+            throw std::invalid_argument(
+                who + ": rows " + range(pb.kept.first, std::min(s.horizon, pb.kept.first + pb.kept.count)) +
+                " of the block at " + range(pb.start, pb.end) + " are no longer held (its oldest row is " +
+                std::to_string(s.horizon) +
+                "): publish each block when the server hands it over, before later rows push it out of the "
+                "window, or pass its rows to publish_rows");
+    // A block published again after its rows left the window is refreshed on
+    // its key and positions alone: only the rows the ring still holds compare.
+    store.check_same_rows(plan, [&](const PrefixStore::Piece& pc, const std::uint8_t* held) {
+        const std::int64_t lo = std::max(pc.pos, s.horizon), hi = pc.pos + pc.count;
+        if (lo >= hi) return true;
+        const std::uint8_t* want = held + static_cast<std::size_t>(lo - pc.pos) * row_bytes_;
+        bool same = true;
+        s.buf.for_each_run(lo, hi, [&](const std::uint8_t* run, std::size_t bytes) {
+            same = same && std::memcmp(run, want, bytes) == 0;
+            want += bytes;
+        });
+        return same;
+    }, who + ": ");
+    return plan;
+}
+
+std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
+                                             std::int64_t start, std::int64_t end, std::uint64_t* serial) {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Seq& s = ready(seq);
+    if (serial) *serial = 0;
+    std::lock_guard<std::mutex> store_lock(store.mu_);
+    const std::vector<PrefixPlannedBlock> plan = check_publish_prefix(seq, s, store, keys, start, end);
+    const std::int64_t new_pages = store.new_pages(plan);
     const std::int64_t base = slot_base(seq);
     const std::int64_t pr = store.page_rows();
     std::vector<SlotMove> moves;
-    PrefixStore::RowSource src;
-    src.fill = [&](const PrefixStore::Piece& pc, std::uint8_t* dst) {
+    // A piece per page, two ring runs per piece at most: recording them
+    // cannot allocate once the store changed.
+    if (external()) moves.reserve(static_cast<std::size_t>(2 * new_pages));
+    store.reserve_pages(new_pages);
+    store.commit_publish(plan, [&](const PrefixStore::Piece& pc, std::uint8_t* dst) {
         if (dst) {
             s.buf.copy_out(pc.pos, pc.pos + pc.count, dst);
             return;
@@ -68,43 +102,26 @@ std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& stor
             add_move(moves, r.first, to, r.count);
             to += r.count;
         }
-    };
-    // Compares the rows the ring still holds (a block published again after
-    // its rows left the window is refreshed on its key and positions alone).
-    src.same = [&](const PrefixStore::Piece& pc, const std::uint8_t* held) {
-        const std::int64_t lo = std::max(pc.pos, s.horizon), hi = pc.pos + pc.count;
-        if (!held || lo >= hi) return true;
-        const std::uint8_t* want = held + static_cast<std::size_t>(lo - pc.pos) * row_bytes_;
-        bool same = true;
-        s.buf.for_each_run(lo, hi, [&](const std::uint8_t* run, std::size_t bytes) {
-            same = same && std::memcmp(run, want, bytes) == 0;
-            want += bytes;
-        });
-        return same;
-    };
-    std::int64_t new_pages = 0;
-    for (const auto& pb : plan) {
-        if (pb.existing && !store.same_rows(*pb.existing, src))
-            throw std::invalid_argument(who + ": the block at " + range(pb.start, pb.end) +
-                                        " is already held under its key with other rows: a block published twice "
-                                        "must carry the same rows");
-        if (!pb.existing) new_pages += store.pages_for(pb.kept.count);
+    });
+    if (!moves.empty()) {
+        const std::uint64_t n = next_serial();  // under the sequence's lock, with fork / shift / restore
+        if (serial) *serial = n;
     }
-    store.reserve_pages(new_pages);
-    // A piece per page, two ring runs per piece at most.
-    if (external()) moves.reserve(static_cast<std::size_t>(2 * new_pages));
-    store.commit_publish(plan, src);
     return moves;
 }
 
 PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
-                                    std::vector<SlotMove>* moves) {
+                                    std::vector<SlotMove>* moves, std::uint64_t* serial) {
     std::lock_guard<std::mutex> lock(mu_);
-    Seq& target = ready(seq);
+    Seq& target = mut(ready(seq));
+    if (serial) *serial = 0;
+    // The checks after the sequence's: the store, where the moves go, the hit
+    // (the store's plan_hit: n_tokens, the keys, the chain against the
+    // positions). No side effects.
     store.check_compatible(opt_);
     if (external() && !moves) throw std::invalid_argument("an external-row hit needs somewhere to put its moves");
     std::lock_guard<std::mutex> store_lock(store.mu_);
-    const PrefixStore::HitPlan plan = store.plan_hit(keys, n_tokens);  // validates; changes nothing
+    const PrefixStore::HitPlan plan = store.plan_hit(keys, n_tokens);
     const PrefixHit& hit = plan.hit;
     std::vector<SlotMove> out;
     if (external()) out.reserve(plan.pieces.size());
@@ -113,6 +130,8 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
         fresh_seq(target);
     } else {
         // Build the new state completely, then swap it in (as restore does).
+        // A new request on the slot, as begin(): its mismatch report and
+        // round start afresh.
         Seq s;
         s.started = true;
         s.end = hit.replay_from;
@@ -148,6 +167,10 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
         store.stats_.hit_rows += hit.rows;
         store.stats_.replayed_tokens += n_tokens - hit.replay_from;
         if (hit.exact && hit.replay_from == n_tokens) store.stats_.exact_hits += 1;
+    }
+    if (!out.empty()) {
+        const std::uint64_t n = next_serial();  // under the sequence's lock, with fork / shift / restore
+        if (serial) *serial = n;
     }
     if (moves) moves->swap(out);
     return hit;

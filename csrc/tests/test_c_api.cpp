@@ -4,6 +4,8 @@
 // oracle here is a second, C++ Stager driven in lock step). Runs clean under
 // DSPARK_SANITIZE=ON (ASan + UBSan).
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -125,7 +127,7 @@ TEST_CASE(create_rejects_bad_configs_with_their_codes) {
     c = config();
     c.rows_mode = 9;
     CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
-    CHECK(error_mentions("rows_mode 9"));
+    CHECK(error_mentions("rows_mode code 9 is not one of held (0), external (1)"));
     CHECK(st == nullptr);
 }
 
@@ -298,7 +300,7 @@ TEST_CASE(protocol_state_errors_and_atomicity) {
     std::uint8_t junk[4] = {1, 2, 3, 4};
     CHECK_EQ(dspark_restore(h.st, 0, junk, sizeof junk), DSPARK_E_STATE);
     CHECK_EQ(dspark_fail(h.st, 0, 5, nullptr), DSPARK_E_INVALID_ARGUMENT);
-    CHECK(error_mentions("stage must be"));
+    CHECK(error_mentions("stage code 5 is not one of decode (0), crop (1)"));
     CHECK_EQ(dspark_state_get(h.st, 0, &st), DSPARK_OK);
     CHECK(std::memcmp(&st, &open_state, sizeof st) == 0);  // no rejected call changed anything
     std::int64_t disabled = -1;
@@ -376,6 +378,179 @@ TEST_CASE(strict_rejects_a_protocol_mismatch_before_anything_changes) {
     CHECK_EQ(dspark_accept(strict.st, 0, 2), DSPARK_OK);
     CHECK_EQ(dspark_draft(strict.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
     CHECK_EQ(plan.skip, DSPARK_SKIP_NONE);
+}
+
+// The C ABI converts and calls: the core's limits reach it unchanged, at the
+// exact boundary (a copy of a limit in this layer would break one side).
+TEST_CASE(the_cores_limits_reach_the_c_abi) {
+    dspark_stager* st = nullptr;
+    dspark_config c = config(DSPARK_STORAGE_F32, dspark::MAX_SEQS_LIMIT);
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_OK);
+    dspark_stager_destroy(st);
+    st = nullptr;
+    c.max_seqs = dspark::MAX_SEQS_LIMIT + 1;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("exceeds the limit"));
+    c = config();
+    c.window = dspark::MAX_WINDOW + 1;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(st == nullptr);
+}
+
+// docs/design.md 2.1: the sequence, its round state, the arguments' values,
+// and strict mode last: a bad n_past or a duplicate id is the argument's error
+// under strict = 1 too, as in Python; an out-of-protocol n_past, lagging
+// behind the buffered rows included, is DSPARK_E_STATE, and its skip is
+// reported (not raised) without strict.
+TEST_CASE(strict_mode_comes_after_the_argument_checks) {
+    dspark_config c = config();
+    c.strict = 1;
+    Handle strict(c);
+    Handle lax(config());
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    dspark_plan plan;
+    for (dspark_stager* st : {strict.st, lax.st}) {
+        CHECK_EQ(process(st, 0, 0, 12), DSPARK_OK);
+        CHECK_EQ(dspark_draft(st, 0, 12, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+        CHECK_EQ(dspark_commit(st, 0), DSPARK_OK);
+    }
+    CHECK_EQ(dspark_draft(strict.st, 0, std::int64_t(1) << 62, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan,
+                          nullptr),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("n_past must be in [0, 2**62)"));
+    const std::int64_t dup[] = {0, 0};
+    const std::int64_t pasts[] = {5, 5};
+    dspark_plan plans[2];
+    CHECK_EQ(dspark_draft_many(strict.st, dup, pasts, 2, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, nullptr),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unique"));
+    // n_past 5 lags behind the rows 0..11, all in the drafter's cache.
+    CHECK_EQ(dspark_draft(strict.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr),
+             DSPARK_E_STATE);
+    CHECK(error_mentions("rows 5..11 are still buffered"));
+    std::size_t sz = 0;
+    CHECK_EQ(dspark_draft_size(strict.st, 0, 5, DSPARK_DTYPE_F32, &sz), DSPARK_E_STATE);
+    CHECK_EQ(dspark_draft(lax.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_NO_CONTEXT);
+    // At the buffered end the same skip is legitimate on both.
+    CHECK_EQ(dspark_draft(strict.st, 0, 12, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_NO_CONTEXT);
+    // An unknown sequence comes before a NULL plan (the order, for C's own checks too).
+    CHECK_EQ(dspark_draft(strict.st, 9, 12, DSPARK_DTYPE_F32, out.data(), out.size() * 4, nullptr, nullptr),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+}
+
+// dspark_state / dspark_stats are filled from the core's field lists
+// (DSPARK_SEQ_STATE_FIELDS / DSPARK_SEQ_STATS_FIELDS): a field the header
+// lacks does not compile, a field only the header has breaks the size check,
+// and every field is set (no 0xAB byte pattern left).
+TEST_CASE(state_and_stats_fill_every_field) {
+    Handle h(config());
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    dspark_state s;
+    dspark_stats t;
+    std::memset(&s, 0xAB, sizeof s);
+    std::memset(&t, 0xAB, sizeof t);
+    s.struct_size = sizeof s;
+    t.struct_size = sizeof t;
+    CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(dspark_stats_get(h.st, 0, &t), DSPARK_OK);
+    // Per struct: its fields, the bytes they and the header take, how many were written.
+    std::size_t fields = 0, bytes = 0, set = 0;
+#define DSPARK_COUNT_FIELD(type, name) \
+    ++fields;                          \
+    bytes += sizeof(rec.name);         \
+    set += rec.name != static_cast<decltype(rec.name)>(0xABABABABABABABABull);
+    {
+        const dspark_state& rec = s;
+        bytes = sizeof(rec.struct_size);
+        DSPARK_SEQ_STATE_FIELDS(DSPARK_COUNT_FIELD)
+        CHECK_EQ(set, fields);
+        CHECK_EQ(sizeof(dspark_state), bytes);
+    }
+    fields = set = 0;
+    {
+        const dspark_stats& rec = t;
+        bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
+        DSPARK_SEQ_STATS_FIELDS(DSPARK_COUNT_FIELD)
+        CHECK_EQ(set, fields);
+        CHECK_EQ(sizeof(dspark_stats), bytes);
+    }
+#undef DSPARK_COUNT_FIELD
+}
+
+#if defined(__linux__)
+// The process's virtual memory (VmSize, KiB), from /proc/self/status.
+long vm_size_kib() {
+    FILE* f = std::fopen("/proc/self/status", "r");
+    if (!f) return -1;
+    char line[256];
+    long kib = -1;
+    while (std::fgets(line, sizeof line, f))
+        if (std::strncmp(line, "VmSize:", 7) == 0) kib = std::strtol(line + 7, nullptr, 10);
+    std::fclose(f);
+    return kib;
+}
+#endif
+
+// A fork or shift keeps only the moves it returned: at the largest window the
+// config allows, a fork of a 3-row sequence succeeds and leaves the thread
+// holding three rows' worth (it once reserved window + 2 moves, 24 GiB here,
+// and failed with DSPARK_E_OUT_OF_MEMORY, or kept them).
+TEST_CASE(moves_take_only_what_the_call_returns) {
+    dspark_config c = config(DSPARK_STORAGE_F32, 2);
+    c.window = dspark::MAX_WINDOW;
+    c.rows_mode = DSPARK_ROWS_EXTERNAL;
+    Handle h(c);
+    const auto pos = span(0, 3);
+    std::int64_t slots[3];
+    CHECK_EQ(dspark_process_external(h.st, 0, pos.data(), 3, slots), DSPARK_OK);
+    dspark_status st = DSPARK_OK;
+    const dspark_slot_move* moves = nullptr;
+    std::size_t n = 0;
+    long grew = 0;
+    std::thread([&] {
+#if defined(__linux__)
+        const long before = vm_size_kib();
+#endif
+        st = dspark_fork(h.st, 0, 1);
+        if (st == DSPARK_OK) st = dspark_last_moves(&moves, &n);
+        if (st == DSPARK_OK && n == 1) {
+            CHECK_EQ(moves[0].count, 3);
+            CHECK_EQ(moves[0].src, 0);
+        }
+#if defined(__linux__)
+        grew = vm_size_kib() - before;
+#endif
+    }).join();
+    CHECK_EQ(st, DSPARK_OK);
+    CHECK_EQ(n, 1u);
+    CHECK(grew < 64 * 1024);  // KiB: nothing near window-sized
+}
+
+// design.md 2.1 on the C ABI: this layer's own checks (codes, NULL buffers,
+// byte counts) come after the core's sequence checks, as Python's conversions do.
+TEST_CASE(c_conversions_come_after_the_sequence_checks) {
+    Handle h(config());
+    std::int64_t pos = 0;
+    CHECK_EQ(dspark_process(h.st, 9, &pos, 1, nullptr, 42, 3), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    CHECK_EQ(dspark_process_encoded(h.st, 9, nullptr, 1, nullptr, 4), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    CHECK_EQ(dspark_restore(h.st, 9, nullptr, 10), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    std::size_t sz = 0;
+    CHECK_EQ(dspark_snapshot(h.st, -1, nullptr, 10, &sz), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_fail(h.st, 0, 7, nullptr), DSPARK_E_STATE);  // no open round, before the stage code
+    CHECK(error_mentions("no open round"));
+    const std::int64_t seqs[] = {0, 9};
+    CHECK_EQ(dspark_draft_many(h.st, seqs, nullptr, 2, DSPARK_DTYPE_F32, nullptr, 0, nullptr, nullptr),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("unknown sequence 9"));
+    // A known, closed sequence: now the conversion's own error.
+    CHECK_EQ(dspark_restore(h.st, 0, nullptr, 10), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_process(h.st, 0, &pos, 1, nullptr, 42, 3), DSPARK_E_TYPE);
 }
 
 TEST_CASE(disabled_after_max_failures) {

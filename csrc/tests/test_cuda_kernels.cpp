@@ -59,14 +59,15 @@ std::vector<unsigned> grids_for(std::size_t elems) {
 
 // The device encode (row_format_cuda.cu's encode_rows_cuda after its checks):
 // launch_encode_in<in> with the flag word, read back as the first bad index.
+// `limit`: bits of encode_bounds(out, staged).limit (0: the storage's own).
 std::int64_t gpu_encode(const void* src, int in, std::uint8_t* dst, int out, std::size_t n, int policy,
-                        unsigned grid, bool with_flag = true) {
+                        unsigned grid, bool with_flag = true, std::uint32_t limit = 0) {
     unsigned long long flag = NO_BAD;
     unsigned long long* bad = policy == bm::NF_ERROR && with_flag ? &flag : nullptr;
     switch (in) {
-        case bm::E_F32: kernels::launch_encode_in<bm::E_F32>(out, src, dst, n, policy, bad, grid, grid, nullptr); break;
-        case bm::E_F16: kernels::launch_encode_in<bm::E_F16>(out, src, dst, n, policy, bad, grid, grid, nullptr); break;
-        default: kernels::launch_encode_in<bm::E_BF16>(out, src, dst, n, policy, bad, grid, grid, nullptr); break;
+        case bm::E_F32: kernels::launch_encode_in<bm::E_F32>(out, src, dst, n, policy, bad, grid, grid, nullptr, limit); break;
+        case bm::E_F16: kernels::launch_encode_in<bm::E_F16>(out, src, dst, n, policy, bad, grid, grid, nullptr, limit); break;
+        default: kernels::launch_encode_in<bm::E_BF16>(out, src, dst, n, policy, bad, grid, grid, nullptr, limit); break;
     }
     return flag == NO_BAD ? -1 : static_cast<std::int64_t>(flag);
 }
@@ -196,7 +197,75 @@ void check_encode_all(bool nonfinite, unsigned seed, std::size_t rows) {
     }
 }
 
+// Rows staged in a narrower type than the storage decodes to: the device
+// encode holds them to encode_bounds(storage, staged), as the CPU's
+// encode_rows(..., bounds) and a Stager's process() do. Values straddle
+// every narrowed limit (f16's 65520 and the q formats' block maxima staged
+// as f16, bf16's near FLT_MAX), plus the general dataset.
+void check_encode_staged(unsigned seed, std::size_t rows) {
+    ScalarPath sp;
+    auto x = dataset(rows * DIM / 32, seed, true);
+    std::mt19937 rng(seed);
+    for (int st = 0; st < STORAGE_COUNT; ++st)
+        for (int staged = 0; staged < 3; ++staged) {
+            const EncodeBounds b = encode_bounds(static_cast<Storage>(st), static_cast<ElemType>(staged));
+            if (!std::isfinite(b.limit)) continue;
+            // A block of values around this limit every 7 blocks: just below, at, just above.
+            for (std::size_t blk = static_cast<std::size_t>(st * 3 + staged) % 7; blk < x.size() / 32; blk += 7)
+                for (int j = 0; j < 32; ++j) {
+                    const float edge[] = {b.clamp_to, b.limit, std::nextafter(b.limit, INFINITY), b.limit * 0.5f};
+                    x[blk * 32 + j] = edge[rng() % 4] * ((rng() & 1) ? 1.0f : -1.0f);
+                }
+        }
+    for (int in = 0; in < 3; ++in) {
+        const auto src = as_type(x, static_cast<ElemType>(in));
+        for (int st = 0; st < STORAGE_COUNT; ++st)
+            for (int staged = 0; staged < 3; ++staged) {
+                const EncodeBounds b = encode_bounds(static_cast<Storage>(st), static_cast<ElemType>(staged));
+                for (int pol = 0; pol < NONFINITE_COUNT; ++pol) {
+                    const std::size_t rb = row_bytes(static_cast<Storage>(st), DIM);
+                    std::vector<std::uint8_t> want(rows * rb, 0xcd);
+                    const std::int64_t wb = encode_rows(src.data(), static_cast<ElemType>(in), want.data(),
+                                                        static_cast<Storage>(st), rows, DIM,
+                                                        static_cast<NonFinite>(pol), b);
+                    for (unsigned grid : {1u, 7u}) {
+                        std::vector<std::uint8_t> got(rows * rb, 0xab);
+                        const std::int64_t gb =
+                            gpu_encode(src.data(), in, got.data(), st, rows * DIM, pol, grid, true, bits(b.limit));
+                        const int d = first_diff(want, got);
+                        if (d != -1 || wb != gb)
+                            std::printf("  staged encode in=%d storage=%s staged=%d policy=%d grid=%u: first "
+                                        "differing byte %d, first_bad %lld vs %lld\n", in,
+                                        storage_name(static_cast<Storage>(st)), staged, pol, grid, d,
+                                        static_cast<long long>(wb), static_cast<long long>(gb));
+                        CHECK_EQ(d, -1);
+                        CHECK_EQ(wb, gb);
+                    }
+                }
+            }
+    }
+}
+
 }  // namespace
+
+TEST_CASE(storage_limits_are_encode_bounds) {
+    // The kernels' own table of limits is the CPU's encode_bounds(storage).
+    for (int st = 0; st < STORAGE_COUNT; ++st) {
+        const EncodeBounds b = encode_bounds(static_cast<Storage>(st));
+        CHECK_EQ(bits(b.limit), bm::limit_bits(st));
+        if (std::isfinite(b.limit)) CHECK_EQ(bits(b.clamp_to), bm::limit_bits(st) - 1u);
+        for (int staged = 0; staged < 3; ++staged) {  // a staged type only ever tightens them
+            const EncodeBounds t = encode_bounds(static_cast<Storage>(st), static_cast<ElemType>(staged));
+            CHECK(bits(t.limit) <= bm::limit_bits(st));
+            if (std::isfinite(t.limit)) CHECK_EQ(bits(t.clamp_to), bits(t.limit) - 1u);
+        }
+    }
+}
+
+TEST_CASE(encode_matches_cpu_with_a_narrower_staged_type) {
+    check_encode_staged(4242, 32);
+    check_encode_staged(77, 8);
+}
 
 TEST_CASE(encode_matches_cpu_finite) { check_encode_all(false, 1234, 64); }
 

@@ -30,7 +30,7 @@ StagerOptions sopts(std::int64_t B, std::int64_t W, Storage st = Storage::F32, R
     return o;
 }
 
-PrefixStoreOptions popts(const StagerOptions& s, std::int64_t bt, std::uint64_t budget) {
+PrefixStoreOptions popts(const StagerOptions& s, std::int64_t bt, std::int64_t budget) {
     PrefixStoreOptions o;
     o.feature_dim = s.feature_dim;
     o.block_size = s.block_size;

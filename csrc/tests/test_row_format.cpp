@@ -20,6 +20,7 @@ namespace {
 
 float from_bits(std::uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
 std::uint16_t u16(const std::uint8_t* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
+std::uint32_t f32_bits(float f) { std::uint32_t u; std::memcpy(&u, &f, 4); return u; }
 
 std::vector<std::uint8_t> encode(const std::vector<float>& x, Storage s, std::size_t dim,
                                  NonFinite pol = NonFinite::Error, std::int64_t* bad = nullptr) {
@@ -41,10 +42,11 @@ std::uint16_t bf16(float f) {
     return h;
 }
 
+// Every path of the registry's row-format family that this CPU runs.
 std::vector<SimdPath> paths() {
     std::vector<SimdPath> v;
-    for (SimdPath p : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512})
-        if (simd_supported(p)) v.push_back(p);
+    for (int p = 0; p < kernel_path_count(KernelFamily::RowFormat); ++p)
+        if (simd_supported(static_cast<SimdPath>(p))) v.push_back(static_cast<SimdPath>(p));
     return v;
 }
 
@@ -555,6 +557,52 @@ TEST_CASE(conversions_refuse_an_output_overlapping_the_input) {
     CHECK_EQ(encode_rows(f, ElemType::F32, buf.data() + 1024, Storage::F32, 8, 32, NonFinite::Error), -1);
 }
 
+TEST_CASE(bytes_do_not_depend_on_the_cpu) {
+    // Where x86 and Arm differ, every path on every CPU gives x86's bytes
+    // (row_format_kernels.hpp), pinned here by value so an Arm run checks it.
+    PathGuard g;
+    // Blocks so small that id = 1 / d overflows to +-inf: x * id is +-inf (or
+    // NaN for 0), which x86 converts to INT32_MIN (low byte 0) and Arm's
+    // FCVTZS would saturate (+inf -> 0xff; q4_0: min(15, 0xff) = 15).
+    std::vector<float> tiny(64);
+    for (int j = 0; j < 64; ++j) tiny[j] = (j % 3 == 0 ? 0.0f : 1e-40f) * (j % 2 ? -1.0f : 1.0f);
+    // Decoding a block whose scale is +-inf: quant 0 gives inf * 0, x86's
+    // default NaN 0xffc00000 (Arm's would be 0x7fc00000).
+    std::uint8_t q8[2 * Q8_0_BLOCK_BYTES] = {}, q4[2 * Q4_0_BLOCK_BYTES] = {};
+    q8[1] = 0x7c;                     // block 0: d = +inf, quants 0 / 1 / -1 below
+    q8[Q8_0_BLOCK_BYTES + 1] = 0xfc;  // block 1: d = -inf
+    for (std::size_t b = 0; b < 2; ++b) {
+        q8[b * Q8_0_BLOCK_BYTES + 2 + 1] = 1;
+        q8[b * Q8_0_BLOCK_BYTES + 2 + 2] = 0xff;
+    }
+    q4[1] = 0x7c;                     // d = +inf; low nibbles 8 (0), high 9 (1)
+    q4[Q4_0_BLOCK_BYTES] = 0x00;
+    q4[Q4_0_BLOCK_BYTES + 1] = 0x3c;  // d = 1
+    for (int i = 2; i < 18; ++i) q4[i] = q4[Q4_0_BLOCK_BYTES + i] = 0x98;
+    for (SimdPath p : paths()) {
+        set_simd_path(p);
+        const auto e8 = encode(tiny, Storage::Q8_0, 64);
+        const auto e4 = encode(tiny, Storage::Q4_0, 64);
+        for (int b = 0; b < 2; ++b) {
+            CHECK_EQ(u16(&e8[b * Q8_0_BLOCK_BYTES]), 0);
+            for (std::size_t j = 0; j < QK; ++j) CHECK_EQ(e8[b * Q8_0_BLOCK_BYTES + 2 + j], 0);
+            for (std::size_t j = 0; j < QK / 2; ++j) CHECK_EQ(e4[b * Q4_0_BLOCK_BYTES + 2 + j], 0);
+        }
+        float y8[64], y4[64];
+        decode_rows(q8, Storage::Q8_0, y8, ElemType::F32, 1, 64);
+        decode_rows(q4, Storage::Q4_0, y4, ElemType::F32, 1, 64);
+        for (int b = 0; b < 2; ++b) {
+            const float inf = b == 0 ? INFINITY : -INFINITY;
+            CHECK_EQ(f32_bits(y8[32 * b]), 0xffc00000u);
+            CHECK(y8[32 * b + 1] == inf && y8[32 * b + 2] == -inf);
+        }
+        for (int j = 0; j < 32; ++j) {
+            CHECK_EQ(f32_bits(y4[j]), j < 16 ? 0xffc00000u : 0x7f800000u);
+            CHECK(y4[32 + j] == (j < 16 ? 0.0f : 1.0f));
+        }
+    }
+}
+
 TEST_CASE(simd_env_status_reports_what_dspark_simd_holds) {
     // The core does not log: it reports, and the Python layer warns.
     const char* saved = std::getenv("DSPARK_SIMD");
@@ -571,13 +619,16 @@ TEST_CASE(simd_env_status_reports_what_dspark_simd_holds) {
     CHECK(simd_env_status() == (simd_supported(SimdPath::Avx512) ? SimdEnv::Used : SimdEnv::Unsupported));
     setenv("DSPARK_SIMD", "avx2", 1);
     CHECK(simd_env_status() == (simd_supported(SimdPath::Avx2) ? SimdEnv::Used : SimdEnv::Unsupported));
+    setenv("DSPARK_SIMD", "NEON-bf16", 1);
+    CHECK(simd_env_status() == (simd_supported(SimdPath::NeonBf16) ? SimdEnv::Used : SimdEnv::Unsupported));
     if (saved) setenv("DSPARK_SIMD", keep.c_str(), 1);
     else unsetenv("DSPARK_SIMD");
 }
 
 TEST_CASE(set_simd_path_rejects_unsupported) {
     PathGuard g;
-    for (SimdPath p : {SimdPath::Scalar, SimdPath::Avx2, SimdPath::Avx512}) {
+    for (int i = 0; i < kernel_path_count(KernelFamily::RowFormat); ++i) {
+        const auto p = static_cast<SimdPath>(i);
         if (simd_supported(p)) {
             set_simd_path(p);
             CHECK(active_simd_path() == p);

@@ -369,4 +369,76 @@ TEST_CASE(external_rows_follow_slots_and_moves) {
     CHECK_THROWS(held.process_external(0, p.data(), 1, &slot), std::invalid_argument);
 }
 
+// The limits are the core's, checked by the Stager itself (a tampered Python
+// config or a C++ caller gets the same ConfigError): the boundary is exact.
+TEST_CASE(limits_are_checked_at_their_boundary) {
+    StagerOptions o = opts(4, 20);
+    o.max_seqs = MAX_SEQS_LIMIT;
+    { Stager at_limit(o); CHECK_EQ(at_limit.state(MAX_SEQS_LIMIT - 1).end, 0); }
+    o.max_seqs = MAX_SEQS_LIMIT + 1;
+    CHECK_THROWS(Stager(o), ConfigError);
+    o = opts(4, MAX_WINDOW + 1);
+    CHECK_THROWS(Stager(o), ConfigError);
+    o = opts(4, 20);
+    o.feature_dim = MAX_FEATURE_DIM + 32;
+    CHECK_THROWS(Stager(o), ConfigError);
+    o = opts(4, 20);
+    o.rows = static_cast<RowMode>(7);  // a cast the enum does not name
+    CHECK_THROWS(Stager(o), ConfigError);
+    o = opts(4, 20);
+    o.stage = static_cast<ElemType>(3);
+    CHECK_THROWS(Stager(o), ConfigError);
+}
+
+// docs/protocol.md section 3: a draft whose n_past is not the buffered end of
+// a started, enabled sequence is out of protocol, whatever skip it would make.
+TEST_CASE(strict_mode_refuses_every_out_of_protocol_draft) {
+    StagerOptions o = opts(4, 200, Storage::F32, 2);
+    o.strict = true;
+    Stager s(o);
+    ByteVec rows;
+    // Not started: an ordinary "empty" skip, whatever n_past.
+    CHECK(s.draft(0, 50, rows).skip == Skip::Empty);
+    process(s, 0, 0, 109);  // newest row 108
+    CHECK(s.draft(0, 109, rows).skip == Skip::None);
+    s.commit(0);
+    const SeqStats before = s.stats(0);
+    CHECK_THROWS(s.draft(0, 50, rows), StateError);   // lagging: was a silent no_context skip
+    CHECK_THROWS(s.draft(0, 111, rows), StateError);  // ahead: a missing process
+    CHECK_THROWS(s.peek(0, 50), StateError);          // peek makes draft's checks
+    const std::int64_t seqs[] = {1, 0};
+    const std::int64_t pasts[] = {0, 50};
+    std::vector<RoundPlan> plans;
+    CHECK_THROWS(s.draft_many(seqs, pasts, 2, plans, rows), StateError);
+    CHECK_EQ(s.stats(0).skips, before.skips);  // nothing counted: nothing happened
+    // The argument's own range comes first (design.md 2.1), then strict mode.
+    CHECK_THROWS(s.draft(0, MAX_POSITION, rows), std::invalid_argument);
+    // Legitimate skips stay legitimate: at the end after a commit, and at
+    // exactly n_past after a rollback into the cache.
+    CHECK(s.draft(0, 109, rows).skip == Skip::NoContext);
+    s.rollback(0, 100);
+    CHECK(s.draft(0, 100, rows).skip == Skip::NoContext);
+    process(s, 0, 100, 1);
+    CHECK(s.draft(0, 101, rows).skip == Skip::None);
+}
+
+TEST_CASE(a_mismatch_is_reported_once_per_sequence_until_begin) {
+    Stager s(opts(4, 200, Storage::F32, 2));
+    ByteVec rows;
+    process(s, 0, 0, 109);
+    CHECK(s.draft(0, 109, rows).skip == Skip::None);
+    s.commit(0);
+    const RoundPlan lag = s.draft(0, 50, rows);
+    CHECK(lag.skip == Skip::NoContext && lag.mismatch && lag.report_mismatch && lag.end == 109);
+    const RoundPlan again = s.draft(0, 120, rows);
+    CHECK(again.skip == Skip::MissingRows && again.mismatch && !again.report_mismatch);
+    CHECK(mismatch_cause(50, 109).find("rows 50..108 are still buffered") == 0);
+    CHECK(mismatch_cause(120, 109).find("rows 109..119 were never processed") == 0);
+    const RoundPlan fine = s.draft(0, 109, rows);  // an ordinary no_context skip
+    CHECK(fine.skip == Skip::NoContext && !fine.mismatch);
+    s.begin(0);
+    process(s, 0, 0, 3);
+    CHECK(s.draft(0, 7, rows).report_mismatch);  // begin re-arms the report
+}
+
 TEST_MAIN()

@@ -1,36 +1,44 @@
-"""Argument normalisation shared by the Stager binding and the reference.
+"""Argument conversion for the Stager binding: Python objects to what the C++ core takes.
 
-Both sides raise the same exception *types* for the same bad input because
-they normalise arguments here; the C++ core then re-checks every value it is
-given (it never trusts its caller).
+Only conversions live here: an integer from any index-like object, positions
+as an int64 array, rows as a C-contiguous float array of the right width, a
+flat byte view of a buffer. Their errors are about the *kind* or *shape* of
+an argument (TypeError, or ValueError for a wrong number of dimensions).
+What a value must be (ranges, positions that continue the sequence, a byte
+count, finite rows) is the core's rule, checked there once; the binding
+raises a conversion error only after the core's sequence checks
+(docs/design.md 2.1). The reference twin spells out its own copies.
 """
 
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
+from . import core_tables
+
 __all__ = [
-    "MAX_POSITION", "ROW_DTYPES", "as_index", "as_count", "as_positions", "as_rows", "as_encoded", "row_dtype_code",
-    "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
+    "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
+    "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
+    "process_args", "encoded_args", "draft_many_pasts",
 ]
 
-#: Positions are int64 in the core; keep well clear of overflow in ``pos + B``.
-#: A row's position is below ``MAX_POSITION - 1`` so a sequence's end (last
-#: position + 1), and every ``n_past``, stays below ``MAX_POSITION``.
-MAX_POSITION = 1 << 62
+#: Positions and counts stay below this (the core's limit, ``dspark::MAX_POSITION``).
+MAX_POSITION = core_tables.MAX_POSITION
+
+#: Input row dtypes by core code (the core's ``ElemType`` table).
+ROW_DTYPES = {name: code for code, name in enumerate(core_tables.ELEM_TYPES)}
+
+#: The int64 range of the core's arguments.
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def _bf16() -> np.dtype:
     import ml_dtypes
 
     return np.dtype(ml_dtypes.bfloat16)
-
-
-#: Input row dtypes by core code (matches ``dspark::ElemType``).
-ROW_DTYPES = {"float32": 0, "float16": 1, "bfloat16": 2}
 
 
 def as_index(name: str, value: Any) -> int:
@@ -41,20 +49,32 @@ def as_index(name: str, value: Any) -> int:
         raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
 
 
+def as_int64(name: str, value: Any) -> int:
+    """An integer argument for the core, clamped into int64: every limit of the
+    core lies far inside that range, so a clamped value is rejected just as the
+    original would be (the message quotes the clamped value)."""
+    v = value if type(value) is int else as_index(name, value)
+    return _INT64_MIN if v < _INT64_MIN else _INT64_MAX if v > _INT64_MAX else v
+
+
 def as_count(name: str, value: Any) -> int:
-    """A position-like count (``n_past``, ``n_keep``, ...): an integer in ``[0, MAX_POSITION)``."""
-    v = as_index(name, value)
-    if not 0 <= v < MAX_POSITION:
-        raise ValueError(f"{name} must be in [0, 2**62), got {v}")
-    return v
+    """A position-like count (``n_past``, ``n_keep``, ...) for the core, which checks its range."""
+    return as_int64(name, value)
+
+
+def as_choice(name: str, value: Any, choices: Sequence[str]) -> int:
+    """The index of ``value`` in a table of names (a fail stage, ...), or a ValueError naming them."""
+    if isinstance(value, str) and value in choices:
+        return list(choices).index(value)
+    raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
 
 
 def as_positions(positions: Any) -> np.ndarray:
-    """Positions as a 1-D contiguous int64 array.
+    """Positions as a 1-D contiguous int64 array (values beyond int64 clamped; the core checks the range).
 
     Raises:
         TypeError: not integers.
-        ValueError: not 1-D, or outside ``[0, MAX_POSITION)``.
+        ValueError: not 1-D.
     """
     arr = np.asarray(positions)
     if arr.size == 0:
@@ -63,13 +83,9 @@ def as_positions(positions: Any) -> np.ndarray:
         raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
         raise ValueError(f"positions must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind == "u" and arr.size and int(arr.max()) >= MAX_POSITION - 1:
-        raise ValueError(f"position {int(arr.max())} is out of range [0, 2**62 - 1)")
-    out = np.ascontiguousarray(arr, dtype=np.int64)
-    if out.size and (int(out.min()) < 0 or int(out.max()) >= MAX_POSITION - 1):
-        bad = int(out.min()) if int(out.min()) < 0 else int(out.max())
-        raise ValueError(f"position {bad} is out of range [0, 2**62 - 1)")
-    return out
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8:
+        arr = np.minimum(arr, np.uint64(_INT64_MAX))
+    return np.ascontiguousarray(arr, dtype=np.int64)
 
 
 def row_dtype_code(dtype: np.dtype) -> int:
@@ -101,13 +117,13 @@ def as_rows(rows: Any, feature_dim: int) -> np.ndarray:
 def as_encoded(data: Any, n: int, row_bytes: int) -> np.ndarray:
     """Rows already in storage format as a flat contiguous uint8 array.
 
-    Accepts uint8 ``(n, row_bytes)`` or ``(n * row_bytes,)`` arrays and any
-    bytes-like object (``bytes``, ``bytearray``, ``memoryview``) of
-    ``n * row_bytes`` bytes, read as raw bytes whatever its item format.
+    Accepts uint8 ``(n, row_bytes)`` or flat arrays and any bytes-like object
+    (``bytes``, ``bytearray``, ``memoryview``), read as raw bytes whatever its
+    item format. The byte count is the core's to check (``n * row_bytes``).
 
     Raises:
         TypeError: not uint8 / not bytes-like.
-        ValueError: wrong shape or length.
+        ValueError: a 2-D array of another shape, or more dimensions.
     """
     if isinstance(data, (bytes, bytearray, memoryview)):
         try:
@@ -117,11 +133,10 @@ def as_encoded(data: Any, n: int, row_bytes: int) -> np.ndarray:
     arr = np.asarray(data)
     if arr.dtype != np.uint8:
         raise TypeError(f"encoded rows must be uint8, got dtype {arr.dtype}")
-    if arr.ndim == 2:
-        if arr.shape != (n, row_bytes):
-            raise ValueError(f"encoded rows must have shape ({n}, {row_bytes}), got {arr.shape}")
-    elif arr.ndim != 1 or arr.shape[0] != n * row_bytes:
-        raise ValueError(f"encoded rows must be {n} x {row_bytes} bytes, got shape {arr.shape}")
+    if arr.ndim == 2 and arr.shape != (n, row_bytes):
+        raise ValueError(f"encoded rows must have shape ({n}, {row_bytes}), got {arr.shape}")
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"encoded rows must be ({n}, {row_bytes}) or flat, got shape {arr.shape}")
     return np.ascontiguousarray(arr).reshape(-1)
 
 
@@ -172,7 +187,37 @@ def check_rows_given(external: bool, rows: Any) -> None:
 
 
 def require_held_rows(external: bool, call: str) -> None:
-    """A call that needs the rows themselves (``process_encoded``, ``snapshot``
-    of rows): a TypeError naming the mode in external-row mode."""
+    """A call that needs the rows themselves (``process_encoded``): a TypeError
+    naming the mode in external-row mode (the Python API's choice of call)."""
     if external:
         raise TypeError(f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows")
+
+
+# -- one call's arguments, in the order of its signature -----------------------
+
+
+def process_args(external: bool, feature_dim: int, positions: Any, rows: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """``process``: the positions, and the rows (held mode), as the core reads them."""
+    check_rows_given(external, rows)
+    pos = as_positions(positions)
+    if external:
+        return pos, None
+    arr = as_rows(rows, feature_dim)
+    if arr.shape[0] != pos.shape[0]:
+        raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
+    return pos, arr
+
+
+def encoded_args(external: bool, row_bytes: int, positions: Any, data: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``process_encoded``: the positions and the flat bytes."""
+    require_held_rows(external, "process_encoded")
+    pos = as_positions(positions)
+    return pos, as_encoded(data, pos.shape[0], row_bytes)
+
+
+def draft_many_pasts(n_pasts: Any, n: int) -> np.ndarray:
+    """``draft_many``: one int64 ``n_past`` per sequence."""
+    pv = np.asarray([as_int64("n_past", x) for x in n_pasts], dtype=np.int64)
+    if pv.shape[0] != n:
+        raise ValueError(f"{n} sequences for {pv.shape[0]} n_past values")
+    return pv

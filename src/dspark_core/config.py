@@ -1,11 +1,12 @@
 """Stager configuration: the window, block and storage a Stager runs with.
 
-Invariants checked here (and again in the C++ core, which never trusts its
-caller):
-
-* ``window > 2 * block_size``: a rebase keeps ``w_keep = window // 2`` rows and
-  still has room for a block; below that a rebase would thrash every round.
-* q formats need ``feature_dim % 32 == 0`` (GGML blocks of 32).
+Every rule a configuration must follow is the C++ core's
+(``dspark::check_options``), which :class:`StagerConfig` calls on
+construction, as the Stager's constructor does again (it never trusts its
+caller): each count ``>= 1``, ``window > 2 * block_size`` (a rebase keeps
+``w_keep = window // 2`` rows and still has room for a block), the limits
+below, and whole GGML blocks of 32 for the q formats. This module only
+converts what a Python caller passes (integers, names, dtypes).
 """
 
 from __future__ import annotations
@@ -16,7 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from .core_tables import NONFINITE_POLICIES, STORAGE_FORMATS, STORAGES
+from .core_tables import (
+    ELEM_TYPES,
+    MAX_FEATURE_DIM,
+    MAX_SEQS_LIMIT,
+    MAX_WINDOW,
+    NONFINITE_POLICIES,
+    ROW_MODES,
+    STORAGE_FORMATS,
+    STORAGES,
+    TRIM_CHUNK,
+    check_stager_options,
+)
 from .errors import ConfigError
 
 __all__ = [
@@ -26,6 +38,8 @@ __all__ = [
     "NONFINITE_POLICIES",
     "ROW_MODES",
     "MAX_SEQS_LIMIT",
+    "MAX_WINDOW",
+    "MAX_FEATURE_DIM",
     "StagerConfig",
     "window_for",
     "stage_dtype_name",
@@ -33,27 +47,12 @@ __all__ = [
     "storage_row_bytes",
 ]
 
-#: Head rows that can never be restaged again are dropped lazily, this many at
-#: a time, so no trim runs on the per-round hot path. Mirrors the C++
-#: ``dspark::TRIM_CHUNK`` (a test keeps them equal).
-TRIM_CHUNK = 512
+#: dtypes ``plan.rows`` can be staged in: the core's element types.
+STAGE_DTYPES = ELEM_TYPES
 
-#: dtypes ``plan.rows`` can be staged in.
-STAGE_DTYPES = ("float32", "float16", "bfloat16")
-
-#: Who holds the feature rows: the Stager ("held") or the server ("external":
-#: the Stager keeps only the ring's bookkeeping and hands out slots). Mirrors
-#: the C++ ``dspark::RowMode`` codes.
-ROW_MODES = ("held", "external")
-
-#: Upper bounds of a window and a row width (mirrors the C++ core: drafter
-#: positions are int32 in a plan; the snapshot header stores them as u32).
-MAX_WINDOW = 1 << 30
-MAX_FEATURE_DIM = 1 << 28
-
-#: Upper bound on ``max_seqs`` (a sanity limit, not a memory reservation:
-#: buffers are allocated when a sequence first receives rows).
-MAX_SEQS_LIMIT = 1 << 16
+#: The int64 range the core's fields hold; a Python int beyond it is clamped
+#: to it (the core rejects every value that far out, naming the field).
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 def stage_dtype_name(dtype: Any) -> str:
@@ -70,12 +69,17 @@ def stage_dtype_name(dtype: Any) -> str:
     return name
 
 
-def positive_int(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as an int ``>= minimum``, or a ConfigError naming ``name``."""
+def _integer(name: str, value: Any) -> int:
+    """``value`` as an int, or a ConfigError naming ``name``."""
     try:
-        v = operator.index(value)
+        return operator.index(value)
     except TypeError as exc:
         raise ConfigError(f"{name} must be an integer, got {value!r}") from exc
+
+
+def positive_int(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum``, or a ConfigError naming ``name``."""
+    v = _integer(name, value)
     if v < minimum:
         raise ConfigError(f"{name} must be >= {minimum}, got {v}")
     return v
@@ -150,25 +154,11 @@ class StagerConfig:
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        set_(self, "feature_dim", positive_int("feature_dim", self.feature_dim))
-        set_(self, "block_size", positive_int("block_size", self.block_size))
-        set_(self, "window", positive_int("window", self.window))
-        set_(self, "max_seqs", positive_int("max_seqs", self.max_seqs))
-        set_(self, "max_failures", positive_int("max_failures", self.max_failures))
-        if self.window > MAX_WINDOW:
-            raise ConfigError(f"window ({self.window}) must be <= 2**30")
-        if self.feature_dim > MAX_FEATURE_DIM:
-            raise ConfigError(f"feature_dim ({self.feature_dim}) must be <= 2**28")
-        if self.max_seqs > MAX_SEQS_LIMIT:
-            raise ConfigError(f"max_seqs ({self.max_seqs}) exceeds the limit {MAX_SEQS_LIMIT}")
-        if self.window <= 2 * self.block_size:
-            raise ConfigError(
-                f"window ({self.window}) must be greater than 2 * block_size "
-                f"(2 * {self.block_size} = {2 * self.block_size})"
-            )
+        ints = ("feature_dim", "block_size", "window", "max_seqs", "max_failures")
+        for name in ints:
+            set_(self, name, _integer(name, getattr(self, name)))
         if self.storage not in STORAGES:
             raise ConfigError(f"storage {self.storage!r} is not supported; use one of {STORAGES}")
-        STORAGE_FORMATS[self.storage].row_bytes(self.feature_dim)  # q formats: whole blocks
         set_(self, "stage_dtype", stage_dtype_name(self.stage_dtype))
         if not isinstance(self.strict, bool):
             raise ConfigError(f"strict must be a bool, got {self.strict!r}")
@@ -176,6 +166,10 @@ class StagerConfig:
             raise ConfigError(f"nonfinite {self.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
         if self.rows not in ROW_MODES:
             raise ConfigError(f"rows {self.rows!r} is not supported; use one of {ROW_MODES}")
+        # Every value rule is the core's (ConfigError naming the first unusable value).
+        d, b, w, n, f = (min(max(getattr(self, name), _INT64_MIN), _INT64_MAX) for name in ints)
+        check_stager_options(d, b, w, n, STORAGES.index(self.storage), f, NONFINITE_POLICIES.index(self.nonfinite),
+                             STAGE_DTYPES.index(self.stage_dtype), ROW_MODES.index(self.rows))
 
     # -- derived values -------------------------------------------------
     @property

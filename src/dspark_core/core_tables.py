@@ -1,14 +1,16 @@
-"""The core's tables: storages, block geometry, non-finite policies, skip reasons, fail stages.
+"""The core's tables and limits: storages, block geometry, element types, row modes,
+non-finite policies, skip reasons, fail stages, and the numeric limits of a Stager.
 
-One source of truth: the C++ core's enums, enumerated through the binding
-(``_ext._row_format`` walks each enum's name function until it ends), so a
-value the core gains (a new non-finite policy, say) appears here without an
-edit. Every module of the package and the reference twin take these names
-from here. :func:`_check` runs at import: a core whose tables disagree with
-its own ``row_bytes`` fails ``import dspark_core`` instead of a call later.
+One source of truth: the C++ core's enums and constants, read through the
+binding (``_ext._row_format`` walks each enum's name function until it ends),
+so a value the core gains (a new non-finite policy, say) appears here without
+an edit. Every module of the package takes these names and limits from here;
+the reference twin, the test oracle, spells out its own. :func:`_check` runs
+at import: a core whose tables disagree with its own ``row_bytes`` fails
+``import dspark_core`` instead of a call later.
 
-Tuple index == the C++ enum value (``Storage``, ``NonFinite``, ``FailStage``;
-``Skip`` counts from 1, its 0 being "no skip").
+Tuple index == the C++ enum value (``Storage``, ``ElemType``, ``RowMode``,
+``NonFinite``, ``FailStage``; ``Skip`` counts from 1, its 0 being "no skip").
 """
 
 from __future__ import annotations
@@ -18,15 +20,22 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ._ext import _row_format as _core
-from .errors import ConfigError
 
 __all__ = [
     "STORAGES",
     "STORAGE_FORMATS",
     "StorageFormat",
+    "ELEM_TYPES",
+    "ROW_MODES",
     "NONFINITE_POLICIES",
     "SKIP_REASONS",
     "FAIL_STAGES",
+    "TRIM_CHUNK",
+    "MAX_POSITION",
+    "MAX_WINDOW",
+    "MAX_FEATURE_DIM",
+    "MAX_SEQS_LIMIT",
+    "check_stager_options",
 ]
 
 
@@ -48,12 +57,9 @@ class StorageFormat:
         return self.block_elems > 1
 
     def row_bytes(self, feature_dim: int) -> int:
-        """Bytes of one row of ``feature_dim`` elements (a positive multiple of ``block_elems``)."""
-        if feature_dim < 1 or feature_dim % self.block_elems:
-            raise ConfigError(
-                f"storage {self.name!r} needs feature_dim % {self.block_elems} == 0, got feature_dim {feature_dim}"
-            )
-        return feature_dim // self.block_elems * self.block_bytes
+        """Bytes of one row of ``feature_dim`` elements (the core's ``row_bytes``: a q
+        format needs a positive multiple of ``block_elems``, else ConfigError)."""
+        return int(_core.row_bytes(self.name, max(feature_dim, 0)))
 
 
 #: Storage formats of the feature buffer, in the core's enum order.
@@ -77,11 +83,34 @@ SKIP_REASONS: tuple[str, ...] = tuple(_core.SKIP_REASONS)
 #: Where a drafter round can fail: ``fail(seq, stage)``.
 FAIL_STAGES: tuple[str, ...] = tuple(_core.FAIL_STAGES)
 
+#: Element types rows come in (``process``) and are staged out in (``stage_dtype``).
+ELEM_TYPES: tuple[str, ...] = tuple(_core.ELEM_TYPES)
+
+#: Who holds the feature rows: the Stager ("held") or their owner ("external").
+ROW_MODES: tuple[str, ...] = tuple(_core.ROW_MODES)
+
+#: Head rows below the horizon are dropped this many at a time (off the per-round path).
+TRIM_CHUNK: int = _core.TRIM_CHUNK
+#: Positions and counts stay below this (so that ``pos + block`` never overflows int64).
+MAX_POSITION: int = _core.MAX_POSITION
+#: Upper bounds of a window and a row width (drafter positions are int32 in a
+#: plan; the snapshot header stores them as u32).
+MAX_WINDOW: int = _core.MAX_WINDOW
+MAX_FEATURE_DIM: int = _core.MAX_FEATURE_DIM
+#: Upper bound on ``max_seqs`` (a sanity limit, not a memory reservation).
+MAX_SEQS_LIMIT: int = _core.MAX_SEQS_LIMIT
+
+#: The core's check of a configuration: ConfigError naming the first unusable
+#: value (codes are indices into the tables above).
+check_stager_options = _core.check_stager_options
+
 
 def _check() -> None:
     """The tables agree with the core's own row_bytes and hold distinct, usable names."""
     for what, names in (
         ("storages", STORAGES),
+        ("element types", ELEM_TYPES),
+        ("row modes", ROW_MODES),
         ("non-finite policies", NONFINITE_POLICIES),
         ("skip reasons", SKIP_REASONS),
         ("fail stages", FAIL_STAGES),
@@ -93,7 +122,7 @@ def _check() -> None:
     for fmt in STORAGE_FORMATS.values():
         for n_blocks in (1, 3):
             dim = n_blocks * fmt.block_elems
-            if fmt.block_bytes < 1 or _core.row_bytes(fmt.name, dim) != fmt.row_bytes(dim):
+            if fmt.block_bytes < 1 or fmt.row_bytes(dim) != n_blocks * fmt.block_bytes:
                 raise ImportError(f"dspark_core: storage {fmt.name!r}: block table disagrees with row_bytes")
     # StagerConfig's default; "keep" is the conversion-only policy of formats.quantize_rows.
     if "error" not in NONFINITE_POLICIES or "keep" in NONFINITE_POLICIES:

@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import warnings
 from typing import Iterator, NamedTuple
 
 import ml_dtypes
 import numpy as np
 
-from . import core_tables
+from . import core_tables, kernels
 from ._args import as_index
 from ._ext import _row_format
 
@@ -52,6 +50,8 @@ STORAGES = core_tables.STORAGES
 #: What :func:`quantize_rows` does with NaN / +-Inf inputs: the core's
 #: policies plus ``"keep"`` (convert as-is; the first non-finite is not an error).
 NONFINITE_POLICIES = (*core_tables.NONFINITE_POLICIES, "keep")
+
+_FAMILY = "row_format"
 
 #: Input / output element dtypes.
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
@@ -239,57 +239,38 @@ def find_nonfinite(x: np.ndarray) -> int:
     return int(_row_format.find_nonfinite(np.ascontiguousarray(x)))
 
 
+# The row-format family of the dispatch registry (dspark_core.kernels) under
+# its first names.
+
+
 def simd_paths() -> list[str]:
-    """SIMD kernel paths this CPU and build support (``"scalar"`` first)."""
-    return list(_row_format.simd_paths())
+    """Row-format kernel paths this CPU and build support (``"scalar"`` first)."""
+    return kernels.supported(_FAMILY)
 
 
 def best_simd_path() -> str:
     """The fastest supported path (the default unless ``DSPARK_SIMD`` says otherwise)."""
-    return str(_row_format.best_simd_path())
+    return kernels.best(_FAMILY)
 
 
 def active_simd_path() -> str:
     """The path conversions use now."""
-    return str(_row_format.active_simd_path())
+    return kernels.active(_FAMILY)
 
 
 def set_simd_path(name: str) -> None:
-    """Select the SIMD path process-wide (every path gives identical bytes).
+    """Select the row-format path process-wide (every path gives identical bytes).
 
     ``ValueError`` for an unknown or unsupported path.
     """
-    _row_format.set_simd_path(_as_name("name", name))
+    kernels.set_path(_FAMILY, _as_name("name", name))
 
 
 @contextlib.contextmanager
 def simd_path(name: str) -> Iterator[str]:
-    """Context manager running its body on SIMD path ``name`` (for tests).
+    """Context manager running its body on row-format path ``name`` (for tests).
 
     Process-wide, so not for use from several threads at once.
     """
-    saved = active_simd_path()
-    set_simd_path(name)
-    try:
+    with kernels.use(_FAMILY, _as_name("name", name)):
         yield name
-    finally:
-        set_simd_path(saved)
-
-
-def _warn_about_simd_env() -> None:
-    """DSPARK_SIMD that names no path, or one this CPU lacks, is ignored by the
-    core (which does not log): say so once, at import."""
-    status = _row_format.simd_env_status()
-    if status not in ("unknown", "unsupported"):
-        return
-    value = os.environ.get("DSPARK_SIMD", "")
-    why = "names no SIMD path" if status == "unknown" else "names a path this CPU / build does not support"
-    warnings.warn(
-        f"DSPARK_SIMD={value!r} {why}; valid values: {', '.join(_row_format.simd_path_names())} "
-        f"(supported here: {', '.join(simd_paths())}); using {active_simd_path()!r}",
-        RuntimeWarning,
-        stacklevel=2,
-    )
-
-
-_warn_about_simd_env()

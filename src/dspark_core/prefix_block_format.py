@@ -41,11 +41,13 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
+from typing import Any
 
 from .config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, StagerConfig
 from .snapshot_format import crc32c
 
-__all__ = ["MAGIC", "VERSION", "HEADER_BYTES", "PrefixBlock", "pack", "unpack", "kept_first"]
+__all__ = ["MAGIC", "VERSION", "HEADER_BYTES", "Fingerprint", "PrefixBlock", "fingerprint", "pack", "unpack",
+           "refresh_checksums"]
 
 MAGIC = b"DSPB"
 VERSION = 1
@@ -54,6 +56,10 @@ _HEADER = struct.Struct("<4sHHIBBBBIIIIqqII")  # up to the two checksums
 BODY_CRC_AT = 56
 HEADER_CRC_AT = 60
 assert _HEADER.size == BODY_CRC_AT
+
+#: ``(feature_dim, storage_code, nonfinite_code, stage_code, window, block_size, row_bytes)``:
+#: what a block must match in the importing store.
+Fingerprint = tuple[int, int, int, int, int, int, int]
 
 
 @dataclass(frozen=True)
@@ -67,22 +73,15 @@ class PrefixBlock:
     rows: bytes
 
 
-def kept_first(config: StagerConfig, start: int, end: int) -> int:
-    """The keep rule: the first kept position of block ``[start, end)`` (all of it below ``W - B``,
-    else the last ``K``)."""
-    if end <= config.window - config.block_size:
-        return start
-    return max(start, end - config.w_keep)
-
-
-def _fingerprint(config: StagerConfig) -> tuple[int, int, int, int, int, int, int]:
+def fingerprint(config: StagerConfig) -> Fingerprint:
+    """The fingerprint of a store of ``config`` (the core's code tables)."""
     return (config.feature_dim, STORAGES.index(config.storage), NONFINITE_POLICIES.index(config.nonfinite),
             STAGE_DTYPES.index(config.stage_dtype), config.window, config.block_size, config.row_bytes)
 
 
-def pack(config: StagerConfig, block_tokens: int, block: PrefixBlock) -> bytes:
-    """The bytes of ``block`` under ``config`` (the store's rows configuration)."""
-    dim, st, nf, stage, window, bsize, row_bytes = _fingerprint(config)
+def pack(fp: Fingerprint, block_tokens: int, block: PrefixBlock) -> bytes:
+    """The bytes of ``block`` in a store of fingerprint ``fp`` and ``block_tokens``."""
+    dim, st, nf, stage, window, bsize, row_bytes = fp
     head = _HEADER.pack(MAGIC, VERSION, HEADER_BYTES, dim, st, nf, stage, len(block.key), window, bsize, row_bytes,
                         block_tokens, block.start, block.end, block.n_rows, 0)
     body = block.key + block.rows
@@ -90,8 +89,40 @@ def pack(config: StagerConfig, block_tokens: int, block: PrefixBlock) -> bytes:
     return head + struct.pack("<I", crc32c(head)) + body
 
 
-def unpack(config: StagerConfig, block_tokens: int, data: bytes) -> PrefixBlock:
-    """Parse and check ``data`` for a store of ``config`` and ``block_tokens``; ``ValueError`` if bad."""
+def refresh_checksums(data: bytearray) -> None:
+    """Rewrite both checksums of a (possibly edited) block in place so they match its bytes.
+
+    For tests and fuzzing: edited fields then reach the checks behind the checksums.
+    Data too short for a header is left alone.
+    """
+    if len(data) < HEADER_BYTES:
+        return
+    struct.pack_into("<I", data, BODY_CRC_AT, crc32c(bytes(data[HEADER_BYTES:])))
+    struct.pack_into("<I", data, HEADER_CRC_AT, crc32c(bytes(data[:HEADER_CRC_AT])))
+
+
+def _describe(dim: int, st: int, nf: int, stage: int, window: int, bsize: int, storages: tuple[str, ...],
+              policies: tuple[str, ...], stage_dtypes: tuple[str, ...]) -> str:
+    return (f"feature_dim={dim}, storage={storages[st]}, nonfinite={policies[nf]}, "
+            f"stage_dtype={stage_dtypes[stage]}, window={window}, block_size={bsize}")
+
+
+def unpack(
+    data: Any,
+    fp: Fingerprint,
+    block_tokens: int,
+    w_keep: int,
+    storages: tuple[str, ...] = STORAGES,
+    policies: tuple[str, ...] = NONFINITE_POLICIES,
+    stage_dtypes: tuple[str, ...] = STAGE_DTYPES,
+) -> PrefixBlock:
+    """Parse and check ``data`` for a store of fingerprint ``fp``, ``block_tokens`` and ``K = w_keep``.
+
+    ``ValueError`` naming the first problem, in the core's order and words.
+    ``storages``, ``policies`` and ``stage_dtypes`` name the header's codes in
+    messages (the reference twin passes its own tables).
+    """
+    data = bytes(memoryview(data).cast("B"))
     n = len(data)
     if n < HEADER_BYTES:
         raise ValueError(f"prefix block is truncated: {n} bytes, its header needs {HEADER_BYTES}")
@@ -101,23 +132,31 @@ def unpack(config: StagerConfig, block_tokens: int, data: bytes) -> PrefixBlock:
     if magic != MAGIC:
         raise ValueError("not a dspark_core prefix block (bad magic)")
     if version != VERSION:
-        raise ValueError(f"unsupported prefix block version {version}")
+        raise ValueError(f"unsupported prefix block version {version} (this build reads {VERSION})")
     if header != HEADER_BYTES:
         raise ValueError(f"bad prefix block header size {header}")
     if crc32c(data[:HEADER_CRC_AT]) != header_crc:
         raise ValueError("prefix block header checksum mismatch (damaged data)")
-    if (dim, st, nf, stage, window, bsize, row_bytes) != _fingerprint(config):
-        raise ValueError("prefix block was exported with another configuration than this store's")
+    if (dim, st, nf, stage, window, bsize, row_bytes) != tuple(fp):
+        known = st < len(storages) and nf < len(policies) and stage < len(stage_dtypes)
+        theirs = (_describe(dim, st, nf, stage, window, bsize, storages, policies, stage_dtypes) if known
+                  else "unknown storage / policy / dtype codes")
+        mine = _describe(*fp[:6], storages, policies, stage_dtypes)
+        raise ValueError(f"prefix block was exported with ({theirs}) but this store has ({mine})")
     if bt != block_tokens:
-        raise ValueError(f"prefix block was exported with block_tokens={bt}, this store has {block_tokens}")
+        raise ValueError(f"prefix block was exported with block_tokens={bt} but this store has "
+                         f"block_tokens={block_tokens}")
     if reserved:
         raise ValueError("prefix block has reserved bytes set")
+    # The keep rule: the kept rows of [start, end) are all of it when end <= W - B, else the last K.
+    kept = end - start if end <= window - bsize else min(end - start, w_keep)
     if (not 1 <= key_len <= 64 or start < 0 or end <= start or end >= 1 << 62 or start % block_tokens
-            or end - start > block_tokens or n_rows != end - kept_first(config, start, end)):
+            or end - start > block_tokens or n_rows != kept):
         raise ValueError("prefix block fields are inconsistent")
-    if n != HEADER_BYTES + key_len + n_rows * row_bytes:
-        raise ValueError(f"prefix block length {n} does not match its header")
-    body = bytes(data[HEADER_BYTES:])
+    want = HEADER_BYTES + key_len + n_rows * row_bytes
+    if n != want:
+        raise ValueError(f"prefix block length {n} does not match its header ({want} bytes)")
+    body = data[HEADER_BYTES:]
     if crc32c(body) != body_crc:
         raise ValueError("prefix block checksum mismatch (damaged data)")
     return PrefixBlock(key=body[:key_len], start=start, end=end, n_rows=n_rows, rows=body[key_len:])

@@ -276,10 +276,11 @@ def _name(names: tuple[str, ...], code: int) -> str:
     return names[code] if 0 <= code < len(names) else f"code {code}"
 
 
-def _describe(fp: tuple[int, ...], storages: tuple[str, ...], policies: tuple[str, ...] | None) -> str:
+def _describe(fp: tuple[int, ...], storages: tuple[str, ...], policies: tuple[str, ...] | None,
+              stage_dtypes: tuple[str, ...]) -> str:
     out = f"feature_dim={fp[0]}, storage={_name(storages, fp[1])}, window={fp[2]}, block_size={fp[3]}"
     if policies is not None:  # v2
-        out += f", nonfinite={_name(policies, fp[5])}, stage_dtype={_name(STAGE_DTYPES, fp[6])}"
+        out += f", nonfinite={_name(policies, fp[5])}, stage_dtype={_name(stage_dtypes, fp[6])}"
     return out
 
 
@@ -289,11 +290,14 @@ def unpack(
     storages: tuple[str, ...] = STORAGES,
     policies: tuple[str, ...] = NONFINITE_POLICIES,
     external: bool = False,
+    stage_dtypes: tuple[str, ...] = STAGE_DTYPES,
 ) -> SnapshotState:
     """Parse and validate snapshot bytes (v1 or v2); ``ValueError`` naming the first problem.
 
     ``external``: the restoring Stager runs in external-row mode; a snapshot of
-    the other row mode is a ``ValueError``.
+    the other row mode is a ``ValueError``. ``storages``, ``policies`` and
+    ``stage_dtypes`` name the header's codes in messages (the reference twin
+    passes its own tables).
     """
     data = memoryview(data).cast("B")
     n = len(data)
@@ -339,8 +343,8 @@ def unpack(
     if theirs[:5] != mine[:5] or (not v1 and theirs[5:] != mine[5:]):
         names = None if v1 else policies
         raise ValueError(
-            f"snapshot was taken with ({_describe(theirs, storages, names)}) "
-            f"but this Stager has ({_describe(mine, storages, names)})"
+            f"snapshot was taken with ({_describe(theirs, storages, names, stage_dtypes)}) "
+            f"but this Stager has ({_describe(mine, storages, names, stage_dtypes)})"
         )
     # v1: bytes 13..15 and 76..79 reserved; v2: 77..79.
     reserved_set = reserved != b"\0\0\0" or (v1 and (nonfinite_code or content or stage_code))

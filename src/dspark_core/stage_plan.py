@@ -79,6 +79,10 @@ class StagePlan:
         external: the plan is from an external-row Stager (no rows here).
         source: the Stager that made the plan (external mode; None in held
             mode): whose table ``slots`` index.
+        round: the round this plan opened (unique within its Stager, from 1;
+            0 for a skipped plan): the plan's ``slots`` may be read while
+            ``source.open_round_id(seq) == round`` (``DeviceRing.gather``
+            refuses a plan of a round that has closed).
     """
 
     __slots__ = (
@@ -94,6 +98,7 @@ class StagePlan:
         "slots",
         "external",
         "source",
+        "round",
         "_encoded",
         "_rows",
         "_decode",
@@ -117,6 +122,7 @@ class StagePlan:
         slots: np.ndarray | None = None,
         external: bool = False,
         source: Any = None,
+        round: int = 0,
     ) -> None:
         self.seq = seq
         self.start = start
@@ -130,6 +136,7 @@ class StagePlan:
         self.slots = _no_slots() if slots is None else slots
         self.external = external
         self.source = source
+        self.round = round
         self._encoded = encoded_rows
         self._rows = rows
         self._decode = decode

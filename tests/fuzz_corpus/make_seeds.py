@@ -6,8 +6,9 @@ Directories (one input per file):
 
 * ``ops/``, ``snapshot/``, ``decode/``: the Python targets of ``python -m dspark_core.testing.fuzz``
   (replayed by ``tests/test_fuzz_corpus.py``);
-* ``cpp_stager/``, ``cpp_formats/``: the libFuzzer targets in ``csrc/fuzz/`` (replayed
-  at the start of every fuzz run in ``.ci/fuzz_steps.sh``);
+* ``threads/``: the threads target (decodes like ``ops``; the same seeds);
+* ``cpp_stager/``, ``cpp_formats/``, ``cpp_c_api/``: the libFuzzer targets in ``csrc/fuzz/``
+  (replayed at the start of every fuzz run in ``.ci/fuzz_steps.sh``);
 * ``findings/<target>/``: reproducers of bugs the fuzzers found (kept by hand, never
   rewritten here). Those listed in ``findings/KNOWN_OPEN`` are expected to fail until fixed.
 """
@@ -85,6 +86,22 @@ def ops_seeds() -> None:
         i += 1
     for k in range(12):
         write("ops", f"random-{k:02d}", prng(f"ops{k}", 5 + 6 * (8 + 4 * k)))
+    # Rings that wrap on sequences 1 and 0, forked and shifted: external mode's two slot runs
+    # (the mirror table must follow every move of a wrapped parent).
+    wrap = [("long_decode", b"\x01\x00\x05"), ("round", b"\x01\0\x02\x03\0"), ("fork", b"\x01\x02"),
+            ("round", b"\x02\0\x01\x02\0"), ("shift", b"\x02\xc0\x30\0"), ("long_decode", b"\0\x01\x07"),
+            ("fork", b"\0\x02"), ("draft_many", b"\0\x03\0\x01\x02"), ("commit", b"\0"), ("commit", b"\x01"),
+            ("commit", b"\x02"), ("snapshot", b"\x02"), ("restore", b"\x01\0\0\0\0"), ("round", b"\x01\0\0\x02\0")]
+    for k, storage in enumerate(STORAGES):
+        cfg = StagerConfig(32 if k % 2 else 64, 4, 9 + 5 * k, max_seqs=3, storage=storage, nonfinite="clamp")
+        write("ops", f"wrap_fork-{storage}", encode_ops(cfg, wrap))
+
+
+def threads_seeds() -> None:
+    """The threads target decodes like ops: the same seeds."""
+    for name in sorted(os.listdir(os.path.join(HERE, "ops"))):
+        with open(os.path.join(HERE, "ops", name), "rb") as f:
+            write("threads", name, f.read())
 
 
 def snapshot_seeds() -> None:
@@ -105,12 +122,38 @@ def decode_seeds() -> None:
         write("decode", f"seed-{k:02d}", bytes([b0, k]) + body)
 
 
+def cpp_stager_config(storage: int, dim: int, block: int, extra: int, seqs: int, threads: bool) -> bytes:
+    """The 5 config bytes of csrc/fuzz/fuzz_stager.cpp (nonfinite "error", staged as f32)."""
+    b3 = next(b for b in range(128 if threads else 0, 256) if b % 3 == seqs - 1)  # b3 >= 128: threads too
+    return bytes([dim | (storage << 1), block - 1, extra, b3, 0])
+
+
+#: fuzz_stager ops: long decodes (the ring wraps) on sequences 1 and 0, rounds, forks of the
+#: wrapped parents, a shift, draft_many, snapshot / restore (one op per group of bytes).
+CPP_WRAP_OPS = bytes([3, 1, 3, 15, 1, 0, 0, 2, 3, 12, 1, 2, 15, 2, 0, 0, 1, 2, 11, 2, 200, 30, 0, 6, 0, 3, 0, 0, 1, 2,
+                      13, 2, 14, 0, 0, 0, 0, 0, 3, 0, 7, 12, 0, 1, 15, 1, 5, 1, 3, 2, 11, 0, 100, 60, 1, 13, 0,
+                      14, 2, 1, 4, 3, 2])
+
+
 def cpp_seeds() -> None:
     for k in range(24):
         write("cpp_stager", f"seed-{k:02d}", prng(f"cppst{k}", 5 + 7 * (6 + 3 * k)))
+    # Wrapped rings away from sequence 0, forked and shifted: external mode's two slot runs.
+    for k, (storage, seqs, extra) in enumerate([(0, 3, 20), (3, 3, 5), (4, 2, 39), (1, 3, 12), (2, 2, 0)]):
+        write("cpp_stager", f"wrap-{k}", cpp_stager_config(storage, k % 2, 4, extra, seqs, True) + CPP_WRAP_OPS)
     for k in range(24):
         mode = k % 3
         write("cpp_formats", f"seed-{k:02d}", bytes([mode, k % 5, k % 3, k]) + prng(f"cppfm{k}", 40 + 34 * k))
+    # fuzz_c_api: 8 config bytes (storage / dim, block, window, max_seqs, policy / stage / strict,
+    # rows mode, struct_size, NULL choice), then ops. Random ones, and scripts over both row
+    # modes: a long decode (the ring wraps), rounds, fork, shift, snapshot / restore, drafts in
+    # every dtype, draft_many, the row-format calls, NULL stagers, introspection.
+    for k in range(16):
+        write("cpp_c_api", f"seed-{k:02d}", prng(f"capi{k}", 40 + 30 * k))
+    script = bytes([3, 1, 17, 1, 2, 3, 3, 11, 1, 2, 10, 0, 128, 40, 12, 0, 0, 13, 1, 0, 0, 0, 4, 1, 0, 1, 0, 6, 1,
+                    5, 0, 2, 0, 1, 0, 1, 15, 0, 1, 2, 3, 16, 0, 14, 0, 1, 4, 0, 0, 2, 2, 17, 0, 1, 9, 2])
+    for k, (b0, rows_mode) in enumerate([(0x00, 0), (0x00, 1), (0x31, 0), (0x31, 1), (0x40, 0), (0x21, 1)]):
+        write("cpp_c_api", f"script-{k}", bytes([b0, 3, 10 + 7 * k, 2, 0, rows_mode, 0, 0]) + script)
 
 
 def findings() -> None:
@@ -129,6 +172,22 @@ def findings() -> None:
           encode_ops(cfg, []) + bytes([2]) + head + bytes(64))
     # C++: the same two core findings for the libFuzzer targets.
     write("findings/cpp_stager", "end-at-max-position", bytes([0x7F, 0x3F, 0xA2, 0x66, 0xF8, 0xB4, 0x15, 0x8D, 0xFF]))
+    # C ABI: with strict on, dspark_draft(n_past = 2**62) fails with DSPARK_E_STATE (the strict
+    # check ran before the range check) where the C++ API raises std::invalid_argument.
+    write("findings/cpp_c_api", "strict-before-range-check",
+          bytes([0, 3, 10, 0, 0xE0, 0, 0, 0, 1, 0, 3, 0, 0, 5, 0, 0, 4, 0, 11, 0, 0]))
+    # ... and dspark_draft_many with a repeated sequence id fails with DSPARK_E_STATE (strict
+    # first) where the C++ API rejects the repeated id (std::invalid_argument).
+    write("findings/cpp_c_api", "strict-before-duplicate-ids",
+          bytes([0, 3, 10, 0, 0xE0, 0, 0, 0, 1, 0, 3, 0, 0, 5, 0, 0, 5, 0, 2, 9, 0, 0, 0]))
+    # ... and a strict dspark_draft_many of a busy sequence and an unknown id reports the busy one
+    # (DSPARK_E_STATE) where the C++ (and Python) API first reject the unknown id.
+    write("findings/cpp_c_api", "strict-before-unknown-id",
+          bytes([0, 3, 10, 2, 0xE0, 0, 0, 0, 1, 2, 3, 0, 0, 5, 0, 0, 4, 2, 0, 0, 0, 5, 0, 2, 0, 0, 2, 15]))
+    # ... and a strict dspark_draft_many whose second n_past is negative reports the first
+    # sequence's mismatch (DSPARK_E_STATE) where the C++ API rejects the negative n_past.
+    write("findings/cpp_c_api", "strict-before-range-check-many",
+          bytes([0, 3, 10, 1, 0xE0, 0, 0, 0, 1, 0, 3, 0, 0, 5, 0, 0, 5, 0, 2, 9, 0, 0, 1]))
     write("findings/cpp_formats", "restore-horizon-above-firm-end",
           bytes([2, 0, 3, 2, 2, 17, 18, 16, 13, 8, 13, 0]) + bytes(2 * 128))
     # Decoders: NaN quiet bit. bf16 storage -> bfloat16 keeps a signalling NaN (0xff9a) that the
@@ -141,14 +200,15 @@ def findings() -> None:
 
 
 def main() -> None:
-    for sub in ("ops", "snapshot", "decode", "cpp_stager", "cpp_formats"):
+    for sub in ("ops", "threads", "snapshot", "decode", "cpp_stager", "cpp_formats", "cpp_c_api"):
         shutil.rmtree(os.path.join(HERE, sub), ignore_errors=True)
     ops_seeds()
+    threads_seeds()
     snapshot_seeds()
     decode_seeds()
     cpp_seeds()
     findings()
-    for sub in ("ops", "snapshot", "decode", "cpp_stager", "cpp_formats"):
+    for sub in ("ops", "threads", "snapshot", "decode", "cpp_stager", "cpp_formats", "cpp_c_api"):
         print(sub, len(os.listdir(os.path.join(HERE, sub))))
 
 

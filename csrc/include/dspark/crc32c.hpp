@@ -2,17 +2,20 @@
 // of snapshot format v2. Parameters: reflected polynomial 0x82F63B78, initial
 // value and final xor 0xFFFFFFFF, so crc32c(0, "123456789", 9) == 0xE3069283.
 //
-// Two paths with identical results, chosen at run time (the wheel runs on any
-// x86-64): the SSE4.2 instruction in three interleaved streams (near memory
-// bandwidth) and a portable slicing-by-8 table loop. Thread-safe, no
-// allocation.
+// Paths with identical results, chosen at run time (the wheel runs on any
+// x86-64 or aarch64): the SSE4.2 crc32 instruction or the ARMv8 CRC32C
+// instructions, in three interleaved streams (near memory bandwidth), and a
+// portable slicing-by-8 table loop. Thread-safe, no allocation.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
+#include "dspark/dispatch.hpp"
+
 namespace dspark {
 
-enum class CrcPath : std::uint8_t { Portable = 0, Sse42 = 1 };
+// The path numbers of the dispatch registry's Crc32c family.
+enum class CrcPath : std::uint8_t { Portable = 0, Sse42 = 1, ArmCrc = 2 };
 
 // Running CRC: crc32c(crc32c(0, a, na), b, nb) == crc32c(0, a ++ b, na + nb).
 std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t n) noexcept;
@@ -23,10 +26,11 @@ std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t n) noexcep
 // from cache). Large copies use non-temporal stores where the path has them.
 std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src, std::size_t n) noexcept;
 
-// Runtime dispatch. The active path starts as the best one this CPU supports;
-// the environment variable DSPARK_CRC32C=portable (or DSPARK_SIMD=scalar)
-// starts it on the portable loop. set_crc_path throws std::invalid_argument
-// for an unsupported path.
+// Runtime dispatch: the Crc32c family of the dispatch registry
+// (dspark/dispatch.hpp), typed. The active path starts as the best one this
+// CPU supports; DSPARK_SIMD=portable (or =scalar, which also makes the row
+// formats scalar) starts it on the portable loop. set_crc_path throws
+// std::invalid_argument for an unsupported path.
 bool crc_path_supported(CrcPath p) noexcept;
 CrcPath best_crc_path() noexcept;
 CrcPath active_crc_path() noexcept;

@@ -356,11 +356,12 @@ static inline void dspark_prefix_stats_init(dspark_prefix_stats* s) {
 }
 
 /* *out receives a store for stagers of like's configuration (rows mode
- * included): block_tokens per prefix block, at most budget_bytes of rows
- * (EXTERNAL: the size of the caller's table, dspark_prefix_store_layout).
- * DSPARK_E_CONFIG when the budget is smaller than one block. */
+ * included): block_tokens per prefix block (1 .. 2**30), at most
+ * budget_bytes of rows (EXTERNAL: the size of the caller's table,
+ * dspark_prefix_store_layout). DSPARK_E_CONFIG when the budget is smaller
+ * than one block. */
 DSPARK_API dspark_status dspark_prefix_store_create(const dspark_stager* like, int64_t block_tokens,
-                                                    uint64_t budget_bytes, dspark_prefix_store** out);
+                                                    int64_t budget_bytes, dspark_prefix_store** out);
 /* Frees the store; NULL is allowed. No call may use it afterwards. */
 DSPARK_API void dspark_prefix_store_destroy(dspark_prefix_store* store);
 /* Rows per page, pages the budget holds, and rows of an EXTERNAL store's
@@ -370,7 +371,8 @@ DSPARK_API dspark_status dspark_prefix_store_layout(const dspark_prefix_store* s
 /* Records the final rows [start, end) of seq under the chain's keys (start a
  * block boundary; one key per block). EXTERNAL: the copies from the stager's
  * table (src) to the store's (dst) are this thread's last moves
- * (dspark_last_moves); HELD: none. */
+ * (dspark_last_moves; apply them in order with the stager's fork / shift
+ * moves); HELD: none. */
 DSPARK_API dspark_status dspark_prefix_publish(dspark_stager* st, int64_t seq, dspark_prefix_store* store,
                                                const uint8_t* keys, const size_t* key_offsets, size_t n_keys,
                                                int64_t start, int64_t end);
@@ -392,11 +394,12 @@ DSPARK_API dspark_status dspark_prefix_publish_rows(dspark_prefix_store* store, 
                                                     const size_t* key_offsets, size_t n_keys, int64_t start,
                                                     int64_t end, const void* rows, int32_t dtype, size_t rows_bytes);
 /* EXTERNAL: as publish_rows, the caller writing the rows: slots_out[i]
- * (end - start entries) receives the table slot of position start + i, or
- * -1 (a row the store does not keep, or a block it already holds). */
-DSPARK_API dspark_status dspark_prefix_publish_external(dspark_prefix_store* store, const uint8_t* keys,
-                                                        const size_t* key_offsets, size_t n_keys, int64_t start,
-                                                        int64_t end, int64_t* slots_out);
+ * (end - start entries; slots_capacity is its size) receives the table slot
+ * of position start + i, or -1 (a row the store does not keep, or a block it
+ * already holds). Too small: DSPARK_E_BUFFER_TOO_SMALL, nothing changed. */
+DSPARK_API dspark_status dspark_prefix_publish_slots(dspark_prefix_store* store, const uint8_t* keys,
+                                                     const size_t* key_offsets, size_t n_keys, int64_t start,
+                                                     int64_t end, int64_t* slots_out, size_t slots_capacity);
 /* Drops the blocks with these keys (the server's KV cache dropped them);
  * *n_evicted (may be NULL) receives how many were held. */
 DSPARK_API dspark_status dspark_prefix_evict(dspark_prefix_store* store, const uint8_t* keys,
@@ -426,8 +429,9 @@ DSPARK_API dspark_status dspark_prefix_export(const dspark_prefix_store* store, 
 /* Adds the block in data; damaged or foreign data is DSPARK_E_INVALID_ARGUMENT
  * and changes nothing. EXTERNAL: slots_out receives where the caller writes
  * the data's rows (in order; -1 when the block was held already), *n_slots
- * their number (too small: DSPARK_E_BUFFER_TOO_SMALL, nothing changed);
- * HELD: slots_out may be NULL. */
+ * (may be NULL) their number, checked after the data (too small:
+ * DSPARK_E_BUFFER_TOO_SMALL, nothing changed); HELD: no slots (*n_slots = 0),
+ * slots_out may be NULL. */
 DSPARK_API dspark_status dspark_prefix_import(dspark_prefix_store* store, const void* data, size_t nbytes,
                                               int64_t* slots_out, size_t slots_capacity, size_t* n_slots);
 

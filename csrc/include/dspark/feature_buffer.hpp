@@ -98,6 +98,15 @@ public:
     void back_spans(std::size_t n, Span& first, Span& second) noexcept;
     // The n rows written into back_spans(n) become part of the buffer.
     void commit_back(std::size_t n) noexcept { count_ += n; }
+    // Writable bytes of slots [0, n) (n <= capacity(), held ring) whatever
+    // rows the ring holds: a restore writes a snapshot's rows there before it
+    // knows they are intact, so the caller makes sure no row it may still
+    // need lives in those slots. reset(pos) + commit_back(n) then makes them
+    // the ring's rows (the layout every emptied ring takes: head at slot 0).
+    std::uint8_t* front_slots(std::size_t n) noexcept {
+        touched_ = n > touched_ ? n : touched_;
+        return data_.data();
+    }
 
     // Drop rows below new_head (clamped to [head, end]).
     void drop_front(std::int64_t new_head) noexcept;

@@ -29,11 +29,16 @@
 // Eviction: least recently used block first, whenever a publish needs pages;
 // hits and republishes refresh a block. Pages held never exceed n_pages().
 //
+// Validation (docs/design.md 2.1, docs/prefix_cache.md "Calls"): every call
+// checks everything first, in a fixed order, in functions without side
+// effects (the check_* / plan_* members below; the Stager side's in
+// stager_prefix.cpp), and a rejected call changes nothing. Messages are
+// written here once; the reference twin spells out the same ones.
+//
 // Thread safety: every public method takes the store's mutex. The Stager-side
 // operations (Stager::publish_prefix, Stager::start_from_prefix) take the
 // Stager's mutex first, then the store's: that is the lock order, and no code
-// path takes a Stager's mutex while holding a store's. A rejected call throws
-// before it changes anything.
+// path takes a Stager's mutex while holding a store's.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -71,7 +76,7 @@ struct PrefixStoreOptions {
     std::int64_t block_tokens = 16;
     // Upper bound on the row memory held (held mode) or on the owner's table
     // (external mode): at least one block's pages.
-    std::uint64_t budget_bytes = 0;
+    std::int64_t budget_bytes = 0;
 };
 
 // A chain of keys: key i is bytes[offsets[i], offsets[i + 1]); offsets has
@@ -117,7 +122,7 @@ struct PrefixBlockInfo {
 //  blocks / pages / bytes: held now (bytes = pages * page bytes <= budget);
 //  resident_bytes: page memory allocated (held mode; freed pages are reused);
 //  key_bytes: bytes of the keys held;
-//  published: blocks added (publish, publish_rows / publish_external, import);
+//  published: blocks added (publish, publish_rows / publish_slots, import);
 //  republished: publishes of a block already held with the same rows (a refresh);
 //  evicted_lru / evicted_by_key: blocks dropped for room / by evict();
 //  hits: start_from_prefix calls with n_tokens > 0; exact_hits: of which
@@ -129,10 +134,20 @@ struct PrefixStats {
     std::int64_t hits = 0, exact_hits = 0, hit_rows = 0, replayed_tokens = 0;
 };
 
+// Where a call that hands out slots writes them: called once, after every
+// check and before anything changes, with the number of slots; returns room
+// for them or throws (BufferTooSmall, bad_alloc), and the call then changes
+// nothing. (The C ABI checks the caller's capacity; the vector forms below
+// allocate only for a request that passed every check.)
+using SlotSink = std::function<std::int64_t*(std::size_t n)>;
+
+struct PrefixPlannedBlock;  // below: a block of a checked publish
+
 class PrefixStore {
 public:
-    // ConfigError for an unusable configuration (the Stager's rules, block_tokens
-    // < 1, a budget smaller than one block).
+    // ConfigError for an unusable configuration: the Stager's rules
+    // (check_options), then block_tokens in [1, 2**30], budget_bytes >= 1,
+    // and a budget that holds one block.
     explicit PrefixStore(const PrefixStoreOptions& options);
     PrefixStore(const PrefixStore&) = delete;
     PrefixStore& operator=(const PrefixStore&) = delete;
@@ -153,12 +168,17 @@ public:
 
     // Rows [start, end) given by the caller (held mode): n rows of feature_dim
     // elements of `type` (rows_bytes bytes). Only the kept rows are encoded.
+    // Checks: the store's mode (TypeError), the publish (plan_publish), the
+    // byte count, then the rows' values and, for blocks already held, that
+    // they are the same rows.
     void publish_rows(const KeyChain& keys, std::int64_t start, std::int64_t end, const void* rows, ElemType type,
                       std::size_t rows_bytes);
-    // External mode: slots_out[i] (end - start entries) is the table slot
-    // where the owner writes the row of position start + i, or -1 for a row
-    // the store does not keep (or a block it already holds).
-    void publish_external(const KeyChain& keys, std::int64_t start, std::int64_t end, std::int64_t* slots_out);
+    // External mode: the owner writes the rows itself. `slots` receives
+    // end - start entries: the table slot where the owner writes the row of
+    // position start + i, or -1 for a row the store does not keep (or a block
+    // it already holds). Checks: the mode (TypeError), then plan_publish.
+    void publish_slots(const KeyChain& keys, std::int64_t start, std::int64_t end, const SlotSink& slots);
+    std::vector<std::int64_t> publish_slots(const KeyChain& keys, std::int64_t start, std::int64_t end);
     // Drops the blocks with these keys (unknown keys are ignored); returns
     // how many were held.
     std::int64_t evict(const KeyChain& keys);
@@ -183,23 +203,23 @@ public:
     // kept rows, CRC-32C of the key and rows, CRC-32C of the header), the
     // key, the kept rows. Held mode writes its rows; external mode takes them
     // from `rows` (the owner's copy of block_slots(key), rows * row_bytes
-    // bytes). export_into throws std::invalid_argument, writing nothing,
-    // when cap < export_size(key).
+    // bytes). Checks: the key is held, the rows (external: given, of the
+    // block's size; held: none), then cap >= export_size(key)
+    // (BufferTooSmall, writing nothing).
     std::size_t export_size(std::string_view key) const;
     std::size_t export_into(std::string_view key, std::uint8_t* dst, std::size_t cap,
                             const std::uint8_t* rows = nullptr, std::size_t rows_bytes = 0) const;
     // Adds the block in `data` (as publish would: LRU eviction for room; a
     // block already held with the same rows is refreshed, with other rows
     // or positions it is an error). Damaged, foreign or inconsistent data
-    // throws std::invalid_argument and changes nothing. External mode:
-    // slots_out (rows entries, may be null) receives the slots where the
-    // owner writes the block's rows (they are the data's rows, in order; all
-    // -1 when the block was already held).
-    void import_block(const std::uint8_t* data, std::size_t n, std::vector<std::int64_t>* slots_out = nullptr);
+    // throws std::invalid_argument and changes nothing (check_import). External
+    // mode: `slots` receives one slot per row of the data, where the owner
+    // writes it (in order; all -1 when the block was already held); held mode
+    // never calls it.
+    void import_block(const std::uint8_t* data, std::size_t n, const SlotSink& slots);
+    std::vector<std::int64_t> import_block(const std::uint8_t* data, std::size_t n);
 
-private:
-    friend class Stager;
-
+    // -- what the checks return (for the Stager side, stager_prefix.cpp) ------
     struct Block {
         std::string key;
         std::int64_t start = 0, end = 0;
@@ -213,54 +233,72 @@ private:
     struct Piece {
         std::int64_t pos, count, page, off;
     };
-    // A block a publish adds (new) or finds already held (existing != null).
-    struct PlannedBlock {
-        std::string_view key;
-        std::int64_t start, end;
-        SlotRun kept;
-        Block* existing;
-    };
+    using PlannedBlock = PrefixPlannedBlock;
+
+private:
+    friend class Stager;
+
     // Where the rows of a publish come from: fill(piece, dst) writes the
-    // piece's rows to dst (held) or records its slots (external, dst null);
-    // same(piece, src) compares them with rows already held (held mode),
-    // or returns true for rows it cannot see.
-    struct RowSource {
-        std::function<void(const Piece&, std::uint8_t* dst)> fill;
-        std::function<bool(const Piece&, const std::uint8_t* held)> same;
-    };
-    // A hit's plan: the pieces of rows [first_row, replay_from), the blocks read.
+    // piece's rows to dst (held) or records its slots (external, dst null).
+    using RowFill = std::function<void(const Piece&, std::uint8_t* dst)>;
+    // Compares rows already held (held mode) with the new ones: same(piece,
+    // held) is true for equal rows (or rows it cannot see).
+    using RowSame = std::function<bool(const Piece&, const std::uint8_t* held)>;
+
+    // The keep rule (see above): the kept positions of block [s, e).
+    SlotRun kept_run(std::int64_t s, std::int64_t e) const noexcept;
+    std::int64_t pages_for(std::int64_t rows) const noexcept { return (rows + page_rows_ - 1) / page_rows_; }
+
+    // -- checks (no side effects; under the store's mutex) ----------------------
+    // Key i of a chain (its offsets in order, 1..64 bytes).
+    static std::string_view key_at(const KeyChain& keys, std::size_t i);
+    // Every key of the chain, in order.
+    void check_chain(const KeyChain& keys) const;
+    // The mode a store-only call needs (TypeError naming the call and the other one).
+    void require_mode(RowMode mode, const char* call, const char* other) const;
+    // A publish of [start, end): the keys, the positions (0 <= start < end <
+    // 2**62, start a block boundary), the chain against them (one key per
+    // block, no key twice, held keys for the same positions). Lists its blocks.
+    std::vector<PlannedBlock> plan_publish(const KeyChain& keys, std::int64_t start, std::int64_t end) const;
+    // Pages the new blocks of a plan take.
+    std::int64_t new_pages(const std::vector<PlannedBlock>& plan) const noexcept;
+    // Held mode: the kept rows of every block already held equal the new ones
+    // (std::invalid_argument naming the block otherwise; `who` prefixes it).
+    void check_same_rows(const std::vector<PlannedBlock>& plan, const RowSame& same, const std::string& who) const;
+    // A hit at n_tokens: the keys, n_tokens in [0, 2**62), one key per block,
+    // held keys for the same positions; and the rows it places.
     struct HitPlan {
         PrefixHit hit;
         bool owed = false;  // the first round must restage (origin below first_row)
         std::vector<Piece> pieces;
         std::vector<Block*> used;
     };
+    HitPlan plan_hit(const KeyChain& keys, std::int64_t n_tokens) const;
+    // An exported block for this store: every field and checksum (see import_block).
+    struct ImportPlan {
+        std::int64_t start = 0, end = 0;
+        std::size_t key_len = 0;
+        std::uint32_t n_rows = 0;
+        const std::uint8_t* rows = nullptr;
+    };
+    ImportPlan check_import(const std::uint8_t* data, std::size_t n) const;
+    // The block held under `key` (std::invalid_argument naming it otherwise).
+    const Block& held(std::string_view key) const;
 
-    // The keep rule (see above): the kept positions of block [s, e).
-    SlotRun kept_run(std::int64_t s, std::int64_t e) const noexcept;
-    std::int64_t pages_for(std::int64_t rows) const noexcept { return (rows + page_rows_ - 1) / page_rows_; }
-    // Key i of a chain, validated (length 1..64, offsets in order).
-    static std::string_view key_at(const KeyChain& keys, std::size_t i);
-    void check_chain(const KeyChain& keys) const;
-    // Validates a publish of [start, end) (positions, keys, chain length,
-    // duplicates, blocks held with other positions) and lists its blocks.
-    std::vector<PlannedBlock> plan_publish(const KeyChain& keys, std::int64_t start, std::int64_t end) const;
+    // -- changes -------------------------------------------------------------------
     // Calls f(piece) for each piece of the kept rows `run` laid out in `pages`.
     template <class F>
     void for_each_piece(const SlotRun& run, const std::vector<std::int64_t>& pages, F&& f) const;
-    // Held mode: rows already held equal the source's (compared where visible).
-    bool same_rows(const Block& b, const RowSource& src) const;
     // Page memory for every page a commit of `n_new` more pages can touch
     // (allocates, may throw bad_alloc; changes nothing observable).
     void reserve_pages(std::int64_t n_new);
     // Adds the planned blocks (evicting LRU blocks for room), filling their rows.
-    void commit_publish(const std::vector<PlannedBlock>& plan, const RowSource& src);
+    void commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill);
     std::int64_t take_page();
     void drop(Block& b);
     void touch(Block& b);
     std::uint8_t* page_data(std::int64_t page) noexcept;
     const std::uint8_t* page_data(std::int64_t page) const noexcept;
-    HitPlan plan_hit(const KeyChain& keys, std::int64_t n_tokens) const;
     // The block at chain index i if held (its positions must be [s, e), else
     // std::invalid_argument), else null.
     Block* held_block(const KeyChain& keys, std::size_t i, std::int64_t s, std::int64_t e) const;
@@ -279,6 +317,14 @@ private:
     std::list<Block*> lru_;          // least recently used first
     PrefixStats stats_;
     mutable std::mutex mu_;
+};
+
+// A block a checked publish adds (new) or finds already held (existing != null).
+struct PrefixPlannedBlock {
+    std::string_view key;
+    std::int64_t start, end;
+    SlotRun kept;
+    PrefixStore::Block* existing;
 };
 
 }  // namespace dspark

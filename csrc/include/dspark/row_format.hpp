@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <string_view>
 
+#include "dspark/dispatch.hpp"
+
 namespace dspark {
 
 // Elements per quantization block (ggml's QK8_0 == QK4_0 == 32).
@@ -23,6 +25,7 @@ inline constexpr int STORAGE_COUNT = 5;
 
 // Plain float element types rows arrive in and are staged out in.
 enum class ElemType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
+inline constexpr int ELEM_TYPE_COUNT = 3;
 
 // What encoding does with values it cannot encode as finite values: NaN,
 // +-Inf, and finite values whose encoding overflows (|x| >= the bounds'
@@ -37,8 +40,9 @@ enum class ElemType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
 enum class NonFinite : std::uint8_t { Error = 0, Zero = 1, ClampF16 = 2, Clamp = 3 };
 inline constexpr int NONFINITE_COUNT = 4;
 
-// SIMD kernel families. Every path produces identical bytes.
-enum class SimdPath : std::uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2 };
+// Row-format kernel paths: the path numbers of the dispatch registry's
+// RowFormat family (dspark/dispatch.hpp). Every path produces identical bytes.
+enum class SimdPath : std::uint8_t { Scalar = 0, Avx2 = 1, Avx512 = 2, Neon = 3, NeonBf16 = 4 };
 
 // Which values a conversion carries as finite values. |x| < limit encodes
 // to a finite value; clamp_to is the largest magnitude that does (what the
@@ -90,6 +94,13 @@ std::int64_t encode_rows(const void* src, ElemType in, void* dst, Storage out,
 std::int64_t find_nonfinite(const void* src, ElemType in, std::size_t n_elems);
 // Flat index of the first element with !(|x| < limit) (NaN included), or -1.
 std::int64_t find_unencodable(const void* src, ElemType in, std::size_t n_elems, float limit);
+// Flat index of the first element of n_rows rows already in storage `s`
+// (`dim` elements each) whose value, decoded to f32, is not below `limit` in
+// magnitude (NaN never is), or -1. With limit = +inf that is a non-finite
+// stored value: the element for f32 / f16 / bf16, the block scale for q8_0 /
+// q4_0 (reported at the block's first element); a finite limit (rows staged
+// as a narrower type: encode_bounds(F32, staged).limit) decodes each row.
+std::int64_t find_unstageable_encoded(const void* rows, Storage s, std::size_t n_rows, std::size_t dim, float limit);
 // Element `i` of `src` widened to f32 (exact): error messages quote it.
 float element_value(const void* src, ElemType in, std::size_t i) noexcept;
 
@@ -100,13 +111,14 @@ float element_value(const void* src, ElemType in, std::size_t i) noexcept;
 void decode_rows(const void* src, Storage in, void* dst, ElemType out,
                  std::size_t n_rows, std::size_t dim);
 
-// Runtime dispatch. The active path starts as the best one this CPU supports,
-// unless the environment variable DSPARK_SIMD=scalar|avx2|avx512 names
-// another (an unsupported or unknown name falls back to the best supported
-// path). set_simd_path throws std::invalid_argument for an unsupported path.
-// The core does not log: simd_env_status() says what DSPARK_SIMD holds, so
-// that the caller can warn about a value that was not used.
-enum class SimdEnv : std::uint8_t { Unset = 0, Used = 1, Unknown = 2, Unsupported = 3 };
+// Runtime dispatch of the row formats: the RowFormat family of the dispatch
+// registry (dspark/dispatch.hpp), typed. The active path starts as the best
+// one this CPU supports unless DSPARK_SIMD names another (e.g.
+// DSPARK_SIMD=scalar|avx2|avx512|neon|neon-bf16; an unsupported or unknown
+// name is ignored). set_simd_path throws std::invalid_argument for an
+// unsupported path. simd_env_status() says what DSPARK_SIMD holds, so that
+// the caller can warn about a value that was not used (the core does not log).
+using SimdEnv = KernelEnv;
 SimdEnv simd_env_status() noexcept;
 bool simd_supported(SimdPath p) noexcept;
 SimdPath best_simd_path() noexcept;

@@ -1,16 +1,23 @@
 // Stager: the per-sequence staging state machine of docs/design.md section 2.
 //
-// The pure-Python twin (src/dspark_core/reference.py) spells out the same
-// rules; this implementation must match it op for op (the hypothesis state
-// machine in tests/ checks plans, rows, exceptions and state after every
-// call). Differences are physical only: rows live in a ring (FeatureBuffer),
-// rows below the horizon are dropped lazily in TRIM_CHUNK chunks, and a long
-// prefill never holds more than the rows a later round can stage.
+// The pure-Python twin (src/dspark_core/reference/stager.py) spells out the
+// same rules; this implementation must match it op for op (the hypothesis
+// state machine in tests/ checks plans, rows, exceptions, their messages and
+// state after every call). Differences are physical only: rows live in a ring
+// (FeatureBuffer), rows below the horizon are dropped lazily in TRIM_CHUNK
+// chunks, and a long prefill never holds more than the rows a later round can
+// stage.
+//
+// Every rule of the contract lives here once: the limits, the argument checks
+// and their order (design.md 2.1), strict mode and the protocol-mismatch
+// report. The Python binding and the C ABI only convert their callers'
+// arguments and call.
 //
 // Thread safety: every public method takes the Stager's mutex, so calls from
 // several threads are safe (the Python binding releases the GIL around them).
 // Every rejected call throws before it changes any state.
 #pragma once
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -28,6 +35,7 @@ namespace dspark {
 class PrefixStore;  // dspark/prefix_store.hpp
 struct KeyChain;
 struct PrefixHit;
+struct PrefixPlannedBlock;
 
 // Head rows below the horizon are dropped once this many have piled up.
 inline constexpr std::int64_t TRIM_CHUNK = 512;
@@ -37,6 +45,10 @@ inline constexpr std::int64_t MAX_POSITION = std::int64_t(1) << 62;
 // the snapshot header stores window, feature_dim and row_bytes as u32.
 inline constexpr std::int64_t MAX_WINDOW = std::int64_t(1) << 30;
 inline constexpr std::int64_t MAX_FEATURE_DIM = std::int64_t(1) << 28;
+// Upper bound on max_seqs: a sanity limit (sequences allocate nothing until
+// they first receive rows), and global slots s * ring_rows stay far from
+// overflow.
+inline constexpr std::int64_t MAX_SEQS_LIMIT = std::int64_t(1) << 16;
 
 // Who holds the row bytes. Held: the Stager keeps every row in its own ring
 // and plans carry the rows. External: the Stager runs the same state machine
@@ -46,6 +58,9 @@ inline constexpr std::int64_t MAX_FEATURE_DIM = std::int64_t(1) << 28;
 // are global: seq * ring_rows() + ring index, one table of
 // max_seqs * ring_rows() rows that the owner allocates.
 enum class RowMode : std::uint8_t { Held = 0, External = 1 };
+inline constexpr int ROW_MODE_COUNT = 2;
+// "held", "external"; nullptr past the last mode (the binding enumerates them).
+const char* row_mode_name(RowMode m) noexcept;
 
 struct StagerOptions {
     std::int64_t feature_dim = 0;
@@ -59,7 +74,16 @@ struct StagerOptions {
     // that last narrowing too (an f32-stored 9e4 staged as f16 is +inf).
     ElemType stage = ElemType::F32;
     RowMode rows = RowMode::Held;
+    // A draft whose n_past disagrees with the buffered rows (an out-of-protocol
+    // call, docs/protocol.md section 3) throws StateError instead of skipping.
+    bool strict = false;
 };
+
+// Throws ConfigError naming the first unusable value (the order: each field
+// >= 1, the codes, W > 2B, the limits, whole q blocks). The Stager's
+// constructor runs it; StagerConfig (Python) and dspark_stager_create run
+// nothing else.
+void check_options(const StagerOptions& options);
 
 // Why draft() staged nothing, in the order the reasons are checked.
 enum class Skip : std::uint8_t { None = 0, Disabled = 1, Empty = 2, NoContext = 3, MissingRows = 4 };
@@ -72,7 +96,18 @@ enum class FailStage : std::uint8_t { Decode = 0, Crop = 1 };
 // [start - pos_base, start - pos_base + B); crop_from == start - pos_base.
 struct RoundPlan {
     std::int64_t seq = 0;
+    // The round this plan opened: unique within its Stager (from 1), 0 for a
+    // skip. An owner of external rows reads plan.slot_runs only while
+    // open_round_id(seq) is this round (later writes may reuse the slots).
+    std::uint64_t round = 0;
     Skip skip = Skip::None;
+    // A protocol mismatch (docs/protocol.md section 3): the sequence holds rows
+    // and is not disabled, but start is not its buffered end `end` (newest row
+    // + 1). Only a non-strict Stager returns such a plan (a skip); report is
+    // set on the sequence's first mismatch since its last begin(): log that one.
+    bool mismatch = false;
+    bool report_mismatch = false;
+    std::int64_t end = 0;
     bool rebase = false;
     bool clear_cache = false;
     std::int64_t start = 0;
@@ -85,22 +120,25 @@ struct RoundPlan {
     SlotRun slot_runs[2];
 };
 
-// Protocol state of one sequence (the reference's state() dict).
-struct SeqState {
-    bool started = false;
-    std::int64_t end = 0;
-    std::int64_t horizon = 0;
-    std::int64_t n_cache = 0;
-    std::int64_t pos_base = 0;
-    std::int64_t n_retained = 0;
-    std::int64_t n_pending = 0;
-    bool open_round = false;
-    std::int64_t consecutive_failures = 0;
-    bool disabled = false;
-    bool restage_owed = false;
-    bool first_round = true;
-    std::int64_t tentative_rows = 0;
-};
+// Protocol state of one sequence (the reference's state() dict), and its
+// counters since the last begin(): each field listed once, as
+// X(type, name). The structs, the C ABI's copies (dspark_state and
+// dspark_stats must have a field of each name), and the binding's dicts
+// (through SEQ_STATE_FIELDS / SEQ_STATS_FIELDS) all come from these lists.
+#define DSPARK_SEQ_STATE_FIELDS(X)         \
+    X(bool, started)                       \
+    X(std::int64_t, end)                   \
+    X(std::int64_t, horizon)               \
+    X(std::int64_t, n_cache)               \
+    X(std::int64_t, pos_base)              \
+    X(std::int64_t, n_retained)            \
+    X(std::int64_t, n_pending)             \
+    X(bool, open_round)                    \
+    X(std::int64_t, consecutive_failures)  \
+    X(bool, disabled)                      \
+    X(bool, restage_owed)                  \
+    X(bool, first_round)                   \
+    X(std::int64_t, tentative_rows)
 
 // Counters since the sequence's last begin().
 //  rounds / commits / failures / rebases / skips: calls that opened a round,
@@ -111,16 +149,45 @@ struct SeqState {
 //  rows / peak_rows: rows physically held (live + untrimmed dead head);
 //  bytes / peak_bytes: ring memory written so far (resident);
 //  reserved_bytes: ring address space reserved (the bound, untouched until used).
-struct SeqStats {
-    std::int64_t rounds = 0, commits = 0, failures = 0, rebases = 0;
-    std::int64_t staged_rows = 0, restaged_rows = 0, skips = 0;
-    std::int64_t trims = 0, trimmed_rows = 0;
-    std::int64_t live_rows = 0, rows = 0, peak_rows = 0, bytes = 0, peak_bytes = 0, reserved_bytes = 0;
+#define DSPARK_SEQ_STATS_FIELDS(X)  \
+    X(std::int64_t, rounds)         \
+    X(std::int64_t, commits)        \
+    X(std::int64_t, failures)       \
+    X(std::int64_t, rebases)        \
+    X(std::int64_t, staged_rows)    \
+    X(std::int64_t, restaged_rows)  \
+    X(std::int64_t, skips)          \
+    X(std::int64_t, trims)          \
+    X(std::int64_t, trimmed_rows)   \
+    X(std::int64_t, live_rows)      \
+    X(std::int64_t, rows)           \
+    X(std::int64_t, peak_rows)      \
+    X(std::int64_t, bytes)          \
+    X(std::int64_t, peak_bytes)     \
+    X(std::int64_t, reserved_bytes)
+
+#define DSPARK_DECLARE_FIELD(type, name) type name{};
+struct SeqState {
+    DSPARK_SEQ_STATE_FIELDS(DSPARK_DECLARE_FIELD)
 };
+struct SeqStats {
+    DSPARK_SEQ_STATS_FIELDS(DSPARK_DECLARE_FIELD)
+};
+#undef DSPARK_DECLARE_FIELD
+
+// One field of SeqState / SeqStats: its name, byte offset and whether it is a
+// bool (else std::int64_t). The tables end with a {nullptr, 0, false} row.
+struct FieldInfo {
+    const char* name;
+    std::size_t offset;
+    bool is_bool;
+};
+extern const FieldInfo SEQ_STATE_FIELDS[];
+extern const FieldInfo SEQ_STATS_FIELDS[];
 
 class Stager {
 public:
-    // Throws ConfigError for an unusable configuration (window <= 2 * block, ...).
+    // Throws ConfigError for an unusable configuration (check_options).
     explicit Stager(const StagerOptions& options);
 
     const StagerOptions& options() const noexcept { return opt_; }
@@ -130,12 +197,22 @@ public:
     // Slots per sequence (W + TRIM_CHUNK + B + 1): sequence s owns global
     // slots [s * ring_rows(), (s + 1) * ring_rows()).
     std::int64_t ring_rows() const noexcept { return static_cast<std::int64_t>(max_rows_); }
+    // The most context rows one plan stages: W - B (a round that does not
+    // rebase has start - pos_base + B <= W; a rebase stages w_keep <= W - B).
+    std::int64_t max_plan_rows() const noexcept { return opt_.window - opt_.block_size; }
 
-    // Throws unless `seq` exists (std::invalid_argument) and has no open round
-    // (StateError): the checks every call but commit/fail starts with.
-    void check_ready(std::int64_t seq) const;
-    // Throws unless `seq` exists and has an open round.
-    void check_open(std::int64_t seq) const;
+    // The checks every call starts with (design.md 2.1 steps 1-2): `seq`
+    // exists (std::invalid_argument), and it has no open round (StateError),
+    // or, with open_round, has one (commit / fail). For a wrapper whose own
+    // argument conversion failed: these errors come first, then its own. The
+    // calls below make them themselves.
+    void check_sequence(std::int64_t seq, bool open_round = false) const { check_sequences(&seq, 1, open_round); }
+    // The same for n sequences (draft_many's): every id exists, then each
+    // round state.
+    void check_sequences(const std::int64_t* seqs, std::size_t n, bool open_round = false) const;
+    // check_sequence for a call that needs no open round / an open round.
+    void check_ready(std::int64_t seq) const { check_sequence(seq, false); }
+    void check_open(std::int64_t seq) const { check_sequence(seq, true); }
 
     void begin(std::int64_t seq);
     // n rows at positions[0..n) of element type `type`, contiguous rows of
@@ -152,6 +229,10 @@ public:
     // the rows, so it cannot check them for NaN / Inf: the owner does, before
     // this call (DeviceRing validates first, then calls this).
     void process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out);
+    // Every check process_external (or process, with rows) would make, in
+    // its order, without changing anything: an owner of external rows runs
+    // it before it looks at the rows it is about to write.
+    void check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n) const;
     // Plans a round and appends its rows (storage format; nothing in external
     // mode) to `rows_out`.
     RoundPlan draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out);
@@ -168,7 +249,8 @@ public:
     RoundPlan draft_into(std::int64_t seq, std::int64_t n_past, const RowSink& sink);
     void draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
                          std::vector<RoundPlan>& plans, const RowSink& sink);
-    // The plan draft() would make now; changes nothing (same checks as draft).
+    // The plan draft() would make now; changes nothing (the same checks as
+    // draft, strict mode's included).
     RoundPlan peek(std::int64_t seq, std::int64_t n_past) const;
     void commit(std::int64_t seq);
     // Returns the consecutive-failure count when this failure disabled the
@@ -179,26 +261,32 @@ public:
     void rollback(std::int64_t seq, std::int64_t n_past);
     // shift and fork return the copies an owner of external rows applies, in
     // order (see SlotMove); in held mode the core has applied them itself and
-    // returns them for the record. Empty when nothing moves.
-    std::vector<SlotMove> shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard);
-    std::vector<SlotMove> fork(std::int64_t src, std::int64_t dst);
+    // returns them for the record. Empty when nothing moves. *serial (when
+    // given) receives the moves' place in this Stager's one sequence of
+    // table changes (from 1; see moves_issued), or 0 when nothing moves.
+    std::vector<SlotMove> shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard,
+                                std::uint64_t* serial = nullptr);
+    std::vector<SlotMove> fork(std::int64_t src, std::int64_t dst, std::uint64_t* serial = nullptr);
     // Snapshots (format v2, layout in snapshot.cpp): the sequence's state as
     // checksummed bytes another Stager of the same configuration restores.
     // snapshot_size is the exact size snapshot_into writes; snapshot_into
     // writes into dst (cap bytes) in one pass over the rows and returns the
-    // bytes written, or throws std::invalid_argument, writing nothing, when
-    // cap is too small. restore reads versions 1 and 2 straight from `data`
-    // (no copy first) and throws std::invalid_argument for damaged, foreign
-    // or inconsistent data, leaving the sequence untouched.
+    // bytes written, or throws BufferTooSmall, writing nothing, when cap is
+    // too small. restore reads versions 1 and 2 straight from `data` (no copy
+    // first) and throws std::invalid_argument for damaged, foreign or
+    // inconsistent data, leaving the sequence untouched.
     // External-row mode: a snapshot carries the bookkeeping only (content flag
     // "external rows"; the owner saves the rows at live_slots(seq) itself),
     // and restore fills runs_out (when given) with the slots where the owner
-    // puts those rows back, oldest first. A snapshot of the other mode is
-    // rejected like damaged data (std::invalid_argument, nothing changed).
+    // puts those rows back, oldest first, and *serial with their place among
+    // the table changes (0 in held mode or when no row comes back). A
+    // snapshot of the other mode is rejected like damaged data
+    // (std::invalid_argument, nothing changed).
     std::size_t snapshot_size(std::int64_t seq) const;
     std::size_t snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size_t cap) const;
     std::vector<std::uint8_t> snapshot(std::int64_t seq) const;
-    void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes, SlotRun* runs_out = nullptr);
+    void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes, SlotRun* runs_out = nullptr,
+                 std::uint64_t* serial = nullptr);
 
     SeqState state(std::int64_t seq) const;
     // The slots of the stageable rows [horizon, end), oldest first, as at most
@@ -206,28 +294,38 @@ public:
     // snapshot of the sequence.
     void live_slots(std::int64_t seq, SlotRun out[2]) const;
     SeqStats stats(std::int64_t seq) const;
+    // The round open on `seq` (RoundPlan::round), or 0 when none is.
+    std::uint64_t open_round_id(std::int64_t seq) const;
+    // Table changes numbered so far (the serial of the last one): non-empty
+    // moves of fork / shift and, in external-row mode, the slots of a restore
+    // that brings rows back. An owner applies them in serial order.
+    std::uint64_t moves_issued() const noexcept { return serials_.load(std::memory_order_acquire); }
 
     // -- prefix store (stager_prefix.cpp; dspark/prefix_store.hpp, docs/prefix_cache.md) --
-    // Both take this Stager's mutex, then the store's (the lock order), and
-    // throw ConfigError unless the store's configuration is this Stager's.
+    // Both take this Stager's mutex, then the store's (the lock order). Their
+    // checks, in order: the sequence (steps 1-2 of design.md 2.1), the
+    // store's configuration (ConfigError), the keys and positions, the
+    // sequence's rows (publish), then the rows of blocks already held.
     //
     // Records the rows of seq's final positions [start, end) in `store` under
     // `keys`, one key per block of store.block_tokens positions (the last
     // block may be partial); only the rows a later hit can need are kept.
     // The rows must still be held: publish each block when the server hands
     // it over. External-row mode: returns the copies from this Stager's
-    // table (src) to the store's table (dst), to apply before the next call
-    // on either; held mode: empty (the rows were copied).
+    // table (src) to the store's table (dst), numbered among this Stager's
+    // table changes (*serial, as fork's; 0 when nothing moves); held mode:
+    // empty (the rows were copied).
     std::vector<SlotMove> publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
-                                         std::int64_t start, std::int64_t end);
+                                         std::int64_t start, std::int64_t end, std::uint64_t* serial = nullptr);
     // Starts seq afresh (as begin() does) from a prefix-cache hit of the
     // first n_tokens positions (`keys`: the chain of their blocks): its ring
     // receives the rows the store holds, so that the first round stages what
     // a full prefill would have; the server prefills from hit.replay_from.
-    // External-row mode: `moves` (may be null in held mode) receives the
-    // copies from the store's table (src) to this Stager's table (dst).
+    // External-row mode: `moves` (required; may be null in held mode)
+    // receives the copies from the store's table (src) to this Stager's
+    // table (dst), numbered as publish_prefix's (*serial).
     PrefixHit start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
-                                std::vector<SlotMove>* moves);
+                                std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr);
 
     // Where draft() takes large output buffers from; give them back with
     // pool()->give(std::move(buffer)) once the caller is done with them.
@@ -247,16 +345,34 @@ private:
         bool accept_open = false;   // rows since the last draft may be dropped by accept
         std::int64_t tentative = 0;
         bool open = false;
+        std::uint64_t round = 0;    // the open round's id
         std::int64_t open_start = 0, open_base = 0;
+        // A protocol mismatch was reported since begin() (report it once);
+        // kept by fork (of the child), shift and restore, as by the slot.
+        bool mismatch_reported = false;
         FeatureBuffer buf;
         SeqStats stats;
     };
 
-    Seq& get(std::int64_t seq);
+    // -- validation (design.md 2.1): each call's checks in order, no side effects.
     const Seq& get(std::int64_t seq) const;
-    Seq& ready(std::int64_t seq);
     const Seq& ready(std::int64_t seq) const;
-    Seq& opened(std::int64_t seq);
+    const Seq& opened(std::int64_t seq) const;
+    // A checked sequence, to change (the checks above took it const).
+    Seq& mut(const Seq& s) noexcept { return const_cast<Seq&>(s); }
+    void require_mode(RowMode mode, const char* call) const;
+    std::int64_t validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
+                                    std::size_t n) const;
+    // draft's checks and plan: n_past's range, the plan, strict mode.
+    RoundPlan check_draft(std::int64_t seq, const Seq& s, std::int64_t n_past) const;
+    void check_accept(std::int64_t n_accepted) const;
+    void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
+    // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
+    // the store's mutex): the store, its plan of the publish, the sequence's
+    // rows, the rows of blocks already held. Returns the plan.
+    std::vector<PrefixPlannedBlock> check_publish_prefix(std::int64_t seq, const Seq& s, const PrefixStore& store,
+                                                         const KeyChain& keys, std::int64_t start,
+                                                         std::int64_t end) const;
 
     std::int64_t firm_end(const Seq& s) const noexcept;
     std::int64_t horizon_after(const Seq& s) const noexcept;
@@ -265,18 +381,18 @@ private:
     static void trim_head(Seq& s, std::int64_t new_head) noexcept;
     static void note_size(Seq& s) noexcept;
     void fresh_seq(Seq& s) const;
+    // The next serial of a table change (call under the lock of every
+    // sequence the change touches, so that serial order is execution order).
+    std::uint64_t next_serial() noexcept { return serials_.fetch_add(1, std::memory_order_acq_rel) + 1; }
 
     template <class Encode, class Value>
     void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
                 bool fallible, std::int64_t* slots_out = nullptr);
     std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
-    void require_mode(RowMode mode, const char* call) const;
     std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(max_rows_); }
     FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
-    std::int64_t validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
-                                    std::size_t n) const;
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
-    static void open_round(Seq& s, const RoundPlan& p, std::uint8_t* out) noexcept;
+    void open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept;
     std::uint8_t* grow_rows(ByteVec& rows_out, const RoundPlan* plans, std::size_t n) const;
     FeatureBuffer ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const;
     // With `crc`, the rows are also checksummed (CRC-32C chained from *crc) in the same pass.
@@ -291,14 +407,28 @@ private:
     EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
     std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
     std::vector<Seq> seqs_;
+    // Held mode: the ring a restore over a busy slot checksums and copies the
+    // snapshot's rows into before swapping it in (snapshot.cpp); the replaced
+    // ring becomes the spare. Empty until the first such restore.
+    FeatureBuffer spare_;
     std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
+    // Stager-wide counters, taken while the touched sequences are locked:
+    // rounds opened (RoundPlan::round) and table changes (serials).
+    std::atomic<std::uint64_t> rounds_{0};
+    std::atomic<std::uint64_t> serials_{0};
     mutable std::mutex mu_;
 };
+
+// Why draft at n_past found rows ending at `end` (newest row end - 1), in words
+// a server engineer can act on: the cause part of strict mode's StateError
+// and of the protocol-mismatch warning.
+std::string mismatch_cause(std::int64_t n_past, std::int64_t end);
 
 // "disabled", "empty", "no_context", "missing_rows"; "" for Skip::None and for
 // a value past the last reason (the binding enumerates the reasons with it).
 const char* skip_name(Skip s) noexcept;
 // "decode", "crop"; nullptr for a value past the last stage.
 const char* fail_stage_name(FailStage s) noexcept;
+inline constexpr int FAIL_STAGE_COUNT = 2;
 
 }  // namespace dspark

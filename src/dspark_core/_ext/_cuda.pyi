@@ -34,8 +34,10 @@ def encode(
     policy_code: int,
     report: bool,
     stream: int,
+    staged_code: int = 0,
 ) -> int:
-    """encode_rows_cuda; returns the first non-finite flat index or -1."""
+    """encode_rows_cuda; returns the first flat index that cannot be staged as
+    ``staged_code`` (non-finite, or beyond encode_bounds(storage, staged)), or -1."""
 
 def decode(src: int, storage_code: int, dst: int, out_code: int, n_rows: int, dim: int, stream: int) -> None:
     """decode_rows_cuda (asynchronous on ``stream``)."""

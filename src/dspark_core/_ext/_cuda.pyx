@@ -93,14 +93,16 @@ def device_name(int dev):
 
 
 def encode(uintptr_t src, int in_code, uintptr_t dst, int storage_code, size_t n_rows, size_t dim,
-           int policy_code, bint report, uintptr_t stream):
-    """encode_rows_cuda; returns the first non-finite flat index or -1."""
+           int policy_code, bint report, uintptr_t stream, int staged_code=0):
+    """encode_rows_cuda; returns the first flat index that cannot be staged as
+    ``staged_code`` (non-finite, or beyond encode_bounds(storage, staged)), or -1."""
     cdef int64_t bad
     cdef cbool rep = report
     with nogil:
         bad = encode_rows_cuda(<const void*>src, <ElemType><uint8_t>in_code, <void*>dst,
                                <Storage><uint8_t>storage_code, n_rows, dim,
-                               <NonFinite><uint8_t>policy_code, <void*>stream, rep)
+                               <NonFinite><uint8_t>policy_code, <void*>stream, rep,
+                               <ElemType><uint8_t>staged_code)
     return bad
 
 

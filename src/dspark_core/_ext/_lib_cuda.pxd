@@ -21,7 +21,7 @@ cdef extern from "dspark_cuda.hpp" namespace "dspark" nogil:
 
     int64_t encode_rows_cuda(const void* src, ElemType in_, void* dst, Storage out, size_t n_rows,
                              size_t dim, NonFinite policy, void* stream,
-                             bool report_nonfinite) except +dspark_translate_exception
+                             bool report_nonfinite, ElemType staged) except +dspark_translate_exception
     void decode_rows_cuda(const void* src, Storage in_, void* dst, ElemType out, size_t n_rows,
                           size_t dim, void* stream) except +dspark_translate_exception
 

@@ -7,7 +7,7 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
-from dspark_core._ext._lib_stager cimport RowMode, SlotMove, SlotRun, StagerOptions
+from dspark_core._ext._lib_stager cimport RowMode, SlotMove, SlotRun
 
 
 cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
@@ -22,7 +22,7 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
         ElemType stage
         RowMode rows
         int64_t block_tokens
-        uint64_t budget_bytes
+        int64_t budget_bytes
 
     cdef cppclass KeyChain:
         const uint8_t* bytes
@@ -59,11 +59,10 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
         int64_t n_pages()
         int64_t table_rows()
         bool external()
-        void check_compatible(const StagerOptions& stager) except +dspark_translate_exception
         void publish_rows(const KeyChain& keys, int64_t start, int64_t end, const void* rows, ElemType type,
                           size_t rows_bytes) except +dspark_translate_exception
-        void publish_external(const KeyChain& keys, int64_t start, int64_t end,
-                              int64_t* slots_out) except +dspark_translate_exception
+        vector[int64_t] publish_slots(const KeyChain& keys, int64_t start,
+                                      int64_t end) except +dspark_translate_exception
         int64_t evict(const KeyChain& keys) except +dspark_translate_exception
         void clear() except +dspark_translate_exception
         size_t size() except +dspark_translate_exception
@@ -76,15 +75,14 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
         size_t export_size(string key) except +dspark_translate_exception
         size_t export_into(string key, uint8_t* dst, size_t cap, const uint8_t* rows,
                            size_t rows_bytes) except +dspark_translate_exception
-        void import_block(const uint8_t* data, size_t n, vector[int64_t]* slots_out) except +dspark_translate_exception
+        vector[int64_t] import_block(const uint8_t* data, size_t n) except +dspark_translate_exception
 
     # The Stager side of the store: two methods of dspark::Stager (whose full
     # declaration is _lib_stager.Stager), declared here under their own name
     # so that _lib_stager.pxd need not know the store's types. A
     # <StagerPrefixSide*> cast of a _lib_stager.Stager* is the same object.
     cdef cppclass StagerPrefixSide "dspark::Stager":
-        const StagerOptions& options()
         vector[SlotMove] publish_prefix(int64_t seq, PrefixStore& store, const KeyChain& keys, int64_t start,
-                                        int64_t end) except +dspark_translate_exception
+                                        int64_t end, uint64_t* serial) except +dspark_translate_exception
         PrefixHit start_from_prefix(int64_t seq, PrefixStore& store, const KeyChain& keys, int64_t n_tokens,
-                                    vector[SlotMove]* moves) except +dspark_translate_exception
+                                    vector[SlotMove]* moves, uint64_t* serial) except +dspark_translate_exception

@@ -8,9 +8,8 @@ from libcpp.string_view cimport string_view
 
 
 cdef extern from "_errors.hpp" nogil:
-    # Maps dspark::ConfigError -> dspark_core.ConfigError, StateError ->
-    # StateError, TypeError -> TypeError, std::invalid_argument -> ValueError,
-    # std::bad_alloc -> MemoryError, anything else -> RuntimeError.
+    # Raises the Python exception of the C++ one being handled: the core's
+    # table (DSPARK_ERROR_KINDS in dspark/errors.hpp) decides which.
     void dspark_translate_exception()
     # Registers the Python exception classes (once, at module import).
     void dspark_set_error_types(object config_error, object state_error) with gil
@@ -21,6 +20,8 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     size_t Q8_0_BLOCK_BYTES
     size_t Q4_0_BLOCK_BYTES
     int STORAGE_COUNT
+    int NONFINITE_COUNT
+    int ELEM_TYPE_COUNT
 
     enum class Storage(uint8_t):
         F32
@@ -40,17 +41,6 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
         ClampF16
         Clamp
 
-    enum class SimdPath(uint8_t):
-        Scalar
-        Avx2
-        Avx512
-
-    enum class SimdEnv(uint8_t):
-        Unset
-        Used
-        Unknown
-        Unsupported
-
     cdef cppclass EncodeBounds:
         float limit
         float clamp_to
@@ -62,6 +52,7 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     const char* storage_name(Storage s)
     size_t storage_block_elems(Storage s) except +dspark_translate_exception
     const char* nonfinite_name(NonFinite p)
+    const char* elem_name(ElemType t)
     Storage storage_from_name(string_view name) except +dspark_translate_exception
 
     int64_t encode_rows(const void* src, ElemType in_, void* dst, Storage out, size_t n_rows,
@@ -70,9 +61,31 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
     void decode_rows(const void* src, Storage in_, void* dst, ElemType out, size_t n_rows,
                      size_t dim) except +dspark_translate_exception
 
-    bool simd_supported(SimdPath p)
-    SimdPath best_simd_path()
-    SimdPath active_simd_path()
-    void set_simd_path(SimdPath p) except +dspark_translate_exception
-    const char* simd_path_name(SimdPath p)
-    SimdEnv simd_env_status()
+
+# The dispatch registry: every runtime-chosen kernel family, its paths, the
+# CPU probe and DSPARK_SIMD (the row-format and CRC-32C paths included).
+cdef extern from "dspark/dispatch.hpp" namespace "dspark" nogil:
+    enum class KernelFamily(uint8_t):
+        RowFormat
+        Crc32c
+
+    enum class KernelEnv(uint8_t):
+        Unset
+        Used
+        Unknown
+        Unsupported
+
+    const char* KERNEL_ENV
+    const char* KERNEL_ENV_DEPRECATED
+    const char* kernel_family_name(KernelFamily f)
+    const char* kernel_path_name(KernelFamily f, int path)
+    int kernel_path_count(KernelFamily f)
+    int kernel_path_from_name(KernelFamily f, string_view name)
+    bool kernel_path_supported(KernelFamily f, int path)
+    int best_kernel_path(KernelFamily f)
+    int active_kernel_path(KernelFamily f)
+    void set_kernel_path(KernelFamily f, int path) except +dspark_translate_exception
+    const char* kernel_name(KernelFamily f, int k)
+    const char* kernel_origin(KernelFamily f, int k, int path)
+    KernelEnv kernel_env_status()
+    bool kernel_env_deprecated()

@@ -1,37 +1,55 @@
 # The prefix store's binding (dspark/prefix_store.hpp), part of the _stager
 # module (included at the end of _stager.pyx) because its Stager-side calls
-# need the Stager's C++ object. Thin: argument types are normalised with the
-# helpers the reference twin uses (prefix_keys, _args); every value is checked
-# again by the core. Check order, as the Stager's: the Stager's type, the
-# sequence id, an open round (StateError), the store's compatibility
-# (ConfigError), then the other arguments.
+# need the Stager's C++ object. Thin, as the Stager's: it converts (keys with
+# prefix_keys, integers and rows with _args), releases the GIL and calls;
+# every rule and message is the core's. A conversion that fails on a call
+# that names a sequence lets the core's sequence checks speak first
+# (Stager._converted: docs/design.md 2.1).
 from dspark_core._ext._lib_prefix_store cimport (
     PrefixStore as CPrefixStore, PrefixStoreOptions, KeyChain, PrefixHit as CPrefixHit, PrefixBlockInfo,
     PrefixStats, StagerPrefixSide,
 )
+from libc.string cimport memcpy
 from libcpp.string cimport string
 
-from dspark_core.config import positive_int
 from dspark_core import prefix_hit as _prefix_hit
+from dspark_core._args import as_rows
 from dspark_core.prefix_hit import PrefixHit, PrefixMoves, no_prefix_moves
-from dspark_core.prefix_keys import as_key, as_key_chain
+from dspark_core.prefix_keys import as_block_rows, as_block_data, as_key, as_key_chain
+
+# A non-NULL pointer for rows given as an empty buffer (the core tells "no
+# rows" from "empty rows").
+cdef uint8_t _NO_BYTES = 0
 
 
-cdef object _chain(keys, KeyChain* out):
-    """Fill ``out`` with a view of the normalised chain; returns what keeps it alive."""
-    data, offsets = as_key_chain(keys)
+cdef object _chain(object converted, KeyChain* out):
+    """Fill ``out`` with a view of a converted chain ``(bytes, offsets)``; returns what keeps it alive."""
+    data, offsets = converted
     cdef const uint8_t[::1] d = data
     cdef cnp.ndarray o = <cnp.ndarray>offsets
     out.n = o.shape[0] - 1
     out.bytes = &d[0] if d.shape[0] else NULL
     out.offsets = <const size_t*>cnp.PyArray_DATA(o)
-    return (data, offsets)
+    return converted
 
 
 cdef object _hit(CPrefixHit& h, object moves):
     return PrefixHit(
         n_tokens=h.n_tokens, need_first=h.need_first, first_row=h.first_row, replay_from=h.replay_from,
         rows=h.rows, origin=h.origin, exact=h.exact, blocks_found=h.blocks_found, moves=moves)
+
+
+cdef Stager _stager_arg(stager):
+    if not isinstance(stager, Stager):
+        raise TypeError(f"stager must be a dspark_core.Stager, got {type(stager).__name__}")
+    return <Stager>stager
+
+
+cdef object _slots_array(vector[int64_t]& v):
+    cdef cnp.ndarray out = np.empty(v.size(), _I64)
+    if v.size():
+        memcpy(cnp.PyArray_DATA(out), v.data(), v.size() * sizeof(int64_t))
+    return out
 
 
 cdef class PrefixStore:
@@ -55,7 +73,7 @@ cdef class PrefixStore:
     cdef CPrefixStore* _core
     cdef readonly object config
     cdef readonly int64_t block_tokens
-    cdef readonly object budget_bytes
+    cdef readonly int64_t budget_bytes
     cdef int64_t _D
     cdef size_t _row_bytes
     cdef bint _external
@@ -71,15 +89,12 @@ cdef class PrefixStore:
         o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
         o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
         o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
-        o.block_tokens = positive_int("block_tokens", block_tokens)
-        budget = positive_int("budget_bytes", budget_bytes)
-        if budget >= 1 << 64:
-            raise ConfigError(f"budget_bytes must be < 2**64, got {budget}")
-        o.budget_bytes = budget
-        self._core = new CPrefixStore(o)
+        o.block_tokens = _i64("block_tokens", block_tokens)
+        o.budget_bytes = _i64("budget_bytes", budget_bytes)
+        self._core = new CPrefixStore(o)  # checks every value (ConfigError)
         self.config = config
         self.block_tokens = o.block_tokens
-        self.budget_bytes = budget
+        self.budget_bytes = o.budget_bytes
         self._D = config.feature_dim
         self._row_bytes = self._core.row_bytes()
         self._external = self._core.external()
@@ -116,14 +131,6 @@ cdef class PrefixStore:
         """External-row mode: rows of the owner's table (``n_pages * page_rows``)."""
         return self._core.table_rows()
 
-    cdef int64_t _ready(self, Stager stager, seq) except -1:
-        cdef int64_t s = stager._seq(seq)
-        with nogil:
-            stager._core.check_ready(s)
-        cdef StagerPrefixSide* side = <StagerPrefixSide*>stager._core
-        self._core.check_compatible(side.options())
-        return s
-
     def publish(self, stager, seq, keys, start, end):
         """Record the final rows of positions ``[start, end)`` of ``seq`` under ``keys``.
 
@@ -136,23 +143,21 @@ cdef class PrefixStore:
         Stager's ring table to the store's table (:class:`PrefixMoves`);
         held mode: an empty one.
         """
-        if not isinstance(stager, Stager):
-            raise TypeError(f"stager must be a dspark_core.Stager, got {type(stager).__name__}")
-        cdef Stager st = <Stager>stager
-        cdef int64_t s = self._ready(st, seq)
+        cdef Stager st = _stager_arg(stager)
+        cdef int64_t s = _i64("seq", seq)
         cdef KeyChain chain
-        keep = _chain(keys, &chain)
-        cdef int64_t a = as_count("start", start)
-        cdef int64_t b = as_count("end", end)
+        keep = _chain(st._converted(s, False, as_key_chain, (keys,)), &chain)
+        cdef int64_t a = st._arg(s, "start", start)
+        cdef int64_t b = st._arg(s, "end", end)
         cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
         cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
         with nogil:
-            moves = side.publish_prefix(s, self._core[0], chain, a, b)
+            moves = side.publish_prefix(s, self._core[0], chain, a, b, &serial)
         del keep
         if moves.size() == 0:
             return no_prefix_moves(st, _prefix_hit.PUBLISH, self)
-        st._moves_issued += 1
-        return PrefixMoves.wrap_prefix(_moves_array(moves), st, st._moves_issued, _prefix_hit.PUBLISH, self)
+        return PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.PUBLISH, self)
 
     def hit(self, stager, seq, keys, n_tokens):
         """Start ``seq`` (as ``begin`` does) from a prefix-cache hit of its first ``n_tokens`` positions.
@@ -164,32 +169,29 @@ cdef class PrefixStore:
         External-row mode: ``hit.moves`` are the copies from the store's table
         to the Stager's ring table.
         """
-        if not isinstance(stager, Stager):
-            raise TypeError(f"stager must be a dspark_core.Stager, got {type(stager).__name__}")
-        cdef Stager st = <Stager>stager
-        cdef int64_t s = self._ready(st, seq)
+        cdef Stager st = _stager_arg(stager)
+        cdef int64_t s = _i64("seq", seq)
         cdef KeyChain chain
-        keep = _chain(keys, &chain)
-        cdef int64_t h = as_count("n_tokens", n_tokens)
+        keep = _chain(st._converted(s, False, as_key_chain, (keys,)), &chain)
+        cdef int64_t h = st._arg(s, "n_tokens", n_tokens)
         cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
         cdef CPrefixHit r
         cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
         with nogil:
-            r = side.start_from_prefix(s, self._core[0], chain, h, &moves)
+            r = side.start_from_prefix(s, self._core[0], chain, h, &moves, &serial)
         del keep
-        st._mismatch.reset(s)  # a new request on this slot, as begin()
         if moves.size() == 0:
             out = no_prefix_moves(st, _prefix_hit.HIT, self)
         else:
-            st._moves_issued += 1
-            out = PrefixMoves.wrap_prefix(_moves_array(moves), st, st._moves_issued, _prefix_hit.HIT, self)
+            out = PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.HIT, self)
         return _hit(r, out)
 
     def lookup(self, keys, n_tokens):
         """What ``hit`` would find for this chain now (a :class:`PrefixHit`); changes nothing."""
         cdef KeyChain chain
-        keep = _chain(keys, &chain)
-        cdef int64_t h = as_count("n_tokens", n_tokens)
+        keep = _chain(as_key_chain(keys), &chain)
+        cdef int64_t h = _i64("n_tokens", n_tokens)
         cdef CPrefixHit r
         with nogil:
             r = self._core.lookup(chain, h)
@@ -200,13 +202,10 @@ cdef class PrefixStore:
         """Record rows ``[start, end)`` given by the caller (held mode): ``(end - start, feature_dim)``
         float32 / float16 / bfloat16. For blocks whose rows a Stager no longer holds (a prefill chunk
         longer than the window). Only the rows a hit can need are encoded."""
-        if self._external:
-            raise ValueError("publish_rows needs a held-row store; this one keeps its rows in the owner's table "
-                             "(use publish_slots)")
         cdef KeyChain chain
-        keep = _chain(keys, &chain)
-        cdef int64_t a = as_count("start", start)
-        cdef int64_t b = as_count("end", end)
+        keep = _chain(as_key_chain(keys), &chain)
+        cdef int64_t a = _i64("start", start)
+        cdef int64_t b = _i64("end", end)
         arr = as_rows(rows, self._D)
         cdef ElemType t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
         cdef const void* rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
@@ -220,24 +219,22 @@ cdef class PrefixStore:
 
         Returns the int64 slot of the store's table for each position
         (``end - start`` entries; -1 for a row the store does not keep or a
-        block it already holds)."""
-        if not self._external:
-            raise ValueError("publish_slots needs an external-row store; this one holds its rows (use publish_rows)")
+        block it already holds). The core checks the call before it
+        allocates them."""
         cdef KeyChain chain
-        keep = _chain(keys, &chain)
-        cdef int64_t a = as_count("start", start)
-        cdef int64_t b = as_count("end", end)
-        cdef cnp.ndarray slots = np.empty(max(0, b - a), _I64)
-        cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
+        keep = _chain(as_key_chain(keys), &chain)
+        cdef int64_t a = _i64("start", start)
+        cdef int64_t b = _i64("end", end)
+        cdef vector[int64_t] slots
         with nogil:
-            self._core.publish_external(chain, a, b, sp)
+            slots = self._core.publish_slots(chain, a, b)
         del keep
-        return slots
+        return _slots_array(slots)
 
     def evict(self, keys):
         """Drop the blocks with these keys (the server's KV cache dropped them); returns how many were held."""
         cdef KeyChain chain
-        keep = _chain(keys, &chain)
+        keep = _chain(as_key_chain(keys), &chain)
         cdef int64_t n
         with nogil:
             n = self._core.evict(chain)
@@ -269,7 +266,7 @@ cdef class PrefixStore:
     def block_slots(self, key):
         """The table slots of the block's kept rows, in position order (int64)."""
         cdef vector[int64_t] v = self._core.block_slots(as_key(key))
-        return np.asarray(<int64_t[:v.size()]>v.data(), dtype=_I64).copy() if v.size() else np.zeros(0, _I64)
+        return _slots_array(v)
 
     def stats(self):
         """Counters: ``blocks``, ``pages``, ``bytes`` (held now, <= budget_bytes), ``resident_bytes``,
@@ -287,18 +284,17 @@ cdef class PrefixStore:
         """The block as checksummed bytes another process's store imports (``prefix_block_format``).
 
         External-row mode: ``rows`` are the block's rows as the owner read
-        them from ``block_slots(key)`` (uint8 ``(rows, row_bytes)``)."""
+        them from ``block_slots(key)`` (uint8 ``(rows, row_bytes)`` or bytes);
+        a held-row store exports its own (no ``rows``)."""
         cdef string k = as_key(key)
-        cdef size_t n = self._core.export_size(k)
         cdef const uint8_t[::1] rv
         cdef const uint8_t* rp = NULL
         cdef size_t rn = 0
         if rows is not None:
-            if not self._external:
-                raise ValueError("a held-row store exports its own rows: pass no rows")
-            rv = readable_bytes(np.ascontiguousarray(rows, dtype=_U8).reshape(-1))
+            rv = as_block_rows(rows)
             rn = rv.shape[0]
-            rp = &rv[0] if rn else NULL
+            rp = &rv[0] if rn else &_NO_BYTES
+        cdef size_t n = self._core.export_size(k)
         out = PyBytes_FromStringAndSize(NULL, n)
         cdef uint8_t* dp = <uint8_t*>PyBytes_AS_STRING(out)
         with nogil:
@@ -309,12 +305,12 @@ cdef class PrefixStore:
         """Add the block in ``data`` (from ``export_block``); damaged or foreign data is a ValueError
         and changes nothing. External-row mode: returns the slots where the owner writes the data's
         rows (in order; -1 when the block was already held); held mode: None."""
-        cdef const uint8_t[::1] raw = readable_bytes(data)
+        cdef const uint8_t[::1] raw = as_block_data(data)
         cdef size_t n = raw.shape[0]
         cdef const uint8_t* dp = &raw[0] if n else NULL
         cdef vector[int64_t] slots
         with nogil:
-            self._core.import_block(dp, n, &slots)
+            slots = self._core.import_block(dp, n)
         if not self._external:
             return None
-        return np.asarray(<int64_t[:slots.size()]>slots.data(), dtype=_I64).copy() if slots.size() else np.zeros(0, _I64)
+        return _slots_array(slots)

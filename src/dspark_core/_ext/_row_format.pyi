@@ -14,6 +14,26 @@ STORAGE_BLOCKS: tuple[tuple[int, int], ...]
 NONFINITE_POLICIES: tuple[str, ...]
 SKIP_REASONS: tuple[str, ...]
 FAIL_STAGES: tuple[str, ...]
+ROW_MODES: tuple[str, ...]
+ELEM_TYPES: tuple[str, ...]
+TRIM_CHUNK: int
+MAX_POSITION: int
+MAX_WINDOW: int
+MAX_FEATURE_DIM: int
+MAX_SEQS_LIMIT: int
+
+def check_stager_options(
+    feature_dim: int,
+    block_size: int,
+    window: int,
+    max_seqs: int,
+    storage: int,
+    max_failures: int,
+    nonfinite: int,
+    stage_dtype: int,
+    rows: int,
+) -> None:
+    """The core's check of a Stager configuration (ConfigError naming the first unusable value)."""
 
 def row_bytes(storage: str, dim: int) -> int:
     """Bytes of one row of ``dim`` elements stored as ``storage``."""
@@ -44,20 +64,43 @@ def bounds(storage: str, staged: Any = ...) -> tuple[float, float]:
 def find_nonfinite(src: npt.NDArray[Any]) -> int:
     """Flat index of the first NaN/Inf, or -1."""
 
-def simd_env_status() -> str:
+# The dispatch registry (see dspark_core.kernels).
+KERNEL_FAMILIES: tuple[str, ...]
+KERNEL_ENV: str
+KERNEL_ENV_DEPRECATED: str
+
+def kernel_paths(family: str) -> tuple[str, ...]:
+    """Every path name of ``family``, portable first."""
+
+def kernel_supported(family: str) -> tuple[str, ...]:
+    """Supported paths of ``family``, portable first."""
+
+def kernel_best(family: str) -> str:
+    """The fastest supported path of ``family``."""
+
+def kernel_active(family: str) -> str:
+    """The path ``family`` runs now."""
+
+def kernel_set(family: str, name: str) -> None:
+    """Select a path of ``family`` process-wide (ValueError if unknown/unsupported)."""
+
+def kernel_table(family: str) -> tuple[tuple[str, str], ...]:
+    """(kernel, path whose code runs) for each kernel of ``family``."""
+
+def kernel_env_status() -> str:
     """"unset", "used", "unknown" or "unsupported": what DSPARK_SIMD holds."""
 
-def simd_path_names() -> tuple[str, ...]:
-    """Every SIMD path name, scalar first."""
+def kernel_env_deprecated() -> bool:
+    """Whether the deprecated DSPARK_CRC32C is set."""
 
 def simd_paths() -> list[str]:
-    """Supported SIMD paths, scalar first."""
+    """Supported row-format paths, scalar first."""
 
 def best_simd_path() -> str:
-    """The fastest supported path."""
+    """The fastest supported row-format path."""
 
 def active_simd_path() -> str:
-    """The path in use."""
+    """The row-format path in use."""
 
 def set_simd_path(name: str) -> None:
-    """Select a path process-wide (ValueError if unknown/unsupported)."""
+    """Select a row-format path process-wide (ValueError if unknown/unsupported)."""

@@ -14,16 +14,22 @@ from libc.string cimport memcpy
 from libcpp.string_view cimport string_view
 
 from dspark_core._ext._lib_row_format cimport (
-    Storage, ElemType, NonFinite, SimdPath, EncodeBounds, encode_bounds as c_encode_bounds,
+    Storage, ElemType, NonFinite, EncodeBounds, encode_bounds as c_encode_bounds,
     row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name, storage_name,
     storage_block_elems, nonfinite_name, STORAGE_COUNT,
     encode_rows, decode_rows, find_nonfinite as c_find_nonfinite,
-    simd_supported, best_simd_path as c_best_simd_path,
-    active_simd_path as c_active_simd_path, set_simd_path as c_set_simd_path,
-    simd_path_name, dspark_set_error_types,
-    SimdEnv, simd_env_status as c_simd_env_status, find_unencodable,
+    dspark_set_error_types, find_unencodable,
+    KernelFamily, KERNEL_ENV as C_KERNEL_ENV, KERNEL_ENV_DEPRECATED as C_KERNEL_ENV_DEPRECATED,
+    kernel_family_name, kernel_path_name, kernel_path_count, kernel_path_from_name, kernel_path_supported,
+    best_kernel_path, active_kernel_path, set_kernel_path, kernel_name, kernel_origin,
+    kernel_env_status as c_kernel_env_status, kernel_env_deprecated as c_kernel_env_deprecated,
 )
-from dspark_core._ext._lib_stager cimport Skip, FailStage, skip_name, fail_stage_name
+from dspark_core._ext._lib_row_format cimport ELEM_TYPE_COUNT, elem_name
+from dspark_core._ext._lib_stager cimport (
+    Skip, FailStage, RowMode, StagerOptions, skip_name, fail_stage_name, row_mode_name, check_options,
+    TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION, MAX_WINDOW as C_MAX_WINDOW,
+    MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT,
+)
 from dspark_core.errors import ConfigError, StateError
 
 cnp.import_array()
@@ -67,14 +73,44 @@ cdef const char* _fail_stage_name(int i) noexcept:
     return fail_stage_name(<FailStage><uint8_t>i)
 
 
+cdef const char* _row_mode_name(int i) noexcept:
+    return row_mode_name(<RowMode><uint8_t>i)
+
+
 NONFINITE_POLICIES = _names(_nonfinite_name, 0)
 SKIP_REASONS = _names(_skip_name, 1)  # Skip::None (0) is no reason
 FAIL_STAGES = _names(_fail_stage_name, 0)
+ROW_MODES = _names(_row_mode_name, 0)
+#: Element types rows come in and are staged out in (numpy names; dspark::ElemType).
+ELEM_TYPES = tuple(elem_name(<ElemType><uint8_t>i).decode() for i in range(ELEM_TYPE_COUNT))
 
-# Python-side codes of the C++ enums (NonFinite, SimdPath). "keep" is the
-# conversion-only policy: convert as-is and report nothing (Error's code).
+# The core's limits (dspark/stager.hpp).
+TRIM_CHUNK = C_TRIM_CHUNK
+MAX_POSITION = C_MAX_POSITION
+MAX_WINDOW = C_MAX_WINDOW
+MAX_FEATURE_DIM = C_MAX_FEATURE_DIM
+MAX_SEQS_LIMIT = C_MAX_SEQS_LIMIT
+
+
+def check_stager_options(int64_t feature_dim, int64_t block_size, int64_t window, int64_t max_seqs, int storage,
+                         int64_t max_failures, int nonfinite, int stage_dtype, int rows):
+    """The core's check of a Stager configuration (codes are table indices):
+    ConfigError naming the first unusable value, as the Stager's constructor raises."""
+    cdef StagerOptions o
+    o.feature_dim = feature_dim
+    o.block_size = block_size
+    o.window = window
+    o.max_seqs = max_seqs
+    o.storage = <Storage><uint8_t>storage
+    o.max_failures = max_failures
+    o.nonfinite = <NonFinite><uint8_t>nonfinite
+    o.stage = <ElemType><uint8_t>stage_dtype
+    o.rows = <RowMode><uint8_t>rows
+    check_options(o)
+
+# Python-side codes of the C++ NonFinite enum. "keep" is the conversion-only
+# policy: convert as-is and report nothing (Error's code).
 _POLICIES = {"keep": 0, **{name: i for i, name in enumerate(NONFINITE_POLICIES)}}
-_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
 
 
 cdef Storage _storage(str name) except *:
@@ -226,39 +262,107 @@ def find_nonfinite(cnp.ndarray src not None):
     return r
 
 
-_SIMD_ENV = ("unset", "used", "unknown", "unsupported")  # dspark::SimdEnv order
+# -- The dispatch registry (dspark/dispatch.hpp) --------------------------------
+
+cdef const char* _family_name(int i) noexcept:
+    return kernel_family_name(<KernelFamily><uint8_t>i)
 
 
-def simd_env_status():
-    """What DSPARK_SIMD holds: "unset", "used", "unknown" (names no path) or "unsupported" here."""
-    return _SIMD_ENV[<int>c_simd_env_status()]
+#: Kernel families chosen at run time, in the core's order ("row_format", "crc32c").
+KERNEL_FAMILIES = _names(_family_name, 0)
+#: The variable that forces paths, and its deprecated CRC-32C-only predecessor.
+KERNEL_ENV = C_KERNEL_ENV.decode()
+KERNEL_ENV_DEPRECATED = C_KERNEL_ENV_DEPRECATED.decode()
+_KERNEL_ENV_STATUS = ("unset", "used", "unknown", "unsupported")  # dspark::KernelEnv order
 
 
-def simd_path_names():
-    """Every SIMD path name DSPARK_SIMD and set_simd_path accept, scalar first."""
-    return tuple(_PATHS)
+cdef KernelFamily _family(family) except *:
+    if family not in KERNEL_FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r} (expected one of {', '.join(KERNEL_FAMILIES)})")
+    return <KernelFamily><uint8_t>KERNEL_FAMILIES.index(family)
 
+
+cdef str _path_name(KernelFamily f, int p):
+    return kernel_path_name(f, p).decode()
+
+
+def kernel_paths(family):
+    """Every path name of ``family`` (portable first; other CPUs' paths included)."""
+    cdef KernelFamily f = _family(family)
+    return tuple(_path_name(f, p) for p in range(kernel_path_count(f)))
+
+
+def kernel_supported(family):
+    """The paths of ``family`` this CPU and build run, portable first."""
+    cdef KernelFamily f = _family(family)
+    return tuple(_path_name(f, p) for p in range(kernel_path_count(f)) if kernel_path_supported(f, p))
+
+
+def kernel_best(family):
+    """The fastest supported path of ``family``."""
+    cdef KernelFamily f = _family(family)
+    return _path_name(f, best_kernel_path(f))
+
+
+def kernel_active(family):
+    """The path ``family`` runs now."""
+    cdef KernelFamily f = _family(family)
+    return _path_name(f, active_kernel_path(f))
+
+
+def kernel_set(family, str name):
+    """Make ``name`` the active path of ``family`` (process-wide).
+
+    ValueError for an unknown name or a path this CPU / build does not support.
+    """
+    cdef KernelFamily f = _family(family)
+    cdef bytes b = name.encode("utf-8")
+    cdef int p = kernel_path_from_name(f, string_view(<const char*>b, len(b)))
+    if p < 0:
+        raise ValueError(f"unknown {family} path {name!r} (expected one of {', '.join(kernel_paths(family))})")
+    set_kernel_path(f, p)
+
+
+def kernel_table(family):
+    """``(kernel, path)`` for each kernel of ``family``: whose code the active path runs."""
+    cdef KernelFamily f = _family(family)
+    cdef int active = active_kernel_path(f)
+    out = []
+    cdef int k = 0
+    while kernel_name(f, k) != NULL:
+        out.append((kernel_name(f, k).decode(), kernel_origin(f, k, active).decode()))
+        k += 1
+    return tuple(out)
+
+
+def kernel_env_status():
+    """What DSPARK_SIMD holds: "unset", "used", "unknown" (a name that is no path) or
+    "unsupported" (a path this CPU / build lacks)."""
+    return _KERNEL_ENV_STATUS[<int>c_kernel_env_status()]
+
+
+def kernel_env_deprecated():
+    """Whether the deprecated DSPARK_CRC32C is set."""
+    return c_kernel_env_deprecated()
+
+
+# The row-format family under its first names (dspark_core.formats uses these).
 
 def simd_paths():
-    """Names of the SIMD kernel paths this CPU and build support, scalar first."""
-    return [name for name, p in _PATHS.items() if simd_supported(<SimdPath><int>p)]
+    """Names of the row-format paths this CPU and build support, scalar first."""
+    return list(kernel_supported("row_format"))
 
 
 def best_simd_path():
-    """Name of the fastest supported path."""
-    return simd_path_name(c_best_simd_path()).decode()
+    """Name of the fastest supported row-format path."""
+    return kernel_best("row_format")
 
 
 def active_simd_path():
-    """Name of the path conversions use now."""
-    return simd_path_name(c_active_simd_path()).decode()
+    """Name of the row-format path conversions use now."""
+    return kernel_active("row_format")
 
 
 def set_simd_path(str name):
-    """Make ``name`` ("scalar", "avx2", "avx512") the active path (process-wide).
-
-    ValueError for an unknown name or a path this CPU/build does not support.
-    """
-    if name not in _PATHS:
-        raise ValueError(f"unknown SIMD path {name!r} (expected one of {tuple(_PATHS)})")
-    c_set_simd_path(<SimdPath><int>_PATHS[name])
+    """Make ``name`` ("scalar", "avx2", "avx512", "neon", "neon-bf16") the active row-format path."""
+    kernel_set("row_format", name)

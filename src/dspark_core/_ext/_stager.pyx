@@ -1,10 +1,12 @@
 # cython: language_level=3
 """Thin Cython wrapper of the C++ Stager (dspark/stager.hpp).
 
-Argument *types* are normalised here with the same helpers the reference twin
-uses (``_args``), so both raise the same exceptions; every *value* is checked
-again by the C++ core, which never trusts its caller. Copies and conversions
-run with the GIL released; the core's mutex makes concurrent calls safe.
+The binding converts Python objects to what the core takes (``_args``: types,
+array shapes), releases the GIL and calls. Every rule (sequence ids, round
+state, value ranges, positions, strict mode, the limits) is the core's and
+is not checked here; a conversion that fails lets the core's sequence checks
+speak first (``_sequence_errors_first``: docs/design.md 2.1). The core's
+mutex makes concurrent calls safe.
 """
 import functools
 import logging
@@ -14,7 +16,8 @@ import numpy as np
 cimport numpy as cnp
 from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
-from libc.stdint cimport int64_t, uint8_t, uint32_t
+from cpython.long cimport PyLong_AsLongLongAndOverflow
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport move
@@ -23,19 +26,19 @@ from libcpp.vector cimport vector
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    RowMode, SlotMove, advise_huge_pages,
+    RowMode, SlotMove, FieldInfo, SEQ_STATE_FIELDS, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
-    CrcPath, crc32c as c_crc32c, crc_path_supported, active_crc_path, set_crc_path, crc_path_name,
+    crc32c as c_crc32c,
 )
 
 from dspark_core._args import (
-    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, readable_bytes, require_held_rows,
+    as_choice, as_index, as_int64, as_positions, draft_many_pasts, encoded_args, process_args, readable_bytes,
     row_dtype_code, writable_bytes,
 )
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
-from dspark_core.protocol_mismatch import MismatchGuard
-from dspark_core.slot_moves import SlotMoves, no_moves
+from dspark_core.protocol_mismatch import log_mismatch
+from dspark_core.slot_moves import RestoredSlots, SlotMoves, no_moves
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
 from dspark_core.stager_copy import reduce_stager
@@ -43,7 +46,7 @@ from dspark_core.stager_copy import reduce_stager
 cnp.import_array()
 dspark_set_error_types(ConfigError, StateError)
 
-#: The core's lazy-trim chunk (rows); equals ``config.TRIM_CHUNK``.
+#: The core's lazy-trim chunk (rows) and position limit (``core_tables`` publishes them).
 TRIM_CHUNK = C_TRIM_CHUNK
 MAX_POSITION = C_MAX_POSITION
 
@@ -55,6 +58,45 @@ _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
+
+
+cdef tuple _field_names(const FieldInfo* f):
+    out = []
+    cdef size_t i = 0
+    while f[i].name != NULL:
+        out.append(f[i].name.decode())
+        i += 1
+    return tuple(out)
+
+
+# The keys of state() / stats(): the core's field lists (stager.hpp), in order.
+_STATE_FIELDS = _field_names(SEQ_STATE_FIELDS)
+_STATS_FIELDS = _field_names(SEQ_STATS_FIELDS)
+
+
+cdef dict _fields_dict(const void* record, const FieldInfo* f, tuple names):
+    """A SeqState / SeqStats as a dict, field by field from the core's table."""
+    cdef dict out = {}
+    cdef const char* base = <const char*>record
+    cdef size_t i = 0
+    while f[i].name != NULL:
+        if f[i].is_bool:
+            out[names[i]] = (<const bool*>(base + f[i].offset))[0]
+        else:
+            out[names[i]] = (<const int64_t*>(base + f[i].offset))[0]
+        i += 1
+    return out
+
+
+cdef inline int64_t _i64(name, value) except? -1:
+    """An integer argument: a Python int that fits int64 directly, anything else through ``as_int64``."""
+    cdef int overflow = 0
+    cdef long long v
+    if type(value) is int:
+        v = PyLong_AsLongLongAndOverflow(value, &overflow)
+        if not overflow:
+            return v
+    return as_int64(name, value)
 
 
 cdef object _moves_array(vector[SlotMove]& v):
@@ -82,8 +124,8 @@ cdef object _plan_slots(RoundPlan& p):
     return out
 
 
-# -- CRC-32C of snapshot format v2 (the core's dispatched kernels) -------------
-_CRC_PATHS = {"portable": CrcPath.Portable, "sse4.2": CrcPath.Sse42}
+# -- CRC-32C of snapshot format v2 (the core's dispatched kernels; the path
+# switch is the registry's, dspark_core.kernels) ------------------------------
 
 
 def crc32c(data, crc=0):
@@ -95,23 +137,6 @@ def crc32c(data, crc=0):
     with nogil:
         c = c_crc32c(c, p, n)
     return c
-
-
-def crc32c_paths():
-    """Names of the CRC-32C kernels this CPU and build support."""
-    return tuple(name for name, p in _CRC_PATHS.items() if crc_path_supported(p))
-
-
-def crc32c_path():
-    """Name of the active CRC-32C kernel ("sse4.2" or "portable")."""
-    return crc_path_name(active_crc_path()).decode()
-
-
-def set_crc32c_path(name):
-    """Switch the CRC-32C kernel (process-wide); ``ValueError`` for an unknown or unsupported one."""
-    if name not in _CRC_PATHS:
-        raise ValueError(f"unknown CRC-32C path {name!r}; use one of {tuple(_CRC_PATHS)}")
-    set_crc_path(_CRC_PATHS[name])
 
 
 cdef inline bint _plain_positions(x):
@@ -196,34 +221,31 @@ cdef class Stager:
     cdef readonly object config
     cdef int64_t _D
     cdef int64_t _B
-    cdef int64_t _max_seqs
     cdef size_t _row_bytes
     cdef object _stage_dtype
     cdef bint _view_rows
     cdef bint _external
     cdef object _decoder
-    cdef object _mismatch
-    cdef int64_t _moves_issued
 
     def __cinit__(self, config):
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         cdef StagerOptions o
-        o.feature_dim = config.feature_dim
-        o.block_size = config.block_size
-        o.window = config.window
-        o.max_seqs = config.max_seqs
+        o.feature_dim = _i64("feature_dim", config.feature_dim)
+        o.block_size = _i64("block_size", config.block_size)
+        o.window = _i64("window", config.window)
+        o.max_seqs = _i64("max_seqs", config.max_seqs)
         o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
-        o.max_failures = config.max_failures
+        o.max_failures = _i64("max_failures", config.max_failures)
         o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
         o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
         o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
-        self._core = new CStager(o)
+        o.strict = config.strict is True
+        self._core = new CStager(o)  # checks every value (ConfigError), a tampered config's too
         self._external = o.rows == RowMode.External
         self.config = config
-        self._D = config.feature_dim
-        self._B = config.block_size
-        self._max_seqs = config.max_seqs
+        self._D = o.feature_dim
+        self._B = o.block_size
         self._row_bytes = self._core.row_bytes()
         self._stage_dtype = config.numpy_stage_dtype
         # Staged rows are a free view of the encoded bytes when formats agree.
@@ -232,7 +254,6 @@ cdef class Stager:
         # Otherwise plan.rows decodes lazily with this (built once, not per plan).
         self._decoder = None if self._view_rows else functools.partial(
             _row_format.decode, storage=config.storage, dim=self._D, out_dtype=self._stage_dtype)
-        self._mismatch = MismatchGuard(config.strict)
 
     def __dealloc__(self):
         del self._core
@@ -261,24 +282,60 @@ cdef class Stager:
 
     @property
     def moves_issued(self):
-        """Non-empty move arrays ``fork`` / ``shift`` have returned so far (the
-        last one's ``serial``): an owner applies them in that order."""
-        return self._moves_issued
+        """Table changes numbered so far (the last one's ``serial``): non-empty
+        moves of ``fork`` / ``shift`` and, in external-row mode, the slots of a
+        ``restore`` that brings rows back. An owner applies them in that order."""
+        return self._core.moves_issued()
 
-    cdef object _moves(self, vector[SlotMove]& v):
+    def open_round_id(self, seq):
+        """The round open on ``seq`` (``plan.round`` of its plan), or 0 when none is."""
+        cdef int64_t s = _i64("seq", seq)
+        cdef uint64_t r
+        with nogil:
+            r = self._core.open_round_id(s)
+        return r
+
+    # -- conversion errors come after the core's sequence checks -----------
+    cdef int _sequence_errors_first(self, const int64_t* seqs, size_t n, bint open_round) except -1:
+        """A conversion of this call's arguments failed: raise the core's error for
+        its sequences (unknown id, round state) if there is one (design.md 2.1)."""
+        err = None
+        try:
+            with nogil:
+                self._core.check_sequences(seqs, n, open_round)
+        except Exception as exc:  # the core's error replaces the conversion's
+            err = exc
+        if err is not None:
+            raise err from None
+        return 0
+
+    cdef object _converted(self, int64_t s, bint open_round, convert, tuple args):
+        """``convert(*args)``; when it fails, ``seq``'s own errors come first."""
+        try:
+            return convert(*args)
+        except (TypeError, ValueError):
+            self._sequence_errors_first(&s, 1, open_round)
+            raise
+
+    cdef int64_t _arg(self, int64_t s, name, value) except? -1:
+        """An integer argument of a call on ``s`` (a conversion error after ``s``'s own errors)."""
+        cdef int overflow = 0
+        cdef long long v
+        if type(value) is int:
+            v = PyLong_AsLongLongAndOverflow(value, &overflow)
+            if not overflow:
+                return v
+        return self._converted(s, False, as_int64, (name, value))
+
+    cdef object _moves(self, vector[SlotMove]& v, uint64_t serial):
         if v.size() == 0:
             return no_moves(self)
-        self._moves_issued += 1
-        return SlotMoves.wrap(_moves_array(v), self, self._moves_issued)
-
-    cdef int64_t _seq(self, seq) except -1:
-        i = seq if type(seq) is int else as_index("seq", seq)
-        if not 0 <= i < self._max_seqs:
-            raise ValueError(f"unknown sequence {i} (this Stager has sequences 0..{self._max_seqs - 1})")
-        return i
+        return SlotMoves.wrap(_moves_array(v), self, serial)
 
     cdef object _plan(self, RoundPlan& p, object data, size_t offset):
         cdef int64_t n = p.n_rows
+        if p.report_mismatch:  # the core's report, once per sequence: this layer only logs it
+            log_mismatch(p.seq, p.start, _SKIPS[<int>p.skip], p.end - 1, mismatch_cause(p.start, p.end).decode())
         if <int>p.skip != 0:  # dspark::Skip::None
             return StagePlan.skipped(p.seq, p.start, _SKIPS[<int>p.skip], feature_dim=self._D,
                                      row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
@@ -290,7 +347,7 @@ cdef class Stager:
                 positions=np.arange(lo, lo + n, dtype=_I32),
                 block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
                 crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, slots=_plan_slots(p),
-                external=True, source=self)
+                external=True, source=self, round=p.round)
         enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
         return StagePlan(
             seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
@@ -298,15 +355,14 @@ cdef class Stager:
             block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
             crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc,
             rows=enc.view(self._stage_dtype).reshape(n, self._D) if self._view_rows else None,
-            decode=self._decoder, slots=_plan_slots(p))
+            decode=self._decoder, slots=_plan_slots(p), round=p.round)
 
     # -- round protocol ---------------------------------------------------
     def begin(self, seq):
         """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
-        cdef int64_t s = self._seq(seq)
+        cdef int64_t s = _i64("seq", seq)
         with nogil:
             self._core.begin(s)
-        self._mismatch.reset(s)
 
     def process(self, seq, positions, rows=None):
         """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``.
@@ -320,23 +376,17 @@ cdef class Stager:
         stage and need not be written). The core never sees the rows, so the
         owner checks them for NaN / Inf first (``DeviceRing.write`` does).
         """
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        check_rows_given(self._external, rows)
-        if self._external:
-            return self._process_external(s, positions)
+        cdef int64_t s = _i64("seq", seq)
         cdef ElemType t
-        if _plain_positions(positions) and _plain_rows(rows, self._D, &t) and \
+        if not self._external and _plain_positions(positions) and _plain_rows(rows, self._D, &t) and \
                 cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0):
             # Fast path: C-contiguous int64 positions and float32/float16 rows of
-            # the right width; every value is checked by the core.
+            # the right width, nothing to convert.
             pos, arr = positions, rows
         else:
-            pos = as_positions(positions)
-            arr = as_rows(rows, self._D)
-            if arr.shape[0] != pos.shape[0]:
-                raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
+            pos, arr = self._converted(s, False, process_args, (self._external, self._D, positions, rows))
+            if self._external:
+                return self._process_external(s, pos)
             t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
@@ -344,8 +394,7 @@ cdef class Stager:
         with nogil:
             self._core.process(s, pp, n, rp, t)
 
-    cdef object _process_external(self, int64_t s, positions):
-        pos = positions if _plain_positions(positions) else as_positions(positions)
+    cdef object _process_external(self, int64_t s, pos):
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef cnp.ndarray slots = np.empty(n, _I64)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
@@ -353,6 +402,17 @@ cdef class Stager:
         with nogil:
             self._core.process_external(s, pp, n, sp)
         return slots
+
+    def check_process(self, seq, positions):
+        """Raise what ``process(seq, positions, ...)`` would raise for its sequence
+        and positions, in its order, and change nothing: an owner of external
+        rows (``DeviceRing.write``) runs it before it looks at the rows."""
+        cdef int64_t s = _i64("seq", seq)
+        pos = self._converted(s, False, as_positions, (positions,))
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
+        with nogil:
+            self._core.check_process(s, pp, n)
 
     def process_encoded(self, seq, positions, data):
         """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat).
@@ -362,12 +422,8 @@ cdef class Stager:
         finite is rejected; the ``"zero"`` and ``"clamp_f16"`` policies do not
         rewrite encoded rows.
         """
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        require_held_rows(self._external, "process_encoded")
-        pos = as_positions(positions)
-        buf = as_encoded(data, pos.shape[0], self._row_bytes)
+        cdef int64_t s = _i64("seq", seq)
+        pos, buf = self._converted(s, False, encoded_args, (self._external, self._row_bytes, positions, data))
         cdef size_t n = pos.shape[0]
         cdef size_t nbytes = buf.shape[0]
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
@@ -377,45 +433,25 @@ cdef class Stager:
 
     def draft(self, seq, n_past):
         """Plan this round for a target at ``n_past``: a :class:`StagePlan` (opens a round unless skipped)."""
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        cdef int64_t start = n_past if type(n_past) is int and 0 <= n_past < C_MAX_POSITION else as_count("n_past", n_past)
-        if self._mismatch.strict:
-            self._mismatch.check(s, start, self.state(s))
+        cdef int64_t s = _i64("seq", seq)
+        cdef int64_t start = self._arg(s, "n_past", n_past)
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
         cdef RoundPlan p
         with nogil:
             p = self._core.draft(s, start, out.v)
-        if <int>p.skip == <int>Skip.MissingRows:
-            self._mismatch.skipped(s, start, self._core.state(s).end)
         return self._plan(p, np.frombuffer(out, _U8), 0)
 
     def draft_many(self, seqs, n_pasts):
         """Plans for several sequences as one drafter batch (:class:`BatchPlan`)."""
-        seq_list = [as_index("seq", x) for x in seqs]
-        past_list = [as_index("n_past", x) for x in n_pasts]
-        if len(seq_list) != len(past_list):
-            raise ValueError(f"{len(seq_list)} sequences for {len(past_list)} n_past values")
-        for x in seq_list:
-            self._seq(x)
-        cdef int64_t xs
-        for x in seq_list:
-            xs = x
-            with nogil:
-                self._core.check_ready(xs)
-        if len(set(seq_list)) != len(seq_list):
-            raise ValueError("draft_many: sequence ids must be unique")
-        for x in past_list:
-            as_count("n_past", x)
-        if self._mismatch.strict:  # before anything opens: a rejected batch changes nothing
-            for x, p in zip(seq_list, past_list):
-                self._mismatch.check(x, p, self.state(x))
-        sv = np.asarray(seq_list, dtype=np.int64)
-        pv = np.asarray(past_list, dtype=np.int64)
-        cdef size_t n = len(seq_list)
+        sv = np.asarray([as_int64("seq", x) for x in seqs], dtype=np.int64)
+        cdef size_t n = sv.shape[0]
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        try:
+            pv = draft_many_pasts(n_pasts, n)
+        except (TypeError, ValueError):
+            self._sequence_errors_first(sp, n, False)
+            raise
         cdef const int64_t* np_ = <const int64_t*>cnp.PyArray_DATA(pv)
         cdef vector[RoundPlan] plans
         cdef _Bytes out = _Bytes()
@@ -427,8 +463,6 @@ cdef class Stager:
         cdef size_t offset = 0
         cdef size_t i
         for i in range(plans.size()):
-            if <int>plans[i].skip == <int>Skip.MissingRows:
-                self._mismatch.skipped(plans[i].seq, plans[i].start, self._core.state(plans[i].seq).end)
             result.append(self._plan(plans[i], data, offset))
             offset += plans[i].n_rows * self._row_bytes
         return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
@@ -436,43 +470,33 @@ cdef class Stager:
 
     def commit(self, seq):
         """The drafter decode and crop of the open round succeeded."""
-        cdef int64_t s = self._seq(seq)
+        cdef int64_t s = _i64("seq", seq)
         with nogil:
             self._core.commit(s)
 
     def fail(self, seq, stage="decode"):
         """The drafter ``stage`` ("decode" or "crop") failed: the next round restages cleanly."""
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_open(s)
-        if not isinstance(stage, str) or stage not in _FAIL_STAGES:
-            raise ValueError(f"stage must be one of {FAIL_STAGES}, got {stage!r}")
-        cdef FailStage fs = _FAIL_STAGES[stage]
+        cdef int64_t s = _i64("seq", seq)
+        cdef FailStage fs = _FAIL_STAGES[stage] if isinstance(stage, str) and stage in _FAIL_STAGES \
+            else <FailStage><uint8_t>self._converted(s, True, as_choice, ("stage", stage, FAIL_STAGES))
         cdef int64_t disabled_after
         with nogil:
             disabled_after = self._core.fail(s, fs)
         if disabled_after:
-            logger.warning(DISABLED_WARNING, s, disabled_after, stage)
+            logger.warning(DISABLED_WARNING, s, disabled_after, FAIL_STAGES[<int>fs])
 
     def accept(self, seq, n_accepted):
         """Keep the rows of the accepted tokens (``n_accepted + 1``) of the last verify batch."""
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        n_acc = as_index("n_accepted", n_accepted)
-        if not 0 <= n_acc <= self._B:
-            raise ValueError(f"n_accepted must be in [0, {self._B}], got {n_acc}")
-        cdef int64_t n = n_acc
+        cdef int64_t s = _i64("seq", seq)
+        cdef int64_t n = self._arg(s, "n_accepted", n_accepted)
         with nogil:
             self._core.accept(s, n)
 
     # -- lifecycle ----------------------------------------------------------
     def rollback(self, seq, n_past):
         """The target rolled back to ``n_past``: drop rows ``>= n_past`` (restage if the cache reached past it)."""
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        cdef int64_t p = as_count("n_past", n_past)
+        cdef int64_t s = _i64("seq", seq)
+        cdef int64_t p = self._arg(s, "n_past", n_past)
         with nogil:
             self._core.rollback(s, p)
 
@@ -485,15 +509,14 @@ cdef class Stager:
         source and destination never overlap); empty when nothing moves.
         Held mode: the core has applied them itself.
         """
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        cdef int64_t k = as_count("n_keep", n_keep)
-        cdef int64_t d = as_count("n_discard", n_discard)
+        cdef int64_t s = _i64("seq", seq)
+        cdef int64_t k = self._arg(s, "n_keep", n_keep)
+        cdef int64_t d = self._arg(s, "n_discard", n_discard)
         cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
         with nogil:
-            moves = self._core.shift(s, k, d)
-        return self._moves(moves)
+            moves = self._core.shift(s, k, d, &serial)
+        return self._moves(moves, serial)
 
     def fork(self, src, dst):
         """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages on its next round.
@@ -501,16 +524,17 @@ cdef class Stager:
         Returns the copies of ``src``'s rows into ``dst``'s slots, as
         :meth:`shift` does ((n, 3) int64, at most two rows).
         """
-        cdef int64_t a = self._seq(as_index("src", src))
-        cdef int64_t b = self._seq(as_index("dst", dst))
+        cdef int64_t a = _i64("src", src)
+        cdef int64_t b = _i64("dst", dst)
         cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
         with nogil:
-            moves = self._core.fork(a, b)
-        return self._moves(moves)
+            moves = self._core.fork(a, b, &serial)
+        return self._moves(moves, serial)
 
     def snapshot_size(self, seq):
         """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
-        cdef int64_t s = self._seq(seq)
+        cdef int64_t s = _i64("seq", seq)
         cdef size_t n
         with nogil:
             n = self._core.snapshot_size(s)
@@ -524,10 +548,8 @@ cdef class Stager:
         the GIL released. Too small (see ``snapshot_size``): ``ValueError``,
         nothing written.
         """
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        cdef uint8_t[::1] out = writable_bytes(buffer)
+        cdef int64_t s = _i64("seq", seq)
+        cdef uint8_t[::1] out = self._converted(s, False, writable_bytes, (buffer,))
         cdef size_t cap = out.shape[0]
         cdef uint8_t* dp = &out[0] if cap else NULL
         cdef size_t n
@@ -537,7 +559,7 @@ cdef class Stager:
 
     def snapshot(self, seq):
         """The sequence's state as versioned, checksummed bytes (``snapshot_format``)."""
-        cdef int64_t s = self._seq(seq)
+        cdef int64_t s = _i64("seq", seq)
         cdef size_t n, written
         cdef char* dp
         while True:
@@ -560,38 +582,33 @@ cdef class Stager:
 
         External-row mode: the snapshot carries the bookkeeping only; returns
         the int64 slots where the owner puts the saved rows back (the rows of
-        ``live_slots(seq)`` at snapshot time, oldest first). A snapshot of the
-        other row mode is a ValueError. Held mode: returns None.
+        ``live_slots(seq)`` at snapshot time, oldest first), a
+        :class:`~dspark_core.slot_moves.RestoredSlots` numbered among the
+        table changes (``serial``) like the moves of ``fork`` / ``shift``. A
+        snapshot of the other row mode is a ValueError. Held mode: returns None.
 
         ``data`` is any buffer (bytes, bytearray, memoryview, ndarray, mmap),
         read in place with the GIL released: another thread must not write to
         it during the call.
         """
-        cdef int64_t s = self._seq(seq)
-        with nogil:
-            self._core.check_ready(s)
-        cdef const uint8_t[::1] raw = readable_bytes(data)
+        cdef int64_t s = _i64("seq", seq)
+        cdef const uint8_t[::1] raw = self._converted(s, False, readable_bytes, (data,))
         cdef size_t n = raw.shape[0]
         cdef const uint8_t* dp = &raw[0] if n else NULL
         cdef RoundPlan p
+        cdef uint64_t serial = 0
         with nogil:
-            self._core.restore(s, dp, n, p.slot_runs)
-        return _plan_slots(p) if self._external else None
+            self._core.restore(s, dp, n, p.slot_runs, &serial)
+        return RestoredSlots.wrap(_plan_slots(p), self, serial) if self._external else None
 
     # -- introspection ------------------------------------------------------
     def state(self, seq):
         """The sequence's protocol state as a dict (the same keys as the reference's)."""
-        cdef int64_t s = self._seq(seq)
+        cdef int64_t s = _i64("seq", seq)
         cdef SeqState st
         with nogil:
             st = self._core.state(s)
-        return {
-            "started": st.started, "end": st.end, "horizon": st.horizon, "n_cache": st.n_cache,
-            "pos_base": st.pos_base, "n_retained": st.n_retained, "n_pending": st.n_pending,
-            "open_round": st.open_round, "consecutive_failures": st.consecutive_failures,
-            "disabled": st.disabled, "restage_owed": st.restage_owed, "first_round": st.first_round,
-            "tentative_rows": st.tentative_rows,
-        }
+        return _fields_dict(&st, SEQ_STATE_FIELDS, _STATE_FIELDS)
 
     def stats(self, seq):
         """Counters since the sequence's last ``begin``.
@@ -608,24 +625,18 @@ cdef class Stager:
         but the three byte counts with the same values (it models the ring's
         lazy trims as bookkeeping).
         """
-        cdef int64_t s = self._seq(seq)
+        cdef int64_t s = _i64("seq", seq)
         cdef SeqStats t
         with nogil:
             t = self._core.stats(s)
-        return {
-            "rounds": t.rounds, "commits": t.commits, "failures": t.failures, "rebases": t.rebases,
-            "staged_rows": t.staged_rows, "restaged_rows": t.restaged_rows, "skips": t.skips,
-            "trims": t.trims, "trimmed_rows": t.trimmed_rows, "live_rows": t.live_rows, "rows": t.rows,
-            "peak_rows": t.peak_rows,
-            "bytes": t.bytes, "peak_bytes": t.peak_bytes, "reserved_bytes": t.reserved_bytes,
-        }
+        return _fields_dict(&t, SEQ_STATS_FIELDS, _STATS_FIELDS)
 
     def live_slots(self, seq):
         """Slots of the stageable rows ``[horizon, end)``, oldest first (int64; both modes).
 
         What an owner of external rows saves alongside ``snapshot(seq)``.
         """
-        cdef int64_t s = self._seq(seq)
+        cdef int64_t s = _i64("seq", seq)
         cdef RoundPlan p
         with nogil:
             self._core.live_slots(s, p.slot_runs)
@@ -635,7 +646,6 @@ cdef class Stager:
         """``(horizon, end)``: the absolute positions that can still be staged."""
         st = self.state(seq)
         return (st["horizon"], st["end"]) if st["started"] else (0, 0)
-
 
 
 # The prefix store (PrefixStore): its own file, compiled into this module

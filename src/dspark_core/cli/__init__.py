@@ -1,4 +1,4 @@
-"""The ``dspark-core`` command: ``simulate`` (the main job), ``inspect``, ``capture``, ``fuzz``.
+"""The ``dspark-core`` command: ``simulate`` (the main job), ``inspect``, ``capture``, ``fuzz``, ``kernels``.
 
 Each subcommand lives in ``dspark_core.cli.<name>`` and provides
 ``add_parser(subparsers)``, which registers its parser with a ``run(args) -> int``
@@ -16,7 +16,7 @@ from typing import Sequence
 __all__ = ["main", "build_parser"]
 
 #: Subcommands, in the order ``--help`` lists them.
-COMMANDS = ("simulate", "inspect", "capture", "fuzz")
+COMMANDS = ("simulate", "inspect", "capture", "fuzz", "kernels")
 
 
 def build_parser() -> argparse.ArgumentParser:

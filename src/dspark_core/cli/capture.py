@@ -23,14 +23,24 @@ how repetitive the text is). The command then:
   storage does with them under each non-finite policy (computed by staging
   them, not assumed).
 
+Before loading the model it checks the engine build: a llama-cpp-python built
+with the host's native CPU flags on a CPU with AMX segfaults in its first
+decode of some models (:func:`~dspark_core.engines.llama_cpp.crash_prone_build`).
+When that is the case (``--engine-check auto``, the default; ``always`` checks
+any build) the first decode runs in a child process first, and a crash there
+is reported with the fix (rebuild with ``CMAKE_ARGS="-DGGML_NATIVE=OFF"``)
+instead of killing the command without a word.
+
 Exit status: 0 when every check passed (a divergence from plain greedy is
 reported, not a failure), 1 when a staged row or plan was wrong, 2 for a bad
-option, a missing llama-cpp-python or an unreadable model.
+option, a missing llama-cpp-python, an unreadable model or an engine build
+that crashes.
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import logging
 import math
@@ -42,7 +52,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["add_parser", "run", "capture_session", "format_report", "DEFAULTS", "prompt_tokens"]
+__all__ = ["add_parser", "run", "capture_session", "check_engine", "format_report", "DEFAULTS", "ENGINE_CHECKS", "prompt_tokens"]
 
 logger = logging.getLogger("dspark_core")
 
@@ -53,6 +63,11 @@ DEFAULTS: dict[str, Any] = {
     "window": 512,
     "n_batch": 512,
 }
+
+
+#: ``--engine-check`` modes: probe the first decode in a child process when the build is
+#: known to crash on this CPU, always, or never.
+ENGINE_CHECKS = ("auto", "always", "never")
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -91,6 +106,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=None, metavar="N", help="CPU threads (default: all available)")
     p.add_argument("--stager", choices=("auto", "core", "reference"), default="auto",
                    help="Stager implementation (default auto: the C++ core if built)")
+    p.add_argument("--engine-check", choices=ENGINE_CHECKS, default="auto",
+                   help="run llama.cpp's first decode in a child process before the session, so that an engine "
+                        "build that crashes is reported with its fix: auto (default) when the build is known to "
+                        "crash on this CPU (native AMX kernels), always, or never")
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
     p.set_defaults(func=run)
@@ -150,6 +169,42 @@ def greedy_lockstep(plain: Any, cap: Any, prompt: list[int], n_generate: int) ->
     }
 
 
+def check_engine(target: str, mode: str = "auto", *, threads: int | None = None,
+                 say: Callable[[str], None] = lambda s: None) -> str | None:
+    """The engine-build check of ``--engine-check`` (see the module docstring).
+
+    Returns why the build is known to crash on this CPU (None when it is not).
+
+    Raises:
+        ImportError: llama-cpp-python is missing.
+        FileNotFoundError: no model at ``target`` (when a first decode is probed).
+        EngineCrash: the first decode, in a child process, was killed by a signal.
+    """
+    from ..engines.llama_cpp import (
+        EngineCrash, cpu_flags, crash_message, crash_prone_build, probe_first_decode, system_info,
+    )
+
+    if mode not in ENGINE_CHECKS:
+        raise ValueError(f"engine check must be one of {ENGINE_CHECKS}, got {mode!r}")
+    if mode == "never":
+        return None
+    reason = crash_prone_build(cpu_flags(), system_info())  # needs llama_cpp: ImportError first
+    if mode == "auto" and reason is None:
+        return None
+    if not os.path.isfile(target):
+        raise FileNotFoundError(f"no model file at {target}")
+    say("first decode in a child process (" + ("this engine build is known to crash on this CPU)" if reason
+                                              else "--engine-check always)"))
+    probe = probe_first_decode(target, n_threads=threads)
+    if probe.crashed:
+        raise EngineCrash(crash_message(target, probe, reason))
+    if probe.returncode is None:
+        logger.warning("the engine check's first decode timed out in its child process; going on without it")
+    elif probe.returncode == 0 and reason:
+        logger.warning("%s; this build's first decode survived in a child process, so the session goes on", reason)
+    return reason
+
+
 def _first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
     n = min(len(a), len(b))
     diff = np.flatnonzero(a[:n] != b[:n])
@@ -192,6 +247,7 @@ def capture_session(
     n_batch: int = DEFAULTS["n_batch"],
     threads: int | None = None,
     stager: str = "auto",
+    engine_check: str = "auto",
     say: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
     """Run the whole command and return its results (what ``--json`` prints).
@@ -199,6 +255,7 @@ def capture_session(
     Raises:
         ImportError: llama-cpp-python is missing.
         ValueError / ConfigError: settings that cannot work.
+        EngineCrash: the engine build crashes in its first decode (:func:`check_engine`).
         StagingMismatch: a staged row or plan is wrong (a bug).
     """
     from ..config import STORAGES, StagerConfig
@@ -221,6 +278,7 @@ def capture_session(
         if block is None:
             block = int(info.block_size)
     block = DEFAULTS["block"] if block is None else block
+    check_engine(target, engine_check, threads=threads, say=say)
     say(f"loading {target}")
     llm = load_llama(target, n_threads=threads)
     n_ctx = context + generate + block + 2
@@ -446,7 +504,15 @@ def _json_default(o: Any) -> Any:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``dspark-core capture``; returns the exit status."""
     from ..engines.checked_stager import StagingMismatch
+    from ..engines.llama_cpp import EngineCrash
     from ..errors import ConfigError
+
+    # A crash inside the engine that no check foresaw still says where it happened.
+    if not faulthandler.is_enabled():
+        try:
+            faulthandler.enable()
+        except (AttributeError, ValueError, OSError):  # stderr without a file descriptor
+            pass
 
     layers = None
     if args.layers:
@@ -473,9 +539,12 @@ def run(args: argparse.Namespace) -> int:
         result = capture_session(
             target=args.target, layers=layers, drafter=args.drafter, layer_shift=args.layer_shift, prompt_text=text,
             context=args.context, generate=args.generate, block=args.block, window=args.window, n_batch=args.n_batch,
-            threads=args.threads, stager=args.stager, say=say,
+            threads=args.threads, stager=args.stager, engine_check=args.engine_check, say=say,
         )
     except ImportError as exc:
+        print(f"dspark-core capture: {exc}", file=sys.stderr)
+        return 2
+    except EngineCrash as exc:
         print(f"dspark-core capture: {exc}", file=sys.stderr)
         return 2
     except StagingMismatch as exc:

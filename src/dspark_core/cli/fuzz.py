@@ -1,7 +1,7 @@
 """``dspark-core fuzz``: fuzz the C++ core against the pure-Python reference.
 
 The same as ``python -m dspark_core.testing.fuzz`` (see :mod:`dspark_core.testing.fuzz`):
-``--target ops|snapshot|decode``, ``--runs N``, ``--max-time S``,
+``--target ops|threads|snapshot|decode``, ``--runs N``, ``--max-time S``,
 ``--corpus DIR``, and ``CRASH_FILE...`` to replay inputs (no atheris needed)
 with a readable op trace. Fuzzing itself needs atheris
 (``pip install dspark_core[fuzz]``).

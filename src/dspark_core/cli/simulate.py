@@ -46,6 +46,8 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
+from ..core_tables import ROW_MODES
+
 __all__ = ["add_parser", "run", "simulate", "DEFAULTS", "MEASURED"]
 
 logger = logging.getLogger("dspark_core")
@@ -117,7 +119,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="check every round's drafter logits against a from-scratch recompute (slower)")
     p.add_argument("--stager", choices=("auto", "core", "reference"), default="auto",
                    help="Stager implementation: the C++ core, the pure-Python reference, or auto (core if built)")
-    p.add_argument("--rows", choices=("held", "external"), default="held",
+    p.add_argument("--rows", choices=ROW_MODES, default="held",
                    help="held: the Stager keeps the rows (default); external: an external-row Stager plans slots "
                         "and a CUDA DeviceRing keeps the rows on the device (needs a CUDA build and device)")
     p.add_argument("--only", choices=("both", "windowed", "absolute"), default="both", help=argparse.SUPPRESS)

@@ -35,19 +35,36 @@ are encoded straight into them (at most two launches, asynchronous).
 Ordering: everything is enqueued on the ring's stream (``stream=`` at
 construction; default: the table library's current stream, or the legacy
 default stream). The caller orders its producers and consumers with it.
+
+Threads. The Stager numbers every change of the table it asks for (the
+moves of ``fork`` / ``shift``, the slots of an external ``restore``, the
+moves of a prefix store's ``publish`` / ``hit``) under the lock of the
+operation, so their ``serial`` order is the order they happened in. The ring
+applies them in exactly that order: :meth:`fork`, :meth:`shift` and
+:meth:`restore` (and ``PrefixTable.publish`` / ``hit``) hold the ring's lock
+across the Stager's call and the copies, so several threads may call them
+at once; :meth:`apply` (moves a caller got from the Stager itself) refuses
+anything but the next serial, and anything but the array the Stager
+returned (a view, slice or copy of it has no serial).
+
+Lock order (docs/prefix_cache.md, "Sharing and threads"): a ring's lock,
+then a ``PrefixTable``'s, then (inside the core) the Stager's mutex, then the
+store's. Nothing takes a ring's lock while holding a table's, and the core's
+mutexes are innermost (no core call calls back into Python), so no two
+threads wait on each other.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Iterable
 
 import numpy as np
 
 from .. import formats
 from .._args import as_positions
-from ..errors import ConfigError, StateError
-from ..prefix_hit import PrefixMoves
-from ..slot_moves import SlotMoves
+from ..prefix_hit import PUBLISH, PrefixMoves
+from ..slot_moves import RestoredSlots, SlotMoves
 from ..stage_plan import BatchPlan, StagePlan
 from . import _backend, interop
 from .convert import _stage_dtype
@@ -104,19 +121,14 @@ class DeviceRing:
         self.storage = cfg.storage if storage is None else storage
         self.feature_dim = int(cfg.feature_dim)
         self.row_bytes = formats.row_bytes(self.storage, self.feature_dim)  # ConfigError for q + D % 32
-        # The kernels check and clamp against the storage's bounds; a held Stager also
-        # narrows them to its stage dtype (f32 rows staged as float16 must stay below
-        # 65520). Where that differs the ring could not give held mode's answer.
-        stage = _stage_dtype(cfg.stage_dtype)
-        if formats.encode_bounds(self.storage, stage) != formats.encode_bounds(self.storage):
-            raise ConfigError(
-                f"DeviceRing: storage {self.storage!r} rows staged as {cfg.stage_dtype} would need tighter bounds than "
-                f"the device kernels check ({self.storage}'s own); configure the Stager with stage_dtype float32 or "
-                f"bfloat16 (gather(plan, dtype) still decodes to any dtype) or use storage 'f16'"
-            )
         self.ring_rows = int(stager.ring_rows)
         self.rows = int(cfg.max_seqs) * self.ring_rows
         self.stage_dtype = _stage_dtype(cfg.stage_dtype)
+        # The kernels hold the rows to encode_bounds(storage, stage_dtype), as a held
+        # Stager's process() does: rows staged in a narrower type than the storage
+        # decodes to (f32 rows staged as float16) must stay below that type's limit.
+        self._staged = _backend._ELEM[self.stage_dtype]
+        self._limit = formats.encode_bounds(self.storage, self.stage_dtype).limit
         self._error = cfg.nonfinite == "error"
         self._policy = _backend._POLICY[cfg.nonfinite]
         lib = backend or next((x for x in ("cupy", "torch") if interop._usable_backend(x)), "dspark")
@@ -131,6 +143,9 @@ class DeviceRing:
         self._staging: Any = None
         self._staging_ptr = 0
         self._moves_applied = int(stager.moves_issued)
+        # Held across a Stager call that changes the table and the ring's copies
+        # for it, so that table changes apply in serial order from any thread.
+        self._lock = threading.RLock()
         self._cu = cu
 
     def __repr__(self) -> str:
@@ -157,12 +172,14 @@ class DeviceRing:
         A rejected call (state, positions, dtype / shape, a NaN / Inf under
         ``nonfinite="error"``) raises before the Stager or the table changes.
         """
+        pos = as_positions(positions)
+        # The Stager's own checks (sequence, round state, positions), in its
+        # order and with its messages, before the rows are looked at.
+        self.stager.check_process(seq, pos)
         a, elem = self._rows(rows, in_dtype)
         n = a.shape[0]
-        pos = as_positions(positions)
         if len(pos) != n:
             raise ValueError(f"DeviceRing.write: {len(pos)} positions for {n} rows")
-        self._precheck(seq, pos)
         cu, s = self._cu, self.stream
         interop._order_after_producer(a, s, self.device)
         in_row = self.feature_dim * a.dtype.itemsize
@@ -173,12 +190,13 @@ class DeviceRing:
             for r0 in range(0, n, STAGING_ROWS):
                 m = min(STAGING_ROWS, n - r0)
                 bad = cu.encode(a.ptr + r0 * in_row, elem, staging, _backend._STORAGE[self.storage], m,
-                                self.feature_dim, self._policy, True, s)
+                                self.feature_dim, self._policy, True, s, self._staged)
                 if bad >= 0:
                     r = r0 + int(bad) // self.feature_dim
                     raise ValueError(
-                        f"sequence {seq}: row {r} (position {int(pos[r])}) holds a non-finite value; nothing was "
-                        "appended (nonfinite='error')"
+                        f"sequence {seq}: row {r} (position {int(pos[r])}) holds a non-finite value, or one that "
+                        f"overflows {self.storage} storage staged as {self.stage_dtype} (|x| must stay below "
+                        f"{self._limit:.9g}); nothing was appended (nonfinite='error')"
                     )
             staged = n <= STAGING_ROWS
         slots = self.stager.process(seq, pos)
@@ -188,7 +206,7 @@ class DeviceRing:
                 cu.copy_device(dst, self._staging_ptr + r0 * self.row_bytes, m * self.row_bytes, s)
             else:
                 cu.encode(a.ptr + r0 * in_row, elem, dst, _backend._STORAGE[self.storage], m, self.feature_dim,
-                          self._policy, False, s)
+                          self._policy, False, s, self._staged)
         interop._mark_written(self.table, s, self._stream_obj)
         return slots
 
@@ -210,17 +228,6 @@ class DeviceRing:
         a.dtype = dt
         return a, _backend._ELEM[dt]
 
-    def _precheck(self, seq: int, pos: np.ndarray) -> None:
-        """The Stager's own checks, in its order, before rows are looked at: an
-        open round is a StateError, broken positions a ValueError (as held mode)."""
-        st = self.stager.state(seq)  # unknown sequence: ValueError
-        if st["open_round"]:
-            raise StateError(f"sequence {seq} has an open round: call commit() or fail() first")
-        if len(pos) > 1 and not np.all(np.diff(pos) == 1):
-            raise ValueError(f"sequence {seq}: positions must be contiguous (+1 each row)")
-        if len(pos) and st["started"] and int(pos[0]) != st["end"]:
-            raise ValueError(f"sequence {seq}: positions must continue at {st['end']}, got {int(pos[0])}")
-
     def _staging_rows(self, n: int) -> int:
         if self._staging is None or self._staging.shape[0] < n:
             self._staging = interop._alloc(self.lib, (n, self.row_bytes), _backend._U8, self.device, self.stream)
@@ -232,7 +239,9 @@ class DeviceRing:
         """Decode the plan's staged slots into one contiguous ``(n_rows, feature_dim)`` device array.
 
         ``plan``: a :class:`StagePlan` or a :class:`BatchPlan` (draft_many) of
-        this ring's Stager, while its round is open. ``dtype``: float32 /
+        this ring's Stager, while its round is open (a plan of a round that
+        has closed raises ``ValueError``: later writes may have reused its
+        slots, even if a newer round of the sequence is open). ``dtype``: float32 /
         float16 / bfloat16 (default: the Stager's ``stage_dtype``). At most two
         launches per sequence (the ring wraps at most once). Equal, byte for
         byte, to ``plan.rows`` of a held Stager with the same storage.
@@ -272,23 +281,56 @@ class DeviceRing:
                 f"DeviceRing.gather: the plan of sequence {p.seq} comes from another Stager; its slots do not "
                 "index this ring's table"
             )
-        if not self.stager.state(p.seq)["open_round"]:
+        open_round = self.stager.open_round_id(p.seq)
+        if open_round == 0 or p.round != open_round:
+            now = "has no open round" if open_round == 0 else f"has another round open now (round {open_round})"
             raise ValueError(
-                f"DeviceRing.gather: sequence {p.seq} has no open round: gather a plan between draft() and "
-                "commit() / fail() (later writes may reuse its slots)"
+                f"DeviceRing.gather: the plan of sequence {p.seq} is of round {p.round}, and the sequence {now}: "
+                "gather a plan between its draft() and its commit() / fail() (later writes may reuse its slots)"
             )
 
     # -- moves ------------------------------------------------------------
+    def _next_change(self, change: SlotMoves | RestoredSlots, what: str) -> None:
+        """Refuse a table change that is not the Stager's next one, as it issued it
+        (a view, slice, copy or edit of it carries no serial, or other bytes)."""
+        if change.source is not self.stager and change.serial:
+            raise ValueError(f"DeviceRing.{what}: these come from another Stager")
+        if not change.applicable():
+            raise ValueError(
+                f"DeviceRing.{what}: not the array the Stager returned (a view, slice, reversal, copy or edit "
+                "of it carries no serial): pass fork() / shift() / restore()'s result itself"
+            )
+        want = self._moves_applied + 1
+        if change.serial != want:
+            raise ValueError(
+                f"DeviceRing.{what}: table changes applied out of order: expected change #{want} of this Stager, "
+                f"got #{change.serial} (each non-empty fork / shift / restore result must be applied once, in "
+                "serial order)"
+            )
+
+    def _require_applied(self, what: str) -> None:
+        """Before the ring asks the Stager for a table change: every earlier one is
+        applied (else the new one could not be, and the Stager would have moved on)."""
+        issued = int(self.stager.moves_issued)
+        if issued != self._moves_applied:
+            raise ValueError(
+                f"DeviceRing.{what}: the Stager issued table changes up to #{issued}, the ring applied up to "
+                f"#{self._moves_applied}: apply the missing fork() / shift() moves first (nothing changed)"
+            )
+
     def apply(self, moves: SlotMoves, *, prefix_table: Any = None) -> None:
         """Apply the moves ``fork`` / ``shift`` returned (device-to-device copies, in order).
 
-        Every non-empty moves array of the Stager must be applied, in the
-        order they were returned; moves of another Stager, or applied out of
-        order (twice, or after skipping one), raise ``ValueError`` and copy
+        Every non-empty moves array of the Stager (and the slots of an
+        external ``restore``, which :meth:`restore` fills) must be applied
+        once, in serial order; moves of another Stager, out of order (twice,
+        or after skipping one), or not the array the Stager returned (a view,
+        slice, reversal, copy or edit of it) raise ``ValueError`` and copy
         nothing. The moves of a prefix store's publish / hit
-        (:class:`~dspark_core.prefix_hit.PrefixMoves`) copy between this
-        ring's table and the store's: pass its
-        :class:`~dspark_core.cuda.PrefixTable` as ``prefix_table``.
+        (:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the same
+        table changes) copy between this ring's table and the store's: pass
+        its :class:`~dspark_core.cuda.PrefixTable` as ``prefix_table``
+        (``PrefixTable.publish`` / ``hit`` do, under both tables' locks).
         """
         if not isinstance(moves, SlotMoves):
             raise TypeError(
@@ -296,47 +338,51 @@ class DeviceRing:
             )
         if len(moves) == 0:
             return
-        if moves.source is not self.stager:
-            raise ValueError("DeviceRing.apply: these moves come from another Stager")
-        want = self._moves_applied + 1
-        if moves.serial != want:
-            raise ValueError(
-                f"DeviceRing.apply: moves applied out of order: expected moves #{want} of this Stager, got "
-                f"#{moves.serial} (each non-empty fork/shift result must be applied once, in order)"
-            )
-        rb = self.row_bytes
-        rows = moves.tolist()
-        if isinstance(moves, PrefixMoves):  # -- prefix store: between this table and the store's --
-            if prefix_table is None or prefix_table.store is not moves.store:
-                raise ValueError(
-                    "DeviceRing.apply: these moves copy between this ring and a PrefixStore's table: pass "
-                    "prefix_table=<the PrefixTable of that store>"
-                )
-            if prefix_table.storage != self.storage or prefix_table.device != self.device:
-                raise ValueError("DeviceRing.apply: the PrefixTable keeps another storage or lives on another device")
-            prefix_table.copy(moves, self._table_ptr, self.rows)
+        with self._lock:
+            self._next_change(moves, "apply")
+            if isinstance(moves, PrefixMoves):
+                self._apply_prefix(moves, prefix_table)
+                return
+            rb = self.row_bytes
+            rows = moves.tolist()
+            for src, dst, m in rows:
+                if not (m > 0 and 0 <= src and src + m <= self.rows and 0 <= dst and dst + m <= self.rows):
+                    raise ValueError(f"DeviceRing.apply: move [{src}, {dst}, {m}] is outside the table")
+            for src, dst, m in rows:
+                self._cu.copy_device(self._table_ptr + dst * rb, self._table_ptr + src * rb, m * rb, self.stream)
             self._moves_applied = moves.serial
-            interop._mark_written(self.table if moves.direction != "publish" else prefix_table.table, self.stream,
-                                  self._stream_obj)
-            return
-        for src, dst, m in rows:
-            if not (m > 0 and 0 <= src and src + m <= self.rows and 0 <= dst and dst + m <= self.rows):
-                raise ValueError(f"DeviceRing.apply: move [{src}, {dst}, {m}] is outside the table")
-        for src, dst, m in rows:
-            self._cu.copy_device(self._table_ptr + dst * rb, self._table_ptr + src * rb, m * rb, self.stream)
-        self._moves_applied = moves.serial
-        interop._mark_written(self.table, self.stream, self._stream_obj)
+            interop._mark_written(self.table, self.stream, self._stream_obj)
+
+    def _apply_prefix(self, moves: PrefixMoves, table: Any) -> None:
+        """The copies of a prefix publish (ring -> store table) or hit (store table -> ring).
+        Lock order: this ring's, then the table's (held by the caller / taken here)."""
+        if table is None or table.store is not moves.store:
+            raise ValueError(
+                "DeviceRing.apply: these moves copy between this ring and a PrefixStore's table: pass "
+                "prefix_table=<the PrefixTable of that store>"
+            )
+        if table.storage != self.storage or table.device != self.device:
+            raise ValueError("DeviceRing.apply: the PrefixTable keeps another storage or lives on another device")
+        with table._lock:
+            table.copy(moves, self._table_ptr, self.rows)  # checks every move first
+            self._moves_applied = moves.serial
+            written = table.table if moves.direction == PUBLISH else self.table
+            interop._mark_written(written, self.stream, self._stream_obj)
 
     def fork(self, src: int, dst: int) -> SlotMoves:
-        """``stager.fork(src, dst)`` and apply its moves."""
-        moves = self.stager.fork(src, dst)
-        self.apply(moves)
+        """``stager.fork(src, dst)`` and apply its moves (safe from several threads)."""
+        with self._lock:
+            self._require_applied("fork")
+            moves = self.stager.fork(src, dst)
+            self.apply(moves)
         return moves
 
     def shift(self, seq: int, n_keep: int, n_discard: int) -> SlotMoves:
-        """``stager.shift(seq, n_keep, n_discard)`` and apply its moves."""
-        moves = self.stager.shift(seq, n_keep, n_discard)
-        self.apply(moves)
+        """``stager.shift(seq, n_keep, n_discard)`` and apply its moves (safe from several threads)."""
+        with self._lock:
+            self._require_applied("shift")
+            moves = self.stager.shift(seq, n_keep, n_discard)
+            self.apply(moves)
         return moves
 
     # -- snapshots --------------------------------------------------------
@@ -372,11 +418,16 @@ class DeviceRing:
         if n and interop._device_of(r) != self.device:
             raise ValueError(f"DeviceRing.restore: rows are on device {r.device}, the ring on device {self.device}")
         interop._order_after_producer(r, self.stream, self.device)
-        slots = self.stager.restore(seq, data)
-        for slot, r0, m in slot_runs(slots):
-            self._cu.copy_device(self._table_ptr + slot * self.row_bytes, r.ptr + r0 * self.row_bytes,
-                                 m * self.row_bytes, self.stream)
-        interop._mark_written(self.table, self.stream, self._stream_obj)
+        with self._lock:  # the restore and its copies, in serial order among the table changes
+            self._require_applied("restore")
+            slots = self.stager.restore(seq, data)
+            if len(slots):
+                self._next_change(slots, "restore")
+                for slot, r0, m in slot_runs(slots):
+                    self._cu.copy_device(self._table_ptr + slot * self.row_bytes, r.ptr + r0 * self.row_bytes,
+                                         m * self.row_bytes, self.stream)
+                self._moves_applied = slots.serial
+            interop._mark_written(self.table, self.stream, self._stream_obj)
         return slots
 
     def upload(self, rows: np.ndarray) -> Any:

@@ -17,10 +17,21 @@ never moves a row through host memory::
 
 Ordering: everything is enqueued on the ring's stream, in call order.
 Several rings sharing one table must use one stream (or order their streams).
+
+Threads: :meth:`publish` and :meth:`hit` hold the ring's lock, then the
+table's, across the store's call and its copies: the moves are numbered
+among the ring's table changes (the ring applies them in serial order with
+its forks and shifts), and the store's changes reach the stream in the order
+the store made them (a hit's copies out of a page are enqueued before a
+later publish reuses that page). :meth:`export_block` / :meth:`import_block`
+hold the table's lock. The lock order is ring, table, then the core's
+Stager and store mutexes; nothing takes a ring's lock while holding a
+table's.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -64,6 +75,7 @@ class PrefixTable:
         self.table = interop._alloc(self.lib, (self.rows, self.row_bytes), _backend._U8, self.device, self.stream)
         self._table_ptr = interop._dev_array(self.table, "PrefixTable table", stream=self.stream).ptr
         self._cu = _backend._require()
+        self._lock = threading.RLock()  # after a ring's lock, before the core's mutexes
 
     def __repr__(self) -> str:
         return f"PrefixTable(storage={self.storage!r}, rows={self.rows} x {self.row_bytes} B, device={self.device})"
@@ -76,14 +88,18 @@ class PrefixTable:
     # -- through a ring ---------------------------------------------------
     def publish(self, ring: Any, seq: int, keys: Any, start: int, end: int) -> PrefixMoves:
         """``store.publish(ring.stager, ...)`` and apply its copies (ring table -> this table)."""
-        moves = self.store.publish(ring.stager, seq, keys, start, end)
-        ring.apply(moves, prefix_table=self)
+        with ring._lock, self._lock:
+            ring._require_applied("PrefixTable.publish")
+            moves = self.store.publish(ring.stager, seq, keys, start, end)
+            ring.apply(moves, prefix_table=self)
         return moves
 
     def hit(self, ring: Any, seq: int, keys: Any, n_tokens: int) -> PrefixHit:
         """``store.hit(ring.stager, ...)`` and apply its copies (this table -> ring table)."""
-        hit = self.store.hit(ring.stager, seq, keys, n_tokens)
-        ring.apply(hit.moves, prefix_table=self)
+        with ring._lock, self._lock:
+            ring._require_applied("PrefixTable.hit")
+            hit = self.store.hit(ring.stager, seq, keys, n_tokens)
+            ring.apply(hit.moves, prefix_table=self)
         return hit
 
     def copy(self, moves: PrefixMoves, ring_table_ptr: int, ring_rows: int) -> None:
@@ -102,29 +118,33 @@ class PrefixTable:
     # -- other processes ----------------------------------------------------
     def export_block(self, key: Any) -> bytes:
         """``store.export_block(key, rows)`` with the block's rows read from the device."""
-        self._cu.synchronize(self.stream, self.device)
-        slots = self.store.block_slots(key)
-        rows = np.empty((len(slots), self.row_bytes), np.uint8)
-        for i, s in enumerate(slots.tolist()):
-            rows[i] = np.frombuffer(self._cu.copy_to_host(self._table_ptr + s * self.row_bytes, self.row_bytes),
-                                    np.uint8)
-        return bytes(self.store.export_block(key, rows))
+        with self._lock:
+            self._cu.synchronize(self.stream, self.device)
+            slots = self.store.block_slots(key)
+            rows = np.empty((len(slots), self.row_bytes), np.uint8)
+            for i, s in enumerate(slots.tolist()):
+                rows[i] = np.frombuffer(self._cu.copy_to_host(self._table_ptr + s * self.row_bytes, self.row_bytes),
+                                        np.uint8)
+            return bytes(self.store.export_block(key, rows))
 
     def import_block(self, data: Any) -> np.ndarray:
         """``store.import_block(data)`` and upload the block's rows into the slots it returns."""
         from .. import prefix_block_format
 
-        slots = self.store.import_block(data)
-        live = slots >= 0
-        if live.any():
-            blk = prefix_block_format.unpack(self.store.config, self.store.block_tokens, bytes(data))
-            rows = np.frombuffer(blk.rows, np.uint8).reshape(-1, self.row_bytes)
-            staged = interop.DeviceArray.from_numpy(np.ascontiguousarray(rows[live]), self.device,
-                                                    self._stream_obj if self.stream else None)
-            src = interop._dev_array(staged, "imported rows", stream=self.stream).ptr
-            for i, s in enumerate(slots[live].tolist()):
-                self._cu.copy_device(self._table_ptr + s * self.row_bytes, src + i * self.row_bytes, self.row_bytes,
-                                     self.stream)
-            self._cu.synchronize(self.stream, self.device)  # `staged` is freed when this returns
-        interop._mark_written(self.table, self.stream, self._stream_obj)
-        return slots
+        with self._lock:
+            slots = self.store.import_block(data)
+            live = slots >= 0
+            if live.any():
+                # The store checked the block; its rows follow the header and the key.
+                blk = prefix_block_format.unpack(data, prefix_block_format.fingerprint(self.store.config),
+                                                 self.store.block_tokens, self.store.w_keep)
+                rows = np.frombuffer(blk.rows, np.uint8).reshape(-1, self.row_bytes)
+                staged = interop.DeviceArray.from_numpy(np.ascontiguousarray(rows[live]), self.device,
+                                                        self._stream_obj if self.stream else None)
+                src = interop._dev_array(staged, "imported rows", stream=self.stream).ptr
+                for i, s in enumerate(slots[live].tolist()):
+                    self._cu.copy_device(self._table_ptr + s * self.row_bytes, src + i * self.row_bytes,
+                                         self.row_bytes, self.stream)
+                self._cu.synchronize(self.stream, self.device)  # `staged` is freed when this returns
+            interop._mark_written(self.table, self.stream, self._stream_obj)
+            return slots

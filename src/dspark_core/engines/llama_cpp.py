@@ -36,12 +36,25 @@ last token's logits only, ``"all"`` (verify batches) for every token's.
 
 The KV cache uses ``swa_full``: rolling back rejected draft tokens must not
 meet sliding-window cells that llama.cpp already reused.
+
+A crash-prone build. llama-cpp-python compiles llama.cpp with the host's
+native CPU flags unless told otherwise. On a CPU with AMX (Intel Sapphire
+Rapids and later) that build repacks the weights for llama.cpp's AMX kernels,
+which segfault in the first decode of some models (Gemma 3 270M among them),
+killing the process before any callback runs. :func:`crash_prone_build` tells
+that case from the CPU's flags and the engine's own system info, and
+:func:`probe_first_decode` runs a first decode in a child process, so that a
+segfault becomes :class:`EngineCrash` with the fix (:data:`PORTABLE_BUILD`)
+instead of a silent death.
 """
 
 from __future__ import annotations
 
 import ctypes
 import os
+import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -54,7 +67,17 @@ Tokens = Sequence[int] | npt.NDArray[np.integer[Any]]
 
 __all__ = [
     "INSTALL_HINT",
+    "PORTABLE_BUILD",
     "CaptureError",
+    "EngineCrash",
+    "ProbeResult",
+    "cpu_flags",
+    "crash_message",
+    "crash_prone_build",
+    "engine_features",
+    "portable_build_command",
+    "probe_first_decode",
+    "system_info",
     "CaptureResult",
     "LlamaCppCapture",
     "available",
@@ -65,6 +88,25 @@ __all__ = [
 
 #: How to install the optional dependency (said by every ImportError of this module).
 INSTALL_HINT = "pip install 'dspark_core[llama-cpp]'"
+
+#: Rebuilding llama-cpp-python without the host's native CPU flags (what avoids the AMX crash,
+#: see :func:`crash_prone_build`); :func:`portable_build_command` pins the installed version.
+PORTABLE_BUILD = (
+    'CMAKE_ARGS="-DGGML_NATIVE=OFF" pip install --force-reinstall --no-cache-dir --no-binary llama-cpp-python '
+    "llama-cpp-python"
+)
+
+
+def portable_build_command(version: str | None = None) -> str:
+    """:data:`PORTABLE_BUILD`, for ``version`` (default: the installed llama-cpp-python's, if any)."""
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("llama-cpp-python")
+        except metadata.PackageNotFoundError:
+            return PORTABLE_BUILD
+    return f"{PORTABLE_BUILD}=={version}"
 
 #: llama.cpp's name of block ``il``'s output tensor.
 LAYER_OUTPUT_NAME = "l_out-{}"
@@ -77,6 +119,136 @@ _LOGITS = ("last", "all", "none")
 
 class CaptureError(RuntimeError):
     """The engine did not produce every tap row of a batch (the batch is rolled back)."""
+
+
+class EngineCrash(RuntimeError):
+    """llama.cpp killed its process (a signal, e.g. SIGSEGV) in a first decode run in a child process."""
+
+
+# ---------------------------------------------------------------------------------------
+# a crash-prone engine build
+
+
+def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
+    """The CPU's feature flags (``/proc/cpuinfo``'s ``flags`` line; empty where there is none)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return frozenset()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return frozenset(value.split())
+    return frozenset()
+
+
+def engine_features(info: str) -> dict[str, str]:
+    """``{"AVX2": "1", "AMX_INT8": "1", ...}`` from llama.cpp's system info line
+    (``"CPU : SSE3 = 1 | AVX2 = 1 | ... |"``, as :func:`system_info` returns it)."""
+    out: dict[str, str] = {}
+    for part in info.replace("\n", "|").split("|"):
+        name, eq, value = part.rpartition("=")
+        if eq:
+            out[name.split(":")[-1].strip()] = value.strip()
+    return out
+
+
+def system_info() -> str:
+    """llama.cpp's system info as the installed llama-cpp-python reports it (its compiled CPU features)."""
+    raw = _llama_cpp().llama_print_system_info()
+    return raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+
+
+#: CPU flags (Linux ``/proc/cpuinfo`` names) of Intel AMX.
+_AMX_FLAGS = ("amx_int8", "amx_tile", "amx_bf16")
+
+
+def crash_prone_build(flags: frozenset[str] | set[str], info: str) -> str | None:
+    """Why this llama.cpp build is known to crash on this CPU, or None.
+
+    ``flags``: the CPU's flags (:func:`cpu_flags`); ``info``: the engine's system info
+    (:func:`system_info`). Known case: an AMX CPU running a build compiled with AMX
+    (``AMX_INT8 = 1``: a ``-march=native`` build on that host), whose AMX kernels segfault
+    in the first decode of some models.
+    """
+    amx = sorted(f for f in _AMX_FLAGS if f in flags)
+    if amx and engine_features(info).get("AMX_INT8") == "1":
+        return (
+            f"this CPU has AMX ({', '.join(amx)}) and llama-cpp-python was built with the host's native flags "
+            "(its system info reports AMX_INT8 = 1), so llama.cpp runs its AMX matrix kernels, which segfault "
+            "in the first decode of some models"
+        )
+    return None
+
+
+@dataclass
+class ProbeResult:
+    """What :func:`probe_first_decode` saw.
+
+    Attributes:
+        returncode: the child's exit status (negative: killed by that signal); None on a timeout.
+        stderr: the end of the child's standard error.
+    """
+
+    returncode: int | None
+    stderr: str
+
+    @property
+    def crashed(self) -> bool:
+        """The child was killed by a signal (a segfault, an abort, an illegal instruction)."""
+        return self.returncode is not None and self.returncode < 0
+
+    @property
+    def signal_name(self) -> str:
+        if not self.crashed:
+            return ""
+        try:
+            return signal.Signals(-int(self.returncode or 0)).name
+        except ValueError:
+            return f"signal {-int(self.returncode or 0)}"
+
+
+# The child: load the model as load_llama does and decode a few tokens (llama_decode).
+_PROBE = """
+import sys
+import llama_cpp
+path, threads = sys.argv[1], int(sys.argv[2])
+llm = llama_cpp.Llama(model_path=path, n_ctx=64, n_batch=64, n_threads=threads, verbose=False)
+llm.eval(llm.tokenize(b"A first decode, in a process of its own.", add_bos=True))
+print("first decode ok")
+"""
+
+
+def probe_first_decode(model_path: str | os.PathLike[str], *, n_threads: int | None = None,
+                       timeout: float | None = 600.0, python: str | None = None) -> ProbeResult:
+    """Load the model and run one decode in a child process (``python``, default this
+    interpreter, same environment): a crash there kills the child, not the caller.
+
+    Returns what happened; :attr:`ProbeResult.crashed` says whether a signal killed it.
+    A timeout is not a crash (``returncode`` None).
+    """
+    argv = [python or sys.executable, "-c", _PROBE, os.fspath(model_path), str(n_threads or _default_threads())]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        err = exc.stderr.decode("utf-8", "replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+        return ProbeResult(None, err[-2000:])
+    return ProbeResult(proc.returncode, proc.stderr[-2000:])
+
+
+def crash_message(model_path: str | os.PathLike[str], probe: ProbeResult, reason: str | None) -> str:
+    """The error of a first decode that killed its process: what happened, the likely cause, the fix."""
+    cause = reason or (
+        "a known cause is a llama-cpp-python built with the host's native CPU flags (pip's default) on a CPU with "
+        "AMX (Intel Sapphire Rapids and later), whose AMX matrix kernels segfault in the first decode of some models"
+    )
+    return (
+        f"llama.cpp was killed by {probe.signal_name} in its first decode of {os.path.basename(os.fspath(model_path))} "
+        f"(run in a child process, before any row was captured): {cause}. Rebuild llama-cpp-python without native "
+        f"CPU flags: {portable_build_command()}"
+    )
 
 
 def available() -> bool:

@@ -10,6 +10,13 @@ One deliberate deviation from gguf-py, following ggml's C code: a q4_0 block
 whose elements are all zero stores ``d = -0.0`` (fp16 0x8000). ggml keeps the
 running max at +0 and computes ``+0 / -8``; gguf-py takes the block's first
 element, which gives +0 (0x0000) when that element is ``-0.0``.
+
+Two more, where numpy (like ggml's C code) gives the CPU's answer and the
+core gives x86's on every CPU (``x86_rules``): a q block so small that its
+inverse scale ``1 / d`` overflows has every quant 0 (x86 turns the infinite
+products into INT32_MIN, whose low byte is 0; Arm saturates +inf to 0xff),
+and decoding a zero quant of a block whose scale is infinite gives x86's
+default NaN 0xffc00000 (Arm's is 0x7fc00000). On x86 both are no-ops.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import gguf
 import ml_dtypes
 import numpy as np
 
-__all__ = ["encode", "decode", "apply_nonfinite", "bounds", "STORAGES"]
+__all__ = ["encode", "decode", "apply_nonfinite", "bounds", "row_bytes", "STORAGES"]
 
 #: The storages this oracle implements, written out on purpose: the oracle
 #: does not read the core's table (a test checks both list the same formats).
@@ -33,6 +40,13 @@ _QT = {
 #: Bytes of one 32-element block, from gguf-py's own table.
 _BLOCK_BYTES = {name: gguf.GGML_QUANT_SIZES[qt][1] for name, qt in _QT.items() if name != "bf16"}
 _BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def row_bytes(storage: str, dim: int) -> int:
+    """Bytes of one row of ``dim`` elements: numpy's item sizes, gguf-py's block table."""
+    if storage in _BLOCK_BYTES:
+        return dim // 32 * _BLOCK_BYTES[storage]
+    return dim * {"f32": 4, "f16": 2, "bf16": 2}[storage]
 
 
 def _rows_f32(x: np.ndarray) -> np.ndarray:
@@ -127,6 +141,7 @@ def encode(x: np.ndarray, storage: str, nonfinite: str = "error", staged: str = 
         raise ValueError(f"{storage} needs dim % 32 == 0, got {dim}")
     with np.errstate(all="ignore"):
         q = gguf.quantize(x, _QT[storage]).reshape(n, dim // 32 * _BLOCK_BYTES[storage])
+    _x86_quants(x, q.reshape(-1, _BLOCK_BYTES[storage]), storage)
     if storage == "q4_0":
         # ggml C quirk: an all-zero block stores d = -0.0 (see module docstring).
         blocks = q.reshape(-1, _BLOCK_BYTES["q4_0"])
@@ -134,6 +149,18 @@ def encode(x: np.ndarray, storage: str, nonfinite: str = "error", staged: str = 
         blocks[zero, 0] = 0x00
         blocks[zero, 1] = 0x80
     return q
+
+
+def _x86_quants(x: np.ndarray, blocks: np.ndarray, storage: str) -> None:
+    """Zero the quants of blocks whose fp32 inverse scale overflows (x86_rules), in place."""
+    xb = x.reshape(-1, 32)
+    if storage == "q8_0":
+        d = np.abs(xb).max(axis=1) / np.float32(127)
+    else:  # q4_0: the first element of largest magnitude, over -8
+        d = xb[np.arange(len(xb)), np.abs(xb).argmax(axis=1)] / np.float32(-8)
+    with np.errstate(all="ignore"):
+        overflow = (d != 0) & np.isinf(np.float32(1) / d)
+    blocks[overflow, 2:] = 0
 
 
 def _f16(x: np.ndarray) -> np.ndarray:
@@ -186,6 +213,11 @@ def decode(data: np.ndarray, storage: str, dim: int, out_dtype: object = np.floa
     else:
         with np.errstate(all="ignore"):  # d = inf times a zero quant -> NaN, as ggml
             f = gguf.dequantize(raw.reshape(-1, _BLOCK_BYTES[storage]), _QT[storage])
+        # That NaN is x86's default NaN on every CPU (x86_rules in the docstring).
+        f = np.asarray(f, dtype=np.float32).reshape(-1, 32)
+        scale = raw.reshape(-1, _BLOCK_BYTES[storage])[:, :2].copy().view(np.float16).reshape(-1)
+        invalid = np.isinf(scale)[:, None] & np.isnan(f)
+        f.view(np.uint32)[invalid] = np.uint32(0xFFC00000)
     f = np.asarray(f, dtype=np.float32).reshape(-1, dim)
     if dt == np.float32:
         return f

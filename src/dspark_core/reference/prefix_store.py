@@ -32,24 +32,27 @@ The rules:
   ``h``): no replay longer than ``K``: ``m2`` = the first row ``>= h - K`` the
   store lacks, the sequence holds the run of rows ending at ``m2`` and starts
   there (origin = its first row).
+
+The checks of each call, their order and their messages are the core's
+(docs/prefix_cache.md "Calls"), spelled out in :mod:`.prefix_arguments`.
 """
+
 
 from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
+from . import arguments as arg
 from . import formats as rf
+from . import prefix_arguments as parg
 from .. import prefix_block_format
-from .._args import as_count, as_rows, readable_bytes
-from ..config import StagerConfig, positive_int
-from ..errors import ConfigError
+from ..config import StagerConfig
 from ..prefix_hit import HIT, PUBLISH, PrefixHit, PrefixMoves, no_prefix_moves
-from ..prefix_keys import as_key, as_key_chain
 from .stager import ReferenceStager, _moves, _Seq
 
 __all__ = ["ReferencePrefixStore", "SEMANTIC_PREFIX_STATS"]
@@ -60,8 +63,7 @@ SEMANTIC_PREFIX_STATS = (
     "hits", "exact_hits", "hit_rows", "replayed_tokens",
 )
 
-#: Fields a Stager must share with the store.
-_SHARED = ("feature_dim", "storage", "window", "block_size", "nonfinite", "stage_dtype", "rows")
+_Plan = list[tuple[bytes, int, int, "_Block | None"]]
 
 
 @dataclass
@@ -85,23 +87,26 @@ class ReferencePrefixStore:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
-        self.block_tokens = positive_int("block_tokens", block_tokens)
-        self.budget_bytes = positive_int("budget_bytes", budget_bytes)
-        if self.budget_bytes >= 1 << 64:
-            raise ConfigError(f"budget_bytes must be < 2**64, got {self.budget_bytes}")
-        if self.block_tokens > 1 << 30:
-            raise ConfigError(f"block_tokens ({self.block_tokens}) must be <= 2**30")
-        self.row_bytes = config.row_bytes
-        self.w_keep = config.w_keep
+        self.block_tokens = arg.integer("block_tokens", block_tokens)
+        self.budget_bytes = arg.integer("budget_bytes", budget_bytes)
+        parg.store_options(self.block_tokens, self.budget_bytes)
+        w, b = config.window, config.block_size
+        self.row_bytes = rf.row_bytes(config.storage, config.feature_dim)
+        self.w_keep = min(w // 2, w - b)
         self.page_rows = min(self.block_tokens, self.w_keep)
         page_bytes = self.page_rows * self.row_bytes
-        max_kept = min(self.block_tokens, max(config.window - config.block_size, self.w_keep))
-        if self.budget_bytes // page_bytes < -(-max_kept // self.page_rows):
-            raise ConfigError(f"budget_bytes ({self.budget_bytes}) is smaller than one block")
+        max_kept = min(self.block_tokens, max(w - b, self.w_keep))
+        if self.budget_bytes // page_bytes < self._pages_for(max_kept):
+            raise parg.budget_too_small(self.budget_bytes, max_kept, self.row_bytes, self._pages_for(max_kept),
+                                        page_bytes)
         self.n_pages = min(self.budget_bytes // page_bytes, (1 << 62) // self.page_rows)
         self.table_rows = self.n_pages * self.page_rows
         self._page_bytes = page_bytes
-        self._external = config.external_rows
+        self._external = config.rows == "external"
+        # The block format's fingerprint, from the reference's own code tables.
+        self._fingerprint = (config.feature_dim, rf.STORAGES.index(config.storage),
+                             arg.NONFINITE_POLICIES.index(config.nonfinite), arg.STAGE_DTYPES.index(config.stage_dtype),
+                             w, b, self.row_bytes)
         self._blocks: OrderedDict[bytes, _Block] = OrderedDict()  # least recently used first
         self._freed: list[int] = []  # min-heap, all below _next_fresh
         self._next_fresh = 0
@@ -113,49 +118,45 @@ class ReferencePrefixStore:
 
     # -- rules ------------------------------------------------------------
     def _kept_first(self, s: int, e: int) -> int:
+        """The keep rule: all of ``[s, e)`` when ``e <= W - B``, else its last ``K`` rows."""
         c = self.config
         return s if e <= c.window - c.block_size else max(s, e - self.w_keep)
 
     def _pages_for(self, rows: int) -> int:
         return -(-rows // self.page_rows)
 
-    def _check_compatible(self, stager: ReferenceStager) -> None:
-        diff = [f for f in _SHARED if getattr(stager.config, f) != getattr(self.config, f)]
-        if diff:
-            raise ConfigError(f"this store's rows differ from the Stager's in {', '.join(diff)}")
-
-    def _ready(self, stager: Any, seq: Any) -> tuple[int, _Seq]:
-        if not isinstance(stager, ReferenceStager):
-            raise TypeError(f"stager must be a ReferenceStager, got {type(stager).__name__}")
-        i, st = stager._closed(seq)
-        self._check_compatible(stager)
-        return i, st
-
     @staticmethod
-    def _keys(keys: Any) -> list[bytes]:
-        data, offsets = as_key_chain(keys)
-        return [data[int(a):int(b)] for a, b in zip(offsets[:-1], offsets[1:])]
+    def _stager(stager: Any) -> ReferenceStager:
+        if not isinstance(stager, ReferenceStager):
+            raise TypeError(f"stager must be a dspark_core.reference.ReferenceStager, got {type(stager).__name__}")
+        return stager
 
-    def _plan(self, keys: list[bytes], start: int, end: int) -> list[tuple[bytes, int, int, _Block | None]]:
-        """Blocks of a publish of ``[start, end)``: ``(key, s, e, held block or None)``; ValueError if bad."""
+    def _plan(self, keys: list[bytes], start: int, end: int) -> _Plan:
+        """The checks of a publish (positions, the chain, keys twice, keys held for other positions) and
+        its blocks: ``(key, s, e, held block or None)``."""
         bt = self.block_tokens
-        if start < 0 or end >= 1 << 62 or end <= start:
-            raise ValueError(f"publish needs positions 0 <= start < end < 2**62, got [{start}, {end})")
-        if start % bt:
-            raise ValueError(f"publish must start at a block boundary, got {start}")
-        if len(keys) != -(-(end - start) // bt):
-            raise ValueError(f"{len(keys)} keys for positions [{start}, {end})")
-        if len(set(keys)) != len(keys):
-            raise ValueError("a key appears twice in the chain")
-        plan = []
+        parg.publish_span(keys, start, end, bt)
+        plan: _Plan = []
+        seen: set[bytes] = set()
         for j, k in enumerate(keys):
             s = start + j * bt
             e = min(s + bt, end)
+            if k in seen:
+                raise parg.key_twice(k)
+            seen.add(k)
             b = self._blocks.get(k)
             if b is not None and (b.start, b.end) != (s, e):
-                raise ValueError(f"key {k!r} is held for positions [{b.start}, {b.end}), not [{s}, {e})")
+                raise parg.key_moved(k, (b.start, b.end), (s, e))
             plan.append((k, s, e, b))
         return plan
+
+    def _same_rows(self, plan: _Plan, row: Callable[[int], bytes | None], who: str) -> None:
+        """Held mode: blocks already held carry these rows (``row(p)`` is None where not visible)."""
+        if self._external:
+            return
+        for k, s, e, b in plan:
+            if b is not None and any(row(p) not in (None, b.rows[p]) for p in range(b.first, e)):
+                raise parg.other_rows(who, (s, e), k)
 
     def _take_page(self) -> int:
         if self._freed:
@@ -174,7 +175,7 @@ class ReferencePrefixStore:
         self._stats["key_bytes"] -= len(key)
         self._stats["blocks"] -= 1
 
-    def _commit(self, plan: list[tuple[bytes, int, int, _Block | None]], rows_of: Any) -> list[_Block]:
+    def _commit(self, plan: _Plan, rows_of: Any) -> list[_Block]:
         """Refresh held blocks, then add new ones (evicting LRU blocks); ``rows_of(pos)`` gives a row."""
         for k, _, _, b in plan:
             if b is not None:
@@ -199,29 +200,38 @@ class ReferencePrefixStore:
             added.append(nb)
         return added
 
+    def _issue(self, stager: ReferenceStager, moves: np.ndarray, direction: str) -> PrefixMoves:
+        """Moves as the core numbers them: among the Stager's table changes, when non-empty."""
+        if len(moves) == 0:
+            return no_prefix_moves(stager, direction, self)
+        stager.moves_issued += 1
+        return PrefixMoves.wrap_prefix(moves, stager, stager.moves_issued, direction, self)
+
     # -- the Stager side ----------------------------------------------------
-    def publish(self, stager: ReferenceStager, seq: int, keys: Any, start: int, end: int) -> PrefixMoves:
+    def publish(self, stager: Any, seq: Any, keys: Any, start: Any, end: Any) -> PrefixMoves:
         """Record the final rows ``[start, end)`` of ``seq`` under ``keys`` (see the module docstring)."""
-        i, st = self._ready(stager, seq)
-        chain = self._keys(keys)
-        start = as_count("start", start)
-        end = as_count("end", end)
-        if not st.started:
-            raise ValueError(f"sequence {i} holds no rows")
-        if end > stager._firm_end(st):
-            raise ValueError(f"sequence {i}: positions [{start}, {end}) reach past its final rows")
+        stager = self._stager(stager)
+        i, st = stager._closed(seq)
+        chain = parg.key_chain(keys)
+        start = arg.integer("start", start)
+        end = arg.integer("end", end)
+        parg.compatible(self.config, stager.config)
         plan = self._plan(chain, start, end)
+        if not st.started:
+            raise parg.holds_no_rows(i)
+        final_end = stager._firm_end(st)
+        if end > final_end:
+            raise parg.not_final(i, start, end, st.horizon, final_end, final_end < st.end)
         for _, s, e, b in plan:
-            if b is None and self._kept_first(s, e) < st.horizon:
-                raise ValueError(f"sequence {i}: rows of the block at [{s}, {e}) are no longer held")
-        for _, s, e, b in plan:  # the rows the ring still holds must be the same
-            if b is not None and not self._external:
-                if any(b.rows[p] != st.rows[p].tobytes() for p in range(max(b.first, st.horizon), e)):
-                    raise ValueError(f"sequence {i}: the block at [{s}, {e}) is already held with other rows")
+            first = self._kept_first(s, e)
+            if b is None and first < st.horizon:
+                raise parg.rows_gone(i, first, e - first, (s, e), st.horizon)
+        # Rows the ring no longer holds compare as equal (a refresh on the key and positions alone).
+        self._same_rows(plan, lambda p: st.rows[p].tobytes() if p in st.rows else None, f"sequence {i}: ")
         added = self._commit(plan, lambda p: st.rows[p].tobytes())
         if not self._external:
             return no_prefix_moves(stager, PUBLISH, self)
-        base = i * stager.config.ring_rows
+        base = i * stager.ring_rows
         src: list[int] = []
         dst: list[int] = []
         for b in added:
@@ -229,16 +239,9 @@ class ReferencePrefixStore:
             dst += b.slots(self.page_rows)
         return self._issue(stager, _moves(src, dst), PUBLISH)
 
-    def _issue(self, stager: ReferenceStager, moves: np.ndarray, direction: str) -> PrefixMoves:
-        if len(moves) == 0:
-            return no_prefix_moves(stager, direction, self)
-        stager.moves_issued += 1
-        return PrefixMoves.wrap_prefix(moves, stager, stager.moves_issued, direction, self)
-
     def _plan_hit(self, chain: list[bytes], h: int) -> tuple[dict[str, Any], list[_Block]]:
         bt, c, K = self.block_tokens, self.config, self.w_keep
-        if len(chain) != -(-h // bt):
-            raise ValueError(f"{len(chain)} keys for a hit of {h} tokens")
+        parg.hit_span(chain, h, bt)
         out = dict(n_tokens=h, need_first=0, first_row=0, replay_from=0, rows=0, origin=0, exact=True,
                    blocks_found=0, owed=False)
         if h == 0:
@@ -250,7 +253,7 @@ class ReferencePrefixStore:
             s, e = i * bt, min(i * bt + bt, h)
             b = self._blocks.get(chain[i])
             if b is not None and (b.start, b.end) != (s, e):
-                raise ValueError(f"the key chain does not match the positions at block {i}")
+                raise parg.chain_mismatch(i, chain[i], (b.start, b.end), (s, e))
             return b
 
         held = {i: block(i) for i in range(need // bt, len(chain))}  # every examined block is checked
@@ -276,14 +279,16 @@ class ReferencePrefixStore:
                    blocks_found=len(used))
         return out, [b for b in used if b is not None]
 
-    def hit(self, stager: ReferenceStager, seq: int, keys: Any, n_tokens: int) -> PrefixHit:
+    def hit(self, stager: Any, seq: Any, keys: Any, n_tokens: Any) -> PrefixHit:
         """Start ``seq`` from a prefix-cache hit of ``n_tokens`` positions (see the module docstring)."""
-        i, old = self._ready(stager, seq)
-        chain = self._keys(keys)
-        h = as_count("n_tokens", n_tokens)
+        stager = self._stager(stager)
+        i, old = stager._closed(seq)
+        chain = parg.key_chain(keys)
+        h = arg.integer("n_tokens", n_tokens)
+        parg.compatible(self.config, stager.config)
         plan, used = self._plan_hit(chain, h)
         a, to = plan["first_row"], plan["replay_from"]
-        base = i * stager.config.ring_rows
+        base = i * stager.ring_rows
         moves = np.zeros((0, 3), np.int64)
         if to == 0:
             old.ring.reset(0)
@@ -304,7 +309,7 @@ class ReferencePrefixStore:
                 st.rows = {p: np.frombuffer(where[p][0].rows[p], np.uint8).copy() for p in range(a, to)}
             stager._seqs[i] = st
             stager._advance_horizon(st)
-        stager._mismatch.reset(i)
+        stager._warned.discard(i)  # a new request on the slot, as begin()
         for b in used:
             self._blocks.move_to_end(b.key)
         if h:
@@ -316,47 +321,47 @@ class ReferencePrefixStore:
         return PrefixHit(**plan, moves=self._issue(stager, moves, HIT) if self._external
                          else no_prefix_moves(stager, HIT, self))
 
-    def lookup(self, keys: Any, n_tokens: int) -> PrefixHit:
+    def lookup(self, keys: Any, n_tokens: Any) -> PrefixHit:
         """What ``hit`` would find now; changes nothing."""
-        chain = self._keys(keys)
-        plan, _ = self._plan_hit(chain, as_count("n_tokens", n_tokens))
+        chain = parg.key_chain(keys)
+        plan, _ = self._plan_hit(chain, arg.integer("n_tokens", n_tokens))
         plan.pop("owed")
         return PrefixHit(**plan, moves=no_prefix_moves(None, HIT, self))
 
     # -- the store alone ------------------------------------------------------
-    def publish_rows(self, keys: Any, start: int, end: int, rows: Any) -> None:
+    def publish_rows(self, keys: Any, start: Any, end: Any, rows: Any) -> None:
         """Record rows ``[start, end)`` given by the caller (held mode)."""
-        if self._external:
-            raise ValueError("publish_rows needs a held-row store")
-        chain = self._keys(keys)
-        start = as_count("start", start)
-        end = as_count("end", end)
+        chain = parg.key_chain(keys)
+        start = arg.integer("start", start)
+        end = arg.integer("end", end)
         c = self.config
-        arr = as_rows(rows, c.feature_dim)
+        arr = arg.rows(rows, c.feature_dim)
+        if self._external:
+            raise parg.wrong_mode("publish_rows", True, "publish_slots")
         plan = self._plan(chain, start, end)
         if arr.shape[0] != end - start:
-            raise ValueError(f"{arr.shape[0]} rows for positions [{start}, {end})")
+            raise parg.row_count(end - start, c.feature_dim, arr.dtype.name, start, end, arr.shape[0])
         kept = [p for _, s, e, _ in plan for p in range(self._kept_first(s, e), e)]
         x = arr[[p - start for p in kept]]
         if c.nonfinite == "error" and len(x):
-            limit = np.float32(rf.bounds(c.storage, c.stage_dtype)[0])
+            limit = rf.bounds(c.storage, c.stage_dtype)[0]
             with np.errstate(invalid="ignore"):
-                if not np.all(np.abs(x.astype(np.float32)) < limit):
-                    raise ValueError("a row holds a value this store's rows cannot carry (nonfinite='error')")
+                bad = np.argwhere(~(np.abs(x.astype(np.float32)) < np.float32(limit)))
+            if len(bad):
+                r, ch = (int(v) for v in bad[0])
+                raise parg.unstorable(kept[r] - start, start, ch, float(x[r, ch]), c.storage, c.stage_dtype, limit)
         enc = rf.encode(x, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite, c.stage_dtype)
-        by_pos = dict(zip(kept, np.ascontiguousarray(enc).view(np.uint8).reshape(len(kept), c.row_bytes)))
-        for _, s, e, b in plan:
-            if b is not None and any(b.rows[p] != by_pos[p].tobytes() for p in range(b.first, e)):
-                raise ValueError(f"the block at [{s}, {e}) is already held with other rows")
+        by_pos = dict(zip(kept, np.ascontiguousarray(enc).view(np.uint8).reshape(len(kept), self.row_bytes)))
+        self._same_rows(plan, lambda p: by_pos[p].tobytes(), "")
         self._commit(plan, lambda p: by_pos[p].tobytes())
 
-    def publish_slots(self, keys: Any, start: int, end: int) -> np.ndarray:
+    def publish_slots(self, keys: Any, start: Any, end: Any) -> np.ndarray:
         """External-row mode: the table slot of each position (-1: not kept, or already held)."""
+        chain = parg.key_chain(keys)
+        start = arg.integer("start", start)
+        end = arg.integer("end", end)
         if not self._external:
-            raise ValueError("publish_slots needs an external-row store")
-        chain = self._keys(keys)
-        start = as_count("start", start)
-        end = as_count("end", end)
+            raise parg.wrong_mode("publish_slots", False, "publish_rows")
         plan = self._plan(chain, start, end)
         out = np.full(end - start, -1, np.int64)
         for b in self._commit(plan, None):
@@ -365,8 +370,10 @@ class ReferencePrefixStore:
 
     def evict(self, keys: Any) -> int:
         """Drop the blocks with these keys; returns how many were held."""
+        chain = parg.key_chain(keys)
+        parg.chain_keys(chain)
         n = 0
-        for k in self._keys(keys):
+        for k in chain:
             if k in self._blocks:
                 self._drop(k)
                 self._stats["evicted_by_key"] += 1
@@ -384,26 +391,26 @@ class ReferencePrefixStore:
         return len(self._blocks)
 
     def __contains__(self, key: Any) -> bool:
-        return as_key(key) in self._blocks
+        return parg.key(key) in self._blocks
 
     def keys(self) -> list[bytes]:
         """Keys held, least recently used first."""
         return list(self._blocks)
 
-    def _block(self, key: Any) -> _Block:
-        b = self._blocks.get(as_key(key))
+    def _block(self, key: bytes) -> _Block:
+        b = self._blocks.get(key)
         if b is None:
-            raise ValueError(f"this store holds no block with key {key!r}")
+            raise parg.no_block(key)
         return b
 
     def info(self, key: Any) -> dict[str, int]:
         """``start``, ``end``, ``first_row``, ``rows``, ``pages`` of one block."""
-        b = self._block(key)
+        b = self._block(parg.key(key))
         return {"start": b.start, "end": b.end, "first_row": b.first, "rows": b.end - b.first, "pages": len(b.pages)}
 
     def block_slots(self, key: Any) -> np.ndarray:
         """Table slots of the block's kept rows, in position order."""
-        return np.array(self._block(key).slots(self.page_rows), np.int64)
+        return np.array(self._block(parg.key(key)).slots(self.page_rows), np.int64)
 
     def stats(self) -> dict[str, int]:
         """The counters (``SEMANTIC_PREFIX_STATS``)."""
@@ -413,33 +420,28 @@ class ReferencePrefixStore:
 
     def export_block(self, key: Any, rows: Any = None) -> bytes:
         """The block as bytes (``prefix_block_format``); external mode takes the owner's ``rows``."""
-        b = self._block(key)
+        k = parg.key(key)
+        data = None if rows is None else parg.block_rows(rows)
+        b = self._block(k)
         n = b.end - b.first
-        if self._external:
-            if rows is None:
-                raise ValueError("an external-row store exports the rows its owner read from block_slots(key)")
-            data = bytes(readable_bytes(np.ascontiguousarray(rows, dtype=np.uint8).reshape(-1)))
-            if len(data) != n * self.row_bytes:
-                raise ValueError(f"the block has {n} rows of {self.row_bytes} bytes, got {len(data)} bytes")
-        else:
-            if rows is not None:
-                raise ValueError("a held-row store exports its own rows: pass no rows")
+        parg.export_rows(self._external, data, n, self.row_bytes)
+        if data is None:
             data = b"".join(b.rows[p] for p in range(b.first, b.end))
-        return prefix_block_format.pack(self.config, self.block_tokens,
+        return prefix_block_format.pack(self._fingerprint, self.block_tokens,
                                         prefix_block_format.PrefixBlock(b.key, b.start, b.end, n, data))
 
     def import_block(self, data: Any) -> np.ndarray | None:
         """Add the block in ``data``; bad data is a ValueError and changes nothing.
 
         External-row mode: the slots where the owner writes the data's rows (-1 when already held)."""
-        blk = prefix_block_format.unpack(self.config, self.block_tokens, bytes(readable_bytes(data)))
+        raw = parg.block_data(data)
+        blk = prefix_block_format.unpack(raw, self._fingerprint, self.block_tokens, self.w_keep, rf.STORAGES,
+                                         arg.NONFINITE_POLICIES, arg.STAGE_DTYPES)
         plan = self._plan([blk.key], blk.start, blk.end)
         rb = self.row_bytes
         first = blk.end - blk.n_rows
         row = {first + t: blk.rows[t * rb:(t + 1) * rb] for t in range(blk.n_rows)}
-        held = plan[0][3]
-        if held is not None and not self._external and any(held.rows[p] != row[p] for p in row):
-            raise ValueError("the block is already held with other rows")
+        self._same_rows(plan, row.__getitem__, "")
         added = self._commit(plan, row.__getitem__)
         if not self._external:
             return None

@@ -60,17 +60,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from . import arguments as arg
 from . import formats as rf
 from .. import snapshot_format
-from .._args import (
-    as_count, as_encoded, as_index, as_positions, as_rows, check_rows_given, readable_bytes, require_held_rows,
-    writable_bytes,
-)
-from ..config import STORAGES, TRIM_CHUNK, StagerConfig
+from ..config import StagerConfig
 from ..errors import StateError
-from ..protocol_mismatch import MismatchGuard
-from ..slot_moves import SlotMoves, no_moves
-from ..stage_plan import DISABLED_WARNING, FAIL_STAGES, BatchPlan, StagePlan
+from ..slot_moves import RestoredSlots, SlotMoves, no_moves
+from ..stage_plan import BatchPlan, StagePlan
+from .arguments import DISABLED_WARNING, FAIL_STAGES, MISMATCH_WARNING, TRIM_CHUNK
 from .ring import RingModel
 from ..stager_copy import reduce_stager
 
@@ -101,6 +98,7 @@ class _Seq:
     accept_open: bool = False
     tentative: int = 0
     open_round: tuple[int, int] | None = None  # (start, base)
+    round: int = 0  # the open round's id (plan.round)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
     head: int = 0  # the core's ring head: it holds [head, end) (bookkeeping only)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
@@ -125,20 +123,30 @@ class ReferenceStager:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         self.config = config
-        self._mismatch = MismatchGuard(config.strict)
-        self._external = config.external_rows
-        self.moves_issued = 0
-        self._seqs = [_Seq(ring=RingModel(config.ring_rows)) for _ in range(config.max_seqs)]
+        self._external = config.rows == "external"
+        self._strict = config.strict
+        self._w_keep = min(config.window // 2, config.window - config.block_size)
+        self._ring_rows = config.window + TRIM_CHUNK + config.block_size + 1
+        self._row_bytes = rf.row_bytes(config.storage, config.feature_dim)
+        self._warned: set[int] = set()  # sequences whose protocol mismatch was logged (until begin)
+        # What a snapshot must match (the header's fields, the format's codes).
+        self._fingerprint = (
+            config.feature_dim, rf.STORAGES.index(config.storage), config.window, config.block_size,
+            self._row_bytes, arg.NONFINITE_POLICIES.index(config.nonfinite), arg.STAGE_DTYPES.index(config.stage_dtype),
+        )
+        self._rounds = 0  # rounds opened: plan.round
+        self.moves_issued = 0  # table changes numbered: moves of fork / shift, external restores
+        self._seqs = [_Seq(ring=RingModel(self._ring_rows)) for _ in range(config.max_seqs)]
 
     @property
     def w_keep(self) -> int:
         """Rows kept on a rebase (``K = min(W // 2, W - B)``)."""
-        return self.config.w_keep
+        return self._w_keep
 
     @property
     def ring_rows(self) -> int:
         """Ring slots per sequence (``W + TRIM_CHUNK + B + 1``)."""
-        return self.config.ring_rows
+        return self._ring_rows
 
     def __reduce__(self) -> tuple[Any, ...]:
         """Pickle / deepcopy as the core does: the config plus every sequence's snapshot."""
@@ -151,14 +159,14 @@ class ReferenceStager:
 
     # -- helpers --------------------------------------------------------
     def _get(self, seq: Any) -> _Seq:
-        i = as_index("seq", seq)
+        i = arg.integer("seq", seq)
         if not 0 <= i < len(self._seqs):
-            raise ValueError(f"unknown sequence {i} (this Stager has sequences 0..{len(self._seqs) - 1})")
+            raise arg.unknown_sequence(i, len(self._seqs))
         return self._seqs[i]
 
     def _closed(self, seq: Any) -> tuple[int, _Seq]:
         st = self._get(seq)
-        i = as_index("seq", seq)
+        i = arg.integer("seq", seq)
         if st.open_round is not None:
             raise StateError(f"sequence {i} has an open round: call commit() or fail() first")
         return i, st
@@ -211,19 +219,17 @@ class ReferenceStager:
             # Overflow included: the value must stay finite once stored and staged.
             self._check_stageable(seq, positions, rows.astype(np.float32), rf.bounds(c.storage, c.stage_dtype)[0])
         enc = rf.encode(rows, c.storage, "keep" if c.nonfinite == "error" else c.nonfinite, c.stage_dtype)
-        return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), c.row_bytes)
+        return np.ascontiguousarray(enc).view(np.uint8).reshape(len(rows), self._row_bytes)
 
-    @staticmethod
-    def _check_stageable(seq: int, positions: np.ndarray, values: np.ndarray, limit: float) -> None:
+    def _check_stageable(self, seq: int, positions: np.ndarray, values: np.ndarray, limit: float) -> None:
         """Raise unless every value is below ``limit`` in magnitude (NaN never is)."""
         with np.errstate(invalid="ignore"):
             bad = np.argwhere(~(np.abs(values) < np.float32(limit)))
         if len(bad):
             r, ch = (int(v) for v in bad[0])
-            raise ValueError(
-                f"sequence {seq}: row {r} (position {int(positions[r])}), channel {ch} holds "
-                f"{float(values[r, ch]):.9g}; nothing was appended"
-            )
+            c = self.config
+            raise arg.unstageable(seq, int(positions[0]), r, ch, float(values[r, ch]), c.storage, c.stage_dtype,
+                                  rf.bounds(c.storage, c.stage_dtype)[0])
 
     def _decode(self, encoded: np.ndarray) -> np.ndarray:
         c = self.config
@@ -237,7 +243,7 @@ class ReferenceStager:
         i, old = self._closed(seq)
         old.ring.reset(0)  # the core keeps the ring (and its capacity) of a reused slot
         self._seqs[i] = _Seq(ring=old.ring)
-        self._mismatch.reset(i)
+        self._warned.discard(i)  # the next mismatch of this sequence is logged again
 
     def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
         """Buffer the target's capture rows at absolute ``positions``.
@@ -246,22 +252,26 @@ class ReferenceStager:
         the horizon).
         """
         i, st = self._closed(seq)
-        check_rows_given(self._external, rows)
+        arg.rows_given(self._external, rows)
+        pos = arg.positions(positions)
         if self._external:
-            pos = as_positions(positions)
+            self._check_positions(i, st, pos)
             if len(pos) == 0:
                 return np.zeros(0, np.int64)
-            self._check_positions(i, st, pos)
             return np.array(self._append(i, st, int(pos[0]), None, len(pos)), np.int64)
-        pos = as_positions(positions)
-        arr = as_rows(rows, self.config.feature_dim)
+        arr = arg.rows(rows, self.config.feature_dim)
         if arr.shape[0] != len(pos):
             raise ValueError(f"{len(pos)} positions for {arr.shape[0]} rows")
+        self._check_positions(i, st, pos)
         if len(pos) == 0:
             return None
-        self._check_positions(i, st, pos)
         self._append(i, st, int(pos[0]), self._encode(i, pos, arr), len(pos))
         return None
+
+    def check_process(self, seq: int, positions: Any) -> None:
+        """What ``process(seq, positions, ...)`` checks of its sequence and positions, changing nothing."""
+        i, st = self._closed(seq)
+        self._check_positions(i, st, arg.positions(positions))
 
     def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
         """Buffer rows already in storage format (uint8 ``(n, row_bytes)`` or flat).
@@ -271,33 +281,28 @@ class ReferenceStager:
         rewrite encoded rows.
         """
         i, st = self._closed(seq)
-        require_held_rows(self._external, "process_encoded")
+        arg.held_rows(self._external, "process_encoded")
         c = self.config
-        pos = as_positions(positions)
+        pos = arg.positions(positions)
         n = len(pos)
-        enc = as_encoded(data, n, c.row_bytes).reshape(n, c.row_bytes)
+        flat = arg.encoded(data, n, self._row_bytes)
+        if len(flat) != n * self._row_bytes:
+            raise ValueError(
+                f"encoded rows must be {n} x {self._row_bytes} bytes ({c.storage}), got {len(flat)}"
+            )
+        self._check_positions(i, st, pos)
         if n == 0:
             return
-        self._check_positions(i, st, pos)
+        enc = flat.reshape(n, self._row_bytes)
         if c.nonfinite == "error":
-            # Staged as float32 this is a non-finite stored value (a q block
-            # scale that is inf / nan makes every value of its block one).
+            # Stored bytes are staged as they are: only the staged type bounds
+            # them (a q block scale that is inf / nan makes its block non-finite).
             staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
             self._check_stageable(i, pos, staged, rf.bounds("f32", c.stage_dtype)[0])
         self._append(i, st, int(pos[0]), enc.copy(), n)
 
     def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
-        if len(pos) > 1 and not np.all(np.diff(pos) == 1):
-            raise ValueError(f"sequence {i}: positions must be contiguous (+1 each row)")
-        if st.started and int(pos[0]) != st.end:
-            p0 = int(pos[0])
-            why = (
-                f"rows up to {st.end - 1} are buffered: was accept() not called after the verify batch, "
-                "or is a rollback() to the target's n_past missing?"
-                if p0 < st.end
-                else f"rows {st.end}..{p0 - 1} were never processed: every target decode must be passed to process()"
-            )
-            raise ValueError(f"sequence {i}: positions must continue at {st.end}, got {p0} ({why})")
+        arg.position_values(i, pos, st.end if st.started else None)
 
     def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int) -> list[int]:
         """Append n rows (``enc``: their bytes, None in external mode); returns their slots."""
@@ -320,7 +325,7 @@ class ReferenceStager:
         # rows first trims the head up to that horizon.
         h_new = max(st.horizon, self._firm_end(st) - c.window)
         skip = min(max(h_new - p0, 0), n)
-        clean_append = skip == 0 and held + n - skip <= c.max_buffered_rows
+        clean_append = skip == 0 and held + n - skip <= self._ring_rows
         if was_started and not clean_append:
             self._trim(st, min(h_new, p0), p0)
         if not was_started or st.head == p0:  # the ring is empty: it restarts at the first stored row
@@ -348,7 +353,7 @@ class ReferenceStager:
         if keep:
             ring.reserve(keep)
             idx = ring.append(keep)
-        base = i * self.config.ring_rows
+        base = i * self._ring_rows
         return [-1] * skip + [base + x for x in idx]
 
     def _skip_reason(self, st: _Seq, start: int) -> str | None:
@@ -362,37 +367,50 @@ class ReferenceStager:
             return "missing_rows"
         return None
 
+    @staticmethod
+    def _out_of_protocol(st: _Seq, start: int) -> bool:
+        """A draft whose n_past disagrees with the rows of a sequence that holds
+        some and is not disabled (docs/protocol.md section 3), whatever its skip."""
+        return st.started and not st.disabled and start != st.end
+
+    def _check_strict(self, i: int, st: _Seq, start: int) -> None:
+        if self._strict and self._out_of_protocol(st, start):
+            raise arg.strict_mismatch(i, start, st.end)
+
     def _draft_checked(self, i: int, st: _Seq, start: int) -> StagePlan:
         c = self.config
         reason = self._skip_reason(st, start)
         if reason is not None:
             st.stats["skips"] += 1
-            if reason == "missing_rows":
-                self._mismatch.skipped(i, start, st.end)
-            return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=c.row_bytes,
+            if self._out_of_protocol(st, start) and i not in self._warned:
+                self._warned.add(i)
+                logger.warning(MISMATCH_WARNING, i, start, reason, st.end - 1, arg.mismatch_cause(start, st.end))
+            return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=self._row_bytes,
                                      stage_dtype=c.numpy_stage_dtype, external=self._external)
         rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
         if rebase:
-            keep = min(start - st.horizon, c.w_keep)
+            keep = min(start - st.horizon, self._w_keep)
             base = lo = start - keep
         else:
             base, lo = st.pos_base, st.n_cache
         assert lo >= st.horizon and lo >= st.ring.head, "staged rows must be available"
-        slots = np.array(st.ring.slots(lo, start, i * c.ring_rows), np.int64)
+        slots = np.array(st.ring.slots(lo, start, i * self._ring_rows), np.int64)
         if self._external:
             enc = rows = None
         else:
             enc = (np.stack([st.rows[p] for p in range(lo, start)]) if start > lo
-                   else np.zeros((0, c.row_bytes), np.uint8))
+                   else np.zeros((0, self._row_bytes), np.uint8))
             rows = self._decode(enc)
         plan = StagePlan(
             seq=i, start=start, skip=None, rebase=rebase, clear_cache=rebase or st.first_round,
             positions=np.arange(lo - base, start - base, dtype=np.int32),
             block_positions=np.arange(start - base, start - base + c.block_size, dtype=np.int32),
             crop_from=start - base, pos_base=base, encoded_rows=enc, rows=rows, slots=slots,
-            external=self._external, source=self if self._external else None,
+            external=self._external, source=self if self._external else None, round=self._rounds + 1,
         )
+        self._rounds += 1
         st.open_round = (start, base)
+        st.round = self._rounds
         st.accept_open, st.tentative = True, 0
         st.stats["rounds"] += 1
         st.stats["staged_rows"] += start - lo
@@ -404,36 +422,36 @@ class ReferenceStager:
     def draft(self, seq: int, n_past: int) -> StagePlan:
         """Plan this round for a target at ``n_past``; opens a round unless skipped."""
         i, st = self._closed(seq)
-        start = as_count("n_past", n_past)
-        self._mismatch.check(i, start, self.state(i))
+        start = arg.count("n_past", arg.integer("n_past", n_past))
+        self._check_strict(i, st, start)
         return self._draft_checked(i, st, start)
 
     def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int]) -> BatchPlan:
         """``draft`` for several sequences at once: one batch for the drafter."""
-        seq_list = [as_index("seq", s) for s in seqs]
-        past_list = [as_index("n_past", p) for p in n_pasts]
-        if len(seq_list) != len(past_list):
-            raise ValueError(f"{len(seq_list)} sequences for {len(past_list)} n_past values")
+        seq_list = [arg.integer("seq", s) for s in seqs]
         for s in seq_list:
             self._get(s)
         for s in seq_list:
             self._closed(s)
+        past_list = [arg.integer("n_past", p) for p in n_pasts]
+        if len(seq_list) != len(past_list):
+            raise ValueError(f"{len(seq_list)} sequences for {len(past_list)} n_past values")
         if len(set(seq_list)) != len(seq_list):
             raise ValueError("draft_many: sequence ids must be unique")
         for p in past_list:
-            as_count("n_past", p)
+            arg.count("n_past", p)
         for s, p in zip(seq_list, past_list):
-            self._mismatch.check(s, p, self.state(s))
+            self._check_strict(s, self._seqs[s], p)
         c = self.config
         return BatchPlan(
             [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],
-            feature_dim=c.feature_dim, row_bytes=c.row_bytes, stage_dtype=c.numpy_stage_dtype,
+            feature_dim=c.feature_dim, row_bytes=self._row_bytes, stage_dtype=c.numpy_stage_dtype,
             external=self._external,
         )
 
     def _open(self, seq: Any) -> tuple[int, _Seq]:
         st = self._get(seq)
-        i = as_index("seq", seq)
+        i = arg.integer("seq", seq)
         if st.open_round is None:
             raise StateError(f"sequence {i} has no open round (call draft() first)")
         return i, st
@@ -452,8 +470,7 @@ class ReferenceStager:
     def fail(self, seq: int, stage: str = "decode") -> None:
         """The drafter decode or crop of the open round failed: restage next round."""
         i, st = self._open(seq)
-        if not isinstance(stage, str) or stage not in FAIL_STAGES:
-            raise ValueError(f"stage must be one of {FAIL_STAGES}, got {stage!r}")
+        stage = arg.fail_stage(stage)
         st.open_round = None
         st.restage_owed = True
         st.first_round = False
@@ -467,7 +484,7 @@ class ReferenceStager:
     def accept(self, seq: int, n_accepted: int) -> None:
         """Keep the rows of the ``n_accepted`` accepted tokens (+1) of the last verify batch."""
         _, st = self._closed(seq)
-        n = as_index("n_accepted", n_accepted)
+        n = arg.integer("n_accepted", n_accepted)
         if not 0 <= n <= self.config.block_size:
             raise ValueError(f"n_accepted must be in [0, {self.config.block_size}], got {n}")
         if not st.accept_open or st.tentative == 0:
@@ -485,7 +502,7 @@ class ReferenceStager:
     def rollback(self, seq: int, n_past: int) -> None:
         """The target rolled back to ``n_past``: drop rows ``>= n_past``."""
         _, st = self._closed(seq)
-        n_past = as_count("n_past", n_past)
+        n_past = arg.count("n_past", arg.integer("n_past", n_past))
         if not st.started or n_past >= st.end:
             return
         for p in [p for p in st.rows if p >= n_past]:
@@ -511,8 +528,9 @@ class ReferenceStager:
         Returns the moves ``[src_slot, dst_slot, count]`` (see RingModel.compact).
         """
         i, st = self._closed(seq)
-        n_keep = as_count("n_keep", n_keep)
-        n_discard = as_count("n_discard", n_discard)
+        n_keep, n_discard = arg.integer("n_keep", n_keep), arg.integer("n_discard", n_discard)
+        arg.count("n_keep", n_keep)
+        arg.count("n_discard", n_discard)
         if not st.started or n_discard == 0:
             return no_moves(self)
         if n_keep + n_discard > st.end:
@@ -527,7 +545,7 @@ class ReferenceStager:
         st.rows = {moved(p): r for p, r in st.rows.items() if not n_keep <= p < hi}
         # The ring keeps the live rows in place around the discarded range.
         frm = max(st.horizon, st.ring.head)
-        moves = st.ring.compact(frm, n_keep, hi, moved(st.horizon), i * self.config.ring_rows)
+        moves = st.ring.compact(frm, n_keep, hi, moved(st.horizon), i * self._ring_rows)
         st.end, st.horizon = moved(st.end), moved(st.horizon)
         st.head = st.horizon  # the core keeps the live rows, renumbered from the horizon (no trim counted)
         st.n_cache, st.pos_base = moved(st.n_cache), moved(st.pos_base)
@@ -541,8 +559,8 @@ class ReferenceStager:
 
         Returns the moves of ``src``'s rows into ``dst``'s first slots.
         """
-        s = as_index("src", src)
-        d = as_index("dst", dst)
+        s = arg.integer("src", src)
+        d = arg.integer("dst", dst)
         self._get(s)
         self._get(d)
         self._closed(s)
@@ -552,9 +570,9 @@ class ReferenceStager:
         a = self._seqs[s]
         frm = max(a.horizon, a.ring.head) if a.started else 0
         k = a.end - frm if a.started else 0
-        src_slots = a.ring.slots(frm, frm + k, s * self.config.ring_rows)
+        src_slots = a.ring.slots(frm, frm + k, s * self._ring_rows)
         ring = self._ring_for(self._seqs[d].ring, frm, k)
-        dst_slots = [d * self.config.ring_rows + x for x in ring.append(k)]
+        dst_slots = [d * self._ring_rows + x for x in ring.append(k)]
         b = _Seq(
             started=a.started, end=a.end, horizon=a.horizon, n_cache=a.n_cache, pos_base=a.pos_base,
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
@@ -566,7 +584,7 @@ class ReferenceStager:
         return self._issue(_moves(src_slots, dst_slots))
 
     def _issue(self, moves: np.ndarray) -> SlotMoves:
-        """Moves as the core returns them: numbered from 1 when non-empty."""
+        """Moves as the core returns them: numbered among the table changes when non-empty."""
         if len(moves) == 0:
             return no_moves(self)
         self.moves_issued += 1
@@ -575,7 +593,7 @@ class ReferenceStager:
     def _ring_for(self, reuse: RingModel, pos: int, n: int) -> RingModel:
         """The core's ring_for: ``reuse`` emptied when it has room for n rows, else a new ring."""
         if reuse.cap == 0 or reuse.cap < n:
-            reuse = RingModel(self.config.ring_rows)
+            reuse = RingModel(self._ring_rows)
             reuse.reserve(n)
         reuse.reset(pos)
         return reuse
@@ -593,13 +611,13 @@ class ReferenceStager:
 
     def snapshot(self, seq: int) -> bytes:
         """The sequence's state as versioned, checksummed bytes (see ``snapshot_format``)."""
-        return snapshot_format.pack(self._snapshot_state(seq), self.config.snapshot_fingerprint())
+        return snapshot_format.pack(self._snapshot_state(seq), self._fingerprint)
 
     def snapshot_size(self, seq: int) -> int:
         """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
         _, st = self._closed(seq)
         n_rows = st.end - st.horizon if st.started and not self._external else 0
-        return snapshot_format.snapshot_bytes(n_rows, self.config.row_bytes)
+        return snapshot_format.snapshot_bytes(n_rows, self._row_bytes)
 
     def snapshot_into(self, seq: int, buffer: Any) -> int:
         """Write the snapshot into a writable C-contiguous buffer; returns the bytes written.
@@ -608,7 +626,7 @@ class ReferenceStager:
         ``ValueError`` when it is too small (nothing is written).
         """
         self._closed(seq)
-        out = writable_bytes(buffer)
+        out = arg.writable(buffer)
         need = self.snapshot_size(seq)
         if len(out) < need:
             raise ValueError(
@@ -617,15 +635,17 @@ class ReferenceStager:
         out[:need] = self.snapshot(seq)
         return need
 
-    def restore(self, seq: int, data: Any) -> np.ndarray | None:
+    def restore(self, seq: int, data: Any) -> RestoredSlots | None:
         """Replace the sequence's state with a snapshot; bad data leaves it untouched.
 
-        External-row mode: returns the slots where the owner puts the saved rows back.
+        External-row mode: returns the slots where the owner puts the saved rows back,
+        numbered among the table changes when there are any.
         """
         i, old = self._closed(seq)
-        raw = readable_bytes(data)
-        s = snapshot_format.unpack(raw, self.config.snapshot_fingerprint(), STORAGES, external=self._external)
-        rb = self.config.row_bytes
+        raw = arg.readable(data)
+        s = snapshot_format.unpack(raw, self._fingerprint, rf.STORAGES, arg.NONFINITE_POLICIES, external=self._external,
+                                   stage_dtypes=arg.STAGE_DTYPES)
+        rb = self._row_bytes
         st = _Seq(
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
             restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
@@ -638,10 +658,16 @@ class ReferenceStager:
         if n:
             st.ring.reserve(n)
             st.ring.append(n)
-        slots = np.array(st.ring.slots(s.horizon, s.end, i * self.config.ring_rows), np.int64)
+        slots = np.array(st.ring.slots(s.horizon, s.end, i * self._ring_rows), np.int64)
         self._seqs[i] = st
         self._advance_horizon(st)
-        return slots if self._external else None
+        if not self._external:
+            return None
+        serial = 0
+        if n:  # the owner writes the rows back: a table change, in order
+            self.moves_issued += 1
+            serial = self.moves_issued
+        return RestoredSlots.wrap(slots, self, serial)
 
     # -- introspection --------------------------------------------------
     def state(self, seq: int) -> dict[str, Any]:
@@ -670,13 +696,18 @@ class ReferenceStager:
         out["live_rows"] = st.end - st.horizon if st.started else 0
         return out
 
+    def open_round_id(self, seq: int) -> int:
+        """The round open on ``seq`` (``plan.round``), or 0 when none is."""
+        st = self._get(seq)
+        return st.round if st.open_round is not None else 0
+
     def live_slots(self, seq: int) -> np.ndarray:
         """Slots of the stageable rows ``[horizon, end)``, oldest first."""
-        i = as_index("seq", seq)
+        i = arg.integer("seq", seq)
         st = self._get(seq)
         if not st.started:
             return np.zeros(0, np.int64)
-        return np.array(st.ring.slots(st.horizon, st.end, i * self.config.ring_rows), np.int64)
+        return np.array(st.ring.slots(st.horizon, st.end, i * self._ring_rows), np.int64)
 
     def buffered_positions(self, seq: int) -> tuple[int, int]:
         """``(horizon, end)``: the absolute positions that can still be staged."""

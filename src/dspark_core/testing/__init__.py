@@ -15,6 +15,10 @@ Three pieces, all deterministic (the same bytes always give the same calls):
   :class:`~dspark_core.reference.ReferenceStager` and compares every result
   (exception type, plan fields, staged bytes, state, counters, snapshot
   bytes); any difference raises :class:`Desync` with a readable op trace.
+  With ``external=True`` an external-row core runs alongside, its rows in a
+  numpy mirror table kept as an owner keeps them (:class:`ExternalShadow`),
+  checked against the held core after every call; :func:`replay_threads`
+  replays the calls made from several threads against a serial replay.
 * :func:`check_invariants` (one-shot) and :class:`InvariantChecker` (a proxy
   you wrap around any Stager-like object, e.g. the one inside your server's
   loop) check the protocol's guarantees after every call: positions
@@ -51,7 +55,7 @@ from __future__ import annotations
 
 from .data import make_rows
 from .differential import _Runner  # noqa: F401 - the fuzz targets drive the runner op by op
-from .differential import ALLOWED_ERRORS, Desync, RunReport, run_differential
+from .differential import ALLOWED_ERRORS, Desync, ExternalShadow, RunReport, replay_threads, run_differential
 from .invariants import InvariantChecker, InvariantViolation, check_invariants, check_plan
 from .ops import CONFIG_BYTES, MAX_OPS, OP_BYTES, OPS, Call, Op, decode_config, decode_ops, encode_config, encode_ops
 
@@ -72,6 +76,8 @@ __all__ = [
     "encode_ops",
     "make_rows",
     "run_differential",
+    "replay_threads",
+    "ExternalShadow",
     "check_plan",
     "check_invariants",
     "InvariantChecker",

@@ -1,4 +1,14 @@
-"""The differential runner: the same ops on the C++ core and the reference, every result compared."""
+"""The differential runner: the same ops on the C++ core and the reference, every result compared.
+
+With ``external=True`` every call also runs on an external-row core
+(``rows="external"``) whose rows live in a numpy mirror table here, the way an
+owner keeps them: each accepted ``process`` writes the held core's rows at the
+slots it returns, ``fork`` / ``shift`` moves are applied in order, a
+``restore`` puts the snapshot's rows at the slots it returns. After every call
+the external core must agree with the held one (outcome, plans, slots, moves,
+state, counters) and the mirror's rows at every live slot must be the held
+core's rows (:class:`ExternalShadow`).
+"""
 
 from __future__ import annotations
 
@@ -20,6 +30,9 @@ from .ops import _MAX_POS, _PATCH_DELTAS, _PATCH_FIELDS, Call, Op
 
 #: Exceptions a Stager may raise for a rejected call (anything else is a finding).
 ALLOWED_ERRORS = (ValueError, TypeError, StateError)
+
+#: Calls that act on one sequence and return nothing to compare but their outcome.
+_PLAIN_CALLS = ("begin", "commit", "fail", "accept", "rollback")
 
 
 class Desync(AssertionError):
@@ -53,6 +66,8 @@ class RunReport:
     errors: dict[str, int] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
     trace: list[str] = field(default_factory=list)
+    #: The calls made, in order (what :func:`replay_threads` replays).
+    made: list[Call] = field(default_factory=list)
 
     def summary(self) -> str:
         return (f"{self.n_ops} ops, {self.n_calls} calls ({self.n_plans} plans, {self.n_skips} skips, "
@@ -62,7 +77,7 @@ class RunReport:
 def _outcome(fn: Callable[..., Any], args: tuple[Any, ...]) -> tuple[str, Any]:
     try:
         return ("ok", fn(*args))
-    except Exception as exc:  # noqa: BLE001 - the type is what is compared
+    except Exception as exc:  # noqa: BLE001 - the type and the message are what is compared
         return ("raise", exc)
 
 
@@ -82,8 +97,165 @@ def _plan_diff(a: Any, b: Any) -> str | None:
     return None
 
 
+def _said(o: tuple[str, Any]) -> str:
+    return f"raised {type(o[1]).__name__}: {o[1]}" if o[0] == "raise" else "returned"
+
+
+def _to_external(snapshot: bytes) -> bytes:
+    """The bookkeeping of a held-mode v2 snapshot as an external-row snapshot (content flag set,
+    rows dropped, checksums fixed)."""
+    head = bytearray(snapshot[: snapshot_format.HEADER_BYTES])
+    if len(head) == snapshot_format.HEADER_BYTES:
+        head[14] |= snapshot_format.CONTENT_EXTERNAL_ROWS
+        snapshot_format.refresh_checksums(head)
+    return bytes(head)
+
+
+class ExternalShadow:
+    """An external-row twin of the held core, and the owner's mirror table of its rows.
+
+    Driven by :class:`_Runner` after each call on the held core (see the module
+    docstring). Rows the held core rejected are never offered to the twin: an
+    owner checks its rows before ``process`` (docs/external_rows.md); calls
+    rejected before their rows are looked at (an unknown sequence, an open
+    round) must be rejected by both.
+    """
+
+    def __init__(self, config: StagerConfig, held: Any, ext: Any = None) -> None:
+        if ext is None:
+            from .._ext._stager import Stager
+
+            ext = Stager(config.replace(rows="external"))
+        self.cfg = config
+        self.held = held
+        self.ext = ext
+        self.mirror = np.full((config.max_seqs * config.ring_rows, config.row_bytes), 0xA5, np.uint8)
+
+    def rows_of(self, seq: int, positions: Any) -> np.ndarray:
+        """The held core's stored rows at ``positions`` (all inside [horizon, end))."""
+        horizon = self.held.state(seq)["horizon"]
+        snap = self.held.snapshot(seq)
+        rows = np.frombuffer(snap, np.uint8, offset=snapshot_format.HEADER_BYTES).reshape(-1, self.cfg.row_bytes)
+        return rows[np.asarray(positions, np.int64) - horizon]
+
+    def write(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        slots = np.asarray(slots, np.int64)
+        self.mirror[slots] = rows
+
+    def apply(self, moves: Any) -> None:
+        """Apply moves in order; each must stay inside the table and not overlap itself."""
+        m = np.asarray(moves, np.int64).reshape(-1, 3)
+        for src, dst, n in m.tolist():
+            if not (n > 0 and 0 <= src and 0 <= dst and src + n <= len(self.mirror) and dst + n <= len(self.mirror)):
+                raise AssertionError(f"move {[src, dst, n]} is outside the table")
+            if not (src + n <= dst or dst + n <= src):
+                raise AssertionError(f"move {[src, dst, n]} overlaps itself")
+            self.mirror[dst:dst + n] = self.mirror[src:src + n].copy()
+
+    def follow(self, runner: "_Runner", c: Call, a: tuple[str, Any]) -> None:
+        """Make the call ``c`` on the twin, given the held core's outcome ``a``."""
+        m, args = c.method, c.args
+        seq: Any = args[0] if args else None
+        before_rows = runner.valid(seq) and not self.held.state(int(seq))["open_round"]
+        if m in ("process", "process_encoded"):
+            if a[0] == "ok":
+                x = self.expect(runner, c, a, self.ext.process, (seq, args[1]))
+                slots = np.asarray(x, np.int64)
+                pos = np.asarray(args[1], np.int64).reshape(-1)
+                keep = slots >= 0
+                if keep.any():
+                    self.write(slots[keep], self.rows_of(int(seq), pos[keep]))
+            elif not (runner.valid(seq) and before_rows):
+                self.expect(runner, c, a, self.ext.process, (seq, args[1]))
+            return
+        if m == "restore":
+            data = args[1]
+            if a[0] == "ok":
+                raw = bytes(data)
+                v2 = len(raw) >= snapshot_format.HEADER_BYTES and raw[4:6] == b"\x02\x00"
+                src = raw if v2 else bytes(self.held.snapshot(int(seq)))  # v1: the held core's state now
+                slots = np.asarray(self.expect(runner, c, a, self.ext.restore, (seq, _to_external(src))), np.int64)
+                rows = np.frombuffer(src, np.uint8, offset=snapshot_format.HEADER_BYTES).reshape(-1, self.cfg.row_bytes)
+                if len(slots) != len(rows):
+                    runner.fail(f"{c.text}: external restore gave {len(slots)} slots for {len(rows)} rows")
+                self.write(slots, rows)
+            elif not (runner.valid(seq) and before_rows):
+                self.expect(runner, c, a, self.ext.restore, (seq, data))
+            return
+        if m in _PLAIN_CALLS or m in ("state", "stats", "buffered_positions", "live_slots"):
+            x = self.expect(runner, c, a, getattr(self.ext, m), args)
+            if m in ("state", "buffered_positions") and a[0] == "ok" and x != a[1]:
+                runner.fail(f"{c.text}: external {x} != held {a[1]}")
+            return
+        if m == "snapshot":
+            self.expect(runner, c, a, self.ext.snapshot, args)
+            return
+        if m in ("fork", "shift"):
+            x = self.expect(runner, c, a, getattr(self.ext, m), args)
+            if a[0] == "ok":
+                if not np.array_equal(np.asarray(x), np.asarray(a[1])):
+                    runner.fail(f"{c.text}: external moves {np.asarray(x).tolist()} != held {np.asarray(a[1]).tolist()}")
+                try:
+                    self.apply(x)
+                except AssertionError as exc:
+                    runner.fail(f"{c.text}: {exc}")
+            return
+        if m == "draft":
+            x = self.expect(runner, c, a, self.ext.draft, args)
+            if a[0] == "ok":
+                self.check_plan(runner, c, a[1], x)
+            return
+        if m == "draft_many":
+            x = self.expect(runner, c, a, self.ext.draft_many, args)
+            if a[0] == "ok":
+                if len(x.plans) != len(a[1].plans):
+                    runner.fail(f"{c.text}: external batch of {len(x.plans)} plans, held {len(a[1].plans)}")
+                for hp, xp in zip(a[1].plans, x.plans):
+                    self.check_plan(runner, c, hp, xp)
+            return
+        raise AssertionError(f"no external twin for {m}")
+
+    def expect(self, runner: "_Runner", c: Call, a: tuple[str, Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+        """Call ``fn(*args)`` on the twin: the same outcome as the held core's ``a``."""
+        x = _outcome(fn, args)
+        if x[0] != a[0] or (x[0] == "raise" and type(x[1]) is not type(a[1])):
+            runner.fail(f"{c.text}: held core {_said(a)}, external core {_said(x)}")
+        return x[1]
+
+    def check_plan(self, runner: "_Runner", c: Call, hp: Any, xp: Any) -> None:
+        for name in ("seq", "skip", "start", "rebase", "clear_cache", "crop_from", "pos_base"):
+            if getattr(hp, name) != getattr(xp, name):
+                runner.fail(f"{c.text}: external plan.{name} {getattr(xp, name)!r} != held {getattr(hp, name)!r}")
+        for name in ("positions", "block_positions", "slots"):
+            if not np.array_equal(getattr(hp, name), getattr(xp, name)):
+                runner.fail(f"{c.text}: external plan.{name} differs from the held plan's")
+        got = self.mirror[np.asarray(xp.slots, np.int64)]
+        if got.tobytes() != np.ascontiguousarray(hp.encoded_rows).tobytes():
+            runner.fail(f"{c.text}: the mirror's rows at the external plan's slots are not the held plan's rows")
+
+    def check(self, runner: "_Runner", c: Call) -> None:
+        """After every call: the twin's state and counters are the held core's, and the mirror holds
+        the held core's live rows at the live slots."""
+        for s in range(self.cfg.max_seqs):
+            h, x = self.held.state(s), self.ext.state(s)
+            if h != x:
+                runner.fail(f"after {c.text}: external state({s}) {x} != held {h}")
+            hs, xs = self.held.stats(s), self.ext.stats(s)
+            if {k: hs[k] for k in SEMANTIC_STATS} != {k: xs[k] for k in SEMANTIC_STATS}:
+                runner.fail(f"after {c.text}: external stats({s}) differ from the held core's")
+            slots = np.asarray(self.ext.live_slots(s), np.int64)
+            if not np.array_equal(slots, self.held.live_slots(s)):
+                runner.fail(f"after {c.text}: external live_slots({s}) differ from the held core's")
+            if h["started"] and not h["open_round"]:
+                want = bytes(self.held.snapshot(s))[snapshot_format.HEADER_BYTES:]
+                if self.mirror[slots].tobytes() != want:
+                    runner.fail(f"after {c.text}: the mirror's rows at the live slots of sequence {s} are not the "
+                                "held core's rows")
+
+
 class _Runner:
-    def __init__(self, config: StagerConfig, core: Any, ref: Any, check: bool) -> None:
+    def __init__(self, config: StagerConfig, core: Any, ref: Any, check: bool,
+                 external: ExternalShadow | None = None) -> None:
         self.cfg = config
         self.core = core
         self.ref = ref
@@ -91,6 +263,7 @@ class _Runner:
         self.snaps: list[bytes] = []
         self.report = RunReport(config)
         self.logs: list[logging.LogRecord] = []
+        self.external = external
 
     # -- helpers ------------------------------------------------------------
     def fail(self, message: str) -> None:
@@ -153,7 +326,7 @@ class _Runner:
         if a[0] == "raise":
             ta, tb = type(a[1]), type(b[1])
             rep.trace[-1] = f"{line}  -> {ta.__name__}"
-            if ta is not tb:
+            if ta is not tb or str(a[1]) != str(b[1]):  # the same exception, word for word
                 self.fail(f"{c.text}: core raised {ta.__name__}({a[1]}), reference {tb.__name__}({b[1]})")
             if not isinstance(a[1], ALLOWED_ERRORS):
                 self.fail(f"{c.text}: undocumented exception {ta.__name__}: {a[1]}")
@@ -166,6 +339,10 @@ class _Runner:
         else:
             self.compare_results(c, a[1], b[1])
         self.compare_state(c)
+        self.report.made.append(c)
+        if self.external is not None:
+            self.external.follow(self, c, a)
+            self.external.check(self, c)
         if self.check:
             closed = [int(c.args[0])] if c.method in ("commit", "fail") and a[0] == "ok" else ()
             for name, stager in (("core", self.core), ("reference", self.ref)):
@@ -393,6 +570,17 @@ class _Runner:
                 calls.append(Call("process", (seq, pos, rows), f"process({seq!r}, {_fmt_pos(pos)}, {_fmt_arr(rows)} long)"))
                 start += m
             return calls
+        if name == "long_decode":
+            seq = self.seq_of(op.get("seq"))
+            chunk = max(1, cfg.window // 2)
+            start = int(self.st(seq)["end"])
+            calls = []
+            for i in range(cfg.ring_rows // chunk + 1 + op.get("extra")):
+                pos = np.arange(start, start + chunk, dtype=np.int64)
+                rows = make_rows(chunk, cfg.feature_dim, "normal", op.get("seed") * 13 + i)
+                calls.append(Call("process", (seq, pos, rows), f"process({seq!r}, {_fmt_pos(pos)}, {_fmt_arr(rows)} decode)"))
+                start += chunk
+            return calls
         if name == "introspect":
             seq = self.seq_of(op.get("seq"))
             what = op.get("what")
@@ -496,10 +684,12 @@ def run_differential(
     check: bool = True,
     core: Any = None,
     reference: Any = None,
+    external: bool = False,
+    external_core: Any = None,
 ) -> RunReport:
     """Apply ``ops`` to the C++ core and to the reference, comparing everything.
 
-    After every call: the same outcome (the same exception type, or the same
+    After every call: the same outcome (the same exception type and message, or the same
     plan fields, ``encoded_rows`` and ``rows`` bytes, return values), the same
     ``state(seq)`` and :data:`~dspark_core.reference.SEMANTIC_STATS` counters
     for every sequence, the same snapshot bytes for every sequence with no
@@ -510,6 +700,10 @@ def run_differential(
     ``core`` / ``reference`` replace ``Stager(config)`` / ``ReferenceStager(config)``
     (e.g. to test the harness against a deliberately broken stager).
 
+    With ``external`` every call also runs on an external-row core with a mirror
+    table of its rows, checked against the held core (:class:`ExternalShadow`);
+    ``external_core`` replaces ``Stager(config.replace(rows="external"))``.
+
     Raises:
         Desync: on the first difference or violation, with the op trace.
     """
@@ -519,7 +713,8 @@ def run_differential(
         core = Stager(config)
     if reference is None:
         reference = ReferenceStager(config)
-    runner = _Runner(config, core, reference, check)
+    shadow = ExternalShadow(config, core, external_core) if external or external_core is not None else None
+    runner = _Runner(config, core, reference, check, shadow)
     # Both sides must log the same records (e.g. exactly one warning when a
     # sequence is disabled); capture them instead of printing them.
     log = logging.getLogger("dspark_core")
@@ -544,3 +739,112 @@ class _Capture(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.sink.append(record)
+
+
+# ---------------------------------------------------------------------------
+# Threads
+# ---------------------------------------------------------------------------
+
+#: Calls that involve two or more sequences (not replayed from several threads).
+_MULTI_SEQ_CALLS = ("fork", "draft_many")
+
+
+def _digest(o: tuple[str, Any]) -> Any:
+    """A comparable summary of a call's outcome: the exception type, or what it returned."""
+    kind, v = o
+    if kind == "raise":
+        return ("raise", type(v).__name__)
+    if v is None or isinstance(v, (bool, int, tuple)):
+        return ("ok", v)
+    if isinstance(v, (bytes, bytearray)):
+        return ("ok", bytes(v))
+    if isinstance(v, dict):
+        return ("ok", tuple(sorted(v.items())))
+    if isinstance(v, np.ndarray):
+        return ("ok", v.dtype.str, v.shape, v.tobytes())
+    fields = tuple(getattr(v, k) for k in ("seq", "skip", "start", "rebase", "clear_cache", "crop_from", "pos_base"))
+    arrays = tuple(np.asarray(getattr(v, k)).tobytes() for k in ("positions", "block_positions", "slots"))
+    rows = b"" if getattr(v, "external", False) else np.ascontiguousarray(v.encoded_rows).tobytes()
+    return ("ok", fields, arrays, rows)
+
+
+def _external_call(c: Call) -> Call | None:
+    """``c`` as an external-row owner makes it (``process`` without rows, restore of the
+    bookkeeping); None for calls that have no external form."""
+    if c.method in ("process", "process_encoded"):
+        return Call("process", c.args[:2], c.text)
+    if c.method == "restore":
+        data = c.args[1]
+        if not isinstance(data, (bytes, bytearray)):
+            return None
+        return Call("restore", (c.args[0], _to_external(bytes(data))), c.text)
+    return c
+
+
+def replay_threads(config: StagerConfig, calls: Sequence[Call], *, threads: int = 2, external: bool = True) -> int:
+    """Replay the single-sequence ``calls`` on a fresh core serially, and on another
+    from ``threads`` threads (sequence ``s`` on thread ``s % threads``, each in order).
+
+    Calls on different sequences commute, so every call must end as in the serial
+    replay (the same exception type, or the same plan, rows, slots, moves,
+    snapshot bytes) and every sequence must end with the same state and snapshot.
+    The Stager releases the GIL inside its calls, so the threads do run in the
+    core at once. With ``external``, the same calls as an owner of external rows
+    makes them run on two external-row cores as well.
+
+    Returns the number of calls replayed. Raises:
+        Desync: on the first difference (the trace lists the replayed calls).
+    """
+    from .._ext._stager import Stager
+
+    log = logging.getLogger("dspark_core")
+    quiet = log.disabled
+    log.disabled = True  # both replays warn alike (strict-protocol hints): not what is compared
+    try:
+        return _replay_threads(config, calls, threads, external, Stager)
+    finally:
+        log.disabled = quiet
+
+
+def _replay_threads(config: StagerConfig, calls: Sequence[Call], threads: int, external: bool,
+                    make: Callable[[StagerConfig], Any]) -> int:
+    import threading
+
+    single = [c for c in calls if c.method not in _MULTI_SEQ_CALLS and c.args and isinstance(c.args[0], (int, np.integer))]
+    modes: list[tuple[StagerConfig, list[Call]]] = [(config, single)]
+    if external:
+        ext_calls = [x for x in (_external_call(c) for c in single) if x is not None]
+        modes.append((config.replace(rows="external"), ext_calls))
+    for cfg, todo in modes:
+        serial, threaded = make(cfg), make(cfg)
+        want = [_digest(_outcome(getattr(serial, c.method), c.args)) for c in todo]
+        got: list[Any] = [None] * len(todo)
+        errors: list[BaseException] = []
+
+        def worker(k: int, todo: list[Call] = todo, threaded: Any = threaded, got: list[Any] = got,
+                   errors: list[BaseException] = errors) -> None:
+            try:
+                for i, c in enumerate(todo):
+                    if int(c.args[0]) % threads == k:
+                        got[i] = _digest(_outcome(getattr(threaded, c.method), c.args))
+            except BaseException as exc:  # noqa: BLE001 - reported below, with the trace
+                errors.append(exc)
+
+        pool = [threading.Thread(target=worker, args=(k,)) for k in range(threads)]
+        for t in pool:
+            t.start()
+        for t in pool:
+            t.join()
+        trace = [f"{'[external] ' if cfg.external_rows else ''}{c.text}" for c in todo]
+        if errors:
+            raise Desync(f"a thread raised {type(errors[0]).__name__}: {errors[0]}", trace)
+        for i, (g, w) in enumerate(zip(got, want)):
+            if g != w:
+                raise Desync(f"call {i} ({todo[i].text}) on sequence {int(todo[i].args[0])}: from threads "
+                             f"{str(g)[:200]}, serially {str(w)[:200]}", trace[: i + 1])
+        for s in range(cfg.max_seqs):
+            if serial.state(s) != threaded.state(s):
+                raise Desync(f"sequence {s}: state {threaded.state(s)} from threads, {serial.state(s)} serially", trace)
+            if not serial.state(s)["open_round"] and bytes(serial.snapshot(s)) != bytes(threaded.snapshot(s)):
+                raise Desync(f"sequence {s}: snapshot bytes from threads differ from the serial replay's", trace)
+    return len(single)

@@ -5,7 +5,13 @@ Targets (``--target``):
 * ``ops`` (default): the input decodes to a config and a sequence of Stager
   calls (:func:`dspark_core.testing.decode_ops`); they run on the C++ core and
   on the pure-Python reference, every result and state is compared and the
-  invariants are checked (:func:`dspark_core.testing.run_differential`).
+  invariants are checked (:func:`dspark_core.testing.run_differential`). An
+  external-row core runs them too, its rows in a mirror table written and
+  moved as an owner does, checked against the held core after every call.
+* ``threads``: the same ops (on at least two sequences); then the calls made
+  on single sequences are replayed on fresh cores, held and external, from two
+  threads at once and serially: every outcome and every final snapshot must be
+  the serial replay's (:func:`dspark_core.testing.replay_threads`).
 * ``snapshot``: ``restore`` of arbitrary bytes (raw, with a fixed checksum,
   or behind a valid header so the field checks are reached) on both sides:
   it must succeed or raise ``ValueError`` (``TypeError`` for a non-bytes
@@ -45,7 +51,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["TARGETS", "target_ops", "target_snapshot", "target_decode", "replay", "main", "build_parser"]
+__all__ = ["TARGETS", "target_ops", "target_threads", "target_snapshot", "target_decode", "replay", "main",
+           "build_parser"]
 
 
 # ---------------------------------------------------------------------------
@@ -54,11 +61,23 @@ __all__ = ["TARGETS", "target_ops", "target_snapshot", "target_decode", "replay"
 
 
 def target_ops(data: bytes) -> None:
-    """Decode ``data`` to calls, run them on core and reference, compare and check."""
+    """Decode ``data`` to calls, run them on core, reference and an external-row core with a
+    mirror table; compare and check."""
     from . import decode_ops, run_differential
 
     config, ops = decode_ops(data)
-    run_differential(config, ops)
+    run_differential(config, ops, external=True)
+
+
+def target_threads(data: bytes) -> None:
+    """The ops on at least two sequences, then their single-sequence calls replayed from two
+    threads against a serial replay (held and external-row cores)."""
+    from . import decode_ops, replay_threads, run_differential
+
+    config, ops = decode_ops(data)
+    config = config.replace(max_seqs=max(2, config.max_seqs))
+    report = run_differential(config, ops, check=False)
+    replay_threads(config, report.made)
 
 
 def _snapshot_bytes(config, head: bytes, rest: bytes, mode: int) -> bytes:
@@ -218,6 +237,7 @@ _DICTIONARY_TARGETS = ("decode",)
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
     "ops": target_ops,
+    "threads": target_threads,
     "snapshot": target_snapshot,
     "decode": target_decode,
 }
@@ -241,7 +261,7 @@ def replay(target: str, paths: Sequence[str], out=sys.stdout) -> int:
     for f in files:
         with open(f, "rb") as fh:
             data = fh.read()
-        if target == "ops":
+        if target in ("ops", "threads"):
             from . import decode_ops
 
             config, ops = decode_ops(data)
@@ -261,8 +281,19 @@ def replay(target: str, paths: Sequence[str], out=sys.stdout) -> int:
     return failures
 
 
-def _instrument_package(atheris) -> int:
-    """Add coverage instrumentation to dspark_core's own Python functions only.
+#: The package whose functions are instrumented (``__package__`` here is ``dspark_core.testing``).
+_TOP_PACKAGE = (__package__ or "dspark_core").split(".")[0]
+
+
+#: Modules left uninstrumented for the state-machine targets (ops, threads, snapshot): the
+#: reference's bit-exact encoders and the pure-Python CRC-32C are arithmetic loops whose
+#: branches say nothing about the protocol, and instrumented they made each input ~10x slower.
+_BYTE_LOOPS = ("dspark_core.reference.formats", "dspark_core.snapshot_format")
+
+
+def _instrument_package(atheris, skip: tuple[str, ...] = ()) -> int:
+    """Add coverage instrumentation to dspark_core's own Python functions only
+    (less the modules in ``skip``).
 
     Not ``atheris.instrument_all()``: that also instruments numpy, gguf-py and
     the standard library, whose coverage says nothing about dspark_core, and it
@@ -277,7 +308,8 @@ def _instrument_package(atheris) -> int:
     for obj in gc.get_objects():
         module = getattr(obj, "__module__", None) if isinstance(obj, types.FunctionType) else None
         # __name__: the targets here, which live in __main__ under ``python -m``.
-        if isinstance(module, str) and (module.split(".")[0] == __package__ or module == __name__):
+        if isinstance(module, str) and (module.split(".")[0] == _TOP_PACKAGE or module == __name__) \
+                and module not in skip:
             atheris.instrument_func(obj)
             count += 1
     return count
@@ -320,7 +352,7 @@ def run(args: argparse.Namespace) -> int:
     from .. import formats, reference, snapshot_format, testing  # noqa: F401
     from ..reference import formats as reference_formats  # noqa: F401
 
-    n_instrumented = _instrument_package(atheris)
+    n_instrumented = _instrument_package(atheris, () if args.target == "decode" else _BYTE_LOOPS)
     print(f"dspark_core.testing.fuzz: instrumented {n_instrumented} dspark_core functions", file=sys.stderr)
     lf = [sys.argv[0] or "dspark_core.testing.fuzz"]
     if args.runs is not None:

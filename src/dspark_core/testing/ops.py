@@ -128,7 +128,7 @@ OPS = (
     "begin", "process", "process", "process", "process", "process_encoded", "draft", "draft",
     "draft", "draft_many", "commit", "commit", "fail", "accept", "accept", "rollback",
     "shift", "fork", "snapshot", "restore", "round", "round", "round", "round",
-    "round", "long_prefill", "introspect", "process", "round", "draft", "commit", "restore",
+    "round", "long_prefill", "introspect", "process", "round", "draft", "commit", "long_decode",
 )
 
 _POS_MODES = ("end",) * 10 + ("end+1", "end-1", "zero", "neg", "gap", "far")
@@ -199,6 +199,8 @@ def _decode_op(code: int, a: bytes) -> Op:
     if name == "long_prefill":
         n = (("w+1", "2w+3", "trim", "big")[a1 % 4])
         return Op(name, (seq, ("n", n), ("chunks", 1 + a2 % 3), ("seed", a3)))
+    if name == "long_decode":  # chunks of W // 2 rows past the ring's end: held rows wrap around it
+        return Op(name, (seq, ("extra", a1 % 4), ("seed", a2)))
     if name == "introspect":
         return Op(name, (seq, ("what", _INTROSPECT[a1 % 4])))
     raise AssertionError(name)

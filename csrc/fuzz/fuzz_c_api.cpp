@@ -1,0 +1,818 @@
+// libFuzzer target over the C ABI (dspark/dspark.h): configurations with any
+// struct_size and field values, then calls in any order with NULL pointers,
+// wrong byte counts, small buffers, bad codes and out-of-range values, in
+// both row modes. Each well-formed call also runs on a C++ Stager built from
+// the same configuration, which is the oracle: the same status as the C++
+// outcome (ValueError-like -> DSPARK_E_INVALID_ARGUMENT, StateError ->
+// DSPARK_E_STATE, ...), the same plans, rows, moves, slots, snapshots and
+// states. (docs/c_api.md: "both APIs reject the same calls".)
+//
+// Findings (the process aborts, libFuzzer saves the input):
+//  * a crash or sanitizer report, an exception escaping the C boundary;
+//  * DSPARK_E_INTERNAL, or a status other than the documented one for a
+//    malformed call (NULL pointer, short buffer, bad struct_size);
+//  * a rejected call that changed a sequence (state and snapshot bytes), or
+//    an output written by a call that failed;
+//  * dspark_last_error() empty after a failure, or not empty after success;
+//  * any difference from the C++ API on a well-formed call.
+//
+// Build: cmake -DDSPARK_FUZZ=ON with clang (csrc/fuzz/CMakeLists.txt).
+// Run:   ./fuzz_c_api -max_total_time=60 CORPUS_DIR
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dspark/dspark.h"
+#include "dspark/errors.hpp"
+#include "dspark/row_format.hpp"
+#include "dspark/stager.hpp"
+#include "fuzz_common.hpp"
+
+using namespace dspark;
+using dspark_fuzz::Reader;
+
+namespace {
+
+constexpr std::int64_t MAXP = MAX_POSITION;
+
+// The status the C ABI maps a C++ outcome to (c_api.cpp's guarded()).
+template <class Fn>
+dspark_status expect_of(Fn&& fn) {
+    try {
+        fn();
+    } catch (const ConfigError&) {
+        return DSPARK_E_CONFIG;
+    } catch (const TypeError&) {
+        return DSPARK_E_TYPE;
+    } catch (const StateError&) {
+        return DSPARK_E_STATE;
+    } catch (const std::invalid_argument&) {
+        return DSPARK_E_INVALID_ARGUMENT;
+    }
+    return DSPARK_OK;
+}
+
+// Every call leaves dspark_last_error() consistent with its status.
+void check_status(dspark_status s) {
+    const char* e = dspark_last_error();
+    FUZZ_CHECK(e != nullptr);
+    FUZZ_CHECK((s == DSPARK_OK) == (e[0] == '\0'));
+    FUZZ_CHECK(s != DSPARK_E_INTERNAL);
+    FUZZ_CHECK(std::strcmp(dspark_status_name(s), "DSPARK_E_UNKNOWN") != 0);
+}
+
+void check_same(dspark_status got, dspark_status want, const char* call) {
+    check_status(got);
+    if (got != want) {
+        std::fprintf(stderr, "%s: C ABI %s (%s), C++ API %s\n", call, dspark_status_name(got), dspark_last_error(),
+                     dspark_status_name(want));
+        FUZZ_CHECK(got == want);
+    }
+}
+
+std::int64_t pick(Reader& r, std::initializer_list<std::int64_t> values) {
+    const std::uint8_t b = r.u8();
+    return *(values.begin() + b % values.size());
+}
+
+struct Fixture {
+    dspark_stager* st = nullptr;
+    Stager* cpp = nullptr;  // the oracle, same configuration
+    dspark_config c{};
+    std::size_t rb = 0;
+    std::int64_t ring = 0;
+    bool external = false;
+    std::vector<std::vector<std::uint8_t>> snaps;
+
+    bool valid(std::int64_t s) const { return s >= 0 && s < c.max_seqs; }
+    // The sequences the calls can name (seq_of yields ids below 14): what the checks after
+    // each call look at, so a config with 65,536 sequences costs what one with 14 does.
+    std::int64_t checked() const { return std::min<std::int64_t>(c.max_seqs, 14); }
+    std::int64_t seq_of(std::uint8_t b) const {
+        const int v = b % 16;
+        if (v == 14) return -1;
+        if (v == 15) return c.max_seqs + (b >> 4);
+        return v % c.max_seqs;
+    }
+    std::int64_t end_of(std::int64_t s) const { return valid(s) ? cpp->state(s).end : 0; }
+
+    // Every sequence as the C ABI reports it: state and snapshot bytes.
+    std::vector<std::uint8_t> fingerprint() const {
+        std::vector<std::uint8_t> out;
+        for (std::int64_t s = 0; s < checked(); ++s) {
+            dspark_state x;
+            dspark_state_init(&x);
+            FUZZ_CHECK(dspark_state_get(st, s, &x) == DSPARK_OK);
+            out.insert(out.end(), reinterpret_cast<const std::uint8_t*>(&x),
+                       reinterpret_cast<const std::uint8_t*>(&x) + sizeof x);
+            std::size_t n = 0;
+            if (x.open_round) continue;
+            FUZZ_CHECK(dspark_snapshot_size(st, s, &n) == DSPARK_OK);
+            std::vector<std::uint8_t> snap(n);
+            std::size_t w = 0;
+            FUZZ_CHECK(dspark_snapshot(st, s, snap.data(), n, &w) == DSPARK_OK && w == n);
+            out.insert(out.end(), snap.begin(), snap.end());
+        }
+        return out;
+    }
+    // The C ABI's and the C++ oracle's sequences agree.
+    void check_twins() const {
+        for (std::int64_t s = 0; s < checked(); ++s) {
+            dspark_state x;
+            dspark_state_init(&x);
+            FUZZ_CHECK(dspark_state_get(st, s, &x) == DSPARK_OK);
+            const SeqState y = cpp->state(s);
+            FUZZ_CHECK(x.started == y.started && x.end == y.end && x.horizon == y.horizon && x.n_cache == y.n_cache &&
+                       x.pos_base == y.pos_base && x.open_round == y.open_round && x.disabled == y.disabled &&
+                       x.restage_owed == y.restage_owed && x.first_round == y.first_round &&
+                       x.n_retained == y.n_retained && x.n_pending == y.n_pending &&
+                       x.consecutive_failures == y.consecutive_failures && x.tentative_rows == y.tentative_rows);
+            dspark_stats t;
+            dspark_stats_init(&t);
+            FUZZ_CHECK(dspark_stats_get(st, s, &t) == DSPARK_OK);
+            const SeqStats u = cpp->stats(s);
+            FUZZ_CHECK(t.rounds == u.rounds && t.commits == u.commits && t.failures == u.failures &&
+                       t.rebases == u.rebases && t.staged_rows == u.staged_rows && t.rows == u.rows &&
+                       t.live_rows == u.live_rows && t.bytes == u.bytes && t.reserved_bytes == u.reserved_bytes);
+            std::int64_t first[2], count[2];
+            FUZZ_CHECK(dspark_live_slots(st, s, first, count) == DSPARK_OK);
+            SlotRun runs[2];
+            cpp->live_slots(s, runs);
+            for (int k = 0; k < 2; ++k) FUZZ_CHECK(first[k] == runs[k].first && count[k] == runs[k].count);
+            if (!y.open_round) {
+                std::size_t n = 0, w = 0;
+                FUZZ_CHECK(dspark_snapshot_size(st, s, &n) == DSPARK_OK);
+                std::vector<std::uint8_t> snap(n);
+                FUZZ_CHECK(dspark_snapshot(st, s, snap.data(), n, &w) == DSPARK_OK);
+                FUZZ_CHECK(snap == cpp->snapshot(s));
+            }
+        }
+    }
+};
+
+// -- configuration -----------------------------------------------------------
+
+struct SizedConfig {
+    dspark_config c;
+    std::uint8_t tail[16];  // fields a later version might append
+};
+
+// Reads a configuration from the input, creates it through the C ABI and
+// checks the status against what the C++ constructor and the C layer's own
+// rules say. Returns true with fx.st / fx.cpp set when it was created.
+bool create(Reader& r, Fixture& fx, Stager*& cpp_holder) {
+    SizedConfig sc;
+    std::memset(&sc, 0, sizeof sc);
+    dspark_config& c = sc.c;
+    dspark_config_init(&c);
+    const std::uint8_t b0 = r.u8(), b1 = r.u8(), b2 = r.u8(), b3 = r.u8(), b4 = r.u8(), b5 = r.u8();
+    c.storage = b0 % 16 < 14 ? (b0 >> 4) % 5 : static_cast<std::int32_t>(b0 % 16) - 20;  // mostly valid codes
+    const bool q = c.storage == DSPARK_STORAGE_Q8_0 || c.storage == DSPARK_STORAGE_Q4_0;
+    static const std::int64_t dims[8] = {32, 64, 32, 64, 1, 7, 0, -32};
+    c.feature_dim = dims[q ? b0 % 4 + (b0 % 32 == 31 ? 4 : 0) : b0 % 8];
+    c.block_size = b1 % 32 == 31 ? -1 : 1 + b1 % 8;
+    c.window = b2 >= 250 ? 2 * c.block_size - (b2 - 250) : 2 * c.block_size + 1 + b2 % 40;
+    c.max_seqs = b3 % 32 == 31 ? pick(r, {0, -1, 65536, 65537}) : 1 + b3 % 3;
+    c.max_failures = 1 + (b3 >> 5) % 3;
+    c.nonfinite = b4 % 16 == 15 ? 4 : b4 % 4;
+    c.stage_dtype = b4 % 32 == 30 ? 3 : (b4 >> 2) % 3;
+    c.strict = b4 >= 224 ? (b4 == 255 ? 2 : 1) : 0;
+    c.rows_mode = b5 % 2;
+    if (b5 % 64 == 63) c.rows_mode = 2;
+    // struct_size: as compiled (most), too small, or longer with a zero / non-zero tail.
+    const std::uint8_t sz = r.u8();
+    dspark_status want_layer = DSPARK_OK;  // what read_config says before any value check
+    switch (sz % 16) {
+        case 13: c.struct_size = static_cast<std::uint32_t>(sizeof(dspark_config) - 8); want_layer = DSPARK_E_INVALID_ARGUMENT; break;
+        case 14: c.struct_size = static_cast<std::uint32_t>(sizeof(dspark_config) + 8); if (sz & 0x80) { sc.tail[3] = 1; want_layer = DSPARK_E_UNSUPPORTED; } break;
+        case 15: c.struct_size = sz >> 4; want_layer = DSPARK_E_INVALID_ARGUMENT; break;
+        default: break;
+    }
+    dspark_stager* st = reinterpret_cast<dspark_stager*>(std::uintptr_t(1));  // must be overwritten (NULL on failure)
+    const std::uint8_t nul = r.u8();
+    if (nul == 0xfe) {
+        check_same(dspark_stager_create(nullptr, &st), DSPARK_E_NULL_POINTER, "create(NULL config)");
+        FUZZ_CHECK(st == nullptr);
+        return false;
+    }
+    if (nul == 0xff) {
+        check_same(dspark_stager_create(&c, nullptr), DSPARK_E_NULL_POINTER, "create(NULL out)");
+        return false;
+    }
+    const dspark_status s = dspark_stager_create(&c, &st);
+    check_status(s);
+    dspark_status want = want_layer;
+    StagerOptions o;
+    if (want == DSPARK_OK) {
+        // The C layer's own rules (c_api.cpp), then the core's constructor.
+        if (c.rows_mode != DSPARK_ROWS_HELD && c.rows_mode != DSPARK_ROWS_EXTERNAL) want = DSPARK_E_CONFIG;
+        else if (c.max_seqs > 65536) want = DSPARK_E_CONFIG;
+        else if (c.storage < 0 || c.storage > 4 || c.nonfinite < 0 || c.nonfinite > 3) want = DSPARK_E_CONFIG;
+        else if (c.stage_dtype < 0 || c.stage_dtype > 2 || (c.strict != 0 && c.strict != 1)) want = DSPARK_E_CONFIG;
+        else {
+            o.feature_dim = c.feature_dim;
+            o.block_size = c.block_size;
+            o.window = c.window;
+            o.max_seqs = c.max_seqs;
+            o.storage = static_cast<Storage>(c.storage);
+            o.max_failures = c.max_failures;
+            o.nonfinite = static_cast<NonFinite>(c.nonfinite);
+            o.stage = static_cast<ElemType>(c.stage_dtype);
+            o.rows = c.rows_mode ? RowMode::External : RowMode::Held;
+            o.strict = c.strict == 1;  // strict mode is the core's: the oracle has it too
+            want = expect_of([&] { cpp_holder = new Stager(o); });
+        }
+    }
+    if (s != want) {
+        std::fprintf(stderr, "create: C ABI %s (%s), expected %s\n", dspark_status_name(s), dspark_last_error(),
+                     dspark_status_name(want));
+        FUZZ_CHECK(s == want);
+    }
+    if (s != DSPARK_OK) {
+        FUZZ_CHECK(st == nullptr);
+        return false;
+    }
+    FUZZ_CHECK(st != nullptr && cpp_holder != nullptr);
+    fx.st = st;
+    fx.cpp = cpp_holder;
+    // The effective config comes back whole (struct_size as the caller's).
+    dspark_config back;
+    dspark_config_init(&back);
+    FUZZ_CHECK(dspark_stager_config(st, &back) == DSPARK_OK);
+    FUZZ_CHECK(back.feature_dim == c.feature_dim && back.block_size == c.block_size && back.window == c.window &&
+               back.max_seqs == c.max_seqs && back.storage == c.storage && back.nonfinite == c.nonfinite &&
+               back.stage_dtype == c.stage_dtype && back.strict == c.strict && back.rows_mode == c.rows_mode);
+    dspark_config small;
+    std::memset(&small, 0xab, sizeof small);
+    small.struct_size = 12;  // only the first 12 bytes may be written
+    FUZZ_CHECK(dspark_stager_config(st, &small) == DSPARK_OK && small.struct_size == 12);
+    FUZZ_CHECK(reinterpret_cast<const std::uint8_t*>(&small)[12] == 0xab);
+    small.struct_size = 2;
+    check_same(dspark_stager_config(st, &small), DSPARK_E_INVALID_ARGUMENT, "stager_config(struct_size 2)");
+    fx.c = back;
+    FUZZ_CHECK(dspark_stager_row_bytes(st, &fx.rb) == DSPARK_OK && fx.rb == fx.cpp->row_bytes());
+    FUZZ_CHECK(dspark_ring_rows(st, &fx.ring) == DSPARK_OK && fx.ring == fx.cpp->ring_rows());
+    std::int64_t mpr = 0;
+    FUZZ_CHECK(dspark_stager_max_plan_rows(st, &mpr) == DSPARK_OK && mpr == c.window - c.block_size);
+    fx.external = c.rows_mode == DSPARK_ROWS_EXTERNAL;
+    return true;
+}
+
+// -- rows ----------------------------------------------------------------------
+
+std::vector<float> rows_of(std::size_t n, std::size_t dim, std::uint8_t seed, std::uint8_t special) {
+    std::vector<float> x(n * dim);
+    std::uint32_t h = 0x9E3779B1u * (seed + 1u);
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        h ^= h << 13, h ^= h >> 17, h ^= h << 5;
+        x[i] = (static_cast<float>(h >> 8) / 16777216.0f - 0.5f) * 4.0f;
+        if (i % dim == 3 % dim) x[i] *= 1e3f * static_cast<float>(1 + seed % 90);  // a massive channel
+    }
+    if (special % 8 == 7 && !x.empty()) {
+        const float sv[3] = {NAN, INFINITY, 1e30f};
+        x[(special >> 3) % x.size()] = sv[(special >> 3) % 3];
+    }
+    return x;
+}
+
+std::vector<std::int64_t> positions(const Fixture& fx, std::int64_t seq, std::size_t n, std::uint8_t mode) {
+    const std::int64_t end = fx.end_of(seq);
+    std::int64_t p0 = end;
+    switch (mode % 12) {
+        case 8: p0 = end + 1; break;
+        case 9: p0 = end - 1; break;
+        case 10: p0 = -1; break;
+        case 11: p0 = MAXP - 2 - static_cast<std::int64_t>(n); break;
+        default: break;
+    }
+    std::vector<std::int64_t> p(n);
+    for (std::size_t i = 0; i < n; ++i) p[i] = p0 + static_cast<std::int64_t>(i);
+    return p;
+}
+
+std::int64_t n_past_of(const Fixture& fx, std::int64_t seq, std::uint8_t mode) {
+    const std::int64_t end = fx.end_of(seq);
+    switch (mode % 12) {
+        case 8: return end + 1;
+        case 9: return end - 1;
+        case 10: return -1;
+        case 11: return MAXP;
+        default: return end;
+    }
+}
+
+// -- calls ---------------------------------------------------------------------
+
+// A malformed call (one defect): the defect's status when the sequence is
+// ready, else the sequence's own error or the defect's (either check may come
+// first); never OK; nothing changed.
+void malformed(Fixture& fx, std::int64_t seq, dspark_status defect, const std::function<dspark_status()>& call,
+               bool needs_open = false) {
+    const dspark_status seq_err = expect_of([&] { needs_open ? fx.cpp->check_open(seq) : fx.cpp->check_ready(seq); });
+    const auto before = fx.fingerprint();
+    const dspark_status s = call();
+    check_status(s);
+    const bool ok = seq_err == DSPARK_OK ? s == defect : (s == defect || s == seq_err);
+    if (!ok) {
+        std::fprintf(stderr, "malformed call: %s (%s), expected %s (sequence check: %s)\n", dspark_status_name(s),
+                     dspark_last_error(), dspark_status_name(defect), dspark_status_name(seq_err));
+        FUZZ_CHECK(ok);
+    }
+    FUZZ_CHECK(fx.fingerprint() == before);
+}
+
+void op_process(Reader& r, Fixture& fx, std::int64_t seq) {
+    const std::size_t n = r.u8() % 10;
+    const std::uint8_t pmode = r.u8(), tmode = r.u8(), seed = r.u8(), special = r.u8(), bad = r.u8();
+    const auto pos = positions(fx, seq, n, pmode);
+    const std::size_t D = static_cast<std::size_t>(fx.c.feature_dim);
+    const auto x = rows_of(n, D, seed, special);
+    const std::int32_t dtype = tmode % 3;
+    std::vector<std::uint8_t> in(n * D * elem_bytes(static_cast<ElemType>(dtype)));
+    if (!in.empty() && dtype == DSPARK_DTYPE_F32) std::memcpy(in.data(), x.data(), in.size());
+    else if (!in.empty())
+        encode_rows(x.data(), ElemType::F32, in.data(), static_cast<Storage>(dtype), n, D, NonFinite::Clamp);
+    std::vector<std::uint8_t> enc(n * fx.rb);  // storage bytes for process_encoded
+    if (n) encode_rows(x.data(), ElemType::F32, enc.data(), static_cast<Storage>(fx.c.storage), n, D,
+                       static_cast<NonFinite>(fx.c.nonfinite));
+    if (fx.external) {
+        std::vector<std::int64_t> slots(n, -7), want(n, -7);
+        if (bad % 8 == 7 && n) {
+            malformed(fx, seq, DSPARK_E_NULL_POINTER,
+                      [&] { return dspark_process_external(fx.st, seq, pos.data(), n, nullptr); });
+            return;
+        }
+        if (bad % 8 == 6) {  // rows to an external stager: the mode is named
+            malformed(fx, seq, DSPARK_E_INVALID_ARGUMENT,
+                      [&] { return dspark_process(fx.st, seq, pos.data(), n, in.data(), dtype, in.size()); });
+            return;
+        }
+        check_same(dspark_process_external(fx.st, seq, pos.data(), n, slots.data()),
+                   expect_of([&] { fx.cpp->process_external(seq, pos.data(), n, want.data()); }), "process_external");
+        FUZZ_CHECK(slots == want);  // the same slots, written on success only
+        return;
+    }
+    switch (bad % 16) {
+        case 10: malformed(fx, seq, DSPARK_E_INVALID_ARGUMENT,
+                           [&] { return dspark_process(fx.st, seq, pos.data(), n, in.data(), dtype, in.size() + 1); });
+            return;
+        case 11: malformed(fx, seq, DSPARK_E_TYPE,
+                           [&] { return dspark_process(fx.st, seq, pos.data(), n, in.data(), 3 + bad / 16, in.size()); });
+            return;
+        case 12: if (n) malformed(fx, seq, DSPARK_E_NULL_POINTER,
+                                  [&] { return dspark_process(fx.st, seq, nullptr, n, in.data(), dtype, in.size()); });
+            return;
+        case 13: if (n) malformed(fx, seq, DSPARK_E_NULL_POINTER,
+                                  [&] { return dspark_process(fx.st, seq, pos.data(), n, nullptr, dtype, in.size()); });
+            return;
+        case 14: {  // encoded rows: through the C ABI and the C++ API
+            const std::size_t nbytes = enc.size() - (bad & 0x80 && !enc.empty() ? 1 : 0);
+            check_same(dspark_process_encoded(fx.st, seq, pos.data(), n, enc.empty() ? nullptr : enc.data(), nbytes),
+                       expect_of([&] { fx.cpp->process_encoded(seq, pos.data(), n, enc.data(), nbytes); }),
+                       "process_encoded");
+            return;
+        }
+        case 15: {  // slots of a held stager: the mode is named
+            std::vector<std::int64_t> slots(n);
+            malformed(fx, seq, DSPARK_E_INVALID_ARGUMENT,
+                      [&] { return dspark_process_external(fx.st, seq, pos.data(), n, slots.data()); });
+            return;
+        }
+        default: break;
+    }
+    check_same(dspark_process(fx.st, seq, pos.data(), n, in.empty() ? nullptr : in.data(), dtype, in.size()),
+               expect_of([&] { fx.cpp->process(seq, pos.data(), n, in.data(), static_cast<ElemType>(dtype)); }),
+               "process");
+}
+
+// The C++ oracle's rows of a plan in `dtype` (DSPARK_DTYPE_STORAGE: as stored).
+std::vector<std::uint8_t> as_dtype(const Fixture& fx, const ByteVec& stored, std::int64_t n_rows, std::int32_t dtype) {
+    if (dtype == DSPARK_DTYPE_STORAGE) return std::vector<std::uint8_t>(stored.begin(), stored.end());
+    const std::size_t D = static_cast<std::size_t>(fx.c.feature_dim);
+    std::vector<std::uint8_t> out(static_cast<std::size_t>(n_rows) * D * elem_bytes(static_cast<ElemType>(dtype)));
+    if (n_rows) decode_rows(stored.data(), static_cast<Storage>(fx.c.storage), out.data(), static_cast<ElemType>(dtype),
+                            static_cast<std::size_t>(n_rows), D);
+    return out;
+}
+
+bool same_plan(const dspark_plan& a, const RoundPlan& b) {
+    return a.seq == b.seq && a.start == b.start && a.pos_base == b.pos_base && a.first_row == b.first_row &&
+           a.n_rows == b.n_rows && a.crop_from == b.crop_from && a.skip == static_cast<std::int32_t>(b.skip) &&
+           a.rebase == b.rebase && a.clear_cache == b.clear_cache && a.slot_first[0] == b.slot_runs[0].first &&
+           a.slot_count[0] == b.slot_runs[0].count && a.slot_first[1] == b.slot_runs[1].first &&
+           a.slot_count[1] == b.slot_runs[1].count && a.reserved[0] == 0 && a.reserved[1] == 0;
+}
+
+// The C++ draft: the same outcome the C ABI promises (strict mode included:
+// the core's, after every argument check).
+dspark_status oracle_draft(Fixture& fx, std::int64_t seq, std::int64_t n_past, RoundPlan& p, ByteVec& rows) {
+    return expect_of([&] { p = fx.cpp->draft(seq, n_past, rows); });
+}
+
+void op_draft(Reader& r, Fixture& fx, std::int64_t seq) {
+    const std::uint8_t mode = r.u8(), dt = r.u8(), cap = r.u8();
+    const std::int64_t n_past = n_past_of(fx, seq, mode);
+    const std::int32_t dtype = dt % 8 == 7 ? 5 : static_cast<std::int32_t>(dt % 4) - 1;  // STORAGE, F32, F16, BF16, bad
+    // dspark_draft_size first: what it says is what a draft needs now.
+    std::size_t size = 7;
+    const dspark_status zs = dspark_draft_size(fx.st, seq, n_past, dtype, &size);
+    check_status(zs);
+    const std::size_t row = fx.external ? 0 : dtype == 5 ? 0 : dtype == DSPARK_DTYPE_STORAGE ? fx.rb
+                          : static_cast<std::size_t>(fx.c.feature_dim) * elem_bytes(static_cast<ElemType>(dtype));
+    std::vector<std::uint8_t> buf(cap % 4 == 3 ? 0 : (zs == DSPARK_OK ? size : 0) + (cap % 4 == 2 ? 64 : 0), 0xcd);
+    if (cap % 4 == 1 && !buf.empty()) buf.pop_back();  // one byte short
+    dspark_plan plan;
+    std::memset(&plan, 0x5a, sizeof plan);
+    std::size_t written = 12345;
+    if (cap == 0xff) {  // no plan: NULL_POINTER, nothing changed
+        malformed(fx, seq, DSPARK_E_NULL_POINTER, [&] {
+            return dspark_draft(fx.st, seq, n_past, dtype, buf.data(), buf.size(), nullptr, &written);
+        });
+        return;
+    }
+    const auto before = fx.fingerprint();
+    const dspark_status s = dspark_draft(fx.st, seq, n_past, dtype, buf.empty() ? nullptr : buf.data(), buf.size(),
+                                         &plan, &written);
+    check_status(s);
+    if (!fx.external && dtype == 5) {  // an unknown dtype is a TypeError, whatever else is wrong
+        FUZZ_CHECK(s == DSPARK_E_TYPE || s == expect_of([&] { fx.cpp->check_ready(seq); }));
+        FUZZ_CHECK(zs == DSPARK_E_TYPE || zs != DSPARK_OK);
+        FUZZ_CHECK(fx.fingerprint() == before);
+        return;
+    }
+    RoundPlan p;
+    ByteVec rows;
+    if (s == DSPARK_E_BUFFER_TOO_SMALL) {  // nothing changed; the size needed is the plan's
+        FUZZ_CHECK(fx.fingerprint() == before);
+        const RoundPlan peek = fx.cpp->peek(seq, n_past);
+        FUZZ_CHECK(written == static_cast<std::size_t>(peek.n_rows) * row && written > buf.size());
+        FUZZ_CHECK(zs == DSPARK_OK && size == written);
+        return;
+    }
+    const dspark_status want = oracle_draft(fx, seq, n_past, p, rows);
+    check_same(s, want, "draft");
+    if (s != DSPARK_OK) {
+        FUZZ_CHECK(fx.fingerprint() == before);
+        return;
+    }
+    FUZZ_CHECK(same_plan(plan, p));
+    FUZZ_CHECK(plan.rows_mode == (fx.external ? DSPARK_ROWS_EXTERNAL : DSPARK_ROWS_HELD));
+    const auto want_rows = fx.external ? std::vector<std::uint8_t>() : as_dtype(fx, rows, p.n_rows, dtype);
+    FUZZ_CHECK(written == want_rows.size() && (want_rows.empty() || std::memcmp(buf.data(), want_rows.data(), written) == 0));
+    FUZZ_CHECK(zs == DSPARK_OK && size == written);
+}
+
+void op_draft_many(Reader& r, Fixture& fx) {
+    const std::size_t k = r.u8() % 5;
+    const std::uint8_t mode = r.u8(), dt = r.u8();
+    std::vector<std::int64_t> seqs(k), pasts(k);
+    for (std::size_t i = 0; i < k; ++i) {
+        seqs[i] = fx.seq_of(r.u8());
+        pasts[i] = n_past_of(fx, seqs[i], mode);
+    }
+    const std::int32_t dtype = static_cast<std::int32_t>(dt % 4) - 1;
+    std::vector<dspark_plan> plans(k);
+    const std::size_t cap = static_cast<std::size_t>(std::max<std::int64_t>(0, fx.c.window)) * 4 *
+                            static_cast<std::size_t>(fx.c.feature_dim) * 4 + 64;
+    std::vector<std::uint8_t> buf(cap);
+    std::size_t written = 0;
+    const auto before = fx.fingerprint();
+    const dspark_status s = dspark_draft_many(fx.st, seqs.data(), pasts.data(), k, dtype, buf.data(), buf.size(),
+                                              plans.data(), &written);
+    check_status(s);
+    // The oracle: C++ draft_many (strict mode included: the core's, after
+    // every argument check: an unknown or busy sequence, a repeated id, an
+    // n_past out of range).
+    std::vector<RoundPlan> out;
+    ByteVec rows;
+    const dspark_status want = expect_of([&] { fx.cpp->draft_many(seqs.data(), pasts.data(), k, out, rows); });
+    check_same(s, want, "draft_many");
+    if (s != DSPARK_OK) {
+        FUZZ_CHECK(fx.fingerprint() == before);
+        return;
+    }
+    FUZZ_CHECK(out.size() == k);
+    std::int64_t n_rows = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+        FUZZ_CHECK(same_plan(plans[i], out[i]));
+        n_rows += out[i].n_rows;
+    }
+    const auto want_rows = fx.external ? std::vector<std::uint8_t>() : as_dtype(fx, rows, n_rows, dtype);
+    FUZZ_CHECK(written == want_rows.size() && (want_rows.empty() || std::memcmp(buf.data(), want_rows.data(), written) == 0));
+}
+
+void check_moves(const std::vector<SlotMove>& want) {
+    const dspark_slot_move* m = reinterpret_cast<const dspark_slot_move*>(std::uintptr_t(8));
+    std::size_t n = 99;
+    FUZZ_CHECK(dspark_last_moves(&m, &n) == DSPARK_OK);
+    FUZZ_CHECK(n == want.size());
+    for (std::size_t i = 0; i < n; ++i)
+        FUZZ_CHECK(m[i].src == want[i].src && m[i].dst == want[i].dst && m[i].count == want[i].count);
+    if (n == 0) FUZZ_CHECK(m == nullptr);
+}
+
+void op_restore(Reader& r, Fixture& fx, std::int64_t seq) {
+    const std::uint8_t which = r.u8(), damage = r.u8(), at = r.u8();
+    std::vector<std::uint8_t> data;
+    if (!fx.snaps.empty()) data = fx.snaps[which % fx.snaps.size()];
+    switch (damage % 8) {
+        case 1: if (!data.empty()) data[at % data.size()] ^= static_cast<std::uint8_t>(1u << (damage >> 5)); break;
+        case 2: if (!data.empty()) data.pop_back(); break;
+        case 3: data.resize(at % 120); if (damage & 0x80) dspark_fuzz::fix_crc(data); break;
+        case 4: if (data.size() >= 96) { data[32 + at % 48] ^= 1; dspark_fuzz::fix_crc(data); } break;
+        default: break;
+    }
+    if (damage % 16 == 15 && !data.empty()) {  // NULL data with a byte count
+        malformed(fx, seq, DSPARK_E_NULL_POINTER, [&] { return dspark_restore(fx.st, seq, nullptr, data.size()); });
+    } else {
+        SlotRun runs[2];
+        const dspark_status want = expect_of([&] { fx.cpp->restore(seq, data.data(), data.size(), runs); });
+        check_same(dspark_restore(fx.st, seq, data.empty() ? nullptr : data.data(), data.size()), want, "restore");
+        std::int64_t first[2], count[2];
+        FUZZ_CHECK(dspark_last_restore_runs(first, count) == DSPARK_OK);
+        for (int k = 0; k < 2; ++k) {
+            const SlotRun w = want == DSPARK_OK ? runs[k] : SlotRun{};
+            FUZZ_CHECK(first[k] == w.first && count[k] == w.count);
+        }
+    }
+    check_same(dspark_last_restore_runs(nullptr, nullptr), DSPARK_E_NULL_POINTER, "last_restore_runs(NULL)");
+}
+
+void op_snapshot(Reader& r, Fixture& fx, std::int64_t seq) {
+    const std::uint8_t cap = r.u8();
+    std::size_t size = 0;
+    const dspark_status zs = dspark_snapshot_size(fx.st, seq, &size);
+    check_same(zs, expect_of([&] { (void)fx.cpp->snapshot_size(seq); }), "snapshot_size");
+    if (zs != DSPARK_OK) return;
+    std::vector<std::uint8_t> out(cap % 4 == 1 && size ? size - 1 : size + (cap % 4 == 2 ? 16 : 0), 0xee);
+    std::size_t written = 0;
+    const dspark_status s = dspark_snapshot(fx.st, seq, out.data(), out.size(), &written);
+    check_status(s);
+    if (cap % 4 == 1) {
+        FUZZ_CHECK(s == DSPARK_E_BUFFER_TOO_SMALL && written == size);
+        return;
+    }
+    FUZZ_CHECK(s == DSPARK_OK && written == size);
+    out.resize(size);
+    FUZZ_CHECK(out == fx.cpp->snapshot(seq));
+    fx.snaps.push_back(out);
+    if (fx.snaps.size() > 6) fx.snaps.erase(fx.snaps.begin());
+}
+
+// The row-format calls (no stager): the C++ conversions are the oracle.
+void op_formats(Reader& r) {
+    const std::uint8_t a = r.u8(), b = r.u8(), c = r.u8(), d = r.u8();
+    const std::int32_t storage = a % 8 < 5 ? a % 8 : static_cast<std::int32_t>(a % 8) + 2;
+    const std::int32_t dtype = b % 4 < 3 ? b % 4 : 7;
+    const std::int32_t policy = c % 5;
+    const std::size_t dim = (storage == 3 || storage == 4) && d % 4 ? 32 * (d % 4) : 1 + d % 40;
+    const std::size_t n = c % 4;
+    std::size_t rb = 0;
+    const dspark_status rs = dspark_row_bytes(storage, dim, &rb);
+    check_same(rs, expect_of([&] { if (storage > 4) throw TypeError("storage"); (void)row_bytes(static_cast<Storage>(storage), dim); }),
+               "row_bytes");
+    check_same(dspark_row_bytes(0, dim, nullptr), DSPARK_E_NULL_POINTER, "row_bytes(NULL)");
+    if (rs != DSPARK_OK || dtype > 2 || policy > 3) {
+        std::vector<std::uint8_t> src(64), dst(64);
+        const dspark_status s = dspark_encode_rows(src.data(), dtype, 0, 0, dim, storage, policy, dst.data(), dst.size(), nullptr);
+        check_status(s);
+        FUZZ_CHECK(s != DSPARK_OK);
+        return;
+    }
+    const auto x = rows_of(n, dim, a, b);
+    std::vector<std::uint8_t> in(n * dim * elem_bytes(static_cast<ElemType>(dtype)));
+    if (!in.empty() && dtype == DSPARK_DTYPE_F32) std::memcpy(in.data(), x.data(), in.size());
+    else if (!in.empty()) encode_rows(x.data(), ElemType::F32, in.data(), static_cast<Storage>(dtype), n, dim, NonFinite::Clamp);
+    std::vector<std::uint8_t> got(n * rb + 3, 0x11), want(n * rb + 3, 0x11);
+    std::int64_t gb = 42, wb = -1;
+    check_same(dspark_encode_rows(in.data(), dtype, in.size(), n, dim, storage, policy, got.data(), d & 0x80 ? n * rb : got.size(), &gb),
+               expect_of([&] { if (n) wb = encode_rows(in.data(), static_cast<ElemType>(dtype), want.data(), static_cast<Storage>(storage), n, dim, static_cast<NonFinite>(policy)); }),
+               "encode_rows");
+    FUZZ_CHECK(gb == wb && got == want);
+    if (n && rb) {  // too small: the size needed, nothing written
+        std::size_t dummy = 0;
+        (void)dummy;
+        std::vector<std::uint8_t> small(n * rb - 1, 0x33);
+        check_same(dspark_encode_rows(in.data(), dtype, in.size(), n, dim, storage, policy, small.data(), small.size(), nullptr),
+                   DSPARK_E_BUFFER_TOO_SMALL, "encode_rows(small)");
+        for (std::uint8_t v : small) FUZZ_CHECK(v == 0x33);
+        // In place (overlapping): refused.
+        check_same(dspark_encode_rows(in.data(), dtype, in.size(), n, dim, storage, policy, in.data(), n * rb, nullptr),
+                   in.size() ? DSPARK_E_INVALID_ARGUMENT : DSPARK_OK, "encode_rows(overlap)");
+    }
+    // Decode back, in every element type.
+    const std::int32_t out = d % 3;
+    std::vector<std::uint8_t> back(n * dim * elem_bytes(static_cast<ElemType>(out)) + 5, 0x22), wback(back.size(), 0x22);
+    check_same(dspark_decode_rows(got.data(), storage, n * rb, n, dim, back.data(), out, back.size()),
+               expect_of([&] { if (n) decode_rows(got.data(), static_cast<Storage>(storage), wback.data(), static_cast<ElemType>(out), n, dim); }),
+               "decode_rows");
+    FUZZ_CHECK(back == wback);
+    check_same(dspark_decode_rows(got.data(), storage, n * rb + 1, n, dim, back.data(), out, back.size()),
+               DSPARK_E_INVALID_ARGUMENT, "decode_rows(bytes + 1)");
+    check_same(dspark_encode_rows(in.data(), dtype, in.size() + 1, n, dim, storage, policy, got.data(), got.size(), nullptr),
+               DSPARK_E_INVALID_ARGUMENT, "encode_rows(bytes + 1)");
+    if (n && dim) {  // a short destination: the size needed, nothing written
+        std::vector<std::uint8_t> small(n * dim * elem_bytes(static_cast<ElemType>(out)) - 1, 0x44);
+        check_same(dspark_decode_rows(got.data(), storage, n * rb, n, dim, small.data(), out, small.size()),
+                   DSPARK_E_BUFFER_TOO_SMALL, "decode_rows(small)");
+        for (std::uint8_t v : small) FUZZ_CHECK(v == 0x44);
+    }
+}
+
+// Every call that takes a stager, given NULL: DSPARK_E_NULL_POINTER, no crash.
+void op_null_stager() {
+    dspark_stager* st = nullptr;
+    std::int64_t i64 = 0, first[2], count[2], pos = 0, slot = 0;
+    std::size_t sz = 0;
+    dspark_plan plan;
+    dspark_config c;
+    dspark_config_init(&c);
+    dspark_state x;
+    dspark_state_init(&x);
+    dspark_stats t;
+    dspark_stats_init(&t);
+    const dspark_status all[] = {
+        dspark_stager_config(st, &c), dspark_stager_row_bytes(st, &sz), dspark_stager_max_plan_rows(st, &i64),
+        dspark_ring_rows(st, &i64), dspark_begin(st, 0), dspark_process(st, 0, &pos, 0, nullptr, 0, 0),
+        dspark_process_encoded(st, 0, &pos, 0, nullptr, 0), dspark_process_external(st, 0, &pos, 1, &slot),
+        dspark_draft_size(st, 0, 0, DSPARK_DTYPE_STORAGE, &sz),
+        dspark_draft(st, 0, 0, DSPARK_DTYPE_STORAGE, nullptr, 0, &plan, &sz),
+        dspark_draft_many(st, nullptr, nullptr, 0, DSPARK_DTYPE_STORAGE, nullptr, 0, nullptr, &sz),
+        dspark_commit(st, 0), dspark_fail(st, 0, 0, &i64), dspark_accept(st, 0, 0), dspark_rollback(st, 0, 0),
+        dspark_shift(st, 0, 0, 0), dspark_fork(st, 0, 1), dspark_live_slots(st, 0, first, count),
+        dspark_snapshot_size(st, 0, &sz), dspark_snapshot(st, 0, nullptr, 0, &sz), dspark_restore(st, 0, nullptr, 0),
+        dspark_state_get(st, 0, &x), dspark_stats_get(st, 0, &t),
+    };
+    for (dspark_status s : all) FUZZ_CHECK(s == DSPARK_E_NULL_POINTER);
+    dspark_stager_destroy(nullptr);  // a no-op
+}
+
+struct Run {
+    Fixture fx;
+    Stager* cpp = nullptr;
+    ~Run() {
+        dspark_stager_destroy(fx.st);
+        delete cpp;
+    }
+};
+
+void round_of(Fixture& fx, std::int64_t seq, std::uint8_t acc, std::uint8_t seed) {
+    if (!fx.valid(seq)) return;
+    const std::int64_t end = fx.end_of(seq);
+    dspark_plan plan;
+    std::size_t size = 0, written = 0;
+    if (dspark_draft_size(fx.st, seq, end, DSPARK_DTYPE_STORAGE, &size) != DSPARK_OK) return;
+    std::vector<std::uint8_t> buf(size);
+    RoundPlan p;
+    ByteVec rows;
+    const dspark_status s = dspark_draft(fx.st, seq, end, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &plan, &written);
+    check_same(s, oracle_draft(fx, seq, end, p, rows), "round draft");
+    if (s == DSPARK_OK && plan.skip == DSPARK_SKIP_NONE) {
+        FUZZ_CHECK(same_plan(plan, p) && written == rows.size() && (written == 0 || std::memcmp(buf.data(), rows.data(), written) == 0));
+        check_same(dspark_commit(fx.st, seq), expect_of([&] { fx.cpp->commit(seq); }), "round commit");
+    }
+    const std::size_t n = static_cast<std::size_t>(fx.c.block_size + 1), D = static_cast<std::size_t>(fx.c.feature_dim);
+    const auto x = rows_of(n, D, seed, 0);
+    std::vector<std::int64_t> pos(n), slots(n), want(n);
+    for (std::size_t i = 0; i < n; ++i) pos[i] = end + static_cast<std::int64_t>(i);
+    if (fx.external)
+        check_same(dspark_process_external(fx.st, seq, pos.data(), n, slots.data()),
+                   expect_of([&] { fx.cpp->process_external(seq, pos.data(), n, want.data()); }), "round process");
+    else
+        check_same(dspark_process(fx.st, seq, pos.data(), n, x.data(), DSPARK_DTYPE_F32, x.size() * 4),
+                   expect_of([&] { fx.cpp->process(seq, pos.data(), n, x.data(), ElemType::F32); }), "round process");
+    const std::int64_t a = acc % (fx.c.block_size + 1);
+    check_same(dspark_accept(fx.st, seq, a), expect_of([&] { fx.cpp->accept(seq, a); }), "round accept");
+}
+
+void step(Reader& r, Fixture& fx) {
+    const std::uint8_t code = r.u8();
+    const std::int64_t seq = fx.seq_of(r.u8());
+    switch (code % 20) {
+        case 0: check_same(dspark_begin(fx.st, seq), expect_of([&] { fx.cpp->begin(seq); }), "begin"); break;
+        case 1: case 2: op_process(r, fx, seq); break;
+        case 3: {  // a long decode: the ring wraps
+            const std::size_t chunk = static_cast<std::size_t>(std::max<std::int64_t>(1, fx.c.window / 2));
+            const std::size_t D = static_cast<std::size_t>(fx.c.feature_dim);
+            for (std::int64_t k = 0; k * static_cast<std::int64_t>(chunk) <= fx.ring; ++k) {
+                const auto pos = positions(fx, seq, chunk, 0);
+                const auto x = rows_of(chunk, D, static_cast<std::uint8_t>(k), 0);
+                std::vector<std::int64_t> slots(chunk), want(chunk);
+                const dspark_status s = fx.external ? dspark_process_external(fx.st, seq, pos.data(), chunk, slots.data())
+                                                    : dspark_process(fx.st, seq, pos.data(), chunk, x.data(), DSPARK_DTYPE_F32, x.size() * 4);
+                const dspark_status w = expect_of([&] {
+                    if (fx.external) fx.cpp->process_external(seq, pos.data(), chunk, want.data());
+                    else fx.cpp->process(seq, pos.data(), chunk, x.data(), ElemType::F32);
+                });
+                check_same(s, w, "long decode");
+                if (s != DSPARK_OK) break;
+            }
+            break;
+        }
+        case 4: op_draft(r, fx, seq); break;
+        case 5: op_draft_many(r, fx); break;
+        case 6: check_same(dspark_commit(fx.st, seq), expect_of([&] { fx.cpp->commit(seq); }), "commit"); break;
+        case 7: {
+            const std::int32_t stage = static_cast<std::int32_t>(r.u8() % 4) - 1;
+            std::int64_t disabled = -5, want_d = 0;
+            const dspark_status w = expect_of([&] {
+                fx.cpp->check_open(seq);
+                if (stage != 0 && stage != 1) throw std::invalid_argument("stage");
+                want_d = fx.cpp->fail(seq, static_cast<FailStage>(stage));
+            });
+            check_same(dspark_fail(fx.st, seq, stage, &disabled), w, "fail");
+            FUZZ_CHECK(w != DSPARK_OK || disabled == want_d);
+            break;
+        }
+        case 8: {
+            const std::int64_t n = pick(r, {0, 1, 2, 3, 5, 8, -1, std::numeric_limits<std::int64_t>::max()});
+            check_same(dspark_accept(fx.st, seq, n), expect_of([&] { fx.cpp->accept(seq, n); }), "accept");
+            break;
+        }
+        case 9: {
+            const std::uint8_t b = r.u8();
+            const std::int64_t np = b >= 250 ? (b == 250 ? -1 : MAXP) : std::max<std::int64_t>(0, fx.end_of(seq) - b % 40);
+            check_same(dspark_rollback(fx.st, seq, np), expect_of([&] { fx.cpp->rollback(seq, np); }), "rollback");
+            break;
+        }
+        case 10: {
+            const std::uint8_t a = r.u8(), b = r.u8();
+            const std::int64_t end = fx.end_of(seq);
+            const auto frac = [](std::int64_t x, std::uint8_t k) {  // x * k / 256 without overflow
+                return static_cast<std::int64_t>(static_cast<__int128>(x) * k / 256);
+            };
+            const std::int64_t keep = b == 255 ? -1 : frac(end + 1, a), discard = b == 254 ? MAXP : frac(end - keep + 1, b);
+            std::vector<SlotMove> want;
+            const dspark_status w = expect_of([&] { want = fx.cpp->shift(seq, keep, discard); });
+            check_same(dspark_shift(fx.st, seq, keep, discard), w, "shift");
+            check_moves(want);
+            break;
+        }
+        case 11: {
+            const std::int64_t dst = fx.seq_of(r.u8());
+            std::vector<SlotMove> want;
+            const dspark_status w = expect_of([&] { want = fx.cpp->fork(seq, dst); });
+            check_same(dspark_fork(fx.st, seq, dst), w, "fork");
+            check_moves(want);
+            const dspark_slot_move* m = nullptr;
+            check_same(dspark_last_moves(&m, nullptr), DSPARK_E_NULL_POINTER, "last_moves(NULL)");
+            break;
+        }
+        case 12: op_snapshot(r, fx, seq); break;
+        case 13: op_restore(r, fx, seq); break;
+        case 14: {  // introspection with caller struct sizes: only struct_size bytes are written
+            const std::uint8_t b = r.u8();
+            struct { dspark_state s; std::uint8_t guard[8]; } xs;
+            std::memset(&xs, 0x77, sizeof xs);
+            xs.s.struct_size = b % 4 == 0 ? 4 : b % 4 == 1 ? 24 : static_cast<std::uint32_t>(sizeof(dspark_state) + 8 * (b % 4 == 3));
+            const dspark_status s = dspark_state_get(fx.st, seq, &xs.s);
+            check_same(s, expect_of([&] { (void)fx.cpp->state(seq); }), "state_get");
+            const std::size_t lim = std::min<std::size_t>(xs.s.struct_size, sizeof(dspark_state));
+            const auto* raw = reinterpret_cast<const std::uint8_t*>(&xs);
+            for (std::size_t i = s == DSPARK_OK ? lim : 4; i < sizeof xs; ++i) FUZZ_CHECK(raw[i] == 0x77);
+            dspark_stats t;
+            dspark_stats_init(&t);
+            t.struct_size = 3;
+            check_same(dspark_stats_get(fx.st, seq, &t), fx.valid(seq) ? DSPARK_E_INVALID_ARGUMENT : DSPARK_E_INVALID_ARGUMENT, "stats_get(struct_size 3)");
+            std::int64_t first[2];
+            check_same(dspark_live_slots(fx.st, seq, first, nullptr), DSPARK_E_NULL_POINTER, "live_slots(NULL)");
+            break;
+        }
+        case 15: op_formats(r); break;
+        case 16: op_null_stager(); break;
+        default: {
+            const std::uint8_t acc = r.u8(), seed = r.u8(), rounds = r.u8();
+            for (int k = 0; k < 1 + rounds % 4; ++k) round_of(fx, seq, static_cast<std::uint8_t>(acc + k), seed);
+            break;
+        }
+    }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    Reader r(data, size);
+    Run run;
+    if (!create(r, run.fx, run.cpp)) return 0;
+    // Status names and the version for any code.
+    FUZZ_CHECK(dspark_abi_version() == DSPARK_ABI_VERSION && dspark_version()[0] != '\0');
+    for (dspark_status code = -1; code <= DSPARK_E_INTERNAL + 1; ++code) {
+        const char* name = dspark_status_name(code);
+        FUZZ_CHECK(name != nullptr && std::strncmp(name, "DSPARK_", 7) == 0);
+        FUZZ_CHECK((std::strcmp(name, "DSPARK_E_UNKNOWN") == 0) == (code < DSPARK_OK || code > DSPARK_E_INTERNAL));
+    }
+    int ops = 0;
+    while (r.more() && ops++ < 64) {
+        step(r, run.fx);
+        run.fx.check_twins();
+    }
+    return 0;
+}

@@ -1,0 +1,214 @@
+"""The reference twin's own argument rules: every check and message of the contract, spelled out.
+
+The oracle must not borrow the rules it is there to check, so nothing here
+comes from the core or the binding: the limits, the name tables and the
+wording of each message are written again, from docs/design.md section 2.
+The differential tests compare every exception's type and message with the
+core's, so a rule that drifts on either side shows up as a desync.
+
+The order of a call's checks (docs/design.md 2.1): the sequence id, its
+round state, the kind and shape of each argument in signature order, then
+the values (ranges, positions, contents) and strict mode's protocol check.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from ..errors import StateError
+
+#: Positions and counts stay below this: ``pos + block`` never overflows int64.
+MAX_POSITION = 1 << 62
+#: Head rows below the horizon are dropped this many at a time (the core's lazy trim).
+TRIM_CHUNK = 512
+#: Where a drafter round can fail (``fail(seq, stage)``).
+FAIL_STAGES = ("decode", "crop")
+#: The snapshot header's codes of the non-finite policies and staged types (format v2).
+NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "clamp")
+STAGE_DTYPES = ("float32", "float16", "bfloat16")
+#: The int64 range of the core's arguments: a larger integer is rejected by
+#: the value's own rule, quoting the nearest int64.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+_ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+
+
+# -- kinds and shapes -----------------------------------------------------------
+
+
+def integer(name: str, value: Any) -> int:
+    """An integer argument, clamped into int64 (TypeError naming it otherwise)."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
+    return min(max(v, INT64_MIN), INT64_MAX)
+
+
+def positions(value: Any) -> np.ndarray:
+    """Positions as a 1-D int64 array (TypeError: not integers; ValueError: not 1-D)."""
+    arr = np.asarray(value)
+    if arr.size == 0:
+        arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"positions must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind == "u":
+        arr = np.minimum(arr, np.uint64(INT64_MAX)).astype(np.uint64)
+    return arr.astype(np.int64)
+
+
+def rows(value: Any, feature_dim: int) -> np.ndarray:
+    """Rows as a native ``(n, feature_dim)`` float32 / float16 / bfloat16 array."""
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"rows must be a numpy array, got {type(value).__name__}")
+    if value.dtype.newbyteorder("=") not in _ROW_DTYPES:
+        raise TypeError(f"rows must be float32, float16 or bfloat16 (ml_dtypes), got dtype {value.dtype}")
+    if value.ndim != 2 or value.shape[1] != feature_dim:
+        raise ValueError(f"rows must have shape (n, {feature_dim}), got {value.shape}")
+    return value.astype(value.dtype.newbyteorder("="))
+
+
+def encoded(value: Any, n: int, row_bytes: int) -> np.ndarray:
+    """Encoded rows as flat uint8 bytes (their count is a value, checked by the caller)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        try:
+            value = np.frombuffer(value, np.uint8)
+        except (ValueError, BufferError) as exc:
+            raise TypeError(f"encoded rows must be a contiguous buffer ({exc})") from None
+    arr = np.asarray(value)
+    if arr.dtype != np.uint8:
+        raise TypeError(f"encoded rows must be uint8, got dtype {arr.dtype}")
+    if arr.ndim == 2 and arr.shape != (n, row_bytes):
+        raise ValueError(f"encoded rows must have shape ({n}, {row_bytes}), got {arr.shape}")
+    if arr.ndim not in (1, 2):
+        raise ValueError(f"encoded rows must be ({n}, {row_bytes}) or flat, got shape {arr.shape}")
+    return arr.reshape(-1)
+
+
+def readable(value: Any) -> memoryview:
+    """Snapshot data: any buffer, as flat bytes."""
+    try:
+        view = memoryview(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"snapshot data must be bytes-like, got {type(value).__name__}") from None
+    return memoryview(view.tobytes())
+
+
+def writable(value: Any) -> memoryview:
+    """A writable C-contiguous buffer, as flat bytes."""
+    try:
+        view = memoryview(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"buffer must support the buffer protocol, got {type(value).__name__}") from None
+    if view.readonly:
+        raise TypeError(f"buffer must be writable, got a read-only {type(value).__name__}")
+    if not view.c_contiguous:
+        raise TypeError(f"buffer must be C-contiguous, got a strided {type(value).__name__}")
+    return view.cast("B")
+
+
+def fail_stage(value: Any) -> str:
+    if isinstance(value, str) and value in FAIL_STAGES:
+        return value
+    raise ValueError(f"stage must be one of {FAIL_STAGES}, got {value!r}")
+
+
+def rows_given(external: bool, value: Any) -> None:
+    """``process``: rows in held mode, none in external-row mode."""
+    if external and value is not None:
+        raise TypeError(
+            "process: this Stager runs in external-row mode (rows='external') and holds no rows: "
+            "call process(seq, positions) without rows and write each row at the slot it returns"
+        )
+    if not external and value is None:
+        raise TypeError(
+            "process: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
+            "or configure StagerConfig(rows='external')"
+        )
+
+
+def held_rows(external: bool, call: str) -> None:
+    if external:
+        raise TypeError(f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows")
+
+
+# -- values -----------------------------------------------------------------------
+
+
+def unknown_sequence(i: int, max_seqs: int) -> ValueError:
+    return ValueError(f"unknown sequence {i} (this Stager has sequences 0..{max_seqs - 1})")
+
+
+def count(name: str, v: int) -> int:
+    """A position-like count: ``[0, MAX_POSITION)``."""
+    if not 0 <= v < MAX_POSITION:
+        raise ValueError(f"{name} must be in [0, 2**62), got {v}")
+    return v
+
+
+def position_values(seq: int, pos: np.ndarray, end: int | None) -> None:
+    """Every position in range (the first one that is not is named), contiguous,
+    continuing the sequence at ``end`` (None before its first row)."""
+    bad = np.flatnonzero((pos < 0) | (pos >= MAX_POSITION - 1))
+    if len(bad):
+        raise ValueError(f"position {int(pos[bad[0]])} is out of range [0, 2**62 - 1)")
+    if len(pos) > 1 and not np.all(np.diff(pos) == 1):
+        raise ValueError(f"sequence {seq}: positions must be contiguous (+1 each row)")
+    if end is not None and len(pos) and int(pos[0]) != end:
+        p0 = int(pos[0])
+        why = (
+            f"rows up to {end - 1} are buffered: was accept() not called after the verify batch, "
+            "or is a rollback() to the target's n_past missing?"
+            if p0 < end
+            else f"rows {end}..{p0 - 1} were never processed: every target decode must be passed to process()"
+        )
+        raise ValueError(f"sequence {seq}: positions must continue at {end}, got {p0} ({why})")
+
+
+def unstageable(seq: int, p0: int, row: int, channel: int, value: float, storage: str, stage_dtype: str,
+                limit: float) -> ValueError:
+    """A value a row cannot carry: non-finite, or beyond ``limit`` once stored (and staged)."""
+    if np.isfinite(value):
+        staged = "" if stage_dtype == "float32" else f" staged as {stage_dtype}"
+        what = f", which overflows {storage} storage{staged} (|x| must stay below {float(limit):.9g})"
+    else:
+        what = ", a non-finite value"
+    shown = "nan" if np.isnan(value) else f"{float(value):.9g}"
+    return ValueError(
+        f"sequence {seq}: row {row} (position {p0 + row}), channel {channel} holds {shown}{what}; nothing was "
+        'appended. Models with massive activations need storage="bf16" (or f32), or nonfinite="clamp" to clamp '
+        "to the largest value the storage can hold"
+    )
+
+
+def mismatch_cause(n_past: int, end: int) -> str:
+    """Why rows ending at ``end`` do not end at ``n_past``."""
+    if end > n_past:
+        return (
+            f"rows {n_past}..{end - 1} are still buffered: was accept() not called after the verify batch "
+            "(it keeps n_accepted + 1 of its rows), or is a rollback() to the target's n_past missing?"
+        )
+    return (
+        f"rows {end}..{n_past - 1} were never processed: every target decode (prefill chunk, verify batch) "
+        "must be passed to process()"
+    )
+
+
+def strict_mismatch(seq: int, n_past: int, end: int) -> StateError:
+    return StateError(
+        f"sequence {seq}: draft(n_past={n_past}) does not match the buffered rows (newest {end - 1}): "
+        f"{mismatch_cause(n_past, end)} (strict=True; nothing changed)"
+    )
+
+
+#: The two warnings the reference logs: a sequence disabled, a protocol mismatch (once until begin).
+DISABLED_WARNING = (
+    "sequence %d: drafting disabled after %d consecutive drafter failures (last: %s); begin() re-enables it"
+)
+MISMATCH_WARNING = "sequence %d: draft(n_past=%d) skipped (%s): the newest buffered row is %d; %s"
