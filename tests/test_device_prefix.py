@@ -116,3 +116,73 @@ def test_prefix_moves_need_their_table():
         ring.apply(moves, prefix_table=table)
     with pytest.raises(ValueError, match="external-row mode"):
         cuda.PrefixTable(PrefixStore(cfg.replace(rows="held"), 8, 1 << 20), ring)
+
+
+@gpu
+def test_a_view_of_prefix_moves_is_refused_and_forks_interleave():
+    """Prefix moves are the ring's table changes like a fork's: applied once, in serial order, only
+    as the store returned them."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=3, rows="external")
+    ext = Stager(cfg)
+    ring = cuda.DeviceRing(ext, backend="dspark")
+    store = PrefixStore(cfg, 8, 1 << 20)
+    table = cuda.PrefixTable(store, ring)
+    ring.write(0, np.arange(16), ring.upload(rows_of(16, 64)))
+    fork = ext.fork(0, 1)
+    moves = store.publish(ext, 0, [7, 8], 0, 16)
+    assert (fork.serial, moves.serial) == (1, 2)
+    with pytest.raises(ValueError, match="out of order"):
+        ring.apply(moves, prefix_table=table)
+    ring.apply(fork)
+    with pytest.raises(ValueError, match="not the array the Stager returned"):
+        ring.apply(moves[:1], prefix_table=table)
+    ring.apply(moves, prefix_table=table)
+    hit = store.hit(ext, 2, [7, 8], 16)
+    with pytest.raises(ValueError, match="missing"):
+        table.publish(ring, 1, [9], 0, 8)  # the ring must first apply the hit: nothing changed
+    assert 9 not in store and ext.moves_issued == 3
+    ring.apply(hit.moves, prefix_table=table)
+    assert ring.read(ext.live_slots(2)).tobytes() == ring.read(ext.live_slots(0)).tobytes()
+
+
+@gpu
+def test_threads_publish_hit_and_fork_through_one_ring():
+    """Four threads change one ring's table at once (a fork, a shift, a publish and a hit through
+    the PrefixTable): the ring applies everything in serial order, and every sequence's rows and
+    every block equal a held Stager's and store's fed the same rows."""
+    from conftest import at_once
+
+    from dspark_core import snapshot_format
+
+    cfg = StagerConfig(64, 4, 96, max_seqs=5, storage="q8_0")
+    rows = [rows_of(80, 64, seed) for seed in range(3)]
+    for trial in range(6):
+        held, ext = Stager(cfg), Stager(cfg.replace(rows="external"))
+        hstore, xstore = PrefixStore(cfg, 8, 1 << 22), PrefixStore(ext.config, 8, 1 << 22)
+        ring = cuda.DeviceRing(ext, backend="dspark")
+        table = cuda.PrefixTable(xstore, ring)
+        for seq, r, n in ((0, rows[0], 80), (3, rows[1], 48), (4, rows[2], 40)):
+            held.process(seq, np.arange(n), r[:n])
+            ring.write(seq, np.arange(n), ring.upload(r[:n]))
+        hstore.publish(held, 0, keys_of(80, 8), 0, 80)
+        table.publish(ring, 0, keys_of(80, 8), 0, 80)
+        calls = [
+            (ring.fork, (0, 1)),
+            (table.hit, (ring, 2, keys_of(80, 8), 80)),
+            (table.publish, (ring, 3, keys_of(48, 8, tag=1), 0, 48)),
+            (ring.shift, (4, 8, 16)),
+        ]
+        if trial % 2:
+            calls.reverse()
+        at_once(calls)
+        assert ring._moves_applied == ext.moves_issued == 5
+        held.fork(0, 1)
+        hstore.hit(held, 2, keys_of(80, 8), 80)
+        hstore.publish(held, 3, keys_of(48, 8, tag=1), 0, 48)
+        held.shift(4, 8, 16)
+        for s in range(cfg.max_seqs):
+            want = snapshot_format.unpack(held.snapshot(s), cfg.snapshot_fingerprint(), STORAGES).rows
+            assert ring.read(ext.live_slots(s)).tobytes() == want, (trial, s)
+        assert sorted(xstore.keys()) == sorted(hstore.keys())
+        for k in xstore.keys():
+            assert table.export_block(k) == hstore.export_block(k), trial

@@ -271,4 +271,63 @@ TEST_CASE(c_rejected_calls_say_why_and_change_nothing) {
     dspark_stager_destroy(q8);
 }
 
+TEST_CASE(c_checks_come_in_the_cores_order_with_its_messages) {
+    // The sequence's errors first (an unknown id, an open round), then this layer's conversions
+    // (NULL pointers), then the core's values: the order and the words of the Python API.
+    dspark_stager* st = make_stager();
+    dspark_stager* ext = make_stager(DSPARK_ROWS_EXTERNAL);
+    dspark_prefix_store *store = nullptr, *es = nullptr;
+    CHECK_EQ(dspark_prefix_store_create(st, BT, 1 << 20, &store), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_store_create(ext, BT, 1 << 20, &es), DSPARK_OK);
+    prefill_publish(st, store, 0, 40);
+    Chain c(0, 40);
+    dspark_prefix_hit_result r;
+    CHECK_EQ(dspark_prefix_publish(st, 7, nullptr, c.bytes(), nullptr, c.n(), 0, 40), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(mentions("unknown sequence 7"));
+    CHECK_EQ(dspark_prefix_publish(st, 0, nullptr, c.bytes(), c.offsets.data(), c.n(), 0, 40), DSPARK_E_NULL_POINTER);
+    CHECK(mentions("store is NULL"));
+    const auto pos = span(0, 8);
+    const auto rows = rows_for(0, 8);
+    CHECK_EQ(dspark_process(st, 1, pos.data(), 8, rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
+    dspark_plan plan;
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    CHECK_EQ(dspark_draft(st, 1, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_hit(st, 1, store, c.bytes(), nullptr, c.n(), 40, &r), DSPARK_E_STATE);
+    CHECK(mentions("open round"));
+    CHECK_EQ(dspark_prefix_hit(st, 0, store, c.bytes(), c.offsets.data(), c.n() - 1, 40, &r), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(std::strcmp(dspark_last_error(), "4 keys for a hit of 40 tokens: the chain needs 5 (one per block of "
+                                           "block_tokens=8, the last may be partial)") == 0);
+    // publish_slots: the mode (a TYPE error), the publish, then the caller's capacity.
+    std::vector<std::int64_t> slots(8, -7);
+    CHECK_EQ(dspark_prefix_publish_slots(store, c.bytes(), c.offsets.data(), 1, 40, 48, slots.data(), slots.size()),
+             DSPARK_E_TYPE);
+    CHECK(mentions("publish_slots needs an external-row store"));
+    CHECK_EQ(dspark_prefix_publish_slots(es, c.bytes(), c.offsets.data(), 1, 0, std::int64_t(1) << 61, nullptr, 0),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(mentions("1 keys for positions"));
+    CHECK_EQ(dspark_prefix_publish_slots(es, c.bytes(), c.offsets.data(), 1, 0, 8, slots.data(), 7),
+             DSPARK_E_BUFFER_TOO_SMALL);
+    size_t count = 9;
+    dspark_prefix_count(es, &count);
+    CHECK_EQ(count, 0u);
+    CHECK(slots[0] == -7);  // nothing written
+    CHECK_EQ(dspark_prefix_publish_slots(es, c.bytes(), c.offsets.data(), 1, 0, 8, slots.data(), 8), DSPARK_OK);
+    CHECK_EQ(slots[0], 0);
+    CHECK_EQ(slots[7], 7);
+    dspark_prefix_count(es, &count);
+    CHECK_EQ(count, 1u);
+    // publish_rows: the dtype code is this layer's conversion (TYPE), before the core's checks.
+    CHECK_EQ(dspark_prefix_publish_rows(store, c.bytes(), c.offsets.data(), 1, 3, 8, rows.data(), 7, rows.size() * 4),
+             DSPARK_E_TYPE);
+    CHECK(mentions("dtype code 7"));
+    Chain next(40, 48);
+    CHECK_EQ(dspark_prefix_publish_rows(store, next.bytes(), next.offsets.data(), 1, 40, 48, rows.data(),
+                                        DSPARK_DTYPE_F32, rows.size() * 4 - 6), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(mentions("rows must be 8 x 64 float32 values for positions [40, 48), got 7 rows and 250 bytes"));
+    dspark_prefix_store_destroy(store);
+    dspark_prefix_store_destroy(es);
+    dspark_stager_destroy(st);
+    dspark_stager_destroy(ext);
+}
+
 TEST_MAIN()

@@ -440,4 +440,87 @@ TEST_CASE(external_moves_mirror_held_rows) {
     CHECK(got.size() == a.rows.size() && std::memcmp(got.data(), a.rows.data(), got.size()) == 0);
 }
 
+TEST_CASE(prefix_moves_take_the_stagers_serials) {
+    // Publish and hit moves are table changes of the Stager: numbered with its forks, shifts
+    // and restores (one counter), only when something moves.
+    const auto o = sopts(4, 64, Storage::F32, RowMode::External, 4);
+    Stager st(o);
+    PrefixStore store(popts(o, 8, 1 << 20));
+    process(st, 0, 0, 40);
+    std::uint64_t fork_serial = 9, publish_serial = 9, hit_serial = 9, empty_serial = 9;
+    CHECK(!st.fork(0, 1, &fork_serial).empty());
+    Chain c(0, 40, 8);
+    CHECK(!st.publish_prefix(0, store, c.view(), 0, 40, &publish_serial).empty());
+    std::vector<SlotMove> moves;
+    st.start_from_prefix(2, store, c.view(), 40, &moves, &hit_serial);
+    CHECK(!moves.empty());
+    CHECK_EQ(fork_serial, 1u);
+    CHECK_EQ(publish_serial, 2u);
+    CHECK_EQ(hit_serial, 3u);
+    Chain none(0, 0, 8);
+    st.start_from_prefix(3, store, none.view(), 0, &moves, &empty_serial);
+    CHECK(moves.empty());
+    CHECK_EQ(empty_serial, 0u);
+    CHECK(st.publish_prefix(0, store, c.view(), 0, 40, &publish_serial).empty());  // a refresh: nothing moves
+    CHECK_EQ(publish_serial, 0u);
+    CHECK_EQ(st.moves_issued(), 3u);
+    // A rejected call takes no serial.
+    CHECK_THROWS(st.publish_prefix(0, store, c.view(), 0, 48), std::invalid_argument);
+    CHECK_EQ(st.moves_issued(), 3u);
+    // Held rows: the core copied them, nothing to number.
+    const auto h = sopts(4, 64);
+    Stager held(h);
+    PrefixStore hs(popts(h, 8, 1 << 20));
+    process(held, 0, 0, 40);
+    CHECK(held.publish_prefix(0, hs, c.view(), 0, 40, &publish_serial).empty());
+    held.start_from_prefix(1, hs, c.view(), 40, nullptr, &hit_serial);
+    CHECK_EQ(publish_serial + hit_serial, 0u);
+    CHECK_EQ(held.moves_issued(), 0u);
+}
+
+TEST_CASE(slots_are_asked_for_only_after_every_check) {
+    // publish_slots and import_block allocate the slots they return only for a call that passed
+    // every check: an absurd range is a ValueError, never an allocation; a sink that refuses
+    // (a C caller's short buffer) leaves the store as it was.
+    const auto o = sopts(4, 64, Storage::F32, RowMode::External);
+    PrefixStore store(popts(o, 8, 1 << 20));
+    bool asked = false;
+    auto sink = [&](std::size_t) -> std::int64_t* {
+        asked = true;
+        throw BufferTooSmall("short", 8);
+    };
+    Chain one(0, 8, 8);
+    CHECK_THROWS(store.publish_slots(one.view(), 0, std::int64_t(1) << 61, sink), std::invalid_argument);
+    CHECK(!asked);
+    CHECK_THROWS(store.publish_slots(one.view(), 0, 8, sink), BufferTooSmall);
+    CHECK(asked);
+    CHECK_EQ(store.size(), 0u);
+    CHECK_EQ(store.stats().published, 0);
+    const std::vector<std::int64_t> slots = store.publish_slots(one.view(), 0, 8);
+    CHECK_EQ(slots.size(), 8u);
+    CHECK_EQ(slots[0], 0);
+    // Export: a short buffer is BufferTooSmall with the size needed, nothing written.
+    const std::string key = one.bytes;
+    std::vector<std::uint8_t> rows(8 * store.row_bytes(), 7), out(store.export_size(key));
+    try {
+        store.export_into(key, out.data(), out.size() - 1, rows.data(), rows.size());
+        CHECK(false);
+    } catch (const BufferTooSmall& e) {
+        CHECK_EQ(e.needed, out.size());
+    }
+    CHECK_EQ(store.export_into(key, out.data(), out.size(), rows.data(), rows.size()), out.size());
+    // Import: damaged data never reaches the sink; a refusing sink changes nothing.
+    PrefixStore other(popts(o, 8, 1 << 20));
+    asked = false;
+    std::vector<std::uint8_t> bad = out;
+    bad.back() ^= 1;
+    CHECK_THROWS(other.import_block(bad.data(), bad.size(), sink), std::invalid_argument);
+    CHECK(!asked);
+    CHECK_THROWS(other.import_block(out.data(), out.size(), sink), BufferTooSmall);
+    CHECK(asked);
+    CHECK_EQ(other.size(), 0u);
+    CHECK_EQ(other.import_block(out.data(), out.size()).size(), 8u);
+    CHECK_EQ(other.size(), 1u);
+}
+
 TEST_MAIN()

@@ -83,7 +83,7 @@ def as_block_rows(rows: Any) -> memoryview:
     if not isinstance(rows, np.ndarray) or rows.dtype != np.uint8:
         what = f"dtype {rows.dtype}" if isinstance(rows, np.ndarray) else type(rows).__name__
         raise TypeError(f"rows must be uint8 (the block's rows read from block_slots(key)), got {what}")
-    return memoryview(np.ascontiguousarray(rows).reshape(-1))
+    return np.ascontiguousarray(rows).reshape(-1).data  # a 1-D uint8 array: a "B" view of its bytes
 
 
 def as_block_data(data: Any) -> memoryview:
