@@ -90,18 +90,8 @@ dspark_status dspark_prefix_store_create(const dspark_stager* like, int64_t bloc
     return guarded([&] {
         require(out, "out");
         *out = nullptr;
-        const dspark::StagerOptions& s = core_of(like).options();
-        dspark::PrefixStoreOptions o;
-        o.feature_dim = s.feature_dim;
-        o.block_size = s.block_size;
-        o.window = s.window;
-        o.storage = s.storage;
-        o.nonfinite = s.nonfinite;
-        o.stage = s.stage;
-        o.rows = s.rows;
-        o.block_tokens = block_tokens;
-        o.budget_bytes = budget_bytes;
-        *out = new dspark_prefix_store(o);  // the core checks every value (ConfigError)
+        // The core checks every value (ConfigError).
+        *out = new dspark_prefix_store(dspark::prefix_store_options(core_of(like).options(), block_tokens, budget_bytes));
     });
 }
 

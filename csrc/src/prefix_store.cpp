@@ -62,17 +62,37 @@ std::string fingerprint_text(std::int64_t dim, Storage st, NonFinite nf, ElemTyp
 
 }  // namespace
 
+PrefixStoreOptions prefix_store_options(const StagerOptions& s, std::int64_t block_tokens,
+                                        std::int64_t budget_bytes) noexcept {
+    PrefixStoreOptions o;
+    o.feature_dim = s.feature_dim;
+    o.block_size = s.block_size;
+    o.window = s.window;
+    o.storage = s.storage;
+    o.nonfinite = s.nonfinite;
+    o.stage = s.stage;
+    o.rows = s.rows;
+    o.block_tokens = block_tokens;
+    o.budget_bytes = budget_bytes;
+    return o;
+}
+
+StagerOptions stager_options(const PrefixStoreOptions& o) noexcept {
+    StagerOptions s;
+    s.feature_dim = o.feature_dim;
+    s.block_size = o.block_size;
+    s.window = o.window;
+    s.storage = o.storage;
+    s.nonfinite = o.nonfinite;
+    s.stage = o.stage;
+    s.rows = o.rows;
+    s.max_seqs = 1;
+    return s;
+}
+
 PrefixStore::PrefixStore(const PrefixStoreOptions& o) : opt_(o) {
     // The rows' configuration follows the Stager's rules (one Stager validates it).
-    StagerOptions so;
-    so.feature_dim = o.feature_dim;
-    so.block_size = o.block_size;
-    so.window = o.window;
-    so.storage = o.storage;
-    so.nonfinite = o.nonfinite;
-    so.stage = o.stage;
-    so.rows = o.rows;
-    const Stager probe(so);  // ConfigError for anything a Stager refuses; max_seqs 1 allocates no rows
+    const Stager probe(stager_options(o));  // ConfigError for anything a Stager refuses; max_seqs 1 allocates no rows
     row_bytes_ = probe.row_bytes();
     w_keep_ = probe.w_keep();
     if (o.block_tokens < 1) throw ConfigError("block_tokens must be >= 1, got " + std::to_string(o.block_tokens));

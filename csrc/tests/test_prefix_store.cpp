@@ -31,17 +31,7 @@ StagerOptions sopts(std::int64_t B, std::int64_t W, Storage st = Storage::F32, R
 }
 
 PrefixStoreOptions popts(const StagerOptions& s, std::int64_t bt, std::int64_t budget) {
-    PrefixStoreOptions o;
-    o.feature_dim = s.feature_dim;
-    o.block_size = s.block_size;
-    o.window = s.window;
-    o.storage = s.storage;
-    o.nonfinite = s.nonfinite;
-    o.stage = s.stage;
-    o.rows = s.rows;
-    o.block_tokens = bt;
-    o.budget_bytes = budget;
-    return o;
+    return prefix_store_options(s, bt, budget);
 }
 
 // Rows like activations: a position-dependent ramp plus one large channel.

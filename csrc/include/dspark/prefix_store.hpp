@@ -79,6 +79,14 @@ struct PrefixStoreOptions {
     std::int64_t budget_bytes = 0;
 };
 
+// The store options for the rows of Stagers configured as `stager` (the row
+// fields above; max_seqs, max_failures and strict are each Stager's own), and
+// back: the options of a one-sequence Stager of the store's rows. The one
+// place the two structs' shared fields are mapped.
+PrefixStoreOptions prefix_store_options(const StagerOptions& stager, std::int64_t block_tokens,
+                                        std::int64_t budget_bytes) noexcept;
+StagerOptions stager_options(const PrefixStoreOptions& store) noexcept;
+
 // A chain of keys: key i is bytes[offsets[i], offsets[i + 1]); offsets has
 // n + 1 entries, offsets[0] == 0.
 struct KeyChain {

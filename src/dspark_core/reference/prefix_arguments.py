@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError
+from .arguments import bad_value
 
 #: Keys are 1..64 bytes (a SHA-256 block hash is 32).
 MAX_KEY_BYTES = 64
@@ -206,13 +207,7 @@ def row_count(n: int, dim: int, dtype: str, start: int, end: int, got: int) -> V
 
 def unstorable(row: int, start: int, channel: int, value: float, storage: str, stage_dtype: str,
                limit: float) -> ValueError:
-    if np.isfinite(value):
-        staged = "" if stage_dtype == "float32" else f" staged as {stage_dtype}"
-        what = f", which overflows {storage} storage{staged} (|x| must stay below {float(limit):.9g})"
-    else:
-        what = ", a non-finite value"
-    shown = "nan" if np.isnan(value) else f"{float(value):.9g}"
-    return ValueError(f"row {row} (position {start + row}), channel {channel} holds {shown}{what}; nothing was "
+    return ValueError(f"{bad_value(start, row, channel, value, storage, stage_dtype, limit)}; nothing was "
                       "published (nonfinite='error')")
 
 
