@@ -56,6 +56,25 @@ struct Chain {
     std::size_t n() const { return keys.size(); }
 };
 
+// A held-row and an external-row Stager, each with its store (block_tokens BT, 1 MiB).
+struct HeldAndExternal {
+    dspark_stager* held = make_stager();
+    dspark_stager* ext = make_stager(DSPARK_ROWS_EXTERNAL);
+    dspark_prefix_store *hs = nullptr, *es = nullptr;
+    HeldAndExternal() {
+        CHECK_EQ(dspark_prefix_store_create(held, BT, 1 << 20, &hs), DSPARK_OK);
+        CHECK_EQ(dspark_prefix_store_create(ext, BT, 1 << 20, &es), DSPARK_OK);
+    }
+    ~HeldAndExternal() {
+        dspark_prefix_store_destroy(hs);
+        dspark_prefix_store_destroy(es);
+        dspark_stager_destroy(held);
+        dspark_stager_destroy(ext);
+    }
+    HeldAndExternal(const HeldAndExternal&) = delete;
+    HeldAndExternal& operator=(const HeldAndExternal&) = delete;
+};
+
 bool mentions(const char* what) { return std::strstr(dspark_last_error(), what) != nullptr; }
 
 void prefill_publish(dspark_stager* st, dspark_prefix_store* store, std::int64_t seq, std::int64_t h,
@@ -146,11 +165,9 @@ TEST_CASE(c_hit_restages_what_a_full_prefill_stages) {
 }
 
 TEST_CASE(c_external_moves_fill_the_callers_tables) {
-    dspark_stager* held = make_stager();
-    dspark_stager* ext = make_stager(DSPARK_ROWS_EXTERNAL);
-    dspark_prefix_store *hs = nullptr, *es = nullptr;
-    CHECK_EQ(dspark_prefix_store_create(held, BT, 1 << 20, &hs), DSPARK_OK);
-    CHECK_EQ(dspark_prefix_store_create(ext, BT, 1 << 20, &es), DSPARK_OK);
+    const HeldAndExternal pair;
+    dspark_stager *held = pair.held, *ext = pair.ext;
+    dspark_prefix_store *hs = pair.hs, *es = pair.es;
     int64_t ring_rows = 0, table_rows = 0;
     dspark_ring_rows(ext, &ring_rows);
     CHECK_EQ(dspark_prefix_store_layout(es, nullptr, nullptr, &table_rows), DSPARK_OK);
@@ -210,10 +227,6 @@ TEST_CASE(c_external_moves_fill_the_callers_tables) {
     dspark_prefix_count(e2, &count);
     CHECK_EQ(count, 1u);
     dspark_prefix_store_destroy(e2);
-    dspark_prefix_store_destroy(hs);
-    dspark_prefix_store_destroy(es);
-    dspark_stager_destroy(held);
-    dspark_stager_destroy(ext);
 }
 
 TEST_CASE(c_rejected_calls_say_why_and_change_nothing) {
@@ -274,11 +287,9 @@ TEST_CASE(c_rejected_calls_say_why_and_change_nothing) {
 TEST_CASE(c_checks_come_in_the_cores_order_with_its_messages) {
     // The sequence's errors first (an unknown id, an open round), then this layer's conversions
     // (NULL pointers), then the core's values: the order and the words of the Python API.
-    dspark_stager* st = make_stager();
-    dspark_stager* ext = make_stager(DSPARK_ROWS_EXTERNAL);
-    dspark_prefix_store *store = nullptr, *es = nullptr;
-    CHECK_EQ(dspark_prefix_store_create(st, BT, 1 << 20, &store), DSPARK_OK);
-    CHECK_EQ(dspark_prefix_store_create(ext, BT, 1 << 20, &es), DSPARK_OK);
+    const HeldAndExternal pair;
+    dspark_stager* st = pair.held;
+    dspark_prefix_store *store = pair.hs, *es = pair.es;
     prefill_publish(st, store, 0, 40);
     Chain c(0, 40);
     dspark_prefix_hit_result r;
@@ -324,10 +335,6 @@ TEST_CASE(c_checks_come_in_the_cores_order_with_its_messages) {
     CHECK_EQ(dspark_prefix_publish_rows(store, next.bytes(), next.offsets.data(), 1, 40, 48, rows.data(),
                                         DSPARK_DTYPE_F32, rows.size() * 4 - 6), DSPARK_E_INVALID_ARGUMENT);
     CHECK(mentions("rows must be 8 x 64 float32 values for positions [40, 48), got 7 rows and 250 bytes"));
-    dspark_prefix_store_destroy(store);
-    dspark_prefix_store_destroy(es);
-    dspark_stager_destroy(st);
-    dspark_stager_destroy(ext);
 }
 
 TEST_MAIN()
