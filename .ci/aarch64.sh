@@ -75,16 +75,16 @@ done
 for forced in "scalar:scalar,portable" "neon,armv8-crc:neon,armv8-crc" "neon-bf16,portable:neon-bf16,portable"; do
   echo "ctest, -cpu max, DSPARK_SIMD=${forced%%:*}"
   QEMU_CPU=max DSPARK_SIMD=${forced%%:*} DSPARK_TEST_EXPECT_ACTIVE=${forced#*:} \
-    ctest --test-dir "$B" -E 'test_cuda_kernels|test_dispatch_forced' --output-on-failure -j"$JOBS" | tail -3
+    ctest --test-dir "$B" -E 'test_cuda_kernels|test_cuda_batch|test_dispatch_forced' --output-on-failure -j"$JOBS" | tail -3
 done
 echo "ctest, -cpu cortex-a72 (no BF16: the best path is neon)"
 QEMU_CPU=cortex-a72 DSPARK_TEST_EXPECT_ACTIVE=neon,armv8-crc \
-  ctest --test-dir "$B" -E test_cuda_kernels --output-on-failure -j"$JOBS" | tail -3
+  ctest --test-dir "$B" -E 'test_cuda_kernels|test_cuda_batch' --output-on-failure -j"$JOBS" | tail -3
 lap "ctest under qemu, 3 forced paths + a CPU without BF16"
 # The CUDA kernels on the host emulator against the CPU decode (path-independent:
 # it compares with the scalar path itself), once.
-QEMU_CPU=max ctest --test-dir "$B" -R test_cuda_kernels --output-on-failure | tail -3
-lap "test_cuda_kernels under qemu"
+QEMU_CPU=max ctest --test-dir "$B" -R 'test_cuda_kernels|test_cuda_batch' --output-on-failure | tail -3
+lap "test_cuda_kernels, test_cuda_batch under qemu"
 
 # -- 3. the wheels ---------------------------------------------------------------------
 "$PY" -m venv "$WORK/tools"

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # GPU check for dspark_core's CUDA row conversion, in one go (< 5 minutes):
 #   1. builds and installs the package with the CUDA kernels (DSPARK_CUDA=ON),
-#   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes; tests/test_device_ring.py;
-#      tests/test_device_prefix.py),
+#   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes; tests/test_device_ring.py,
+#      tests/test_ring_batches.py: the rows of external-row Stagers on the device, CUDA graphs;
+#      tests/test_device_prefix.py: a prefix store's rows on the device),
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
-#      bandwidth on the same GPU.
+#      bandwidth on the same GPU,
+#   4. runs bench/bench_ring_batches.py: launches per batch, per-sequence vs batched, and
+#      the batched gather / write bandwidth against a device copy at N = 16, 64, 256.
 #
 # Needs: an NVIDIA GPU + a driver new enough for the CUDA toolkit's runtime
 # (CUDA 13 needs driver >= 580; the runtime is linked statically), nvcc
@@ -92,8 +95,8 @@ for lib in ("cupy", "torch"):
         print(f"{lib} not available ({type(exc).__name__})")
 EOF
 
-log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_device_prefix.py)"
-$PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_device_prefix.py -q -p no:cacheprovider -rfEs -x
+log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_ring_batches.py, tests/test_device_prefix.py)"
+$PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_ring_batches.py tests/test_device_prefix.py -q -p no:cacheprovider -rfEs -x
 
 log "benchmark"
 $PY - <<'EOF'
@@ -226,4 +229,12 @@ for st in formats.STORAGES:
               f"  {t * 1e3:7.3f} ms  ({k} rows in {len(slot_runs(plan.slots))} run(s))")
     stager.commit(0)
 EOF
+
+log "batches of sequences (bench/bench_ring_batches.py)"
+if [ "$MODE" = "EMULATE" ]; then
+  # The emulated device: launches and bytes only (a CPU model of the kernels), small rows.
+  $PY bench/bench_ring_batches.py --dim "${GPU_CHECK_DIM:-512}" --rows 4 --storages q8_0,q4_0,bf16,f32
+else
+  $PY bench/bench_ring_batches.py --dim "${GPU_CHECK_DIM:-4096}" --rows 16 --storages q8_0,q4_0,bf16,f32
+fi
 log "done"

@@ -1,8 +1,10 @@
-"""DeviceRing: an external-row Stager's rows on the device, bit-exact with held mode.
+"""The owners of an external-row Stager's rows, bit-exact with held mode: DeviceRing and HostRing.
 
-Runs where a CUDA device is usable: a real GPU, or (in CI) the
-DSPARK_CUDA=EMULATE build's emulated device, where "device memory" is host
-memory and the same kernels run under the warp model. The oracle is a held
+Every test of the owner's interface runs for both owners (the ``owner``
+parameter): HostRing everywhere, DeviceRing where a CUDA device is usable (a
+real GPU, or in CI the DSPARK_CUDA=EMULATE build's emulated device, where
+"device memory" is host memory and the same kernels run under the warp
+model); the launch counts need the device. The oracle is a held
 Stager with the same configuration fed the same host rows: after every round
 ``ring.gather(plan)`` must equal its ``plan.rows`` byte for byte (and
 ``gather(batch)`` its ``batch.rows``), through long prefills, ring wrap,
@@ -16,15 +18,26 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 import pytest
+
 from conftest import at_once
 
-from dspark_core import Stager, StagerConfig, cuda, formats, snapshot_format
+from dspark_core import HostRing, Stager, StagerConfig, cuda, formats, snapshot_format
 from dspark_core.config import STORAGES
 from dspark_core.errors import StateError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
 gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
+
+#: The owner classes by name; DeviceRing's tests skip without a device.
+OWNERS = {"host": HostRing, "device": cuda.DeviceRing}
+OWNER_PARAMS = ["host", pytest.param("device", marks=gpu)]
+
+
+@pytest.fixture(params=OWNER_PARAMS)
+def owner(request):
+    """Which owner of the rows a test drives (every interface test runs for both)."""
+    return request.param
 
 
 @pytest.mark.skipif(cuda.available(), reason="checks the no-device error; a device is present")
@@ -46,20 +59,26 @@ def activations(rng, n, dim, dtype=np.float32, bos=False, big=True):
     return x.astype(dtype)
 
 
-def dev(x):
-    return cuda.DeviceArray.from_numpy(np.ascontiguousarray(x))
+def host(ring, d):
+    """An owner's array as its bytes on the host."""
+    return ring.to_numpy(d).view(np.uint8).reshape(-1)
 
 
-def host(d):
-    return d.get().view(np.uint8).reshape(-1)
+def empty(ring, shape, dtype):
+    """An uninitialized array in an owner's memory."""
+    if isinstance(ring, HostRing):
+        return np.empty(shape, dtype)
+    return cuda.DeviceArray(shape, dtype)
 
 
 class Launches:
     """Counts calls of the binding's encode / decode (one kernel launch each)."""
 
+    NAMES = ("encode", "decode")
+
     def __init__(self, monkeypatch):
         self.n = 0
-        for name in ("encode", "decode"):
+        for name in self.NAMES:
             fn = getattr(cuda._cuda, name)
             monkeypatch.setattr(cuda._cuda, name, self._counted(fn))
 
@@ -75,12 +94,12 @@ class Launches:
 
 
 class Pair:
-    """A held Stager (the oracle) and an external Stager + DeviceRing, driven together."""
+    """A held Stager (the oracle) and an external Stager + its row owner, driven together."""
 
-    def __init__(self, cfg, seed=0, in_dtype=np.float32, big=False):
+    def __init__(self, cfg, owner="device", seed=0, in_dtype=np.float32, big=False):
         self.held = Stager(cfg)
         self.ext = Stager(cfg.replace(rows="external"))
-        self.ring = cuda.DeviceRing(self.ext)
+        self.ring = OWNERS[owner](self.ext)
         self.rng = np.random.default_rng(seed)
         self.dim = cfg.feature_dim
         self.in_dtype = in_dtype
@@ -94,7 +113,7 @@ class Pair:
         rows = activations(self.rng, n, self.dim, self.in_dtype, bos=start == 0, big=self.big)
         pos = np.arange(start, start + n)
         self.held.process(seq, pos, rows)
-        return self.ring.write(seq, pos, dev(rows))
+        return self.ring.write(seq, pos, self.ring.upload(rows))
 
     def both(self, name, *args):
         a = getattr(self.held, name)(*args)
@@ -109,7 +128,7 @@ class Pair:
         if hp.skip is None:
             got = self.ring.gather(xp)
             assert got.shape == hp.rows.shape and got.dtype == hp.rows.dtype
-            assert np.array_equal(host(got), hp.rows.view(np.uint8).reshape(-1))
+            assert np.array_equal(host(self.ring, got), hp.rows.view(np.uint8).reshape(-1))
             self.both("commit", seq) if close == "commit" else self.both("fail", seq, close)
         return hp, xp
 
@@ -119,14 +138,13 @@ class Pair:
 RING_CONFIGS = [(s, d) for s in STORAGES for d in ("float32", "float16", "bfloat16")]
 
 
-@gpu
 @pytest.mark.parametrize("nonfinite", ["clamp", "error"])
 @pytest.mark.parametrize(("storage", "stage_dtype"), RING_CONFIGS)
-def test_device_ring_matches_held_mode(storage, stage_dtype, nonfinite):
+def test_device_ring_matches_held_mode(owner, storage, stage_dtype, nonfinite):
     """Massive activations (1e5 channels, a 300x BOS row) clamped to what the storage holds,
     or, under nonfinite="error", rows every storage can hold."""
     cfg = StagerConfig(64, 3, 24, max_seqs=3, storage=storage, stage_dtype=stage_dtype, nonfinite=nonfinite)
-    p = Pair(cfg, seed=STORAGES.index(storage), big=nonfinite == "clamp")
+    p = Pair(cfg, owner, seed=STORAGES.index(storage), big=nonfinite == "clamp")
     p.feed(0, 900)  # a prompt far longer than the window: bounded ingest
     wrapped = False
     for i in range(220):  # ~900 rows through a 540-slot ring: wraps
@@ -151,16 +169,15 @@ def test_device_ring_matches_held_mode(storage, stage_dtype, nonfinite):
     p.feed(2, 30)
     hb, xb = p.both("draft_many", [0, 1, 2], [p.end(0), p.end(1), p.end(2)])
     got = p.ring.gather(xb)
-    assert np.array_equal(host(got), hb.rows.view(np.uint8).reshape(-1))
+    assert np.array_equal(host(p.ring, got), hb.rows.view(np.uint8).reshape(-1))
     assert got.shape == (len(hb.rows), 64)
 
 
-@gpu
 @pytest.mark.parametrize("in_dtype", [np.float32, np.float16, BF16], ids=["f32", "f16", "bf16"])
 @pytest.mark.parametrize("storage", ["f16", "q8_0"])
-def test_write_is_bit_exact_for_every_input_dtype(storage, in_dtype):
+def test_write_is_bit_exact_for_every_input_dtype(owner, storage, in_dtype):
     cfg = StagerConfig(64, 2, 20, storage=storage)
-    p = Pair(cfg, seed=3, in_dtype=in_dtype)
+    p = Pair(cfg, owner, seed=3, in_dtype=in_dtype)
     slots = p.feed(0, 7)
     np.testing.assert_array_equal(slots, np.arange(7))
     enc = p.held.draft(0, 7).encoded_rows
@@ -173,7 +190,7 @@ def test_launches_per_call(monkeypatch, nonfinite):
     """write: <= 2 encode launches (one validation launch more under 'error');
     gather: <= 2 decode launches per sequence, also when the slots wrap."""
     cfg = StagerConfig(64, 3, 24, storage="q4_0", nonfinite=nonfinite, max_seqs=2)
-    p = Pair(cfg)
+    p = Pair(cfg, "device")
     launches = Launches(monkeypatch)
     p.feed(0, 30)  # 12 rows stay at slots 0..11 (W // 2)
     p.feed(0, 1)  # one more: rounds of 4 rows then straddle the ring's end
@@ -186,7 +203,7 @@ def test_launches_per_call(monkeypatch, nonfinite):
         launches.take()
         got = p.ring.gather(xp)
         worst_gather = max(worst_gather, launches.take())
-        assert host(got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
+        assert host(p.ring, got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
         p.both("commit", 0)
         p.feed(0, 4)
         worst_write = max(worst_write, launches.take())
@@ -195,38 +212,36 @@ def test_launches_per_call(monkeypatch, nonfinite):
     assert worst_write == (1 if nonfinite == "error" else 2)  # error: validate once, then copy
 
 
-@gpu
-def test_nonfinite_rows_are_rejected_before_anything_changes():
+def test_nonfinite_rows_are_rejected_before_anything_changes(owner):
     cfg = StagerConfig(32, 2, 12)
-    p = Pair(cfg)
+    p = Pair(cfg, owner)
     p.feed(0, 5)
     state, stats = p.ext.state(0), p.ext.stats(0)
     before = p.ring.read(range(8))
     rows = activations(p.rng, 3, 32)
     rows[1, 7] = np.nan
     with pytest.raises(ValueError, match=r"row 1 \(position 6\) holds a non-finite value"):
-        p.ring.write(0, [5, 6, 7], dev(rows))
+        p.ring.write(0, [5, 6, 7], p.ring.upload(rows))
     assert p.ext.state(0) == state and p.ext.stats(0) == stats
     assert p.ring.read(range(8)).tobytes() == before.tobytes()
     # A prefill chunk longer than the staging buffer is validated in pieces.
     big = activations(p.rng, 1300, 32)
     big[1100, 0] = np.inf
     with pytest.raises(ValueError, match=r"row 1100 \(position 1105\)"):
-        p.ring.write(0, np.arange(5, 1305), dev(big))
+        p.ring.write(0, np.arange(5, 1305), p.ring.upload(big))
     assert p.ext.state(0) == state
     # Under nonfinite="zero" the row is written with zeros, as the held core does.
-    z = Pair(cfg.replace(nonfinite="zero"))
+    z = Pair(cfg.replace(nonfinite="zero"), owner)
     z.held.process(0, [0, 1, 2], rows)
-    slots = z.ring.write(0, [0, 1, 2], dev(rows))
+    slots = z.ring.write(0, [0, 1, 2], z.ring.upload(rows))
     assert z.ring.read(slots).tobytes() == z.held.draft(0, 3).encoded_rows.tobytes()
 
 
-@gpu
-def test_long_prefill_chunk_is_encoded_into_its_slots():
+def test_long_prefill_chunk_is_encoded_into_its_slots(owner):
     """More rows than the staging buffer holds: validated in pieces, then encoded straight
     into the slots; only the rows a later round can stage get one."""
     cfg = StagerConfig(32, 4, 900, storage="bf16")
-    p = Pair(cfg, seed=5)
+    p = Pair(cfg, owner, seed=5)
     slots = p.feed(0, 1400)
     w = cfg.window  # the last W rows stay stageable
     assert (slots[: 1400 - w] == -1).all()
@@ -235,22 +250,21 @@ def test_long_prefill_chunk_is_encoded_into_its_slots():
     assert hp.n_rows == cfg.w_keep
 
 
-@gpu
 @pytest.mark.parametrize("storage", ["f32", "q8_0"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
-def test_gather_in_another_dtype_equals_the_cpu_decoder(storage, dtype):
+def test_gather_in_another_dtype_equals_the_cpu_decoder(owner, storage, dtype):
 
     cfg = StagerConfig(64, 2, 16, storage=storage)
-    p = Pair(cfg, seed=11)
+    p = Pair(cfg, owner, seed=11)
     p.feed(0, 9)
     hp, xp = p.both("draft", 0, 9)
     got = p.ring.gather(xp, dtype)
     want = formats.dequantize_rows(hp.encoded_rows, storage, 64, BF16 if dtype == "bfloat16" else dtype)
-    assert got.shape == want.shape and host(got).tobytes() == want.tobytes()
-    out = cuda.DeviceArray(want.shape, want.dtype)
-    assert p.ring.gather(xp, dtype, out=out) is out and host(out).tobytes() == want.tobytes()
+    assert got.shape == want.shape and host(p.ring, got).tobytes() == want.tobytes()
+    out = empty(p.ring, want.shape, want.dtype)
+    assert p.ring.gather(xp, dtype, out=out) is out and host(p.ring, out).tobytes() == want.tobytes()
     with pytest.raises(ValueError, match="shape"):
-        p.ring.gather(xp, dtype, out=cuda.DeviceArray((1, 64), want.dtype))
+        p.ring.gather(xp, dtype, out=empty(p.ring, (1, 64), want.dtype))
 
 
 #: (storage, stage dtype) pairs whose stage dtype narrows the storage's own bounds.
@@ -263,16 +277,15 @@ def test_narrowing_pairs_exist():
     assert ("f16", "float16") not in NARROWING
 
 
-@gpu
 @pytest.mark.parametrize("nonfinite", ["error", "zero", "clamp", "clamp_f16"])
 @pytest.mark.parametrize(("storage", "stage_dtype"), NARROWING)
-def test_a_narrowing_stage_dtype_holds_device_rows_to_its_limit(storage, stage_dtype, nonfinite):
+def test_a_narrowing_stage_dtype_holds_device_rows_to_its_limit(owner, storage, stage_dtype, nonfinite):
     """Finite rows just below, at and above the narrowed limit (and far above the storage's
     own for f32): the ring rejects exactly what the held Stager rejects, and otherwise
     stores and stages its bytes, clamped or zeroed alike."""
     cfg = StagerConfig(64, 2, 16, storage=storage, stage_dtype=stage_dtype, nonfinite=nonfinite)
     b = formats.encode_bounds(storage, BF16 if stage_dtype == "bfloat16" else stage_dtype)
-    p = Pair(cfg, seed=21)
+    p = Pair(cfg, owner, seed=21)
     p.feed(0, 6)
     below, at = np.float32(b.clamp_to), np.float32(b.limit)
     above = np.nextafter(at, np.float32(np.inf))
@@ -288,23 +301,22 @@ def test_a_narrowing_stage_dtype_holds_device_rows_to_its_limit(storage, stage_d
         except ValueError:
             assert nonfinite == "error" and abs(v) >= at
             with pytest.raises(ValueError, match=r"row 1 .* overflows"):
-                p.ring.write(0, pos, dev(rows))
+                p.ring.write(0, pos, p.ring.upload(rows))
             assert p.ext.state(0) == state and p.ring.read(range(12)).tobytes() == before.tobytes()
             rejected += 1
             continue
         assert abs(v) < at or nonfinite != "error"
-        p.ring.write(0, pos, dev(rows))
+        p.ring.write(0, pos, p.ring.upload(rows))
         p.round(0)  # the staged rows: the held plan's, byte for byte (rows in stage_dtype)
         assert p.held.state(0) == p.ext.state(0)
     assert rejected == (3 if nonfinite == "error" else 0)
 
 
-@gpu
-def test_errors_are_clear_and_change_nothing():
+def test_errors_are_clear_and_change_nothing(owner):
     cfg = StagerConfig(32, 2, 12, max_seqs=2)
     with pytest.raises(ValueError, match="external-row mode"):
-        cuda.DeviceRing(Stager(cfg))
-    p = Pair(cfg)
+        OWNERS[owner](Stager(cfg))
+    p = Pair(cfg, owner)
     other = Stager(cfg.replace(rows="external"))
     p.feed(0, 6)
     other.process(0, np.arange(6))
@@ -314,22 +326,22 @@ def test_errors_are_clear_and_change_nothing():
     hp, xp = p.both("draft", 0, 6)
     p.ring.gather(xp)
     with pytest.raises(StateError):
-        p.ring.write(0, [6], dev(activations(p.rng, 1, 32)))
+        p.ring.write(0, [6], p.ring.upload(activations(p.rng, 1, 32)))
     p.both("commit", 0)
     with pytest.raises(ValueError, match="no open round"):
         p.ring.gather(xp)
     # Wrong dtype, shape, host memory, positions: clear errors, nothing appended.
     state = p.ext.state(0)
     with pytest.raises(TypeError, match="dtype int32"):
-        p.ring.write(0, [6], dev(np.zeros((1, 32), np.int32)))
+        p.ring.write(0, [6], p.ring.upload(np.zeros((1, 32), np.int32)))
     with pytest.raises(ValueError, match=r"must be \(n, 32\)"):
-        p.ring.write(0, [6], dev(np.zeros((1, 31), np.float32)))
-    with pytest.raises(TypeError, match="host memory"):
-        p.ring.write(0, [6], np.zeros((1, 32), np.float32))
+        p.ring.write(0, [6], p.ring.upload(np.zeros((1, 31), np.float32)))
+    with pytest.raises(TypeError, match="host memory"):  # each owner takes its own memory's arrays
+        p.ring.write(0, [6], np.zeros((1, 32), np.float32) if owner == "device" else [[0.0] * 32])
     with pytest.raises(ValueError, match="continue at 6"):
-        p.ring.write(0, [7], dev(np.zeros((1, 32), np.float32)))
+        p.ring.write(0, [7], p.ring.upload(np.zeros((1, 32), np.float32)))
     with pytest.raises(ValueError, match="2 positions for 1 rows"):
-        p.ring.write(0, [6, 7], dev(np.zeros((1, 32), np.float32)))
+        p.ring.write(0, [6, 7], p.ring.upload(np.zeros((1, 32), np.float32)))
     assert p.ext.state(0) == state
     # Moves: of another Stager, out of order, or not moves at all.
     p.feed(0, 2)
@@ -351,19 +363,19 @@ def test_errors_are_clear_and_change_nothing():
     p.round(1)
 
 
-@gpu
 @pytest.mark.parametrize("storage", ["f32", "q4_0"])
-def test_loop_with_rows_on_the_device_is_lossless(storage):
+def test_loop_with_external_rows_is_lossless(owner, storage):
     """The whole speculative loop (prefill chunks, rebases, injected drafter failures, two
-    sequences planned with draft_many) with the rows only on the device: the output is the
-    target's greedy decoding, the drafter's incremental logits equal a from-scratch recompute,
-    and every figure equals the held-mode run's."""
+    sequences planned with draft_many) with the rows only in the owner's table: the output is
+    the target's greedy decoding, the drafter's incremental logits equal a from-scratch
+    recompute, and every figure equals the held-mode run's."""
     from dspark_core.cli.simulate import simulate
 
     kw = dict(context=700, generate=120, block=4, window=64, storage=storage, seqs=2, feature_dim=64,
               prefill_chunk=256, fail_every=7, check=True, stager="core", modes=("windowed",))
-    ext = simulate(rows="external", **kw)
+    ext = simulate(rows="external", ring=owner, **kw)
     held = simulate(rows="held", **kw)
+    assert ext["config"]["ring"] == owner
     assert ext["lossless"] and held["lossless"]
     e, h = ext["modes"]["windowed"], held["modes"]["windowed"]
     assert e["rebases"] > 0 and e["failures"] > 0 and e["recompute_checks"] > 0
@@ -372,21 +384,27 @@ def test_loop_with_rows_on_the_device_is_lossless(storage):
         assert e[k] == h[k], k
 
 
-def test_simulate_rows_external_without_a_device_says_why(capsys):
+def test_simulate_rows_external_runs_without_a_device(capsys):
+    """--rows external needs no GPU: without a device (or with --ring host) a HostRing keeps
+    the rows, and the table says so; --ring device without one says why."""
     from dspark_core import cli
 
+    assert cli.main(["simulate", "--context", "100", "--generate", "10", "--rows", "external", "--ring", "host"]) == 0
+    assert "rows in host memory (external-row mode, HostRing)" in capsys.readouterr().out
     if cuda.available():
         pytest.skip("checks the no-device error; a device is present")
-    assert cli.main(["simulate", "--context", "100", "--generate", "10", "--rows", "external", "-q"]) == 2
+    assert cli.main(["simulate", "--context", "100", "--generate", "10", "--rows", "external", "-q"]) == 0
+    assert "HostRing" in capsys.readouterr().out
+    assert cli.main(["simulate", "--context", "100", "--generate", "10", "--rows", "external", "--ring", "device",
+                     "-q"]) == 2
     assert "no CUDA device available" in capsys.readouterr().err
 
 
-@gpu
-def test_snapshot_and_restore_move_a_sequence_between_rings():
+def test_snapshot_and_restore_move_a_sequence_between_rings(owner):
     """An external snapshot (bookkeeping) plus the ring's device copy of the rows restore the
     sequence on another ring: its next round stages what the held Stager stages."""
     cfg = StagerConfig(64, 3, 24, max_seqs=2, storage="q8_0")
-    p = Pair(cfg, seed=9)
+    p = Pair(cfg, owner, seed=9)
     p.feed(0, 300)
     for _ in range(40):
         p.round(0)
@@ -395,9 +413,9 @@ def test_snapshot_and_restore_move_a_sequence_between_rings():
     data, rows = p.ring.snapshot(0)
     held_data = p.held.snapshot(0)
     other = Stager(cfg.replace(rows="external"))
-    ring2 = cuda.DeviceRing(other)
+    ring2 = OWNERS[owner](other)
     with pytest.raises(ValueError, match=r"rows must be uint8 \("):
-        ring2.restore(1, data, dev(np.zeros((1, 2), np.uint8)))
+        ring2.restore(1, data, p.ring.upload(np.zeros((1, 2), np.uint8)))
     with pytest.raises(ValueError, match="carries its rows"):
         ring2.restore(1, held_data, rows)
     assert other.state(1)["started"] is False
@@ -408,15 +426,15 @@ def test_snapshot_and_restore_move_a_sequence_between_rings():
     end = held2.state(1)["end"]
     hp, xp = held2.draft(1, end), other.draft(1, end)
     got = ring2.gather(xp)
-    assert host(got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
+    assert host(ring2, got).tobytes() == hp.rows.view(np.uint8).reshape(-1).tobytes()
 
 
-def _ring_trial(threads_call_the_ring):
+def _ring_trial(owner, threads_call_the_ring):
     """A held oracle, an external Stager and its ring: sequence 0 holds 300 rows, 2 holds
     200, 4 holds 40; 5's snapshot and device rows are saved. Threads then fork, shift and
     restore overlapping sequences at once and draft an unrelated one."""
     cfg = StagerConfig(32, 4, 400, max_seqs=6, storage="q8_0")
-    p = Pair(cfg, seed=1)
+    p = Pair(cfg, owner, seed=1)
     for seq, n in ((0, 300), (2, 200), (4, 40), (5, 120)):
         p.feed(seq, n)
     snap_x, rows_x = p.ring.snapshot(5)
@@ -451,20 +469,18 @@ def _ring_trial(threads_call_the_ring):
         assert p.ring.read(slots).tobytes() == rows, s
 
 
-@gpu
 @pytest.mark.parametrize("threads_call_the_ring", [True, False], ids=["ring-calls", "apply-after"])
-def test_table_changes_from_several_threads_apply_in_serial_order(threads_call_the_ring):
+def test_table_changes_from_several_threads_apply_in_serial_order(owner, threads_call_the_ring):
     """Concurrent fork / shift / restore: the core numbers them in the order they ran, the
     ring applies them in that order (its own calls from any thread, or moves applied later
     through apply), and the device table holds the held oracle's rows afterwards."""
     for _ in range(40):
-        _ring_trial(threads_call_the_ring)
+        _ring_trial(owner, threads_call_the_ring)
 
 
-@gpu
-def test_apply_refuses_views_copies_and_edits():
+def test_apply_refuses_views_copies_and_edits(owner):
     cfg = StagerConfig(32, 2, 64, max_seqs=2)
-    p = Pair(cfg)
+    p = Pair(cfg, owner)
     p.feed(0, 40)
     hm, xm = p.held.shift(0, 10, 3), p.ext.shift(0, 10, 3)
     assert len(xm) > 2 and np.array_equal(hm, xm)
@@ -491,12 +507,11 @@ def test_apply_refuses_views_copies_and_edits():
     p.round(1)
 
 
-@gpu
-def test_gather_refuses_a_plan_whose_round_has_closed():
+def test_gather_refuses_a_plan_whose_round_has_closed(owner):
     """A plan of a closed round is refused even while a newer round of its sequence is open
     (its slots may hold other rows by now), and a batch plan likewise."""
     cfg = StagerConfig(32, 2, 12, max_seqs=2)
-    p = Pair(cfg)
+    p = Pair(cfg, owner)
     p.feed(0, 5)
     p.feed(1, 5)
     _, old = p.both("draft", 0, 5)
@@ -509,7 +524,7 @@ def test_gather_refuses_a_plan_whose_round_has_closed():
     assert now.round > old.round > 0
     with pytest.raises(ValueError, match=rf"of round {old.round}, and the sequence has another round open"):
         p.ring.gather(old)
-    assert np.array_equal(host(p.ring.gather(now)), hp.rows.view(np.uint8).reshape(-1))
+    assert np.array_equal(host(p.ring, p.ring.gather(now)), hp.rows.view(np.uint8).reshape(-1))
     p.both("commit", 0)
     hb, xb = p.both("draft_many", [0, 1], [p.end(0), p.end(1)])
     p.ring.gather(xb)

@@ -164,32 +164,38 @@ __device__ __forceinline__ void encode_elem(const void* __restrict__ src, void* 
     store_elem(dst, OUT, i, v);
 }
 
+// Elements i .. i+3 (i % 4 == 0) of a run, as encode_elem does each of them
+// (the run kernel below and the batch kernels of row_batch_kernels.cuh).
+template <int IN, int OUT>
+__device__ __forceinline__ void encode4(const void* __restrict__ src, void* __restrict__ dst, std::size_t i,
+                                        int policy, std::uint32_t limit, unsigned long long* __restrict__ bad) {
+    float v[4];
+    load4(src, IN, i, v);
+    if (policy == NF_ERROR) {
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+            if (bad != nullptr && beyond(v[k], limit)) {  // the chunk's first; atomicMin keeps the run's
+                atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(k)));
+                break;
+            }
+        if (IN == OUT) {
+            copy4(src, dst, IN, i);
+            return;
+        }
+    } else {
+#pragma unroll
+        for (int k = 0; k < 4; ++k) v[k] = apply_policy(v[k], policy, limit);
+    }
+    store4(dst, OUT, i, v);
+}
+
 template <int IN, int OUT>
 __global__ void __launch_bounds__(kThreads) k_encode_float(const void* __restrict__ src, void* __restrict__ dst,
                                                            std::size_t n, int policy, std::uint32_t limit,
                                                            unsigned long long* __restrict__ bad) {
     const std::size_t full = n / kChunk;  // whole chunks; the n % 4 tail goes element by element
-    for (std::size_t c = global_thread(); c < full; c += grid_threads()) {
-        const std::size_t i = c * kChunk;
-        float v[4];
-        load4(src, IN, i, v);
-        if (policy == NF_ERROR) {
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                if (bad != nullptr && beyond(v[k], limit)) {  // the chunk's first; atomicMin keeps the run's
-                    atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(k)));
-                    break;
-                }
-            if (IN == OUT) {
-                copy4(src, dst, IN, i);
-                continue;
-            }
-        } else {
-#pragma unroll
-            for (int k = 0; k < 4; ++k) v[k] = apply_policy(v[k], policy, limit);
-        }
-        store4(dst, OUT, i, v);
-    }
+    for (std::size_t c = global_thread(); c < full; c += grid_threads())
+        encode4<IN, OUT>(src, dst, c * kChunk, policy, limit, bad);
     const std::size_t t = global_thread();
     if (t < n - full * kChunk) encode_elem<IN, OUT>(src, dst, full * kChunk + t, policy, limit, bad);
 }
@@ -203,6 +209,102 @@ constexpr int kElemsPerLane = 4;
 constexpr int kLanesPerBlock = QK / kElemsPerLane;  // 8
 constexpr int kBlocksPerWarp = 32 / kLanesPerBlock;  // 4
 
+// One quantizer step of a warp: its lane `lane` owns elements i .. i+3 of
+// `src` (8 lanes a 32-element block, the block's bytes at `blk`). Every lane
+// of the warp calls this together (the shuffles need all 32); a lane that is
+// not `live` (past the last block, or a skipped row) feeds neutral values and
+// writes nothing. Under NF_ERROR the lane's first unencodable element is
+// reported to `bad` (when not null) as index i + k.
+template <int IN, int Q>
+__device__ __forceinline__ void quantize4(const void* __restrict__ src, std::size_t i, std::uint8_t* __restrict__ blk,
+                                          bool live, int lane, int policy, std::uint32_t limit,
+                                          unsigned long long* __restrict__ bad) {
+    const int t = lane % kLanesPerBlock;                       // which 4 elements of the block
+    const int group_base = lane / kLanesPerBlock * kLanesPerBlock;  // the block's first lane
+    float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    if (live) load4(src, IN, i, v);
+    // Per lane: the policy, the first non-finite (for the flag) and the
+    // first NaN (fully unrolled, so v stays in registers).
+    int first_bad = -1;
+    bool has_nan = false;
+    float my_nan = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        if (policy == NF_ERROR) {
+            if (first_bad < 0 && beyond(v[k], limit)) first_bad = k;
+        } else {
+            v[k] = apply_policy(v[k], policy, limit);
+        }
+        if (!has_nan && is_nan(v[k])) {
+            has_nan = true;
+            my_nan = v[k];
+        }
+    }
+    // The lane's first non-finite; atomicMin keeps the run's first.
+    if (first_bad >= 0 && bad != nullptr && live)
+        atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(first_bad)));
+    // The block's first NaN: the first NaN of its lowest lane holding one.
+    const unsigned nan_lanes = (__ballot_sync(kFull, has_nan) >> group_base) & 0xffu;
+    const int nan_src = nan_lanes != 0u ? group_base + __ffs(static_cast<int>(nan_lanes)) - 1 : lane;
+    const float block_nan = __shfl_sync(kFull, my_nan, nan_src);
+    if (Q == S_Q8_0) {
+        float amax = 0.0f;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) amax = q8_amax_combine(amax, abs_f(v[k]));
+#pragma unroll
+        for (int o = kLanesPerBlock / 2; o > 0; o >>= 1)
+            amax = q8_amax_combine(amax, __shfl_xor_sync(kFull, amax, o));
+        if (nan_lanes != 0u) amax = abs_f(block_nan);
+        const Scales s = q8_scales(amax);
+        if (live) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k) blk[2 + t * 4 + k] = q8_quant(v[k], s.id);
+            if (t == 0) {
+                const std::uint16_t dh = f32_to_f16(s.d);
+                blk[0] = static_cast<std::uint8_t>(dh & 0xff);
+                blk[1] = static_cast<std::uint8_t>(dh >> 8);
+            }
+        }
+    } else {
+        // First element of largest magnitude: (|x|, index in block, x),
+        // ties to the lower index.
+        ArgMax p{abs_f(v[0]), t * 4};
+        float pv = v[0];
+#pragma unroll
+        for (int k = 1; k < 4; ++k)
+            if (abs_f(v[k]) > p.a) {
+                p = ArgMax{abs_f(v[k]), t * 4 + k};
+                pv = v[k];
+            }
+#pragma unroll
+        for (int o = kLanesPerBlock / 2; o > 0; o >>= 1) {
+            const ArgMax q{__shfl_xor_sync(kFull, p.a, o), __shfl_xor_sync(kFull, p.j, o)};
+            const float qv = __shfl_xor_sync(kFull, pv, o);
+            const ArgMax w = q4_argmax_combine(p, q);
+            pv = w.j == p.j ? pv : qv;
+            p = w;
+        }
+        const float max = nan_lanes != 0u ? block_nan : (p.a == 0.0f ? 0.0f : pv);
+        const Scales s = q4_scales(max);
+        // Four nibbles a lane, one per byte; lane t < 4 holds elements
+        // 4t..4t+3, lane t + 4 the high halves 16+4t..16+4t+3.
+        std::uint32_t q = 0;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) q |= q4_quant(v[k], s.id) << (8 * k);
+        const std::uint32_t hi = __shfl_down_sync(kFull, q, kLanesPerBlock / 2);
+        if (live && t < kLanesPerBlock / 2) {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                blk[2 + t * 4 + k] = static_cast<std::uint8_t>(((q >> (8 * k)) & 0xfu) | (((hi >> (8 * k)) & 0xfu) << 4));
+            if (t == 0) {
+                const std::uint16_t dh = f32_to_f16(s.d);
+                blk[0] = static_cast<std::uint8_t>(dh & 0xff);
+                blk[1] = static_cast<std::uint8_t>(dh >> 8);
+            }
+        }
+    }
+}
+
 // f32 / f16 / bf16 -> q8_0 / q4_0: 8 lanes per 32-element block (see above).
 //
 // Every warp collective below is executed by all 32 lanes on every step,
@@ -215,96 +317,12 @@ __global__ void __launch_bounds__(kThreads) k_quantize(const void* __restrict__ 
     const int lane = static_cast<int>(threadIdx.x & 31u);
     const int group = lane / kLanesPerBlock;  // which of the warp's 4 blocks
     const int t = lane % kLanesPerBlock;      // which 4 elements of it
-    const int group_base = group * kLanesPerBlock;
     const std::size_t warp = (static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
     const std::size_t n_warps = (static_cast<std::size_t>(gridDim.x) * blockDim.x) >> 5;
     for (std::size_t b0 = warp * kBlocksPerWarp; b0 < n_blocks; b0 += n_warps * kBlocksPerWarp) {  // warp-uniform
         const std::size_t b = b0 + static_cast<std::size_t>(group);
-        const bool live = b < n_blocks;
-        const std::size_t i = b * QK + static_cast<std::size_t>(t * kElemsPerLane);
-        float v[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        if (live) load4(src, IN, i, v);
-        // Per lane: the policy, the first non-finite (for the flag) and the
-        // first NaN (fully unrolled, so v stays in registers).
-        int first_bad = -1;
-        bool has_nan = false;
-        float my_nan = 0.0f;
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            if (policy == NF_ERROR) {
-                if (first_bad < 0 && beyond(v[k], limit)) first_bad = k;
-            } else {
-                v[k] = apply_policy(v[k], policy, limit);
-            }
-            if (!has_nan && is_nan(v[k])) {
-                has_nan = true;
-                my_nan = v[k];
-            }
-        }
-        // The lane's first non-finite; atomicMin keeps the run's first.
-        if (first_bad >= 0 && bad != nullptr && live)
-            atomicMin(bad, static_cast<unsigned long long>(i + static_cast<std::size_t>(first_bad)));
-        // The block's first NaN: the first NaN of its lowest lane holding one.
-        const unsigned nan_lanes = (__ballot_sync(kFull, has_nan) >> group_base) & 0xffu;
-        const int nan_src = nan_lanes != 0u ? group_base + __ffs(static_cast<int>(nan_lanes)) - 1 : lane;
-        const float block_nan = __shfl_sync(kFull, my_nan, nan_src);
-        std::uint8_t* blk = dst + b * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
-        if (Q == S_Q8_0) {
-            float amax = 0.0f;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) amax = q8_amax_combine(amax, abs_f(v[k]));
-#pragma unroll
-            for (int o = kLanesPerBlock / 2; o > 0; o >>= 1)
-                amax = q8_amax_combine(amax, __shfl_xor_sync(kFull, amax, o));
-            if (nan_lanes != 0u) amax = abs_f(block_nan);
-            const Scales s = q8_scales(amax);
-            if (live) {
-#pragma unroll
-                for (int k = 0; k < 4; ++k) blk[2 + t * 4 + k] = q8_quant(v[k], s.id);
-                if (t == 0) {
-                    const std::uint16_t dh = f32_to_f16(s.d);
-                    blk[0] = static_cast<std::uint8_t>(dh & 0xff);
-                    blk[1] = static_cast<std::uint8_t>(dh >> 8);
-                }
-            }
-        } else {
-            // First element of largest magnitude: (|x|, index in block, x),
-            // ties to the lower index.
-            ArgMax p{abs_f(v[0]), t * 4};
-            float pv = v[0];
-#pragma unroll
-            for (int k = 1; k < 4; ++k)
-                if (abs_f(v[k]) > p.a) {
-                    p = ArgMax{abs_f(v[k]), t * 4 + k};
-                    pv = v[k];
-                }
-#pragma unroll
-            for (int o = kLanesPerBlock / 2; o > 0; o >>= 1) {
-                const ArgMax q{__shfl_xor_sync(kFull, p.a, o), __shfl_xor_sync(kFull, p.j, o)};
-                const float qv = __shfl_xor_sync(kFull, pv, o);
-                const ArgMax w = q4_argmax_combine(p, q);
-                pv = w.j == p.j ? pv : qv;
-                p = w;
-            }
-            const float max = nan_lanes != 0u ? block_nan : (p.a == 0.0f ? 0.0f : pv);
-            const Scales s = q4_scales(max);
-            // Four nibbles a lane, one per byte; lane t < 4 holds elements
-            // 4t..4t+3, lane t + 4 the high halves 16+4t..16+4t+3.
-            std::uint32_t q = 0;
-#pragma unroll
-            for (int k = 0; k < 4; ++k) q |= q4_quant(v[k], s.id) << (8 * k);
-            const std::uint32_t hi = __shfl_down_sync(kFull, q, kLanesPerBlock / 2);
-            if (live && t < kLanesPerBlock / 2) {
-#pragma unroll
-                for (int k = 0; k < 4; ++k)
-                    blk[2 + t * 4 + k] = static_cast<std::uint8_t>(((q >> (8 * k)) & 0xfu) | (((hi >> (8 * k)) & 0xfu) << 4));
-                if (t == 0) {
-                    const std::uint16_t dh = f32_to_f16(s.d);
-                    blk[0] = static_cast<std::uint8_t>(dh & 0xff);
-                    blk[1] = static_cast<std::uint8_t>(dh >> 8);
-                }
-            }
-        }
+        quantize4<IN, Q>(src, b * QK + static_cast<std::size_t>(t * kElemsPerLane),
+                         dst + b * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK), b < n_blocks, lane, policy, limit, bad);
     }
 }
 
@@ -318,19 +336,24 @@ __device__ __forceinline__ float dequant_elem(const std::uint8_t* __restrict__ s
     return Q == S_Q8_0 ? q8_dequant(blk, d, j) : q4_dequant(blk, d, j);
 }
 
+// Elements i .. i+3 (i % 4 == 0) of a run of q blocks, dequantized to f32.
+template <int Q>
+__device__ __forceinline__ void dequant4(const std::uint8_t* __restrict__ src, std::size_t i, float v[4]) {
+    const std::uint8_t* blk = src + (i / QK) * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
+    const int j = static_cast<int>(i % QK);
+    const float d = block_scale(blk);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = Q == S_Q8_0 ? q8_dequant(blk, d, j + k) : q4_dequant(blk, d, j + k);
+}
+
 template <int Q, int OUT>
 __global__ void __launch_bounds__(kThreads) k_dequantize(const std::uint8_t* __restrict__ src, void* __restrict__ dst,
                                                          std::size_t n) {
     const std::size_t full = n / kChunk;  // n is whole blocks, so whole chunks
     for (std::size_t c = global_thread(); c < full; c += grid_threads()) {
-        const std::size_t i = c * kChunk;
-        const std::uint8_t* blk = src + (i / QK) * (Q == S_Q8_0 ? Q8_BLOCK : Q4_BLOCK);
-        const int j = static_cast<int>(i % QK);
-        const float d = block_scale(blk);
         float v[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) v[k] = Q == S_Q8_0 ? q8_dequant(blk, d, j + k) : q4_dequant(blk, d, j + k);
-        store4(dst, OUT, i, v);
+        dequant4<Q>(src, c * kChunk, v);
+        store4(dst, OUT, c * kChunk, v);
     }
     const std::size_t t = global_thread();
     if (t < n - full * kChunk) store_elem(dst, OUT, full * kChunk + t, dequant_elem<Q>(src, full * kChunk + t));
@@ -353,14 +376,14 @@ __global__ void __launch_bounds__(kThreads) k_decode_float(const void* __restric
 // ---------------------------------------------------------------- launch ---
 
 // kernel<<<grid, kThreads, 0, stream>>>(args...) on the device; the host
-// emulation runs the same kernel body thread by thread.
+// emulation runs the same kernel body thread by thread (or, while `stream`
+// is being captured into a graph, records it with its arguments).
 template <class... P, class... A>
 void launch(void (*kernel)(P...), unsigned grid, cudaStream_t stream, A... args) {
 #if defined(__CUDACC__)
     kernel<<<grid, kThreads, 0, stream>>>(args...);
 #else
-    (void)stream;
-    ::dspark_emu::launch(grid, kThreads, [&] { kernel(args...); });
+    ::dspark_emu::launch_on(stream, grid, kThreads, [=] { kernel(args...); });
 #endif
 }
 

@@ -25,9 +25,11 @@
 
 #include "../cuda/row_format_kernels.cuh"
 #include "check.hpp"
+#include "row_types.hpp"
 #include "dspark/row_format.hpp"
 
 using namespace dspark;
+using dspark_test::as_type;
 
 namespace {
 
@@ -151,15 +153,6 @@ std::vector<float> dataset(std::size_t n_blocks, unsigned seed, bool nonfinite) 
                 if (!std::isfinite(v[j])) v[j] = 1.0f;
     }
     return x;
-}
-
-// The dataset in element type et (f16 / bf16 via the CPU's encoder, keeping
-// NaN / Inf).
-std::vector<std::uint8_t> as_type(const std::vector<float>& x, ElemType et) {
-    std::vector<std::uint8_t> out(x.size() * elem_bytes(et));
-    if (et == ElemType::F32) std::memcpy(out.data(), x.data(), out.size());
-    else encode_rows(x.data(), ElemType::F32, out.data(), static_cast<Storage>(et), 1, x.size(), NonFinite::Error);
-    return out;
 }
 
 int first_diff(const std::vector<std::uint8_t>& a, const std::vector<std::uint8_t>& b) {

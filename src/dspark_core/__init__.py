@@ -22,6 +22,7 @@ from .context_plan import ContextPlan, plan_context
 from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
 from .formats import dequantize_rows, quantize_rows, row_bytes
+from .host_ring import HostRing
 from .sdk import get_cmake_dir, get_include, get_library_dir
 from .stage_plan import BatchPlan, StagePlan
 from .prefix_hit import PrefixHit, PrefixMoves
@@ -50,6 +51,7 @@ __all__ = [
     "quantize_rows",
     "dequantize_rows",
     "row_bytes",
+    "HostRing",
     "DrafterInfo",
     "DrafterMetadataError",
     "ContextPlan",

@@ -19,6 +19,11 @@
 //  * every operation runs at once, in call order, whatever the stream: a
 //    valid schedule of any stream-ordered program, so ordering bugs between
 //    streams are NOT detectable here;
+//  * streams are handles only (cudaStreamCreateWithFlags); a stream can be
+//    captured into a graph and the graph launched (kernel_emulation.hpp's
+//    Capture: launches, device-to-device copies and memsets are recorded;
+//    synchronizations, allocations and host transfers during a capture fail
+//    with cudaErrorStreamCaptureUnsupported and invalidate it);
 //  * errors are reported CUDA-style: returned, and kept for cudaGetLastError.
 #pragma once
 
@@ -29,7 +34,10 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernel_emulation.hpp"
 
@@ -40,8 +48,18 @@ enum cudaError_t {
     cudaErrorInsufficientDriver = 35,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidDevice = 101,
+    cudaErrorIllegalState = 401,
     cudaErrorNotSupported = 801,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
 };
+
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+constexpr unsigned cudaStreamNonBlocking = 1;
 
 enum cudaMemoryType {
     cudaMemoryTypeUnregistered = 0,
@@ -76,6 +94,15 @@ struct cudaDeviceProp {
 
 struct dspark_emu_event {};
 using cudaEvent_t = dspark_emu_event*;
+struct dspark_emu_stream {
+    int device;
+};
+// A captured graph and its executable form: the recorded operations, in order.
+struct dspark_emu_graph {
+    std::vector<std::function<void()>> ops;
+};
+using cudaGraph_t = dspark_emu_graph*;
+using cudaGraphExec_t = dspark_emu_graph*;
 constexpr unsigned cudaEventDisableTiming = 2;
 
 namespace dspark_emu {
@@ -180,6 +207,9 @@ inline const char* cudaGetErrorName(cudaError_t e) {
         case cudaErrorNoDevice: return "cudaErrorNoDevice";
         case cudaErrorInvalidDevice: return "cudaErrorInvalidDevice";
         case cudaErrorNotSupported: return "cudaErrorNotSupported";
+        case cudaErrorIllegalState: return "cudaErrorIllegalState";
+        case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+        case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
     }
     return "cudaErrorUnknown";
 }
@@ -193,6 +223,9 @@ inline const char* cudaGetErrorString(cudaError_t e) {
         case cudaErrorNoDevice: return "no CUDA-capable device is detected (emulated)";
         case cudaErrorInvalidDevice: return "invalid device ordinal";
         case cudaErrorNotSupported: return "operation not supported";
+        case cudaErrorIllegalState: return "the operation would result in an illegal state";
+        case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+        case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     }
     return "unknown error";
 }
@@ -270,45 +303,135 @@ inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void
     return cudaSuccess;
 }
 
+// Refuse `what` while a stream is being captured (see the header comment).
+#define DSPARK_EMU_NOT_IN_CAPTURE(what) \
+    if (dspark_emu::refuse_in_capture(what)) return dspark_emu::fail(cudaErrorStreamCaptureUnsupported)
+
 inline cudaError_t cudaMalloc(void** p, std::size_t n) {
     DSPARK_EMU_LOCK;
+    DSPARK_EMU_NOT_IN_CAPTURE("cudaMalloc");
     return dspark_emu::alloc(p, n);
 }
 
 inline cudaError_t cudaMallocAsync(void** p, std::size_t n, cudaStream_t) {
     DSPARK_EMU_LOCK;
+    DSPARK_EMU_NOT_IN_CAPTURE("cudaMallocAsync");
     return dspark_emu::alloc(p, n);
 }
 
 inline cudaError_t cudaFree(void* p) {
     DSPARK_EMU_LOCK;
+    DSPARK_EMU_NOT_IN_CAPTURE("cudaFree");
     return dspark_emu::release(p);
 }
 
 inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) {
     DSPARK_EMU_LOCK;
+    DSPARK_EMU_NOT_IN_CAPTURE("cudaFreeAsync");
     return dspark_emu::release(p);
 }
 
-inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t) {
+inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t n, cudaStream_t s) {
     DSPARK_EMU_LOCK;
     if (n == 0) return cudaSuccess;
     if (!dspark_emu::find_alloc(p, n, nullptr)) return dspark_emu::fail(cudaErrorInvalidValue);
+    if (dspark_emu::capturing(s)) {
+        dspark_emu::capture().ops.emplace_back([p, value, n] { std::memset(p, value, n); });
+        return cudaSuccess;
+    }
     std::memset(p, value, n);
     return cudaSuccess;
 }
 
 inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind) {
     DSPARK_EMU_LOCK;
+    DSPARK_EMU_NOT_IN_CAPTURE("cudaMemcpy (synchronous)");
     return dspark_emu::copy(dst, src, n, kind);
 }
 
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t) {
+inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cudaMemcpyKind kind, cudaStream_t s) {
     DSPARK_EMU_LOCK;
+    if (dspark_emu::capturing(s)) {
+        if (kind != cudaMemcpyDeviceToDevice) {
+            DSPARK_EMU_NOT_IN_CAPTURE("cudaMemcpyAsync from or to host memory");
+        }
+        if (n == 0) return cudaSuccess;
+        if (!dspark_emu::find_alloc(dst, n, nullptr) || !dspark_emu::find_alloc(src, n, nullptr))
+            return dspark_emu::fail(cudaErrorInvalidValue);
+        dspark_emu::capture().ops.emplace_back([dst, src, n] { std::memmove(dst, src, n); });
+        return cudaSuccess;
+    }
     return dspark_emu::copy(dst, src, n, kind);
 }
 
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    DSPARK_EMU_LOCK;
+    DSPARK_EMU_NOT_IN_CAPTURE("cudaStreamSynchronize");
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned) {
+    DSPARK_EMU_LOCK;
+    if (s == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    if (dspark_emu::device_total() == 0) return dspark_emu::fail(cudaErrorNoDevice);
+    DSPARK_EMU_NOT_IN_CAPTURE("cudaStreamCreateWithFlags");
+    *s = new dspark_emu_stream{dspark_emu::current_device()};
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    DSPARK_EMU_LOCK;
+    if (s == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    delete static_cast<dspark_emu_stream*>(s);
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    DSPARK_EMU_LOCK;
+    // The legacy default stream cannot be captured; one capture at a time here.
+    if (s == nullptr) return dspark_emu::fail(cudaErrorStreamCaptureUnsupported);
+    if (dspark_emu::capture().active) return dspark_emu::fail(cudaErrorIllegalState);
+    dspark_emu::capture() = dspark_emu::Capture{};
+    dspark_emu::capture().active = true;
+    dspark_emu::capture().stream = s;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t* g) {
+    DSPARK_EMU_LOCK;
+    if (g == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    *g = nullptr;
+    dspark_emu::Capture& c = dspark_emu::capture();
+    if (!c.active || c.stream != s) return dspark_emu::fail(cudaErrorIllegalState);
+    c.active = false;
+    if (!c.error.empty()) return dspark_emu::fail(cudaErrorStreamCaptureInvalidated);
+    *g = new dspark_emu_graph{std::move(c.ops)};
+    c.ops.clear();
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaGraphInstantiate(cudaGraphExec_t* e, cudaGraph_t g, unsigned long long) {
+    if (e == nullptr || g == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    *e = new dspark_emu_graph{g->ops};
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    if (e == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    if (dspark_emu::capturing(s)) return dspark_emu::fail(cudaErrorNotSupported);  // not modelled
+    for (const auto& op : e->ops) op();
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
+    return cudaSuccess;
+}
+
+inline cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    delete e;
+    return cudaSuccess;
+}
 
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
     if (e == nullptr) return cudaErrorInvalidValue;
@@ -327,4 +450,5 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
     return cudaSuccess;
 }
 
+#undef DSPARK_EMU_NOT_IN_CAPTURE
 #undef DSPARK_EMU_LOCK

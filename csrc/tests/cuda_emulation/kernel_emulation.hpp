@@ -45,6 +45,8 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #define __global__
 #define __device__
@@ -356,6 +358,48 @@ inline void launch(unsigned grid, unsigned block, const std::function<void()>& b
         throw;
     }
     active_warp() = nullptr;
+}
+
+// Stream capture (CUDA graphs), as far as the kernels' callers need it:
+// while a stream is captured, the kernel launches, device-to-device copies
+// and memsets enqueued on it are recorded instead of run, and a graph
+// launch replays them in order. A call that cannot be part of a graph, or
+// that this model does not record (a synchronization, an allocation or
+// free, a copy from or to host memory), fails and invalidates the capture,
+// as CUDA's thread-local capture mode does for the unsafe ones. Stricter
+// than a GPU in two respects, so that "no allocation and no host transfer in
+// a captured call" is checked here: stream-ordered allocations (graph memory
+// nodes) and copies from or to pinned host memory are refused too.
+struct Capture {
+    void* stream = nullptr;  // the stream being captured
+    bool active = false;
+    std::vector<std::function<void()>> ops;
+    std::string error;  // the first call that invalidated the capture
+};
+
+inline Capture& capture() {
+    static Capture c;
+    return c;
+}
+
+// Whether an operation enqueued on `stream` is recorded instead of run.
+inline bool capturing(void* stream) { return capture().active && capture().stream == stream; }
+
+// A call that cannot be captured, made while a capture is active: the
+// capture is invalidated (cudaStreamEndCapture then fails).
+inline bool refuse_in_capture(const char* what) {
+    if (!capture().active) return false;
+    if (capture().error.empty()) capture().error = std::string(what) + " during stream capture";
+    return true;
+}
+
+// launch(), or its record while `stream` is being captured.
+inline void launch_on(void* stream, unsigned grid, unsigned block, std::function<void()> body) {
+    if (capturing(stream)) {
+        capture().ops.emplace_back([grid, block, body] { launch(grid, block, body); });
+        return;
+    }
+    launch(grid, block, body);
 }
 
 template <class T>

@@ -65,3 +65,84 @@ class Allocation:
     @property
     def ptr(self) -> int: ...
     def __new__(cls, nbytes: int, device: int = 0) -> Self: ...
+
+# Index-driven batches (row_batch_cuda.hpp).
+STATUS_WORDS: int
+
+def batch_status_reset(status: int, stream: int) -> None:
+    """batch_status_reset_cuda: both status words to "nothing reported" (a memset on ``stream``)."""
+
+def check_rows(
+    src: int,
+    in_code: int,
+    n_rows: int,
+    dim: int,
+    slots: int,
+    table_rows: int,
+    storage_code: int,
+    staged_code: int,
+    status: int,
+    stream: int,
+) -> None:
+    """check_rows_cuda (``slots`` 0: check every row). One launch, read-only."""
+
+def scatter_rows(
+    src: int,
+    in_code: int,
+    n_rows: int,
+    dim: int,
+    slots: int,
+    table: int,
+    storage_code: int,
+    table_rows: int,
+    policy_code: int,
+    staged_code: int,
+    status: int,
+    gated: bool,
+    stream: int,
+) -> None:
+    """scatter_rows_cuda (``status`` 0: none). One launch."""
+
+def gather_rows(
+    table: int,
+    storage_code: int,
+    table_rows: int,
+    dim: int,
+    slots: int,
+    n_rows: int,
+    dst: int,
+    out_code: int,
+    status: int,
+    stream: int,
+) -> None:
+    """gather_rows_cuda (``status`` 0: none). One launch."""
+
+# Streams and graphs (cuda_graph.hpp): tests and benchmarks.
+def emulated_launches() -> int:
+    """Kernel launches the emulated device ran so far (-1 on a real device)."""
+
+@disjoint_base
+class Stream:
+    """A non-blocking CUDA stream of ``device`` (tests, benchmarks), destroyed with the object."""
+
+    @property
+    def device(self) -> int: ...
+    @property
+    def handle(self) -> int: ...
+    def __new__(cls, device: int = 0) -> Self: ...
+
+@disjoint_base
+class Graph:
+    """A CUDA graph captured from a stream (:func:`capture_begin` / :func:`capture_end`), instantiated."""
+
+    @property
+    def device(self) -> int: ...
+    def launch(self, stream: int) -> None:
+        """Replay the graph on ``stream`` (asynchronous)."""
+
+def capture_begin(stream: int, device: int = 0) -> None:
+    """Start capturing ``stream`` (not the legacy default stream) into a graph."""
+
+def capture_end(stream: int, device: int = 0) -> Graph:
+    """End the capture of ``stream``: the instantiated :class:`Graph` (RuntimeError when a call in the
+    capture could not be captured: a synchronization, an allocation, a host copy)."""

@@ -8,7 +8,7 @@ the array-protocol parsing and checking. The GIL is released around every
 CUDA call.
 """
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int64_t, uint8_t, uintptr_t
+from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 
@@ -18,6 +18,9 @@ from dspark_core._ext._lib_cuda cimport (
     cuda_pointer_device, cuda_device_name, encode_rows_cuda, decode_rows_cuda,
     cuda_stream_synchronize, cuda_copy_to_host, cuda_copy_to_device, cuda_stream_wait,
     cuda_alloc, cuda_release, cuda_copy_device,
+    BATCH_STATUS_WORDS, batch_status_reset_cuda, check_rows_cuda, scatter_rows_cuda, gather_rows_cuda,
+    cuda_stream_create, cuda_stream_destroy, cuda_graph_begin_capture, cuda_graph_end_capture,
+    cuda_graph_launch, cuda_graph_destroy, cuda_emulated_launches,
 )
 from dspark_core.errors import ConfigError, StateError
 
@@ -188,3 +191,110 @@ cdef class Allocation:
     @property
     def ptr(self):
         return <uintptr_t>self._p
+
+
+# ------------------------------------------------------------------ batches ---
+
+#: uint64 words of a batch's status (row_batch_cuda.hpp): [first bad value, first bad slot row].
+STATUS_WORDS = BATCH_STATUS_WORDS
+
+
+def batch_status_reset(uintptr_t status, uintptr_t stream):
+    """batch_status_reset_cuda: both status words to "nothing reported" (a memset on ``stream``)."""
+    with nogil:
+        batch_status_reset_cuda(<uint64_t*>status, <void*>stream)
+
+
+def check_rows(uintptr_t src, int in_code, size_t n_rows, size_t dim, uintptr_t slots, size_t table_rows,
+               int storage_code, int staged_code, uintptr_t status, uintptr_t stream):
+    """check_rows_cuda (``slots`` 0: check every row). One launch, read-only."""
+    with nogil:
+        check_rows_cuda(<const void*>src, <ElemType><uint8_t>in_code, n_rows, dim, <const int64_t*>slots,
+                        table_rows, <Storage><uint8_t>storage_code, <ElemType><uint8_t>staged_code,
+                        <uint64_t*>status, <void*>stream)
+
+
+def scatter_rows(uintptr_t src, int in_code, size_t n_rows, size_t dim, uintptr_t slots, uintptr_t table,
+                 int storage_code, size_t table_rows, int policy_code, int staged_code, uintptr_t status,
+                 bint gated, uintptr_t stream):
+    """scatter_rows_cuda (``status`` 0: none). One launch."""
+    cdef cbool g = gated
+    with nogil:
+        scatter_rows_cuda(<const void*>src, <ElemType><uint8_t>in_code, n_rows, dim, <const int64_t*>slots,
+                          <void*>table, <Storage><uint8_t>storage_code, table_rows,
+                          <NonFinite><uint8_t>policy_code, <ElemType><uint8_t>staged_code, <uint64_t*>status, g,
+                          <void*>stream)
+
+
+def gather_rows(uintptr_t table, int storage_code, size_t table_rows, size_t dim, uintptr_t slots, size_t n_rows,
+                uintptr_t dst, int out_code, uintptr_t status, uintptr_t stream):
+    """gather_rows_cuda (``status`` 0: none). One launch."""
+    with nogil:
+        gather_rows_cuda(<const void*>table, <Storage><uint8_t>storage_code, table_rows, dim,
+                         <const int64_t*>slots, n_rows, <void*>dst, <ElemType><uint8_t>out_code,
+                         <uint64_t*>status, <void*>stream)
+
+
+# ------------------------------------------------------- streams and graphs ---
+
+
+def emulated_launches():
+    """Kernel launches the emulated device ran so far (-1 on a real device)."""
+    return cuda_emulated_launches()
+
+
+cdef class Stream:
+    """A non-blocking CUDA stream of ``device`` (tests, benchmarks), destroyed with the object."""
+    cdef void* _s
+    cdef readonly int device
+
+    def __cinit__(self, int device=0):
+        self._s = NULL
+        self.device = device
+        with nogil:
+            self._s = cuda_stream_create(device)
+
+    def __dealloc__(self):
+        cuda_stream_destroy(self._s)
+        self._s = NULL
+
+    @property
+    def handle(self):
+        return <uintptr_t>self._s
+
+
+cdef class Graph:
+    """A CUDA graph captured from a stream (:func:`capture_begin` / :func:`capture_end`), instantiated."""
+    cdef void* _g
+    cdef readonly int device
+
+    def __cinit__(self):
+        self._g = NULL
+        self.device = 0
+
+    def __dealloc__(self):
+        cuda_graph_destroy(self._g)
+        self._g = NULL
+
+    def launch(self, uintptr_t stream):
+        """Replay the graph on ``stream`` (asynchronous)."""
+        with nogil:
+            cuda_graph_launch(self._g, <void*>stream, self.device)
+
+
+def capture_begin(uintptr_t stream, int device=0):
+    """Start capturing ``stream`` (not the legacy default stream) into a graph."""
+    with nogil:
+        cuda_graph_begin_capture(<void*>stream, device)
+
+
+def capture_end(uintptr_t stream, int device=0):
+    """End the capture of ``stream``: the instantiated :class:`Graph` (RuntimeError when a call in the
+    capture could not be captured: a synchronization, an allocation, a host copy)."""
+    cdef Graph g = Graph.__new__(Graph)
+    cdef void* exe = NULL
+    with nogil:
+        exe = cuda_graph_end_capture(<void*>stream, device)
+    g._g = exe
+    g.device = device
+    return g

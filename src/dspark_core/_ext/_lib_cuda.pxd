@@ -3,7 +3,7 @@
 # Declarations only: the wrappers live in _cuda.pyx. Built only when the
 # package is configured with DSPARK_CUDA=AUTO (and nvcc is found), ON or
 # EMULATE (tests: an emulated device in host memory).
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from libcpp cimport bool
 from libcpp.string cimport string
 
@@ -32,3 +32,27 @@ cdef extern from "dspark_cuda.hpp" namespace "dspark" nogil:
     void cuda_release(void* p)
     void cuda_copy_device(void* dst, const void* src, size_t n, void* stream) except +dspark_translate_exception
     void cuda_stream_wait(void* waiter, void* producer, int device) except +dspark_translate_exception
+
+
+cdef extern from "row_batch_cuda.hpp" namespace "dspark" nogil:
+    const size_t BATCH_STATUS_WORDS
+    void batch_status_reset_cuda(uint64_t* status, void* stream) except +dspark_translate_exception
+    void check_rows_cuda(const void* src, ElemType in_, size_t n_rows, size_t dim, const int64_t* slots,
+                         size_t table_rows, Storage storage, ElemType staged, uint64_t* status,
+                         void* stream) except +dspark_translate_exception
+    void scatter_rows_cuda(const void* src, ElemType in_, size_t n_rows, size_t dim, const int64_t* slots,
+                           void* table, Storage storage, size_t table_rows, NonFinite policy, ElemType staged,
+                           uint64_t* status, bool gated, void* stream) except +dspark_translate_exception
+    void gather_rows_cuda(const void* table, Storage storage, size_t table_rows, size_t dim, const int64_t* slots,
+                          size_t n_rows, void* dst, ElemType out, uint64_t* status,
+                          void* stream) except +dspark_translate_exception
+
+
+cdef extern from "cuda_graph.hpp" namespace "dspark" nogil:
+    void* cuda_stream_create(int device) except +dspark_translate_exception
+    void cuda_stream_destroy(void* stream)
+    void cuda_graph_begin_capture(void* stream, int device) except +dspark_translate_exception
+    void* cuda_graph_end_capture(void* stream, int device) except +dspark_translate_exception
+    void cuda_graph_launch(void* graph, void* stream, int device) except +dspark_translate_exception
+    void cuda_graph_destroy(void* graph)
+    int64_t cuda_emulated_launches()

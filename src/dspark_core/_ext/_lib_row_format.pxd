@@ -57,6 +57,8 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
 
     int64_t encode_rows(const void* src, ElemType in_, void* dst, Storage out, size_t n_rows,
                         size_t dim, NonFinite policy) except +dspark_translate_exception
+    int64_t encode_rows(const void* src, ElemType in_, void* dst, Storage out, size_t n_rows,
+                        size_t dim, NonFinite policy, EncodeBounds bounds) except +dspark_translate_exception
     int64_t find_nonfinite(const void* src, ElemType in_, size_t n_elems) except +dspark_translate_exception
     void decode_rows(const void* src, Storage in_, void* dst, ElemType out, size_t n_rows,
                      size_t dim) except +dspark_translate_exception

@@ -46,8 +46,10 @@ def encode(
     storage: str,
     nonfinite: str = "error",
     out: npt.NDArray[Any] | None = None,
+    staged: Any = ...,
 ) -> tuple[npt.NDArray[Any], int]:
-    """Encode a C-contiguous 2-D float32/float16/bfloat16 array; returns (encoded, first_bad)."""
+    """Encode a C-contiguous 2-D float32/float16/bfloat16 array (bounds ``encode_bounds(storage, staged)``);
+    returns (encoded, first_bad)."""
 
 def decode(
     data: npt.NDArray[Any],

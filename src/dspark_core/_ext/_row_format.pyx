@@ -159,7 +159,7 @@ def storage_out_dtype(str storage):
     return _U8
 
 
-def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.ndarray out=None):
+def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.ndarray out=None, staged=np.float32):
     """Encode the rows of a C-contiguous (n, dim) float32/float16/bfloat16 array.
 
     Returns ``(encoded, first_bad)``: ``encoded`` is (n, dim) of the storage's
@@ -169,9 +169,14 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
     ``"zero"``/``"clamp_f16"``). The whole input is converted either way,
     except into a caller's ``out`` under ``"error"``: that is checked first
     and left untouched when the input has an unencodable value.
+
+    ``staged``: the dtype the rows will be staged in (a Stager's
+    ``stage_dtype``); bounds are ``encode_bounds(storage, staged)``, as the
+    Stager's ``process`` holds its rows to (float32: the storage's own).
     """
     cdef ElemType et = _elem_of_dtype(src.dtype, "encode")
     cdef Storage s = _storage(storage)
+    cdef EncodeBounds eb = c_encode_bounds(s, _elem_of_dtype(staged, "encode staged"))
     if nonfinite not in _POLICIES:
         raise ValueError(f"nonfinite must be one of {tuple(_POLICIES)}, got {nonfinite!r}")
     cdef NonFinite pol = <NonFinite><int>_POLICIES[nonfinite]
@@ -201,14 +206,14 @@ def encode(cnp.ndarray src not None, str storage, str nonfinite="error", cnp.nda
     cdef cnp.ndarray saved = np.empty(out_bytes if save else 0, _U8)
     cdef void* kp = _ptr(saved)
     cdef int64_t bad = -1
-    cdef float limit = c_encode_bounds(s, ElemType.F32).limit if protect and not save else 0.0
+    cdef float limit = eb.limit if protect and not save else 0.0
     with nogil:
         if save:
             memcpy(kp, dp, out_bytes)
         elif protect:
             bad = find_unencodable(sp, et, n * dim, limit)
         if bad < 0:
-            bad = encode_rows(sp, et, dp, s, n, dim, pol)
+            bad = encode_rows(sp, et, dp, s, n, dim, pol, eb)
             if save and bad >= 0:
                 memcpy(dp, kp, out_bytes)  # rejected: out as it was
     return out, bad

@@ -121,7 +121,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
                    help="Stager implementation: the C++ core, the pure-Python reference, or auto (core if built)")
     p.add_argument("--rows", choices=ROW_MODES, default="held",
                    help="held: the Stager keeps the rows (default); external: an external-row Stager plans slots "
-                        "and a CUDA DeviceRing keeps the rows on the device (needs a CUDA build and device)")
+                        "and an owner keeps the rows (--ring)")
+    p.add_argument("--ring", choices=("auto", "device", "host"), default="auto",
+                   help="the owner of external rows: device (a CUDA DeviceRing; needs a CUDA build and device), "
+                        "host (a HostRing in host memory, any machine) or auto (device when one is usable)")
     p.add_argument("--only", choices=("both", "windowed", "absolute"), default="both", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -216,6 +219,7 @@ def simulate(
     check: bool = False,
     stager: str = "auto",
     rows: str = "held",
+    ring: str = "auto",
     trained: int | None = DEFAULTS["trained"],
     absolute_tokens: int = DEFAULTS["absolute_tokens"],
     modes: tuple[str, ...] = ("windowed", "absolute"),
@@ -223,6 +227,7 @@ def simulate(
 ) -> dict[str, Any]:
     """Run the session in each mode and return the results (what ``--json`` prints).
 
+    ``ring``: the owner of external rows (``"device"``, ``"host"``, ``"auto"``: device when usable);
     ``trained``: the toy drafter's trained range (``None``: ``window``);
     ``absolute_tokens``: tokens the absolute mode generates (0: ``generate``).
     ``progress(mode)``, if given, is called as each mode starts and returns the
@@ -237,7 +242,7 @@ def simulate(
         return _simulate(
             context=context, generate=generate, block=block, window=window, storage=storage, seqs=seqs, seed=seed,
             feature_dim=feature_dim, deviation=deviation, prefill_chunk=prefill_chunk, fail_every=fail_every,
-            check=check, stager=stager, rows=rows, trained=window if trained is None else trained,
+            check=check, stager=stager, rows=rows, ring=ring, trained=window if trained is None else trained,
             absolute_tokens=absolute_tokens, modes=modes, progress=progress,
         )
 
@@ -262,7 +267,8 @@ def acceptance_between(timelines: list[dict[str, list[int]]], lo: int, hi: float
 
 def _simulate(
     *, context: int, generate: int, block: int, window: int, storage: str, seqs: int, seed: int, feature_dim: int,
-    deviation: float, prefill_chunk: int, fail_every: int, check: bool, stager: str, rows: str, trained: int,
+    deviation: float, prefill_chunk: int, fail_every: int, check: bool, stager: str, rows: str, ring: str,
+    trained: int,
     absolute_tokens: int, modes: tuple[str, ...], progress: Callable[[str], Callable[[int, int], None]] | None,
 ) -> dict[str, Any]:
     from ..config import StagerConfig
@@ -301,6 +307,7 @@ def _simulate(
             "seqs": seqs, "seed": seed, "feature_dim": feature_dim, "deviation": deviation,
             "prefill_chunk": prefill_chunk, "fail_every": fail_every, "check": check,
             "row_bytes": win_cfg.row_bytes, "absolute_window": abs_cfg.window, "rows": rows,
+            "ring": ring_owner(ring) if rows == "external" else None,
             "trained": trained, "absolute_tokens": absolute_tokens,
         },
         "greedy_reference_s": greedy_s,
@@ -314,13 +321,15 @@ def _simulate(
         drafter: Any = ToyDrafter.for_target(targets[0], block, seed=seed, n_ctx_train=trained)
         if fail_every:
             drafter = FlakyDrafter(drafter, every=fail_every, stage="mixed", seed=seed)
-        ring = None
+        owner = None
         if rows == "external":
             from ..cuda import DeviceRing
+            from ..host_ring import HostRing
 
-            ring = DeviceRing(st)  # RuntimeError without a CUDA device
+            # DeviceRing: RuntimeError without a CUDA device
+            owner = DeviceRing(st) if out["config"]["ring"] == "device" else HostRing(st)
         loop = SpeculativeLoop(st, drafter, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0,
-                               ring=ring)
+                               ring=owner)
         bar = progress(mode) if progress is not None else None
         n_gen = mode_tokens(mode, generate, absolute_tokens)
         res = loop.run(prompts, n_gen, progress=bar)
@@ -368,6 +377,22 @@ _ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
 ]
 
 
+#: How the table's header names each owner of external rows.
+_EXTERNAL = {"device": "rows on the device (external-row mode, DeviceRing)",
+             "host": "rows in host memory (external-row mode, HostRing)"}
+
+
+def ring_owner(ring: str) -> str:
+    """The owner ``--ring`` picks: ``"device"`` or ``"host"`` (``"auto"``: device when one is usable)."""
+    if ring not in ("auto", "device", "host"):
+        raise ValueError(f"ring must be 'auto', 'device' or 'host', got {ring!r}")
+    if ring == "auto":
+        from .. import cuda
+
+        return "device" if cuda.available() else "host"
+    return ring
+
+
 def format_table(result: dict[str, Any]) -> str:
     """The human-readable summary of :func:`simulate`'s result."""
     c = result["config"]
@@ -376,7 +401,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"dspark-core simulate: {c['seqs']} sequence(s), {c['context']:,}-token prompt + {c['generate']:,} generated, "
         f"block B={c['block']}, window W={c['window']}, storage {c['storage']} "
         f"(D={c['feature_dim']}, {c['row_bytes']} B/row), Stager: {result.get('stager', '?')}"
-        + (", rows on the device (external-row mode, DeviceRing)" if c.get("rows") == "external" else "")
+        + (f", {_EXTERNAL.get(c.get('ring'), 'external rows')}" if c.get("rows") == "external" else "")
     )
     labels = {"windowed": f"windowed (W={c['window']})", "absolute": "absolute (no window)"}
     cols = [labels.get(m, m) for m in modes]
@@ -537,7 +562,7 @@ def run(args: argparse.Namespace) -> int:
             context=args.context, generate=args.generate, block=args.block, window=args.window,
             storage=args.storage, seqs=args.seqs, seed=args.seed, feature_dim=args.feature_dim,
             deviation=args.deviation, prefill_chunk=args.prefill_chunk, fail_every=args.fail_every,
-            check=args.check, stager=args.stager, rows=args.rows, trained=args.trained,
+            check=args.check, stager=args.stager, rows=args.rows, ring=args.ring, trained=args.trained,
             absolute_tokens=args.absolute_tokens, modes=modes, progress=progress,
         )
     except (ConfigError, ValueError) as exc:

@@ -32,42 +32,38 @@ again, straight into its slots, at most two launches). Under ``"zero"`` or
 ``"clamp_f16"`` nothing can be rejected: the slots come first and the rows
 are encoded straight into them (at most two launches, asynchronous).
 
+Batches. ``write_slots`` / ``gather_slots`` (and ``write_many``,
+``gather(batch_plan)``) move the rows of a whole batch of sequences in one
+kernel launch over a flat int64 slot array (csrc/cuda/row_batch_cuda.hpp);
+with ``status=`` they neither synchronize nor allocate, so a CUDA graph can
+hold them (docs/external_rows.md, "Batches").
+
 Ordering: everything is enqueued on the ring's stream (``stream=`` at
 construction; default: the table library's current stream, or the legacy
 default stream). The caller orders its producers and consumers with it.
 
-Threads. The Stager numbers every change of the table it asks for (the
-moves of ``fork`` / ``shift``, the slots of an external ``restore``, the
-moves of a prefix store's ``publish`` / ``hit``) under the lock of the
-operation, so their ``serial`` order is the order they happened in. The ring
-applies them in exactly that order: :meth:`fork`, :meth:`shift` and
-:meth:`restore` (and ``PrefixTable.publish`` / ``hit``) hold the ring's lock
-across the Stager's call and the copies, so several threads may call them
-at once; :meth:`apply` (moves a caller got from the Stager itself) refuses
-anything but the next serial, and anything but the array the Stager
-returned (a view, slice or copy of it has no serial).
+Threads, and the identity and order checks of moves and plans: the shared
+owner's (:mod:`dspark_core.ring_owner`).
 
-Lock order (docs/prefix_cache.md, "Sharing and threads"): a ring's lock,
-then a ``PrefixTable``'s, then (inside the core) the Stager's mutex, then the
-store's. Nothing takes a ring's lock while holding a table's, and the core's
-mutexes are innermost (no core call calls back into Python), so no two
-threads wait on each other.
+A prefix store's rows (docs/prefix_cache.md): a :class:`~dspark_core.cuda.PrefixTable`
+keeps them on the same device; the moves of its ``publish`` / ``hit``
+(:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the Stager's
+table changes) copy between the two tables, device to device. Lock order: a
+ring's lock, then a ``PrefixTable``'s, then (inside the core) the sequences'
+and the store's mutexes; nothing takes a ring's lock while holding a table's,
+and no core call calls back into Python, so no two threads wait on each other.
 """
 
 from __future__ import annotations
 
-import threading
-from typing import Any, Iterable
+from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-from .. import formats
-from .._args import as_positions
 from ..prefix_hit import PUBLISH, PrefixMoves
-from ..slot_moves import RestoredSlots, SlotMoves
-from ..stage_plan import BatchPlan, StagePlan
+from ..ring_owner import STATUS_NONE, RingOwner
+from ..stage_plan import StagePlan
 from . import _backend, interop
-from .convert import _stage_dtype
 
 __all__ = ["DeviceRing", "STAGING_ROWS"]
 
@@ -89,7 +85,19 @@ def slot_runs(slots: np.ndarray) -> list[tuple[int, int, int]]:
     return [(int(s[idx[a]]), int(idx[a]), int(b - a)) for a, b in zip(starts, ends)]
 
 
-class DeviceRing:
+class _Slots(NamedTuple):
+    """A batch's slot array on the device: pointer, shape, and the host copy when there is one."""
+
+    ptr: int
+    shape: tuple[int, ...]
+    host: np.ndarray | None
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+
+class DeviceRing(RingOwner):
     """The device table of an external-row Stager (see the module docstring).
 
     Args:
@@ -110,27 +118,11 @@ class DeviceRing:
 
     def __init__(self, stager: Any, storage: str | None = None, *, device: int | None = None, stream: Any = None,
                  backend: str | None = None) -> None:
-        cfg = stager.config
-        if not cfg.external_rows:
-            raise ValueError(
-                "DeviceRing needs a Stager in external-row mode (StagerConfig(rows='external')); "
-                f"this one holds its rows (rows={cfg.rows!r})"
-            )
+        super().__init__(stager, storage)
         cu = _backend._require()
-        self.stager = stager
-        self.storage = cfg.storage if storage is None else storage
-        self.feature_dim = int(cfg.feature_dim)
-        self.row_bytes = formats.row_bytes(self.storage, self.feature_dim)  # ConfigError for q + D % 32
-        self.ring_rows = int(stager.ring_rows)
-        self.rows = int(cfg.max_seqs) * self.ring_rows
-        self.stage_dtype = _stage_dtype(cfg.stage_dtype)
-        # The kernels hold the rows to encode_bounds(storage, stage_dtype), as a held
-        # Stager's process() does: rows staged in a narrower type than the storage
-        # decodes to (f32 rows staged as float16) must stay below that type's limit.
+        # The kernels hold the rows to encode_bounds(storage, stage_dtype) (RingOwner).
         self._staged = _backend._ELEM[self.stage_dtype]
-        self._limit = formats.encode_bounds(self.storage, self.stage_dtype).limit
-        self._error = cfg.nonfinite == "error"
-        self._policy = _backend._POLICY[cfg.nonfinite]
+        self._policy = _backend._POLICY[stager.config.nonfinite]
         lib = backend or next((x for x in ("cupy", "torch") if interop._usable_backend(x)), "dspark")
         if lib not in ("cupy", "torch", "dspark"):
             raise ValueError(f"DeviceRing: backend must be 'cupy', 'torch' or 'dspark', got {backend!r}")
@@ -142,64 +134,49 @@ class DeviceRing:
         self._table_ptr = interop._dev_array(self.table, "DeviceRing table", stream=self.stream).ptr
         self._staging: Any = None
         self._staging_ptr = 0
-        self._moves_applied = int(stager.moves_issued)
-        # Held across a Stager call that changes the table and the ring's copies
-        # for it, so that table changes apply in serial order from any thread.
-        self._lock = threading.RLock()
+        self._index: Any = None  # uploaded slots of host batches (int64 as bytes)
+        self._index_ptr = 0
+        self._status: Any = None  # the status words of the checked batch calls
         self._cu = cu
 
     def __repr__(self) -> str:
         return (f"DeviceRing(storage={self.storage!r}, rows={self.rows} x {self.row_bytes} B, "
                 f"device={self.device}, backend={self.lib!r})")
 
-    @property
-    def nbytes(self) -> int:
-        """Device memory of the table."""
-        return self.rows * self.row_bytes
-
-    @property
-    def bytes_per_sequence(self) -> int:
-        """Device memory one sequence's slots take (``ring_rows * row_bytes``)."""
-        return self.ring_rows * self.row_bytes
-
     # -- write ------------------------------------------------------------
-    def write(self, seq: int, positions: Any, rows: Any, *, in_dtype: Any = None) -> np.ndarray:
-        """``stager.process(seq, positions)`` and encode the device ``rows`` into the returned slots.
+    def _input_rows(self, rows: Any, in_dtype: Any, fn: str, lead: tuple[int, ...] | None) -> interop._DevArray:
+        a = interop._dev_array(rows, f"{fn}: rows", stream=self.stream)
+        a.dtype = self._input_dtype(a.dtype, in_dtype, fn)
+        self._check_row_shape(a.shape, lead, fn)
+        if a.size and interop._device_of(a) != self.device:
+            raise ValueError(f"{fn}: rows are on device {a.device}, the ring on device {self.device}")
+        return a
 
-        ``rows``: (n, feature_dim) float32 / float16 / bfloat16 device array
-        (``in_dtype="bfloat16"`` reads uint16 as bfloat16 bits). Returns the
-        slots (int64; -1 for rows below the horizon, which are not written).
-        A rejected call (state, positions, dtype / shape, a NaN / Inf under
-        ``nonfinite="error"``) raises before the Stager or the table changes.
-        """
-        pos = as_positions(positions)
-        # The Stager's own checks (sequence, round state, positions), in its
-        # order and with its messages, before the rows are looked at.
-        self.stager.check_process(seq, pos)
-        a, elem = self._rows(rows, in_dtype)
+    def _prepare_write(self, seq: Any, pos: np.ndarray, a: interop._DevArray) -> bool:
+        """Under nonfinite="error", validate first: encode into the staging buffer with the
+        kernels' first-unencodable report (one launch per STAGING_ROWS rows, then one
+        synchronization). Returns whether the staged bytes are the whole write."""
         n = a.shape[0]
-        if len(pos) != n:
-            raise ValueError(f"DeviceRing.write: {len(pos)} positions for {n} rows")
+        if not (self._error and n):
+            return False
         cu, s = self._cu, self.stream
         interop._order_after_producer(a, s, self.device)
+        elem = _backend._ELEM[a.dtype]
         in_row = self.feature_dim * a.dtype.itemsize
-        staged = False
-        if self._error and n:
-            # Validate first: encode into the staging buffer with the report.
-            staging = self._staging_rows(min(n, STAGING_ROWS))
-            for r0 in range(0, n, STAGING_ROWS):
-                m = min(STAGING_ROWS, n - r0)
-                bad = cu.encode(a.ptr + r0 * in_row, elem, staging, _backend._STORAGE[self.storage], m,
-                                self.feature_dim, self._policy, True, s, self._staged)
-                if bad >= 0:
-                    r = r0 + int(bad) // self.feature_dim
-                    raise ValueError(
-                        f"sequence {seq}: row {r} (position {int(pos[r])}) holds a non-finite value, or one that "
-                        f"overflows {self.storage} storage staged as {self.stage_dtype} (|x| must stay below "
-                        f"{self._limit:.9g}); nothing was appended (nonfinite='error')"
-                    )
-            staged = n <= STAGING_ROWS
-        slots = self.stager.process(seq, pos)
+        staging = self._staging_rows(min(n, STAGING_ROWS))
+        for r0 in range(0, n, STAGING_ROWS):
+            m = min(STAGING_ROWS, n - r0)
+            bad = cu.encode(a.ptr + r0 * in_row, elem, staging, _backend._STORAGE[self.storage], m,
+                            self.feature_dim, self._policy, True, s, self._staged)
+            if bad >= 0:
+                raise self._unstageable(seq, r0 + int(bad) // self.feature_dim, pos)
+        return n <= STAGING_ROWS
+
+    def _store_write(self, a: interop._DevArray, slots: np.ndarray, staged: bool) -> None:
+        cu, s = self._cu, self.stream
+        interop._order_after_producer(a, s, self.device)
+        elem = _backend._ELEM[a.dtype]
+        in_row = self.feature_dim * a.dtype.itemsize
         for slot, r0, m in slot_runs(slots):
             dst = self._table_ptr + slot * self.row_bytes
             if staged:
@@ -208,25 +185,26 @@ class DeviceRing:
                 cu.encode(a.ptr + r0 * in_row, elem, dst, _backend._STORAGE[self.storage], m, self.feature_dim,
                           self._policy, False, s, self._staged)
         interop._mark_written(self.table, s, self._stream_obj)
-        return slots
 
-    def _rows(self, rows: Any, in_dtype: Any) -> tuple[interop._DevArray, int]:
-        a = interop._dev_array(rows, "DeviceRing.write: rows", stream=self.stream)
-        dt = a.dtype
-        if in_dtype is not None:
-            want = _stage_dtype(in_dtype) if isinstance(in_dtype, str) else np.dtype(in_dtype)
-            if want == _backend._BF16 and dt == _backend._U16:
-                dt = _backend._BF16
-            elif want != dt:
-                raise TypeError(f"DeviceRing.write: in_dtype {want} does not match the array's dtype {dt}")
-        if dt not in _backend._ELEM:
-            raise TypeError(f"DeviceRing.write: rows dtype {dt} is not supported; expected float32, float16 or bfloat16")
-        if len(a.shape) != 2 or a.shape[1] != self.feature_dim:
-            raise ValueError(f"DeviceRing.write: rows must be (n, {self.feature_dim}), got shape {a.shape}")
-        if a.size and interop._device_of(a) != self.device:
-            raise ValueError(f"DeviceRing.write: rows are on device {a.device}, the ring on device {self.device}")
-        a.dtype = dt
-        return a, _backend._ELEM[dt]
+    def _prepare_batch_write(self, seqs: np.ndarray, pos: np.ndarray, a: interop._DevArray) -> None:
+        """Under nonfinite="error": one read-only check launch over all the rows, its report
+        read back (one synchronization), before any Stager call."""
+        if not (self._error and a.shape[0]):
+            return
+        interop._order_after_producer(a, self.stream, self.device)
+        w = self._own_status()
+        self._cu.batch_status_reset(w, self.stream)
+        self._cu.check_rows(a.ptr, _backend._ELEM[a.dtype], a.shape[0], self.feature_dim, 0, self.rows,
+                            _backend._STORAGE[self.storage], self._staged, w, self.stream)
+        bad = int(self._status_words(self._status)[0])
+        if bad != STATUS_NONE:
+            raise self._unstageable(seqs, bad // self.feature_dim, pos)
+
+    def _store_batch_write(self, a: interop._DevArray, slots: np.ndarray, prepared: None) -> None:
+        """All the sequences' rows in one launch (their slots uploaded)."""
+        if len(slots):
+            self._scatter(_Slots(self._upload_slots(slots), (len(slots),), slots), a, None, "DeviceRing.write_many",
+                          checked=True)
 
     def _staging_rows(self, n: int) -> int:
         if self._staging is None or self._staging.shape[0] < n:
@@ -235,127 +213,154 @@ class DeviceRing:
         return self._staging_ptr
 
     # -- gather -----------------------------------------------------------
-    def gather(self, plan: StagePlan | BatchPlan, dtype: Any = None, out: Any = None) -> Any:
-        """Decode the plan's staged slots into one contiguous ``(n_rows, feature_dim)`` device array.
-
-        ``plan``: a :class:`StagePlan` or a :class:`BatchPlan` (draft_many) of
-        this ring's Stager, while its round is open (a plan of a round that
-        has closed raises ``ValueError``: later writes may have reused its
-        slots, even if a newer round of the sequence is open). ``dtype``: float32 /
-        float16 / bfloat16 (default: the Stager's ``stage_dtype``). At most two
-        launches per sequence (the ring wraps at most once). Equal, byte for
-        byte, to ``plan.rows`` of a held Stager with the same storage.
-        """
-        plans = plan.plans if isinstance(plan, BatchPlan) else [plan]
-        if not all(isinstance(p, StagePlan) for p in plans):
-            raise TypeError(f"DeviceRing.gather: expected a StagePlan or a BatchPlan, got {type(plan).__name__}")
-        active = [p for p in plans if p.skip is None]
-        for p in active:
-            self._check_plan(p)
-        odt = self.stage_dtype if dtype is None else _stage_dtype(dtype) if isinstance(dtype, str) \
-            else np.dtype(dtype)
-        if odt not in _backend._ELEM:
-            raise TypeError(f"DeviceRing.gather: dtype {odt} is not supported; expected float32, float16 or bfloat16")
-        n = sum(len(p.slots) for p in active)
+    def _gather_plans(self, plans: list[StagePlan], n: int, odt: np.dtype, out: Any) -> Any:
+        """One plan: a launch per run of its slots (at most two, nothing uploaded). More
+        plans (a BatchPlan): their slots uploaded, one launch for the whole batch."""
         shape = (n, self.feature_dim)
         if out is None:
             out = interop._alloc(self.lib, shape, odt, self.device, self.stream)
         o = interop._check_out(out, "DeviceRing.gather: out", shape, odt, self.stream)
-        t = interop._DevArray(self.table, self._table_ptr, (self.rows, self.row_bytes), _backend._U8, self.device,
-                           None, None, False)
-        interop._check_disjoint(t, o, "DeviceRing.gather")
+        interop._check_disjoint(self._table_view(), o, "DeviceRing.gather")
         interop._order_after_producer(o, self.stream, self.device)
-        out_row = self.feature_dim * odt.itemsize
-        at = 0
-        for p in active:
-            for slot, r0, m in slot_runs(p.slots):
-                self._cu.decode(self._table_ptr + slot * self.row_bytes, _backend._STORAGE[self.storage],
-                                o.ptr + (at + r0) * out_row, _backend._ELEM[odt], m, self.feature_dim, self.stream)
-            at += len(p.slots)
+        if len(plans) > 1:
+            slots = np.concatenate([p.slots for p in plans]).astype(np.int64, copy=False)
+            self._cu.gather_rows(self._table_ptr, _backend._STORAGE[self.storage], self.rows, self.feature_dim,
+                                 self._upload_slots(slots), n, o.ptr, _backend._ELEM[odt], 0, self.stream)
+        else:
+            out_row = self.feature_dim * odt.itemsize
+            at = 0
+            for p in plans:
+                for slot, r0, m in slot_runs(p.slots):
+                    self._cu.decode(self._table_ptr + slot * self.row_bytes, _backend._STORAGE[self.storage],
+                                    o.ptr + (at + r0) * out_row, _backend._ELEM[odt], m, self.feature_dim,
+                                    self.stream)
+                at += len(p.slots)
         interop._mark_written(out, self.stream, self._stream_obj)
         return out
 
-    def _check_plan(self, p: StagePlan) -> None:
-        if p.source is not self.stager:
-            raise ValueError(
-                f"DeviceRing.gather: the plan of sequence {p.seq} comes from another Stager; its slots do not "
-                "index this ring's table"
-            )
-        open_round = self.stager.open_round_id(p.seq)
-        if open_round == 0 or p.round != open_round:
-            now = "has no open round" if open_round == 0 else f"has another round open now (round {open_round})"
-            raise ValueError(
-                f"DeviceRing.gather: the plan of sequence {p.seq} is of round {p.round}, and the sequence {now}: "
-                "gather a plan between its draft() and its commit() / fail() (later writes may reuse its slots)"
-            )
+    def _table_view(self) -> interop._DevArray:
+        return interop._DevArray(self.table, self._table_ptr, (self.rows, self.row_bytes), _backend._U8, self.device,
+                                 None, None, False)
 
-    # -- moves ------------------------------------------------------------
-    def _next_change(self, change: SlotMoves | RestoredSlots, what: str) -> None:
-        """Refuse a table change that is not the Stager's next one, as it issued it
-        (a view, slice, copy or edit of it carries no serial, or other bytes)."""
-        if change.source is not self.stager and change.serial:
-            raise ValueError(f"DeviceRing.{what}: these come from another Stager")
-        if not change.applicable():
-            raise ValueError(
-                f"DeviceRing.{what}: not the array the Stager returned (a view, slice, reversal, copy or edit "
-                "of it carries no serial): pass fork() / shift() / restore()'s result itself"
-            )
-        want = self._moves_applied + 1
-        if change.serial != want:
-            raise ValueError(
-                f"DeviceRing.{what}: table changes applied out of order: expected change #{want} of this Stager, "
-                f"got #{change.serial} (each non-empty fork / shift / restore result must be applied once, in "
-                "serial order)"
-            )
+    # -- batches ------------------------------------------------------------
+    def new_status(self) -> Any:
+        """A status array for the asynchronous batch calls (``status=``): two uint64 words
+        on the ring's device, as 16 uint8 (:meth:`read_status` reads them)."""
+        return interop._alloc(self.lib, (16,), _backend._U8, self.device, self.stream)
 
-    def _require_applied(self, what: str) -> None:
-        """Before the ring asks the Stager for a table change: every earlier one is
-        applied (else the new one could not be, and the Stager would have moved on)."""
-        issued = int(self.stager.moves_issued)
-        if issued != self._moves_applied:
-            raise ValueError(
-                f"DeviceRing.{what}: the Stager issued table changes up to #{issued}, the ring applied up to "
-                f"#{self._moves_applied}: apply the missing fork() / shift() moves first (nothing changed)"
-            )
+    def _status_ptr(self, status: Any, fn: str) -> int:
+        st = interop._dev_array(status, f"{fn}: status", stream=self.stream)
+        if st.nbytes != 16 or st.dtype not in (_backend._U8, np.dtype(np.uint64), np.dtype(np.int64)):
+            raise ValueError(f"{fn}: status must be two 8-byte words on the device (new_status()), got {st.dtype} "
+                             f"{st.shape}")
+        if interop._device_of(st) != self.device:
+            raise ValueError(f"{fn}: status is on device {st.device}, the ring on device {self.device}")
+        return st.ptr
 
-    def apply(self, moves: SlotMoves, *, prefix_table: Any = None) -> None:
-        """Apply the moves ``fork`` / ``shift`` returned (device-to-device copies, in order).
+    def _status_words(self, status: Any) -> np.ndarray:
+        ptr = self._status_ptr(status, "DeviceRing.read_status")
+        self.synchronize()
+        return np.frombuffer(self._cu.copy_to_host(ptr, 16), np.uint64)
 
-        Every non-empty moves array of the Stager (and the slots of an
-        external ``restore``, which :meth:`restore` fills) must be applied
-        once, in serial order; moves of another Stager, out of order (twice,
-        or after skipping one), or not the array the Stager returned (a view,
-        slice, reversal, copy or edit of it) raise ``ValueError`` and copy
-        nothing. The moves of a prefix store's publish / hit
-        (:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the same
-        table changes) copy between this ring's table and the store's: pass
-        its :class:`~dspark_core.cuda.PrefixTable` as ``prefix_table``
-        (``PrefixTable.publish`` / ``hit`` do, under both tables' locks).
-        """
-        if not isinstance(moves, SlotMoves):
-            raise TypeError(
-                f"DeviceRing.apply: expected the moves fork() / shift() returned, got {type(moves).__name__}"
-            )
-        if len(moves) == 0:
+    def _own_status(self) -> int:
+        if self._status is None:
+            self._status = self.new_status()
+        return self._status_ptr(self._status, "DeviceRing")
+
+    def _upload_slots(self, slots: np.ndarray) -> int:
+        """Host slots into the ring's index buffer (ordered on the ring's stream)."""
+        nbytes = slots.size * 8
+        if self._index is None or self._index.shape[0] < nbytes:
+            self._index = interop._alloc(self.lib, (max(nbytes, 1024),), _backend._U8, self.device, self.stream)
+            self._index_ptr = interop._dev_array(self._index, "index", stream=self.stream).ptr
+        if nbytes:
+            self._cu.copy_to_device(self._index_ptr, np.ascontiguousarray(slots, np.int64).view(np.uint8).reshape(-1),
+                                    self.stream)
+        return self._index_ptr
+
+    def _batch_slots(self, slots: Any, fn: str, status: Any, distinct: bool) -> _Slots:
+        if isinstance(slots, (np.ndarray, list, tuple)):
+            h = np.asarray(slots)
+            if h.dtype.kind not in "iu" or h.ndim not in (1, 2):
+                raise TypeError(f"{fn}: slots must be a 1-D or 2-D integer array, got {h.dtype} {h.shape}")
+            h = np.ascontiguousarray(h, np.int64)
+            self._check_slot_values(h, fn, distinct)
+            return _Slots(self._upload_slots(h), tuple(h.shape), h)
+        d = interop._dev_array(slots, f"{fn}: slots", stream=self.stream)
+        if d.dtype != np.dtype(np.int64) or len(d.shape) not in (1, 2):
+            raise TypeError(f"{fn}: slots must be a 1-D or 2-D int64 array, got {d.dtype} {d.shape}")
+        if d.size and interop._device_of(d) != self.device:
+            raise ValueError(f"{fn}: slots are on device {d.device}, the ring on device {self.device}")
+        interop._order_after_producer(d, self.stream, self.device)
+        host = None
+        if status is None:  # the checked form: read them back (a synchronization) and check them
+            self.synchronize()
+            raw = self._cu.copy_to_host(d.ptr, d.nbytes) if d.size else b""
+            host = np.frombuffer(raw, np.int64).reshape(d.shape)
+            self._check_slot_values(host, fn, distinct)
+        return _Slots(d.ptr, tuple(d.shape), host)
+
+    def _scatter(self, s: _Slots, a: interop._DevArray, status: Any, fn: str, checked: bool = False) -> None:
+        """The batch write; ``checked``: the rows were checked already (write_many)."""
+        n = s.size
+        if n == 0:
             return
-        with self._lock:
-            self._next_change(moves, "apply")
-            if isinstance(moves, PrefixMoves):
-                self._apply_prefix(moves, prefix_table)
-                return
-            rb = self.row_bytes
-            rows = moves.tolist()
-            for src, dst, m in rows:
-                if not (m > 0 and 0 <= src and src + m <= self.rows and 0 <= dst and dst + m <= self.rows):
-                    raise ValueError(f"DeviceRing.apply: move [{src}, {dst}, {m}] is outside the table")
-            for src, dst, m in rows:
-                self._cu.copy_device(self._table_ptr + dst * rb, self._table_ptr + src * rb, m * rb, self.stream)
-            self._moves_applied = moves.serial
-            interop._mark_written(self.table, self.stream, self._stream_obj)
+        interop._check_disjoint(self._table_view(), a, fn)
+        cu, st = self._cu, self.stream
+        interop._order_after_producer(a, st, self.device)
+        elem = _backend._ELEM[a.dtype]
+        code = _backend._STORAGE[self.storage]
+        words = self._status_ptr(status, fn) if status is not None else 0
+        if status is None and self._error and not checked:
+            # Checked: a read-only check launch, its report read back, then the write.
+            w = self._own_status()
+            cu.batch_status_reset(w, st)
+            cu.check_rows(a.ptr, elem, n, self.feature_dim, s.ptr, self.rows, code, self._staged, w, st)
+            bad = int(self._status_words(self._status)[0])
+            if bad != STATUS_NONE:
+                raise self._unstageable_batch(fn, bad)
+        elif status is not None:
+            cu.batch_status_reset(words, st)
+            if self._error:  # asynchronous: the write is gated on the check's report
+                cu.check_rows(a.ptr, elem, n, self.feature_dim, s.ptr, self.rows, code, self._staged, words, st)
+        cu.scatter_rows(a.ptr, elem, n, self.feature_dim, s.ptr, self._table_ptr, code, self.rows, self._policy,
+                        self._staged, words, status is not None and self._error, st)
+        interop._mark_written(self.table, st, self._stream_obj)
 
+    def _gather_slots(self, s: _Slots, out: Any, dtype: Any, status: Any, fn: str) -> Any:
+        lead = s.shape
+        n = s.size
+        if dtype is not None:
+            odt = self._out_dtype(dtype, fn)
+        elif out is not None:
+            dt = interop._dev_array(out, f"{fn}: out", stream=self.stream).dtype
+            odt = self._out_dtype(_backend._BF16 if dt == _backend._U16 else dt, fn)
+        else:
+            odt = self.stage_dtype
+        if out is None:
+            out = interop._alloc(self.lib, lead + (self.feature_dim,), odt, self.device, self.stream)
+        o = interop._dev_array(out, f"{fn}: out", stream=self.stream, writable=True)
+        shape = (n, self.feature_dim) if o.shape == (n, self.feature_dim) else lead + (self.feature_dim,)
+        o = interop._check_out(out, f"{fn}: out", shape, odt, self.stream)
+        if n == 0:
+            return out
+        if interop._device_of(o) != self.device:
+            raise ValueError(f"{fn}: out is on device {o.device}, the ring on device {self.device}")
+        interop._check_disjoint(self._table_view(), o, fn)
+        interop._order_after_producer(o, self.stream, self.device)
+        words = 0
+        if status is not None:
+            words = self._status_ptr(status, fn)
+            self._cu.batch_status_reset(words, self.stream)
+        self._cu.gather_rows(self._table_ptr, _backend._STORAGE[self.storage], self.rows, self.feature_dim, s.ptr, n,
+                             o.ptr, _backend._ELEM[odt], words, self.stream)
+        interop._mark_written(out, self.stream, self._stream_obj)
+        return out
+
+    # -- moves and snapshots ------------------------------------------------
     def _apply_prefix(self, moves: PrefixMoves, table: Any) -> None:
         """The copies of a prefix publish (ring -> store table) or hit (store table -> ring).
-        Lock order: this ring's, then the table's (held by the caller / taken here)."""
+        Lock order: this ring's (held by apply), then the table's."""
         if table is None or table.store is not moves.store:
             raise ValueError(
                 "DeviceRing.apply: these moves copy between this ring and a PrefixStore's table: pass "
@@ -369,46 +374,22 @@ class DeviceRing:
             written = table.table if moves.direction == PUBLISH else self.table
             interop._mark_written(written, self.stream, self._stream_obj)
 
-    def fork(self, src: int, dst: int) -> SlotMoves:
-        """``stager.fork(src, dst)`` and apply its moves (safe from several threads)."""
-        with self._lock:
-            self._require_applied("fork")
-            moves = self.stager.fork(src, dst)
-            self.apply(moves)
-        return moves
+    def _copy_moves(self, moves: list[list[int]]) -> None:
+        rb = self.row_bytes
+        for src, dst, m in moves:
+            self._cu.copy_device(self._table_ptr + dst * rb, self._table_ptr + src * rb, m * rb, self.stream)
+        interop._mark_written(self.table, self.stream, self._stream_obj)
 
-    def shift(self, seq: int, n_keep: int, n_discard: int) -> SlotMoves:
-        """``stager.shift(seq, n_keep, n_discard)`` and apply its moves (safe from several threads)."""
-        with self._lock:
-            self._require_applied("shift")
-            moves = self.stager.shift(seq, n_keep, n_discard)
-            self.apply(moves)
-        return moves
-
-    # -- snapshots --------------------------------------------------------
-    def snapshot(self, seq: int) -> tuple[bytes, Any]:
-        """``(stager.snapshot(seq), rows)``: the bookkeeping and a device copy of the
-        sequence's stageable rows, ``(n, row_bytes)`` uint8 in the ring's storage (at most
-        two device-to-device copies). Restore both with :meth:`restore`, on this ring or
-        another one of the same configuration."""
-        data = self.stager.snapshot(seq)
-        slots = self.stager.live_slots(seq)
+    def _copy_out(self, slots: np.ndarray) -> Any:
         rows = interop._alloc(self.lib, (len(slots), self.row_bytes), _backend._U8, self.device, self.stream)
         r = interop._dev_array(rows, "snapshot rows", stream=self.stream)
         for slot, r0, m in slot_runs(slots):
             self._cu.copy_device(r.ptr + r0 * self.row_bytes, self._table_ptr + slot * self.row_bytes,
                                  m * self.row_bytes, self.stream)
         interop._mark_written(rows, self.stream, self._stream_obj)
-        return data, rows
+        return rows
 
-    def restore(self, seq: int, data: Any, rows: Any) -> np.ndarray:
-        """``stager.restore(seq, data)`` and copy ``rows`` (from :meth:`snapshot`) into the
-        slots it returns. Bad data, or rows of the wrong shape, raise before anything changes."""
-        cfg = self.stager.config
-        from .. import snapshot_format
-
-        state = snapshot_format.unpack(data, cfg.snapshot_fingerprint(), external=True)
-        n = state.end - state.horizon if state.started else 0
+    def _snapshot_rows(self, rows: Any, n: int) -> interop._DevArray:
         r = interop._dev_array(rows, "DeviceRing.restore: rows", stream=self.stream)
         if r.dtype != _backend._U8 or r.shape != (n, self.row_bytes):
             raise ValueError(
@@ -418,18 +399,15 @@ class DeviceRing:
         if n and interop._device_of(r) != self.device:
             raise ValueError(f"DeviceRing.restore: rows are on device {r.device}, the ring on device {self.device}")
         interop._order_after_producer(r, self.stream, self.device)
-        with self._lock:  # the restore and its copies, in serial order among the table changes
-            self._require_applied("restore")
-            slots = self.stager.restore(seq, data)
-            if len(slots):
-                self._next_change(slots, "restore")
-                for slot, r0, m in slot_runs(slots):
-                    self._cu.copy_device(self._table_ptr + slot * self.row_bytes, r.ptr + r0 * self.row_bytes,
-                                         m * self.row_bytes, self.stream)
-                self._moves_applied = slots.serial
-            interop._mark_written(self.table, self.stream, self._stream_obj)
-        return slots
+        return r
 
+    def _copy_in(self, slots: np.ndarray, r: interop._DevArray) -> None:
+        for slot, r0, m in slot_runs(slots):
+            self._cu.copy_device(self._table_ptr + slot * self.row_bytes, r.ptr + r0 * self.row_bytes,
+                                 m * self.row_bytes, self.stream)
+        interop._mark_written(self.table, self.stream, self._stream_obj)
+
+    # -- host side (tests, simulations) -------------------------------------
     def upload(self, rows: np.ndarray) -> Any:
         """A host array as a device array of the ring's backend (for tests and simulations:
         a GPU server's target produces its rows on the device)."""

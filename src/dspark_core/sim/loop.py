@@ -33,10 +33,12 @@ A failed drafter round (any exception from ``clear``/``decode``/``crop`` other
 than ``AssertionError``, which signals a bug) is reported with
 ``stager.fail`` and the round falls back to one plain target decode.
 
-With ``ring`` (a :class:`~dspark_core.cuda.DeviceRing` over an external-row
-Stager) the rows live on the device: ``process`` becomes ``ring.write`` (the
-target's rows are uploaded, as a GPU target would produce them there) and the
-drafter reads ``ring.gather(plan)`` instead of ``plan.rows``.
+With ``ring`` (the owner of an external-row Stager's rows: a
+:class:`~dspark_core.cuda.DeviceRing`, rows on the device, or a
+:class:`~dspark_core.HostRing`, rows in host memory) ``process`` becomes
+``ring.write`` (the target's rows are uploaded, as a GPU target would
+produce them on the device) and the drafter reads ``ring.gather(plan)``
+instead of ``plan.rows``.
 
 With ``check_recompute`` the loop checks, after each committed round, that the
 drafter's (incremental, windowed) block logits equal a from-scratch
@@ -292,9 +294,10 @@ class SpeculativeLoop:
         use_draft_many: plan all sequences with one ``draft_many`` call per iteration
             (default: when there is more than one sequence).
         record_timeline: keep per-round positions and buffered rows (for plots).
-        ring: a :class:`~dspark_core.cuda.DeviceRing` over ``stager`` (which must
-            then be in external-row mode): rows are written to and gathered
-            from the device table instead of passing through the Stager.
+        ring: the owner of the rows of ``stager`` (which must then be in
+            external-row mode): a :class:`~dspark_core.cuda.DeviceRing` or a
+            :class:`~dspark_core.HostRing`; rows are written to and gathered
+            from its table instead of passing through the Stager.
     """
 
     def __init__(
@@ -319,9 +322,9 @@ class SpeculativeLoop:
             raise TypeError("stager must expose its StagerConfig as .config")
         self.config = cfg
         if ring is not None and getattr(ring, "stager", None) is not stager:
-            raise ValueError("ring must be a DeviceRing over this loop's stager")
+            raise ValueError("ring must be a DeviceRing or HostRing over this loop's stager")
         if ring is None and getattr(cfg, "external_rows", False):
-            raise ValueError("an external-row Stager holds no rows: pass ring=DeviceRing(stager)")
+            raise ValueError("an external-row Stager holds no rows: pass ring=DeviceRing(stager) or HostRing(stager)")
         self.ring = ring
         self.block_size: int = int(cfg.block_size)
         if len(self.targets) > cfg.max_seqs:
