@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import at_once
+from conftest import at_once, massive_rows
 
 from dspark_core import PrefixStore, Stager, StagerConfig, snapshot_format
 from dspark_core.config import STORAGES
 from dspark_core.formats import quantize_rows
 from dspark_core.prefix_hit import HIT, PUBLISH
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
-from conftest import massive_rows
 
 CFG = StagerConfig(32, 4, 96, max_seqs=6, storage="q8_0")
 BT = 8

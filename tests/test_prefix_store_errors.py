@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import massive_rows
 
 from dspark_core import ConfigError, PrefixStore, StateError, Stager, StagerConfig, prefix_block_format
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
-from conftest import massive_rows
 
 D, B, W, BT = 64, 4, 64, 8
 CFG = StagerConfig(D, B, W, max_seqs=4)
