@@ -4,7 +4,8 @@
 #  1. ASan + UBSan build of the core and its ctest tests (-DDSPARK_SANITIZE=ON), ctest; then
 #     the Cython binding built the same way and the pytest suite run against it.
 #  2. libFuzzer targets (csrc/fuzz, clang): fuzz_stager (held and external-row mode with a
-#     mirror table, threads), fuzz_formats, fuzz_c_api (the C ABI against the C++ API): replay
+#     mirror table, threads), fuzz_formats, fuzz_c_api (the C ABI against the C++ API),
+#     fuzz_prefix (the prefix store: ops under budget pressure, damaged block imports): replay
 #     the recorded findings, then fuzz each target for FUZZ_SECONDS from a copy of its seed
 #     corpus (tests/fuzz_corpus/cpp_*), and print its coverage (libFuzzer's cov / ft).
 #  3. atheris (python -m dspark_core.testing.fuzz) on the ops (held + external mirror) /
@@ -81,12 +82,12 @@ fi
 say "libFuzzer build (clang $CLANG_MAJOR)"
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$WORK/fuzz" -G Ninja -DDSPARK_FUZZ=ON -DDSPARK_BUILD_TESTS=OFF \
   -DDSPARK_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo >"$WORK/fuzz-configure.log"
-cmake --build "$WORK/fuzz" -j"$JOBS" --target fuzz_stager fuzz_formats fuzz_c_api fuzz_stager_skip_known \
-  fuzz_formats_skip_known fuzz_c_api_skip_known >"$WORK/fuzz-build.log" \
+cmake --build "$WORK/fuzz" -j"$JOBS" --target fuzz_stager fuzz_formats fuzz_c_api fuzz_prefix fuzz_stager_skip_known \
+  fuzz_formats_skip_known fuzz_c_api_skip_known fuzz_prefix_skip_known >"$WORK/fuzz-build.log" \
   || { tail -30 "$WORK/fuzz-build.log"; exit 1; }
 
 known_open() { grep -qxF "$1" "$CORPUS/findings/KNOWN_OPEN" 2>/dev/null; }
-for t in stager formats c_api; do
+for t in stager formats c_api prefix; do
   bin="$WORK/fuzz/csrc/fuzz/fuzz_$t"
   # Recorded findings: open ones must still reproduce, fixed ones must pass.
   for f in "$CORPUS/findings/cpp_$t"/*; do

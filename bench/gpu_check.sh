@@ -2,7 +2,8 @@
 # GPU check for dspark_core's CUDA row conversion, in one go (< 5 minutes):
 #   1. builds and installs the package with the CUDA kernels (DSPARK_CUDA=ON),
 #   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes; tests/test_device_ring.py,
-#      tests/test_ring_batches.py: the rows of external-row Stagers on the device, CUDA graphs),
+#      tests/test_ring_batches.py: the rows of external-row Stagers on the device, CUDA graphs;
+#      tests/test_device_prefix.py: a prefix store's rows on the device),
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
 #      bandwidth on the same GPU,
 #   4. runs bench/bench_ring_batches.py: launches per batch, per-sequence vs batched, and
@@ -94,8 +95,8 @@ for lib in ("cupy", "torch"):
         print(f"{lib} not available ({type(exc).__name__})")
 EOF
 
-log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_ring_batches.py)"
-$PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_ring_batches.py -q -p no:cacheprovider -rfEs -x
+log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_ring_batches.py, tests/test_device_prefix.py)"
+$PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_ring_batches.py tests/test_device_prefix.py -q -p no:cacheprovider -rfEs -x
 
 log "benchmark"
 $PY - <<'EOF'

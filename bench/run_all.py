@@ -9,6 +9,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_memory.py   peak buffered rows and bytes vs prompt length
 * bench/bench_external.py external-row mode vs held: bytes host <-> device and host CPU per round
 * bench/bench_snapshot.py snapshot_into / restore throughput vs memcpy (format v2)
+* bench/bench_prefix.py   prefix store: publish / hit cost vs memcpy, memory per cached token vs KV
 
 then writes the report (machine, date, command, a summary of the docs/design.md
 section 6 targets with PASS / MISS, and each script's tables) to --out and
@@ -43,7 +44,7 @@ import _common as C
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
-SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external")
+SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external", "prefix")
 
 
 def run_script(name: str, args: list[str], timeout: float | None) -> tuple[int, str, str, float]:
@@ -137,6 +138,13 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
             v = t["value"]
             rows.append([t["target"], f"W = {ext['window']}, B = {ext['block']}",
                          "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else f"{v}"), C.verdict(t["pass"])])
+    prefix = data.get("prefix")
+    if prefix:  # informative: no design target, the ratio to memcpy of the same bytes
+        big = max(r["D"] for r in prefix["cost"])
+        for r in prefix["cost"]:
+            if r["D"] == big:
+                rows.append(["prefix store publish / hit of K rows vs memcpy", f"D = {big:,}, {r['storage']}",
+                             f"{r['publish_x']:.2f}x / {r['hit_x']:.2f}x", "-"])
     return rows
 
 
@@ -220,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra arguments for bench_convert.py, one string (use the = form, as above)")
     ap.add_argument("--snapshot-args", default="",
                     help="extra arguments for bench_snapshot.py, one string (use the = form, as above)")
+    ap.add_argument("--prefix-args", default="",
+                    help="extra arguments for bench_prefix.py, one string (use the = form, as above)")
     a = ap.parse_args(argv)
     only = [s.strip() for s in a.only.split(",") if s.strip()]
     bad = [s for s in only if s not in SCRIPTS]

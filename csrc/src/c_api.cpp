@@ -27,6 +27,8 @@
 #error "DSPARK_VERSION_STRING must be defined by the build (the project version)"
 #endif
 
+#include "c_api_common.hpp"
+
 namespace {
 
 using dspark::ElemType;
@@ -36,124 +38,7 @@ using dspark::Storage;
 // The size of the first version of dspark_config: every field of it is required.
 constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
 
-thread_local std::string last_error;
-// This thread's last dspark_fork / dspark_shift moves, as the core returned
-// them (swapped in: recording them allocates nothing after the op changed the
-// Stager), and their C copy, made when dspark_last_moves asks (exactly their
-// size). And the runs of its last dspark_restore. Each is reset before its
-// call runs, so a failed call leaves none behind.
-thread_local std::vector<dspark::SlotMove> last_moves;
-thread_local std::vector<dspark_slot_move> last_moves_c;
-thread_local bool last_moves_copied = true;  // last_moves_c holds last_moves
-thread_local dspark::SlotRun last_restore_runs[2];
-
-dspark_status status_of(dspark::ErrorKind kind) noexcept {
-    switch (kind) {
-#define DSPARK_STATUS_CASE(k, c_status, python) \
-    case dspark::ErrorKind::k: return DSPARK_E_##c_status;
-        DSPARK_ERROR_KINDS(DSPARK_STATUS_CASE)
-#undef DSPARK_STATUS_CASE
-    }
-    return DSPARK_E_INTERNAL;
-}
-
-dspark_status fail_with(dspark_status code, const char* what) noexcept {
-    try {
-        last_error = what;
-    } catch (...) {
-        last_error.clear();  // no memory for the message: the code still says it
-    }
-    return code;
-}
-
-// Runs body() and maps what it throws. `needed` (optional) receives
-// BufferTooSmall::needed.
-template <class Body>
-dspark_status guarded(Body&& body, std::size_t* needed = nullptr) noexcept {
-    last_error.clear();
-    try {
-        body();
-        return DSPARK_OK;
-    } catch (...) {
-        const dspark::CaughtError e = dspark::classify_current_error();
-        if (needed && e.kind == dspark::ErrorKind::BufferTooSmall) *needed = e.needed;
-        return fail_with(status_of(e.kind), e.what);
-    }
-}
-
-// Converts a call's C arguments; when that fails, the core's own sequence
-// checks (an unknown sequence, the round state: design.md 2.1) come first,
-// then the conversion's error. The one place this layer orders errors.
-template <class Convert>
-auto converted(const dspark::Stager& core, std::int64_t seq, bool open_round, Convert&& convert) {
-    try {
-        return convert();
-    } catch (...) {
-        core.check_sequence(seq, open_round);
-        throw;
-    }
-}
-
-void require(const void* p, const char* name) {
-    if (!p) throw dspark::NullPointer(std::string(name) + " is NULL");
-}
-
-// A buffer of `n` bytes may be NULL only when it is empty.
-void require_buffer(const void* p, std::size_t n, const char* name) {
-    if (!p && n)
-        throw dspark::NullPointer(std::string(name) + " is NULL but " + std::to_string(n) + " bytes were given");
-}
-
-// int32 codes -> the core's enums, with the core's message naming the valid codes.
-Storage storage_of(std::int32_t code) {
-    return dspark::enum_from_code<dspark::TypeError>("storage", code, dspark::STORAGE_COUNT, dspark::storage_name);
-}
-ElemType elem_of(std::int32_t code) {
-    return dspark::enum_from_code<dspark::TypeError>("dtype", code, dspark::ELEM_TYPE_COUNT, dspark::elem_name);
-}
-NonFinite nonfinite_of(std::int32_t code) {
-    static_assert(DSPARK_NONFINITE_CLAMP + 1 == dspark::NONFINITE_COUNT, "the C codes follow dspark::NonFinite");
-    return dspark::enum_from_code<std::invalid_argument>("nonfinite", code, dspark::NONFINITE_COUNT,
-                                                         dspark::nonfinite_name);
-}
-
-// a * b, or invalid_argument naming `what` when it does not fit a size_t.
-std::size_t mul_size(std::size_t a, std::size_t b, const char* what) {
-    if (a != 0 && b > SIZE_MAX / a) throw std::invalid_argument(std::string(what) + " overflows size_t");
-    return a * b;
-}
-
-// Output structs with a struct_size: the library writes the first
-// min(struct_size, sizeof) bytes, keeping the caller's struct_size.
-template <class T>
-void write_sized(T* out, const T& value) {
-    std::uint32_t size;
-    std::memcpy(&size, out, sizeof size);
-    if (size < sizeof(std::uint32_t)) throw std::invalid_argument("struct_size " + std::to_string(size) + " is too small");
-    T v = value;
-    v.struct_size = size;
-    std::memcpy(static_cast<void*>(out), &v, std::min<std::size_t>(size, sizeof(T)));
-}
-
-}  // namespace
-
-// The handle: the Stager plus what the C layer needs to answer about it.
-struct dspark_stager {
-    dspark::Stager core;
-    dspark_config config;
-    explicit dspark_stager(const dspark::StagerOptions& o, const dspark_config& c) : core(o), config(c) {}
-};
-
-namespace {
-
-dspark::Stager& core_of(dspark_stager* st) {
-    require(st, "stager");
-    return st->core;
-}
-const dspark::Stager& core_of(const dspark_stager* st) {
-    require(st, "stager");
-    return st->core;
-}
+using namespace dspark_c;  // the shared guard, conversions, handle and last moves (c_api_common.hpp)
 
 // A getter: the handle, the output pointer, then *out = get(handle).
 template <class T, class Get>

@@ -16,6 +16,7 @@
 #include "dspark/crc32c.hpp"
 #include "dspark/errors.hpp"
 #include "dspark/stager.hpp"
+#include "le_bytes.hpp"
 
 namespace dspark {
 
@@ -56,17 +57,8 @@ std::uint32_t crc32_v1(const std::uint8_t* p, std::size_t n) {
     return c ^ 0xFFFFFFFFu;
 }
 
-// Little-endian field access (the format is LE on every host).
-template <class T>
-void put(std::uint8_t* at, T v) {
-    for (std::size_t i = 0; i < sizeof(T); ++i) at[i] = static_cast<std::uint8_t>(static_cast<std::uint64_t>(v) >> (8 * i));
-}
-template <class T>
-T take(const std::uint8_t* at) {
-    std::uint64_t v = 0;
-    for (std::size_t i = 0; i < sizeof(T); ++i) v |= static_cast<std::uint64_t>(at[i]) << (8 * i);
-    return static_cast<T>(v);
-}
+using le::put;  // little-endian fields (le_bytes.hpp)
+using le::take;
 
 [[noreturn]] void bad(const std::string& why) { throw std::invalid_argument(why); }
 

@@ -15,7 +15,7 @@ the same protocol and is the test oracle.
 from __future__ import annotations
 
 from . import _old_paths
-from ._ext._stager import Stager
+from ._ext._stager import PrefixStore, Stager
 from .config import TRIM_CHUNK, StagerConfig
 from .core_tables import FAIL_STAGES, NONFINITE_POLICIES, SKIP_REASONS, STORAGE_FORMATS, STORAGES, StorageFormat
 from .context_plan import ContextPlan, plan_context
@@ -25,6 +25,7 @@ from .formats import dequantize_rows, quantize_rows, row_bytes
 from .host_ring import HostRing
 from .sdk import get_cmake_dir, get_include, get_library_dir
 from .stage_plan import BatchPlan, StagePlan
+from .prefix_hit import PrefixHit, PrefixMoves
 from ._version import __version__
 
 _old_paths.install()  # dspark_core.loop & co. (the flat layout's paths) still import, with a warning
@@ -33,6 +34,9 @@ __all__ = [
     "__version__",
     "Stager",
     "StagerConfig",
+    "PrefixStore",
+    "PrefixHit",
+    "PrefixMoves",
     "StagePlan",
     "BatchPlan",
     "ConfigError",

@@ -41,6 +41,7 @@ import numpy as np
 
 from . import formats, snapshot_format
 from ._args import as_positions
+from .prefix_hit import PrefixMoves
 from .slot_moves import RestoredSlots, SlotMoves
 from .stage_plan import BatchPlan, StagePlan
 
@@ -386,7 +387,7 @@ class RingOwner:
                 f"#{self._moves_applied}: apply the missing fork() / shift() moves first (nothing changed)"
             )
 
-    def apply(self, moves: SlotMoves) -> None:
+    def apply(self, moves: SlotMoves, *, prefix_table: Any = None) -> None:
         """Apply the moves ``fork`` / ``shift`` returned (row copies, in order).
 
         Every non-empty moves array of the Stager (and the slots of an
@@ -394,7 +395,11 @@ class RingOwner:
         once, in serial order; moves of another Stager, out of order (twice,
         or after skipping one), or not the array the Stager returned (a view,
         slice, reversal, copy or edit of it) raise ``ValueError`` and copy
-        nothing.
+        nothing. The moves of a prefix store's publish / hit
+        (:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the same
+        table changes) copy between this table and the store's: pass the
+        store's table as ``prefix_table`` (``PrefixTable.publish`` / ``hit``
+        do, under both tables' locks).
         """
         if not isinstance(moves, SlotMoves):
             raise TypeError(
@@ -404,12 +409,20 @@ class RingOwner:
             return
         with self._lock:
             self._next_change(moves, "apply")
+            if isinstance(moves, PrefixMoves):
+                self._apply_prefix(moves, prefix_table)
+                return
             rows = moves.tolist()
             for src, dst, m in rows:
                 if not (m > 0 and 0 <= src and src + m <= self.rows and 0 <= dst and dst + m <= self.rows):
                     raise ValueError(f"{self._name}.apply: move [{src}, {dst}, {m}] is outside the table")
             self._copy_moves(rows)
             self._moves_applied = moves.serial
+
+    def _apply_prefix(self, moves: PrefixMoves, table: Any) -> None:
+        """The copies of a prefix store's publish / hit between this table and the store's."""
+        raise TypeError(f"{self._name}.apply: this owner keeps no prefix store's rows (a DeviceRing with a "
+                        "cuda.PrefixTable does)")
 
     def fork(self, src: int, dst: int) -> SlotMoves:
         """``stager.fork(src, dst)`` and apply its moves (safe from several threads)."""

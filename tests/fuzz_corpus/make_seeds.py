@@ -7,7 +7,7 @@ Directories (one input per file):
 * ``ops/``, ``snapshot/``, ``decode/``: the Python targets of ``python -m dspark_core.testing.fuzz``
   (replayed by ``tests/test_fuzz_corpus.py``);
 * ``threads/``: the threads target (decodes like ``ops``; the same seeds);
-* ``cpp_stager/``, ``cpp_formats/``, ``cpp_c_api/``: the libFuzzer targets in ``csrc/fuzz/``
+* ``cpp_stager/``, ``cpp_formats/``, ``cpp_c_api/``, ``cpp_prefix/``: the libFuzzer targets in ``csrc/fuzz/``
   (replayed at the start of every fuzz run in ``.ci/fuzz_steps.sh``);
 * ``findings/<target>/``: reproducers of bugs the fuzzers found (kept by hand, never
   rewritten here). Those listed in ``findings/KNOWN_OPEN`` are expected to fail until fixed.
@@ -156,6 +156,25 @@ def cpp_seeds() -> None:
         write("cpp_c_api", f"script-{k}", bytes([b0, 3, 10 + 7 * k, 2, 0, rows_mode, 0, 0]) + script)
 
 
+#: fuzz_prefix ops (csrc/fuzz/fuzz_prefix.cpp): conversation 0 to 120 positions, published
+#: whole; hits at 100, 57 and 120; two blocks evicted and the hit at 100 again (a replay); an
+#: export moved to the second store; conversation 1's rows published, then other rows under its
+#: held keys (refused); a hit of conversation 1; a damaged export.
+CPP_PREFIX_OPS = bytes([0, 0, 39, 0, 0, 39, 0, 0, 39, 1, 0, 2, 0, 3, 0, 0, 100, 0, 5, 3, 0, 0, 57, 0, 0,
+                        3, 0, 0, 120, 0, 11, 4, 0, 1, 1, 3, 0, 0, 100, 0, 3, 5, 0, 1, 2, 1, 0, 0, 3,
+                        2, 1, 2, 0, 3, 3, 1, 0, 30, 0, 2, 5, 1, 0, 2, 40, 0, 1, 4, 7])
+
+
+def cpp_prefix_seeds() -> None:
+    # Byte 0: the mode (0 ops, 1 a damaged export, 2 raw bytes); then storage, B, W, block_tokens,
+    # pages, budget slack (see config_of in csrc/fuzz/fuzz_prefix.cpp).
+    for k in range(24):
+        write("cpp_prefix", f"seed-{k:02d}", bytes([k % 3]) + prng(f"cpppf{k}", 40 + 30 * k))
+    for k, (storage, block, extra, tokens, pages) in enumerate(
+            [(0, 3, 40, 6, 12), (3, 3, 20, 2, 4), (4, 1, 47, 8, 3), (1, 5, 9, 10, 2), (2, 0, 30, 11, 1)]):
+        write("cpp_prefix", f"script-{k}", bytes([0, storage, block, extra, tokens, pages, 7]) + CPP_PREFIX_OPS)
+
+
 def findings() -> None:
     """Minimal reproducers of the findings (see findings/KNOWN_OPEN)."""
     cfg = StagerConfig(32, 4, 16)
@@ -200,15 +219,16 @@ def findings() -> None:
 
 
 def main() -> None:
-    for sub in ("ops", "threads", "snapshot", "decode", "cpp_stager", "cpp_formats", "cpp_c_api"):
+    for sub in ("ops", "threads", "snapshot", "decode", "cpp_stager", "cpp_formats", "cpp_c_api", "cpp_prefix"):
         shutil.rmtree(os.path.join(HERE, sub), ignore_errors=True)
     ops_seeds()
     threads_seeds()
     snapshot_seeds()
     decode_seeds()
     cpp_seeds()
+    cpp_prefix_seeds()
     findings()
-    for sub in ("ops", "threads", "snapshot", "decode", "cpp_stager", "cpp_formats", "cpp_c_api"):
+    for sub in ("ops", "threads", "snapshot", "decode", "cpp_stager", "cpp_formats", "cpp_c_api", "cpp_prefix"):
         print(sub, len(os.listdir(os.path.join(HERE, sub))))
 
 

@@ -270,7 +270,8 @@ DSPARK_API dspark_status dspark_fork(dspark_stager* st, int64_t src, int64_t dst
 /* The moves of this thread's last dspark_fork / dspark_shift call (n = 0
  * when nothing moved or that call failed; before any such call too). *moves
  * points into the library's thread-local storage: read-only, not to be freed,
- * valid until this thread's next dspark_fork / dspark_shift. */
+ * valid until this thread's next dspark_fork / dspark_shift (or
+ * dspark_prefix_publish / dspark_prefix_hit, which record theirs here too). */
 DSPARK_API dspark_status dspark_last_moves(const dspark_slot_move** moves, size_t* n);
 /* The slots of the stageable rows [horizon, end) of seq, oldest first, as
  * two runs (count 0 when unused): in EXTERNAL mode, the rows the caller saves
@@ -312,6 +313,129 @@ DSPARK_API dspark_status dspark_encode_rows(const void* src, int32_t src_dtype, 
  * into dst as `dst_dtype` (dst_capacity >= n_rows * dim * element size). */
 DSPARK_API dspark_status dspark_decode_rows(const void* src, int32_t storage, size_t src_bytes, size_t n_rows,
                                             size_t dim, void* dst, int32_t dst_dtype, size_t dst_capacity);
+
+/* ---- prefix store (docs/prefix_cache.md) --------------------------------- */
+/* Encoded rows of cached prompt prefixes, under the server's own prefix-cache
+ * block keys, so that a prefix-cache hit restages what a full prefill would
+ * have and a miss costs a replay of at most K = w_keep positions. A store
+ * takes the configuration of the stager it is created for; stagers of that
+ * configuration share it (dspark_prefix_publish / _hit refuse others with
+ * DSPARK_E_CONFIG). Thread-safe: calls that take a stager and a store lock
+ * the stager first, then the store.
+ *
+ * Keys are opaque byte strings of 1..64 bytes (a SHA-256 block hash, a
+ * uint64 hash as 8 bytes, ...). A chain of n keys (blocks 0 .. n-1 of a
+ * prompt, block i covering positions [i * block_tokens, (i + 1) *
+ * block_tokens), the last one possibly partial) is passed as one byte array
+ * and n + 1 offsets: key i is keys[key_offsets[i] .. key_offsets[i + 1]),
+ * key_offsets[0] == 0. */
+typedef struct dspark_prefix_store dspark_prefix_store; /* opaque */
+
+/* What a hit at n_tokens found: the sequence holds rows [first_row,
+ * replay_from) and the server prefills from replay_from (== n_tokens when
+ * nothing is missing; never below n_tokens - K). need_first: the first row
+ * a full prefill's first round could stage; origin: the sequence's pos_base
+ * and n_cache; exact: its first rounds equal a full prefill's. */
+typedef struct dspark_prefix_hit_result {
+    int64_t n_tokens, need_first, first_row, replay_from, rows, origin, blocks_found;
+    int32_t exact;
+    int32_t reserved0;
+} dspark_prefix_hit_result;
+
+/* Counters of a store (Python: PrefixStore.stats()). Set struct_size
+ * (dspark_prefix_stats_init); the library fills at most struct_size bytes. */
+typedef struct dspark_prefix_stats {
+    uint32_t struct_size;
+    uint32_t reserved0;
+    int64_t blocks, pages, bytes, resident_bytes, key_bytes;
+    int64_t published, republished, evicted_lru, evicted_by_key;
+    int64_t hits, exact_hits, hit_rows, replayed_tokens;
+} dspark_prefix_stats;
+
+static inline void dspark_prefix_stats_init(dspark_prefix_stats* s) {
+    memset(s, 0, sizeof *s);
+    s->struct_size = (uint32_t)sizeof(dspark_prefix_stats);
+}
+
+/* *out receives a store for stagers of like's configuration (rows mode
+ * included): block_tokens per prefix block (1 .. 2**30), at most
+ * budget_bytes of rows (EXTERNAL: the size of the caller's table,
+ * dspark_prefix_store_layout). DSPARK_E_CONFIG when the budget is smaller
+ * than one block. */
+DSPARK_API dspark_status dspark_prefix_store_create(const dspark_stager* like, int64_t block_tokens,
+                                                    int64_t budget_bytes, dspark_prefix_store** out);
+/* Frees the store; NULL is allowed. No call may use it afterwards. */
+DSPARK_API void dspark_prefix_store_destroy(dspark_prefix_store* store);
+/* Rows per page, pages the budget holds, and rows of an EXTERNAL store's
+ * table (n_pages * page_rows; slot page * page_rows + i). Any may be NULL. */
+DSPARK_API dspark_status dspark_prefix_store_layout(const dspark_prefix_store* store, int64_t* page_rows,
+                                                    int64_t* n_pages, int64_t* table_rows);
+/* Records the final rows [start, end) of seq under the chain's keys (start a
+ * block boundary; one key per block). EXTERNAL: the copies from the stager's
+ * table (src) to the store's (dst) are this thread's last moves
+ * (dspark_last_moves; apply them in order with the stager's fork / shift
+ * moves); HELD: none. */
+DSPARK_API dspark_status dspark_prefix_publish(dspark_stager* st, int64_t seq, dspark_prefix_store* store,
+                                               const uint8_t* keys, const size_t* key_offsets, size_t n_keys,
+                                               int64_t start, int64_t end);
+/* Starts seq afresh from a hit of n_tokens positions (the chain of their
+ * ceil(n_tokens / block_tokens) blocks); *out (may be NULL) receives what it
+ * found. EXTERNAL: the copies from the store's table (src) to the stager's
+ * (dst) are this thread's last moves. */
+DSPARK_API dspark_status dspark_prefix_hit(dspark_stager* st, int64_t seq, dspark_prefix_store* store,
+                                           const uint8_t* keys, const size_t* key_offsets, size_t n_keys,
+                                           int64_t n_tokens, dspark_prefix_hit_result* out);
+/* What dspark_prefix_hit would find now; changes nothing. */
+DSPARK_API dspark_status dspark_prefix_lookup(const dspark_prefix_store* store, const uint8_t* keys,
+                                              const size_t* key_offsets, size_t n_keys, int64_t n_tokens,
+                                              dspark_prefix_hit_result* out);
+/* HELD: records rows [start, end) given by the caller ((end - start) rows of
+ * feature_dim `dtype` elements, rows_bytes bytes): for blocks a stager no
+ * longer holds (a prefill chunk longer than W - K). */
+DSPARK_API dspark_status dspark_prefix_publish_rows(dspark_prefix_store* store, const uint8_t* keys,
+                                                    const size_t* key_offsets, size_t n_keys, int64_t start,
+                                                    int64_t end, const void* rows, int32_t dtype, size_t rows_bytes);
+/* EXTERNAL: as publish_rows, the caller writing the rows: slots_out[i]
+ * (end - start entries; slots_capacity is its size) receives the table slot
+ * of position start + i, or -1 (a row the store does not keep, or a block it
+ * already holds). Too small: DSPARK_E_BUFFER_TOO_SMALL, nothing changed. */
+DSPARK_API dspark_status dspark_prefix_publish_slots(dspark_prefix_store* store, const uint8_t* keys,
+                                                     const size_t* key_offsets, size_t n_keys, int64_t start,
+                                                     int64_t end, int64_t* slots_out, size_t slots_capacity);
+/* Drops the blocks with these keys (the server's KV cache dropped them);
+ * *n_evicted (may be NULL) receives how many were held. */
+DSPARK_API dspark_status dspark_prefix_evict(dspark_prefix_store* store, const uint8_t* keys,
+                                             const size_t* key_offsets, size_t n_keys, int64_t* n_evicted);
+DSPARK_API dspark_status dspark_prefix_clear(dspark_prefix_store* store);
+/* Blocks held. */
+DSPARK_API dspark_status dspark_prefix_count(const dspark_prefix_store* store, size_t* n);
+/* The keys held, least recently used first, as bytes + offsets (n_keys + 1
+ * of them). Too small: DSPARK_E_BUFFER_TOO_SMALL, *n_keys and *bytes_needed
+ * say what is needed, nothing is written. */
+DSPARK_API dspark_status dspark_prefix_keys(const dspark_prefix_store* store, uint8_t* bytes, size_t bytes_capacity,
+                                            size_t* key_offsets, size_t offsets_capacity, size_t* n_keys,
+                                            size_t* bytes_needed);
+DSPARK_API dspark_status dspark_prefix_stats_get(const dspark_prefix_store* store, dspark_prefix_stats* out);
+/* The table slots of a block's kept rows, in position order (EXTERNAL: what
+ * to read for dspark_prefix_export). Too small: DSPARK_E_BUFFER_TOO_SMALL,
+ * *n = the slots needed. */
+DSPARK_API dspark_status dspark_prefix_block_slots(const dspark_prefix_store* store, const uint8_t* key,
+                                                   size_t key_len, int64_t* slots, size_t capacity, size_t* n);
+/* The block as checksummed bytes another process imports (layout:
+ * dspark_core.prefix_block_format). EXTERNAL: rows are the block's rows as
+ * read from its slots (HELD: NULL, 0). Too small: DSPARK_E_BUFFER_TOO_SMALL,
+ * *written = the bytes needed. */
+DSPARK_API dspark_status dspark_prefix_export(const dspark_prefix_store* store, const uint8_t* key, size_t key_len,
+                                              const void* rows, size_t rows_bytes, void* out, size_t capacity,
+                                              size_t* written);
+/* Adds the block in data; damaged or foreign data is DSPARK_E_INVALID_ARGUMENT
+ * and changes nothing. EXTERNAL: slots_out receives where the caller writes
+ * the data's rows (in order; -1 when the block was held already), *n_slots
+ * (may be NULL) their number, checked after the data (too small:
+ * DSPARK_E_BUFFER_TOO_SMALL, nothing changed); HELD: no slots (*n_slots = 0),
+ * slots_out may be NULL. */
+DSPARK_API dspark_status dspark_prefix_import(dspark_prefix_store* store, const void* data, size_t nbytes,
+                                              int64_t* slots_out, size_t slots_capacity, size_t* n_slots);
 
 #ifdef __cplusplus
 }  /* extern "C" */

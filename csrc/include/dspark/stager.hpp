@@ -39,6 +39,11 @@
 
 namespace dspark {
 
+class PrefixStore;  // dspark/prefix_store.hpp
+struct KeyChain;
+struct PrefixHit;
+struct PrefixPlannedBlock;
+
 // Head rows below the horizon are dropped once this many have piled up.
 inline constexpr std::int64_t TRIM_CHUNK = 512;
 // Positions stay below this so that pos + block never overflows.
@@ -357,6 +362,32 @@ public:
     // that brings rows back. An owner applies them in serial order.
     std::uint64_t moves_issued() const noexcept { return serials_.load(std::memory_order_acquire); }
 
+    // -- prefix store (stager_prefix.cpp; dspark/prefix_store.hpp, docs/prefix_cache.md) --
+    // Both take this Stager's mutex, then the store's (the lock order). Their
+    // checks, in order: the sequence (steps 1-2 of design.md 2.1), the
+    // store's configuration (ConfigError), the keys and positions, the
+    // sequence's rows (publish), then the rows of blocks already held.
+    //
+    // Records the rows of seq's final positions [start, end) in `store` under
+    // `keys`, one key per block of store.block_tokens positions (the last
+    // block may be partial); only the rows a later hit can need are kept.
+    // The rows must still be held: publish each block when the server hands
+    // it over. External-row mode: returns the copies from this Stager's
+    // table (src) to the store's table (dst), numbered among this Stager's
+    // table changes (*serial, as fork's; 0 when nothing moves); held mode:
+    // empty (the rows were copied).
+    std::vector<SlotMove> publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
+                                         std::int64_t start, std::int64_t end, std::uint64_t* serial = nullptr);
+    // Starts seq afresh (as begin() does) from a prefix-cache hit of the
+    // first n_tokens positions (`keys`: the chain of their blocks): its ring
+    // receives the rows the store holds, so that the first round stages what
+    // a full prefill would have; the server prefills from hit.replay_from.
+    // External-row mode: `moves` (required; may be null in held mode)
+    // receives the copies from the store's table (src) to this Stager's
+    // table (dst), numbered as publish_prefix's (*serial).
+    PrefixHit start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
+                                std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr);
+
     // Where draft() takes large output buffers from; give them back with
     // pool()->give(std::move(buffer)) once the caller is done with them.
     const std::shared_ptr<BufferPool>& pool() const noexcept { return pool_; }
@@ -429,6 +460,12 @@ private:
     RoundPlan check_draft(std::int64_t seq, const Seq& s, std::int64_t n_past) const;
     void check_accept(std::int64_t n_accepted) const;
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
+    // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
+    // the store's mutex): the store, its plan of the publish, the sequence's
+    // rows, the rows of blocks already held. Returns the plan.
+    std::vector<PrefixPlannedBlock> check_publish_prefix(std::int64_t seq, const Seq& s, const PrefixStore& store,
+                                                         const KeyChain& keys, std::int64_t start,
+                                                         std::int64_t end) const;
 
     std::int64_t firm_end(const SeqFields& s) const noexcept;
     std::int64_t horizon_after(const SeqFields& s) const noexcept;

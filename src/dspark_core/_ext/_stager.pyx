@@ -941,3 +941,8 @@ cdef class Stager:
         """``(horizon, end)``: the absolute positions that can still be staged."""
         st = self.state(seq)
         return (st["horizon"], st["end"]) if st["started"] else (0, 0)
+
+
+# The prefix store (PrefixStore): its own file, compiled into this module
+# because its Stager-side calls need the Stager's C++ object.
+include "_prefix_store.pxi"

@@ -130,6 +130,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE.png", default=None,
                    help="draw drafter position and buffered rows over the session (needs matplotlib: pip install 'dspark_core[plot]')")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    from .simulate_multiturn import add_arguments as add_multiturn_arguments
+
+    add_multiturn_arguments(p)  # --workload multiturn and its options
     p.set_defaults(func=run)
     return p
 
@@ -530,6 +533,11 @@ def _plot(result: dict[str, Any], path: str) -> None:
 def run(args: argparse.Namespace) -> int:
     """Entry point of ``dspark-core simulate``; returns the exit status."""
     from ..errors import ConfigError
+
+    if getattr(args, "workload", "long") == "multiturn":
+        from .simulate_multiturn import run as run_multiturn
+
+        return run_multiturn(args)
 
     if args.plot:
         try:

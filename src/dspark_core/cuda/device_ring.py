@@ -44,6 +44,14 @@ default stream). The caller orders its producers and consumers with it.
 
 Threads, and the identity and order checks of moves and plans: the shared
 owner's (:mod:`dspark_core.ring_owner`).
+
+A prefix store's rows (docs/prefix_cache.md): a :class:`~dspark_core.cuda.PrefixTable`
+keeps them on the same device; the moves of its ``publish`` / ``hit``
+(:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the Stager's
+table changes) copy between the two tables, device to device. Lock order: a
+ring's lock, then a ``PrefixTable``'s, then (inside the core) the sequences'
+and the store's mutexes; nothing takes a ring's lock while holding a table's,
+and no core call calls back into Python, so no two threads wait on each other.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
+from ..prefix_hit import PUBLISH, PrefixMoves
 from ..ring_owner import STATUS_NONE, RingOwner
 from . import _backend, interop
 
@@ -344,6 +353,22 @@ class DeviceRing(RingOwner):
         return out
 
     # -- moves and snapshots ------------------------------------------------
+    def _apply_prefix(self, moves: PrefixMoves, table: Any) -> None:
+        """The copies of a prefix publish (ring -> store table) or hit (store table -> ring).
+        Lock order: this ring's (held by apply), then the table's."""
+        if table is None or table.store is not moves.store:
+            raise ValueError(
+                "DeviceRing.apply: these moves copy between this ring and a PrefixStore's table: pass "
+                "prefix_table=<the PrefixTable of that store>"
+            )
+        if table.storage != self.storage or table.device != self.device:
+            raise ValueError("DeviceRing.apply: the PrefixTable keeps another storage or lives on another device")
+        with table._lock:
+            table.copy(moves, self._table_ptr, self.rows)  # checks every move first
+            self._moves_applied = moves.serial
+            written = table.table if moves.direction == PUBLISH else self.table
+            interop._mark_written(written, self.stream, self._stream_obj)
+
     def _copy_moves(self, moves: list[list[int]]) -> None:
         rb = self.row_bytes
         for src, dst, m in moves:

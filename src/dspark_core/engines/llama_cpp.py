@@ -524,6 +524,30 @@ class LlamaCppCapture:
                 raise RuntimeError(f"llama.cpp refused to remove positions >= {n_past}")
             del self._tokens[n_past:]
 
+    # -- sequence state: a prefix cache's KV (llama_state_seq_*) ---------------------------
+    def save_state(self) -> bytes:
+        """The KV cache of this adapter's sequence as llama.cpp serialises it
+        (``llama_state_seq_get_data``): what a prefix cache keeps of a request, so
+        that a later request starting with the same tokens skips their prefill."""
+        lc = self._lc
+        n = int(lc.llama_state_seq_get_size(self._ctx, _SEQ))
+        buf = (ctypes.c_ubyte * n)()
+        got = int(lc.llama_state_seq_get_data(self._ctx, buf, n, _SEQ))
+        if got != n:
+            raise RuntimeError(f"llama.cpp wrote {got} of {n} bytes of the sequence state")
+        return bytes(buf)
+
+    def load_state(self, data: bytes, tokens: Sequence[int]) -> None:
+        """Replace the KV cache with ``data`` from :meth:`save_state` of a context on the same
+        model, whose sequence held ``tokens`` (positions ``[0, len(tokens))``)."""
+        lc = self._lc
+        self.reset()
+        buf = (ctypes.c_ubyte * len(data)).from_buffer_copy(data)
+        if int(lc.llama_state_seq_set_data(self._ctx, buf, len(data), _SEQ)) != len(data):
+            self.reset()
+            raise RuntimeError("llama.cpp could not restore the sequence state (another model or context size?)")
+        self._tokens = [int(t) for t in tokens]
+
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         """``text`` as tokens of this model (``add_bos``: the model's BOS first, if it uses one)."""
         return list(self.llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=False))

@@ -171,17 +171,23 @@ def position_values(seq: int, pos: np.ndarray, end: int | None) -> None:
         raise ValueError(f"sequence {seq}: positions must continue at {end}, got {p0} ({why})")
 
 
-def unstageable(seq: int, p0: int, row: int, channel: int, value: float, storage: str, stage_dtype: str,
-                limit: float) -> ValueError:
-    """A value a row cannot carry: non-finite, or beyond ``limit`` once stored (and staged)."""
+def bad_value(p0: int, row: int, channel: int, value: float, storage: str, stage_dtype: str, limit: float) -> str:
+    """Where a value a row cannot carry sits and why: non-finite, or beyond ``limit`` once stored
+    (and staged). The Stager's and the prefix store's messages both start with it."""
     if np.isfinite(value):
         staged = "" if stage_dtype == "float32" else f" staged as {stage_dtype}"
         what = f", which overflows {storage} storage{staged} (|x| must stay below {float(limit):.9g})"
     else:
         what = ", a non-finite value"
     shown = "nan" if np.isnan(value) else f"{float(value):.9g}"
+    return f"row {row} (position {p0 + row}), channel {channel} holds {shown}{what}"
+
+
+def unstageable(seq: int, p0: int, row: int, channel: int, value: float, storage: str, stage_dtype: str,
+                limit: float) -> ValueError:
+    """A value a row cannot carry: non-finite, or beyond ``limit`` once stored (and staged)."""
     return ValueError(
-        f"sequence {seq}: row {row} (position {p0 + row}), channel {channel} holds {shown}{what}; nothing was "
+        f"sequence {seq}: {bad_value(p0, row, channel, value, storage, stage_dtype, limit)}; nothing was "
         'appended. Models with massive activations need storage="bf16" (or f32), or nonfinite="clamp" to clamp '
         "to the largest value the storage can hold"
     )

@@ -1,0 +1,316 @@
+# The prefix store's binding (dspark/prefix_store.hpp), part of the _stager
+# module (included at the end of _stager.pyx) because its Stager-side calls
+# need the Stager's C++ object. Thin, as the Stager's: it converts (keys with
+# prefix_keys, integers and rows with _args), releases the GIL and calls;
+# every rule and message is the core's. A conversion that fails on a call
+# that names a sequence lets the core's sequence checks speak first
+# (Stager._converted: docs/design.md 2.1).
+from dspark_core._ext._lib_prefix_store cimport (
+    PrefixStore as CPrefixStore, PrefixStoreOptions, KeyChain, PrefixHit as CPrefixHit, PrefixBlockInfo,
+    PrefixStats, StagerPrefixSide,
+)
+from libc.string cimport memcpy
+from libcpp.string cimport string
+
+from dspark_core import prefix_hit as _prefix_hit
+from dspark_core._args import as_rows
+from dspark_core.prefix_hit import PrefixHit, PrefixMoves, no_prefix_moves
+from dspark_core.prefix_keys import as_block_rows, as_block_data, as_key, as_key_chain
+
+# A non-NULL pointer for rows given as an empty buffer (the core tells "no
+# rows" from "empty rows").
+cdef uint8_t _NO_BYTES = 0
+
+
+cdef object _chain(object converted, KeyChain* out):
+    """Fill ``out`` with a view of a converted chain ``(bytes, offsets)``; returns what keeps it alive."""
+    data, offsets = converted
+    cdef const uint8_t[::1] d = data
+    cdef cnp.ndarray o = <cnp.ndarray>offsets
+    out.n = o.shape[0] - 1
+    out.bytes = &d[0] if d.shape[0] else NULL
+    out.offsets = <const size_t*>cnp.PyArray_DATA(o)
+    return converted
+
+
+cdef object _hit(CPrefixHit& h, object moves):
+    return PrefixHit(
+        n_tokens=h.n_tokens, need_first=h.need_first, first_row=h.first_row, replay_from=h.replay_from,
+        rows=h.rows, origin=h.origin, exact=h.exact, blocks_found=h.blocks_found, moves=moves)
+
+
+cdef Stager _stager_arg(stager):
+    if not isinstance(stager, Stager):
+        raise TypeError(f"stager must be a dspark_core.Stager, got {type(stager).__name__}")
+    return <Stager>stager
+
+
+cdef object _slots_array(vector[int64_t]& v):
+    cdef cnp.ndarray out = np.empty(v.size(), _I64)
+    if v.size():
+        memcpy(cnp.PyArray_DATA(out), v.data(), v.size() * sizeof(int64_t))
+    return out
+
+
+cdef class PrefixStore:
+    """Rows of cached prompt prefixes under the server's prefix-cache keys (docs/prefix_cache.md).
+
+    ``PrefixStore(config, block_tokens, budget_bytes)``: ``config`` is the
+    rows' configuration, the :class:`StagerConfig` of every Stager that uses
+    the store (feature_dim, storage, window, block_size, nonfinite,
+    stage_dtype and rows must match; max_seqs and strict may differ);
+    ``block_tokens`` the server's KV block size; ``budget_bytes`` the most
+    row memory the store holds (external-row mode: the size of the owner's
+    table), at least one block. Least recently used blocks are evicted for
+    room. Safe to call from several threads; Stagers sharing the store may be
+    used concurrently (lock order: the Stager, then the store)::
+
+        store.publish(st, seq, keys, start, end)   # final rows of blocks [start, end)
+        hit = store.hit(st, seq, keys, n_tokens)   # start seq from a prefix-cache hit
+        # the server prefills from hit.replay_from (== n_tokens unless rows were missing)
+    """
+
+    cdef CPrefixStore* _core
+    cdef readonly object config
+    cdef readonly int64_t block_tokens
+    cdef readonly int64_t budget_bytes
+    cdef int64_t _D
+    cdef size_t _row_bytes
+    cdef bint _external
+
+    def __cinit__(self, config, block_tokens, budget_bytes):
+        if not isinstance(config, StagerConfig):
+            raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
+        cdef PrefixStoreOptions o
+        o.feature_dim = config.feature_dim
+        o.block_size = config.block_size
+        o.window = config.window
+        o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
+        o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
+        o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
+        o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
+        o.block_tokens = _i64("block_tokens", block_tokens)
+        o.budget_bytes = _i64("budget_bytes", budget_bytes)
+        self._core = new CPrefixStore(o)  # checks every value (ConfigError)
+        self.config = config
+        self.block_tokens = o.block_tokens
+        self.budget_bytes = o.budget_bytes
+        self._D = config.feature_dim
+        self._row_bytes = self._core.row_bytes()
+        self._external = self._core.external()
+
+    def __dealloc__(self):
+        del self._core
+
+    def __repr__(self):
+        return (f"PrefixStore(block_tokens={self.block_tokens}, budget_bytes={self.budget_bytes}, "
+                f"blocks={len(self)}, storage={self.config.storage!r}, rows={self.config.rows!r})")
+
+    @property
+    def row_bytes(self):
+        """Bytes of one stored row."""
+        return self._row_bytes
+
+    @property
+    def w_keep(self):
+        """``K``: the rows a hit above ``W - B`` restores."""
+        return self._core.w_keep()
+
+    @property
+    def page_rows(self):
+        """Rows per page (``min(block_tokens, K)``): a block takes ceil(kept rows / page_rows) pages."""
+        return self._core.page_rows()
+
+    @property
+    def n_pages(self):
+        """Pages the budget holds (``budget_bytes // (page_rows * row_bytes)``)."""
+        return self._core.n_pages()
+
+    @property
+    def table_rows(self):
+        """External-row mode: rows of the owner's table (``n_pages * page_rows``)."""
+        return self._core.table_rows()
+
+    def publish(self, stager, seq, keys, start, end):
+        """Record the final rows of positions ``[start, end)`` of ``seq`` under ``keys``.
+
+        One key per block of ``block_tokens`` positions from ``start`` (a
+        block boundary); the last block may be partial (a request's end).
+        Publish each block as the server hands it over (its rows must still
+        be held: the last ``W`` positions). A block already held under its
+        key with the same rows is refreshed; with other rows or positions it
+        is a ``ValueError``. External-row mode: returns the copies from the
+        Stager's ring table to the store's table (:class:`PrefixMoves`);
+        held mode: an empty one.
+        """
+        cdef Stager st = _stager_arg(stager)
+        cdef int64_t s = _i64("seq", seq)
+        cdef KeyChain chain
+        keep = _chain(st._converted(s, False, as_key_chain, (keys,)), &chain)
+        cdef int64_t a = st._arg(s, "start", start)
+        cdef int64_t b = st._arg(s, "end", end)
+        cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
+        cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
+        with nogil:
+            moves = side.publish_prefix(s, self._core[0], chain, a, b, &serial)
+        del keep
+        if moves.size() == 0:
+            return no_prefix_moves(st, _prefix_hit.PUBLISH, self)
+        return PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.PUBLISH, self)
+
+    def hit(self, stager, seq, keys, n_tokens):
+        """Start ``seq`` (as ``begin`` does) from a prefix-cache hit of its first ``n_tokens`` positions.
+
+        ``keys``: the chain of their blocks (``ceil(n_tokens / block_tokens)``
+        keys). The sequence receives the rows the store holds, so that its
+        first round stages what a full prefill would have; returns a
+        :class:`PrefixHit`: the server prefills from ``hit.replay_from``.
+        External-row mode: ``hit.moves`` are the copies from the store's table
+        to the Stager's ring table.
+        """
+        cdef Stager st = _stager_arg(stager)
+        cdef int64_t s = _i64("seq", seq)
+        cdef KeyChain chain
+        keep = _chain(st._converted(s, False, as_key_chain, (keys,)), &chain)
+        cdef int64_t h = st._arg(s, "n_tokens", n_tokens)
+        cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
+        cdef CPrefixHit r
+        cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
+        with nogil:
+            r = side.start_from_prefix(s, self._core[0], chain, h, &moves, &serial)
+        del keep
+        if moves.size() == 0:
+            out = no_prefix_moves(st, _prefix_hit.HIT, self)
+        else:
+            out = PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.HIT, self)
+        return _hit(r, out)
+
+    def lookup(self, keys, n_tokens):
+        """What ``hit`` would find for this chain now (a :class:`PrefixHit`); changes nothing."""
+        cdef KeyChain chain
+        keep = _chain(as_key_chain(keys), &chain)
+        cdef int64_t h = _i64("n_tokens", n_tokens)
+        cdef CPrefixHit r
+        with nogil:
+            r = self._core.lookup(chain, h)
+        del keep
+        return _hit(r, no_prefix_moves(None, _prefix_hit.HIT, self))
+
+    def publish_rows(self, keys, start, end, rows):
+        """Record rows ``[start, end)`` given by the caller (held mode): ``(end - start, feature_dim)``
+        float32 / float16 / bfloat16. For blocks whose rows a Stager no longer holds (a prefill chunk
+        longer than the window). Only the rows a hit can need are encoded."""
+        cdef KeyChain chain
+        keep = _chain(as_key_chain(keys), &chain)
+        cdef int64_t a = _i64("start", start)
+        cdef int64_t b = _i64("end", end)
+        arr = as_rows(rows, self._D)
+        cdef ElemType t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
+        cdef const void* rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
+        cdef size_t nbytes = arr.nbytes
+        with nogil:
+            self._core.publish_rows(chain, a, b, rp, t, nbytes)
+        del keep
+
+    def publish_slots(self, keys, start, end):
+        """External-row mode: publish blocks ``[start, end)`` whose rows the owner writes itself.
+
+        Returns the int64 slot of the store's table for each position
+        (``end - start`` entries; -1 for a row the store does not keep or a
+        block it already holds). The core checks the call before it
+        allocates them."""
+        cdef KeyChain chain
+        keep = _chain(as_key_chain(keys), &chain)
+        cdef int64_t a = _i64("start", start)
+        cdef int64_t b = _i64("end", end)
+        cdef vector[int64_t] slots
+        with nogil:
+            slots = self._core.publish_slots(chain, a, b)
+        del keep
+        return _slots_array(slots)
+
+    def evict(self, keys):
+        """Drop the blocks with these keys (the server's KV cache dropped them); returns how many were held."""
+        cdef KeyChain chain
+        keep = _chain(as_key_chain(keys), &chain)
+        cdef int64_t n
+        with nogil:
+            n = self._core.evict(chain)
+        del keep
+        return n
+
+    def clear(self):
+        """Drop every block (page memory is kept for reuse); the counters restart."""
+        with nogil:
+            self._core.clear()
+
+    def __len__(self):
+        return self._core.size()
+
+    def __contains__(self, key):
+        return self._core.contains(as_key(key))
+
+    def keys(self):
+        """Keys held (bytes), least recently used first."""
+        cdef vector[string] v = self._core.keys()  # named: Cython must not iterate a temporary
+        return [bytes(k) for k in v]
+
+    def info(self, key):
+        """One block: ``start``, ``end`` (positions), ``first_row`` and ``rows`` (the kept rows
+        ``[first_row, end)``), ``pages``. ``ValueError`` for a key the store does not hold."""
+        cdef PrefixBlockInfo i = self._core.info(as_key(key))
+        return {"start": i.start, "end": i.end, "first_row": i.kept.first, "rows": i.rows, "pages": i.pages}
+
+    def block_slots(self, key):
+        """The table slots of the block's kept rows, in position order (int64)."""
+        cdef vector[int64_t] v = self._core.block_slots(as_key(key))
+        return _slots_array(v)
+
+    def stats(self):
+        """Counters: ``blocks``, ``pages``, ``bytes`` (held now, <= budget_bytes), ``resident_bytes``,
+        ``key_bytes``, ``published``, ``republished``, ``evicted_lru``, ``evicted_by_key``, ``hits``,
+        ``exact_hits``, ``hit_rows``, ``replayed_tokens`` (see dspark/prefix_store.hpp)."""
+        cdef PrefixStats t = self._core.stats()
+        return {
+            "blocks": t.blocks, "pages": t.pages, "bytes": t.bytes, "resident_bytes": t.resident_bytes,
+            "key_bytes": t.key_bytes, "published": t.published, "republished": t.republished,
+            "evicted_lru": t.evicted_lru, "evicted_by_key": t.evicted_by_key, "hits": t.hits,
+            "exact_hits": t.exact_hits, "hit_rows": t.hit_rows, "replayed_tokens": t.replayed_tokens,
+        }
+
+    def export_block(self, key, rows=None):
+        """The block as checksummed bytes another process's store imports (``prefix_block_format``).
+
+        External-row mode: ``rows`` are the block's rows as the owner read
+        them from ``block_slots(key)`` (uint8 ``(rows, row_bytes)`` or bytes);
+        a held-row store exports its own (no ``rows``)."""
+        cdef string k = as_key(key)
+        cdef const uint8_t[::1] rv
+        cdef const uint8_t* rp = NULL
+        cdef size_t rn = 0
+        if rows is not None:
+            rv = as_block_rows(rows)
+            rn = rv.shape[0]
+            rp = &rv[0] if rn else &_NO_BYTES
+        cdef size_t n = self._core.export_size(k)
+        out = PyBytes_FromStringAndSize(NULL, n)
+        cdef uint8_t* dp = <uint8_t*>PyBytes_AS_STRING(out)
+        with nogil:
+            self._core.export_into(k, dp, n, rp, rn)
+        return out
+
+    def import_block(self, data):
+        """Add the block in ``data`` (from ``export_block``); damaged or foreign data is a ValueError
+        and changes nothing. External-row mode: returns the slots where the owner writes the data's
+        rows (in order; -1 when the block was already held); held mode: None."""
+        cdef const uint8_t[::1] raw = as_block_data(data)
+        cdef size_t n = raw.shape[0]
+        cdef const uint8_t* dp = &raw[0] if n else NULL
+        cdef vector[int64_t] slots
+        with nogil:
+            slots = self._core.import_block(dp, n)
+        if not self._external:
+            return None
+        return _slots_array(slots)

@@ -1,0 +1,97 @@
+"""``dspark-core simulate --workload multiturn``: prefix caching off, cold drafter, replay, row store.
+
+The claims of docs/prefix_cache.md, measured on a small multi-turn workload:
+the row store prefills only the new tokens (as a cold start does), stages a
+full K-row context at the first round after a hit (as caching off does), and
+its acceptance equals caching off's exactly (its rounds are the same rounds);
+a cold drafter loses the first rounds; a K-token replay pays K tokens per
+request; every variant is lossless. Under a budget too small for the
+conversations, misses replay at most K tokens and acceptance still matches.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark_core.sim.multiturn import MultiTurnConfig, PrefixCache, run_multiturn
+from test_simulate import _run  # the simulate command's parser, as the long workload's tests run it
+
+SMALL = MultiTurnConfig(conversations=2, turns=3, system_tokens=300, user_tokens=20, generate=64, window=256,
+                        block=4, feature_dim=64)
+
+
+@pytest.fixture(scope="module")
+def result():
+    return run_multiturn(SMALL)
+
+
+def test_every_variant_is_lossless(result):
+    assert result["lossless"] and all(v["lossless"] for v in result["variants"].values())
+
+
+def test_the_store_prefills_only_new_tokens_and_restages_a_full_context(result):
+    off, cold, replay, store = (result["variants"][k] for k in ("off", "cold", "replay", "store"))
+    K = result["config"]["w_keep"]
+    assert store["prefilled_total"] == cold["prefilled_total"] < replay["prefilled_total"] < off["prefilled_total"]
+    assert replay["replayed_tokens"] == K * replay["hit_requests"] and store["replayed_tokens"] == 0
+    # Every hit here is far above W - B: the first round rebases to K rows, as with caching off.
+    assert store["first_round_context_rows_min"] == off["first_round_context_rows_min"] == K
+    # A cold drafter has the new tokens only (plus a block the cache did not hit): less than it reads back.
+    assert cold["first_round_context_rows_min"] <= SMALL.user_tokens + 1 < SMALL.lookahead
+    assert cold["first_round_context_rows"] <= SMALL.user_tokens + SMALL.block_tokens
+    assert store["store_exact_hits"] == store["store_hits"] == store["hit_requests"]
+    assert store["store_peak_bytes"] <= SMALL.budget_bytes
+
+
+def test_the_store_matches_caching_off_and_a_cold_drafter_does_not(result):
+    off, cold, replay, store = (result["variants"][k] for k in ("off", "cold", "replay", "store"))
+    assert store["acceptance_after_hit"] == off["acceptance_after_hit"] == replay["acceptance_after_hit"]
+    assert store["acceptance"] == off["acceptance"]
+    assert off["acceptance_after_hit"] > 0.5
+    assert cold["acceptance_after_hit"] < 0.1 and cold["acceptance"] < off["acceptance"]
+
+
+def test_a_small_budget_degrades_to_short_replays():
+    r = run_multiturn(SMALL.__class__(**{**SMALL.__dict__, "budget_bytes": 40_000}), variants=("off", "store"))
+    off, store = r["variants"]["off"], r["variants"]["store"]
+    K = r["config"]["w_keep"]
+    assert store["store_evicted"] > 0 and store["store_peak_bytes"] <= 40_000
+    assert 0 < store["replayed_tokens"] <= K * store["hit_requests"]
+    assert store["store_exact_hits"] < store["store_hits"]
+    assert store["acceptance"] == off["acceptance"] and store["lossless"]
+
+
+def test_the_prefix_cache_hits_the_end_of_the_previous_request():
+    cache = PrefixCache(16)
+    import numpy as np
+
+    a = np.arange(100)
+    cache.add(a, 90)
+    assert cache.hit(np.concatenate([a[:90], [7, 8, 9]])) == 90  # the partial block at the end
+    assert cache.hit(np.concatenate([a[:50], [7] * 60])) == 48  # full blocks only
+    assert cache.hit(a[:90]) == 89  # at least one token is computed
+
+
+ARGS = ["--workload", "multiturn", "--conversations", "2", "--turns", "2", "--system-tokens", "200",
+        "--user-tokens", "16", "--reply-tokens", "40", "--window", "128", "--block", "4", "--lookahead", "32",
+        "--feature-dim", "64", "--quiet"]
+
+
+def test_cli_table_and_json(capsys):
+    rc, out, _ = _run(ARGS, capsys)
+    assert rc == 0
+    for label in ("prefix caching off", "cold start", "replay K tail", "row store", "acceptance overall",
+                  "store memory (peak) / budget", "lossless"):
+        assert label in out
+    rc, out, _ = _run([*ARGS, "--json", "--stager", "reference"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["stager"] == "reference" and set(data["variants"]) == {"off", "cold", "replay", "store"}
+    assert data["variants"]["store"]["acceptance"] == data["variants"]["off"]["acceptance"]
+
+
+def test_cli_rejects_a_lookahead_beyond_K(capsys):
+    rc, _, err = _run([*ARGS, "--lookahead", "64"], capsys)
+    assert rc == 2 and "lookahead" in err
