@@ -9,6 +9,7 @@ no GIL held). No timing is measured: only what happened during what.
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -90,10 +91,13 @@ def test_calls_on_other_sequences_complete_during_a_long_call():
     finished = threading.Event()
     during = [0]
 
+    seqs, cu = np.array([0, 1]), np.array([0, n, 2 * n])
+    positions = [np.concatenate([np.arange(k * n, (k + 1) * n)] * 2) for k in range(10)]
+
     def long_calls():
         for k in range(10):
             calls[0] += 1
-            st.process_many([0, 1], [0, n, 2 * n], np.concatenate([np.arange(k * n, (k + 1) * n)] * 2), rows)
+            st.process_many(seqs, cu, positions[k], rows)
             calls[0] += 1
         finished.set()
 
@@ -109,6 +113,13 @@ def test_calls_on_other_sequences_complete_during_a_long_call():
             if before % 2 and calls[0] == before:
                 during[0] += 1  # a whole step of sequence 2 inside one call on sequences 0..1
 
-    at_once([(long_calls, ()), (short_calls, ())])
+    # No forced GIL switches: a thread runs only while another has released the
+    # GIL itself, so a step of sequence 2 inside a long call proves that call released it.
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(30.0)
+    try:
+        at_once([(long_calls, ()), (short_calls, ())])
+    finally:
+        sys.setswitchinterval(interval)
     assert during[0] > 0
     assert st.state(0)["end"] == 10 * n and st.state(2)["end"] > 8
