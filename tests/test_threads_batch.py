@@ -3,8 +3,8 @@
 Each sequence has its own lock in the core and every call releases the GIL,
 so calls on different sequences run side by side: the state after
 concurrent calls equals a serial replay, and one thread's calls complete
-while another thread is inside a long call of its own (no Stager-wide lock,
-no GIL held). No timing is measured: only what happened during what.
+while another thread is inside a long call of its own (the GIL released).
+No timing is measured: only what happened during what.
 """
 
 from __future__ import annotations
@@ -80,8 +80,9 @@ def test_threads_on_disjoint_sequences_equal_a_serial_replay(rows):
 
 def test_calls_on_other_sequences_complete_during_a_long_call():
     """While one thread is inside long process_many calls on sequences 0..1, another
-    thread's calls on sequence 2 complete: the long call holds neither the GIL nor a
-    lock of sequence 2. (With one Stager-wide lock, or the GIL held, none would.)"""
+    thread's calls on sequence 2 complete: the long call released the GIL (held, no
+    step of sequence 2 could run inside it). That it holds only its own sequences'
+    locks is csrc/tests/test_batch.cpp's a_batch_holds_only_its_own_sequences."""
     cfg = StagerConfig(1024, B, W, max_seqs=3, storage="q8_0")
     st = Stager(cfg)
     n = 6000  # rows per long call: each is converted and checked whole (bounded ingest keeps W)

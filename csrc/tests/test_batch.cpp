@@ -6,6 +6,9 @@
 // distinct sequences end in the state of a serial replay, and crossing fork /
 // batch calls never deadlock.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -527,6 +530,46 @@ TEST_CASE(threads_on_distinct_sequences_end_as_a_serial_replay) {
     threads_equal_serial(RowMode::Held, Storage::F32);
     threads_equal_serial(RowMode::Held, Storage::Q8_0);
     threads_equal_serial(RowMode::External, Storage::F32);
+}
+
+TEST_CASE(a_batch_holds_only_its_own_sequences) {
+    // draft_many_into calls its sink while it holds the locks of its batch's
+    // sequences (0 and 1). Inside the sink, another thread runs a whole round
+    // on sequence 2 and a batch on {3, 2}: with one Stager-wide lock they
+    // could not run until the sink returned, and the wait below would time out.
+    {
+        Stager s(opts(RowMode::Held, Storage::F32, 4));
+        for (std::int64_t q = 0; q < 4; ++q) {
+            auto p = span(0, 8);
+            auto r = rows_for(0, 8, float(q));
+            s.process(q, p.data(), 8, r.data(), ElemType::F32);
+        }
+        std::mutex m;
+        std::condition_variable cv;
+        bool other_done = false, in_time = false;
+        std::vector<std::uint8_t> room(1 << 16);
+        std::vector<RoundPlan> plans;
+        const std::int64_t seqs[] = {1, 0}, pasts[] = {8, 8};
+        std::thread other;
+        s.draft_many_into(seqs, pasts, 2, plans, [&](const RoundPlan*, std::size_t) {
+            other = std::thread([&] {
+                ByteVec rows;
+                s.draft(2, 8, rows);
+                s.commit(2);
+                const std::int64_t q[] = {3, 2}, acc[] = {0, 0};
+                s.accept_many(q, acc, 2);
+                std::lock_guard<std::mutex> g(m);
+                other_done = true;
+                cv.notify_all();
+            });
+            std::unique_lock<std::mutex> g(m);
+            in_time = cv.wait_for(g, std::chrono::seconds(20), [&] { return other_done; });
+            return room.data();
+        });
+        other.join();
+        CHECK(in_time);
+        CHECK(s.state(0).open_round && s.state(1).open_round && s.stats(2).commits == 1);
+    }
 }
 
 TEST_CASE(crossing_forks_and_batches_never_deadlock) {
