@@ -359,6 +359,19 @@ TEST_CASE(rejected_batches_change_nothing_and_name_the_sequence) {
             CHECK(has(m, "reserve_many needs external-row mode"));
         }
         CHECK(fingerprints(s) == before);
+        // What the rejections left shows in the next rows too (the ring's
+        // resident bytes are counted when rows are committed).
+        Stager twin(opts(mode));
+        prime(twin);
+        for (Stager* x : {&s, &twin}) {
+            Flat f;  // fewer rows than the rejected batch wrote into free slots
+            f.add(0, 6, 1);
+            f.add(1, 6, 1);
+            f.add(3, 6, 1);
+            if (ext) x->process_external_many(f.seqs.data(), 3, f.cu.data(), f.positions.data(), 3, out.data());
+            else x->process_many(f.seqs.data(), 3, f.cu.data(), f.positions.data(), 3, f.rows.data(), ElemType::F32);
+        }
+        CHECK(fingerprints(s) == fingerprints(twin));
     }
 }
 
