@@ -9,7 +9,8 @@ observable: results (slots, plans, staged rows, the BatchPlan's arrays and
 padded form, rebuilt here from the per-sequence plans), state, counters,
 live slots and snapshot bytes. A rejected batch changes nothing, and when it
 names ``seqs[i] (sequence s)`` the rest of its message is the per-sequence
-call's own error for that sequence.
+call's own error for that sequence. The reference twin runs the same
+batches: the same outcomes, word for word, and the same state.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from conftest import massive_rows
 from dspark_core import Stager, StagerConfig, StateError
+from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
 from dspark_core.stage_plan import BATCH_ARRAYS, SKIP_REASONS
 
 N_SEQS = 4
@@ -93,6 +95,7 @@ class BatchedMatchesPerSequence(RuleBasedStateMachine):
         self.cfg = StagerConfig(32, block, 2 * block + extra, max_seqs=N_SEQS, storage=storage,
                                 max_failures=max_failures, rows="external" if external else "held")
         self.many, self.one = Stager(self.cfg), Stager(self.cfg)
+        self.ref = ReferenceStager(self.cfg)  # the same batches on the reference twin
         self.external = external
         self.rng = np.random.default_rng(block * 100 + extra)
 
@@ -109,6 +112,18 @@ class BatchedMatchesPerSequence(RuleBasedStateMachine):
         names a sequence is that sequence's own error."""
         before = [fingerprint(self.many, s) for s in range(N_SEQS)]
         got = outcome(getattr(self.many, call), *many_args)
+        twin = outcome(getattr(self.ref, call), *many_args)
+        assert got[0] == twin[0], (call, got, twin)
+        if got[0] == "raise":
+            assert got[1] == twin[1], (call, got[1], twin[1])  # the same type and words
+        elif call == "draft_many":
+            for name in BATCH_ARRAYS:
+                x, y = getattr(got[1], name), getattr(twin[1], name)
+                assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes()), name
+            if not self.external:
+                assert got[1].rows.tobytes() == twin[1].rows.tobytes()
+        elif got[1] is not None:
+            np.testing.assert_array_equal(got[1], twin[1])
         if got[0] == "ok":
             results = [getattr(self.one, name)(seq, *args) for name, seq, args in per_seq]
             return got[1], results
@@ -219,6 +234,9 @@ class BatchedMatchesPerSequence(RuleBasedStateMachine):
     def same_everywhere(self):
         for s in range(N_SEQS):
             assert fingerprint(self.many, s) == fingerprint(self.one, s), s
+            a, b = fingerprint(self.many, s), fingerprint(self.ref, s)
+            assert (a[0], a[2], a[3], a[4]) == (b[0], b[2], b[3], b[4]), s
+            assert {k: a[1][k] for k in SEMANTIC_STATS} == {k: b[1][k] for k in SEMANTIC_STATS}, s
 
 
 TestBatchedMatchesPerSequence = BatchedMatchesPerSequence.TestCase
