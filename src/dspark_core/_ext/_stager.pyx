@@ -57,6 +57,12 @@ _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
+# The batch calls that take only sequence ids (Stager._on_seqs).
+cdef enum _SeqsCall:
+    _COMMIT_MANY
+    _CONFIRM_MANY
+    _CANCEL_MANY
+    _END_MANY
 
 
 cdef tuple _field_names(const FieldInfo* f):
@@ -654,11 +660,23 @@ cdef class Stager:
 
     def commit_many(self, seqs):
         """``commit`` for several sequences (one call, checked whole)."""
-        sv = self._ids("commit_many", seqs)
+        self._on_seqs(_COMMIT_MANY, "commit_many", seqs)
+
+    cdef int _on_seqs(self, _SeqsCall which, str call, seqs) except -1:
+        """One of the batch calls that take only sequence ids (``_COMMIT_MANY`` ...)."""
+        sv = self._ids(call, seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         with nogil:
-            self._core.commit_many(sp, n)
+            if which == _COMMIT_MANY:
+                self._core.commit_many(sp, n)
+            elif which == _CONFIRM_MANY:
+                self._core.confirm_many(sp, n)
+            elif which == _CANCEL_MANY:
+                self._core.cancel_many(sp, n)
+            else:
+                self._core.end_many(sp, n)
+        return 0
 
     def fail_many(self, seqs, stages="decode"):
         """``fail`` for several sequences: ``stages`` is one stage name for all of them, or one
@@ -686,11 +704,7 @@ cdef class Stager:
 
     def end_many(self, seqs):
         """``end`` for several sequences (one call)."""
-        sv = self._ids("end_many", seqs)
-        cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-        with nogil:
-            self._core.end_many(sp, n)
+        self._on_seqs(_END_MANY, "end_many", seqs)
 
     # -- slots before the rows (external-row mode) ----------------------------
     def reserve(self, seq, positions):
@@ -750,19 +764,11 @@ cdef class Stager:
 
     def confirm_many(self, seqs):
         """``confirm`` for several sequences (one call, checked whole)."""
-        sv = self._ids("confirm_many", seqs)
-        cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-        with nogil:
-            self._core.confirm_many(sp, n)
+        self._on_seqs(_CONFIRM_MANY, "confirm_many", seqs)
 
     def cancel_many(self, seqs):
         """``cancel`` for several sequences (one call, checked whole)."""
-        sv = self._ids("cancel_many", seqs)
-        cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-        with nogil:
-            self._core.cancel_many(sp, n)
+        self._on_seqs(_CANCEL_MANY, "cancel_many", seqs)
 
     def open_round_ids(self, seqs):
         """``open_round_id`` of several sequences, as an int64 array (one call)."""
