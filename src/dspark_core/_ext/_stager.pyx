@@ -618,9 +618,10 @@ cdef class Stager:
         sv = self._ids("process_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         cdef ElemType t = ElemType.F32
-        if (not self._external and _plain_positions(cu_seqlens) and _plain_positions(positions)
-                and _plain_rows(rows, self._D, &t) and cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1
-                and cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0)):
+        if (_plain_positions(cu_seqlens) and _plain_positions(positions)
+                and cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1
+                and (rows is None if self._external else _plain_rows(rows, self._D, &t)
+                     and cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0))):
             cu, pos, arr = cu_seqlens, positions, rows  # nothing to convert
         else:
             cu, pos, arr = self._batch_converted("process_many", sv, Need.Ready, batch_rows_args,
