@@ -352,3 +352,27 @@ def test_batch_plan_properties_are_computed_once_and_padded_shape_is_fixed():
         assert bp.padded().positions.shape == (8, st.config.window - st.config.block_size)
         st.commit_many(bp.seqs[bp.active])
     assert shapes == {((8, 16), (8, 16))}
+
+
+# -- end ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["idle", "open_round", "reservation"])
+def test_end_frees_the_ring_and_leaves_a_new_stagers_sequence(how):
+    rows = "external" if how == "reservation" else "held"
+    cfg = StagerConfig(64, 4, 32, max_seqs=2, rows=rows)
+    st, fresh = Stager(cfg), Stager(cfg)
+    if rows == "held":
+        st.process(1, np.arange(20), massive_rows(np.random.default_rng(0), 20, 64))
+        assert st.stats(1)["bytes"] > 0 and st.stats(1)["reserved_bytes"] > 0
+    else:
+        st.process(1, np.arange(20))
+    if how == "open_round":
+        assert st.draft(1, 20).skip is None
+    elif how == "reservation":
+        st.reserve(1, np.arange(20, 25))
+    st.end(1)
+    assert fingerprint(st, 1)[:4] == fingerprint(fresh, 1)[:4]
+    assert st.stats(1)["bytes"] == st.stats(1)["reserved_bytes"] == 0
+    st.process(1, np.arange(500, 503), None if rows == "external" else np.ones((3, 64), np.float32))
+    assert st.state(1)["end"] == 503  # the next request starts anywhere

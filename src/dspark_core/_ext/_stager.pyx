@@ -5,8 +5,9 @@ The binding converts Python objects to what the core takes (``_args``: types,
 array shapes), releases the GIL and calls. Every rule (sequence ids, round
 state, value ranges, positions, strict mode, the limits) is the core's and
 is not checked here; a conversion that fails lets the core's sequence checks
-speak first (``_sequence_errors_first``: docs/design.md 2.1). The core's
-mutex makes concurrent calls safe.
+speak first (``_sequence_errors_first``: docs/design.md 2.1). The core
+locks each call's sequences (one mutex per sequence), so calls on different
+sequences from different threads run in parallel (docs/design.md 2.9).
 """
 import logging
 
@@ -256,7 +257,10 @@ cdef class Stager:
         st.accept(seq, n_accepted)         # after verification
 
     A rejected call raises (``ValueError``, ``TypeError``, ``StateError``) and
-    changes no state. Safe to call from several threads.
+    changes no state. Safe to call from several threads; calls on different
+    sequences run in parallel. Each call has a batched twin for many sequences
+    at once (``process_many``, ``draft_many``, ``commit_many``, ...; flat arrays,
+    one call into the core: docs/design.md 2.9).
     """
 
     cdef CStager* _core
