@@ -720,15 +720,19 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
     }
 }
 
-void Stager::process_external_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
-                                   const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    const char* call = "process_external_many";
+void Stager::external_many(const char* call, const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
+                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve) {
     const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
     check_ids(call, seqs.data(), n);
     BatchLock lock(*this, seqs.data(), n);
     check_states(call, seqs.data(), n, Need::Ready);
     check_unique(call, lock, seqs.data(), n);
-    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, false);
+    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, reserve);
+}
+
+void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
+                                   const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
+    external_many("process_external_many", seqs, n, cu, positions, total, slots_out, false);
 }
 
 // -- reservations --------------------------------------------------------------
@@ -740,15 +744,9 @@ void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_
     append_external(nullptr, &seq, 1, cu, positions, n, slots_out, true);
 }
 
-void Stager::reserve_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
+void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    const char* call = "reserve_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
-    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, true);
+    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true);
 }
 
 // The rows are in the owner's table: the state the reservation made stands.

@@ -545,6 +545,19 @@ TEST_CASE(threads_on_distinct_sequences_end_as_a_serial_replay) {
     threads_equal_serial(RowMode::External, Storage::F32);
 }
 
+namespace {
+
+// Rows 0..n-1 for every sequence of a held Stager.
+void fill(Stager& s, std::int64_t n) {
+    for (std::int64_t q = 0; q < s.options().max_seqs; ++q) {
+        auto p = span(0, n);
+        auto r = rows_for(0, n, float(q));
+        s.process(q, p.data(), std::size_t(n), r.data(), ElemType::F32);
+    }
+}
+
+}  // namespace
+
 TEST_CASE(a_batch_holds_only_its_own_sequences) {
     // draft_many_into calls its sink while it holds the locks of its batch's
     // sequences (0 and 1). Inside the sink, another thread runs a whole round
@@ -552,11 +565,7 @@ TEST_CASE(a_batch_holds_only_its_own_sequences) {
     // could not run until the sink returned, and the wait below would time out.
     {
         Stager s(opts(RowMode::Held, Storage::F32, 4));
-        for (std::int64_t q = 0; q < 4; ++q) {
-            auto p = span(0, 8);
-            auto r = rows_for(0, 8, float(q));
-            s.process(q, p.data(), 8, r.data(), ElemType::F32);
-        }
+        fill(s, 8);
         std::mutex m;
         std::condition_variable cv;
         bool other_done = false, in_time = false;
@@ -591,11 +600,7 @@ TEST_CASE(crossing_forks_and_batches_never_deadlock) {
     // (increasing id) no cycle can form; a deadlock hangs this test (ctest's
     // timeout fails it).
     Stager s(opts(RowMode::Held, Storage::F32, 4));
-    for (std::int64_t q = 0; q < 4; ++q) {
-        auto p = span(0, 12);
-        auto r = rows_for(0, 12, float(q));
-        s.process(q, p.data(), 12, r.data(), ElemType::F32);
-    }
+    fill(s, 12);
     std::atomic<int> done{0};
     std::atomic<long> errors{0};
     auto hammer = [&](int id) {
