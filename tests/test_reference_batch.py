@@ -499,10 +499,10 @@ def draw_batch(data: Any, stg: Any) -> Batch | None:
         choices = data.draw(hst.sampled_from([["decode", "crop"], [0, 1]]))
         stages: list[Any] = [data.draw(hst.sampled_from(choices)) for _ in seqs]
         if fault == "value" and n:
-            stages[data.draw(hst.integers(0, n - 1))] = "later"
+            stages[data.draw(hst.integers(0, n - 1))] = "later" if choices[0] == "decode" else 7
         names = ["decode", "crop"]
         return Batch("fail_many", (seqs, stages), seqs,
-                     [("fail", (s, names[x] if isinstance(x, int) else x)) for s, x in zip(seqs, stages)])
+                     [("fail", (s, names[x] if x in (0, 1) else x)) for s, x in zip(seqs, stages)])
     single = {"commit": "commit", "end": "end", "confirm": "confirm", "cancel": "cancel",
               "open_round_ids": "open_round_id"}[op]
     method = "open_round_ids" if op == "open_round_ids" else f"{op}_many"
