@@ -50,6 +50,15 @@ the core changes its ring, with the same lazy ``TRIM_CHUNK`` trim. It gives
 every plan's ``slots`` and the moves ``fork`` / ``shift`` return, in both row
 modes; in external-row mode (``rows="external"``) it is all the reference
 keeps of the rows, and ``process`` returns the slots to write.
+
+Batches (``process_many``, ``accept_many``, ``draft_many``, ``commit_many``,
+``fail_many``, ``reserve_many``, ``confirm_many``, ``cancel_many``,
+``end_many``, ``open_round_ids``) do for each sequence what its per-sequence
+call does, after checking the whole batch (see "batches" below): a rejected
+batch changes nothing. A reservation (``reserve``, external-row mode) is
+``process`` with the sequence held until ``confirm`` (nothing more to do) or
+``cancel`` (the sequence as it was before, put back whole); ``end`` makes a
+sequence, whatever its state, as a new Stager's.
 """
 
 from __future__ import annotations
