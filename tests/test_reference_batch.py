@@ -26,7 +26,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pytest
 from conftest import massive_rows
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as hst
 
 from dspark_core import Stager, StagerConfig
@@ -279,8 +279,8 @@ def test_during_a_reservation_every_call_but_confirm_cancel_and_end_is_a_state_e
         exc = raised(call)
         assert type(exc) is StateError and str(exc) == f"{name}: seqs[{i}] (sequence 0): {message}", name
     assert digest(ref) == before
-    for name, call in (("confirm", ref.confirm), ("cancel", ref.cancel)):
-        exc = raised(call, 1)
+    for one in (ref.confirm, ref.cancel):
+        exc = raised(one, 1)
         assert type(exc) is StateError and str(exc) == "sequence 1 has no reserved rows (call reserve() first)"
     exc = raised(ref.confirm_many, [0, 1])
     assert str(exc) == "confirm_many: seqs[1] (sequence 1): sequence 1 has no reserved rows (call reserve() first)"
@@ -288,6 +288,9 @@ def test_during_a_reservation_every_call_but_confirm_cancel_and_end_is_a_state_e
         "cancel_many: sequence 0 appears twice (seqs[0] and seqs[1]): a batch names each sequence once")
     assert digest(ref) == before
     assert ref.open_round_ids([0, 0, 1]).tolist() == [0, 0, 0]  # a question: ids may repeat
+    ref.confirm_many([0])
+    assert not ref.state(0)["reservation_open"] and ref.state(0)["end"] == 8
+    ref.process_many([1, 0], [0, 1, 2], [6, 8])
 
 
 def test_reserve_needs_external_rows():
@@ -329,9 +332,12 @@ def test_cancel_puts_the_sequence_back_exactly_and_confirm_is_process():
         assert cancelled.state(2)["end"] == prefill + 60
         cancelled.cancel_many([2])
         assert digest(cancelled) == before
-        assert confirmed.reserve(2, chunk).tolist() == slots.tolist() == kept.process(2, chunk).tolist()
+        processed = kept.process(2, chunk)
+        assert processed is not None
+        assert confirmed.reserve(2, chunk).tolist() == slots.tolist() == processed.tolist()
         confirmed.confirm(2)
-        assert cancelled.process(2, chunk).tolist() == slots.tolist()
+        again = cancelled.process(2, chunk)
+        assert again is not None and again.tolist() == slots.tolist()
         assert digest(confirmed) == digest(kept) == digest(cancelled)
         assert _follow_up(confirmed, 2) == _follow_up(kept, 2) == _follow_up(cancelled, 2)
 
@@ -486,17 +492,17 @@ def draw_batch(data: Any, stg: Any) -> Batch | None:
         if fault == "value" and n:
             acc[data.draw(hst.integers(0, n - 1))] = data.draw(hst.sampled_from([-1, cfg.block_size + 1]))
         if fault == "shape":
-            acc = [float(a) for a in acc]  # type: ignore[misc]
+            return Batch("accept_many", (seqs, [float(a) for a in acc]), seqs)
         return Batch("accept_many", (seqs, acc), seqs, [("accept", (s, a)) for s, a in zip(seqs, acc)])
     if op == "fail":
         # names, or codes (the index in FAIL_STAGES): one kind per call
         choices = data.draw(hst.sampled_from([["decode", "crop"], [0, 1]]))
         stages: list[Any] = [data.draw(hst.sampled_from(choices)) for _ in seqs]
         if fault == "value" and n:
-            stages[data.draw(hst.integers(0, n - 1))] = "later"
+            stages[data.draw(hst.integers(0, n - 1))] = "later" if choices[0] == "decode" else 7
         names = ["decode", "crop"]
         return Batch("fail_many", (seqs, stages), seqs,
-                     [("fail", (s, names[x] if isinstance(x, int) else x)) for s, x in zip(seqs, stages)])
+                     [("fail", (s, names[x] if x in (0, 1) else x)) for s, x in zip(seqs, stages)])
     single = {"commit": "commit", "end": "end", "confirm": "confirm", "cancel": "cancel",
               "open_round_ids": "open_round_id"}[op]
     method = "open_round_ids" if op == "open_round_ids" else f"{op}_many"
@@ -597,12 +603,16 @@ def batched_vs_single(data: Any, cfg: StagerConfig, steps: int) -> None:
 
 _CONFIGS = [dict(rows="held"), dict(rows="external"), dict(rows="held", storage="q8_0", strict=True),
             dict(rows="external", strict=True), dict(rows="held", storage="f16", nonfinite="clamp")]
+#: Each example runs 20 random batches on two Stagers (about 0.1 s). No shrinking: every
+#: assertion names the call it failed on, and shrinking runs of this size takes minutes.
+_EXAMPLES = settings(max_examples=20, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
 @pytest.mark.parametrize("kw", _CONFIGS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
+@_EXAMPLES
 @given(data=hst.data())
 def test_batched_calls_equal_their_per_sequence_calls(kw, data):
-    batched_vs_single(data, config(**kw), steps=25)
+    batched_vs_single(data, config(**kw), steps=20)
 
 
 def core_vs_reference(data: Any, cfg: StagerConfig, steps: int) -> None:
@@ -629,6 +639,48 @@ def core_vs_reference(data: Any, cfg: StagerConfig, steps: int) -> None:
 
 @pytest.mark.skipif(not CORE_HAS_BATCHES, reason="this build's Stager has no batched calls")
 @pytest.mark.parametrize("kw", _CONFIGS, ids=lambda kw: "-".join(str(v) for v in kw.values()))
+@_EXAMPLES
 @given(data=hst.data())
 def test_core_batched_calls_equal_the_reference(kw, data):
-    core_vs_reference(data, config(**kw), steps=25)
+    core_vs_reference(data, config(**kw), steps=20)
+
+
+def _bad_batches(stg: Any) -> list[tuple[str, tuple[Any, ...]]]:
+    """Rejected batch calls, one per check (on sequences 0 and 1 started, 1 with an open round)."""
+    ext = stg.config.external_rows
+    rows: tuple[Any, ...] = () if ext else (rows_at(3),)
+    return [
+        ("process_many", ([0, 9], [0, 1, 3], [6, 7, 8], *rows)),
+        ("process_many", ([0, 1], [0, 1, 3], [6, 6, 7], *rows)),
+        ("process_many", ([0, 0], [0, 1, 3], [6, 7, 8], *rows)),
+        ("process_many", ([0, 2], [0, 2, 2], [6, 7, 8], *rows)),
+        ("process_many", ([0, 2], [0, 1, 3], [6, 0, 2], *rows)),
+        ("process_many", ([0, 2], [0, 1, 3], [7, 0, 1], *rows)),
+        ("process_many", ([0, 2], [0, 1], [6, 7, 8], *rows)),
+        ("reserve_many", ([0, 2], [0, 1, 3], [7, 0, 1])),
+        ("reserve_many", ([2, 0, 2], [0, 1, 2, 3], [0, 6, 1])),
+        ("reserve", (0, [7])),
+        ("accept_many", ([0, 2], [0, 5])),
+        ("draft_many", ([0, 2], [6])),
+        ("draft_many", ([2, 0], [0, -3])),
+        ("commit_many", ([1, 0],)),
+        ("fail_many", ([1], ["later"])),
+        ("confirm_many", ([0],)),
+        ("cancel_many", ([3, 0],)),
+        ("end_many", ([4, 4],)),
+        ("open_round_ids", ([0, 5],)),
+    ]
+
+
+@pytest.mark.skipif(not CORE_HAS_BATCHES, reason="this build's Stager has no batched calls")
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_core_and_reference_reject_each_bad_batch_in_the_same_words(rows):
+    core, ref = Stager(config(rows)), ReferenceStager(config(rows))
+    for stg in (core, ref):
+        started(stg, 0)
+        started(stg, 1)
+        stg.draft(1, 6)
+    for k, (method, args) in enumerate(_bad_batches(ref)):
+        a, b = raised(getattr(core, method), *args), raised(getattr(ref, method), *args)
+        assert (type(a), str(a)) == (type(b), str(b)), (k, method)
+    assert digest(core) == digest(ref)

@@ -55,13 +55,20 @@ def integer(name: str, value: Any) -> int:
 
 def positions(value: Any) -> np.ndarray:
     """Positions as a 1-D int64 array (TypeError: not integers; ValueError: not 1-D)."""
+    return _integers("positions", value)
+
+
+def _integers(what: str, value: Any) -> np.ndarray:
+    """``value`` as a 1-D int64 array, its errors naming it ``what``: TypeError when it
+    does not hold integers, ValueError when it is not 1-D; beyond int64, the nearest int64
+    (rejected by the value's own rule)."""
     arr = np.asarray(value)
     if arr.size == 0:
         arr = arr.astype(np.int64)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
+        raise TypeError(f"{what} must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
-        raise ValueError(f"positions must be 1-D, got shape {arr.shape}")
+        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
     if arr.dtype.kind == "u":
         arr = np.minimum(arr, np.uint64(INT64_MAX)).astype(np.uint64)
     return arr.astype(np.int64)
@@ -151,17 +158,8 @@ def held_rows(external: bool, call: str) -> None:
 
 
 def _int_array(call: str, name: str, value: Any) -> np.ndarray:
-    """``value`` as a 1-D int64 array (TypeError: not integers; ValueError: not 1-D)."""
-    arr = np.asarray(value)
-    if arr.size == 0:
-        arr = arr.astype(np.int64)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"{call}: {name} must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise ValueError(f"{call}: {name} must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind == "u":  # beyond int64: the nearest int64, rejected by the value's own rule
-        arr = np.minimum(arr, np.uint64(INT64_MAX)).astype(np.uint64)
-    return arr.astype(np.int64)
+    """A batch's integer array ``name``: 1-D int64, its errors naming the call."""
+    return _integers(f"{call}: {name}", value)
 
 
 def seq_ids(call: str, value: Any) -> np.ndarray:

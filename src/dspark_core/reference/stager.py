@@ -50,6 +50,15 @@ the core changes its ring, with the same lazy ``TRIM_CHUNK`` trim. It gives
 every plan's ``slots`` and the moves ``fork`` / ``shift`` return, in both row
 modes; in external-row mode (``rows="external"``) it is all the reference
 keeps of the rows, and ``process`` returns the slots to write.
+
+Batches (``process_many``, ``accept_many``, ``draft_many``, ``commit_many``,
+``fail_many``, ``reserve_many``, ``confirm_many``, ``cancel_many``,
+``end_many``, ``open_round_ids``) do for each sequence what its per-sequence
+call does, after checking the whole batch (see "batches" below): a rejected
+batch changes nothing. A reservation (``reserve``, external-row mode) is
+``process`` with the sequence held until ``confirm`` (nothing more to do) or
+``cancel`` (the sequence as it was before, put back whole); ``end`` makes a
+sequence, whatever its state, as a new Stager's.
 """
 
 from __future__ import annotations
@@ -582,24 +591,26 @@ class ReferenceStager:
     def accept_many(self, seqs: Any, n_accepted: Any) -> None:
         """``accept`` for several sequences: ``n_accepted[i]`` for ``seqs[i]``."""
         call = "accept_many"
-        ids = arg.seq_ids(call, seqs)
-        values = self._converted(call, ids, READY, arg.batch_ints, call, "n_accepted", n_accepted, len(ids))
-        states = self._check_batch(call, ids, READY)
-        arg.unique(call, ids)
-        for k, (s, n) in enumerate(zip(ids.tolist(), values.tolist())):
+        seq_list, values, states = self._ready_with_ints(call, seqs, "n_accepted", n_accepted)
+        for k, (s, n) in enumerate(zip(seq_list, values)):
             with arg.in_batch(call, k, s):
                 self._check_accept(n)
-        for st, n in zip(states, values.tolist()):
+        for st, n in zip(states, values):
             self._accept_checked(st, n)
+
+    def _ready_with_ints(self, call: str, seqs: Any, name: str, values: Any) -> tuple[list[int], list[int], list[_Seq]]:
+        """A batch of ready sequences with one integer each (``n_pasts``, ``n_accepted``), checked
+        up to its unique ids: the ids, the integers and the sequences."""
+        ids = arg.seq_ids(call, seqs)
+        ints = self._converted(call, ids, READY, arg.batch_ints, call, name, values, len(ids))
+        states = self._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        return ids.tolist(), ints.tolist(), states
 
     def draft_many(self, seqs: Any, n_pasts: Any) -> BatchPlan:
         """``draft`` for several sequences as one drafter batch (a :class:`BatchPlan`)."""
         call = "draft_many"
-        ids = arg.seq_ids(call, seqs)
-        pasts = self._converted(call, ids, READY, arg.batch_ints, call, "n_pasts", n_pasts, len(ids))
-        states = self._check_batch(call, ids, READY)
-        arg.unique(call, ids)
-        seq_list, past_list = ids.tolist(), pasts.tolist()
+        seq_list, past_list, states = self._ready_with_ints(call, seqs, "n_pasts", n_pasts)
         for k, (s, p) in enumerate(zip(seq_list, past_list)):
             with arg.in_batch(call, k, s):
                 arg.count("n_past", p)
