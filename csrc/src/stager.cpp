@@ -431,6 +431,11 @@ struct Stager::Append {
     std::int64_t end = 0, horizon = 0, tentative = 0;
     bool accept_open = false;
     FeatureBuffer::Span a, b;
+    // The ring's bookkeeping before the rows were converted into its free
+    // slots (its first allocation kept): a rejection puts it back, so that
+    // not even the resident-bytes count (stats().bytes) moves.
+    bool marked = false;
+    FeatureBuffer::Marks before;
 };
 
 namespace {
@@ -503,6 +508,8 @@ Stager::Append Stager::prepare_append(std::int64_t seq_id, Seq& s, std::int64_t 
     // The ring reserves its whole bound up front (address space only): the
     // one step that can fail here for a reason other than the rows.
     if (s.buf.capacity() == 0) s.buf.reserve_back(g.keep, max_rows_);
+    g.marked = true;
+    g.before = s.buf.marks();
     g.clean = g.skip == 0 && s.buf.size() + g.keep <= s.buf.capacity();
     if (!g.clean) {
         if (fallible) {
@@ -519,7 +526,10 @@ Stager::Append Stager::prepare_append(std::int64_t seq_id, Seq& s, std::int64_t 
         if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(g.a.rows) * dim + bad2;
     }
     // Only free slots were written: rejecting here leaves every row as it was.
-    if (fallible && bad >= 0) reject(bad);
+    if (fallible && bad >= 0) {
+        s.buf.set_marks(g.before);
+        reject(bad);
+    }
     return g;
 }
 
@@ -659,12 +669,20 @@ void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std:
         src.push_back(FloatRows{static_cast<const std::uint8_t*>(rows) + static_cast<std::size_t>(cu[i]) * in_row, type,
                                 dim, in_row, opt_.storage, opt_.nonfinite, bounds_});
     std::vector<Append> g(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        auto value = [&](std::int64_t flat) { return src[i].value(flat); };
-        g[i] = in_batch(call, i, seqs[i], [&] {
-            return prepare_append(seqs[i], mut(get(seqs[i])), p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]), src[i],
-                                  value, fallible);
-        });
+    std::size_t i = 0;
+    try {
+        for (; i < n; ++i) {
+            auto value = [&](std::int64_t flat) { return src[i].value(flat); };
+            g[i] = in_batch(call, i, seqs[i], [&] {
+                return prepare_append(seqs[i], mut(get(seqs[i])), p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]),
+                                      src[i], value, fallible);
+            });
+        }
+    } catch (...) {
+        // Sequence i rejected its rows (and put its ring back): so do the ones before it.
+        while (i--)
+            if (g[i].marked) mut(get(seqs[i])).buf.set_marks(g[i].before);
+        throw;
     }
     for (std::size_t i = 0; i < n; ++i) commit_append(seqs[i], mut(get(seqs[i])), g[i], src[i], nullptr);
 }
@@ -702,15 +720,19 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
     }
 }
 
-void Stager::process_external_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
-                                   const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    const char* call = "process_external_many";
+void Stager::external_many(const char* call, const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
+                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve) {
     const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
     check_ids(call, seqs.data(), n);
     BatchLock lock(*this, seqs.data(), n);
     check_states(call, seqs.data(), n, Need::Ready);
     check_unique(call, lock, seqs.data(), n);
-    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, false);
+    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, reserve);
+}
+
+void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
+                                   const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
+    external_many("process_external_many", seqs, n, cu, positions, total, slots_out, false);
 }
 
 // -- reservations --------------------------------------------------------------
@@ -722,15 +744,9 @@ void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_
     append_external(nullptr, &seq, 1, cu, positions, n, slots_out, true);
 }
 
-void Stager::reserve_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
+void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    const char* call = "reserve_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
-    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, true);
+    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true);
 }
 
 // The rows are in the owner's table: the state the reservation made stands.

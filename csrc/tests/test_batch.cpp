@@ -6,6 +6,9 @@
 // distinct sequences end in the state of a serial replay, and crossing fork /
 // batch calls never deadlock.
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -356,6 +359,19 @@ TEST_CASE(rejected_batches_change_nothing_and_name_the_sequence) {
             CHECK(has(m, "reserve_many needs external-row mode"));
         }
         CHECK(fingerprints(s) == before);
+        // What the rejections left shows in the next rows too (the ring's
+        // resident bytes are counted when rows are committed).
+        Stager twin(opts(mode));
+        prime(twin);
+        for (Stager* x : {&s, &twin}) {
+            Flat f;  // fewer rows than the rejected batch wrote into free slots
+            f.add(0, 6, 1);
+            f.add(1, 6, 1);
+            f.add(3, 6, 1);
+            if (ext) x->process_external_many(f.seqs.data(), 3, f.cu.data(), f.positions.data(), 3, out.data());
+            else x->process_many(f.seqs.data(), 3, f.cu.data(), f.positions.data(), 3, f.rows.data(), ElemType::F32);
+        }
+        CHECK(fingerprints(s) == fingerprints(twin));
     }
 }
 
@@ -529,17 +545,62 @@ TEST_CASE(threads_on_distinct_sequences_end_as_a_serial_replay) {
     threads_equal_serial(RowMode::External, Storage::F32);
 }
 
+namespace {
+
+// Rows 0..n-1 for every sequence of a held Stager.
+void fill(Stager& s, std::int64_t n) {
+    for (std::int64_t q = 0; q < s.options().max_seqs; ++q) {
+        auto p = span(0, n);
+        auto r = rows_for(0, n, float(q));
+        s.process(q, p.data(), std::size_t(n), r.data(), ElemType::F32);
+    }
+}
+
+}  // namespace
+
+TEST_CASE(a_batch_holds_only_its_own_sequences) {
+    // draft_many_into calls its sink while it holds the locks of its batch's
+    // sequences (0 and 1). Inside the sink, another thread runs a whole round
+    // on sequence 2 and a batch on {3, 2}: with one Stager-wide lock they
+    // could not run until the sink returned, and the wait below would time out.
+    {
+        Stager s(opts(RowMode::Held, Storage::F32, 4));
+        fill(s, 8);
+        std::mutex m;
+        std::condition_variable cv;
+        bool other_done = false, in_time = false;
+        std::vector<std::uint8_t> room(1 << 16);
+        std::vector<RoundPlan> plans;
+        const std::int64_t seqs[] = {1, 0}, pasts[] = {8, 8};
+        std::thread other;
+        s.draft_many_into(seqs, pasts, 2, plans, [&](const RoundPlan*, std::size_t) {
+            other = std::thread([&] {
+                ByteVec rows;
+                s.draft(2, 8, rows);
+                s.commit(2);
+                const std::int64_t q[] = {3, 2}, acc[] = {0, 0};
+                s.accept_many(q, acc, 2);
+                std::lock_guard<std::mutex> g(m);
+                other_done = true;
+                cv.notify_all();
+            });
+            std::unique_lock<std::mutex> g(m);
+            in_time = cv.wait_for(g, std::chrono::seconds(20), [&] { return other_done; });
+            return room.data();
+        });
+        other.join();
+        CHECK(in_time);
+        CHECK(s.state(0).open_round && s.state(1).open_round && s.stats(2).commits == 1);
+    }
+}
+
 TEST_CASE(crossing_forks_and_batches_never_deadlock) {
     // Every thread takes sequences 0..3 in a different order: forks both
     // ways, batches naming them in reverse, shifts. With one lock order
     // (increasing id) no cycle can form; a deadlock hangs this test (ctest's
     // timeout fails it).
     Stager s(opts(RowMode::Held, Storage::F32, 4));
-    for (std::int64_t q = 0; q < 4; ++q) {
-        auto p = span(0, 12);
-        auto r = rows_for(0, 12, float(q));
-        s.process(q, p.data(), 12, r.data(), ElemType::F32);
-    }
+    fill(s, 12);
     std::atomic<int> done{0};
     std::atomic<long> errors{0};
     auto hammer = [&](int id) {

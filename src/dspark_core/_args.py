@@ -76,16 +76,7 @@ def as_positions(positions: Any) -> np.ndarray:
         TypeError: not integers.
         ValueError: not 1-D.
     """
-    arr = np.asarray(positions)
-    if arr.size == 0:
-        arr = arr.astype(np.int64)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise ValueError(f"positions must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8:
-        arr = np.minimum(arr, np.uint64(_INT64_MAX))
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return _int_array("", "positions", positions)
 
 
 def row_dtype_code(dtype: np.dtype) -> int:
@@ -224,14 +215,16 @@ def encoded_args(external: bool, row_bytes: int, positions: Any, data: Any) -> t
 
 
 def _int_array(call: str, name: str, value: Any) -> np.ndarray:
-    """``value`` as a 1-D contiguous int64 array (TypeError: not integers; ValueError: not 1-D)."""
+    """``value`` as a 1-D contiguous int64 array, values beyond int64 clamped (TypeError: not
+    integers; ValueError: not 1-D). Errors start with ``call`` ("" for a per-sequence call)."""
     arr = np.asarray(value)
     if arr.size == 0:
         arr = arr.astype(np.int64)
+    who = f"{call}: {name}" if call else name
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"{call}: {name} must be integers, got dtype {arr.dtype}")
+        raise TypeError(f"{who} must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
-        raise ValueError(f"{call}: {name} must be 1-D, got shape {arr.shape}")
+        raise ValueError(f"{who} must be 1-D, got shape {arr.shape}")
     if arr.dtype.kind == "u" and arr.dtype.itemsize == 8:
         arr = np.minimum(arr, np.uint64(_INT64_MAX))
     return np.ascontiguousarray(arr, dtype=np.int64)

@@ -5,8 +5,9 @@ The binding converts Python objects to what the core takes (``_args``: types,
 array shapes), releases the GIL and calls. Every rule (sequence ids, round
 state, value ranges, positions, strict mode, the limits) is the core's and
 is not checked here; a conversion that fails lets the core's sequence checks
-speak first (``_sequence_errors_first``: docs/design.md 2.1). The core's
-mutex makes concurrent calls safe.
+speak first (``_sequence_errors_first``: docs/design.md 2.1). The core
+locks each call's sequences (one mutex per sequence), so calls on different
+sequences from different threads run in parallel (docs/design.md 2.9).
 """
 import logging
 
@@ -57,6 +58,12 @@ _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
+# The batch calls that take only sequence ids (Stager._on_seqs).
+cdef enum _SeqsCall:
+    _COMMIT_MANY
+    _CONFIRM_MANY
+    _CANCEL_MANY
+    _END_MANY
 
 
 cdef tuple _field_names(const FieldInfo* f):
@@ -166,6 +173,15 @@ def batch_context(call, i, seq):
     return c_batch_context(call.encode(), i, seq).decode()
 
 
+cdef int _renamed(exc, str core_call, str call) except -1:
+    """Re-raise the core's error about ``core_call`` under the name the caller used
+    (``process_many`` runs the core's ``process_external_many`` in external-row mode)."""
+    msg = str(exc)
+    if msg.startswith(core_call):
+        raise type(exc)(call + msg[len(core_call):]) from None
+    raise exc
+
+
 cdef inline bint _plain_positions(x):
     """A C-contiguous 1-D int64 ndarray (the hot path's positions)."""
     if type(x) is not np.ndarray:
@@ -241,7 +257,10 @@ cdef class Stager:
         st.accept(seq, n_accepted)         # after verification
 
     A rejected call raises (``ValueError``, ``TypeError``, ``StateError``) and
-    changes no state. Safe to call from several threads.
+    changes no state. Safe to call from several threads; calls on different
+    sequences run in parallel. Each call has a batched twin for many sequences
+    at once (``process_many``, ``draft_many``, ``commit_many``, ...; flat arrays,
+    one call into the core: docs/design.md 2.9).
     """
 
     cdef CStager* _core
@@ -603,9 +622,10 @@ cdef class Stager:
         sv = self._ids("process_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         cdef ElemType t = ElemType.F32
-        if (not self._external and _plain_positions(cu_seqlens) and _plain_positions(positions)
-                and _plain_rows(rows, self._D, &t) and cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1
-                and cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0)):
+        if (_plain_positions(cu_seqlens) and _plain_positions(positions)
+                and cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1
+                and (rows is None if self._external else _plain_rows(rows, self._D, &t)
+                     and cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0))):
             cu, pos, arr = cu_seqlens, positions, rows  # nothing to convert
         else:
             cu, pos, arr = self._batch_converted("process_many", sv, Need.Ready, batch_rows_args,
@@ -623,8 +643,11 @@ cdef class Stager:
         if self._external:
             slots = np.empty(total, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
-            with nogil:
-                self._core.process_external_many(sp, n, cp, pp, total, op)
+            try:
+                with nogil:
+                    self._core.process_external_many(sp, n, cp, pp, total, op)
+            except (ValueError, TypeError, StateError) as exc:
+                _renamed(exc, "process_external_many", "process_many")
             return slots
         rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
@@ -642,11 +665,23 @@ cdef class Stager:
 
     def commit_many(self, seqs):
         """``commit`` for several sequences (one call, checked whole)."""
-        sv = self._ids("commit_many", seqs)
+        self._on_seqs(_COMMIT_MANY, "commit_many", seqs)
+
+    cdef int _on_seqs(self, _SeqsCall which, str call, seqs) except -1:
+        """One of the batch calls that take only sequence ids (``_COMMIT_MANY`` ...)."""
+        sv = self._ids(call, seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         with nogil:
-            self._core.commit_many(sp, n)
+            if which == _COMMIT_MANY:
+                self._core.commit_many(sp, n)
+            elif which == _CONFIRM_MANY:
+                self._core.confirm_many(sp, n)
+            elif which == _CANCEL_MANY:
+                self._core.cancel_many(sp, n)
+            else:
+                self._core.end_many(sp, n)
+        return 0
 
     def fail_many(self, seqs, stages="decode"):
         """``fail`` for several sequences: ``stages`` is one stage name for all of them, or one
@@ -674,11 +709,7 @@ cdef class Stager:
 
     def end_many(self, seqs):
         """``end`` for several sequences (one call)."""
-        sv = self._ids("end_many", seqs)
-        cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-        with nogil:
-            self._core.end_many(sp, n)
+        self._on_seqs(_END_MANY, "end_many", seqs)
 
     # -- slots before the rows (external-row mode) ----------------------------
     def reserve(self, seq, positions):
@@ -738,19 +769,11 @@ cdef class Stager:
 
     def confirm_many(self, seqs):
         """``confirm`` for several sequences (one call, checked whole)."""
-        sv = self._ids("confirm_many", seqs)
-        cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-        with nogil:
-            self._core.confirm_many(sp, n)
+        self._on_seqs(_CONFIRM_MANY, "confirm_many", seqs)
 
     def cancel_many(self, seqs):
         """``cancel`` for several sequences (one call, checked whole)."""
-        sv = self._ids("cancel_many", seqs)
-        cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-        with nogil:
-            self._core.cancel_many(sp, n)
+        self._on_seqs(_CANCEL_MANY, "cancel_many", seqs)
 
     def open_round_ids(self, seqs):
         """``open_round_id`` of several sequences, as an int64 array (one call)."""
