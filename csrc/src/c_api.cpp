@@ -32,6 +32,7 @@ namespace {
 using dspark::ElemType;
 using dspark::NonFinite;
 using dspark::Storage;
+using Need = dspark::Stager::Need;
 
 // The size of the first version of dspark_config: every field of it is required.
 constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
@@ -92,6 +93,30 @@ auto converted(const dspark::Stager& core, std::int64_t seq, bool open_round, Co
         core.check_sequence(seq, open_round);
         throw;
     }
+}
+
+// The same for a batch call named `call` (the core's name, "process_many"):
+// its sequences' ids and states come first.
+template <class Convert>
+auto converted_batch(const dspark::Stager& core, const char* call, const std::int64_t* seqs, std::size_t n,
+                     dspark::Stager::Need need, Convert&& convert) {
+    try {
+        return convert();
+    } catch (...) {
+        core.check_batch(call, seqs, n, need);
+        throw;
+    }
+}
+
+// The stage's message as the core words it ("stage code 7 is not one of ...").
+std::string stage_code_error(std::int64_t code) {
+    try {
+        (void)dspark::enum_from_code<std::invalid_argument>("stage", code, dspark::FAIL_STAGE_COUNT,
+                                                            dspark::fail_stage_name);
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return {};
 }
 
 void require(const void* p, const char* name) {
@@ -453,6 +478,149 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
             if (rows_written) *rows_written = written;
         },
         rows_written);
+}
+
+dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                  const int64_t* positions, size_t total, const void* rows, int32_t dtype,
+                                  size_t rows_bytes) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        const ElemType t = converted_batch(core, "process_many", seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            const ElemType type = elem_of(dtype);
+            const std::size_t want = mul_size(
+                mul_size(total, static_cast<std::size_t>(st->config.feature_dim), "rows"), dspark::elem_bytes(type),
+                "rows");
+            if (rows_bytes != want)
+                throw std::invalid_argument("process_many: rows must be " + std::to_string(total) + " x " +
+                                            std::to_string(st->config.feature_dim) + " elements (" +
+                                            std::to_string(want) + " bytes), got " + std::to_string(rows_bytes) +
+                                            " bytes");
+            require_buffer(positions, total, "positions");
+            require_buffer(rows, rows_bytes, "rows");
+            return type;
+        });
+        core.process_many(seqs, n, offsets, positions, total, rows, t);  // checks offsets against total
+    });
+}
+
+dspark_status dspark_process_external_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                           const int64_t* positions, size_t total, int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "process_external_many", seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            require_buffer(positions, total, "positions");
+            require_buffer(slots_out, total, "slots_out");
+        });
+        core.process_external_many(seqs, n, offsets, positions, total, slots_out);  // held mode: the mode named
+    });
+}
+
+dspark_status dspark_accept_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "accept_many", seqs, n, Need::Ready,
+                        [&] { require_buffer(n_accepted, n, "n_accepted"); });
+        core.accept_many(seqs, n_accepted, n);
+    });
+}
+
+dspark_status dspark_commit_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        core.commit_many(seqs, n);
+    });
+}
+
+dspark_status dspark_fail_many(dspark_stager* st, const int64_t* seqs, const int32_t* stages, size_t n,
+                               int64_t* disabled_after) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        // The core checks each stage code (after ids, states and uniqueness);
+        // only a code wider than its enum holds is refused here, after the ids
+        // and states, with the core's words.
+        const std::vector<dspark::FailStage> codes = converted_batch(core, "fail_many", seqs, n, Need::Open, [&] {
+            require_buffer(stages, n, "stages");
+            std::vector<dspark::FailStage> out(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                const std::int32_t code = stages[i];
+                if (code < 0 || code > UINT8_MAX)
+                    throw std::invalid_argument(dspark::batch_context("fail_many", i, seqs[i]) +
+                                                stage_code_error(code));
+                out[i] = static_cast<dspark::FailStage>(code);
+            }
+            return out;
+        });
+        core.fail_many(seqs, codes.data(), n, disabled_after);
+    });
+}
+
+dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                             int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        converted(core, seq, false, [&] {
+            require_buffer(positions, n, "positions");
+            require_buffer(slots_out, n, "slots_out");
+        });
+        core.reserve(seq, positions, n, slots_out);  // held mode: invalid_argument naming the mode
+    });
+}
+
+dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                  const int64_t* positions, size_t total, int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "reserve_many", seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            require_buffer(positions, total, "positions");
+            require_buffer(slots_out, total, "slots_out");
+        });
+        core.reserve_many(seqs, n, offsets, positions, total, slots_out);
+    });
+}
+
+dspark_status dspark_confirm(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).confirm(seq); });
+}
+
+dspark_status dspark_cancel(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).cancel(seq); });
+}
+
+dspark_status dspark_confirm_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        core.confirm_many(seqs, n);
+    });
+}
+
+dspark_status dspark_cancel_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        core.cancel_many(seqs, n);
+    });
+}
+
+dspark_status dspark_end(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).end(seq); });
+}
+
+dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        core.end_many(seqs, n);
+    });
 }
 
 dspark_status dspark_commit(dspark_stager* st, int64_t seq) {
