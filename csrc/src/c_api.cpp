@@ -319,6 +319,16 @@ dspark_status with_moves(dspark_stager* st, Op&& op) {
     });
 }
 
+// A batch call that takes its sequences only (commit_many, confirm_many, ...).
+dspark_status on_seqs(dspark_stager* st, const int64_t* seqs, size_t n,
+                      void (dspark::Stager::*call)(const std::int64_t*, std::size_t)) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        (core.*call)(seqs, n);
+    });
+}
+
 }  // namespace
 
 extern "C" {
@@ -530,11 +540,7 @@ dspark_status dspark_accept_many(dspark_stager* st, const int64_t* seqs, const i
 }
 
 dspark_status dspark_commit_many(dspark_stager* st, const int64_t* seqs, size_t n) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        require_buffer(seqs, n, "seqs");
-        core.commit_many(seqs, n);
-    });
+    return on_seqs(st, seqs, n, &dspark::Stager::commit_many);
 }
 
 dspark_status dspark_fail_many(dspark_stager* st, const int64_t* seqs, const int32_t* stages, size_t n,
@@ -596,19 +602,11 @@ dspark_status dspark_cancel(dspark_stager* st, int64_t seq) {
 }
 
 dspark_status dspark_confirm_many(dspark_stager* st, const int64_t* seqs, size_t n) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        require_buffer(seqs, n, "seqs");
-        core.confirm_many(seqs, n);
-    });
+    return on_seqs(st, seqs, n, &dspark::Stager::confirm_many);
 }
 
 dspark_status dspark_cancel_many(dspark_stager* st, const int64_t* seqs, size_t n) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        require_buffer(seqs, n, "seqs");
-        core.cancel_many(seqs, n);
-    });
+    return on_seqs(st, seqs, n, &dspark::Stager::cancel_many);
 }
 
 dspark_status dspark_end(dspark_stager* st, int64_t seq) {
@@ -616,11 +614,7 @@ dspark_status dspark_end(dspark_stager* st, int64_t seq) {
 }
 
 dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs, size_t n) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        require_buffer(seqs, n, "seqs");
-        core.end_many(seqs, n);
-    });
+    return on_seqs(st, seqs, n, &dspark::Stager::end_many);
 }
 
 dspark_status dspark_commit(dspark_stager* st, int64_t seq) {

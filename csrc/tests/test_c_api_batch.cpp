@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "c_api_common.hpp"
 #include "check.hpp"
 #include "dspark/dspark.h"
 #include "dspark/errors.hpp"
@@ -20,7 +21,8 @@
 
 namespace {
 
-constexpr std::int64_t D = 32, B = 7, W = 20, SEQS = 6;
+using c_api_test::D, c_api_test::Handle, c_api_test::rows_for, c_api_test::snap, c_api_test::span;
+constexpr std::int64_t B = 7, W = 20, SEQS = 6;
 
 dspark_config config(std::int32_t rows_mode, std::int32_t storage = DSPARK_STORAGE_F32) {
     dspark_config c;
@@ -42,48 +44,6 @@ dspark::StagerOptions options(std::int32_t rows_mode) {
     o.max_seqs = SEQS;
     o.rows = rows_mode == DSPARK_ROWS_EXTERNAL ? dspark::RowMode::External : dspark::RowMode::Held;
     return o;
-}
-
-struct Handle {
-    dspark_stager* st = nullptr;
-    explicit Handle(const dspark_config& c) {
-        if (dspark_stager_create(&c, &st) != DSPARK_OK) std::printf("  create failed: %s\n", dspark_last_error());
-    }
-    ~Handle() { dspark_stager_destroy(st); }
-    Handle(const Handle&) = delete;
-    Handle& operator=(const Handle&) = delete;
-};
-
-// Activation-like rows (a massive channel, a huge-norm position 0), tagged by
-// position and by a version (a re-verified position gets other values).
-std::vector<float> rows_for(std::int64_t from, std::int64_t n, int version = 0) {
-    std::vector<float> r(static_cast<std::size_t>(n * D));
-    for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t c = 0; c < D; ++c) {
-            const std::int64_t p = from + i;
-            const std::uint32_t h = static_cast<std::uint32_t>((p * 2654435761u) ^ (c * 40503u) ^ (version * 97u));
-            float v = (static_cast<float>(h % 2001u) - 1000.0f) / 400.0f;
-            if (c == 3) v = 1.0e4f + static_cast<float>(p);
-            if (p == 0) v *= 10.0f;
-            r[static_cast<std::size_t>(i * D + c)] = v;
-        }
-    return r;
-}
-
-std::vector<std::int64_t> span(std::int64_t from, std::int64_t n) {
-    std::vector<std::int64_t> p(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = from + i;
-    return p;
-}
-
-std::vector<std::uint8_t> snap(dspark_stager* st, std::int64_t seq) {
-    std::size_t n = 0;
-    if (dspark_snapshot_size(st, seq, &n) != DSPARK_OK) return {};
-    std::vector<std::uint8_t> out(n);
-    std::size_t written = 0;
-    if (dspark_snapshot(st, seq, out.data(), out.size(), &written) != DSPARK_OK) return {};
-    out.resize(written);
-    return out;
 }
 
 // Every sequence's state and snapshot: what "changes nothing" compares.
