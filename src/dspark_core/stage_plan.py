@@ -25,7 +25,7 @@ import numpy as np
 
 from .core_tables import FAIL_STAGES, SKIP_REASONS
 
-__all__ = ["StagePlan", "BatchPlan", "PaddedRows", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
+__all__ = ["StagePlan", "BatchPlan", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
 
 #: The one warning logged when a sequence is disabled (sequence, failures, stage).
 DISABLED_WARNING = (
@@ -208,6 +208,12 @@ class PaddedRows(NamedTuple):
 
 #: Pads CSR rows into ``(N, max_rows)``: ``pad(seqs, row_offsets, values, max_rows, out)``.
 _Padder = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray], None]
+
+
+#: A :class:`BatchPlan`'s arrays (per sequence, then per context row): what two
+#: batches that plan the same rounds agree on, dtype and shape included.
+BATCH_ARRAYS = ("seqs", "skip_code", "active", "rebase", "clear_cache", "start", "pos_base", "crop_from", "round",
+                "n_rows", "block_positions", "row_offsets", "positions", "slots", "row_seq")
 
 
 class BatchPlan:

@@ -16,7 +16,7 @@ cimport numpy as cnp
 from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport move
