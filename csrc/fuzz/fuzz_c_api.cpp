@@ -791,7 +791,8 @@ void op_batch(Reader& r, Fixture& fx) {
             break;
         case 9: {
             name = "reserve";
-            const std::size_t n = k ? static_cast<std::size_t>(cu[1]) : 0;
+            // The first sequence's rows (cu may have been broken above: clamp to the array).
+            const std::size_t n = k ? std::min<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(cu[1], 0)), total) : 0;
             s = dspark_reserve(fx.st, seq, pos.data(), n, slots.data());
             w = outcome_of([&] { fx.cpp->reserve(seq, pos.data(), n, want.data()); });
             break;
