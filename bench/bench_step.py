@@ -75,11 +75,11 @@ except ImportError:  # the rows are then float32: more bytes for every way alike
     BF16 = np.float32
 
 
-def build_floor(out_dir: Path) -> Path:
-    """Compiles step_floor.c against the installed package's C SDK (as docs/c_api.md builds a C program)."""
+def build_c_program(source: Path, out_dir: Path) -> Path:
+    """Compiles a C program of bench/ against the installed package's C SDK (as docs/c_api.md builds one)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
-    exe = out_dir / "step_floor"
-    cmd = [cc, "-O2", "-std=c99", str(FLOOR_SOURCE), f"-I{ds.get_include()}", f"-L{ds.get_library_dir()}",
+    exe = out_dir / source.stem
+    cmd = [cc, "-O2", "-std=c99", str(source), f"-I{ds.get_include()}", f"-L{ds.get_library_dir()}",
            "-ldspark_core", "-lstdc++", "-lm", "-lpthread", "-o", str(exe)]
     subprocess.run(cmd, check=True)
     return exe
@@ -225,7 +225,7 @@ def main() -> int:
 
     records: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        exe = build_floor(Path(tmp))
+        exe = build_c_program(FLOOR_SOURCE, Path(tmp))
         for mode in modes:
             for n in ns:
                 # Held mode at large N moves n * B rows of D per step through
