@@ -329,6 +329,24 @@ dspark_status on_seqs(dspark_stager* st, const int64_t* seqs, size_t n,
     });
 }
 
+// process_external_many and reserve_many (the core's `call`): flat positions
+// in, one slot per row out. Held mode: the core names the mode.
+using FlatSlotsCall = void (dspark::Stager::*)(const std::int64_t*, std::size_t, const std::int64_t*,
+                                               const std::int64_t*, std::size_t, std::int64_t*);
+dspark_status flat_slots(dspark_stager* st, const char* call, FlatSlotsCall op, const int64_t* seqs, size_t n,
+                         const int64_t* offsets, const int64_t* positions, size_t total, int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, call, seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            require_buffer(positions, total, "positions");
+            require_buffer(slots_out, total, "slots_out");
+        });
+        (core.*op)(seqs, n, offsets, positions, total, slots_out);
+    });
+}
+
 }  // namespace
 
 extern "C" {
@@ -517,16 +535,8 @@ dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t
 
 dspark_status dspark_process_external_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                            const int64_t* positions, size_t total, int64_t* slots_out) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        require_buffer(seqs, n, "seqs");
-        converted_batch(core, "process_external_many", seqs, n, Need::Ready, [&] {
-            require(offsets, "offsets");
-            require_buffer(positions, total, "positions");
-            require_buffer(slots_out, total, "slots_out");
-        });
-        core.process_external_many(seqs, n, offsets, positions, total, slots_out);  // held mode: the mode named
-    });
+    return flat_slots(st, "process_external_many", &dspark::Stager::process_external_many, seqs, n, offsets,
+                      positions, total, slots_out);
 }
 
 dspark_status dspark_accept_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n) {
@@ -581,16 +591,8 @@ dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const int64_t* posi
 
 dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                   const int64_t* positions, size_t total, int64_t* slots_out) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        require_buffer(seqs, n, "seqs");
-        converted_batch(core, "reserve_many", seqs, n, Need::Ready, [&] {
-            require(offsets, "offsets");
-            require_buffer(positions, total, "positions");
-            require_buffer(slots_out, total, "slots_out");
-        });
-        core.reserve_many(seqs, n, offsets, positions, total, slots_out);
-    });
+    return flat_slots(st, "reserve_many", &dspark::Stager::reserve_many, seqs, n, offsets, positions, total,
+                      slots_out);
 }
 
 dspark_status dspark_confirm(dspark_stager* st, int64_t seq) {
