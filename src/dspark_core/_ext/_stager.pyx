@@ -166,6 +166,15 @@ def batch_context(call, i, seq):
     return c_batch_context(call.encode(), i, seq).decode()
 
 
+cdef int _renamed(exc, str core_call, str call) except -1:
+    """Re-raise the core's error about ``core_call`` under the name the caller used
+    (``process_many`` runs the core's ``process_external_many`` in external-row mode)."""
+    msg = str(exc)
+    if msg.startswith(core_call):
+        raise type(exc)(call + msg[len(core_call):]) from None
+    raise exc
+
+
 cdef inline bint _plain_positions(x):
     """A C-contiguous 1-D int64 ndarray (the hot path's positions)."""
     if type(x) is not np.ndarray:
@@ -623,8 +632,11 @@ cdef class Stager:
         if self._external:
             slots = np.empty(total, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
-            with nogil:
-                self._core.process_external_many(sp, n, cp, pp, total, op)
+            try:
+                with nogil:
+                    self._core.process_external_many(sp, n, cp, pp, total, op)
+            except (ValueError, TypeError, StateError) as exc:
+                _renamed(exc, "process_external_many", "process_many")
             return slots
         rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
