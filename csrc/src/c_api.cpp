@@ -251,6 +251,7 @@ dspark_plan to_c(const dspark::RoundPlan& p, bool external) {
     c.rebase = p.rebase;
     c.clear_cache = p.clear_cache;
     c.rows_mode = external ? DSPARK_ROWS_EXTERNAL : DSPARK_ROWS_HELD;
+    c.round = p.round;
     for (int k = 0; k < 2; ++k) {
         c.slot_first[k] = p.slot_runs[k].first;
         c.slot_count[k] = p.slot_runs[k].count;
@@ -729,6 +730,15 @@ dspark_status dspark_restore(dspark_stager* st, int64_t seq, const void* data, s
 
 // The core's field lists (stager.hpp): a field of SeqState / SeqStats that
 // dspark_state / dspark_stats lacks does not compile.
+dspark_status dspark_open_round_ids(const dspark_stager* st, const int64_t* seqs, size_t n, uint64_t* out) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        require_buffer(out, n, "out");
+        core.open_round_ids(seqs, n, out);
+    });
+}
+
 dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);

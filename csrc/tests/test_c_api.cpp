@@ -917,8 +917,11 @@ struct Pair {
         for (int k = 0; k < 2; ++k) {  // the same ring bookkeeping in both modes
             CHECK_EQ(xp.slot_first[k], hp.slot_first[k]);
             CHECK_EQ(xp.slot_count[k], hp.slot_count[k]);
-            CHECK_EQ(xp.reserved[k], 0);
         }
+        CHECK_EQ(xp.reserved[0], 0);
+        CHECK_EQ(xp.round, hp.round);  // the same calls on both: each Stager numbers its rounds alike
+        CHECK_EQ(xp.round != 0, xp.skip == DSPARK_SKIP_NONE);
+
         CHECK_EQ(xp.slot_count[0] + xp.slot_count[1], xp.n_rows);
         CHECK_EQ(hw, static_cast<std::size_t>(hp.n_rows) * mirror.row_bytes);
         const std::vector<std::uint8_t> got = mirror.gather(xp.slot_first, xp.slot_count);

@@ -489,4 +489,33 @@ TEST_CASE(batch_conversions_come_after_the_sequence_checks) {
     CHECK_EQ(dspark_end_many(nullptr, good, 2), DSPARK_E_NULL_POINTER);
 }
 
+// A plan carries the round it opened, and dspark_open_round_ids says which
+// rounds are open now: a C owner of external rows can refuse a stale plan.
+TEST_CASE(plans_carry_their_round_and_open_round_ids_tell_a_stale_plan) {
+    Handle h(config(DSPARK_ROWS_EXTERNAL));
+    const auto p = span(0, 12);
+    std::vector<std::int64_t> s(12);
+    for (std::int64_t q : {0, 1})
+        CHECK_EQ(dspark_process_external(h.st, q, p.data(), 12, s.data()), DSPARK_OK);
+    dspark_plan a, b;
+    CHECK_EQ(dspark_draft(h.st, 0, 12, DSPARK_DTYPE_STORAGE, nullptr, 0, &a, nullptr), DSPARK_OK);
+    CHECK_EQ(dspark_draft(h.st, 1, 12, DSPARK_DTYPE_STORAGE, nullptr, 0, &b, nullptr), DSPARK_OK);
+    CHECK(a.round != 0 && b.round != 0 && a.round != b.round);
+    CHECK_EQ(a.reserved[0], 0);
+    const std::int64_t seqs[] = {1, 0, 2};
+    std::uint64_t open[3] = {9, 9, 9};
+    CHECK_EQ(dspark_open_round_ids(h.st, seqs, 3, open), DSPARK_OK);
+    CHECK_EQ(open[0], b.round);
+    CHECK_EQ(open[1], a.round);
+    CHECK_EQ(open[2], 0u);  // no round open on sequence 2
+    CHECK_EQ(dspark_commit(h.st, 0), DSPARK_OK);
+    CHECK_EQ(dspark_draft(h.st, 0, 12, DSPARK_DTYPE_STORAGE, nullptr, 0, &b, nullptr), DSPARK_OK);
+    CHECK_EQ(dspark_open_round_ids(h.st, seqs + 1, 1, open), DSPARK_OK);
+    CHECK(open[0] == b.round && open[0] != a.round);  // the first plan of sequence 0 is stale now
+    const std::int64_t unknown[] = {0, SEQS};
+    CHECK_EQ(dspark_open_round_ids(h.st, unknown, 2, open), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_open_round_ids(h.st, nullptr, 1, open), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_open_round_ids(h.st, nullptr, 0, nullptr), DSPARK_OK);
+}
+
 TEST_MAIN()

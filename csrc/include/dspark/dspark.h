@@ -147,7 +147,12 @@ typedef struct dspark_plan {
      * counts when skipped. */
     int64_t slot_first[2];
     int64_t slot_count[2];
-    int64_t reserved[2]; /* zero */
+    /* The round the plan opened (0 when skipped): an owner of external rows
+     * reads the slots only while dspark_open_round_ids still gives this id
+     * for seq (a later round may reuse them). Took the place of a reserved
+     * field: the struct's size and layout are unchanged. */
+    uint64_t round;
+    int64_t reserved[1]; /* zero */
 } dspark_plan;
 
 /* A copy the owner of external rows applies: table rows [src, src + count)
@@ -352,6 +357,10 @@ DSPARK_API dspark_status dspark_last_restore_runs(int64_t first[2], int64_t coun
 /* ---- introspection ------------------------------------------------------- */
 DSPARK_API dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out);
 DSPARK_API dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stats* out);
+/* The round open on each of seqs[0..n) (dspark_plan.round), or 0 where none
+ * is, into out[0..n), read at one moment under the sequences' locks. */
+DSPARK_API dspark_status dspark_open_round_ids(const dspark_stager* st, const int64_t* seqs, size_t n,
+                                               uint64_t* out);
 
 /* ---- row formats (no Stager needed; thread-safe) ------------------------- */
 /* Bytes of one row of `dim` elements in `storage` (q formats: dim % 32 == 0). */
