@@ -14,6 +14,7 @@ from conftest import feature_rows
 
 from dspark_core import StagerConfig, StateError
 from dspark_core.config import STORAGES
+from dspark_core.stage_plan import SKIP_REASONS
 
 D, B, W = 32, 4, 16  # K = 8
 
@@ -266,8 +267,9 @@ def test_draft_many_equals_per_sequence_drafts(make_stager, storage):
             st.process(s, np.arange(p0, p0 + n), feature_rows(range(p0, p0 + n), D, version=s))
     st_one = [one.draft(s, p) for s, p in zip([3, 0, 1, 2], [22, 5, 33, 1])]
     batch = many.draft_many([3, 0, 1, 2], [22, 5, 33, 1])
-    assert batch.seqs == [3, 0, 1, 2]
+    assert batch.seqs.tolist() == [3, 0, 1, 2]
     assert batch.skips == {2: "missing_rows"}
+    assert batch.skip_code.tolist() == [0, 0, 0, 1 + SKIP_REASONS.index("missing_rows")]
     for a, b in zip(st_one, batch.plans):
         assert (a.skip, a.rebase, a.clear_cache, a.crop_from, a.pos_base) == (b.skip, b.rebase, b.clear_cache, b.crop_from, b.pos_base)
         np.testing.assert_array_equal(a.positions, b.positions)
@@ -277,7 +279,9 @@ def test_draft_many_equals_per_sequence_drafts(make_stager, storage):
     np.testing.assert_array_equal(batch.rows, np.concatenate([p.rows for p in active]))
     np.testing.assert_array_equal(batch.positions, np.concatenate([p.positions for p in active]))
     np.testing.assert_array_equal(batch.row_seq, np.concatenate([np.full(p.n_rows, p.seq) for p in active]))
-    assert batch.crop_from == {p.seq: p.crop_from for p in active}
+    assert batch.crop_from.tolist() == [p.crop_from for p in st_one]
+    assert batch.n_rows.tolist() == [p.n_rows for p in st_one]
+    np.testing.assert_array_equal(batch.row_offsets, np.cumsum([0] + [p.n_rows for p in st_one]))
     for s in (3, 0, 1):
         many.commit(s)
     with pytest.raises(StateError):

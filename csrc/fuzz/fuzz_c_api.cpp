@@ -1,5 +1,6 @@
 // libFuzzer target over the C ABI (dspark/dspark.h): configurations with any
-// struct_size and field values, then calls in any order with NULL pointers,
+// struct_size and field values, then calls in any order (the batch calls,
+// reservations and end among them) with NULL pointers,
 // wrong byte counts, small buffers, bad codes and out-of-range values, in
 // both row modes. Each well-formed call also runs on a C++ Stager built from
 // the same configuration, which is the oracle: the same status as the C++
@@ -28,6 +29,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dspark/dspark.h"
@@ -114,7 +116,7 @@ struct Fixture {
             out.insert(out.end(), reinterpret_cast<const std::uint8_t*>(&x),
                        reinterpret_cast<const std::uint8_t*>(&x) + sizeof x);
             std::size_t n = 0;
-            if (x.open_round) continue;
+            if (x.open_round || x.reservation_open) continue;
             FUZZ_CHECK(dspark_snapshot_size(st, s, &n) == DSPARK_OK);
             std::vector<std::uint8_t> snap(n);
             std::size_t w = 0;
@@ -147,7 +149,8 @@ struct Fixture {
             SlotRun runs[2];
             cpp->live_slots(s, runs);
             for (int k = 0; k < 2; ++k) FUZZ_CHECK(first[k] == runs[k].first && count[k] == runs[k].count);
-            if (!y.open_round) {
+            FUZZ_CHECK(x.reservation_open == y.reservation_open);
+            if (!y.open_round && !y.reservation_open) {
                 std::size_t n = 0, w = 0;
                 FUZZ_CHECK(dspark_snapshot_size(st, s, &n) == DSPARK_OK);
                 std::vector<std::uint8_t> snap(n);
@@ -693,9 +696,148 @@ void round_of(Fixture& fx, std::int64_t seq, std::uint8_t acc, std::uint8_t seed
     check_same(dspark_accept(fx.st, seq, a), expect_of([&] { fx.cpp->accept(seq, a); }), "round accept");
 }
 
+// The C++ outcome of fn as the C ABI reports it: its status and message.
+template <class Fn>
+std::pair<dspark_status, std::string> outcome_of(Fn&& fn) {
+    std::string what;
+    const dspark_status s = expect_of([&] {
+        try {
+            fn();
+        } catch (const std::exception& e) {
+            what = e.what();
+            throw;
+        }
+    });
+    return {s, what};
+}
+
+// The batch calls, reservations and end: the same status and message as the
+// C++ call, the same slots / disabled counts, and a rejected batch changes
+// nothing. Ids may repeat or be unknown, offsets may be broken, positions
+// may skip; k = 0 is an empty batch.
+void op_batch(Reader& r, Fixture& fx) {
+    const std::uint8_t kind = r.u8(), shape = r.u8(), mode = r.u8(), seed = r.u8();
+    const std::size_t k = shape % 5, D = static_cast<std::size_t>(std::max<std::int64_t>(0, fx.c.feature_dim));
+    std::vector<std::int64_t> seqs(k), cu{0}, pos, vals(k);
+    for (std::size_t i = 0; i < k; ++i) {
+        seqs[i] = fx.seq_of(r.u8());
+        const std::size_t c = r.u8() % 4;
+        const auto p = positions(fx, seqs[i], c, i + 1 == k ? mode : 0);
+        pos.insert(pos.end(), p.begin(), p.end());
+        cu.push_back(static_cast<std::int64_t>(pos.size()));
+        vals[i] = pick(r, {0, 1, 2, 3, 7, -1});
+    }
+    if (shape >= 240 && k) cu[shape % k + 1] += shape % 2 ? 1 : -1;  // broken offsets
+    const std::size_t total = pos.size();
+    std::vector<std::int64_t> slots(total + 1, -9), want(total + 1, -9), dis(k + 1, -9), want_dis(k + 1, -9);
+    const auto x = rows_of(total, D, seed, 0);
+    std::vector<std::int32_t> stages(k);
+    std::vector<FailStage> fstages(k);
+    for (std::size_t i = 0; i < k; ++i) {
+        stages[i] = static_cast<std::int32_t>((vals[i] + 1) % 3);  // 0, 1 and 2 (bad)
+        fstages[i] = static_cast<FailStage>(stages[i]);
+    }
+    const std::int64_t seq = k ? seqs[0] : fx.seq_of(seed);
+    const auto before = fx.fingerprint();
+    dspark_status s = DSPARK_OK;
+    std::pair<dspark_status, std::string> w;
+    const char* name = "";
+    switch (kind % 11) {
+        case 0:
+            name = "process_many";
+            s = dspark_process_many(fx.st, seqs.data(), k, cu.data(), pos.data(), total, x.data(), DSPARK_DTYPE_F32,
+                                    x.size() * 4);
+            w = outcome_of([&] { fx.cpp->process_many(seqs.data(), k, cu.data(), pos.data(), total, x.data(), ElemType::F32); });
+            break;
+        case 1:
+            name = "process_external_many";
+            s = dspark_process_external_many(fx.st, seqs.data(), k, cu.data(), pos.data(), total, slots.data());
+            w = outcome_of([&] { fx.cpp->process_external_many(seqs.data(), k, cu.data(), pos.data(), total, want.data()); });
+            break;
+        case 2:
+            name = "accept_many";
+            s = dspark_accept_many(fx.st, seqs.data(), vals.data(), k);
+            w = outcome_of([&] { fx.cpp->accept_many(seqs.data(), vals.data(), k); });
+            break;
+        case 3:
+            name = "commit_many";
+            s = dspark_commit_many(fx.st, seqs.data(), k);
+            w = outcome_of([&] { fx.cpp->commit_many(seqs.data(), k); });
+            break;
+        case 4:
+            name = "fail_many";
+            s = dspark_fail_many(fx.st, seqs.data(), stages.data(), k, dis.data());
+            w = outcome_of([&] { fx.cpp->fail_many(seqs.data(), fstages.data(), k, want_dis.data()); });
+            break;
+        case 5:
+            name = "reserve_many";
+            s = dspark_reserve_many(fx.st, seqs.data(), k, cu.data(), pos.data(), total, slots.data());
+            w = outcome_of([&] { fx.cpp->reserve_many(seqs.data(), k, cu.data(), pos.data(), total, want.data()); });
+            break;
+        case 6:
+            name = "confirm_many";
+            s = dspark_confirm_many(fx.st, seqs.data(), k);
+            w = outcome_of([&] { fx.cpp->confirm_many(seqs.data(), k); });
+            break;
+        case 7:
+            name = "cancel_many";
+            s = dspark_cancel_many(fx.st, seqs.data(), k);
+            w = outcome_of([&] { fx.cpp->cancel_many(seqs.data(), k); });
+            break;
+        case 8:
+            name = "end_many";
+            s = dspark_end_many(fx.st, seqs.data(), k);
+            w = outcome_of([&] { fx.cpp->end_many(seqs.data(), k); });
+            break;
+        case 9: {
+            name = "reserve";
+            // The first sequence's rows (cu may have been broken above: clamp to the array).
+            const std::size_t n = k ? std::min<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(cu[1], 0)), total) : 0;
+            s = dspark_reserve(fx.st, seq, pos.data(), n, slots.data());
+            w = outcome_of([&] { fx.cpp->reserve(seq, pos.data(), n, want.data()); });
+            break;
+        }
+        default:
+            switch (mode % 3) {
+                case 0:
+                    name = "confirm";
+                    s = dspark_confirm(fx.st, seq);
+                    w = outcome_of([&] { fx.cpp->confirm(seq); });
+                    break;
+                case 1:
+                    name = "cancel";
+                    s = dspark_cancel(fx.st, seq);
+                    w = outcome_of([&] { fx.cpp->cancel(seq); });
+                    break;
+                default:
+                    name = "end";
+                    s = dspark_end(fx.st, seq);
+                    w = outcome_of([&] { fx.cpp->end(seq); });
+                    break;
+            }
+    }
+    check_same(s, w.first, name);
+    if (w.second != dspark_last_error()) {
+        std::fprintf(stderr, "%s: C ABI \"%s\", C++ API \"%s\"\n", name, dspark_last_error(), w.second.c_str());
+        FUZZ_CHECK(w.second == dspark_last_error());
+    }
+    if (s != DSPARK_OK) {
+        FUZZ_CHECK(fx.fingerprint() == before);
+        FUZZ_CHECK(slots[0] == -9 && dis[0] == -9);  // outputs untouched
+        return;
+    }
+    FUZZ_CHECK(slots == want && dis == want_dis);
+}
+
 void step(Reader& r, Fixture& fx) {
     const std::uint8_t code = r.u8();
     const std::int64_t seq = fx.seq_of(r.u8());
+    // The batch calls take the top codes: every code below keeps its meaning, so the
+    // recorded findings (no code >= 240 in them) replay as they were written.
+    if (code >= 240) {
+        op_batch(r, fx);
+        return;
+    }
     switch (code % 20) {
         case 0: check_same(dspark_begin(fx.st, seq), expect_of([&] { fx.cpp->begin(seq); }), "begin"); break;
         case 1: case 2: op_process(r, fx, seq); break;

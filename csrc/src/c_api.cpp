@@ -34,11 +34,36 @@ namespace {
 using dspark::ElemType;
 using dspark::NonFinite;
 using dspark::Storage;
+using Need = dspark::Stager::Need;
 
 // The size of the first version of dspark_config: every field of it is required.
 constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
 
 using namespace dspark_c;  // the shared guard, conversions, handle and last moves (c_api_common.hpp)
+
+// The same as converted() for a batch call named `call` (the core's name,
+// "process_many"): its sequences' ids and states come first.
+template <class Convert>
+auto converted_batch(const dspark::Stager& core, const char* call, const std::int64_t* seqs, std::size_t n,
+                     Need need, Convert&& convert) {
+    try {
+        return convert();
+    } catch (...) {
+        core.check_batch(call, seqs, n, need);
+        throw;
+    }
+}
+
+// The stage's message as the core words it ("stage code 7 is not one of ...").
+std::string stage_code_error(std::int64_t code) {
+    try {
+        (void)dspark::enum_from_code<std::invalid_argument>("stage", code, dspark::FAIL_STAGE_COUNT,
+                                                            dspark::fail_stage_name);
+    } catch (const std::invalid_argument& e) {
+        return e.what();
+    }
+    return {};
+}
 
 // A getter: the handle, the output pointer, then *out = get(handle).
 template <class T, class Get>
@@ -111,6 +136,7 @@ dspark_plan to_c(const dspark::RoundPlan& p, bool external) {
     c.rebase = p.rebase;
     c.clear_cache = p.clear_cache;
     c.rows_mode = external ? DSPARK_ROWS_EXTERNAL : DSPARK_ROWS_HELD;
+    c.round = p.round;
     for (int k = 0; k < 2; ++k) {
         c.slot_first[k] = p.slot_runs[k].first;
         c.slot_count[k] = p.slot_runs[k].count;
@@ -176,6 +202,34 @@ dspark_status with_moves(dspark_stager* st, Op&& op) {
     return guarded([&] {
         std::vector<dspark::SlotMove> moves = op(core_of(st));
         last_moves.swap(moves);
+    });
+}
+
+// A batch call that takes its sequences only (commit_many, confirm_many, ...).
+dspark_status on_seqs(dspark_stager* st, const int64_t* seqs, size_t n,
+                      void (dspark::Stager::*call)(const std::int64_t*, std::size_t)) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        (core.*call)(seqs, n);
+    });
+}
+
+// process_external_many and reserve_many (the core's `call`): flat positions
+// in, one slot per row out. Held mode: the core names the mode.
+using FlatSlotsCall = void (dspark::Stager::*)(const std::int64_t*, std::size_t, const std::int64_t*,
+                                               const std::int64_t*, std::size_t, std::int64_t*);
+dspark_status flat_slots(dspark_stager* st, const char* call, FlatSlotsCall op, const int64_t* seqs, size_t n,
+                         const int64_t* offsets, const int64_t* positions, size_t total, int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, call, seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            require_buffer(positions, total, "positions");
+            require_buffer(slots_out, total, "slots_out");
+        });
+        (core.*op)(seqs, n, offsets, positions, total, slots_out);
     });
 }
 
@@ -327,7 +381,7 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
                     require_buffer(plans, n, "plans");
                     return DraftSink(*st, rows_dtype, rows, rows_capacity);
                 } catch (...) {
-                    core.check_sequences(seqs, n);  // the sequences' errors first (design.md 2.1)
+                    core.check_batch("draft_many", seqs, n);  // the sequences' errors first (design.md 2.1)
                     throw;
                 }
             }();
@@ -338,6 +392,117 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
             if (rows_written) *rows_written = written;
         },
         rows_written);
+}
+
+dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                  const int64_t* positions, size_t total, const void* rows, int32_t dtype,
+                                  size_t rows_bytes) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        const ElemType t = converted_batch(core, "process_many", seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            const ElemType type = elem_of(dtype);
+            const std::size_t want = mul_size(
+                mul_size(total, static_cast<std::size_t>(st->config.feature_dim), "rows"), dspark::elem_bytes(type),
+                "rows");
+            if (rows_bytes != want)
+                throw std::invalid_argument("process_many: rows must be " + std::to_string(total) + " x " +
+                                            std::to_string(st->config.feature_dim) + " elements (" +
+                                            std::to_string(want) + " bytes), got " + std::to_string(rows_bytes) +
+                                            " bytes");
+            require_buffer(positions, total, "positions");
+            require_buffer(rows, rows_bytes, "rows");
+            return type;
+        });
+        core.process_many(seqs, n, offsets, positions, total, rows, t);  // checks offsets against total
+    });
+}
+
+dspark_status dspark_process_external_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                           const int64_t* positions, size_t total, int64_t* slots_out) {
+    return flat_slots(st, "process_external_many", &dspark::Stager::process_external_many, seqs, n, offsets,
+                      positions, total, slots_out);
+}
+
+dspark_status dspark_accept_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "accept_many", seqs, n, Need::Ready,
+                        [&] { require_buffer(n_accepted, n, "n_accepted"); });
+        core.accept_many(seqs, n_accepted, n);
+    });
+}
+
+dspark_status dspark_commit_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return on_seqs(st, seqs, n, &dspark::Stager::commit_many);
+}
+
+dspark_status dspark_fail_many(dspark_stager* st, const int64_t* seqs, const int32_t* stages, size_t n,
+                               int64_t* disabled_after) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        // The core checks each stage code (after ids, states and uniqueness);
+        // only a code wider than its enum holds is refused here, after the ids
+        // and states, with the core's words.
+        const std::vector<dspark::FailStage> codes = converted_batch(core, "fail_many", seqs, n, Need::Open, [&] {
+            require_buffer(stages, n, "stages");
+            std::vector<dspark::FailStage> out(n);
+            for (std::size_t i = 0; i < n; ++i) {
+                const std::int32_t code = stages[i];
+                if (code < 0 || code > UINT8_MAX)
+                    throw std::invalid_argument(dspark::batch_context("fail_many", i, seqs[i]) +
+                                                stage_code_error(code));
+                out[i] = static_cast<dspark::FailStage>(code);
+            }
+            return out;
+        });
+        core.fail_many(seqs, codes.data(), n, disabled_after);
+    });
+}
+
+dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                             int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        converted(core, seq, false, [&] {
+            require_buffer(positions, n, "positions");
+            require_buffer(slots_out, n, "slots_out");
+        });
+        core.reserve(seq, positions, n, slots_out);  // held mode: invalid_argument naming the mode
+    });
+}
+
+dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                  const int64_t* positions, size_t total, int64_t* slots_out) {
+    return flat_slots(st, "reserve_many", &dspark::Stager::reserve_many, seqs, n, offsets, positions, total,
+                      slots_out);
+}
+
+dspark_status dspark_confirm(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).confirm(seq); });
+}
+
+dspark_status dspark_cancel(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).cancel(seq); });
+}
+
+dspark_status dspark_confirm_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return on_seqs(st, seqs, n, &dspark::Stager::confirm_many);
+}
+
+dspark_status dspark_cancel_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return on_seqs(st, seqs, n, &dspark::Stager::cancel_many);
+}
+
+dspark_status dspark_end(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).end(seq); });
+}
+
+dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return on_seqs(st, seqs, n, &dspark::Stager::end_many);
 }
 
 dspark_status dspark_commit(dspark_stager* st, int64_t seq) {
@@ -450,6 +615,15 @@ dspark_status dspark_restore(dspark_stager* st, int64_t seq, const void* data, s
 
 // The core's field lists (stager.hpp): a field of SeqState / SeqStats that
 // dspark_state / dspark_stats lacks does not compile.
+dspark_status dspark_open_round_ids(const dspark_stager* st, const int64_t* seqs, size_t n, uint64_t* out) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        require_buffer(out, n, "out");
+        core.open_round_ids(seqs, n, out);
+    });
+}
+
 dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);

@@ -2,6 +2,7 @@
 #include "dspark/errors.hpp"
 
 #include <new>
+#include <string>
 
 namespace dspark {
 
@@ -32,6 +33,30 @@ CaughtError classify_current_error() noexcept {
     } catch (...) {
         return {ErrorKind::Internal, "dspark_core: unknown C++ exception", 0};
     }
+}
+
+void rethrow_with_prefix(const std::string& prefix) {
+    // The same order as classify_current_error: derived types first.
+    try {
+        throw;
+    } catch (const BufferTooSmall& e) {
+        throw BufferTooSmall(prefix + e.what(), e.needed);
+    } catch (const NullPointer& e) {
+        throw NullPointer(prefix + e.what());
+    } catch (const Unsupported& e) {
+        throw Unsupported(prefix + e.what());
+    } catch (const ConfigError& e) {
+        throw ConfigError(prefix + e.what());
+    } catch (const TypeError& e) {
+        throw TypeError(prefix + e.what());
+    } catch (const StateError& e) {
+        throw StateError(prefix + e.what());
+    } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(prefix + e.what());
+    } catch (const std::out_of_range& e) {
+        throw std::invalid_argument(prefix + e.what());
+    }
+    // anything else propagates as it is
 }
 
 }  // namespace dspark

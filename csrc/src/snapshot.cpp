@@ -137,12 +137,12 @@ void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
 }
 
 std::size_t Stager::snapshot_size(std::int64_t seq) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     return snapshot_bytes(ready(seq));
 }
 
 std::size_t Stager::snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size_t cap) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
     const std::size_t need = snapshot_bytes(s);
     if (cap < need)
@@ -154,7 +154,7 @@ std::size_t Stager::snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size
 }
 
 std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
     std::vector<std::uint8_t> out;
     out.reserve(snapshot_bytes(s));
@@ -166,7 +166,7 @@ std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
 
 void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out,
                      std::uint64_t* serial) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     Seq& target = mut(ready(seq));
     if (serial) *serial = 0;
     if (n < PREAMBLE_BYTES)
@@ -260,6 +260,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     } else if (count) {
         FeatureBuffer fresh;
         FeatureBuffer* into = &target.buf;
+        std::unique_lock<std::mutex> spare_lock(spare_mu_, std::defer_lock);  // after the sequence's lock
         if (target.buf.capacity() < count) {  // never used: a ring of its own (dropped if the data is bad)
             fresh = new_ring();
             fresh.reserve_back(count, max_rows_);
@@ -273,6 +274,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
             const bool clear = (live[0].count == 0 || live[0].first >= static_cast<std::int64_t>(count)) &&
                                live[1].count == 0;  // a second run starts at slot 0
             if (!clear) {
+                spare_lock.lock();
                 if (spare_.capacity() < count) {
                     spare_ = new_ring();
                     spare_.reserve_back(count, max_rows_);

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -112,6 +114,7 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
         throw ConfigError("window x feature_dim is too large: one sequence's buffer would exceed the address space");
     seqs_.resize(static_cast<std::size_t>(o.max_seqs));
     for (auto& s : seqs_) fresh_seq(s);
+    locks_ = std::make_unique<SeqMutex[]>(static_cast<std::size_t>(o.max_seqs));
 }
 
 void Stager::fresh_seq(Seq& s) const {
@@ -123,12 +126,118 @@ void Stager::fresh_seq(Seq& s) const {
     note_size(s);
 }
 
+
+std::string batch_context(const char* call, std::size_t i, std::int64_t seq) {
+    return std::string(call) + ": seqs[" + std::to_string(i) + "] (sequence " + std::to_string(seq) + "): ";
+}
+
+// -- locks ---------------------------------------------------------------------
+// Each sequence has its own mutex (stager.hpp, "Thread safety"). A call checks
+// its ids first (an unknown id locks nothing), then locks: one sequence, two
+// in id order (fork), or a batch's in id order (BatchLock), so two calls
+// never wait on each other in a cycle.
+
+std::unique_lock<std::mutex> Stager::lock_seq(std::int64_t seq) const {
+    get(seq);
+    return std::unique_lock<std::mutex>(locks_[static_cast<std::size_t>(seq)].m);
+}
+
+std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> Stager::lock_pair(std::int64_t a,
+                                                                                         std::int64_t b) const {
+    get(a);
+    get(b);
+    const std::int64_t lo = std::min(a, b), hi = std::max(a, b);
+    std::unique_lock<std::mutex> first(locks_[static_cast<std::size_t>(lo)].m);
+    if (lo == hi) return {std::move(first), std::unique_lock<std::mutex>()};
+    return {std::move(first), std::unique_lock<std::mutex>(locks_[static_cast<std::size_t>(hi)].m)};
+}
+
+// The locks of a batch's sequences (ids checked already), each once, taken in
+// increasing id order from a bitmap of the ids: O(n + max_seqs / 64), which
+// also finds the first repeated id (a batch names each sequence once: the
+// caller reports it, in its order of checks).
+class Stager::BatchLock {
+public:
+    BatchLock(const Stager& st, const std::int64_t* seqs, std::size_t n) : st_(st), repeat_(n) {
+        const std::size_t words = static_cast<std::size_t>(st.opt_.max_seqs + 63) / 64;
+        thread_local std::vector<std::uint64_t> bits;  // all zero between calls
+        if (bits.size() < words) bits.resize(words);   // may throw: nothing is locked yet
+        order_.reserve(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            const auto id = static_cast<std::uint64_t>(seqs[i]);
+            const std::uint64_t bit = std::uint64_t(1) << (id & 63);
+            if (bits[id >> 6] & bit) {
+                if (repeat_ == n) repeat_ = i;
+            } else {
+                bits[id >> 6] |= bit;
+            }
+        }
+        for (std::size_t w = 0; w < words; ++w) {
+            for (std::uint64_t u = bits[w]; u; u &= u - 1) order_.push_back(static_cast<std::int64_t>(w * 64 + lowest_bit(u)));
+            bits[w] = 0;
+        }
+        std::size_t locked = 0;
+        try {
+            for (; locked < order_.size(); ++locked) st_.locks_[static_cast<std::size_t>(order_[locked])].m.lock();
+        } catch (...) {
+            while (locked) st_.locks_[static_cast<std::size_t>(order_[--locked])].m.unlock();
+            throw;
+        }
+    }
+    ~BatchLock() {
+        for (auto it = order_.rbegin(); it != order_.rend(); ++it) st_.locks_[static_cast<std::size_t>(*it)].m.unlock();
+    }
+    BatchLock(const BatchLock&) = delete;
+    BatchLock& operator=(const BatchLock&) = delete;
+
+    // The index of the first id that repeats an earlier one, or n.
+    std::size_t repeat() const noexcept { return repeat_; }
+
+private:
+    static unsigned lowest_bit(std::uint64_t u) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+        return static_cast<unsigned>(__builtin_ctzll(u));
+#else
+        unsigned k = 0;
+        while (!(u & 1)) u >>= 1, ++k;
+        return k;
+#endif
+    }
+
+    const Stager& st_;
+    std::vector<std::int64_t> order_;
+    std::size_t repeat_;
+};
+
+namespace {
+
+// Runs one sequence's check (or step) of a batch call; an error it throws
+// comes out as the same kind of error, prefixed "<call>: seqs[i] (sequence s): "
+// (the per-sequence call's error, named).
+template <class F>
+auto in_batch(const char* call, std::size_t i, std::int64_t seq, F&& f) -> decltype(f()) {
+    try {
+        return f();
+    } catch (...) {
+        rethrow_with_prefix(batch_context(call, i, seq));
+    }
+}
+
+// A batch's per-sequence arguments, read once: the caller's arrays may change
+// under a released GIL, the checked values and the ones used must not differ.
+std::vector<std::int64_t> copy_of(const std::int64_t* p, std::size_t n) {
+    return n ? std::vector<std::int64_t>(p, p + n) : std::vector<std::int64_t>();
+}
+
+}  // namespace
+
 // -- validation (design.md 2.1) -------------------------------------------------
-// 1. an unknown sequence (std::invalid_argument), 2. the round state
-// (StateError), 3. the arguments' values, in the order of the call's
-// signature, content (non-finite rows, snapshot bytes) last, 4. strict mode's
-// protocol check (StateError). Each function below checks without changing
-// anything; the calls run them, then change state.
+// 1. an unknown sequence (std::invalid_argument), 2. the state (StateError),
+// 3. the arguments' values, in the order of the call's signature, content
+// (non-finite rows, snapshot bytes) last, 4. strict mode's protocol check
+// (StateError). Each function below checks without changing anything; the
+// calls run them, then change state. A batch runs each step over all of its
+// sequences before the next step.
 
 const Stager::Seq& Stager::get(std::int64_t seq) const {
     if (seq < 0 || seq >= opt_.max_seqs)
@@ -137,15 +246,23 @@ const Stager::Seq& Stager::get(std::int64_t seq) const {
     return seqs_[static_cast<std::size_t>(seq)];
 }
 
-const Stager::Seq& Stager::ready(std::int64_t seq) const {
+const Stager::Seq& Stager::needs(std::int64_t seq, Need need) const {
     const Seq& s = get(seq);
-    if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
-    return s;
-}
-
-const Stager::Seq& Stager::opened(std::int64_t seq) const {
-    const Seq& s = get(seq);
-    if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
+    if (need == Need::Any) return s;
+    if (s.reserved && need != Need::Reserved)
+        throw StateError(seq_msg(seq) + " has reserved rows: call confirm() or cancel() first");
+    switch (need) {
+        case Need::Ready:
+            if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
+            break;
+        case Need::Open:
+            if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
+            break;
+        case Need::Reserved:
+            if (!s.reserved) throw StateError(seq_msg(seq) + " has no reserved rows (call reserve() first)");
+            break;
+        case Need::Any: break;
+    }
     return s;
 }
 
@@ -156,10 +273,47 @@ void Stager::require_mode(RowMode mode, const char* call) const {
         : " needs external-row mode, but this Stager holds its rows (use process / process_encoded)"));
 }
 
-void Stager::check_sequences(const std::int64_t* seqs, std::size_t n, bool open_round) const {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (std::size_t i = 0; i < n; ++i) get(seqs[i]);
-    for (std::size_t i = 0; i < n; ++i) open_round ? opened(seqs[i]) : ready(seqs[i]);
+void Stager::check_sequence(std::int64_t seq, Need need) const {
+    auto lock = lock_seq(seq);
+    needs(seq, need);
+}
+
+void Stager::check_ids(const char* call, const std::int64_t* seqs, std::size_t n) const {
+    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { get(seqs[i]); });
+}
+
+void Stager::check_states(const char* call, const std::int64_t* seqs, std::size_t n, Need need) const {
+    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { needs(seqs[i], need); });
+}
+
+void Stager::check_batch(const char* call, const std::int64_t* seqs, std::size_t n, Need need) const {
+    const std::vector<std::int64_t> ids = copy_of(seqs, n);
+    check_ids(call, ids.data(), n);
+    BatchLock lock(*this, ids.data(), n);
+    check_states(call, ids.data(), n, need);
+}
+
+void Stager::check_unique(const char* call, const BatchLock& lock, const std::int64_t* seqs, std::size_t n) const {
+    const std::size_t j = lock.repeat();
+    if (j == n) return;
+    std::size_t i = 0;
+    while (seqs[i] != seqs[j]) ++i;
+    throw std::invalid_argument(std::string(call) + ": sequence " + std::to_string(seqs[j]) + " appears twice (seqs[" +
+                                std::to_string(i) + "] and seqs[" + std::to_string(j) +
+                                "]): a batch names each sequence once");
+}
+
+void Stager::check_offsets(const char* call, const std::int64_t* cu, std::size_t n, std::size_t total) {
+    const std::string who = std::string(call) + ": cu_seqlens ";
+    if (cu[0] != 0) throw std::invalid_argument(who + "must start at 0, got " + std::to_string(cu[0]));
+    for (std::size_t i = 0; i < n; ++i)
+        if (cu[i + 1] < cu[i])
+            throw std::invalid_argument(who + "must not decrease, got cu_seqlens[" + std::to_string(i + 1) + "] = " +
+                                        std::to_string(cu[i + 1]) + " < cu_seqlens[" + std::to_string(i) +
+                                        "] = " + std::to_string(cu[i]));
+    if (static_cast<std::uint64_t>(cu[n]) != total)
+        throw std::invalid_argument(who + "must end at the " + std::to_string(total) + " rows, got " +
+                                    std::to_string(cu[n]));
 }
 
 // Returns the first position, read once: everything after uses only it and n
@@ -191,7 +345,7 @@ std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const
 }
 
 void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
     validate_positions(seq, s, positions, n);
 }
@@ -228,11 +382,11 @@ void Stager::check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_disca
 // rollback of up to W - K positions still restage a full K-row context.
 // Live rows stay <= W + B, so held rows stay under W + TRIM_CHUNK + B + 1.
 
-std::int64_t Stager::firm_end(const Seq& s) const noexcept {
+std::int64_t Stager::firm_end(const SeqFields& s) const noexcept {
     return (s.accept_open && s.tentative > 0) ? s.end - s.tentative + 1 : s.end;
 }
 
-std::int64_t Stager::horizon_after(const Seq& s) const noexcept {
+std::int64_t Stager::horizon_after(const SeqFields& s) const noexcept {
     return std::max(s.horizon, firm_end(s) - opt_.window);
 }
 
@@ -264,101 +418,172 @@ void Stager::trim_head(Seq& s, std::int64_t new_head) noexcept {
 
 // -- ingest -------------------------------------------------------------------
 
-// encode(first_row, n_rows, dst) converts input rows [first_row, first_row +
-// n_rows) into dst (or only checks them when dst is null) and returns the
-// flat element index (relative to first_row's first element) of the first
-// value that cannot be staged as a finite value, or -1. value(i) is input
-// element i (flat from row 0) as f32, for the error message.
-// Atomic: nothing observable changes unless every row is accepted.
+// One sequence's rows between their checks and their commit (prepare_append
+// -> commit_append): where they go, and the state after them.
+struct Stager::Append {
+    std::int64_t p0 = 0;
+    std::size_t n = 0;
+    std::size_t skip = 0;  // leading input rows below the new horizon: never stored
+    std::size_t keep = 0;
+    // The rows fit in free slots beside every row held now: they were
+    // converted there already (spans a, b), and committing only counts them.
+    bool clean = false;
+    std::int64_t end = 0, horizon = 0, tentative = 0;
+    bool accept_open = false;
+    FeatureBuffer::Span a, b;
+    // The ring's bookkeeping before the rows were converted into its free
+    // slots (its first allocation kept): a rejection puts it back, so that
+    // not even the resident-bytes count (stats().bytes) moves.
+    bool marked = false;
+    FeatureBuffer::Marks before;
+};
+
+namespace {
+
+// process(): rows of a float type, encoded into the storage. The call
+// operator is the `encode` of prepare_append (converts input rows
+// [first, first + count) into dst, or only checks them when dst is null;
+// returns the flat index, from row `first`, of the first value that cannot
+// be staged, or -1); value(i) is input element i (flat from row 0) as f32.
+struct FloatRows {
+    const std::uint8_t* src;
+    ElemType type;
+    std::size_t dim, in_row;
+    Storage storage;
+    NonFinite policy;
+    EncodeBounds bounds;
+    std::int64_t operator()(std::size_t first, std::size_t count, std::uint8_t* dst) const {
+        const std::uint8_t* from = src + first * in_row;
+        return dst ? encode_rows(from, type, dst, storage, count, dim, policy, bounds)
+                   : find_unencodable(from, type, count * dim, bounds.limit);
+    }
+    float value(std::int64_t flat) const { return element_value(src, type, static_cast<std::size_t>(flat)); }
+};
+
+// process_external(): no bytes to convert or check (the owner writes them).
+struct NoRows {
+    std::int64_t operator()(std::size_t, std::size_t, std::uint8_t*) const { return -1; }
+    float value(std::int64_t) const { return 0.0f; }  // never asked: nothing is checked
+};
+
+}  // namespace
+
+// Checks a sequence's n rows from position p0 (their positions checked
+// already) and, in the common case (every round) where they fit in free
+// slots beside every row held now, converts them straight into those slots
+// (check fused into the conversion): a rejection then leaves every row as it
+// was. Otherwise (a prefill chunk longer than the window) only checks the
+// whole input; commit_append drops the dead rows and converts after that.
+// Changes nothing observable; may throw (the rows' contents, or the ring's
+// first allocation: address space only).
+template <class Encode, class Value>
+Stager::Append Stager::prepare_append(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode,
+                                      Value&& value, bool fallible) {
+    Append g;
+    g.p0 = p0;
+    g.n = n;
+    if (n == 0) return g;
+    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
+    auto reject = [&](std::int64_t flat) {
+        throw std::invalid_argument(unstageable_message(seq_id, p0, flat, value(flat)));
+    };
+    // The state after a successful append, to know which input rows survive.
+    SeqFields after;
+    after.started = true;
+    after.end = p0 + static_cast<std::int64_t>(n);
+    after.horizon = s.started ? s.horizon : p0;
+    after.accept_open = s.accept_open;
+    after.tentative = s.tentative;
+    if (after.accept_open) {
+        after.tentative += static_cast<std::int64_t>(n);
+        if (after.tentative > opt_.block_size + 1) after.accept_open = false, after.tentative = 0;
+    }
+    g.end = after.end;
+    g.accept_open = after.accept_open;
+    g.tentative = after.tentative;
+    g.horizon = horizon_after(after);
+    // Input rows below the new horizon are never stored (bounded ingest).
+    g.skip = static_cast<std::size_t>(std::clamp<std::int64_t>(g.horizon - p0, 0, std::int64_t(n)));
+    g.keep = n - g.skip;
+    // The ring reserves its whole bound up front (address space only): the
+    // one step that can fail here for a reason other than the rows.
+    if (s.buf.capacity() == 0) s.buf.reserve_back(g.keep, max_rows_);
+    g.marked = true;
+    g.before = s.buf.marks();
+    g.clean = g.skip == 0 && s.buf.size() + g.keep <= s.buf.capacity();
+    if (!g.clean) {
+        if (fallible) {
+            const std::int64_t bad = encode(0, n, nullptr);
+            if (bad >= 0) reject(bad);
+        }
+        return g;
+    }
+    if (!s.started || s.buf.size() == 0) s.buf.reset(p0);
+    s.buf.back_spans(g.keep, g.a, g.b);
+    std::int64_t bad = encode(0, g.a.rows, g.a.data);
+    if (g.b.rows) {
+        const std::int64_t bad2 = encode(g.a.rows, g.b.rows, g.b.data);
+        if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(g.a.rows) * dim + bad2;
+    }
+    // Only free slots were written: rejecting here leaves every row as it was.
+    if (fallible && bad >= 0) {
+        s.buf.set_marks(g.before);
+        reject(bad);
+    }
+    return g;
+}
+
+// Makes a prepared append the sequence's rows (nothing here can fail but a
+// broken invariant: the horizon rule keeps every append inside the ring).
 // slots_out (external mode): the global slot of every input row, -1 for the
 // rows below the new horizon that are never stored.
-template <class Encode, class Value>
-void Stager::ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
-                    bool fallible, std::int64_t* slots_out) {
-    if (n == 0) return;
-    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
-    auto reject = [&](std::int64_t flat) { throw std::invalid_argument(unstageable_message(seq_id, p0, flat, value(flat))); };
-
-    // The state after a successful append, to know which input rows survive.
-    Seq after_meta;
-    after_meta.started = true;
-    after_meta.end = p0 + static_cast<std::int64_t>(n);
-    after_meta.horizon = s.started ? s.horizon : p0;
-    after_meta.accept_open = s.accept_open;
-    after_meta.tentative = s.tentative;
-    if (after_meta.accept_open) {
-        after_meta.tentative += static_cast<std::int64_t>(n);
-        if (after_meta.tentative > opt_.block_size + 1) after_meta.accept_open = false, after_meta.tentative = 0;
-    }
-    const std::int64_t h_new = horizon_after(after_meta);
-    // Input rows below the new horizon are never stored (bounded ingest).
-    const std::size_t skip = static_cast<std::size_t>(std::clamp<std::int64_t>(h_new - p0, 0, std::int64_t(n)));
-    const std::size_t keep = n - skip;
-
-    // The ring reserves its whole bound up front (address space only); this
-    // allocation is the one step that can fail before anything changed.
-    if (s.buf.capacity() == 0) s.buf.reserve_back(keep, max_rows_);
-    // Common case (every round): the new rows fit in free slots beside every
-    // row held now. Then check-and-convert runs fused, straight into those
-    // free slots, and a rejection leaves every row as it was. Otherwise (a
-    // prefill chunk longer than the window) check the whole input first;
-    // after that nothing can fail and dead rows can go before converting.
-    const bool clean_append = skip == 0 && s.buf.size() + keep <= s.buf.capacity();
-    if (fallible && !clean_append) {
-        const std::int64_t bad = encode(0, n, nullptr);
-        if (bad >= 0) reject(bad);
-    }
-    if (s.started && !clean_append) trim_head(s, std::min(h_new, s.end));
-    if (!s.started || s.buf.size() == 0) s.buf.reset(p0 + static_cast<std::int64_t>(skip));
-    if (keep) {
-        s.buf.reserve_back(keep, max_rows_);  // no-op unless the ring must grow past its bound
-        FeatureBuffer::Span a, b;
-        s.buf.back_spans(keep, a, b);
-        std::int64_t bad = encode(skip, a.rows, a.data);
-        if (b.rows) {
-            const std::int64_t bad2 = encode(skip + a.rows, b.rows, b.data);
-            if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(a.rows) * dim + bad2;
-        }
-        // Only free slots were written: rejecting here leaves every row as it was.
-        if (fallible && clean_append && bad >= 0) reject(bad);
-        s.buf.commit_back(keep);
-        if (slots_out) {
-            const std::int64_t base = slot_base(seq_id);
-            for (std::size_t i = 0; i < a.rows; ++i) slots_out[skip + i] = base + static_cast<std::int64_t>(a.slot + i);
-            for (std::size_t i = 0; i < b.rows; ++i)
-                slots_out[skip + a.rows + i] = base + static_cast<std::int64_t>(b.slot + i);
+template <class Encode>
+void Stager::commit_append(std::int64_t seq_id, Seq& s, Append& g, Encode&& encode, std::int64_t* slots_out) {
+    if (g.n == 0) return;
+    if (!g.clean) {
+        // Checked already: dead rows can go before converting.
+        if (s.started) trim_head(s, std::min(g.horizon, s.end));
+        if (!s.started || s.buf.size() == 0) s.buf.reset(g.p0 + static_cast<std::int64_t>(g.skip));
+        if (g.keep) {
+            s.buf.reserve_back(g.keep, max_rows_);  // no-op unless the ring must grow past its bound
+            s.buf.back_spans(g.keep, g.a, g.b);
+            (void)encode(g.skip, g.a.rows, g.a.data);
+            if (g.b.rows) (void)encode(g.skip + g.a.rows, g.b.rows, g.b.data);
         }
     }
-    if (slots_out)
-        for (std::size_t i = 0; i < skip; ++i) slots_out[i] = -1;
-    // Success: publish the new state.
+    if (g.keep) s.buf.commit_back(g.keep);
+    if (slots_out) {
+        const std::int64_t base = slot_base(seq_id);
+        for (std::size_t i = 0; i < g.skip; ++i) slots_out[i] = -1;
+        std::int64_t* out = slots_out + g.skip;
+        if (g.keep) {
+            for (std::size_t i = 0; i < g.a.rows; ++i) *out++ = base + static_cast<std::int64_t>(g.a.slot + i);
+            for (std::size_t i = 0; i < g.b.rows; ++i) *out++ = base + static_cast<std::int64_t>(g.b.slot + i);
+        }
+    }
+    // Publish the new state.
     if (!s.started) {
         s.started = true;
-        s.horizon = s.n_cache = s.pos_base = p0;
+        s.horizon = s.n_cache = s.pos_base = g.p0;
     }
-    s.end = after_meta.end;
-    s.accept_open = after_meta.accept_open;
-    s.tentative = after_meta.tentative;
-    s.horizon = h_new;
+    s.end = g.end;
+    s.accept_open = g.accept_open;
+    s.tentative = g.tentative;
+    s.horizon = g.horizon;
     advance_horizon(s);
 }
 
 void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process");
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
-    const std::size_t in_row = dim * elem_bytes(type);
-    const auto* src = static_cast<const std::uint8_t*>(rows);
-    const bool fallible = opt_.nonfinite == NonFinite::Error;
-    auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
-        const std::uint8_t* from = src + first * in_row;
-        return dst ? encode_rows(from, type, dst, opt_.storage, count, dim, opt_.nonfinite, bounds_)
-                   : find_unencodable(from, type, count * dim, bounds_.limit);
-    };
-    auto value = [&](std::int64_t flat) { return element_value(src, type, static_cast<std::size_t>(flat)); };
-    ingest(seq, s, p0, n, encode, value, fallible);
+    const FloatRows src{static_cast<const std::uint8_t*>(rows), type, dim, dim * elem_bytes(type), opt_.storage,
+                        opt_.nonfinite, bounds_};
+    auto value = [&](std::int64_t flat) { return src.value(flat); };
+    Append g = prepare_append(seq, s, p0, n, src, value, opt_.nonfinite == NonFinite::Error);
+    commit_append(seq, s, g, src, nullptr);
 }
 
 std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float v) const {
@@ -385,9 +610,10 @@ std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::
            "nonfinite=\"clamp\" to clamp to the largest value the storage can hold";
 }
 
+
 void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n, const std::uint8_t* data,
                              std::size_t nbytes) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process_encoded");
     if (nbytes != n * row_bytes_)
@@ -409,18 +635,157 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
                     1, dim);
         return row[static_cast<std::size_t>(flat) % dim];
     };
-    ingest(seq, s, p0, n, encode, value, fallible);
+    Append g = prepare_append(seq, s, p0, n, encode, value, fallible);
+    commit_append(seq, s, g, encode, nullptr);
 }
 
 void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = mut(ready(seq));
-    require_mode(RowMode::External, "process_external");
-    const std::int64_t p0 = validate_positions(seq, s, positions, n);
-    // No bytes to convert or check: the owner writes the rows at the slots.
-    auto encode = [](std::size_t, std::size_t, std::uint8_t*) -> std::int64_t { return -1; };
-    auto value = [](std::int64_t) { return 0.0f; };  // never asked: nothing is checked
-    ingest(seq, s, p0, n, encode, value, false, slots_out);
+    const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
+    auto lock = lock_seq(seq);
+    needs(seq, Need::Ready);
+    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, false);
+}
+
+void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
+                          const std::int64_t* positions, std::size_t total, const void* rows, ElemType type) {
+    const char* call = "process_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Ready);
+    require_mode(RowMode::Held, call);
+    check_unique(call, lock, seqs.data(), n);
+    check_offsets(call, cu.data(), n, total);
+    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
+    const bool fallible = opt_.nonfinite == NonFinite::Error;
+    std::vector<std::int64_t> p0(n);
+    for (std::size_t i = 0; i < n; ++i)
+        p0[i] = in_batch(call, i, seqs[i], [&] {
+            return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
+        });
+    std::vector<FloatRows> src;
+    src.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+        src.push_back(FloatRows{static_cast<const std::uint8_t*>(rows) + static_cast<std::size_t>(cu[i]) * in_row, type,
+                                dim, in_row, opt_.storage, opt_.nonfinite, bounds_});
+    std::vector<Append> g(n);
+    std::size_t i = 0;
+    try {
+        for (; i < n; ++i) {
+            auto value = [&](std::int64_t flat) { return src[i].value(flat); };
+            g[i] = in_batch(call, i, seqs[i], [&] {
+                return prepare_append(seqs[i], mut(get(seqs[i])), p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]),
+                                      src[i], value, fallible);
+            });
+        }
+    } catch (...) {
+        // Sequence i rejected its rows (and put its ring back): so do the ones before it.
+        while (i--)
+            if (g[i].marked) mut(get(seqs[i])).buf.set_marks(g[i].before);
+        throw;
+    }
+    for (std::size_t i = 0; i < n; ++i) commit_append(seqs[i], mut(get(seqs[i])), g[i], src[i], nullptr);
+}
+
+// process_external (call == nullptr: one sequence, checked and locked by the
+// caller), process_external_many, reserve and reserve_many: every sequence's
+// positions checked, then all appended; a reservation remembers the state
+// before it first (cancel puts it back).
+void Stager::append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
+                             const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
+                             bool reserve) {
+    const char* name = call ? call : reserve ? "reserve" : "process_external";
+    require_mode(RowMode::External, name);
+    if (call) check_offsets(call, cu, n, total);
+    std::vector<std::int64_t> p0(n);
+    auto check = [&](std::size_t i) {
+        return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
+    };
+    for (std::size_t i = 0; i < n; ++i) p0[i] = call ? in_batch(call, i, seqs[i], [&] { return check(i); }) : check(i);
+    const NoRows none;
+    auto value = [&](std::int64_t flat) { return none.value(flat); };
+    std::vector<Append> g(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        Seq& s = mut(get(seqs[i]));
+        if (reserve) {  // the fields and the ring before the rows (cancel puts them back)
+            s.before = static_cast<const SeqFields&>(s);
+            s.before_marks = s.buf.marks();
+        }
+        g[i] = prepare_append(seqs[i], s, p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]), none, value, false);
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        Seq& s = mut(get(seqs[i]));
+        commit_append(seqs[i], s, g[i], none, slots_out + cu[i]);
+        if (reserve) s.reserved = true;
+    }
+}
+
+void Stager::external_many(const char* call, const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
+                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve) {
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Ready);
+    check_unique(call, lock, seqs.data(), n);
+    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, reserve);
+}
+
+void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
+                                   const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
+    external_many("process_external_many", seqs, n, cu, positions, total, slots_out, false);
+}
+
+// -- reservations --------------------------------------------------------------
+
+void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
+    const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
+    auto lock = lock_seq(seq);
+    needs(seq, Need::Ready);
+    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, true);
+}
+
+void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
+                          const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
+    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true);
+}
+
+// The rows are in the owner's table: the state the reservation made stands.
+void Stager::end_reservation(Seq& s, bool keep) noexcept {
+    if (!keep) {  // the fields and the ring as before reserve: nothing happened
+        static_cast<SeqFields&>(s) = s.before;
+        s.buf.set_marks(s.before_marks);
+    }
+    s.reserved = false;
+}
+
+void Stager::confirm(std::int64_t seq) {
+    auto lock = lock_seq(seq);
+    end_reservation(mut(needs(seq, Need::Reserved)), true);
+}
+
+void Stager::cancel(std::int64_t seq) {
+    auto lock = lock_seq(seq);
+    end_reservation(mut(needs(seq, Need::Reserved)), false);
+}
+
+void Stager::confirm_many(const std::int64_t* seqs_in, std::size_t n) {
+    const char* call = "confirm_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Reserved);
+    check_unique(call, lock, seqs.data(), n);
+    for (std::int64_t q : seqs) end_reservation(mut(get(q)), true);
+}
+
+void Stager::cancel_many(const std::int64_t* seqs_in, std::size_t n) {
+    const char* call = "cancel_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Reserved);
+    check_unique(call, lock, seqs.data(), n);
+    for (std::int64_t q : seqs) end_reservation(mut(get(q)), false);
 }
 
 // -- rounds -------------------------------------------------------------------
@@ -511,12 +876,12 @@ std::uint8_t* Stager::grow_rows(ByteVec& rows_out, const RoundPlan* plans, std::
 }
 
 RoundPlan Stager::peek(std::int64_t seq, std::int64_t n_past) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     return check_draft(seq, ready(seq), n_past);
 }
 
 RoundPlan Stager::draft_into(std::int64_t seq, std::int64_t n_past, const RowSink& sink) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
     RoundPlan p = check_draft(seq, s, n_past);
     // External-row mode stages no bytes: the sink is not asked for room.
@@ -525,21 +890,22 @@ RoundPlan Stager::draft_into(std::int64_t seq, std::int64_t n_past, const RowSin
     return p;
 }
 
-void Stager::draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
+void Stager::draft_many_into(const std::int64_t* seqs_in, const std::int64_t* n_pasts_in, std::size_t n,
                              std::vector<RoundPlan>& plans, const RowSink& sink) {
-    std::lock_guard<std::mutex> lock(mu_);
+    const char* call = "draft_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_pasts = copy_of(n_pasts_in, n);
     // Validate and plan everything, then take the room once, then open: a
     // rejected batch (bad argument, state, strict mismatch, or no room)
     // changes nothing. Each check runs over the whole batch before the next.
-    for (std::size_t i = 0; i < n; ++i) get(seqs[i]);
-    for (std::size_t i = 0; i < n; ++i) ready(seqs[i]);
-    for (std::size_t i = 0; i < n; ++i)
-        for (std::size_t j = i + 1; j < n; ++j)
-            if (seqs[i] == seqs[j]) throw std::invalid_argument("draft_many: sequence ids must be unique");
-    for (std::size_t i = 0; i < n; ++i) require_count("n_past", n_pasts[i]);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Ready);
+    check_unique(call, lock, seqs.data(), n);
+    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { require_count("n_past", n_pasts[i]); });
     std::vector<RoundPlan> planned;
     planned.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) planned.push_back(check_draft(seqs[i], get(seqs[i]), n_pasts[i]));
+    for (std::size_t i = 0; i < n; ++i)
+        planned.push_back(in_batch(call, i, seqs[i], [&] { return check_draft(seqs[i], get(seqs[i]), n_pasts[i]); }));
     std::uint8_t* out = external() ? nullptr : sink(planned.data(), n);
     for (RoundPlan& p : planned) {
         open_round(mut(get(p.seq)), p, out);
@@ -548,9 +914,8 @@ void Stager::draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pas
     plans.swap(planned);
 }
 
-void Stager::commit(std::int64_t seq) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = mut(opened(seq));
+// commit and fail on a sequence whose open round was checked.
+void Stager::commit_seq(Seq& s) noexcept {
     s.open = false;
     s.n_cache = s.open_start;
     s.pos_base = s.open_base;
@@ -561,11 +926,7 @@ void Stager::commit(std::int64_t seq) {
     advance_horizon(s);
 }
 
-std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = mut(opened(seq));
-    (void)enum_from_code<std::invalid_argument>("stage", static_cast<std::int64_t>(stage), FAIL_STAGE_COUNT,
-                                                fail_stage_name);
+std::int64_t Stager::fail_seq(Seq& s) noexcept {
     // The drafter cache is unknown now: restage cleanly from the retained rows,
     // which are kept (dropping them would leave nothing to restage: a soft skip forever).
     s.open = false;
@@ -582,10 +943,7 @@ std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
     return disabled_after;
 }
 
-void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
-    std::lock_guard<std::mutex> lock(mu_);
-    Seq& s = mut(ready(seq));
-    check_accept(n_accepted);
+void Stager::accept_seq(Seq& s, std::int64_t n_accepted) noexcept {
     if (!s.accept_open || s.tentative == 0) return;
     // Only rows appended since the last draft can go: never the retained head.
     const std::int64_t keep = std::min(s.tentative, n_accepted + 1);
@@ -596,15 +954,99 @@ void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
     advance_horizon(s);
 }
 
+void Stager::commit(std::int64_t seq) {
+    auto lock = lock_seq(seq);
+    commit_seq(mut(opened(seq)));
+}
+
+std::int64_t Stager::fail(std::int64_t seq, FailStage stage) {
+    auto lock = lock_seq(seq);
+    Seq& s = mut(opened(seq));
+    (void)enum_from_code<std::invalid_argument>("stage", static_cast<std::int64_t>(stage), FAIL_STAGE_COUNT,
+                                                fail_stage_name);
+    return fail_seq(s);
+}
+
+void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
+    auto lock = lock_seq(seq);
+    Seq& s = mut(ready(seq));
+    check_accept(n_accepted);
+    accept_seq(s, n_accepted);
+}
+
+void Stager::commit_many(const std::int64_t* seqs_in, std::size_t n) {
+    const char* call = "commit_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Open);
+    check_unique(call, lock, seqs.data(), n);
+    for (std::int64_t q : seqs) commit_seq(mut(get(q)));
+}
+
+void Stager::fail_many(const std::int64_t* seqs_in, const FailStage* stages_in, std::size_t n,
+                       std::int64_t* disabled_after) {
+    const char* call = "fail_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Open);
+    check_unique(call, lock, seqs.data(), n);
+    std::vector<FailStage> stages(stages_in, stages_in + n);
+    for (std::size_t i = 0; i < n; ++i)
+        in_batch(call, i, seqs[i], [&] {
+            (void)enum_from_code<std::invalid_argument>("stage", static_cast<std::int64_t>(stages[i]),
+                                                        FAIL_STAGE_COUNT, fail_stage_name);
+        });
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t d = fail_seq(mut(get(seqs[i])));
+        if (disabled_after) disabled_after[i] = d;
+    }
+}
+
+void Stager::accept_many(const std::int64_t* seqs_in, const std::int64_t* n_accepted_in, std::size_t n) {
+    const char* call = "accept_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_accepted = copy_of(n_accepted_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Ready);
+    check_unique(call, lock, seqs.data(), n);
+    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { check_accept(n_accepted[i]); });
+    for (std::size_t i = 0; i < n; ++i) accept_seq(mut(get(seqs[i])), n_accepted[i]);
+}
+
 // -- lifecycle ----------------------------------------------------------------
 
 void Stager::begin(std::int64_t seq) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     fresh_seq(mut(ready(seq)));
 }
 
+FeatureBuffer Stager::end_seq(Seq& s) const {
+    FeatureBuffer ring = std::move(s.buf);  // leaves s.buf empty (capacity 0), with its row size
+    fresh_seq(s);
+    return ring;
+}
+
+void Stager::end(std::int64_t seq) {
+    FeatureBuffer ring;  // freed after the lock is released
+    auto lock = lock_seq(seq);
+    ring = end_seq(mut(needs(seq, Need::Any)));
+}
+
+void Stager::end_many(const std::int64_t* seqs_in, std::size_t n) {
+    const char* call = "end_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    std::vector<FeatureBuffer> rings;  // freed after the locks are released
+    check_ids(call, seqs.data(), n);
+    rings.reserve(n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_unique(call, lock, seqs.data(), n);
+    for (std::int64_t q : seqs) rings.push_back(end_seq(mut(get(q))));
+}
+
 void Stager::rollback(std::int64_t seq, std::int64_t n_past) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_count("n_past", n_past);
     if (!s.started || n_past >= s.end) return;
@@ -625,7 +1067,7 @@ void Stager::rollback(std::int64_t seq, std::int64_t n_past) {
 
 std::vector<SlotMove> Stager::shift(std::int64_t seq, std::int64_t n_keep, std::int64_t n_discard,
                                     std::uint64_t* serial) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     check_shift(s, n_keep, n_discard);
     if (serial) *serial = 0;
@@ -648,16 +1090,14 @@ std::vector<SlotMove> Stager::shift(std::int64_t seq, std::int64_t n_keep, std::
     s.tentative = 0;
     advance_horizon(s);
     if (!moves.empty()) {
-        const std::uint64_t n = next_serial();  // under the sequence's lock
-        if (serial) *serial = n;
+        const std::uint64_t k = next_serial();  // under the sequence's lock
+        if (serial) *serial = k;
     }
     return moves;
 }
 
 std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint64_t* serial) {
-    std::lock_guard<std::mutex> lock(mu_);
-    get(src);
-    get(dst);
+    auto locks = lock_pair(src, dst);  // both ids checked first, in the order of the call
     const Seq& a = ready(src);
     Seq& b = mut(ready(dst));
     if (src == dst) throw std::invalid_argument("fork needs two different sequences, got " + std::to_string(src) + " twice");
@@ -698,8 +1138,8 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint
     b = std::move(c);
     advance_horizon(b);
     if (!moves.empty()) {
-        const std::uint64_t n = next_serial();  // under the lock of both sequences
-        if (serial) *serial = n;
+        const std::uint64_t k2 = next_serial();  // under the lock of both sequences
+        if (serial) *serial = k2;
     }
     return moves;
 }
@@ -735,10 +1175,11 @@ void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::siz
     ring.commit_back(n);
 }
 
+
 // -- introspection ---------------------------------------------------------------
 
 SeqState Stager::state(std::int64_t seq) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = get(seq);
     SeqState o;
     o.started = s.started;
@@ -754,28 +1195,117 @@ SeqState Stager::state(std::int64_t seq) const {
     o.restage_owed = s.restage_owed;
     o.first_round = s.first_round;
     o.tentative_rows = s.accept_open ? s.tentative : 0;
+    o.reservation_open = s.reserved;
     return o;
 }
 
 std::uint64_t Stager::open_round_id(std::int64_t seq) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = get(seq);
     return s.open ? s.round : 0;
 }
 
+void Stager::open_round_ids(const std::int64_t* seqs_in, std::size_t n, std::uint64_t* out) const {
+    const char* call = "open_round_ids";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);  // a question: a repeated id is answered twice
+    for (std::size_t i = 0; i < n; ++i) {
+        const Seq& s = get(seqs[i]);
+        out[i] = s.open ? s.round : 0;
+    }
+}
+
 void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = get(seq);
     out[0] = out[1] = SlotRun{};
     if (s.started) s.buf.runs(s.horizon, s.end, slot_base(seq), out);
 }
 
 SeqStats Stager::stats(std::int64_t seq) const {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = get(seq);
     SeqStats out = s.stats;
     out.live_rows = s.started ? s.end - s.horizon : 0;
     return out;
+}
+
+// -- batch plans as arrays -------------------------------------------------------
+
+namespace {
+
+// The context rows of one plan: drafter positions and global slots, in plan order.
+void plan_row_values(const RoundPlan& p, std::int32_t* positions, std::int64_t* slots) noexcept {
+    if (positions) {
+        const std::int64_t lo = p.first_row - p.pos_base;
+        for (std::int64_t r = 0; r < p.n_rows; ++r) positions[r] = static_cast<std::int32_t>(lo + r);
+    }
+    if (slots)
+        for (const SlotRun& run : p.slot_runs)
+            for (std::int64_t r = 0; r < run.count; ++r) *slots++ = run.first + r;
+}
+
+}  // namespace
+
+void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets, std::int32_t* positions,
+               std::int64_t* slots) noexcept {
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (row_offsets) row_offsets[i] = at;
+        plan_row_values(plans[i], positions ? positions + at : nullptr, slots ? slots + at : nullptr);
+        at += plans[i].n_rows;
+    }
+    if (row_offsets) row_offsets[n] = at;
+}
+
+namespace {
+
+// The padded layout's one rule: a sequence's rows fit in max_rows.
+void check_padded(std::int64_t seq, std::size_t i, std::int64_t n_rows, std::size_t max_rows) {
+    if (n_rows < 0 || static_cast<std::uint64_t>(n_rows) > max_rows)
+        throw std::invalid_argument(batch_context("padded", i, seq) + std::to_string(n_rows) +
+                                    " context rows do not fit max_rows (" + std::to_string(max_rows) + ")");
+}
+
+template <class T>
+void pad_rows_impl(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu, const T* values,
+                   std::size_t total, std::size_t max_rows, T* out) {
+    bool ok = cu[0] == 0 && static_cast<std::uint64_t>(cu[n]) == total;
+    for (std::size_t i = 0; ok && i < n; ++i) ok = cu[i + 1] >= cu[i];
+    if (!ok) throw std::invalid_argument("padded: row_offsets must rise from 0 to the " + std::to_string(total) + " rows");
+    for (std::size_t i = 0; i < n; ++i) check_padded(seqs[i], i, cu[i + 1] - cu[i], max_rows);
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto k = static_cast<std::size_t>(cu[i + 1] - cu[i]);
+        T* row = out + i * max_rows;
+        std::copy(values + cu[i], values + cu[i] + static_cast<std::int64_t>(k), row);
+        std::fill(row + k, row + max_rows, T(-1));
+    }
+}
+
+}  // namespace
+
+void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int32_t* values,
+              std::size_t total, std::size_t max_rows, std::int32_t* out) {
+    pad_rows_impl(seqs, n, row_offsets, values, total, max_rows, out);
+}
+
+void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,
+              std::size_t total, std::size_t max_rows, std::int64_t* out) {
+    pad_rows_impl(seqs, n, row_offsets, values, total, max_rows, out);
+}
+
+void plan_rows_padded(const RoundPlan* plans, std::size_t n, std::size_t max_rows, std::int32_t* positions,
+                      std::int64_t* slots) {
+    for (std::size_t i = 0; i < n; ++i) check_padded(plans[i].seq, i, plans[i].n_rows, max_rows);
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto k = static_cast<std::size_t>(plans[i].n_rows);
+        std::int32_t* pos = positions ? positions + i * max_rows : nullptr;
+        std::int64_t* sl = slots ? slots + i * max_rows : nullptr;
+        plan_row_values(plans[i], pos, sl);
+        if (pos) std::fill(pos + k, pos + max_rows, std::int32_t(-1));
+        if (sl) std::fill(sl + k, sl + max_rows, std::int64_t(-1));
+    }
 }
 
 }  // namespace dspark

@@ -1,6 +1,6 @@
 // The Stager side of the prefix store (dspark/prefix_store.hpp): publishing a
 // sequence's final rows from its ring, and starting a sequence from a hit.
-// Lock order: the Stager's mutex, then the store's. Moves of external rows
+// Lock order: the sequence's lock, then the store's. Moves of external rows
 // take their serial from the Stager's one counter of table changes, under
 // both locks, like fork / shift / restore (docs/external_rows.md).
 #include <algorithm>
@@ -77,7 +77,7 @@ std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, c
 
 std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
                                              std::int64_t start, std::int64_t end, std::uint64_t* serial) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
     if (serial) *serial = 0;
     std::lock_guard<std::mutex> store_lock(store.mu_);
@@ -112,7 +112,7 @@ std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& stor
 
 PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
                                     std::vector<SlotMove>* moves, std::uint64_t* serial) {
-    std::lock_guard<std::mutex> lock(mu_);
+    auto lock = lock_seq(seq);
     Seq& target = mut(ready(seq));
     if (serial) *serial = 0;
     // The checks after the sequence's: the store, where the moves go, the hit

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "c_api_common.hpp"
 #include "check.hpp"
 #include "dspark/dspark.h"
 #include "dspark/row_format.hpp"
@@ -19,7 +20,8 @@
 
 namespace {
 
-constexpr std::int64_t D = 32, B = 7, W = 20;
+using c_api_test::D, c_api_test::Handle, c_api_test::rows_for, c_api_test::snap, c_api_test::span;
+constexpr std::int64_t B = 7, W = 20;
 
 dspark_config config(std::int32_t storage = DSPARK_STORAGE_F32, std::int64_t seqs = 2) {
     dspark_config c;
@@ -32,53 +34,12 @@ dspark_config config(std::int32_t storage = DSPARK_STORAGE_F32, std::int64_t seq
     return c;
 }
 
-struct Handle {
-    dspark_stager* st = nullptr;
-    explicit Handle(const dspark_config& c) {
-        if (dspark_stager_create(&c, &st) != DSPARK_OK) std::printf("  create failed: %s\n", dspark_last_error());
-    }
-    ~Handle() { dspark_stager_destroy(st); }
-};
-
-// Activation-like rows: N(0,1)-ish noise from a hash, a massive channel (col
-// 3, ~1e4) and a huge-norm first row (position 0, ~1e5), tagged by position.
-std::vector<float> rows_for(std::int64_t from, std::int64_t n, int version = 0) {
-    std::vector<float> r(static_cast<std::size_t>(n * D));
-    for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t c = 0; c < D; ++c) {
-            const std::int64_t p = from + i;
-            const std::uint32_t h = static_cast<std::uint32_t>((p * 2654435761u) ^ (c * 40503u) ^ (version * 97u));
-            float v = (static_cast<float>(h % 2001u) - 1000.0f) / 400.0f;
-            if (c == 3) v = 1.0e4f + static_cast<float>(p);
-            if (p == 0) v *= 10.0f;
-            r[static_cast<std::size_t>(i * D + c)] = v;
-        }
-    return r;
-}
-
-std::vector<std::int64_t> span(std::int64_t from, std::int64_t n) {
-    std::vector<std::int64_t> p(static_cast<std::size_t>(n));
-    for (std::int64_t i = 0; i < n; ++i) p[static_cast<std::size_t>(i)] = from + i;
-    return p;
-}
-
 bool error_mentions(const char* what) { return std::strstr(dspark_last_error(), what) != nullptr; }
 
 dspark_status process(dspark_stager* st, std::int64_t seq, std::int64_t from, std::int64_t n, int version = 0) {
     const auto rows = rows_for(from, n, version);
     const auto pos = span(from, n);
     return dspark_process(st, seq, pos.data(), pos.size(), rows.data(), DSPARK_DTYPE_F32, rows.size() * sizeof(float));
-}
-
-// The whole observable state of a sequence, to check that rejected calls change nothing.
-std::vector<std::uint8_t> snap(dspark_stager* st, std::int64_t seq) {
-    std::size_t n = 0;
-    if (dspark_snapshot_size(st, seq, &n) != DSPARK_OK) return {};
-    std::vector<std::uint8_t> out(n);
-    std::size_t written = 0;
-    if (dspark_snapshot(st, seq, out.data(), out.size(), &written) != DSPARK_OK) return {};
-    out.resize(written);
-    return out;
 }
 
 }  // namespace
@@ -423,7 +384,7 @@ TEST_CASE(strict_mode_comes_after_the_argument_checks) {
     dspark_plan plans[2];
     CHECK_EQ(dspark_draft_many(strict.st, dup, pasts, 2, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, nullptr),
              DSPARK_E_INVALID_ARGUMENT);
-    CHECK(error_mentions("unique"));
+    CHECK(error_mentions("appears twice"));
     // n_past 5 lags behind the rows 0..11, all in the drafter's cache.
     CHECK_EQ(dspark_draft(strict.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr),
              DSPARK_E_STATE);
@@ -464,7 +425,7 @@ TEST_CASE(state_and_stats_fill_every_field) {
     set += rec.name != static_cast<decltype(rec.name)>(0xABABABABABABABABull);
     {
         const dspark_state& rec = s;
-        bytes = sizeof(rec.struct_size);
+        bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
         DSPARK_SEQ_STATE_FIELDS(DSPARK_COUNT_FIELD)
         CHECK_EQ(set, fields);
         CHECK_EQ(sizeof(dspark_state), bytes);
@@ -688,7 +649,7 @@ TEST_CASE(draft_many_is_all_or_nothing) {
     const std::int64_t dup[] = {0, 0, 2};
     CHECK_EQ(dspark_draft_many(h.st, dup, pasts, 3, DSPARK_DTYPE_F32, out.data(), out.size() * 4, plans, &written),
              DSPARK_E_INVALID_ARGUMENT);
-    CHECK(error_mentions("unique"));
+    CHECK(error_mentions("appears twice"));
     CHECK_EQ(dspark_draft_many(h.st, seqs, pasts, 3, DSPARK_DTYPE_F32, out.data(), 14 * D * 4 - 4, plans, &written),
              DSPARK_E_BUFFER_TOO_SMALL);
     CHECK_EQ(written, 14u * D * 4);
@@ -956,8 +917,11 @@ struct Pair {
         for (int k = 0; k < 2; ++k) {  // the same ring bookkeeping in both modes
             CHECK_EQ(xp.slot_first[k], hp.slot_first[k]);
             CHECK_EQ(xp.slot_count[k], hp.slot_count[k]);
-            CHECK_EQ(xp.reserved[k], 0);
         }
+        CHECK_EQ(xp.reserved[0], 0);
+        CHECK_EQ(xp.round, hp.round);  // the same calls on both: each Stager numbers its rounds alike
+        CHECK_EQ(xp.round != 0, xp.skip == DSPARK_SKIP_NONE);
+
         CHECK_EQ(xp.slot_count[0] + xp.slot_count[1], xp.n_rows);
         CHECK_EQ(hw, static_cast<std::size_t>(hp.n_rows) * mirror.row_bytes);
         const std::vector<std::uint8_t> got = mirror.gather(xp.slot_first, xp.slot_count);

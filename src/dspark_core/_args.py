@@ -13,7 +13,7 @@ raises a conversion error only after the core's sequence checks
 from __future__ import annotations
 
 import operator
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from . import core_tables
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
     "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
-    "process_args", "encoded_args", "draft_many_pasts",
+    "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "fail_stage_codes",
 ]
 
 #: Positions and counts stay below this (the core's limit, ``dspark::MAX_POSITION``).
@@ -76,16 +76,7 @@ def as_positions(positions: Any) -> np.ndarray:
         TypeError: not integers.
         ValueError: not 1-D.
     """
-    arr = np.asarray(positions)
-    if arr.size == 0:
-        arr = arr.astype(np.int64)
-    if arr.dtype.kind not in "iu":
-        raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
-    if arr.ndim != 1:
-        raise ValueError(f"positions must be 1-D, got shape {arr.shape}")
-    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8:
-        arr = np.minimum(arr, np.uint64(_INT64_MAX))
-    return np.ascontiguousarray(arr, dtype=np.int64)
+    return _int_array("", "positions", positions)
 
 
 def row_dtype_code(dtype: np.dtype) -> int:
@@ -168,20 +159,21 @@ def writable_bytes(buffer: Any) -> memoryview:
     return view.cast("B")
 
 
-def check_rows_given(external: bool, rows: Any) -> None:
-    """``process``: rows must be given in held mode and must not be in external-row mode.
+def check_rows_given(external: bool, rows: Any, call: str = "process") -> None:
+    """``process`` (``process_many``): rows must be given in held mode and must not be in external-row mode.
 
     Raises:
         TypeError: naming the mode.
     """
     if external and rows is not None:
+        usage = "process(seq, positions)" if call == "process" else f"{call}(seqs, cu_seqlens, positions)"
         raise TypeError(
-            "process: this Stager runs in external-row mode (rows='external') and holds no rows: "
-            "call process(seq, positions) without rows and write each row at the slot it returns"
+            f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows: "
+            f"call {usage} without rows and write each row at the slot it returns"
         )
     if not external and rows is None:
         raise TypeError(
-            "process: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
+            f"{call}: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
             "or configure StagerConfig(rows='external')"
         )
 
@@ -215,9 +207,79 @@ def encoded_args(external: bool, row_bytes: int, positions: Any, data: Any) -> t
     return pos, as_encoded(data, pos.shape[0], row_bytes)
 
 
-def draft_many_pasts(n_pasts: Any, n: int) -> np.ndarray:
-    """``draft_many``: one int64 ``n_past`` per sequence."""
-    pv = np.asarray([as_int64("n_past", x) for x in n_pasts], dtype=np.int64)
-    if pv.shape[0] != n:
-        raise ValueError(f"{n} sequences for {pv.shape[0]} n_past values")
-    return pv
+# -- a batch call's arguments (docs/design.md 2.9) --------------------------------
+#
+# A batch's arrays are converted whole; their errors name the call. What a
+# value must be (unique ids, cu_seqlens that rise from 0 to the rows, each
+# sequence's positions and counts) is the core's to check.
+
+
+def _int_array(call: str, name: str, value: Any) -> np.ndarray:
+    """``value`` as a 1-D contiguous int64 array, values beyond int64 clamped (TypeError: not
+    integers; ValueError: not 1-D). Errors start with ``call`` ("" for a per-sequence call)."""
+    arr = np.asarray(value)
+    if arr.size == 0:
+        arr = arr.astype(np.int64)
+    who = f"{call}: {name}" if call else name
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{who} must be integers, got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{who} must be 1-D, got shape {arr.shape}")
+    if arr.dtype.kind == "u" and arr.dtype.itemsize == 8:
+        arr = np.minimum(arr, np.uint64(_INT64_MAX))
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def as_seq_ids(call: str, seqs: Any) -> np.ndarray:
+    """A batch's sequence ids: a 1-D int64 array."""
+    return _int_array(call, "seqs", seqs)
+
+
+def batch_ints(call: str, name: str, values: Any, n: int) -> np.ndarray:
+    """One int64 value per sequence of a batch of ``n`` (``n_pasts``, ``n_accepted``)."""
+    arr = _int_array(call, name, values)
+    if arr.shape[0] != n:
+        raise ValueError(f"{call}: {n} sequences for {arr.shape[0]} {name} values")
+    return arr
+
+
+def batch_rows_args(call: str, external: bool, feature_dim: int, n: int, cu_seqlens: Any, positions: Any,
+                    rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """``process_many`` / ``reserve_many``: cu_seqlens (n + 1), the flat positions and rows (held mode)."""
+    check_rows_given(external, rows, call)
+    cu = _int_array(call, "cu_seqlens", cu_seqlens)
+    if cu.shape[0] != n + 1:
+        raise ValueError(f"{call}: cu_seqlens must have {n + 1} entries (one more than seqs), got {cu.shape[0]}")
+    pos = _int_array(call, "positions", positions)
+    if external:
+        return cu, pos, None
+    arr = as_rows(rows, feature_dim)
+    if arr.shape[0] != pos.shape[0]:
+        raise ValueError(f"{call}: {pos.shape[0]} positions for {arr.shape[0]} rows")
+    return cu, pos, arr
+
+
+def fail_stage_codes(call: str, stages: Any, seqs: np.ndarray, choices: Sequence[str],
+                     context: Callable[[str, int, int], str]) -> np.ndarray:
+    """``fail_many``'s stages as uint8 codes: one name for every sequence, or one name or
+    code per sequence. A bad name is ``fail``'s error, after ``context(call, i, seq)``."""
+    n = seqs.shape[0]
+    if isinstance(stages, str):
+        stages = [stages] * n
+    arr = np.asarray(stages)
+    if arr.ndim != 1:
+        raise ValueError(f"{call}: stages must be one name or 1-D, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"{call}: {n} sequences for {arr.shape[0]} stages")
+    if arr.dtype.kind in "iu":
+        values: list[Any] = arr.tolist()
+        names = [choices[v] if 0 <= v < len(choices) else v for v in values]
+    else:
+        names = list(stages)
+    codes = np.empty(n, np.uint8)
+    for i, name in enumerate(names):
+        try:
+            codes[i] = as_choice("stage", name, choices)
+        except ValueError as exc:
+            raise ValueError(context(call, i, int(seqs[i])) + str(exc)) from None
+    return codes

@@ -30,7 +30,6 @@ import numpy as np
 from . import formats
 from ._ext import _row_format
 from .ring_owner import STATUS_NONE, RingOwner
-from .stage_plan import StagePlan
 
 __all__ = ["HostRing"]
 
@@ -89,10 +88,9 @@ class HostRing(RingOwner):
             out[~live] = 0
         return out
 
-    def _gather_plans(self, plans: list[StagePlan], n: int, odt: np.dtype, out: Any) -> np.ndarray:
+    def _gather_plans(self, slots: np.ndarray, n: int, odt: np.dtype, out: Any, batch: bool) -> np.ndarray:
         shape = (n, self.feature_dim)
         o = self._out_array(out, shape, shape, odt, f"{self._name}.gather")
-        slots = np.concatenate([p.slots for p in plans]) if plans else np.zeros(0, np.int64)
         return self._decode(slots.astype(np.int64, copy=False), o)
 
     def _out_array(self, out: Any, shape: tuple[int, ...], alt: tuple[int, ...], odt: np.dtype,

@@ -253,29 +253,46 @@ class RingOwner:
         float16 / bfloat16 (default: the Stager's ``stage_dtype``). Equal, byte
         for byte, to ``plan.rows`` of a held Stager with the same storage.
         """
-        plans = plan.plans if isinstance(plan, BatchPlan) else [plan]
-        if not all(isinstance(p, StagePlan) for p in plans):
-            raise TypeError(f"{self._name}.gather: expected a StagePlan or a BatchPlan, got {type(plan).__name__}")
-        active = [p for p in plans if p.skip is None]
-        for p in active:
-            self._check_plan(p)
         odt = self._out_dtype(dtype, f"{self._name}.gather")
-        n = sum(len(p.slots) for p in active)
-        return self._gather_plans(active, n, odt, out)
+        if isinstance(plan, BatchPlan):
+            # The batch's own arrays: one round-id call and one flat slot array,
+            # no per-sequence Python (skipped sequences stage no rows).
+            self._check_batch(plan)
+            return self._gather_plans(plan.slots, int(plan.row_offsets[-1]), odt, out, True)
+        if not isinstance(plan, StagePlan):
+            raise TypeError(f"{self._name}.gather: expected a StagePlan or a BatchPlan, got {type(plan).__name__}")
+        if plan.skip is not None:
+            return self._gather_plans(np.zeros(0, np.int64), 0, odt, out, False)
+        self._check_source(plan.source, plan.seq)
+        self._check_round(plan.seq, plan.round, self.stager.open_round_id(plan.seq))
+        return self._gather_plans(plan.slots, len(plan.slots), odt, out, False)
 
-    def _check_plan(self, p: StagePlan) -> None:
-        if p.source is not self.stager:
+    def _check_source(self, source: Any, seq: int) -> None:
+        if source is not self.stager:
             raise ValueError(
-                f"{self._name}.gather: the plan of sequence {p.seq} comes from another Stager; its slots do not "
+                f"{self._name}.gather: the plan of sequence {seq} comes from another Stager; its slots do not "
                 "index this ring's table"
             )
-        open_round = self.stager.open_round_id(p.seq)
-        if open_round == 0 or p.round != open_round:
+
+    def _check_round(self, seq: int, plan_round: int, open_round: int) -> None:
+        if open_round == 0 or plan_round != open_round:
             now = "has no open round" if open_round == 0 else f"has another round open now (round {open_round})"
             raise ValueError(
-                f"{self._name}.gather: the plan of sequence {p.seq} is of round {p.round}, and the sequence {now}: "
+                f"{self._name}.gather: the plan of sequence {seq} is of round {plan_round}, and the sequence {now}: "
                 "gather a plan between its draft() and its commit() / fail() (later writes may reuse its slots)"
             )
+
+    def _check_batch(self, plan: BatchPlan) -> None:
+        """Every active sequence's round still open: the first that is not raises, as a single plan's would."""
+        active = np.flatnonzero(plan.active)
+        if len(active) == 0:
+            return
+        self._check_source(plan.source, int(plan.seqs[active[0]]))
+        open_rounds = self.stager.open_round_ids(plan.seqs[active])
+        stale = np.flatnonzero(open_rounds != plan.round[active])
+        if len(stale):
+            i = int(active[stale[0]])
+            self._check_round(int(plan.seqs[i]), int(plan.round[i]), int(open_rounds[stale[0]]))
 
     def _out_dtype(self, dtype: Any, fn: str) -> np.dtype:
         odt = self.stage_dtype if dtype is None else _row_dtype(dtype)
@@ -471,8 +488,9 @@ class RingOwner:
         """:meth:`_store_write` for the rows of many sequences."""
         self._store_write(a, slots, prepared)
 
-    def _gather_plans(self, plans: list[StagePlan], n: int, odt: np.dtype, out: Any) -> Any:
-        """Decode the plans' slots, concatenated, into ``out`` (n, feature_dim) of ``odt``."""
+    def _gather_plans(self, slots: np.ndarray, n: int, odt: np.dtype, out: Any, batch: bool) -> Any:
+        """Decode the rows at ``slots`` (n of them) into ``out`` (n, feature_dim) of ``odt``; ``batch``:
+        they are a whole BatchPlan's (a device owner moves them in one launch)."""
         raise NotImplementedError
 
     def _batch_slots(self, slots: Any, fn: str, status: Any, distinct: bool) -> Any:

@@ -19,13 +19,13 @@ reads them from its own table at ``plan.slots`` (``DeviceRing.gather``), and
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
 from .core_tables import FAIL_STAGES, SKIP_REASONS
 
-__all__ = ["StagePlan", "BatchPlan", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
+__all__ = ["StagePlan", "BatchPlan", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
 
 #: The one warning logged when a sequence is disabled (sequence, failures, stage).
 DISABLED_WARNING = (
@@ -193,95 +193,262 @@ class StagePlan:
         )
 
 
-class BatchPlan:
-    """Plans for several sequences staged as one drafter batch (``draft_many``).
+class PaddedRows(NamedTuple):
+    """A batch's context rows in a fixed shape ``(N, max_rows)`` (:meth:`BatchPlan.padded`).
 
-    Attributes:
-        plans: one :class:`StagePlan` per requested sequence, in request order.
-        seqs: the requested sequence ids.
-        positions: int32 drafter positions of all context rows, concatenated.
-        row_seq: int32 sequence id of each concatenated context row.
-        skips: ``{seq: reason}`` for the sequences that were skipped.
-        slots: int64 ring slot of each concatenated context row (both modes).
-        external: the plans come from an external-row Stager (``rows`` and
-            ``encoded_rows`` raise; gather the rows at ``slots``).
+    Row ``r`` of the ``i``-th sequence of the batch is at ``[i, r]``; every
+    other entry is ``-1`` (padding: a gather skips it). The shape depends
+    only on the batch size and ``max_rows``, so it stays the same from step to
+    step, as a CUDA graph's inputs must.
     """
 
-    __slots__ = ("plans", "seqs", "positions", "row_seq", "skips", "slots", "external", "_rows", "_encoded",
-                 "_empty_rows", "_empty_encoded")
+    positions: np.ndarray  # int32 drafter positions
+    slots: np.ndarray  # int64 global slots
+
+
+#: Pads CSR rows into ``(N, max_rows)``: ``pad(seqs, row_offsets, values, max_rows, out)``.
+_Padder = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray], None]
+
+
+#: A :class:`BatchPlan`'s arrays (per sequence, then per context row): what two
+#: batches that plan the same rounds agree on, dtype and shape included.
+BATCH_ARRAYS = ("seqs", "skip_code", "active", "rebase", "clear_cache", "start", "pos_base", "crop_from", "round",
+                "n_rows", "block_positions", "row_offsets", "positions", "slots", "row_seq")
+
+
+class BatchPlan:
+    """One drafter batch for several sequences (``draft_many``), as arrays.
+
+    Per sequence, aligned with :attr:`seqs` (request order, skipped sequences
+    included; ``N = len(seqs)``):
+
+    * ``seqs`` int64: the sequence ids;
+    * ``skip_code`` uint8: 0 when the sequence's round opened, else
+      ``1 + SKIP_REASONS.index(reason)``; ``active`` (bool) is ``skip_code == 0``;
+    * ``rebase``, ``clear_cache`` bool;
+    * ``start`` int64 (the ``n_past`` planned at), ``pos_base`` int64 (-1 when
+      skipped), ``crop_from`` int64 (-1 when skipped), ``round`` int64 (0 when
+      skipped), ``n_rows`` int64 (context rows);
+    * ``block_positions`` int32 ``(N, B)``: the block's drafter positions
+      (``crop_from + k``; -1 when skipped).
+
+    The context rows of every sequence, concatenated in request order (CSR):
+    the rows of ``seqs[i]`` are ``[row_offsets[i], row_offsets[i + 1])``:
+
+    * ``row_offsets`` int64 ``(N + 1,)`` (the ``cu_seqlens`` of the context rows);
+    * ``positions`` int32 drafter positions, ``slots`` int64 ring slots,
+      ``row_seq`` int64 the sequence of each row;
+    * ``rows`` / ``encoded_rows`` (held mode only): ``(total, feature_dim)``
+      in the stage dtype / ``(total, row_bytes)`` uint8.
+
+    :meth:`padded` gives the same rows in a fixed shape ``(N, max_rows)`` for
+    CUDA graphs. For scripting, :attr:`plans` (one :class:`StagePlan` per
+    sequence, what ``draft`` would have returned), :meth:`plan` (by sequence
+    id) and :attr:`skips` (``{seq: reason}``) are built on first use and kept.
+    """
+
+    __slots__ = ("seqs", "skip_code", "rebase", "clear_cache", "start", "pos_base", "crop_from", "round",
+                 "row_offsets", "positions", "slots", "external", "source", "block_size", "feature_dim",
+                 "row_bytes", "stage_dtype", "max_plan_rows", "_encoded", "_rows", "_decode", "_pad", "_plans",
+                 "_index", "_skips", "_block_positions", "_row_seq", "_active", "_n_rows")
 
     def __init__(
         self,
-        plans: Sequence[StagePlan],
         *,
-        feature_dim: int = 0,
-        row_bytes: int = 0,
-        stage_dtype: Any = np.float32,
+        seqs: np.ndarray,
+        skip_code: np.ndarray,
+        rebase: np.ndarray,
+        clear_cache: np.ndarray,
+        start: np.ndarray,
+        pos_base: np.ndarray,
+        crop_from: np.ndarray,
+        round: np.ndarray,
+        row_offsets: np.ndarray,
+        positions: np.ndarray,
+        slots: np.ndarray,
+        block_size: int,
+        feature_dim: int,
+        row_bytes: int,
+        stage_dtype: Any,
+        max_plan_rows: int,
+        pad: _Padder,
+        encoded_rows: np.ndarray | None = None,
+        rows: np.ndarray | None = None,
+        decode: _Decoder | None = None,
         external: bool = False,
+        source: Any = None,
     ) -> None:
-        """``feature_dim``, ``row_bytes``, ``stage_dtype``: the shapes and dtype of
-        :attr:`rows` / :attr:`encoded_rows` for an empty batch, ``(0, D)`` and
-        ``(0, row_bytes)``, as a skipped plan's (so shapes never depend on it)."""
-        self.plans = list(plans)
-        self.external = external
-        self._empty_rows = _no_rows(feature_dim, stage_dtype)
-        self._empty_encoded = _no_encoded(row_bytes)
-        self.seqs = [p.seq for p in self.plans]
-        active = [p for p in self.plans if p.skip is None]
-        self.skips = {p.seq: p.skip for p in self.plans if p.skip is not None}
-        if active:
-            self.positions = np.concatenate([p.positions for p in active]).astype(np.int32, copy=False)
-            self.row_seq = np.concatenate(
-                [np.full(p.n_rows, p.seq, dtype=np.int32) for p in active]
-            )
-            self.slots = np.concatenate([p.slots for p in active]).astype(np.int64, copy=False)
-        else:
-            self.positions = np.zeros(0, dtype=np.int32)
-            self.row_seq = np.zeros(0, dtype=np.int32)
-            self.slots = _no_slots()
-        self._rows: np.ndarray | None = None
-        self._encoded: np.ndarray | None = None
+        """Arrays as the class docstring names them (made by ``draft_many``).
 
-    def _active(self) -> list[StagePlan]:
-        return [p for p in self.plans if p.skip is None]
+        ``encoded_rows`` (held mode): the rows in storage format; ``rows``: the
+        same rows decoded, or None to decode them with ``decode`` on first
+        access (None too: ``encoded_rows`` viewed as the stage dtype).
+        ``pad``: how :meth:`padded` lays the rows out (its maker's function).
+        ``max_plan_rows``: the most context rows one plan stages (``W - B``),
+        :meth:`padded`'s default width.
+        """
+        self.seqs = seqs
+        self.skip_code = skip_code
+        self.rebase = rebase
+        self.clear_cache = clear_cache
+        self.start = start
+        self.pos_base = pos_base
+        self.crop_from = crop_from
+        self.round = round
+        self.row_offsets = row_offsets
+        self.positions = positions
+        self.slots = slots
+        self.block_size = block_size
+        self.feature_dim = feature_dim
+        self.row_bytes = row_bytes
+        self.stage_dtype = stage_dtype
+        self.max_plan_rows = max_plan_rows
+        self.external = external
+        self.source = source
+        self._encoded = encoded_rows
+        self._rows = rows
+        self._decode = decode
+        self._pad = pad
+        self._plans: list[StagePlan] | None = None
+        self._index: dict[int, int] | None = None
+        self._skips: dict[int, str] | None = None
+        self._block_positions: np.ndarray | None = None
+        self._row_seq: np.ndarray | None = None
+        self._active: np.ndarray | None = None
+        self._n_rows: np.ndarray | None = None
+
+    # -- derived arrays (computed once) -------------------------------------
+    @property
+    def active(self) -> np.ndarray:
+        """bool ``(N,)``: the sequences whose round opened (not skipped)."""
+        if self._active is None:
+            self._active = self.skip_code == 0
+        return self._active
 
     @property
-    def rows(self) -> np.ndarray:
-        """All staged context rows, concatenated in plan order (stage dtype; held mode only)."""
-        if self.external:
-            raise ValueError(_EXTERNAL_ROWS)
-        if self._rows is None:
-            parts = [p.rows for p in self.plans]
-            self._rows = np.concatenate(parts) if parts else self._empty_rows
-        return self._rows
+    def n_rows(self) -> np.ndarray:
+        """int64 ``(N,)``: context rows staged per sequence (``np.diff(row_offsets)``)."""
+        if self._n_rows is None:
+            self._n_rows = np.diff(self.row_offsets)
+        return self._n_rows
+
+    @property
+    def block_positions(self) -> np.ndarray:
+        """int32 ``(N, B)``: the drafter positions of each sequence's block (-1 when skipped)."""
+        if self._block_positions is None:
+            bp = self.crop_from.astype(np.int32)[:, None] + np.arange(self.block_size, dtype=np.int32)
+            bp[~self.active] = -1
+            self._block_positions = bp
+        return self._block_positions
+
+    @property
+    def row_seq(self) -> np.ndarray:
+        """int64 ``(total,)``: the sequence id of each context row."""
+        if self._row_seq is None:
+            self._row_seq = np.repeat(self.seqs, self.n_rows)
+        return self._row_seq
 
     @property
     def encoded_rows(self) -> np.ndarray:
-        """All staged context rows in storage format, concatenated (uint8; held mode only)."""
+        """All staged context rows in storage format, uint8 ``(total, row_bytes)`` (held mode only)."""
         if self.external:
             raise ValueError(_EXTERNAL_ROWS)
-        if self._encoded is None:
-            parts = [p.encoded_rows for p in self.plans]
-            self._encoded = np.concatenate(parts) if parts else self._empty_encoded
+        assert self._encoded is not None
         return self._encoded
 
     @property
-    def block_positions(self) -> dict[int, np.ndarray]:
-        """``{seq: block positions}`` for the sequences with an open round."""
-        return {p.seq: p.block_positions for p in self._active()}
+    def rows(self) -> np.ndarray:
+        """All staged context rows, ``(total, feature_dim)`` in the stage dtype (held mode only)."""
+        if self.external:
+            raise ValueError(_EXTERNAL_ROWS)
+        if self._rows is None:
+            enc = self.encoded_rows
+            if self._decode is None:
+                self._rows = enc.view(self.stage_dtype).reshape(len(enc), self.feature_dim)
+            else:
+                self._rows = self._decode(enc)
+        return self._rows
+
+    # -- the fixed shape of a CUDA graph ------------------------------------
+    def padded(self, max_rows: int | None = None, *, positions_out: np.ndarray | None = None,
+               slots_out: np.ndarray | None = None) -> PaddedRows:
+        """The context rows as ``(N, max_rows)`` arrays, padding ``-1`` (:class:`PaddedRows`).
+
+        ``max_rows`` (default :attr:`max_plan_rows`, ``W - B``: every plan
+        fits) fixes the shape; a plan with more rows raises ``ValueError``
+        naming its sequence (a server that pads to a small width runs the
+        rare large rounds, rebases, outside its graph). ``positions_out``
+        (int32) / ``slots_out`` (int64), C-contiguous ``(N, max_rows)``: write
+        into these (a graph's fixed input buffers) instead of new arrays.
+        """
+        m = self.max_plan_rows if max_rows is None else max_rows
+        if not isinstance(m, (int, np.integer)) or isinstance(m, bool) or m < 0:
+            raise ValueError(f"padded: max_rows must be an integer >= 0, got {max_rows!r}")
+        shape = (len(self.seqs), int(m))
+        pos = _padded_out(positions_out, shape, np.int32, "positions_out")
+        slots = _padded_out(slots_out, shape, np.int64, "slots_out")
+        self._pad(self.seqs, self.row_offsets, self.positions, int(m), pos)
+        self._pad(self.seqs, self.row_offsets, self.slots, int(m), slots)
+        return PaddedRows(pos, slots)
+
+    # -- the per-sequence view (scripting) ----------------------------------
+    @property
+    def plans(self) -> list[StagePlan]:
+        """One :class:`StagePlan` per sequence, in request order (built on first access)."""
+        if self._plans is None:
+            self._plans = [self._plan_at(i) for i in range(len(self.seqs))]
+        return self._plans
+
+    def plan(self, seq: int) -> StagePlan:
+        """The :class:`StagePlan` of sequence ``seq`` (``KeyError`` if it is not in the batch)."""
+        if self._index is None:
+            self._index = {int(s): i for i, s in enumerate(self.seqs.tolist())}
+        return self.plans[self._index[int(seq)]]
 
     @property
-    def crop_from(self) -> dict[int, int]:
-        """``{seq: crop_from}`` for the sequences with an open round."""
-        return {p.seq: p.crop_from for p in self._active()}
+    def skips(self) -> dict[int, str]:
+        """``{seq: reason}`` for the skipped sequences."""
+        if self._skips is None:
+            codes = self.skip_code.tolist()
+            self._skips = {int(s): SKIP_REASONS[c - 1] for s, c in zip(self.seqs.tolist(), codes) if c}
+        return self._skips
 
-    @property
-    def clear_cache(self) -> dict[int, bool]:
-        """``{seq: clear_cache}`` for the sequences with an open round."""
-        return {p.seq: p.clear_cache for p in self._active()}
+    def _plan_at(self, i: int) -> StagePlan:
+        seq, start = int(self.seqs[i]), int(self.start[i])
+        code = int(self.skip_code[i])
+        if code:
+            return StagePlan.skipped(seq, start, SKIP_REASONS[code - 1], feature_dim=self.feature_dim,
+                                     row_bytes=self.row_bytes, stage_dtype=self.stage_dtype, external=self.external)
+        a, b = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
+        crop = int(self.crop_from[i])
+        enc = rows = None
+        decode = None
+        if not self.external:
+            enc = self.encoded_rows[a:b]
+            if self._rows is not None:
+                rows = self._rows[a:b]
+            elif self._decode is None:
+                rows = enc.view(self.stage_dtype).reshape(b - a, self.feature_dim)
+            else:
+                decode = self._decode
+        return StagePlan(
+            seq=seq, start=start, skip=None, rebase=bool(self.rebase[i]), clear_cache=bool(self.clear_cache[i]),
+            positions=self.positions[a:b], block_positions=np.arange(crop, crop + self.block_size, dtype=np.int32),
+            crop_from=crop, pos_base=int(self.pos_base[i]), encoded_rows=enc, rows=rows, decode=decode,
+            slots=self.slots[a:b], external=self.external, source=self.source, round=int(self.round[i]),
+        )
 
     def __len__(self) -> int:
-        return len(self.plans)
+        return len(self.seqs)
 
     def __repr__(self) -> str:
-        return f"BatchPlan(seqs={self.seqs}, rows={len(self.positions)}, skips={self.skips})"
+        return f"BatchPlan(seqs={self.seqs.tolist()}, rows={len(self.positions)}, skips={self.skips})"
+
+
+def _padded_out(out: np.ndarray | None, shape: tuple[int, int], dtype: Any, name: str) -> np.ndarray:
+    if out is None:
+        return np.empty(shape, dtype)
+    if not isinstance(out, np.ndarray) or out.dtype != dtype or out.shape != shape or not out.flags.c_contiguous \
+            or not out.flags.writeable:
+        raise ValueError(f"padded: {name} must be a writable C-contiguous {np.dtype(dtype)} array of shape {shape}")
+    return out

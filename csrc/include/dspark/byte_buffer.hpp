@@ -82,29 +82,37 @@ struct UninitAllocator {
 
 using ByteVec = std::vector<std::uint8_t, UninitAllocator<std::uint8_t>>;
 
-// A few large staging buffers kept for reuse. A rebase stages W/2 rows (200
-// MB for a 27B target's f32 rows): a fresh buffer each time costs a kernel
-// zero-fill of every page on first touch, about twice the copy itself. The
-// binding hands a plan's buffer back here when the plan is freed.
-// Thread-safe. Holds at most MAX_BUFFERS buffers, only large ones.
+// Staging buffers kept for reuse. A fresh buffer costs the kernel a zero-fill
+// of every page on first touch, and its mmap / munmap take the process's
+// address-space lock, which serialises threads: a steady round at D = 25,600
+// stages 9 rows (900 KB) and spent more time faulting in a fresh buffer than
+// copying into it, and two threads drafting at once ran no faster than one.
+// A rebase stages W/2 rows (200 MB for a 27B target's f32 rows). The binding
+// hands a plan's buffer back here when the plan is freed.
+// Thread-safe. Holds at most MAX_LARGE buffers of MIN_LARGE_BYTES or more and
+// MAX_SMALL smaller ones of MIN_BYTES or more (at most MAX_SMALL * 4 MiB).
 class BufferPool {
 public:
-    static constexpr std::size_t MAX_BUFFERS = 2;
-    static constexpr std::size_t MIN_BYTES = HUGE_ALLOC_BYTES;
+    static constexpr std::size_t MIN_BYTES = std::size_t(64) << 10;
+    static constexpr std::size_t MIN_LARGE_BYTES = HUGE_ALLOC_BYTES;
+    static constexpr std::size_t MAX_LARGE = 2;
+    static constexpr std::size_t MAX_SMALL = 8;
 
     // Make `v` able to hold `bytes` bytes, keeping its first v.size() bytes,
-    // reusing a pooled buffer when one is large enough.
+    // reusing the smallest pooled buffer that is large enough.
     void grow(ByteVec& v, std::size_t bytes) {
         if (bytes <= v.capacity()) return;
         ByteVec reuse;
         if (bytes >= MIN_BYTES) {
             std::lock_guard<std::mutex> lock(mu_);
+            std::size_t best = free_.size();
             for (std::size_t i = 0; i < free_.size(); ++i)
-                if (free_[i].capacity() >= bytes) {
-                    reuse = std::move(free_[i]);
-                    free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
-                    break;
-                }
+                if (free_[i].capacity() >= bytes && (best == free_.size() || free_[i].capacity() < free_[best].capacity()))
+                    best = i;
+            if (best != free_.size()) {
+                reuse = std::move(free_[best]);
+                free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(best));
+            }
         }
         if (reuse.capacity() < bytes) reuse.reserve(bytes);
         reuse.assign(v.begin(), v.end());
@@ -114,16 +122,29 @@ public:
 
     // Take back a buffer nobody uses any more.
     void give(ByteVec v) noexcept {
-        if (v.capacity() < MIN_BYTES) return;
-        std::lock_guard<std::mutex> lock(mu_);
-        v.clear();
-        if (free_.size() < MAX_BUFFERS) {
-            free_.push_back(std::move(v));
-        } else {  // keep the largest ones
-            auto smallest = free_.begin();
+        const std::size_t cap = v.capacity();
+        if (cap < MIN_BYTES) return;
+        const bool large = cap >= MIN_LARGE_BYTES;
+        ByteVec dropped;  // freed after the lock is released
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            v.clear();
+            std::size_t same = 0;  // pooled buffers of its class, and the smallest of them
+            auto smallest = free_.end();
             for (auto it = free_.begin(); it != free_.end(); ++it)
-                if (it->capacity() < smallest->capacity()) smallest = it;
-            if (smallest->capacity() < v.capacity()) *smallest = std::move(v);
+                if ((it->capacity() >= MIN_LARGE_BYTES) == large) {
+                    ++same;
+                    if (smallest == free_.end() || it->capacity() < smallest->capacity()) smallest = it;
+                }
+            if (same < (large ? MAX_LARGE : MAX_SMALL)) {
+                try {
+                    free_.push_back(std::move(v));
+                } catch (...) {  // no room for the record: the buffer is simply freed
+                }
+            } else if (smallest->capacity() < cap) {  // keep the largest ones
+                dropped = std::move(*smallest);
+                *smallest = std::move(v);
+            }
         }
     }
 

@@ -10,8 +10,17 @@
  *    dspark_last_error(); a rejected call changes nothing.
  *  - The library never keeps a pointer the caller passed in, and never frees
  *    one. Buffers the caller passes are read or written during the call only.
- *  - A dspark_stager is safe to use from several threads at once (one mutex
- *    inside), except dspark_stager_destroy, which must be the last call.
+ *  - A dspark_stager is safe to use from several threads at once, except
+ *    dspark_stager_destroy, which must be the last call. Each sequence has
+ *    its own lock: calls on different sequences run in parallel.
+ *  - Batch calls (*_many) take the sequences as an id array (each id once)
+ *    and, where rows come with them, the rows of all sequences as one flat
+ *    array with offsets (cu_seqlens style: n + 1 entries rising from 0 to
+ *    `total`; the rows of seqs[i] are [offsets[i], offsets[i + 1])). Each is
+ *    one call of the core, checked whole first: a rejected batch changes
+ *    nothing, and an error about one sequence is its per-sequence call's
+ *    message prefixed with the call and the sequence, e.g.
+ *    "commit_many: seqs[2] (sequence 7): ".
  *  - Integers that name a choice (storage, dtype, ...) are int32_t codes,
  *    never C enums, so their size is fixed across compilers and languages.
  */
@@ -138,7 +147,12 @@ typedef struct dspark_plan {
      * counts when skipped. */
     int64_t slot_first[2];
     int64_t slot_count[2];
-    int64_t reserved[2]; /* zero */
+    /* The round the plan opened (0 when skipped): an owner of external rows
+     * reads the slots only while dspark_open_round_ids still gives this id
+     * for seq (a later round may reuse them). Took the place of a reserved
+     * field: the struct's size and layout are unchanged. */
+    uint64_t round;
+    int64_t reserved[1]; /* zero */
 } dspark_plan;
 
 /* A copy the owner of external rows applies: table rows [src, src + count)
@@ -157,6 +171,8 @@ typedef struct dspark_state {
     int32_t started, open_round, disabled, restage_owed, first_round;
     int64_t end, horizon, n_cache, pos_base, n_retained, n_pending;
     int64_t consecutive_failures, tentative_rows;
+    int32_t reservation_open; /* 1 between dspark_reserve and dspark_confirm / dspark_cancel */
+    int32_t reserved0;        /* zero */
 } dspark_state;
 
 /* Counters since the sequence's last begin (Python: Stager.stats()). Set
@@ -258,6 +274,53 @@ DSPARK_API dspark_status dspark_commit(dspark_stager* st, int64_t seq);
 DSPARK_API dspark_status dspark_fail(dspark_stager* st, int64_t seq, int32_t stage, int64_t* disabled_after);
 DSPARK_API dspark_status dspark_accept(dspark_stager* st, int64_t seq, int64_t n_accepted);
 
+/* ---- batches (one call per server step) ---------------------------------- */
+/* dspark_process for n sequences: positions[0..total) and rows (total rows
+ * of feature_dim `dtype` elements, rows_bytes bytes) are flat, the rows of
+ * seqs[i] at [offsets[i], offsets[i + 1]). offsets has n + 1 entries and is
+ * never NULL (n = 0: {0}); seqs, positions and rows may be NULL when empty.
+ * HELD mode. */
+DSPARK_API dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                             const int64_t* positions, size_t total, const void* rows, int32_t dtype,
+                                             size_t rows_bytes);
+/* dspark_process_external for n sequences: slots_out[0..total) receives the
+ * slot of each flat row (or -1), written on success only. EXTERNAL mode. */
+DSPARK_API dspark_status dspark_process_external_many(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                      const int64_t* offsets, const int64_t* positions, size_t total,
+                                                      int64_t* slots_out);
+/* dspark_accept(seqs[i], n_accepted[i]) for each i. */
+DSPARK_API dspark_status dspark_accept_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted,
+                                            size_t n);
+/* dspark_commit of n sequences, each with an open round. */
+DSPARK_API dspark_status dspark_commit_many(dspark_stager* st, const int64_t* seqs, size_t n);
+/* dspark_fail(seqs[i], stages[i]) for each i; disabled_after (may be NULL)
+ * receives n entries: what dspark_fail reports per sequence. */
+DSPARK_API dspark_status dspark_fail_many(dspark_stager* st, const int64_t* seqs, const int32_t* stages, size_t n,
+                                          int64_t* disabled_after);
+
+/* ---- slots before the rows (EXTERNAL mode; docs/external_rows.md) -------- */
+/* dspark_reserve: dspark_process_external's checks and slots before the rows
+ * exist (a GPU server computes where its capture kernel writes before it
+ * launches the forward). The sequence then holds a reservation: every call
+ * on it but confirm, cancel and end is DSPARK_E_STATE. dspark_confirm: the
+ * rows were written (the state is what dspark_process_external leaves);
+ * dspark_cancel: they never came, and the sequence is as before reserve. */
+DSPARK_API dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                        int64_t* slots_out);
+DSPARK_API dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                             const int64_t* positions, size_t total, int64_t* slots_out);
+DSPARK_API dspark_status dspark_confirm(dspark_stager* st, int64_t seq);
+DSPARK_API dspark_status dspark_cancel(dspark_stager* st, int64_t seq);
+DSPARK_API dspark_status dspark_confirm_many(dspark_stager* st, const int64_t* seqs, size_t n);
+DSPARK_API dspark_status dspark_cancel_many(dspark_stager* st, const int64_t* seqs, size_t n);
+
+/* ---- a request's end ----------------------------------------------------- */
+/* Ends seq's request in any state (an open round or a reservation is
+ * dropped: the abort path) and frees its ring (dspark_begin keeps it for the
+ * next request): the sequence is as a new Stager's. */
+DSPARK_API dspark_status dspark_end(dspark_stager* st, int64_t seq);
+DSPARK_API dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs, size_t n);
+
 /* ---- lifecycle ----------------------------------------------------------- */
 DSPARK_API dspark_status dspark_rollback(dspark_stager* st, int64_t seq, int64_t n_past);
 /* shift and fork record the slot copies they made (HELD: applied already,
@@ -295,6 +358,10 @@ DSPARK_API dspark_status dspark_last_restore_runs(int64_t first[2], int64_t coun
 /* ---- introspection ------------------------------------------------------- */
 DSPARK_API dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out);
 DSPARK_API dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stats* out);
+/* The round open on each of seqs[0..n) (dspark_plan.round), or 0 where none
+ * is, into out[0..n), read at one moment under the sequences' locks. */
+DSPARK_API dspark_status dspark_open_round_ids(const dspark_stager* st, const int64_t* seqs, size_t n,
+                                               uint64_t* out);
 
 /* ---- row formats (no Stager needed; thread-safe) ------------------------- */
 /* Bytes of one row of `dim` elements in `storage` (q formats: dim % 32 == 0). */

@@ -85,6 +85,12 @@ E enum_from_code(const char* field, std::int64_t code, int count, const char* (*
     throw Error(std::string(field) + " code " + std::to_string(code) + " is not one of " + valid);
 }
 
+// Call only inside a catch block: throws the error being handled again, as
+// the same kind of error with `prefix` before its message (a batch call
+// names the sequence an error is about). Errors of no kind a caller can
+// cause (out of memory, internal) are rethrown unchanged.
+[[noreturn]] void rethrow_with_prefix(const std::string& prefix);
+
 // The exception being handled, classified: its kind, its message (valid
 // while the handler that called classify_current_error runs) and, for
 // BufferTooSmall, the size needed (else 0).

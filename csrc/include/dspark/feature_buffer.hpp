@@ -143,6 +143,22 @@ public:
     void compact(std::int64_t from, std::int64_t lo, std::int64_t hi, std::int64_t new_head, std::int64_t base,
                  std::vector<SlotMove>& moves);
 
+    // The whole bookkeeping of the ring: for an external ring (no bytes) all
+    // there is of it, so set_marks(marks()) puts it back exactly (a
+    // cancelled reservation). A held ring's bytes are not part of it.
+    struct Marks {
+        std::size_t cap = 0, touched = 0, head_slot = 0, count = 0;
+        std::int64_t head_pos = 0;
+    };
+    Marks marks() const noexcept { return {cap_, touched_, head_slot_, count_, head_pos_}; }
+    void set_marks(const Marks& m) noexcept {
+        cap_ = m.cap;
+        touched_ = m.touched;
+        head_slot_ = m.head_slot;
+        count_ = m.count;
+        head_pos_ = m.head_pos;
+    }
+
     // The ring index of position pos (head <= pos < end).
     std::size_t slot(std::int64_t pos) const noexcept {
         std::size_t s = head_slot_ + static_cast<std::size_t>(pos - head_pos_);

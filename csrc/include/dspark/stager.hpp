@@ -13,9 +13,15 @@
 // report. The Python binding and the C ABI only convert their callers'
 // arguments and call.
 //
-// Thread safety: every public method takes the Stager's mutex, so calls from
-// several threads are safe (the Python binding releases the GIL around them).
-// Every rejected call throws before it changes any state.
+// Thread safety: each sequence has its own mutex. A call takes the locks of
+// the sequences it touches (fork: two; a batch: every sequence of it) in
+// increasing id order, so calls on different sequences from different
+// threads run in parallel and no two calls can deadlock; the Stager-wide
+// counters (round ids, move serials) are atomics taken while those locks are
+// held, so for calls on a common sequence their order is the calls' order.
+// Other locks (the spare ring's, a prefix store's, the buffer pool's) are
+// only ever taken after sequence locks. The Python binding releases the GIL
+// around every call. Every rejected call throws before it changes any state.
 #pragma once
 #include <atomic>
 #include <cstddef>
@@ -24,6 +30,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dspark/byte_buffer.hpp"
@@ -138,7 +145,8 @@ struct RoundPlan {
     X(bool, disabled)                      \
     X(bool, restage_owed)                  \
     X(bool, first_round)                   \
-    X(std::int64_t, tentative_rows)
+    X(std::int64_t, tentative_rows)        \
+    X(bool, reservation_open)
 
 // Counters since the sequence's last begin().
 //  rounds / commits / failures / rebases / skips: calls that opened a round,
@@ -201,18 +209,26 @@ public:
     // rebase has start - pos_base + B <= W; a rebase stages w_keep <= W - B).
     std::int64_t max_plan_rows() const noexcept { return opt_.window - opt_.block_size; }
 
+    // What a call needs of its sequence's state (design.md 2.1 step 2):
+    // Ready: no open round and no reservation (every call but the ones
+    // below); Open: an open round (commit, fail); Reserved: a reservation
+    // (confirm, cancel); Any: nothing (end).
+    enum class Need : std::uint8_t { Ready = 0, Open = 1, Reserved = 2, Any = 3 };
     // The checks every call starts with (design.md 2.1 steps 1-2): `seq`
-    // exists (std::invalid_argument), and it has no open round (StateError),
-    // or, with open_round, has one (commit / fail). For a wrapper whose own
-    // argument conversion failed: these errors come first, then its own. The
-    // calls below make them themselves.
-    void check_sequence(std::int64_t seq, bool open_round = false) const { check_sequences(&seq, 1, open_round); }
-    // The same for n sequences (draft_many's): every id exists, then each
-    // round state.
-    void check_sequences(const std::int64_t* seqs, std::size_t n, bool open_round = false) const;
+    // exists (std::invalid_argument), and its state is what the call needs
+    // (StateError). For a wrapper whose own argument conversion failed: these
+    // errors come first, then its own. The calls below make them themselves.
+    void check_sequence(std::int64_t seq, Need need = Need::Ready) const;
+    void check_sequence(std::int64_t seq, bool open_round) const {
+        check_sequence(seq, open_round ? Need::Open : Need::Ready);
+    }
+    // The same for n sequences of a batch call named `call`: every id
+    // exists, then each state, as the batch call itself checks them (its
+    // errors prefixed "<call>: seqs[i] (sequence s): ").
+    void check_batch(const char* call, const std::int64_t* seqs, std::size_t n, Need need = Need::Ready) const;
     // check_sequence for a call that needs no open round / an open round.
-    void check_ready(std::int64_t seq) const { check_sequence(seq, false); }
-    void check_open(std::int64_t seq) const { check_sequence(seq, true); }
+    void check_ready(std::int64_t seq) const { check_sequence(seq, Need::Ready); }
+    void check_open(std::int64_t seq) const { check_sequence(seq, Need::Open); }
 
     void begin(std::int64_t seq);
     // n rows at positions[0..n) of element type `type`, contiguous rows of
@@ -258,6 +274,48 @@ public:
     std::int64_t fail(std::int64_t seq, FailStage stage);
     void accept(std::int64_t seq, std::int64_t n_accepted);
 
+    // -- batches (docs/design.md 2.9) -----------------------------------------
+    // One call for the n sequences seqs[0..n) (ids unique), each sequence as
+    // its per-sequence call would treat it. A batch is checked whole, step by
+    // step in the order of design.md 2.1 (every id, then every state, then
+    // the values sequence by sequence, contents last), and a rejected batch
+    // changes nothing. An error about one sequence is its per-sequence
+    // call's error prefixed with "<call>: seqs[i] (sequence s): ". Rows are
+    // flat, as in a varlen batch: the rows of seqs[i] are rows
+    // [offsets[i], offsets[i + 1]) of `positions`, `rows` and `slots_out`
+    // (offsets: n + 1 entries rising from 0 to `total`, cu_seqlens style).
+    void process_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                      const std::int64_t* positions, std::size_t total, const void* rows, ElemType type);
+    void process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                               const std::int64_t* positions, std::size_t total, std::int64_t* slots_out);
+    void accept_many(const std::int64_t* seqs, const std::int64_t* n_accepted, std::size_t n);
+    void commit_many(const std::int64_t* seqs, std::size_t n);
+    // disabled_after (optional, n entries): what fail() returns, per sequence.
+    void fail_many(const std::int64_t* seqs, const FailStage* stages, std::size_t n, std::int64_t* disabled_after);
+
+    // -- slots before the rows (external mode; docs/external_rows.md) ----------
+    // reserve makes process_external's checks and hands out its slots before
+    // the rows exist (a GPU server computes where its capture kernel writes
+    // before it launches the target's forward). The sequence then holds a
+    // reservation: every call on it but confirm, cancel and end is a
+    // StateError. confirm: the owner wrote the rows (the state is what
+    // process_external would have left); cancel: they never came (the
+    // forward was aborted), and the sequence is exactly as before reserve.
+    void reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out);
+    void reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                      const std::int64_t* positions, std::size_t total, std::int64_t* slots_out);
+    void confirm(std::int64_t seq);
+    void cancel(std::int64_t seq);
+    void confirm_many(const std::int64_t* seqs, std::size_t n);
+    void cancel_many(const std::int64_t* seqs, std::size_t n);
+
+    // -- a request's end ---------------------------------------------------------
+    // Ends the sequence's request in any state (an open round or a
+    // reservation is dropped: the abort path) and frees its ring (begin keeps
+    // it for the next request): the sequence is as a new Stager's.
+    void end(std::int64_t seq);
+    void end_many(const std::int64_t* seqs, std::size_t n);
+
     void rollback(std::int64_t seq, std::int64_t n_past);
     // shift and fork return the copies an owner of external rows applies, in
     // order (see SlotMove); in held mode the core has applied them itself and
@@ -296,6 +354,9 @@ public:
     SeqStats stats(std::int64_t seq) const;
     // The round open on `seq` (RoundPlan::round), or 0 when none is.
     std::uint64_t open_round_id(std::int64_t seq) const;
+    // open_round_id of seqs[0..n) into out[0..n), all read at one moment (a
+    // batch's: ids checked first, "open_round_ids: seqs[i] ...").
+    void open_round_ids(const std::int64_t* seqs, std::size_t n, std::uint64_t* out) const;
     // Table changes numbered so far (the serial of the last one): non-empty
     // moves of fork / shift and, in external-row mode, the slots of a restore
     // that brings rows back. An owner applies them in serial order.
@@ -332,7 +393,8 @@ public:
     const std::shared_ptr<BufferPool>& pool() const noexcept { return pool_; }
 
 private:
-    struct Seq {
+    // A sequence's fields (what a cancelled reservation puts back).
+    struct SeqFields {
         bool started = false;
         std::int64_t end = 0;       // next expected position
         std::int64_t horizon = 0;   // oldest stageable position
@@ -350,14 +412,45 @@ private:
         // A protocol mismatch was reported since begin() (report it once);
         // kept by fork (of the child), shift and restore, as by the slot.
         bool mismatch_reported = false;
-        FeatureBuffer buf;
         SeqStats stats;
     };
+    // One per cache line: threads working on different sequences never
+    // write to a line another sequence's fields share.
+    struct alignas(64) Seq : SeqFields {
+        FeatureBuffer buf;
+        // A reservation (reserve .. confirm / cancel), and the fields and the
+        // ring's bookkeeping before it (cancel puts them back; an external
+        // ring holds no bytes, so its marks are the whole ring).
+        bool reserved = false;
+        SeqFields before;
+        FeatureBuffer::Marks before_marks;
+    };
+    // Each sequence's mutex, on a line of its own.
+    struct alignas(64) SeqMutex {
+        std::mutex m;
+    };
+    class BatchLock;  // the locks of a batch's sequences (stager.cpp)
+    struct Append;    // one sequence's rows, checked and not yet committed
+
+    // -- locks: a call locks before its state checks; ids are checked first
+    // (unknown ids lock nothing). The lock of one sequence, and of two in id
+    // order (one when they are the same).
+    std::unique_lock<std::mutex> lock_seq(std::int64_t seq) const;
+    std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> lock_pair(std::int64_t a,
+                                                                                     std::int64_t b) const;
 
     // -- validation (design.md 2.1): each call's checks in order, no side effects.
     const Seq& get(std::int64_t seq) const;
-    const Seq& ready(std::int64_t seq) const;
-    const Seq& opened(std::int64_t seq) const;
+    // The state check of step 2 (call under the sequence's lock).
+    const Seq& needs(std::int64_t seq, Need need) const;
+    const Seq& ready(std::int64_t seq) const { return needs(seq, Need::Ready); }
+    const Seq& opened(std::int64_t seq) const { return needs(seq, Need::Open); }
+    // A batch's steps 1 (every id: call before locking) and 2 (every state).
+    void check_ids(const char* call, const std::int64_t* seqs, std::size_t n) const;
+    void check_states(const char* call, const std::int64_t* seqs, std::size_t n, Need need) const;
+    // A batch's uniqueness (step 4, first), and its offsets (n + 1 from 0 to total).
+    void check_unique(const char* call, const BatchLock& lock, const std::int64_t* seqs, std::size_t n) const;
+    static void check_offsets(const char* call, const std::int64_t* offsets, std::size_t n, std::size_t total);
     // A checked sequence, to change (the checks above took it const).
     Seq& mut(const Seq& s) noexcept { return const_cast<Seq&>(s); }
     void require_mode(RowMode mode, const char* call) const;
@@ -374,8 +467,8 @@ private:
                                                          const KeyChain& keys, std::int64_t start,
                                                          std::int64_t end) const;
 
-    std::int64_t firm_end(const Seq& s) const noexcept;
-    std::int64_t horizon_after(const Seq& s) const noexcept;
+    std::int64_t firm_end(const SeqFields& s) const noexcept;
+    std::int64_t horizon_after(const SeqFields& s) const noexcept;
     void advance_horizon(Seq& s) noexcept;
     // Drop head rows below new_head (all below the horizon), counting a trim.
     static void trim_head(Seq& s, std::int64_t new_head) noexcept;
@@ -385,9 +478,30 @@ private:
     // sequence the change touches, so that serial order is execution order).
     std::uint64_t next_serial() noexcept { return serials_.fetch_add(1, std::memory_order_acq_rel) + 1; }
 
+    // An append in two halves, so a batch checks every sequence's rows
+    // before any changes: prepare_append makes the checks (and, when the rows
+    // fit in free slots, converts them there: a rejection leaves every row
+    // as it was); commit_append makes them the sequence's rows.
     template <class Encode, class Value>
-    void ingest(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode, Value&& value,
-                bool fallible, std::int64_t* slots_out = nullptr);
+    Append prepare_append(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode,
+                          Value&& value, bool fallible);
+    template <class Encode>
+    void commit_append(std::int64_t seq_id, Seq& s, Append& g, Encode&& encode, std::int64_t* slots_out);
+    // process_external, reserve and their batches: check every sequence's
+    // positions, then append them all (reserve: remembering each state first).
+    void append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                         const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
+    // process_external_many and reserve_many: the batch's checks and locks, then append_external.
+    void external_many(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                       const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
+    // One sequence's whole state as begin() leaves it (its ring kept), or as
+    // a new Stager's (ring freed: end); returns the ring to free outside the lock.
+    FeatureBuffer end_seq(Seq& s) const;
+    // The changes of commit / fail / accept / confirm / cancel on a checked sequence.
+    void commit_seq(Seq& s) noexcept;
+    std::int64_t fail_seq(Seq& s) noexcept;
+    void accept_seq(Seq& s, std::int64_t n_accepted) noexcept;
+    static void end_reservation(Seq& s, bool keep) noexcept;
     std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
     std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(max_rows_); }
     FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
@@ -411,13 +525,38 @@ private:
     // snapshot's rows into before swapping it in (snapshot.cpp); the replaced
     // ring becomes the spare. Empty until the first such restore.
     FeatureBuffer spare_;
+    std::mutex spare_mu_;  // guards spare_; taken after a sequence's lock
     std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>();
     // Stager-wide counters, taken while the touched sequences are locked:
     // rounds opened (RoundPlan::round) and table changes (serials).
     std::atomic<std::uint64_t> rounds_{0};
     std::atomic<std::uint64_t> serials_{0};
-    mutable std::mutex mu_;
+    std::unique_ptr<SeqMutex[]> locks_;  // locks_[s] guards seqs_[s]
 };
+
+// A batch of plans as flat arrays (docs/design.md 2.5). plan_rows: CSR, the
+// context rows of plans[i] are rows [row_offsets[i], row_offsets[i + 1]) of
+// `positions` (drafter positions) and `slots` (global slots); row_offsets has
+// n + 1 entries, the other two sum(n_rows). plan_rows_padded: a fixed shape,
+// row r of plans[i] at [i * max_rows + r], every other entry -1 (padding);
+// std::invalid_argument naming the sequence when a plan stages more than
+// max_rows rows. Either output array may be null (not written).
+void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets, std::int32_t* positions,
+               std::int64_t* slots) noexcept;
+void plan_rows_padded(const RoundPlan* plans, std::size_t n, std::size_t max_rows, std::int32_t* positions,
+                      std::int64_t* slots);
+// The padded layout from CSR rows: rows [row_offsets[i], row_offsets[i + 1])
+// of `values` (`total` entries) into row i of the [n, max_rows] array `out`,
+// the rest -1 (seqs: the batch's ids, for the error of a sequence with too
+// many rows). row_offsets must rise from 0 to total (std::invalid_argument).
+void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int32_t* values,
+              std::size_t total, std::size_t max_rows, std::int32_t* out);
+void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,
+              std::size_t total, std::size_t max_rows, std::int64_t* out);
+
+// "<call>: seqs[i] (sequence s): ": what a batch call's error about one of
+// its sequences starts with (the per-sequence call's error follows).
+std::string batch_context(const char* call, std::size_t i, std::int64_t seq);
 
 // Why draft at n_past found rows ending at `end` (newest row end - 1), in words
 // a server engineer can act on: the cause part of strict mode's StateError

@@ -1,7 +1,7 @@
 # cython: language_level=3
 # Declarations of the C++ Stager API (csrc/include/dspark/stager.hpp).
 # Declarations only: the wrapper lives in _stager.pyx.
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp.string cimport string
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
@@ -23,10 +23,12 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     cdef cppclass ByteVec:
         uint8_t* data()
         size_t size()
+        void resize(size_t n) except +
 
     void advise_huge_pages(void* p, size_t n)
 
     cdef cppclass BufferPool:
+        void grow(ByteVec& v, size_t nbytes) except +
         void give(ByteVec v)
         size_t pooled_bytes()
 
@@ -100,13 +102,22 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const FieldInfo* SEQ_STATE_FIELDS
     const FieldInfo* SEQ_STATS_FIELDS
 
+    # What a call needs of a sequence's state (Stager::Need).
+    enum class Need "dspark::Stager::Need"(uint8_t):
+        Ready
+        Open
+        Reserved
+        Any
+
     cdef cppclass Stager:
         Stager(const StagerOptions& options) except +dspark_translate_exception
         int64_t w_keep()
         size_t row_bytes()
         int64_t ring_rows()
+        int64_t max_plan_rows()
         uint64_t moves_issued()
-        void check_sequences(const int64_t* seqs, size_t n, bool open_round) except +dspark_translate_exception
+        void check_sequence(int64_t seq, bool open_round) except +dspark_translate_exception
+        void check_batch(const char* call, const int64_t* seqs, size_t n, Need need) except +dspark_translate_exception
         void check_process(int64_t seq, const int64_t* positions, size_t n) except +dspark_translate_exception
         void begin(int64_t seq) except +dspark_translate_exception
         void process(int64_t seq, const int64_t* positions, size_t n, const void* rows,
@@ -121,6 +132,25 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void commit(int64_t seq) except +dspark_translate_exception
         int64_t fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception
+        void process_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* positions,
+                          size_t total, const void* rows, ElemType type) except +dspark_translate_exception
+        void process_external_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens,
+                                   const int64_t* positions, size_t total,
+                                   int64_t* slots_out) except +dspark_translate_exception
+        void accept_many(const int64_t* seqs, const int64_t* n_accepted, size_t n) except +dspark_translate_exception
+        void commit_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
+        void fail_many(const int64_t* seqs, const FailStage* stages, size_t n,
+                       int64_t* disabled_after) except +dspark_translate_exception
+        void reserve(int64_t seq, const int64_t* positions, size_t n,
+                     int64_t* slots_out) except +dspark_translate_exception
+        void reserve_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* positions,
+                          size_t total, int64_t* slots_out) except +dspark_translate_exception
+        void confirm(int64_t seq) except +dspark_translate_exception
+        void cancel(int64_t seq) except +dspark_translate_exception
+        void confirm_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
+        void cancel_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
+        void end(int64_t seq) except +dspark_translate_exception
+        void end_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
         void rollback(int64_t seq, int64_t n_past) except +dspark_translate_exception
         vector[SlotMove] shift(int64_t seq, int64_t n_keep, int64_t n_discard,
                                uint64_t* serial) except +dspark_translate_exception
@@ -134,6 +164,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void live_slots(int64_t seq, SlotRun* out) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
         uint64_t open_round_id(int64_t seq) except +dspark_translate_exception
+        void open_round_ids(const int64_t* seqs, size_t n, uint64_t* out) except +dspark_translate_exception
         const shared_ptr[BufferPool]& pool()
 
     # "" for Skip::None and past the last reason; nullptr past the last stage / mode.
@@ -141,6 +172,14 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const char* fail_stage_name(FailStage s)
     const char* row_mode_name(RowMode m)
     string mismatch_cause(int64_t n_past, int64_t end) except +dspark_translate_exception
+    void plan_rows(const RoundPlan* plans, size_t n, int64_t* row_offsets, int32_t* positions, int64_t* slots)
+    void plan_rows_padded(const RoundPlan* plans, size_t n, size_t max_rows, int32_t* positions,
+                          int64_t* slots) except +dspark_translate_exception
+    void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int32_t* values, size_t total,
+                  size_t max_rows, int32_t* out) except +dspark_translate_exception
+    void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int64_t* values, size_t total,
+                  size_t max_rows, int64_t* out) except +dspark_translate_exception
+    string batch_context(const char* call, size_t i, int64_t seq) except +dspark_translate_exception
 
 
 # Its path switch is the dispatch registry's (_lib_row_format.pxd).

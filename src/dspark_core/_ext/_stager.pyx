@@ -5,10 +5,10 @@ The binding converts Python objects to what the core takes (``_args``: types,
 array shapes), releases the GIL and calls. Every rule (sequence ids, round
 state, value ranges, positions, strict mode, the limits) is the core's and
 is not checked here; a conversion that fails lets the core's sequence checks
-speak first (``_sequence_errors_first``: docs/design.md 2.1). The core's
-mutex makes concurrent calls safe.
+speak first (``_sequence_errors_first``: docs/design.md 2.1). The core
+locks each call's sequences (one mutex per sequence), so calls on different
+sequences from different threads run in parallel (docs/design.md 2.9).
 """
-import functools
 import logging
 
 import numpy as np
@@ -17,23 +17,23 @@ cimport numpy as cnp
 from cpython.buffer cimport PyBUF_WRITABLE
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize
 from cpython.long cimport PyLong_AsLongLongAndOverflow
-from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
 from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
-from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
+from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types, decode_rows
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    RowMode, SlotMove, FieldInfo, SEQ_STATE_FIELDS, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
+    RowMode, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, plan_rows, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
-    crc32c as c_crc32c,
+    crc32c as c_crc32c, pad_rows as c_pad_rows, batch_context as c_batch_context,
 )
 
 from dspark_core._args import (
-    as_choice, as_index, as_int64, as_positions, draft_many_pasts, encoded_args, process_args, readable_bytes,
-    row_dtype_code, writable_bytes,
+    as_choice, as_index, as_int64, as_positions, as_seq_ids, batch_ints, batch_rows_args, encoded_args,
+    fail_stage_codes, process_args, readable_bytes, row_dtype_code, writable_bytes,
 )
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
@@ -58,6 +58,12 @@ _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
 _I64 = np.dtype(np.int64)
+# The batch calls that take only sequence ids (Stager._on_seqs).
+cdef enum _SeqsCall:
+    _COMMIT_MANY
+    _CONFIRM_MANY
+    _CANCEL_MANY
+    _END_MANY
 
 
 cdef tuple _field_names(const FieldInfo* f):
@@ -139,6 +145,43 @@ def crc32c(data, crc=0):
     return c
 
 
+def pad_rows(seqs, row_offsets, values, max_rows, out):
+    """The core's padded layout (``BatchPlan.padded``): CSR rows of ``values`` (int32 or
+    int64) into the rows of ``out`` (``(len(seqs), max_rows)``, the same dtype), the rest -1."""
+    cdef cnp.ndarray sv = np.ascontiguousarray(seqs, _I64)
+    cdef cnp.ndarray cu = np.ascontiguousarray(row_offsets, _I64)
+    cdef cnp.ndarray v = np.ascontiguousarray(values)
+    cdef cnp.ndarray o = out
+    cdef size_t n = sv.shape[0], m = max_rows, total = v.shape[0]
+    if cu.ndim != 1 or cu.shape[0] != n + 1 or v.ndim != 1 or o.dtype != v.dtype or not o.flags.c_contiguous \
+            or o.ndim != 2 or o.shape[0] != n or o.shape[1] != m or not o.flags.writeable:
+        raise ValueError("pad_rows: inconsistent shapes")
+    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(cu)
+    if v.dtype == _I32:
+        with nogil:
+            c_pad_rows(sp, n, cp, <const int32_t*>cnp.PyArray_DATA(v), total, m, <int32_t*>cnp.PyArray_DATA(o))
+    elif v.dtype == _I64:
+        with nogil:
+            c_pad_rows(sp, n, cp, <const int64_t*>cnp.PyArray_DATA(v), total, m, <int64_t*>cnp.PyArray_DATA(o))
+    else:
+        raise TypeError(f"pad_rows: values must be int32 or int64, got {v.dtype}")
+
+
+def batch_context(call, i, seq):
+    """What a batch call's error about ``seqs[i]`` starts with (the core's words)."""
+    return c_batch_context(call.encode(), i, seq).decode()
+
+
+cdef int _renamed(exc, str core_call, str call) except -1:
+    """Re-raise the core's error about ``core_call`` under the name the caller used
+    (``process_many`` runs the core's ``process_external_many`` in external-row mode)."""
+    msg = str(exc)
+    if msg.startswith(core_call):
+        raise type(exc)(call + msg[len(core_call):]) from None
+    raise exc
+
+
 cdef inline bint _plain_positions(x):
     """A C-contiguous 1-D int64 ndarray (the hot path's positions)."""
     if type(x) is not np.ndarray:
@@ -214,7 +257,10 @@ cdef class Stager:
         st.accept(seq, n_accepted)         # after verification
 
     A rejected call raises (``ValueError``, ``TypeError``, ``StateError``) and
-    changes no state. Safe to call from several threads.
+    changes no state. Safe to call from several threads; calls on different
+    sequences run in parallel. Each call has a batched twin for many sequences
+    at once (``process_many``, ``draft_many``, ``commit_many``, ...; flat arrays,
+    one call into the core: docs/design.md 2.9).
     """
 
     cdef CStager* _core
@@ -226,6 +272,8 @@ cdef class Stager:
     cdef bint _view_rows
     cdef bint _external
     cdef object _decoder
+    cdef Storage _storage
+    cdef ElemType _stage
 
     def __cinit__(self, config):
         if not isinstance(config, StagerConfig):
@@ -251,12 +299,31 @@ cdef class Stager:
         # Staged rows are a free view of the encoded bytes when formats agree.
         self._view_rows = (config.storage, config.stage_dtype) in (
             ("f32", "float32"), ("f16", "float16"), ("bf16", "bfloat16"))
-        # Otherwise plan.rows decodes lazily with this (built once, not per plan).
-        self._decoder = None if self._view_rows else functools.partial(
-            _row_format.decode, storage=config.storage, dim=self._D, out_dtype=self._stage_dtype)
+        # Otherwise plan.rows decodes lazily, into a buffer of the Stager's pool.
+        self._storage = o.storage
+        self._stage = o.stage
+        self._decoder = None if self._view_rows else self._decode_rows
 
     def __dealloc__(self):
         del self._core
+
+    def _decode_rows(self, enc):
+        """``plan.rows`` of encoded rows ``(n, row_bytes)`` in another format than the stage
+        dtype: decoded into a buffer of the Stager's pool (a fresh one would fault in and
+        zero new pages each round, under the address-space lock every thread shares)."""
+        enc = np.ascontiguousarray(enc, _U8)
+        cdef size_t n = enc.shape[0]
+        cdef size_t nbytes = n * <size_t>self._D * (<size_t>self._stage_dtype.itemsize)
+        cdef _Bytes out = _Bytes()
+        out.pool = self._core.pool()
+        cdef const void* src = cnp.PyArray_DATA(<cnp.ndarray>enc)
+        cdef size_t dim = self._D
+        with nogil:
+            out.pool.get().grow(out.v, nbytes)
+            out.v.resize(nbytes)
+            if n:
+                decode_rows(src, self._storage, out.v.data(), self._stage, n, dim)
+        return np.frombuffer(out, _U8).view(self._stage_dtype).reshape(n, self._D)
 
     def __reduce__(self):
         """Pickle / deepcopy: the config plus every sequence's snapshot (``stager_copy``)."""
@@ -298,11 +365,11 @@ cdef class Stager:
     # -- conversion errors come after the core's sequence checks -----------
     cdef int _sequence_errors_first(self, const int64_t* seqs, size_t n, bint open_round) except -1:
         """A conversion of this call's arguments failed: raise the core's error for
-        its sequences (unknown id, round state) if there is one (design.md 2.1)."""
+        its sequence (unknown id, round state) if there is one (design.md 2.1)."""
         err = None
         try:
             with nogil:
-                self._core.check_sequences(seqs, n, open_round)
+                self._core.check_sequence(seqs[0], open_round)
         except Exception as exc:  # the core's error replaces the conversion's
             err = exc
         if err is not None:
@@ -316,6 +383,41 @@ cdef class Stager:
         except (TypeError, ValueError):
             self._sequence_errors_first(&s, 1, open_round)
             raise
+
+    cdef int _batch_errors_first(self, str call, cnp.ndarray sv, Need need) except -1:
+        """A conversion of a batch call's arguments failed: raise the core's error for
+        its sequences (an unknown id, a state) if there is one, as the call would."""
+        cdef bytes name = call.encode()
+        cdef const char* cname = name
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        err = None
+        try:
+            with nogil:
+                self._core.check_batch(cname, sp, n, need)
+        except Exception as exc:  # the core's error replaces the conversion's
+            err = exc
+        if err is not None:
+            raise err from None
+        return 0
+
+    cdef object _batch_converted(self, str call, cnp.ndarray sv, Need need, convert, tuple args):
+        """``convert(*args)`` for a batch call; when it fails, its sequences' own errors come first."""
+        try:
+            return convert(*args)
+        except (TypeError, ValueError):
+            self._batch_errors_first(call, sv, need)
+            raise
+
+    cdef cnp.ndarray _ids(self, str call, seqs):
+        """A batch's sequence ids as a 1-D int64 array (the caller's, when it is one)."""
+        return seqs if _plain_positions(seqs) else as_seq_ids(call, seqs)
+
+    cdef cnp.ndarray _per_seq(self, str call, cnp.ndarray sv, Need need, str name, values):
+        """One int64 value per sequence of the batch (n_pasts, n_accepted)."""
+        if _plain_positions(values) and cnp.PyArray_DIM(<cnp.ndarray>values, 0) == cnp.PyArray_DIM(sv, 0):
+            return values
+        return self._batch_converted(call, sv, need, batch_ints, (call, name, values, cnp.PyArray_DIM(sv, 0)))
 
     cdef int64_t _arg(self, int64_t s, name, value) except? -1:
         """An integer argument of a call on ``s`` (a conversion error after ``s``'s own errors)."""
@@ -443,30 +545,246 @@ cdef class Stager:
         return self._plan(p, np.frombuffer(out, _U8), 0)
 
     def draft_many(self, seqs, n_pasts):
-        """Plans for several sequences as one drafter batch (:class:`BatchPlan`)."""
-        sv = np.asarray([as_int64("seq", x) for x in seqs], dtype=np.int64)
-        cdef size_t n = sv.shape[0]
+        """``draft`` for several sequences as one drafter batch: a :class:`BatchPlan` of arrays.
+
+        ``seqs``: the sequence ids (1-D integers, each once); ``n_pasts``: one
+        ``n_past`` per sequence. One call into the core (GIL released), which
+        checks the whole batch first: a rejected batch raises, naming the
+        sequence (``draft_many: seqs[i] (sequence s): ...``), and opens no round.
+        """
+        sv = self._ids("draft_many", seqs)
+        pv = self._per_seq("draft_many", sv, Need.Ready, "n_pasts", n_pasts)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-        try:
-            pv = draft_many_pasts(n_pasts, n)
-        except (TypeError, ValueError):
-            self._sequence_errors_first(sp, n, False)
-            raise
-        cdef const int64_t* np_ = <const int64_t*>cnp.PyArray_DATA(pv)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pv)
         cdef vector[RoundPlan] plans
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
         with nogil:
-            self._core.draft_many(sp, np_, n, plans, out.v)
-        data = np.frombuffer(out, _U8)
-        result = []
-        cdef size_t offset = 0
-        cdef size_t i
-        for i in range(plans.size()):
-            result.append(self._plan(plans[i], data, offset))
-            offset += plans[i].n_rows * self._row_bytes
-        return BatchPlan(result, feature_dim=self._D, row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
-                         external=self._external)
+            self._core.draft_many(sp, pp, n, plans, out.v)
+        return self._batch_plan(plans, out)
+
+    cdef object _batch_plan(self, vector[RoundPlan]& plans, _Bytes out):
+        """The core's plans as a :class:`BatchPlan` of arrays (one pass in C, a few allocations)."""
+        cdef size_t n = plans.size(), i
+        cdef int64_t total = 0
+        cdef int reports = 0
+        for i in range(n):
+            total += plans[i].n_rows
+            reports += plans[i].report_mismatch
+        # int64 rows: seq, start, pos_base, crop_from, round, row_offsets (n + 1 columns)
+        cdef cnp.ndarray meta = np.empty((6, n + 1), _I64)
+        cdef cnp.ndarray flags = np.empty((3, n), _U8)  # skip code, rebase, clear_cache
+        cdef cnp.ndarray positions = np.empty(total, _I32)
+        cdef cnp.ndarray slots = np.empty(total, _I64)
+        cdef int64_t* m = <int64_t*>cnp.PyArray_DATA(meta)
+        cdef uint8_t* f = <uint8_t*>cnp.PyArray_DATA(flags)
+        cdef size_t w = n + 1
+        with nogil:
+            for i in range(n):
+                m[i] = plans[i].seq
+                m[w + i] = plans[i].start
+                m[2 * w + i] = plans[i].pos_base
+                m[3 * w + i] = plans[i].crop_from
+                m[4 * w + i] = <int64_t>plans[i].round
+                f[i] = <uint8_t>plans[i].skip
+                f[n + i] = plans[i].rebase
+                f[2 * n + i] = plans[i].clear_cache
+            plan_rows(plans.data(), n, m + 5 * w, <int32_t*>cnp.PyArray_DATA(positions),
+                      <int64_t*>cnp.PyArray_DATA(slots))
+        if reports:  # the core's reports, once per sequence: this layer only logs them
+            for i in range(n):
+                if plans[i].report_mismatch:
+                    log_mismatch(plans[i].seq, plans[i].start, _SKIPS[<int>plans[i].skip], plans[i].end - 1,
+                                 mismatch_cause(plans[i].start, plans[i].end).decode())
+        enc = None if self._external else np.frombuffer(out, _U8).reshape(total, self._row_bytes)
+        return BatchPlan(
+            seqs=meta[0, :n], skip_code=flags[0], rebase=flags[1].view(np.bool_), clear_cache=flags[2].view(np.bool_),
+            start=meta[1, :n], pos_base=meta[2, :n], crop_from=meta[3, :n], round=meta[4, :n], row_offsets=meta[5],
+            positions=positions, slots=slots, block_size=self._B, feature_dim=self._D, row_bytes=self._row_bytes,
+            stage_dtype=self._stage_dtype, max_plan_rows=self._core.max_plan_rows(), pad=pad_rows,
+            encoded_rows=enc, decode=self._decoder, external=self._external,
+            source=self if self._external else None)
+
+    # -- batches: one call for many sequences (docs/design.md 2.9) ------------
+    def process_many(self, seqs, cu_seqlens, positions, rows=None):
+        """``process`` for the sequences of one target forward, rows flat as in a varlen batch.
+
+        The rows of ``seqs[i]`` are rows ``[cu_seqlens[i], cu_seqlens[i + 1])``
+        of ``positions`` (int, ``(total,)``) and, in held mode, of ``rows``
+        (``(total, D)`` float32 / float16 / bfloat16); ``cu_seqlens`` has
+        ``len(seqs) + 1`` entries rising from 0 to ``total``. One call into
+        the core with the GIL released; the whole batch is checked first (a
+        rejected batch appends nothing anywhere) and an error names the
+        sequence. Held mode: returns None. External-row mode (no rows):
+        returns the flat int64 slots, one per row (-1 below the horizon).
+        """
+        sv = self._ids("process_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cdef ElemType t = ElemType.F32
+        if (_plain_positions(cu_seqlens) and _plain_positions(positions)
+                and cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1
+                and (rows is None if self._external else _plain_rows(rows, self._D, &t)
+                     and cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>positions, 0))):
+            cu, pos, arr = cu_seqlens, positions, rows  # nothing to convert
+        else:
+            cu, pos, arr = self._batch_converted("process_many", sv, Need.Ready, batch_rows_args,
+                                                 ("process_many", self._external, self._D, n, cu_seqlens, positions,
+                                                  rows))
+            if arr is not None:
+                t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
+        cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        cdef cnp.ndarray slots
+        cdef int64_t* op
+        cdef const void* rp
+        if self._external:
+            slots = np.empty(total, _I64)
+            op = <int64_t*>cnp.PyArray_DATA(slots)
+            try:
+                with nogil:
+                    self._core.process_external_many(sp, n, cp, pp, total, op)
+            except (ValueError, TypeError, StateError) as exc:
+                _renamed(exc, "process_external_many", "process_many")
+            return slots
+        rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
+        with nogil:
+            self._core.process_many(sp, n, cp, pp, total, rp, t)
+
+    def accept_many(self, seqs, n_accepted):
+        """``accept`` for several sequences: ``n_accepted[i]`` for ``seqs[i]`` (one call, checked whole)."""
+        sv = self._ids("accept_many", seqs)
+        av = self._per_seq("accept_many", sv, Need.Ready, "n_accepted", n_accepted)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* ap = <const int64_t*>cnp.PyArray_DATA(av)
+        with nogil:
+            self._core.accept_many(sp, ap, n)
+
+    def commit_many(self, seqs):
+        """``commit`` for several sequences (one call, checked whole)."""
+        self._on_seqs(_COMMIT_MANY, "commit_many", seqs)
+
+    cdef int _on_seqs(self, _SeqsCall which, str call, seqs) except -1:
+        """One of the batch calls that take only sequence ids (``_COMMIT_MANY`` ...)."""
+        sv = self._ids(call, seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        with nogil:
+            if which == _COMMIT_MANY:
+                self._core.commit_many(sp, n)
+            elif which == _CONFIRM_MANY:
+                self._core.confirm_many(sp, n)
+            elif which == _CANCEL_MANY:
+                self._core.cancel_many(sp, n)
+            else:
+                self._core.end_many(sp, n)
+        return 0
+
+    def fail_many(self, seqs, stages="decode"):
+        """``fail`` for several sequences: ``stages`` is one stage name for all of them, or one
+        per sequence (names, or integer codes: the index in ``FAIL_STAGES``)."""
+        sv = self._ids("fail_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        codes = self._batch_converted("fail_many", sv, Need.Open, fail_stage_codes,
+                                      ("fail_many", stages, sv, FAIL_STAGES, batch_context))
+        cdef cnp.ndarray disabled = np.zeros(n, _I64)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const FailStage* fp = <const FailStage*>cnp.PyArray_DATA(<cnp.ndarray>codes)
+        cdef int64_t* dp = <int64_t*>cnp.PyArray_DATA(disabled)
+        with nogil:
+            self._core.fail_many(sp, fp, n, dp)
+        for i in np.flatnonzero(disabled).tolist():
+            logger.warning(DISABLED_WARNING, int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
+
+    def end(self, seq):
+        """The request on ``seq`` is over (finished or aborted): drop its state, whatever it
+        is (an open round, a reservation), and free its rows. The sequence is then as a
+        new Stager's; the next request on it calls ``begin`` (or ``process``)."""
+        cdef int64_t s = _i64("seq", seq)
+        with nogil:
+            self._core.end(s)
+
+    def end_many(self, seqs):
+        """``end`` for several sequences (one call)."""
+        self._on_seqs(_END_MANY, "end_many", seqs)
+
+    # -- slots before the rows (external-row mode) ----------------------------
+    def reserve(self, seq, positions):
+        """External-row mode: the slots ``process(seq, positions)`` would return, before the rows exist.
+
+        A GPU server calls it before it launches the target's forward (as it
+        computes the KV cache's slot mapping), so that the capture kernel
+        writes the rows straight into their slots. The sequence then holds a
+        reservation: every call on it but ``confirm``, ``cancel`` and ``end``
+        raises ``StateError``. ``confirm(seq)`` once the rows are written (the
+        state is then what ``process`` leaves); ``cancel(seq)`` if the forward
+        was aborted (the sequence is exactly as before).
+        """
+        cdef int64_t s = _i64("seq", seq)
+        pos = self._converted(s, False, as_positions, (positions,))
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        cdef cnp.ndarray slots = np.empty(n, _I64)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
+        cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(slots)
+        with nogil:
+            self._core.reserve(s, pp, n, op)
+        return slots
+
+    def reserve_many(self, seqs, cu_seqlens, positions):
+        """``reserve`` for the sequences of one target forward (flat, as ``process_many``):
+        returns the flat int64 slots."""
+        sv = self._ids("reserve_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        if _plain_positions(cu_seqlens) and _plain_positions(positions) and \
+                cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1:
+            cu, pos = cu_seqlens, positions
+        else:
+            cu, pos, _ = self._batch_converted("reserve_many", sv, Need.Ready, batch_rows_args,
+                                               ("reserve_many", True, self._D, n, cu_seqlens, positions, None))
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
+        cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        cdef cnp.ndarray slots = np.empty(total, _I64)
+        cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(slots)
+        with nogil:
+            self._core.reserve_many(sp, n, cp, pp, total, op)
+        return slots
+
+    def confirm(self, seq):
+        """The rows of ``seq``'s reservation are in the owner's table: they are the sequence's now."""
+        cdef int64_t s = _i64("seq", seq)
+        with nogil:
+            self._core.confirm(s)
+
+    def cancel(self, seq):
+        """The rows of ``seq``'s reservation never came (the forward was aborted): as if
+        ``reserve`` had not been called."""
+        cdef int64_t s = _i64("seq", seq)
+        with nogil:
+            self._core.cancel(s)
+
+    def confirm_many(self, seqs):
+        """``confirm`` for several sequences (one call, checked whole)."""
+        self._on_seqs(_CONFIRM_MANY, "confirm_many", seqs)
+
+    def cancel_many(self, seqs):
+        """``cancel`` for several sequences (one call, checked whole)."""
+        self._on_seqs(_CANCEL_MANY, "cancel_many", seqs)
+
+    def open_round_ids(self, seqs):
+        """``open_round_id`` of several sequences, as an int64 array (one call)."""
+        sv = self._ids("open_round_ids", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cdef cnp.ndarray out = np.empty(n, _I64)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef uint64_t* op = <uint64_t*>cnp.PyArray_DATA(out)
+        with nogil:
+            self._core.open_round_ids(sp, n, op)
+        return out
 
     def commit(self, seq):
         """The drafter decode and crop of the open round succeeded."""

@@ -62,7 +62,6 @@ import numpy as np
 
 from ..prefix_hit import PUBLISH, PrefixMoves
 from ..ring_owner import STATUS_NONE, RingOwner
-from ..stage_plan import StagePlan
 from . import _backend, interop
 
 __all__ = ["DeviceRing", "STAGING_ROWS"]
@@ -213,28 +212,24 @@ class DeviceRing(RingOwner):
         return self._staging_ptr
 
     # -- gather -----------------------------------------------------------
-    def _gather_plans(self, plans: list[StagePlan], n: int, odt: np.dtype, out: Any) -> Any:
-        """One plan: a launch per run of its slots (at most two, nothing uploaded). More
-        plans (a BatchPlan): their slots uploaded, one launch for the whole batch."""
+    def _gather_plans(self, slots: np.ndarray, n: int, odt: np.dtype, out: Any, batch: bool) -> Any:
+        """One plan's slots: a launch per run (at most two, nothing uploaded). A
+        batch's flat slots (a BatchPlan): uploaded, one launch for the whole batch."""
         shape = (n, self.feature_dim)
         if out is None:
             out = interop._alloc(self.lib, shape, odt, self.device, self.stream)
         o = interop._check_out(out, "DeviceRing.gather: out", shape, odt, self.stream)
         interop._check_disjoint(self._table_view(), o, "DeviceRing.gather")
         interop._order_after_producer(o, self.stream, self.device)
-        if len(plans) > 1:
-            slots = np.concatenate([p.slots for p in plans]).astype(np.int64, copy=False)
+        if batch and n:
             self._cu.gather_rows(self._table_ptr, _backend._STORAGE[self.storage], self.rows, self.feature_dim,
-                                 self._upload_slots(slots), n, o.ptr, _backend._ELEM[odt], 0, self.stream)
+                                 self._upload_slots(slots.astype(np.int64, copy=False)), n, o.ptr,
+                                 _backend._ELEM[odt], 0, self.stream)
         else:
             out_row = self.feature_dim * odt.itemsize
-            at = 0
-            for p in plans:
-                for slot, r0, m in slot_runs(p.slots):
-                    self._cu.decode(self._table_ptr + slot * self.row_bytes, _backend._STORAGE[self.storage],
-                                    o.ptr + (at + r0) * out_row, _backend._ELEM[odt], m, self.feature_dim,
-                                    self.stream)
-                at += len(p.slots)
+            for slot, r0, m in slot_runs(slots):
+                self._cu.decode(self._table_ptr + slot * self.row_bytes, _backend._STORAGE[self.storage],
+                                o.ptr + r0 * out_row, _backend._ELEM[odt], m, self.feature_dim, self.stream)
         interop._mark_written(out, self.stream, self._stream_obj)
         return out
 

@@ -14,7 +14,8 @@ the values (ranges, positions, contents) and strict mode's protocol check.
 from __future__ import annotations
 
 import operator
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import ml_dtypes
 import numpy as np
@@ -27,6 +28,9 @@ MAX_POSITION = 1 << 62
 TRIM_CHUNK = 512
 #: Where a drafter round can fail (``fail(seq, stage)``).
 FAIL_STAGES = ("decode", "crop")
+#: Why a draft staged nothing, in the order the reasons are checked (a batch plan's
+#: ``skip_code`` is 1 + the index here, 0 for a round that opened).
+SKIP_REASONS = ("disabled", "empty", "no_context", "missing_rows")
 #: The snapshot header's codes of the non-finite policies and staged types (format v2).
 NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "clamp")
 STAGE_DTYPES = ("float32", "float16", "bfloat16")
@@ -51,13 +55,20 @@ def integer(name: str, value: Any) -> int:
 
 def positions(value: Any) -> np.ndarray:
     """Positions as a 1-D int64 array (TypeError: not integers; ValueError: not 1-D)."""
+    return _integers("positions", value)
+
+
+def _integers(what: str, value: Any) -> np.ndarray:
+    """``value`` as a 1-D int64 array, its errors naming it ``what``: TypeError when it
+    does not hold integers, ValueError when it is not 1-D; beyond int64, the nearest int64
+    (rejected by the value's own rule)."""
     arr = np.asarray(value)
     if arr.size == 0:
         arr = arr.astype(np.int64)
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"positions must be integers, got dtype {arr.dtype}")
+        raise TypeError(f"{what} must be integers, got dtype {arr.dtype}")
     if arr.ndim != 1:
-        raise ValueError(f"positions must be 1-D, got shape {arr.shape}")
+        raise ValueError(f"{what} must be 1-D, got shape {arr.shape}")
     if arr.dtype.kind == "u":
         arr = np.minimum(arr, np.uint64(INT64_MAX)).astype(np.uint64)
     return arr.astype(np.int64)
@@ -119,16 +130,17 @@ def fail_stage(value: Any) -> str:
     raise ValueError(f"stage must be one of {FAIL_STAGES}, got {value!r}")
 
 
-def rows_given(external: bool, value: Any) -> None:
-    """``process``: rows in held mode, none in external-row mode."""
+def rows_given(external: bool, value: Any, call: str = "process") -> None:
+    """``process`` / ``process_many``: rows in held mode, none in external-row mode."""
     if external and value is not None:
+        usage = "process(seq, positions)" if call == "process" else f"{call}(seqs, cu_seqlens, positions)"
         raise TypeError(
-            "process: this Stager runs in external-row mode (rows='external') and holds no rows: "
-            "call process(seq, positions) without rows and write each row at the slot it returns"
+            f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows: "
+            f"call {usage} without rows and write each row at the slot it returns"
         )
     if not external and value is None:
         raise TypeError(
-            "process: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
+            f"{call}: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
             "or configure StagerConfig(rows='external')"
         )
 
@@ -136,6 +148,120 @@ def rows_given(external: bool, value: Any) -> None:
 def held_rows(external: bool, call: str) -> None:
     if external:
         raise TypeError(f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows")
+
+
+# -- a batch's arrays (one call for many sequences) ---------------------------------
+#
+# A batch's arrays are converted whole and their errors name the call; an
+# error about one sequence is that sequence's own error (the per-sequence
+# call's), prefixed by :func:`batch_context`.
+
+
+def _int_array(call: str, name: str, value: Any) -> np.ndarray:
+    """A batch's integer array ``name``: 1-D int64, its errors naming the call."""
+    return _integers(f"{call}: {name}", value)
+
+
+def seq_ids(call: str, value: Any) -> np.ndarray:
+    """A batch's sequence ids."""
+    return _int_array(call, "seqs", value)
+
+
+def batch_ints(call: str, name: str, value: Any, n: int) -> np.ndarray:
+    """One integer per sequence of a batch of ``n`` (``n_pasts``, ``n_accepted``)."""
+    arr = _int_array(call, name, value)
+    if len(arr) != n:
+        raise ValueError(f"{call}: {n} sequences for {len(arr)} {name} values")
+    return arr
+
+
+def batch_rows(call: str, external: bool, feature_dim: int, n: int, cu_seqlens: Any, positions: Any,
+               value: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """A varlen batch: ``cu_seqlens`` (``n + 1`` entries), the flat positions and, in held
+    mode, the flat rows (one per position)."""
+    rows_given(external, value, call)
+    cu = _int_array(call, "cu_seqlens", cu_seqlens)
+    if len(cu) != n + 1:
+        raise ValueError(f"{call}: cu_seqlens must have {n + 1} entries (one more than seqs), got {len(cu)}")
+    pos = _int_array(call, "positions", positions)
+    if external:
+        return cu, pos, None
+    arr = rows(value, feature_dim)
+    if len(arr) != len(pos):
+        raise ValueError(f"{call}: {len(pos)} positions for {len(arr)} rows")
+    return cu, pos, arr
+
+
+def fail_stages(call: str, stages: Any, seqs: np.ndarray) -> list[str]:
+    """``fail_many``'s stages: one name for every sequence, or one name (or index in
+    ``FAIL_STAGES``) per sequence; a bad one is ``fail``'s error about its sequence."""
+    n = len(seqs)
+    if isinstance(stages, str):
+        stages = [stages] * n
+    arr = np.asarray(stages)
+    if arr.ndim != 1:
+        raise ValueError(f"{call}: stages must be one name or 1-D, got shape {arr.shape}")
+    if len(arr) != n:
+        raise ValueError(f"{call}: {n} sequences for {len(arr)} stages")
+    if arr.dtype.kind in "iu":
+        given: list[Any] = [FAIL_STAGES[v] if 0 <= v < len(FAIL_STAGES) else v for v in arr.tolist()]
+    else:
+        given = list(stages)
+    out = []
+    for i, stage in enumerate(given):
+        with in_batch(call, i, int(seqs[i])):
+            out.append(fail_stage(stage))
+    return out
+
+
+def batch_context(call: str, i: int, seq: int) -> str:
+    """What an error about ``seqs[i]`` of a batch call starts with."""
+    return f"{call}: seqs[{i}] (sequence {seq}): "
+
+
+@contextmanager
+def in_batch(call: str, i: int, seq: int) -> Iterator[None]:
+    """Re-raise a rejection of ``seqs[i]`` as the same kind of error, named (:func:`batch_context`)."""
+    try:
+        yield
+    except StateError as exc:
+        raise StateError(batch_context(call, i, seq) + str(exc)) from None
+    except TypeError as exc:
+        raise TypeError(batch_context(call, i, seq) + str(exc)) from None
+    except ValueError as exc:
+        raise ValueError(batch_context(call, i, seq) + str(exc)) from None
+
+
+def unique(call: str, seqs: np.ndarray) -> None:
+    """Each sequence once: the first id that repeats an earlier one is named, with both places."""
+    first: dict[int, int] = {}
+    for j, s in enumerate(seqs.tolist()):
+        if s in first:
+            raise ValueError(
+                f"{call}: sequence {s} appears twice (seqs[{first[s]}] and seqs[{j}]): a batch names each sequence once"
+            )
+        first[s] = j
+
+
+def offsets(call: str, cu: np.ndarray, total: int) -> None:
+    """``cu_seqlens`` start at 0, never decrease and end at the ``total`` rows."""
+    who = f"{call}: cu_seqlens "
+    if cu[0] != 0:
+        raise ValueError(f"{who}must start at 0, got {int(cu[0])}")
+    for i in range(len(cu) - 1):
+        if cu[i + 1] < cu[i]:
+            raise ValueError(
+                f"{who}must not decrease, got cu_seqlens[{i + 1}] = {int(cu[i + 1])} < cu_seqlens[{i}] = {int(cu[i])}"
+            )
+    if cu[-1] != total:
+        raise ValueError(f"{who}must end at the {total} rows, got {int(cu[-1])}")
+
+
+def external_only(call: str) -> ValueError:
+    """``reserve`` on a Stager that holds its rows."""
+    return ValueError(
+        f"{call} needs external-row mode, but this Stager holds its rows (use process / process_encoded)"
+    )
 
 
 # -- values -----------------------------------------------------------------------

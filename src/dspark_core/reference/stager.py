@@ -50,13 +50,23 @@ the core changes its ring, with the same lazy ``TRIM_CHUNK`` trim. It gives
 every plan's ``slots`` and the moves ``fork`` / ``shift`` return, in both row
 modes; in external-row mode (``rows="external"``) it is all the reference
 keeps of the rows, and ``process`` returns the slots to write.
+
+Batches (``process_many``, ``accept_many``, ``draft_many``, ``commit_many``,
+``fail_many``, ``reserve_many``, ``confirm_many``, ``cancel_many``,
+``end_many``, ``open_round_ids``) do for each sequence what its per-sequence
+call does, after checking the whole batch (see "batches" below): a rejected
+batch changes nothing. A reservation (``reserve``, external-row mode) is
+``process`` with the sequence held until ``confirm`` (nothing more to do) or
+``cancel`` (the sequence as it was before, put back whole); ``end`` makes a
+sequence, whatever its state, as a new Stager's.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -68,6 +78,7 @@ from ..errors import StateError
 from ..slot_moves import RestoredSlots, SlotMoves, no_moves
 from ..stage_plan import BatchPlan, StagePlan
 from .arguments import DISABLED_WARNING, FAIL_STAGES, MISMATCH_WARNING, TRIM_CHUNK
+from .batch_plan import batch_plan
 from .ring import RingModel
 from ..stager_copy import reduce_stager
 
@@ -103,6 +114,15 @@ class _Seq:
     head: int = 0  # the core's ring head: it holds [head, end) (bookkeeping only)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
     ring: RingModel = field(default_factory=lambda: RingModel(0))  # replaced by the Stager's
+    # A reservation (reserve .. confirm / cancel): the whole sequence as it was
+    # before it, which cancel puts back; None when there is none.
+    reservation: _Seq | None = None
+
+
+#: What a call needs of its sequence's state: no open round and no reservation
+#: (every call but the ones below), an open round (commit, fail), a reservation
+#: (confirm, cancel), or nothing (end).
+READY, OPEN, RESERVED, ANY = "ready", "open", "reserved", "any"
 
 
 def _moves(src_slots: list[int], dst_slots: list[int]) -> np.ndarray:
@@ -167,9 +187,22 @@ class ReferenceStager:
     def _closed(self, seq: Any) -> tuple[int, _Seq]:
         st = self._get(seq)
         i = arg.integer("seq", seq)
-        if st.open_round is not None:
-            raise StateError(f"sequence {i} has an open round: call commit() or fail() first")
+        self._need(i, st, READY)
         return i, st
+
+    @staticmethod
+    def _need(i: int, st: _Seq, need: str) -> None:
+        """The state check of every call (after the id's): ``need`` is READY, OPEN, RESERVED or ANY."""
+        if need == ANY:
+            return
+        if st.reservation is not None and need != RESERVED:
+            raise StateError(f"sequence {i} has reserved rows: call confirm() or cancel() first")
+        if need == READY and st.open_round is not None:
+            raise StateError(f"sequence {i} has an open round: call commit() or fail() first")
+        if need == OPEN and st.open_round is None:
+            raise StateError(f"sequence {i} has no open round (call draft() first)")
+        if need == RESERVED and st.reservation is None:
+            raise StateError(f"sequence {i} has no reserved rows (call reserve() first)")
 
     def _firm_end(self, st: _Seq) -> int:
         if st.accept_open and st.tentative > 0:
@@ -426,39 +459,18 @@ class ReferenceStager:
         self._check_strict(i, st, start)
         return self._draft_checked(i, st, start)
 
-    def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int]) -> BatchPlan:
-        """``draft`` for several sequences at once: one batch for the drafter."""
-        seq_list = [arg.integer("seq", s) for s in seqs]
-        for s in seq_list:
-            self._get(s)
-        for s in seq_list:
-            self._closed(s)
-        past_list = [arg.integer("n_past", p) for p in n_pasts]
-        if len(seq_list) != len(past_list):
-            raise ValueError(f"{len(seq_list)} sequences for {len(past_list)} n_past values")
-        if len(set(seq_list)) != len(seq_list):
-            raise ValueError("draft_many: sequence ids must be unique")
-        for p in past_list:
-            arg.count("n_past", p)
-        for s, p in zip(seq_list, past_list):
-            self._check_strict(s, self._seqs[s], p)
-        c = self.config
-        return BatchPlan(
-            [self._draft_checked(s, self._seqs[s], p) for s, p in zip(seq_list, past_list)],
-            feature_dim=c.feature_dim, row_bytes=self._row_bytes, stage_dtype=c.numpy_stage_dtype,
-            external=self._external,
-        )
-
     def _open(self, seq: Any) -> tuple[int, _Seq]:
         st = self._get(seq)
         i = arg.integer("seq", seq)
-        if st.open_round is None:
-            raise StateError(f"sequence {i} has no open round (call draft() first)")
+        self._need(i, st, OPEN)
         return i, st
 
     def commit(self, seq: int) -> None:
         """The drafter decode and crop of the open round succeeded."""
         _, st = self._open(seq)
+        self._commit_checked(st)
+
+    def _commit_checked(self, st: _Seq) -> None:
         start, base = st.open_round  # type: ignore[misc]
         st.open_round = None
         st.n_cache, st.pos_base = start, base
@@ -471,22 +483,33 @@ class ReferenceStager:
         """The drafter decode or crop of the open round failed: restage next round."""
         i, st = self._open(seq)
         stage = arg.fail_stage(stage)
+        if self._fail_checked(st):
+            logger.warning(DISABLED_WARNING, i, st.failures, stage)
+
+    def _fail_checked(self, st: _Seq) -> bool:
+        """Close the open round as failed; True when this failure disabled the sequence."""
         st.open_round = None
         st.restage_owed = True
         st.first_round = False
         st.failures += 1
         st.stats["failures"] += 1
-        if st.failures >= self.config.max_failures and not st.disabled:
-            st.disabled = True
-            logger.warning(DISABLED_WARNING, i, st.failures, stage)
+        disabled_now = st.failures >= self.config.max_failures and not st.disabled
+        st.disabled = st.disabled or disabled_now
         self._advance_horizon(st)
+        return disabled_now
 
     def accept(self, seq: int, n_accepted: int) -> None:
         """Keep the rows of the ``n_accepted`` accepted tokens (+1) of the last verify batch."""
         _, st = self._closed(seq)
-        n = arg.integer("n_accepted", n_accepted)
+        n = self._check_accept(arg.integer("n_accepted", n_accepted))
+        self._accept_checked(st, n)
+
+    def _check_accept(self, n: int) -> int:
         if not 0 <= n <= self.config.block_size:
             raise ValueError(f"n_accepted must be in [0, {self.config.block_size}], got {n}")
+        return n
+
+    def _accept_checked(self, st: _Seq, n: int) -> None:
         if not st.accept_open or st.tentative == 0:
             return
         keep = min(st.tentative, n + 1)
@@ -497,6 +520,227 @@ class ReferenceStager:
         st.end = new_end
         st.tentative = 0
         self._advance_horizon(st)
+
+    # -- batches: one call for many sequences ----------------------------
+    # A batch call does for each of its sequences what the per-sequence call
+    # does, and checks the whole batch first, step by step as a per-sequence
+    # call checks one sequence (docs/design.md 2.1): every id, then every
+    # state, then the kind and shape of the arrays, unique ids, then the
+    # values sequence by sequence, contents last. Only then does anything
+    # change: a rejected batch changes nothing. An error about one sequence
+    # is the per-sequence call's error, prefixed by ``arg.batch_context``.
+
+    def _check_batch(self, call: str, ids: np.ndarray, need: str) -> list[_Seq]:
+        """A batch's first two steps: every id exists, then every state is ``need``."""
+        seqs = ids.tolist()
+        for k, s in enumerate(seqs):
+            with arg.in_batch(call, k, s):
+                self._get(s)
+        states = [self._seqs[s] for s in seqs]
+        for k, (s, st) in enumerate(zip(seqs, states)):
+            with arg.in_batch(call, k, s):
+                self._need(s, st, need)
+        return states
+
+    def _converted(self, call: str, ids: np.ndarray, need: str, convert: Callable[..., Any], *args: Any) -> Any:
+        """``convert(*args)``: a batch's other arrays; when one cannot be converted,
+        the batch's id and state errors come first (as for one sequence)."""
+        try:
+            return convert(*args)
+        except (TypeError, ValueError) as exc:
+            conversion = exc
+        self._check_batch(call, ids, need)
+        raise conversion
+
+    def _check_rows(self, call: str, ids: np.ndarray, states: list[_Seq], cu: np.ndarray,
+                    pos: np.ndarray) -> list[tuple[int, int]]:
+        """The offsets, then each sequence's positions; returns each sequence's ``[a, b)`` rows."""
+        arg.offsets(call, cu, len(pos))
+        spans = [(int(cu[k]), int(cu[k + 1])) for k in range(len(ids))]
+        for k, (s, st, (a, b)) in enumerate(zip(ids.tolist(), states, spans)):
+            with arg.in_batch(call, k, s):
+                self._check_positions(s, st, pos[a:b])
+        return spans
+
+    def process_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any = None) -> np.ndarray | None:
+        """``process`` for the sequences of one target forward, rows flat as in a varlen batch.
+
+        The rows of ``seqs[i]`` are rows ``[cu_seqlens[i], cu_seqlens[i + 1])``
+        of ``positions`` and (held mode) ``rows``. External-row mode: no rows;
+        returns the flat slots, one per row (-1 below the horizon).
+        """
+        call = "process_many"
+        ids = arg.seq_ids(call, seqs)
+        cu, pos, arr = self._converted(call, ids, READY, arg.batch_rows, call, self._external,
+                                       self.config.feature_dim, len(ids), cu_seqlens, positions, rows)
+        states = self._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        spans = self._check_rows(call, ids, states, cu, pos)
+        encoded: list[np.ndarray | None] = [None] * len(ids)
+        if arr is not None:
+            for k, (s, (a, b)) in enumerate(zip(ids.tolist(), spans)):
+                if b > a:
+                    with arg.in_batch(call, k, s):
+                        encoded[k] = self._encode(s, pos[a:b], arr[a:b])
+        slots: list[int] = []
+        for s, st, (a, b), enc in zip(ids.tolist(), states, spans, encoded):
+            if b > a:
+                slots += self._append(s, st, int(pos[a]), enc, b - a)
+        return np.array(slots, np.int64) if self._external else None
+
+    def accept_many(self, seqs: Any, n_accepted: Any) -> None:
+        """``accept`` for several sequences: ``n_accepted[i]`` for ``seqs[i]``."""
+        call = "accept_many"
+        seq_list, values, states = self._ready_with_ints(call, seqs, "n_accepted", n_accepted)
+        for k, (s, n) in enumerate(zip(seq_list, values)):
+            with arg.in_batch(call, k, s):
+                self._check_accept(n)
+        for st, n in zip(states, values):
+            self._accept_checked(st, n)
+
+    def _ready_with_ints(self, call: str, seqs: Any, name: str, values: Any) -> tuple[list[int], list[int], list[_Seq]]:
+        """A batch of ready sequences with one integer each (``n_pasts``, ``n_accepted``), checked
+        up to its unique ids: the ids, the integers and the sequences."""
+        ids = arg.seq_ids(call, seqs)
+        ints = self._converted(call, ids, READY, arg.batch_ints, call, name, values, len(ids))
+        states = self._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        return ids.tolist(), ints.tolist(), states
+
+    def draft_many(self, seqs: Any, n_pasts: Any) -> BatchPlan:
+        """``draft`` for several sequences as one drafter batch (a :class:`BatchPlan`)."""
+        call = "draft_many"
+        seq_list, past_list, states = self._ready_with_ints(call, seqs, "n_pasts", n_pasts)
+        for k, (s, p) in enumerate(zip(seq_list, past_list)):
+            with arg.in_batch(call, k, s):
+                arg.count("n_past", p)
+        for k, (s, st, p) in enumerate(zip(seq_list, states, past_list)):
+            with arg.in_batch(call, k, s):
+                self._check_strict(s, st, p)
+        plans = [self._draft_checked(s, st, p) for s, st, p in zip(seq_list, states, past_list)]
+        c = self.config
+        return batch_plan(
+            plans, block_size=c.block_size, feature_dim=c.feature_dim, row_bytes=self._row_bytes,
+            stage_dtype=c.numpy_stage_dtype, max_plan_rows=c.window - c.block_size, external=self._external,
+            source=self if self._external else None, decode=None if self._external else self._decode,
+        )
+
+    def commit_many(self, seqs: Any) -> None:
+        """``commit`` for several sequences."""
+        call = "commit_many"
+        ids = arg.seq_ids(call, seqs)
+        states = self._check_batch(call, ids, OPEN)
+        arg.unique(call, ids)
+        for st in states:
+            self._commit_checked(st)
+
+    def fail_many(self, seqs: Any, stages: Any = "decode") -> None:
+        """``fail`` for several sequences: one stage for all of them, or one per sequence
+        (names, or indices in ``FAIL_STAGES``)."""
+        call = "fail_many"
+        ids = arg.seq_ids(call, seqs)
+        names = self._converted(call, ids, OPEN, arg.fail_stages, call, stages, ids)
+        states = self._check_batch(call, ids, OPEN)
+        arg.unique(call, ids)
+        disabled = [self._fail_checked(st) for st in states]
+        for s, st, name, now in zip(ids.tolist(), states, names, disabled):
+            if now:
+                logger.warning(DISABLED_WARNING, s, st.failures, name)
+
+    def open_round_ids(self, seqs: Any) -> np.ndarray:
+        """``open_round_id`` of several sequences (int64; an id may repeat)."""
+        ids = arg.seq_ids("open_round_ids", seqs)
+        self._check_batch("open_round_ids", ids, ANY)
+        return np.array([self.open_round_id(s) for s in ids.tolist()], np.int64)
+
+    # -- a request's end --------------------------------------------------
+    def end(self, seq: int) -> None:
+        """The request on ``seq`` is over: drop whatever it holds (an open round, a
+        reservation, its rows and ring); the sequence is as a new Stager's."""
+        i = arg.integer("seq", seq)
+        self._get(i)
+        self._end_checked(i)
+
+    def end_many(self, seqs: Any) -> None:
+        """``end`` for several sequences."""
+        ids = arg.seq_ids("end_many", seqs)
+        self._check_batch("end_many", ids, ANY)
+        arg.unique("end_many", ids)
+        for s in ids.tolist():
+            self._end_checked(s)
+
+    def _end_checked(self, i: int) -> None:
+        self._seqs[i] = _Seq(ring=RingModel(self._ring_rows))
+        self._warned.discard(i)
+
+    # -- slots before the rows (external-row mode) ------------------------
+    # reserve is process in external-row mode, with the sequence then held
+    # until confirm (the rows were written: nothing more to do) or cancel (the
+    # sequence as it was before, exactly: it is put back whole).
+
+    def reserve(self, seq: int, positions: Any) -> np.ndarray:
+        """The slots ``process(seq, positions)`` would return, handed out before the rows exist."""
+        i, st = self._closed(seq)
+        pos = arg.positions(positions)
+        if not self._external:
+            raise arg.external_only("reserve")
+        self._check_positions(i, st, pos)
+        return np.array(self._reserve_checked(i, st, pos), np.int64)
+
+    def reserve_many(self, seqs: Any, cu_seqlens: Any, positions: Any) -> np.ndarray:
+        """``reserve`` for the sequences of one target forward (flat, as ``process_many``)."""
+        call = "reserve_many"
+        ids = arg.seq_ids(call, seqs)
+        cu, pos, _ = self._converted(call, ids, READY, arg.batch_rows, call, True, self.config.feature_dim,
+                                     len(ids), cu_seqlens, positions, None)
+        states = self._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        if not self._external:
+            raise arg.external_only(call)
+        spans = self._check_rows(call, ids, states, cu, pos)
+        slots: list[int] = []
+        for s, st, (a, b) in zip(ids.tolist(), states, spans):
+            slots += self._reserve_checked(s, st, pos[a:b])
+        return np.array(slots, np.int64)
+
+    def _reserve_checked(self, i: int, st: _Seq, pos: np.ndarray) -> list[int]:
+        before = copy.deepcopy(st)
+        slots = self._append(i, st, int(pos[0]), None, len(pos)) if len(pos) else []
+        st.reservation = before
+        return slots
+
+    def confirm(self, seq: int) -> None:
+        """The reserved rows are in the owner's table: they are the sequence's now."""
+        i = arg.integer("seq", seq)
+        self._need(i, self._get(i), RESERVED)
+        self._seqs[i].reservation = None
+
+    def cancel(self, seq: int) -> None:
+        """The reserved rows never came: the sequence is exactly as before ``reserve``."""
+        i = arg.integer("seq", seq)
+        self._need(i, self._get(i), RESERVED)
+        self._cancel_checked(i)
+
+    def _cancel_checked(self, i: int) -> None:
+        before = self._seqs[i].reservation
+        assert before is not None
+        self._seqs[i] = before
+
+    def confirm_many(self, seqs: Any) -> None:
+        """``confirm`` for several sequences."""
+        ids = arg.seq_ids("confirm_many", seqs)
+        states = self._check_batch("confirm_many", ids, RESERVED)
+        arg.unique("confirm_many", ids)
+        for st in states:
+            st.reservation = None
+
+    def cancel_many(self, seqs: Any) -> None:
+        """``cancel`` for several sequences."""
+        ids = arg.seq_ids("cancel_many", seqs)
+        self._check_batch("cancel_many", ids, RESERVED)
+        arg.unique("cancel_many", ids)
+        for s in ids.tolist():
+            self._cancel_checked(s)
 
     # -- lifecycle ------------------------------------------------------
     def rollback(self, seq: int, n_past: int) -> None:
@@ -687,6 +931,7 @@ class ReferenceStager:
             "restage_owed": st.restage_owed,
             "first_round": st.first_round,
             "tentative_rows": st.tentative if st.accept_open else 0,
+            "reservation_open": st.reservation is not None,
         }
 
     def stats(self, seq: int) -> dict[str, int]:

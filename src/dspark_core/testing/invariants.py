@@ -493,7 +493,10 @@ class InvariantChecker:
 
     def commit(self, seq: int) -> None:
         self._call("commit", seq, closed=[int(seq)])
-        s = int(seq)
+        self._after_commit(int(seq))
+
+    def _after_commit(self, s: int) -> None:
+        """The drafter's cache after a committed round: the plan's rows and block, cropped."""
         m = self._models[s]
         plan, m.open_plan = m.open_plan, None
         enc, m.open_rows = m.open_rows, None
@@ -508,7 +511,10 @@ class InvariantChecker:
 
     def fail(self, seq: int, stage: str = "decode") -> None:
         self._call("fail", seq, stage, closed=[int(seq)])
-        m = self._models[int(seq)]
+        self._after_fail(int(seq))
+
+    def _after_fail(self, s: int) -> None:
+        m = self._models[s]
         m.open_plan = m.open_rows = None
         m.cache = None
 
@@ -519,11 +525,93 @@ class InvariantChecker:
             return
         before = self._st.state(s)
         self._call("accept", seq, n_accepted)
+        self._after_accept(s, before)
+
+    def _after_accept(self, s: int, before: dict[str, Any]) -> None:
         after = self._st.state(s)
         if after["end"] > before["end"] or after["end"] < before["end"] - before["tentative_rows"]:
             _violation(f"seq {s}: accept moved the end from {before['end']} to {after['end']} "
                        f"({before['tentative_rows']} tentative rows)")
         self._sync_truth(s)
+
+    # -- batches (each as its per-sequence calls; a rejected batch changes nothing) --------
+    def _batch_ids(self, seqs: Any) -> list[int]:
+        """A batch's ids for the model ([] when they are not integers: the Stager rejects those)."""
+        arr = np.asarray(seqs).reshape(-1)
+        return [int(x) for x in arr.tolist()] if arr.dtype.kind in "iu" else []
+
+    def process_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any = None) -> np.ndarray | None:
+        """``process_many``; with external rows the checker keeps ``rows`` as :meth:`process` does
+        (it checks and encodes them, asks the Stager for the slots, writes them there) and
+        returns the slots."""
+        c = self._cfg
+        if self._external:
+            if rows is None:
+                raise TypeError("InvariantChecker owns the external rows: pass them to process_many(seqs, cu_seqlens, "
+                                "positions, rows) (it calls the Stager's process_many without rows and writes them)")
+            pos = as_positions(positions)
+            x = as_rows(rows, c.feature_dim)
+            if len(x) != len(pos):
+                raise ValueError(f"process_many: {len(pos)} positions for {len(x)} rows")
+            enc = np.ascontiguousarray(rf.encode(x, c.storage, c.nonfinite, c.stage_dtype)).view(np.uint8)
+            enc = enc.reshape(len(pos), c.row_bytes)
+            slots = np.asarray(self._call("process_many", seqs, cu_seqlens, positions))
+            assert self.mirror is not None
+            keep = slots >= 0
+            self.mirror[slots[keep]] = enc[keep]
+        else:
+            self._call("process_many", seqs, cu_seqlens, positions, rows)
+            pos = as_positions(positions)
+            enc = self._enc(rows) if len(pos) else np.zeros((0, c.row_bytes), np.uint8)
+            slots = None
+        cu = np.asarray(cu_seqlens, np.int64).reshape(-1)
+        for i, s in enumerate(self._batch_ids(seqs)):
+            a, b = int(cu[i]), int(cu[i + 1])
+            if self._external:
+                assert slots is not None
+                check_slots(slots[a:b], s, b - a, c, f"seq {s} process_many")
+                below = pos[a:b] < self._st.state(s)["horizon"]
+                if not np.array_equal(slots[a:b] < 0, below):
+                    _violation(f"seq {s} process_many: slot -1 must mark exactly the rows below the horizon")
+            m = self._models[s]
+            for k in range(a, b):
+                m.truth[int(pos[k])] = enc[k].tobytes()
+            self._sync_truth(s)
+        self._check_live()
+        return slots
+
+    def commit_many(self, seqs: Any) -> None:
+        ids = self._batch_ids(seqs)
+        self._call("commit_many", seqs, closed=ids)
+        for s in ids:
+            self._after_commit(s)
+
+    def fail_many(self, seqs: Any, stages: Any = "decode") -> None:
+        ids = self._batch_ids(seqs)
+        self._call("fail_many", seqs, stages, closed=ids)
+        for s in ids:
+            self._after_fail(s)
+
+    def accept_many(self, seqs: Any, n_accepted: Any) -> None:
+        before = self._states()
+        self._call("accept_many", seqs, n_accepted)
+        for s in self._batch_ids(seqs):
+            self._after_accept(s, before[s])
+
+    def end(self, seq: int) -> None:
+        self._call("end", seq)
+        self._after_end([int(seq)])
+
+    def end_many(self, seqs: Any) -> None:
+        self._call("end_many", seqs)
+        self._after_end(self._batch_ids(seqs))
+
+    def _after_end(self, ids: list[int]) -> None:
+        for s in ids:
+            self._models[s] = _Model()
+            st = self._st.state(s)
+            if st["started"] or st["open_round"] or st["reservation_open"] or self._st.stats(s)["rounds"]:
+                _violation(f"seq {s}: after end() the sequence is not a new Stager's: {st}")
 
     def rollback(self, seq: int, n_past: int) -> None:
         self._call("rollback", seq, n_past)

@@ -1,0 +1,221 @@
+#!/usr/bin/env python3
+"""Threads on distinct sequences: 2 threads against 1, steady held-mode rounds.
+
+Each sequence has its own lock in the core and the binding releases the GIL
+around every call, so two threads working on two different sequences of
+one Stager should run in parallel. Held mode, D = 25,600 (the row width of
+a large target), B = 16, W = 4,096; two sequences, each prefilled, then
+steady rounds (after a warm-up that wraps each ring)::
+
+    plan = st.draft(seq, n_past); st.commit(seq)
+    st.process(seq, verify_positions, verify_rows)   # B + 1 float32 rows
+    st.accept(seq, 3)
+
+* 1 thread: the rounds of both sequences, one after the other;
+* 2 threads: one thread per sequence, the same rounds, started together;
+
+each from Python threads (the binding releases the GIL in every call) and
+from C threads through the C ABI (bench/threads_floor.c, compiled here
+against the installed SDK: the core without the interpreter).
+
+Throughput = rounds / wall time; the table gives the median over trials of
+each, and the ratio 2 threads / 1 thread (target >= 1.7x on 2 cores), for
+f32 and q8_0 storage. The machine is shared: the load average is printed,
+and with other work on the cores the ratio is bounded by what is left; the
+threads' CPU time per round and their CPU share (CPU / wall / threads) tell
+contention (CPU per round rises) from missing cores (the share falls).
+
+    python bench/bench_threads.py
+    python bench/bench_threads.py --quick --json
+
+Not a test (never collected by pytest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import _common as C
+
+ds = C.import_dspark()
+from bench_step import build_c_program  # noqa: E402
+from dspark_core import Stager, StagerConfig  # noqa: E402
+from dspark_core.config import STORAGES  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+D, B, W = 25600, 16, 4096
+ACCEPT = 3
+SEQS = (0, 1)
+
+
+class Pair:
+    """Two sequences of one held-mode Stager in steady rounds (each with its own verify rows)."""
+
+    def __init__(self, storage: str, prefill: int) -> None:
+        self.st = Stager(StagerConfig(feature_dim=D, block_size=B, window=W, storage=storage, max_seqs=len(SEQS)))
+        rng = np.random.default_rng(1)
+        self.verify = rng.standard_normal((B + 1, D), dtype=np.float32)
+        self.verify[:, 7] = 3.0e3  # a massive channel
+        pre = rng.standard_normal((prefill, D), dtype=np.float32)
+        pre[0] *= 40.0  # a huge-norm first row
+        self.n_past = {}
+        for q in SEQS:
+            self.st.process(q, np.arange(prefill), pre)
+            self.n_past[q] = prefill
+
+    def rounds(self, seq: int, k: int) -> None:
+        st, n_past, verify = self.st, self.n_past[seq], self.verify
+        for _ in range(k):
+            st.draft(seq, n_past)
+            st.commit(seq)
+            st.process(seq, np.arange(n_past, n_past + B + 1), verify)
+            st.accept(seq, ACCEPT)
+            n_past += ACCEPT + 1
+        self.n_past[seq] = n_past
+
+
+@dataclass
+class Trial:
+    rounds_per_s: float
+    cpu_us_per_round: float  # CPU time of the threads running rounds (time.thread_time), per round
+    cpu_share: float  # that CPU time / (wall time x threads): < 1 when the threads did not get their cores
+
+
+def one_thread(pair: Pair, k: int) -> Trial:
+    t0, c0 = time.perf_counter(), time.thread_time()
+    for q in SEQS:
+        pair.rounds(q, k)
+    wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
+    n = len(SEQS) * k
+    return Trial(n / wall, cpu / n * 1e6, cpu / wall)
+
+
+def two_threads(pair: Pair, k: int) -> Trial:
+    go = threading.Barrier(len(SEQS) + 1)
+    cpu = [0.0] * len(SEQS)
+
+    def work(i: int, q: int) -> None:
+        go.wait()
+        c0 = time.thread_time()
+        pair.rounds(q, k)
+        cpu[i] = time.thread_time() - c0
+
+    threads = [threading.Thread(target=work, args=(i, q)) for i, q in enumerate(SEQS)]
+    for t in threads:
+        t.start()
+    go.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    n = len(SEQS) * k
+    return Trial(n / wall, sum(cpu) / n * 1e6, sum(cpu) / (wall * len(SEQS)))
+
+
+def c_threads(exe: Path, storage: str, k: int, trials: int) -> tuple[list[Trial], list[Trial]]:
+    """The same rounds through the C ABI from C threads (threads_floor.c): no interpreter, no GIL."""
+    out = subprocess.run([str(exe), str(STORAGES.index(storage)), str(D), str(B), str(W), str(ACCEPT), str(k),
+                          str(trials)], check=True, capture_output=True, text=True).stdout
+    by: dict[str, list[Trial]] = {"1": [], "2": []}
+    for line in out.split("\n"):
+        if line.strip():
+            t, wall, cpu = line.split()
+            n = len(SEQS) * k
+            by[t].append(Trial(n / (int(wall) / 1e9), int(cpu) / 1e3 / n, int(cpu) / int(wall) / int(t)))
+    return by["1"], by["2"]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--storages", default="f32,q8_0")
+    ap.add_argument("--rounds", type=int, default=60, help="rounds per sequence per trial")
+    ap.add_argument("--trials", type=int, default=7, help="trials of each (alternating 1 and 2 threads)")
+    ap.add_argument("--quick", action="store_true", help="20 rounds, 3 trials")
+    ap.add_argument("--out", default=None, help="also write the markdown here")
+    ap.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
+                    help="one JSON record per storage: on stdout instead of the table (no PATH), or into PATH "
+                         "with the targets, the table still printed (bench/run_all.py)")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.trials = 20, 3
+    load_before = os.getloadavg()[0]
+    records: list[dict[str, Any]] = []
+
+    def record(storage: str, way: str, one: list[Trial], two: list[Trial]) -> None:
+        def med(ts: list[Trial], field: str) -> float:
+            return float(np.median([getattr(t, field) for t in ts]))
+
+        ratios = [b.rounds_per_s / a.rounds_per_s for a, b in zip(one, two)]
+        records.append({"storage": storage, "way": way, "feature_dim": D, "rounds_per_trial": 2 * args.rounds,
+                        "trials": args.trials, "one_thread_rounds_per_s": med(one, "rounds_per_s"),
+                        "two_threads_rounds_per_s": med(two, "rounds_per_s"),
+                        "ratio": med(two, "rounds_per_s") / med(one, "rounds_per_s"),
+                        "median_trial_ratio": float(np.median(ratios)),
+                        "one_thread_cpu_us_per_round": med(one, "cpu_us_per_round"),
+                        "two_threads_cpu_us_per_round": med(two, "cpu_us_per_round"),
+                        "one_thread_cpu_share": med(one, "cpu_share"),
+                        "two_threads_cpu_share": med(two, "cpu_share")})
+
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_c_program(HERE / "threads_floor.c", Path(tmp))
+        for storage in [s.strip() for s in args.storages.split(",") if s.strip()]:
+            pair = Pair(storage, prefill=64)
+            # Warm-up until each ring has wrapped: steady rounds touch no new page (first touches
+            # would be page faults, serialised in the kernel, not the Stager's work).
+            warm = pair.st.ring_rows // (ACCEPT + 1) + 16
+            for q in SEQS:
+                pair.rounds(q, warm)
+            one: list[Trial] = []
+            two: list[Trial] = []
+            for _ in range(args.trials):  # alternate, so load drifts hit both alike
+                one.append(one_thread(pair, args.rounds))
+                two.append(two_threads(pair, args.rounds))
+            del pair
+            record(storage, "Python threads", one, two)
+            record(storage, "C threads", *c_threads(exe, storage, args.rounds, args.trials))
+    load_after = os.getloadavg()[0]
+    if args.json == "-":
+        for r in records:
+            print(json.dumps(r))
+        return 0
+    targets = [{"target": "2 threads on distinct sequences >= 1.7x one thread's rounds/s",
+                "where": f"held, D = {D:,}, {r['storage']}, Python threads", "value": r["ratio"],
+                "pass": r["ratio"] >= 1.7, "text": f"{r['ratio']:.2f}x"} for r in records if r["way"] == "Python threads"]
+    C.write_json(args.json, {"records": records, "targets": targets, "load": [load_before, load_after]})
+    lines = C.header_lines(
+        "Threads on distinct sequences: steady held-mode rounds, 2 threads vs 1",
+        [f"D = {D}, B = {B}, W = {W}, accept {ACCEPT}; {len(SEQS)} sequences of one Stager; "
+         f"{args.trials} trials of {2 * args.rounds} rounds",
+         f"cores: {os.cpu_count()}; load average (1 min) {load_before:.2f} before, {load_after:.2f} after"])
+    lines += C.table(["storage", "way", "1 thread (rounds/s)", "2 threads (rounds/s)", "2 / 1", "median trial 2 / 1",
+                      "target >= 1.7x", "CPU us / round, 1 / 2 threads", "CPU share, 1 / 2 threads"],
+                     [[r["storage"], r["way"], f"{r['one_thread_rounds_per_s']:.0f}", f"{r['two_threads_rounds_per_s']:.0f}",
+                       C.fmt_x(r["ratio"], 2), C.fmt_x(r["median_trial_ratio"], 2), C.verdict(r["ratio"] >= 1.7),
+                       f"{r['one_thread_cpu_us_per_round']:.0f} / {r['two_threads_cpu_us_per_round']:.0f}",
+                       f"{r['one_thread_cpu_share']:.2f} / {r['two_threads_cpu_share']:.2f}"]
+                      for r in records])
+    lines += ["",
+              "CPU us / round: the threads' own CPU time per round (equal for 1 and 2 threads when the threads do",
+              "not contend: no lock spinning, no shared cache lines). CPU share: that CPU time / (wall x threads);",
+              "below 1 the threads were waiting for a core (other load) or for each other, and the throughput",
+              "ratio is bounded by it: with the machine shared, read 2 / 1 against the load average above.",
+              "C threads: the same rounds through the C ABI from two C threads (bench/threads_floor.c, no",
+              "interpreter, no GIL): what the core itself gives two threads on this machine at this moment."]
+    C.emit(lines, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

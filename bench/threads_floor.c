@@ -1,0 +1,150 @@
+/* threads_floor.c: bench/bench_threads.py's rounds through the C ABI from C
+ * threads (no interpreter, no GIL): what the core itself gives two threads
+ * working on two sequences of one Stager.
+ *
+ *   threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS
+ *
+ * Two sequences, each prefilled with 64 rows and warmed up until its ring
+ * has wrapped; then TRIALS times, alternating: 1 thread running ROUNDS
+ * rounds of each sequence in turn, and 2 threads (one per sequence, started
+ * together) running ROUNDS rounds each. A round: draft (storage rows into a
+ * buffer), commit, process B + 1 float32 rows, accept ACCEPT.
+ * Prints one line per trial: "threads wall_ns cpu_ns" (cpu: the threads'
+ * CLOCK_THREAD_CPUTIME_ID). Built by bench/bench_threads.py. */
+#define _POSIX_C_SOURCE 200112L /* clock_gettime, pthread barriers under -std=c99 */
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "dspark/dspark.h"
+
+#define TRY(call)                                                                                   \
+    do {                                                                                            \
+        dspark_status s_ = (call);                                                                  \
+        if (s_ != DSPARK_OK) {                                                                      \
+            fprintf(stderr, "%s: %s (%s)\n", #call, dspark_status_name(s_), dspark_last_error()); \
+            exit(1);                                                                                \
+        }                                                                                           \
+    } while (0)
+
+static int64_t ns_of(clockid_t clock) {
+    struct timespec t;
+    clock_gettime(clock, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+typedef struct {
+    dspark_stager* st;
+    int64_t seq, n_past, B, D, acc, rounds, cpu_ns;
+    float* verify;
+    uint8_t* out;
+    size_t cap;
+    pthread_barrier_t* go;
+} worker;
+
+static void rounds(worker* w, int64_t k) {
+    int64_t pos[64];
+    dspark_plan plan;
+    size_t written = 0;
+    for (int64_t r = 0; r < k; ++r) {
+        dspark_status s = dspark_draft(w->st, w->seq, w->n_past, DSPARK_DTYPE_STORAGE, w->out, w->cap, &plan, &written);
+        if (s == DSPARK_E_BUFFER_TOO_SMALL) { /* a rebase: grow the buffer */
+            free(w->out);
+            w->cap = written;
+            w->out = malloc(w->cap);
+            s = dspark_draft(w->st, w->seq, w->n_past, DSPARK_DTYPE_STORAGE, w->out, w->cap, &plan, &written);
+        }
+        TRY(s);
+        if (plan.skip == DSPARK_SKIP_NONE) TRY(dspark_commit(w->st, w->seq));
+        for (int64_t i = 0; i <= w->B; ++i) pos[i] = w->n_past + i;
+        TRY(dspark_process(w->st, w->seq, pos, (size_t)(w->B + 1), w->verify, DSPARK_DTYPE_F32,
+                           (size_t)((w->B + 1) * w->D) * sizeof(float)));
+        TRY(dspark_accept(w->st, w->seq, w->acc));
+        w->n_past += w->acc + 1;
+    }
+}
+
+static void* thread_main(void* arg) {
+    worker* w = arg;
+    pthread_barrier_wait(w->go);
+    const int64_t c0 = ns_of(CLOCK_THREAD_CPUTIME_ID);
+    rounds(w, w->rounds);
+    w->cpu_ns = ns_of(CLOCK_THREAD_CPUTIME_ID) - c0;
+    return NULL;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 8) {
+        fprintf(stderr, "usage: threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS\n");
+        return 2;
+    }
+    const int32_t storage = atoi(argv[1]);
+    const int64_t D = atoll(argv[2]), B = atoll(argv[3]), W = atoll(argv[4]), acc = atoll(argv[5]);
+    const int64_t k = atoll(argv[6]), trials = atoll(argv[7]);
+    if (B + 1 > 64) return 2;
+    dspark_config c;
+    dspark_config_init(&c);
+    c.feature_dim = D;
+    c.block_size = B;
+    c.window = W;
+    c.max_seqs = 2;
+    c.storage = storage;
+    dspark_stager* st = NULL;
+    TRY(dspark_stager_create(&c, &st));
+    int64_t ring = 0;
+    size_t row_bytes = 0;
+    TRY(dspark_ring_rows(st, &ring));
+    TRY(dspark_stager_row_bytes(st, &row_bytes));
+    const int64_t prefill = 64;
+    float* rows = malloc((size_t)(prefill * D) * sizeof(float));
+    for (int64_t i = 0; i < prefill * D; ++i) {
+        const uint32_t h = (uint32_t)(i * 2654435761u);
+        rows[i] = (i % D) == 7 ? 3.0e3f : ((float)(h % 2001u) - 1000.0f) / 400.0f;
+    }
+    worker w[2];
+    pthread_barrier_t go;
+    int64_t pos[64];
+    for (int q = 0; q < 2; ++q) {
+        memset(&w[q], 0, sizeof w[q]);
+        w[q].st = st;
+        w[q].seq = q;
+        w[q].B = B;
+        w[q].D = D;
+        w[q].acc = acc;
+        w[q].rounds = k;
+        w[q].verify = rows; /* read only: both threads may share it */
+        w[q].cap = (size_t)(B + 1) * row_bytes;
+        w[q].out = malloc(w[q].cap);
+        w[q].go = &go;
+        for (int64_t i = 0; i < prefill; ++i) pos[i % 64] = i;
+        TRY(dspark_process(st, q, pos, (size_t)prefill, rows, DSPARK_DTYPE_F32, (size_t)(prefill * D) * sizeof(float)));
+        w[q].n_past = prefill;
+        rounds(&w[q], ring / (acc + 1) + 16); /* warm-up: the ring wraps, no first touches later */
+    }
+    for (int64_t t = 0; t < trials; ++t) {
+        /* 1 thread: both sequences' rounds in turn. */
+        int64_t t0 = ns_of(CLOCK_MONOTONIC), c0 = ns_of(CLOCK_THREAD_CPUTIME_ID);
+        rounds(&w[0], k);
+        rounds(&w[1], k);
+        printf("1 %lld %lld\n", (long long)(ns_of(CLOCK_MONOTONIC) - t0),
+               (long long)(ns_of(CLOCK_THREAD_CPUTIME_ID) - c0));
+        /* 2 threads: one per sequence, started together. */
+        pthread_t th[2];
+        pthread_barrier_init(&go, NULL, 3);
+        for (int q = 0; q < 2; ++q) pthread_create(&th[q], NULL, thread_main, &w[q]);
+        pthread_barrier_wait(&go);
+        t0 = ns_of(CLOCK_MONOTONIC);
+        for (int q = 0; q < 2; ++q) pthread_join(th[q], NULL);
+        printf("2 %lld %lld\n", (long long)(ns_of(CLOCK_MONOTONIC) - t0), (long long)(w[0].cpu_ns + w[1].cpu_ns));
+        pthread_barrier_destroy(&go);
+    }
+    dspark_stager_destroy(st);
+    free(rows);
+    free(w[0].out);
+    free(w[1].out);
+    return 0;
+}

@@ -1,0 +1,72 @@
+"""The reference's :class:`~dspark_core.stage_plan.BatchPlan`: its per-sequence plans as arrays.
+
+``ReferenceStager.draft_many`` plans each sequence as ``draft`` does (one
+:class:`StagePlan` each) and lays the plans out here, field by field, in the
+array form the core's batch plan has (CSR rows, per-sequence columns); the
+padded form of :meth:`BatchPlan.padded` is :func:`pad_rows`, spelled out
+again so that the differential tests compare two independent layouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..stage_plan import BatchPlan, StagePlan
+from .arguments import SKIP_REASONS, batch_context
+
+__all__ = ["batch_plan", "pad_rows"]
+
+
+def pad_rows(seqs: np.ndarray, row_offsets: np.ndarray, values: np.ndarray, max_rows: int, out: np.ndarray) -> None:
+    """Rows ``[row_offsets[i], row_offsets[i + 1])`` of ``values`` into ``out[i, :]``, the rest -1.
+
+    ``ValueError`` when the offsets do not rise from 0 to ``len(values)``, or
+    (naming the sequence) when a sequence has more than ``max_rows`` rows;
+    ``out`` is written only once every sequence fits.
+    """
+    n, total = len(seqs), len(values)
+    cu = [int(v) for v in row_offsets]
+    if cu[0] != 0 or cu[n] != total or any(cu[i + 1] < cu[i] for i in range(n)):
+        raise ValueError(f"padded: row_offsets must rise from 0 to the {total} rows")
+    for i in range(n):
+        k = cu[i + 1] - cu[i]
+        if k > max_rows:
+            raise ValueError(batch_context("padded", i, int(seqs[i])) +
+                             f"{k} context rows do not fit max_rows ({max_rows})")
+    out[...] = -1
+    for i in range(n):
+        out[i, : cu[i + 1] - cu[i]] = values[cu[i]: cu[i + 1]]
+
+
+def _column(plans: Sequence[StagePlan], field: str, dtype: Any) -> np.ndarray:
+    return np.array([getattr(p, field) for p in plans], dtype).reshape(len(plans))
+
+
+def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int, row_bytes: int, stage_dtype: Any,
+               max_plan_rows: int, external: bool, source: Any,
+               decode: Callable[[np.ndarray], np.ndarray] | None = None) -> BatchPlan:
+    """The plans (one per sequence, in request order) as one :class:`BatchPlan`.
+
+    ``decode`` (held mode): the encoded rows of all plans, concatenated, to the stage dtype.
+    """
+    n_rows = [p.n_rows for p in plans]
+    row_offsets = np.zeros(len(plans) + 1, np.int64)
+    row_offsets[1:] = np.cumsum(n_rows, dtype=np.int64)
+    positions = np.concatenate([np.zeros(0, np.int32), *(p.positions for p in plans)]).astype(np.int32)
+    slots = np.concatenate([np.zeros(0, np.int64), *(p.slots for p in plans)]).astype(np.int64)
+    enc = decoded = None
+    if not external:
+        enc = np.concatenate([np.zeros((0, row_bytes), np.uint8), *(p.encoded_rows for p in plans)])
+        decoded = decode(enc) if decode is not None else None
+    codes = [0 if p.skip is None else 1 + SKIP_REASONS.index(p.skip) for p in plans]
+    return BatchPlan(
+        seqs=_column(plans, "seq", np.int64), skip_code=np.array(codes, np.uint8).reshape(len(plans)),
+        rebase=_column(plans, "rebase", np.bool_), clear_cache=_column(plans, "clear_cache", np.bool_),
+        start=_column(plans, "start", np.int64), pos_base=_column(plans, "pos_base", np.int64),
+        crop_from=_column(plans, "crop_from", np.int64), round=_column(plans, "round", np.int64),
+        row_offsets=row_offsets, positions=positions, slots=slots, block_size=block_size,
+        feature_dim=feature_dim, row_bytes=row_bytes, stage_dtype=stage_dtype, max_plan_rows=max_plan_rows,
+        pad=pad_rows, encoded_rows=enc, rows=decoded, external=external, source=source,
+    )
