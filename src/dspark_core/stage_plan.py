@@ -25,7 +25,7 @@ import numpy as np
 
 from .core_tables import FAIL_STAGES, SKIP_REASONS
 
-__all__ = ["StagePlan", "BatchPlan", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
+__all__ = ["StagePlan", "BatchPlan", "BatchContext", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
 
 #: The one warning logged when a sequence is disabled (sequence, failures, stage).
 DISABLED_WARNING = (
@@ -216,6 +216,20 @@ BATCH_ARRAYS = ("seqs", "skip_code", "active", "rebase", "clear_cache", "start",
                 "n_rows", "block_positions", "row_offsets", "positions", "slots", "row_seq")
 
 
+class BatchContext(NamedTuple):
+    """What every :class:`BatchPlan` of one Stager shares (its maker builds it once)."""
+
+    block_size: int
+    feature_dim: int
+    row_bytes: int
+    stage_dtype: Any
+    max_plan_rows: int
+    pad: _Padder
+    decode: _Decoder | None
+    external: bool
+    source: Any
+
+
 class BatchPlan:
     """One drafter batch for several sequences (``draft_many``), as arrays.
 
@@ -247,10 +261,29 @@ class BatchPlan:
     id) and :attr:`skips` (``{seq: reason}``) are built on first use and kept.
     """
 
-    __slots__ = ("seqs", "skip_code", "rebase", "clear_cache", "start", "pos_base", "crop_from", "round",
-                 "row_offsets", "positions", "slots", "external", "source", "block_size", "feature_dim",
-                 "row_bytes", "stage_dtype", "max_plan_rows", "_encoded", "_rows", "_decode", "_pad", "_plans",
-                 "_index", "_skips", "_block_positions", "_row_seq", "_active", "_n_rows")
+    # No __slots__: an attribute a plan never set reads the class default
+    # below (None), so a packed plan sets seven attributes and nothing else
+    # (draft_many of one sequence must cost no more than a draft).
+    _meta: np.ndarray | None = None
+    _flags: np.ndarray | None = None
+    _seqs: np.ndarray | None = None
+    _skip_code: np.ndarray | None = None
+    _rebase: np.ndarray | None = None
+    _clear_cache: np.ndarray | None = None
+    _start: np.ndarray | None = None
+    _pos_base: np.ndarray | None = None
+    _crop_from: np.ndarray | None = None
+    _round: np.ndarray | None = None
+    _row_offsets: np.ndarray | None = None
+    _encoded: np.ndarray | None = None
+    _rows: np.ndarray | None = None
+    _plans: list[StagePlan] | None = None
+    _index: dict[int, int] | None = None
+    _skips: dict[int, str] | None = None
+    _block_positions: np.ndarray | None = None
+    _row_seq: np.ndarray | None = None
+    _active: np.ndarray | None = None
+    _n_rows: np.ndarray | None = None
 
     def __init__(
         self,
@@ -278,7 +311,7 @@ class BatchPlan:
         external: bool = False,
         source: Any = None,
     ) -> None:
-        """Arrays as the class docstring names them (made by ``draft_many``).
+        """Arrays as the class docstring names them (what the reference twin makes).
 
         ``encoded_rows`` (held mode): the rows in storage format; ``rows``: the
         same rows decoded, or None to decode them with ``decode`` on first
@@ -287,35 +320,132 @@ class BatchPlan:
         ``max_plan_rows``: the most context rows one plan stages (``W - B``),
         :meth:`padded`'s default width.
         """
-        self.seqs = seqs
-        self.skip_code = skip_code
-        self.rebase = rebase
-        self.clear_cache = clear_cache
-        self.start = start
-        self.pos_base = pos_base
-        self.crop_from = crop_from
-        self.round = round
-        self.row_offsets = row_offsets
+        self._ctx = BatchContext(block_size, feature_dim, row_bytes, stage_dtype, max_plan_rows, pad, decode,
+                                 external, source)
+        self._seqs = seqs
+        self._skip_code = skip_code
+        self._rebase = rebase
+        self._clear_cache = clear_cache
+        self._start = start
+        self._pos_base = pos_base
+        self._crop_from = crop_from
+        self._round = round
+        self._row_offsets = row_offsets
         self.positions = positions
         self.slots = slots
-        self.block_size = block_size
-        self.feature_dim = feature_dim
-        self.row_bytes = row_bytes
-        self.stage_dtype = stage_dtype
-        self.max_plan_rows = max_plan_rows
-        self.external = external
-        self.source = source
         self._encoded = encoded_rows
         self._rows = rows
-        self._decode = decode
-        self._pad = pad
-        self._plans: list[StagePlan] | None = None
-        self._index: dict[int, int] | None = None
-        self._skips: dict[int, str] | None = None
-        self._block_positions: np.ndarray | None = None
-        self._row_seq: np.ndarray | None = None
-        self._active: np.ndarray | None = None
-        self._n_rows: np.ndarray | None = None
+
+    @classmethod
+    def packed(cls, ctx: BatchContext, meta: np.ndarray, flags: np.ndarray, positions: np.ndarray,
+               slots: np.ndarray, encoded_rows: np.ndarray | None) -> "BatchPlan":
+        """A plan over the arrays the core filled in one pass (``draft_many``).
+
+        ``meta``: int64 ``(6, N + 1)``, rows ``seqs``, ``start``, ``pos_base``,
+        ``crop_from``, ``round`` (first ``N`` columns) and ``row_offsets``;
+        ``flags``: uint8 ``(3, N)``, rows ``skip_code``, ``rebase``,
+        ``clear_cache``. The per-sequence arrays are views of these rows,
+        taken on first access.
+        """
+        self = cls.__new__(cls)
+        self._ctx = ctx
+        self._meta = meta
+        self._flags = flags
+        self.positions = positions
+        self.slots = slots
+        self._encoded = encoded_rows
+        return self
+
+    # -- what every plan of its Stager shares -------------------------------
+    @property
+    def block_size(self) -> int:
+        return self._ctx.block_size
+
+    @property
+    def feature_dim(self) -> int:
+        return self._ctx.feature_dim
+
+    @property
+    def row_bytes(self) -> int:
+        return self._ctx.row_bytes
+
+    @property
+    def stage_dtype(self) -> Any:
+        return self._ctx.stage_dtype
+
+    @property
+    def max_plan_rows(self) -> int:
+        return self._ctx.max_plan_rows
+
+    @property
+    def external(self) -> bool:
+        return self._ctx.external
+
+    @property
+    def source(self) -> Any:
+        return self._ctx.source
+
+    # -- the per-sequence arrays (views of a packed plan's rows, taken once) --
+    def _meta_row(self, k: int) -> np.ndarray:
+        assert self._meta is not None
+        return self._meta[k] if k == 5 else self._meta[k, :self._meta.shape[1] - 1]
+
+    @property
+    def seqs(self) -> np.ndarray:
+        if self._seqs is None:
+            self._seqs = self._meta_row(0)
+        return self._seqs
+
+    @property
+    def start(self) -> np.ndarray:
+        if self._start is None:
+            self._start = self._meta_row(1)
+        return self._start
+
+    @property
+    def pos_base(self) -> np.ndarray:
+        if self._pos_base is None:
+            self._pos_base = self._meta_row(2)
+        return self._pos_base
+
+    @property
+    def crop_from(self) -> np.ndarray:
+        if self._crop_from is None:
+            self._crop_from = self._meta_row(3)
+        return self._crop_from
+
+    @property
+    def round(self) -> np.ndarray:
+        if self._round is None:
+            self._round = self._meta_row(4)
+        return self._round
+
+    @property
+    def row_offsets(self) -> np.ndarray:
+        if self._row_offsets is None:
+            self._row_offsets = self._meta_row(5)
+        return self._row_offsets
+
+    @property
+    def skip_code(self) -> np.ndarray:
+        if self._skip_code is None:
+            assert self._flags is not None
+            self._skip_code = self._flags[0]
+        return self._skip_code
+
+    @property
+    def rebase(self) -> np.ndarray:
+        if self._rebase is None:
+            assert self._flags is not None
+            self._rebase = self._flags[1].view(np.bool_)
+        return self._rebase
+
+    @property
+    def clear_cache(self) -> np.ndarray:
+        if self._clear_cache is None:
+            assert self._flags is not None
+            self._clear_cache = self._flags[2].view(np.bool_)
+        return self._clear_cache
 
     # -- derived arrays (computed once) -------------------------------------
     @property
@@ -363,10 +493,10 @@ class BatchPlan:
             raise ValueError(_EXTERNAL_ROWS)
         if self._rows is None:
             enc = self.encoded_rows
-            if self._decode is None:
+            if self._ctx.decode is None:
                 self._rows = enc.view(self.stage_dtype).reshape(len(enc), self.feature_dim)
             else:
-                self._rows = self._decode(enc)
+                self._rows = self._ctx.decode(enc)
         return self._rows
 
     # -- the fixed shape of a CUDA graph ------------------------------------
@@ -387,8 +517,8 @@ class BatchPlan:
         shape = (len(self.seqs), int(m))
         pos = _padded_out(positions_out, shape, np.int32, "positions_out")
         slots = _padded_out(slots_out, shape, np.int64, "slots_out")
-        self._pad(self.seqs, self.row_offsets, self.positions, int(m), pos)
-        self._pad(self.seqs, self.row_offsets, self.slots, int(m), slots)
+        self._ctx.pad(self.seqs, self.row_offsets, self.positions, int(m), pos)
+        self._ctx.pad(self.seqs, self.row_offsets, self.slots, int(m), slots)
         return PaddedRows(pos, slots)
 
     # -- the per-sequence view (scripting) ----------------------------------
@@ -427,10 +557,10 @@ class BatchPlan:
             enc = self.encoded_rows[a:b]
             if self._rows is not None:
                 rows = self._rows[a:b]
-            elif self._decode is None:
+            elif self._ctx.decode is None:
                 rows = enc.view(self.stage_dtype).reshape(b - a, self.feature_dim)
             else:
-                decode = self._decode
+                decode = self._ctx.decode
         return StagePlan(
             seq=seq, start=start, skip=None, rebase=bool(self.rebase[i]), clear_cache=bool(self.clear_cache[i]),
             positions=self.positions[a:b], block_positions=np.arange(crop, crop + self.block_size, dtype=np.int32),

@@ -39,7 +39,7 @@ from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DT
 from dspark_core.errors import ConfigError, StateError
 from dspark_core.protocol_mismatch import log_mismatch
 from dspark_core.slot_moves import RestoredSlots, SlotMoves, no_moves
-from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchPlan, StagePlan
+from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchContext, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
 from dspark_core.stager_copy import reduce_stager
 
@@ -272,6 +272,7 @@ cdef class Stager:
     cdef bint _view_rows
     cdef bint _external
     cdef object _decoder
+    cdef object _batch_ctx  # what every BatchPlan of this Stager shares (made on first draft_many)
     cdef Storage _storage
     cdef ElemType _stage
 
@@ -598,13 +599,11 @@ cdef class Stager:
                     log_mismatch(plans[i].seq, plans[i].start, _SKIPS[<int>plans[i].skip], plans[i].end - 1,
                                  mismatch_cause(plans[i].start, plans[i].end).decode())
         enc = None if self._external else np.frombuffer(out, _U8).reshape(total, self._row_bytes)
-        return BatchPlan(
-            seqs=meta[0, :n], skip_code=flags[0], rebase=flags[1].view(np.bool_), clear_cache=flags[2].view(np.bool_),
-            start=meta[1, :n], pos_base=meta[2, :n], crop_from=meta[3, :n], round=meta[4, :n], row_offsets=meta[5],
-            positions=positions, slots=slots, block_size=self._B, feature_dim=self._D, row_bytes=self._row_bytes,
-            stage_dtype=self._stage_dtype, max_plan_rows=self._core.max_plan_rows(), pad=pad_rows,
-            encoded_rows=enc, decode=self._decoder, external=self._external,
-            source=self if self._external else None)
+        if self._batch_ctx is None:
+            self._batch_ctx = BatchContext(self._B, self._D, self._row_bytes, self._stage_dtype,
+                                           self._core.max_plan_rows(), pad_rows, self._decoder, self._external,
+                                           self if self._external else None)
+        return BatchPlan.packed(self._batch_ctx, meta, flags, positions, slots, enc)
 
     # -- batches: one call for many sequences (docs/design.md 2.9) ------------
     def process_many(self, seqs, cu_seqlens, positions, rows=None):
