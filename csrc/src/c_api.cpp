@@ -322,16 +322,28 @@ dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, const int64
     });
 }
 
-dspark_status dspark_process_external(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
-                                      int64_t* slots_out) {
+namespace {
+
+// process_external and reserve (the core's `op`): one sequence's positions
+// in, one slot per row out. Held mode: the core names the mode.
+using SeqSlotsCall = void (dspark::Stager::*)(std::int64_t, const std::int64_t*, std::size_t, std::int64_t*);
+dspark_status seq_slots(dspark_stager* st, SeqSlotsCall op, int64_t seq, const int64_t* positions, size_t n,
+                        int64_t* slots_out) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         converted(core, seq, false, [&] {
             require_buffer(positions, n, "positions");
             require_buffer(slots_out, n, "slots_out");
         });
-        core.process_external(seq, positions, n, slots_out);  // held mode: invalid_argument naming the mode
+        (core.*op)(seq, positions, n, slots_out);
     });
+}
+
+}  // namespace
+
+dspark_status dspark_process_external(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                      int64_t* slots_out) {
+    return seq_slots(st, &dspark::Stager::process_external, seq, positions, n, slots_out);
 }
 
 dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_past, int32_t rows_dtype,
@@ -465,14 +477,7 @@ dspark_status dspark_fail_many(dspark_stager* st, const int64_t* seqs, const int
 
 dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
                              int64_t* slots_out) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        converted(core, seq, false, [&] {
-            require_buffer(positions, n, "positions");
-            require_buffer(slots_out, n, "slots_out");
-        });
-        core.reserve(seq, positions, n, slots_out);  // held mode: invalid_argument naming the mode
-    });
+    return seq_slots(st, &dspark::Stager::reserve, seq, positions, n, slots_out);
 }
 
 dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
