@@ -411,7 +411,7 @@ bool same_plan(const dspark_plan& a, const RoundPlan& b) {
            a.n_rows == b.n_rows && a.crop_from == b.crop_from && a.skip == static_cast<std::int32_t>(b.skip) &&
            a.rebase == b.rebase && a.clear_cache == b.clear_cache && a.slot_first[0] == b.slot_runs[0].first &&
            a.slot_count[0] == b.slot_runs[0].count && a.slot_first[1] == b.slot_runs[1].first &&
-           a.slot_count[1] == b.slot_runs[1].count && a.reserved[0] == 0 && a.reserved[1] == 0;
+           a.slot_count[1] == b.slot_runs[1].count && a.round == b.round && a.reserved[0] == 0;
 }
 
 // The C++ draft: the same outcome the C ABI promises (strict mode included:

@@ -143,7 +143,7 @@ struct Twin {
         many.draft_many(seqs.data(), pasts.data(), seqs.size(), b, rb);
         CHECK_EQ(a.size(), b.size());
         for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) CHECK(same_plan(a[i], b[i]));
-        CHECK(ra.size() == rb.size() && std::memcmp(ra.data(), rb.data(), ra.size()) == 0);
+        CHECK(ra.size() == rb.size() && (ra.empty() || std::memcmp(ra.data(), rb.data(), ra.size()) == 0));
         for (auto& p : b) {
             opened += p.skip == Skip::None;
             rebases += p.rebase;
