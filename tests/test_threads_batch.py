@@ -1,6 +1,6 @@
 """Threads on distinct sequences, batched and per-sequence calls (docs/design.md 2.9).
 
-Each sequence has its own lock in the core and every call releases the GIL,
+Each sequence has its own lock in the core and every call that moves rows releases the GIL,
 so calls on different sequences run side by side: the state after
 concurrent calls equals a serial replay, and one thread's calls complete
 while another thread is inside a long call of its own (the GIL released).

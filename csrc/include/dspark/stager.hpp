@@ -21,7 +21,8 @@
 // held, so for calls on a common sequence their order is the calls' order.
 // Other locks (the spare ring's, a prefix store's, the buffer pool's) are
 // only ever taken after sequence locks. The Python binding releases the GIL
-// around every call. Every rejected call throws before it changes any state.
+// around every call that moves rows (commit and accept, a few counters, keep
+// it). Every rejected call throws before it changes any state.
 #pragma once
 #include <atomic>
 #include <cstddef>
