@@ -65,6 +65,21 @@ std::string stage_code_error(std::int64_t code) {
     return {};
 }
 
+// The element type of n rows of `dtype` given as rows_bytes bytes, which must
+// be exactly n x feature_dim elements (dspark_process and its batch; `prefix`
+// names the batch call in the message).
+ElemType checked_rows_type(const dspark_stager& st, std::int32_t dtype, std::size_t n, std::size_t rows_bytes,
+                           const char* prefix) {
+    const ElemType type = elem_of(dtype);
+    const auto dim = static_cast<std::size_t>(st.config.feature_dim);
+    const std::size_t want = mul_size(mul_size(n, dim, "rows"), dspark::elem_bytes(type), "rows");
+    if (rows_bytes != want)
+        throw std::invalid_argument(std::string(prefix) + "rows must be " + std::to_string(n) + " x " +
+                                    std::to_string(dim) + " elements (" + std::to_string(want) + " bytes), got " +
+                                    std::to_string(rows_bytes) + " bytes");
+    return type;
+}
+
 // A getter: the handle, the output pointer, then *out = get(handle).
 template <class T, class Get>
 dspark_status get_into(const dspark_stager* st, T* out, Get&& get) {
@@ -294,14 +309,7 @@ dspark_status dspark_process(dspark_stager* st, int64_t seq, const int64_t* posi
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         const ElemType t = converted(core, seq, false, [&] {
-            const ElemType type = elem_of(dtype);
-            const std::size_t want = mul_size(mul_size(n, static_cast<std::size_t>(st->config.feature_dim), "rows"),
-                                              dspark::elem_bytes(type), "rows");
-            if (rows_bytes != want)
-                throw std::invalid_argument("rows must be " + std::to_string(n) + " x " +
-                                            std::to_string(st->config.feature_dim) + " elements (" +
-                                            std::to_string(want) + " bytes), got " + std::to_string(rows_bytes) +
-                                            " bytes");
+            const ElemType type = checked_rows_type(*st, dtype, n, rows_bytes, "");
             require_buffer(positions, n, "positions");
             require_buffer(rows, rows_bytes, "rows");
             return type;
@@ -414,15 +422,7 @@ dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t
         require_buffer(seqs, n, "seqs");
         const ElemType t = converted_batch(core, "process_many", seqs, n, Need::Ready, [&] {
             require(offsets, "offsets");
-            const ElemType type = elem_of(dtype);
-            const std::size_t want = mul_size(
-                mul_size(total, static_cast<std::size_t>(st->config.feature_dim), "rows"), dspark::elem_bytes(type),
-                "rows");
-            if (rows_bytes != want)
-                throw std::invalid_argument("process_many: rows must be " + std::to_string(total) + " x " +
-                                            std::to_string(st->config.feature_dim) + " elements (" +
-                                            std::to_string(want) + " bytes), got " + std::to_string(rows_bytes) +
-                                            " bytes");
+            const ElemType type = checked_rows_type(*st, dtype, total, rows_bytes, "process_many: ");
             require_buffer(positions, total, "positions");
             require_buffer(rows, rows_bytes, "rows");
             return type;
