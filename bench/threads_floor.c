@@ -2,16 +2,23 @@
  * threads (no interpreter, no GIL): what the core itself gives two threads
  * working on two sequences of one Stager.
  *
- *   threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS
+ *   threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1
  *
  * Two sequences, each prefilled with 64 rows and warmed up until its ring
- * has wrapped; then TRIALS times, alternating: 1 thread running ROUNDS
+ * has wrapped, the second for STAGGER more rounds (so that the two need not
+ * rebase at the same moment); then TRIALS times, alternating: 1 thread running ROUNDS
  * rounds of each sequence in turn, and 2 threads (one per sequence, started
- * together) running ROUNDS rounds each. A round: draft (storage rows into a
+ * together) running ROUNDS rounds each. CPU0 / CPU1 >= 0: worker q is pinned
+ * to CPUq, and the 1-thread runs (on the main thread) to CPU0; -1: unpinned. A round: draft (storage rows into a
  * buffer), commit, process B + 1 float32 rows, accept ACCEPT.
  * Prints one line per trial: "threads wall_ns cpu_ns" (cpu: the threads'
  * CLOCK_THREAD_CPUTIME_ID). Built by bench/bench_threads.py. */
+#if defined(__linux__)
+#define _GNU_SOURCE /* pthread_setaffinity_np */
+#else
 #define _POSIX_C_SOURCE 200112L /* clock_gettime, pthread barriers under -std=c99 */
+#endif
+#include <sched.h>
 
 #include <pthread.h>
 #include <stdint.h>
@@ -39,7 +46,8 @@ static int64_t ns_of(clockid_t clock) {
 
 typedef struct {
     dspark_stager* st;
-    int64_t seq, n_past, B, D, acc, rounds, cpu_ns;
+    int64_t seq, n_past, B, D, acc, rounds, cpu_ns, t0_ns, t1_ns;
+    int cpu; /* the CPU this worker is pinned to, or -1 */
     float* verify;
     uint8_t* out;
     size_t cap;
@@ -68,23 +76,43 @@ static void rounds(worker* w, int64_t k) {
     }
 }
 
+/* Pin the calling thread to one CPU (no-op for cpu < 0 or off Linux): in a
+ * trial of tens of milliseconds, the scheduler's first placement of two
+ * freshly woken threads (often both on the waker's CPU, until a balance
+ * moves one) would be measured instead of the rounds. */
+static void pin(int cpu) {
+#if defined(__linux__)
+    if (cpu < 0) return;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+#else
+    (void)cpu;
+#endif
+}
+
 static void* thread_main(void* arg) {
     worker* w = arg;
+    pin(w->cpu);
     pthread_barrier_wait(w->go);
+    w->t0_ns = ns_of(CLOCK_MONOTONIC);
     const int64_t c0 = ns_of(CLOCK_THREAD_CPUTIME_ID);
     rounds(w, w->rounds);
     w->cpu_ns = ns_of(CLOCK_THREAD_CPUTIME_ID) - c0;
+    w->t1_ns = ns_of(CLOCK_MONOTONIC);
     return NULL;
 }
 
 int main(int argc, char** argv) {
-    if (argc != 8) {
-        fprintf(stderr, "usage: threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS\n");
+    if (argc != 11) {
+        fprintf(stderr, "usage: threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1\n");
         return 2;
     }
     const int32_t storage = atoi(argv[1]);
     const int64_t D = atoll(argv[2]), B = atoll(argv[3]), W = atoll(argv[4]), acc = atoll(argv[5]);
-    const int64_t k = atoll(argv[6]), trials = atoll(argv[7]);
+    const int64_t k = atoll(argv[6]), trials = atoll(argv[7]), stagger = atoll(argv[8]);
+    const int cpus[2] = {atoi(argv[9]), atoi(argv[10])};
     if (B + 1 > 64) return 2;
     dspark_config c;
     dspark_config_init(&c);
@@ -120,11 +148,14 @@ int main(int argc, char** argv) {
         w[q].cap = (size_t)(B + 1) * row_bytes;
         w[q].out = malloc(w[q].cap);
         w[q].go = &go;
+        w[q].cpu = cpus[q];
         for (int64_t i = 0; i < prefill; ++i) pos[i % 64] = i;
         TRY(dspark_process(st, q, pos, (size_t)prefill, rows, DSPARK_DTYPE_F32, (size_t)(prefill * D) * sizeof(float)));
         w[q].n_past = prefill;
-        rounds(&w[q], ring / (acc + 1) + 16); /* warm-up: the ring wraps, no first touches later */
+        /* Warm-up: the ring wraps (no first touches later), the second sequence STAGGER rounds further. */
+        rounds(&w[q], ring / (acc + 1) + 16 + q * stagger);
     }
+    pin(cpus[0]);
     for (int64_t t = 0; t < trials; ++t) {
         /* 1 thread: both sequences' rounds in turn. */
         int64_t t0 = ns_of(CLOCK_MONOTONIC), c0 = ns_of(CLOCK_THREAD_CPUTIME_ID);
@@ -137,9 +168,12 @@ int main(int argc, char** argv) {
         pthread_barrier_init(&go, NULL, 3);
         for (int q = 0; q < 2; ++q) pthread_create(&th[q], NULL, thread_main, &w[q]);
         pthread_barrier_wait(&go);
-        t0 = ns_of(CLOCK_MONOTONIC);
         for (int q = 0; q < 2; ++q) pthread_join(th[q], NULL);
-        printf("2 %lld %lld\n", (long long)(ns_of(CLOCK_MONOTONIC) - t0), (long long)(w[0].cpu_ns + w[1].cpu_ns));
+        /* The span from the first worker's start to the last one's end (the
+         * main thread may be scheduled late after the barrier on 2 cores). */
+        const int64_t first = w[0].t0_ns < w[1].t0_ns ? w[0].t0_ns : w[1].t0_ns;
+        const int64_t last = w[0].t1_ns > w[1].t1_ns ? w[0].t1_ns : w[1].t1_ns;
+        printf("2 %lld %lld\n", (long long)(last - first), (long long)(w[0].cpu_ns + w[1].cpu_ns));
         pthread_barrier_destroy(&go);
     }
     dspark_stager_destroy(st);

@@ -91,7 +91,7 @@ def test_dispatch_table_names_every_kernel_and_a_supported_path() -> None:
     assert list(table) == list(kernels.FAMILIES)
     assert list(table["row_format"]) == [
         "f32->f16", "f32->bf16", "f16->f32", "bf16->f32", "q8_0 encode", "q4_0 encode",
-        "q8_0 decode", "q4_0 decode", "unencodable scan", "f32 copy+scan",
+        "q8_0 decode", "q4_0 decode", "unencodable scan", "f32 copy+scan", "stream copy",
     ]
     assert list(table["crc32c"]) == ["crc32c", "crc32c copy"]
     for family, row in table.items():
@@ -102,6 +102,7 @@ def test_dispatch_table_names_every_kernel_and_a_supported_path() -> None:
             row = kernels.dispatch_table()["row_format"]
         # The AVX-512 table decodes with the AVX2 kernels (unaligned 64-byte stores cost more).
         assert row["q8_0 decode"] == row["f16->f32"] == "avx2"
+        assert row["stream copy"] == "avx2"  # 256-bit streaming stores, aligned by a peel
         assert row["q8_0 encode"] == "avx512"
 
 

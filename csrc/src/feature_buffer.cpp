@@ -5,6 +5,8 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "row_format_kernels.hpp"
+
 namespace dspark {
 
 void FeatureBuffer::reset(std::int64_t pos) noexcept {
@@ -63,8 +65,9 @@ void FeatureBuffer::copy_out(std::int64_t from, std::int64_t to, std::uint8_t* d
     const std::size_t n = static_cast<std::size_t>(to - from);
     const std::size_t s = slot(from);
     const std::size_t run = std::min(n, cap_ - s);
-    std::memcpy(dst, data_.data() + s * row_bytes_, run * row_bytes_);
-    if (run < n) std::memcpy(dst + run * row_bytes_, data_.data(), (n - run) * row_bytes_);
+    // A rebase's W/2 rows stream past the cache (detail::copy_bytes).
+    detail::copy_bytes(dst, data_.data() + s * row_bytes_, run * row_bytes_);
+    if (run < n) detail::copy_bytes(dst + run * row_bytes_, data_.data(), (n - run) * row_bytes_);
 }
 
 void FeatureBuffer::runs(std::int64_t from, std::int64_t to, std::int64_t base, SlotRun out[2]) const noexcept {

@@ -150,6 +150,9 @@ static std::int64_t s_copy_find_nonfinite_f32(const float* src, float* dst, std:
     return first_bad;
 }
 
+// No portable non-temporal store: a plain copy.
+void scalar_copy_stream(void* dst, const void* src, std::size_t n) { std::memcpy(dst, src, n); }
+
 const Kernels kScalarKernels = {
     s_f32_narrow<f32_to_f16_scalar, F16_LIMIT>,
     s_f32_narrow<f32_to_bf16_scalar, BF16_LIMIT>,
@@ -161,6 +164,7 @@ const Kernels kScalarKernels = {
     s_dequantize_q4_0,
     s_find_unencodable_f32,
     s_copy_find_nonfinite_f32,
+    scalar_copy_stream,
 };
 
 }  // namespace detail
@@ -188,6 +192,15 @@ const Kernels* kernels_for(SimdPath p) noexcept {
 
 // The registry only ever activates a path whose table this build has.
 const Kernels& active_kernels() noexcept { return *kernels_for(active_simd_path()); }
+
+}  // namespace
+
+void detail::copy_bytes(void* dst, const void* src, std::size_t n) noexcept {
+    if (n >= detail::STREAM_MIN_BYTES) active_kernels().copy_stream(dst, src, n);
+    else if (n != 0) std::memcpy(dst, src, n);
+}
+
+namespace {
 
 bool is_q(Storage s) noexcept { return s == Storage::Q8_0 || s == Storage::Q4_0; }
 
@@ -358,6 +371,7 @@ namespace {
 constexpr const char* kKernelNames[] = {
     "f32->f16",    "f32->bf16",   "f16->f32",    "bf16->f32",        "q8_0 encode",
     "q4_0 encode", "q8_0 decode", "q4_0 decode", "unencodable scan", "f32 copy+scan",
+    "stream copy",
 };
 constexpr int KERNEL_SLOTS = static_cast<int>(sizeof kKernelNames / sizeof kKernelNames[0]);
 
@@ -373,6 +387,7 @@ bool same_slot(const Kernels& a, const Kernels& b, int k) noexcept {
         case 7: return a.dequantize_q4_0 == b.dequantize_q4_0;
         case 8: return a.find_unencodable_f32 == b.find_unencodable_f32;
         case 9: return a.copy_find_nonfinite_f32 == b.copy_find_nonfinite_f32;
+        case 10: return a.copy_stream == b.copy_stream;
     }
     return false;
 }
@@ -641,7 +656,7 @@ void decode_rows(const void* src, Storage in, void* dst, ElemType out, std::size
 
     if ((in == Storage::F32 && out == ElemType::F32) || (in == Storage::F16 && out == ElemType::F16) ||
         (in == Storage::BF16 && out == ElemType::BF16)) {
-        std::memcpy(dst, src, n * elem_bytes(out));
+        detail::copy_bytes(dst, src, n * elem_bytes(out));
         return;
     }
     const Kernels& k = active_kernels();

@@ -3,6 +3,8 @@
 #if defined(DSPARK_X86)
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "row_format_kernels.hpp"
 
 namespace dspark {
@@ -311,11 +313,20 @@ std::int64_t a_find_unencodable_f32(const float* src, std::size_t n, float limit
     return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
 }
 
-// One pass: 32 floats loaded, stored and checked per iteration.
+// The bytes before `p`'s next 32-byte boundary (streaming stores are aligned).
+std::size_t peel32(const void* p) noexcept { return (32 - (reinterpret_cast<std::uintptr_t>(p) & 31)) & 31; }
+
+// One pass: 32 floats loaded, stored and checked per iteration; from
+// STREAM_MIN_BYTES on the stores bypass the cache.
 std::int64_t a_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
     const __m256i e = _mm256_set1_epi32(0x7f800000);
+    const bool stream = n * 4 >= STREAM_MIN_BYTES && peel32(dst) % 4 == 0;
     std::int64_t first_bad = -1;
     std::size_t i = 0;
+    if (stream) {  // the floats before the first 32-byte-aligned store
+        i = peel32(dst) / 4;
+        first_bad = kScalarKernels.copy_find_nonfinite_f32(src, dst, i);
+    }
     for (; i + 32 <= n; i += 32) {
         __m256i u[4];
         __m256i bad = _mm256_setzero_si256();
@@ -323,16 +334,37 @@ std::int64_t a_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
             u[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i + 8 * k));
             bad = _mm256_or_si256(bad, _mm256_cmpeq_epi32(_mm256_and_si256(u[k], e), e));
         }
-        for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 8 * k), u[k]);
+        if (stream) {
+            for (int k = 0; k < 4; ++k) _mm256_stream_si256(reinterpret_cast<__m256i*>(dst + i + 8 * k), u[k]);
+        } else {
+            for (int k = 0; k < 4; ++k) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i + 8 * k), u[k]);
+        }
         if (!_mm256_testz_si256(bad, bad) && first_bad < 0)
             first_bad = static_cast<std::int64_t>(i) + a_find_unencodable_f32(src + i, 32, NO_LIMIT);
     }
+    if (stream) _mm_sfence();
     const std::int64_t r = kScalarKernels.copy_find_nonfinite_f32(src + i, dst + i, n - i);  // the tail
     if (first_bad < 0 && r >= 0) first_bad = static_cast<std::int64_t>(i) + r;
     return first_bad;
 }
 
 }  // namespace
+
+// 128 bytes per iteration, loaded unaligned and stored aligned past the cache.
+void avx2_copy_stream(void* dst, const void* src, std::size_t n) {
+    auto* d = static_cast<std::uint8_t*>(dst);
+    const auto* s = static_cast<const std::uint8_t*>(src);
+    const std::size_t head = std::min(peel32(d), n);
+    std::memcpy(d, s, head);
+    std::size_t i = head;
+    for (; i + 128 <= n; i += 128) {
+        __m256i u[4];
+        for (int k = 0; k < 4; ++k) u[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32 * k));
+        for (int k = 0; k < 4; ++k) _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 32 * k), u[k]);
+    }
+    _mm_sfence();  // the streamed lines are visible before anything the caller writes next
+    std::memcpy(d + i, s + i, n - i);
+}
 
 void avx2_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) { a_f16_to_f32(src, dst, n); }
 void avx2_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n) { a_bf16_to_f32(src, dst, n); }
@@ -344,7 +376,7 @@ void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t nb) {
 const Kernels kAvx2Kernels = {
     a_f32_to_f16,         a_f32_to_bf16,        avx2_f16_to_f32,      avx2_bf16_to_f32,     a_quantize_q8_0,
     a_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, a_find_unencodable_f32,
-    a_copy_find_nonfinite_f32,
+    a_copy_find_nonfinite_f32, avx2_copy_stream,
 };
 
 }  // namespace detail

@@ -244,16 +244,12 @@ std::int64_t x_find_unencodable_f32(const float* src, std::size_t n, float limit
     return r < 0 ? -1 : static_cast<std::int64_t>(i) + r;
 }
 
-// Copies of at least this many floats (256 KiB: a verify batch of a few
-// 100-KiB rows) use non-temporal stores.
-constexpr std::size_t STREAM_MIN_FLOATS = std::size_t(1) << 16;
-
 // One pass: 64 floats loaded, stored and checked per iteration.
 std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t n) {
     const __m512i e = _mm512_set1_epi32(0x7f800000);
     // Big copies bypass the cache (no read for ownership of the destination,
     // as glibc's memcpy does past its threshold); small ones stay cache-hot.
-    const bool stream = n >= STREAM_MIN_FLOATS && (reinterpret_cast<std::uintptr_t>(dst) & 3) == 0;
+    const bool stream = n * 4 >= STREAM_MIN_BYTES && (reinterpret_cast<std::uintptr_t>(dst) & 3) == 0;
     std::int64_t first_bad = -1;
     std::size_t i = 0;
     if (stream) {  // peel up to 15 floats so the streaming stores are 64-byte aligned
@@ -286,7 +282,7 @@ std::int64_t x_copy_find_nonfinite_f32(const float* src, float* dst, std::size_t
 const Kernels kAvx512Kernels = {
     x_f32_to_f16,         x_f32_to_bf16,        avx2_f16_to_f32,      avx2_bf16_to_f32,     x_quantize_q8_0,
     x_quantize_q4_0,      avx2_dequantize_q8_0, avx2_dequantize_q4_0, x_find_unencodable_f32,
-    x_copy_find_nonfinite_f32,
+    x_copy_find_nonfinite_f32, avx2_copy_stream,
 };
 
 }  // namespace detail

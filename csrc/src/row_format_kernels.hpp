@@ -37,6 +37,18 @@ inline constexpr float Q4_0_LIMIT = 524160.0f;
 // f32 storage: only NaN / +-Inf are unencodable.
 inline constexpr float NO_LIMIT = __builtin_huge_valf();
 
+// Copies of at least this many bytes use non-temporal (cache-bypassing)
+// stores. A copy that large (a rebase stages W/2 rows: 200 MB of f32 rows at
+// D = 25,600) outgrows a core's share of the last-level cache, so caching it
+// only costs a read for ownership of every destination line and evicts the
+// rows a round works on, its own and, on a server, other threads'. Below it
+// (a verify batch of B + 1 rows, 1.7 MB at D = 25,600 f32; a round's few new
+// rows) the copy stays cache-hot, where the next draft reads the accepted rows
+// back and the next verify batch overwrites the rest.
+// (glibc's memcpy makes the same switch at a threshold derived from the cache
+// size the CPU reports, 240 MB on this project's benchmark VM: past the rebase.)
+inline constexpr std::size_t STREAM_MIN_BYTES = std::size_t(8) << 20;
+
 struct Kernels {
     // f32 -> f16 (IEEE binary16, round to nearest even, NaN kept quiet) and
     // f32 -> bf16 (ggml's rounding; NaN kept quiet). Both return whether any
@@ -61,10 +73,21 @@ struct Kernels {
     std::int64_t (*find_unencodable_f32)(const float* src, std::size_t n, float limit);
     // Copy n floats bit for bit and return the index of the first NaN / +-Inf,
     // or -1: the f32 -> f32 ingest path, one pass over memory.
+    // Non-finite values stream past the cache from STREAM_MIN_BYTES on, as in copy_stream.
     std::int64_t (*copy_find_nonfinite_f32)(const float* src, float* dst, std::size_t n);
+    // Copy n bytes with non-temporal stores (cache-bypassing; memcpy where the
+    // path has none). For copies of STREAM_MIN_BYTES or more: copy_bytes.
+    void (*copy_stream)(void* dst, const void* src, std::size_t n);
 };
 
+// memcpy, through the active path's copy_stream from STREAM_MIN_BYTES on:
+// the one rule for the core's large row copies (a rebase's staged rows, a
+// ring's re-linearisation).
+void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
+
 extern const Kernels kScalarKernels;
+// The scalar table's copy_stream (a memcpy), which the NEON tables share.
+void scalar_copy_stream(void* dst, const void* src, std::size_t n);
 #if defined(DSPARK_X86)
 extern const Kernels kAvx2Kernels;
 extern const Kernels kAvx512Kernels;
@@ -78,6 +101,9 @@ void avx2_f16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 void avx2_bf16_to_f32(const std::uint16_t* src, float* dst, std::size_t n);
 void avx2_dequantize_q8_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
 void avx2_dequantize_q4_0(const std::uint8_t* src, float* dst, std::size_t n_blocks);
+// 256-bit streaming stores need only 32-byte alignment, which a peel gives any
+// destination; the AVX-512 table shares this copy.
+void avx2_copy_stream(void* dst, const void* src, std::size_t n);
 #endif
 #if defined(DSPARK_AARCH64)
 extern const Kernels kNeonKernels;

@@ -343,7 +343,7 @@ std::int64_t neon_copy_find_nonfinite_f32(const float* src, float* dst, std::siz
 const Kernels kNeonKernels = {
     neon_f32_to_f16,      n_f32_to_bf16,        neon_f16_to_f32,           neon_bf16_to_f32,
     neon_quantize_q8_0,   neon_quantize_q4_0,   neon_dequantize_q8_0,      neon_dequantize_q4_0,
-    neon_find_unencodable_f32,                  neon_copy_find_nonfinite_f32,
+    neon_find_unencodable_f32,                  neon_copy_find_nonfinite_f32, scalar_copy_stream,
 };
 
 }  // namespace detail

@@ -50,7 +50,7 @@ bool b_f32_to_bf16(const float* src, std::uint16_t* dst, std::size_t n) {
 const Kernels kNeonBf16Kernels = {
     neon_f32_to_f16,      b_f32_to_bf16,        neon_f16_to_f32,           neon_bf16_to_f32,
     neon_quantize_q8_0,   neon_quantize_q4_0,   neon_dequantize_q8_0,      neon_dequantize_q4_0,
-    neon_find_unencodable_f32,                  neon_copy_find_nonfinite_f32,
+    neon_find_unencodable_f32,                  neon_copy_find_nonfinite_f32, scalar_copy_stream,
 };
 
 }  // namespace detail

@@ -427,6 +427,46 @@ TEST_CASE(first_nonfinite_index_is_exact_on_every_path) {
     }
 }
 
+TEST_CASE(large_copies_keep_every_bit_and_the_first_nonfinite_index) {
+    // From 8 MiB on (STREAM_MIN_BYTES, row_format_kernels.hpp) the f32 -> f32
+    // ingest copy and the same-type decode use non-temporal stores, peeled to
+    // the store width: odd offsets of source and destination, a length that
+    // is no multiple of anything, and non-finite values in the peel, the body
+    // and the tail; every path must copy every bit and find the first one.
+    PathGuard g;
+    constexpr std::size_t STREAM_FLOATS = (std::size_t(8) << 20) / 4;
+    const std::size_t sizes[] = {STREAM_FLOATS - 1, STREAM_FLOATS + 37};
+    for (SimdPath p : paths()) {
+        set_simd_path(p);
+        for (std::size_t n : sizes) {
+            const std::size_t spots[] = {0, 5, 13, n / 2 + 3, n - 1};
+            std::vector<float> src_buf(n + 1), dst_buf(n + 3);
+            float* src = src_buf.data() + 1;  // 4-byte aligned, not 32
+            float* dst = dst_buf.data() + 3;
+            for (std::size_t i = 0; i < n; ++i) src[i] = std::sin(0.0007f * static_cast<float>(i)) * 1.0e4f;
+            src[7] = -0.0f;
+            CHECK_EQ(encode_rows(src, ElemType::F32, dst, Storage::F32, 1, n, NonFinite::Error), -1);
+            CHECK(std::memcmp(src, dst, n * 4) == 0);
+            std::memset(dst_buf.data(), 0, dst_buf.size() * 4);
+            decode_rows(src, Storage::F32, dst, ElemType::F32, 1, n);
+            CHECK(std::memcmp(src, dst, n * 4) == 0);
+            for (std::size_t spot : spots) {
+                const float keep = src[spot];
+                src[spot] = std::nanf("");
+                if (spot + 1000 < n) src[spot + 1000] = std::numeric_limits<float>::infinity();
+                std::memset(dst_buf.data(), 0, dst_buf.size() * 4);
+                const std::int64_t got = encode_rows(src, ElemType::F32, dst, Storage::F32, 1, n, NonFinite::Error);
+                if (got != static_cast<std::int64_t>(spot))
+                    std::printf("  %s n=%zu spot=%zu: got %lld\n", simd_path_name(p), n, spot, static_cast<long long>(got));
+                CHECK_EQ(got, static_cast<std::int64_t>(spot));
+                CHECK(std::memcmp(src, dst, n * 4) == 0);  // the bad values copied too, bit for bit
+                src[spot] = keep;
+                if (spot + 1000 < n) src[spot + 1000] = std::sin(0.0007f * static_cast<float>(spot + 1000)) * 1.0e4f;
+            }
+        }
+    }
+}
+
 TEST_CASE(encode_bounds_are_the_hand_derived_thresholds) {
     // f16: 65520 is the rounding midpoint above 65504 and ties to even (+inf);
     // bf16: 0x7f7f8000 rounds up to 0x7f80; q8_0: d = amax / 127 reaches 65520
