@@ -16,7 +16,9 @@ steady rounds (after a warm-up that wraps each ring)::
 
 each from Python threads (the binding releases the GIL in every call) and
 from C threads through the C ABI (bench/threads_floor.c, compiled here
-against the installed SDK: the core without the interpreter).
+against the installed SDK: the core without the interpreter); for f32 also
+the rounds' copies alone, without the core ("bytes alone": the ceiling the
+machine's shared memory system puts on 2 threads moving these bytes).
 
 The threads are pinned, each to a CPU of its own (the 1-thread runs to the
 first; ``--no-pin`` leaves them to the scheduler): in a trial of tens of
@@ -81,6 +83,7 @@ REBASE_PERIOD = (W - KEEP - B) // (ACCEPT + 1) + 1
 # The two sequences' offset in rounds: half a rebase period (the target's
 # layout), or none (both rebase at once).
 LAYOUTS = (("staggered", REBASE_PERIOD // 2), ("aligned", 0))
+BYTES_ALONE = "bytes alone (C)"
 
 
 class Pair:
@@ -175,11 +178,14 @@ def two_threads(pair: Pair, k: int, cpus: list[int] | None) -> Trial:
 
 
 def c_threads(exe: Path, storage: str, k: int, trials: int, stagger: int,
-              cpus: list[int] | None) -> tuple[list[Trial], list[Trial]]:
-    """The same rounds through the C ABI from C threads (threads_floor.c): no interpreter, no GIL."""
+              cpus: list[int] | None, model: bool = False) -> tuple[list[Trial], list[Trial]]:
+    """The same rounds through the C ABI from C threads (threads_floor.c): no interpreter, no GIL.
+
+    ``model``: the rounds' copies alone, without the core (f32 only).
+    """
     out = subprocess.run([str(exe), str(STORAGES.index(storage)), str(D), str(B), str(W), str(ACCEPT), str(k),
-                          str(trials), str(stagger), *[str(c) for c in (cpus or [-1, -1])]], check=True,
-                         capture_output=True, text=True).stdout
+                          str(trials), str(stagger), *[str(c) for c in (cpus or [-1, -1])],
+                          *(["bytes"] if model else [])], check=True, capture_output=True, text=True).stdout
     by: dict[str, list[Trial]] = {"1": [], "2": []}
     for line in out.split("\n"):
         if line.strip():
@@ -239,6 +245,9 @@ def main() -> int:
                 record(storage, layout, "Python threads", one, two)
                 record(storage, layout, "C threads",
                        *c_threads(exe, storage, args.rounds, args.trials, stagger, cpus))
+                if storage == "f32":  # the memory system's ceiling for these bytes
+                    record(storage, layout, BYTES_ALONE,
+                           *c_threads(exe, storage, args.rounds, args.trials, stagger, cpus, model=True))
     load_after = os.getloadavg()[0]
     if args.json == "-":
         for r in records:
@@ -259,7 +268,8 @@ def main() -> int:
                       "target >= 1.7x", "CPU us / round, 1 / 2 threads", "CPU share, 1 / 2 threads"],
                      [[r["storage"], r["sequences"], r["way"], f"{r['one_thread_rounds_per_s']:.0f}", f"{r['two_threads_rounds_per_s']:.0f}",
                        C.fmt_x(r["ratio"], 2), C.fmt_x(r["median_trial_ratio"], 2),
-                       C.verdict(r["ratio"] >= 1.7) if r["sequences"] == LAYOUTS[0][0] else "(worst case)",
+                       "-" if r["way"] == BYTES_ALONE
+                       else C.verdict(r["ratio"] >= 1.7) if r["sequences"] == LAYOUTS[0][0] else "(worst case)",
                        f"{r['one_thread_cpu_us_per_round']:.0f} / {r['two_threads_cpu_us_per_round']:.0f}",
                        f"{r['one_thread_cpu_share']:.2f} / {r['two_threads_cpu_share']:.2f}"]
                       for r in records])
@@ -271,7 +281,10 @@ def main() -> int:
               "CPU time / (wall x threads); below 1 the threads were waiting for a core (other load), for each",
               "other or (Python) for the GIL, and the throughput ratio is bounded by it.",
               "C threads: the same rounds through the C ABI from two C threads (bench/threads_floor.c, no",
-              "interpreter, no GIL): what the core itself gives two threads on this machine at this moment."]
+              "interpreter, no GIL): what the core itself gives two threads on this machine at this moment.",
+              "Bytes alone (f32): the rounds' copies without the core (B + 1 rows into a ring, the staged rows",
+              "out of it, a rebase's rows streamed past the cache as the core streams them), from two C threads:",
+              "the ratio this machine's memory system allows for this many bytes, the ceiling of the other rows."]
     C.emit(lines, args.out)
     return 0
 

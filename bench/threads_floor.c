@@ -2,7 +2,7 @@
  * threads (no interpreter, no GIL): what the core itself gives two threads
  * working on two sequences of one Stager.
  *
- *   threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1
+ *   threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1 [bytes]
  *
  * Two sequences, each prefilled with 64 rows and warmed up until its ring
  * has wrapped, the second for STAGGER more rounds (so that the two need not
@@ -11,6 +11,11 @@
  * together) running ROUNDS rounds each. CPU0 / CPU1 >= 0: worker q is pinned
  * to CPUq, and the 1-thread runs (on the main thread) to CPU0; -1: unpinned. A round: draft (storage rows into a
  * buffer), commit, process B + 1 float32 rows, accept ACCEPT.
+ * With "bytes", the rounds make the same copies without the core (the
+ * ceiling the memory system allows): B + 1 f32 rows into a ring of their own,
+ * the rows a draft stages out of it (the accepted ones; at a rebase, by the
+ * same rule as the core, min(W/2, W - B) rows, with non-temporal stores as
+ * the core's copy of 8 MiB or more makes them). STORAGE must be f32 (0).
  * Prints one line per trial: "threads wall_ns cpu_ns" (cpu: the threads'
  * CLOCK_THREAD_CPUTIME_ID). Built by bench/bench_threads.py. */
 #if defined(__linux__)
@@ -29,6 +34,10 @@
 
 #include "dspark/dspark.h"
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 #define TRY(call)                                                                                   \
     do {                                                                                            \
         dspark_status s_ = (call);                                                                  \
@@ -45,16 +54,82 @@ static int64_t ns_of(clockid_t clock) {
 }
 
 typedef struct {
-    dspark_stager* st;
+    dspark_stager* st; /* NULL: the "bytes" model */
     int64_t seq, n_past, B, D, acc, rounds, cpu_ns, t0_ns, t1_ns;
     int cpu; /* the CPU this worker is pinned to, or -1 */
     float* verify;
     uint8_t* out;
     size_t cap;
     pthread_barrier_t* go;
+    /* The model's own ring (W + 512 + B + 1 rows, as the core's), its drafter
+     * window base and the first row not yet staged. */
+    uint8_t* ring;
+    int64_t ring_rows, W, pos_base, staged;
 } worker;
 
+#define STREAM_MIN_BYTES ((size_t)8 << 20) /* as the core (row_format_kernels.hpp) */
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* 128 bytes per iteration, 32-byte-aligned streaming stores after a peel. */
+__attribute__((target("avx2"))) static void stream_copy(uint8_t* d, const uint8_t* s, size_t n) {
+    size_t i = (32 - ((uintptr_t)d & 31)) & 31;
+    if (i > n) i = n;
+    memcpy(d, s, i);
+    for (; i + 128 <= n; i += 128) {
+        __m256i u0 = _mm256_loadu_si256((const __m256i*)(s + i)), u1 = _mm256_loadu_si256((const __m256i*)(s + i + 32));
+        __m256i u2 = _mm256_loadu_si256((const __m256i*)(s + i + 64)), u3 = _mm256_loadu_si256((const __m256i*)(s + i + 96));
+        _mm256_stream_si256((__m256i*)(d + i), u0);
+        _mm256_stream_si256((__m256i*)(d + i + 32), u1);
+        _mm256_stream_si256((__m256i*)(d + i + 64), u2);
+        _mm256_stream_si256((__m256i*)(d + i + 96), u3);
+    }
+    _mm_sfence();
+    memcpy(d + i, s + i, n - i);
+}
+#else
+static void stream_copy(uint8_t* d, const uint8_t* s, size_t n) { memcpy(d, s, n); }
+#endif
+
+/* Rows [from, from + n) of the model's ring to dst, or back (to_ring). */
+static void ring_copy(worker* w, int64_t from, int64_t n, uint8_t* other, int to_ring) {
+    const size_t rb = (size_t)w->D * sizeof(float);
+    for (int64_t i = 0; i < n;) {
+        const int64_t slot = (from + i) % w->ring_rows;
+        int64_t run = w->ring_rows - slot;
+        if (run > n - i) run = n - i;
+        uint8_t* r = w->ring + (size_t)slot * rb;
+        uint8_t* o = other + (size_t)i * rb;
+        const size_t bytes = (size_t)run * rb;
+        if (to_ring) memcpy(r, o, bytes);
+        else if (n * rb >= STREAM_MIN_BYTES) stream_copy(o, r, bytes);
+        else memcpy(o, r, bytes);
+        i += run;
+    }
+}
+
+static void model_rounds(worker* w, int64_t k) {
+    const int64_t keep = w->W / 2 < w->W - w->B ? w->W / 2 : w->W - w->B;
+    for (int64_t r = 0; r < k; ++r) {
+        int64_t lo = w->staged;
+        if (w->n_past - w->pos_base + w->B > w->W) lo = w->pos_base = w->n_past - keep; /* a rebase */
+        if ((size_t)(w->n_past - lo) * (size_t)w->D * sizeof(float) > w->cap) {
+            free(w->out);
+            w->cap = (size_t)(w->n_past - lo) * (size_t)w->D * sizeof(float);
+            w->out = malloc(w->cap);
+        }
+        ring_copy(w, lo, w->n_past - lo, w->out, 0);
+        w->staged = w->n_past;
+        ring_copy(w, w->n_past, w->B + 1, (uint8_t*)w->verify, 1);
+        w->n_past += w->acc + 1;
+    }
+}
+
 static void rounds(worker* w, int64_t k) {
+    if (w->st == NULL) {
+        model_rounds(w, k);
+        return;
+    }
     int64_t pos[64];
     dspark_plan plan;
     size_t written = 0;
@@ -105,15 +180,16 @@ static void* thread_main(void* arg) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 11) {
-        fprintf(stderr, "usage: threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1\n");
+    if (argc != 11 && !(argc == 12 && strcmp(argv[11], "bytes") == 0)) {
+        fprintf(stderr, "usage: threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1 [bytes]\n");
         return 2;
     }
+    const int model = argc == 12;
     const int32_t storage = atoi(argv[1]);
     const int64_t D = atoll(argv[2]), B = atoll(argv[3]), W = atoll(argv[4]), acc = atoll(argv[5]);
     const int64_t k = atoll(argv[6]), trials = atoll(argv[7]), stagger = atoll(argv[8]);
     const int cpus[2] = {atoi(argv[9]), atoi(argv[10])};
-    if (B + 1 > 64) return 2;
+    if (B + 1 > 64 || (model && storage != DSPARK_STORAGE_F32)) return 2;
     dspark_config c;
     dspark_config_init(&c);
     c.feature_dim = D;
@@ -138,7 +214,16 @@ int main(int argc, char** argv) {
     int64_t pos[64];
     for (int q = 0; q < 2; ++q) {
         memset(&w[q], 0, sizeof w[q]);
-        w[q].st = st;
+        w[q].st = model ? NULL : st;
+        w[q].W = W;
+        w[q].ring_rows = ring;
+        if (model) { /* huge pages, as the core's ring (byte_buffer.hpp) */
+            const size_t bytes = ((size_t)ring * row_bytes + ((size_t)2 << 20) - 1) & ~(((size_t)2 << 20) - 1);
+            if (posix_memalign((void**)&w[q].ring, (size_t)2 << 20, bytes) != 0) return 1;
+#if defined(MADV_HUGEPAGE)
+            (void)madvise(w[q].ring, bytes, MADV_HUGEPAGE);
+#endif
+        }
         w[q].seq = q;
         w[q].B = B;
         w[q].D = D;
@@ -150,8 +235,9 @@ int main(int argc, char** argv) {
         w[q].go = &go;
         w[q].cpu = cpus[q];
         for (int64_t i = 0; i < prefill; ++i) pos[i % 64] = i;
-        TRY(dspark_process(st, q, pos, (size_t)prefill, rows, DSPARK_DTYPE_F32, (size_t)(prefill * D) * sizeof(float)));
-        w[q].n_past = prefill;
+        if (model) ring_copy(&w[q], 0, prefill, (uint8_t*)rows, 1);
+        else TRY(dspark_process(st, q, pos, (size_t)prefill, rows, DSPARK_DTYPE_F32, (size_t)(prefill * D) * sizeof(float)));
+        w[q].n_past = w[q].staged = prefill;
         /* Warm-up: the ring wraps (no first touches later), the second sequence STAGGER rounds further. */
         rounds(&w[q], ring / (acc + 1) + 16 + q * stagger);
     }
@@ -177,6 +263,8 @@ int main(int argc, char** argv) {
         pthread_barrier_destroy(&go);
     }
     dspark_stager_destroy(st);
+    free(w[0].ring);
+    free(w[1].ring);
     free(rows);
     free(w[0].out);
     free(w[1].out);
