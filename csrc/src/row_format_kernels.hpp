@@ -46,7 +46,7 @@ inline constexpr float NO_LIMIT = __builtin_huge_valf();
 // rows) the copy stays cache-hot, where the next draft reads the accepted rows
 // back and the next verify batch overwrites the rest.
 // (glibc's memcpy makes the same switch at a threshold derived from the cache
-// size the CPU reports, 240 MB on this project's benchmark VM: past the rebase.)
+// size the CPU reports: 240 MB on the 2-core EPYC of bench/, past a rebase.)
 inline constexpr std::size_t STREAM_MIN_BYTES = std::size_t(8) << 20;
 
 struct Kernels {
@@ -73,7 +73,7 @@ struct Kernels {
     std::int64_t (*find_unencodable_f32)(const float* src, std::size_t n, float limit);
     // Copy n floats bit for bit and return the index of the first NaN / +-Inf,
     // or -1: the f32 -> f32 ingest path, one pass over memory.
-    // Non-finite values stream past the cache from STREAM_MIN_BYTES on, as in copy_stream.
+    // Copies of STREAM_MIN_BYTES or more use non-temporal stores, as copy_stream.
     std::int64_t (*copy_find_nonfinite_f32)(const float* src, float* dst, std::size_t n);
     // Copy n bytes with non-temporal stores (cache-bypassing; memcpy where the
     // path has none). For copies of STREAM_MIN_BYTES or more: copy_bytes.
@@ -81,8 +81,8 @@ struct Kernels {
 };
 
 // memcpy, through the active path's copy_stream from STREAM_MIN_BYTES on:
-// the one rule for the core's large row copies (a rebase's staged rows, a
-// ring's re-linearisation).
+// the one rule for the core's row copies (a plan's staged rows, the encoded
+// rows process_encoded or a restore appends, a ring's re-linearisation).
 void copy_bytes(void* dst, const void* src, std::size_t n) noexcept;
 
 extern const Kernels kScalarKernels;

@@ -13,6 +13,7 @@
 
 #include "dspark/crc32c.hpp"
 #include "dspark/errors.hpp"
+#include "row_format_kernels.hpp"
 
 namespace dspark {
 
@@ -626,7 +627,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
     const float limit = encode_bounds(Storage::F32, opt_.stage).limit;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
         const std::uint8_t* from = data + first * row_bytes_;
-        if (dst) std::memcpy(dst, from, count * row_bytes_);
+        if (dst) detail::copy_bytes(dst, from, count * row_bytes_);
         return fallible ? find_unstageable_encoded(from, opt_.storage, count, dim, limit) : -1;
     };
     auto value = [&](std::int64_t flat) {  // the stored value, decoded
@@ -1169,8 +1170,8 @@ void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::siz
         *crc = crc32c_copy(*crc, x.data, rows, x.rows * row_bytes_);
         if (y.rows) *crc = crc32c_copy(*crc, y.data, second, y.rows * row_bytes_);
     } else {
-        std::memcpy(x.data, rows, x.rows * row_bytes_);
-        if (y.rows) std::memcpy(y.data, second, y.rows * row_bytes_);
+        detail::copy_bytes(x.data, rows, x.rows * row_bytes_);
+        if (y.rows) detail::copy_bytes(y.data, second, y.rows * row_bytes_);
     }
     ring.commit_back(n);
 }
