@@ -111,30 +111,47 @@ def test_hits_through_a_prefix_table_equal_held_rows(owner, storage, impl, monke
 
 
 def test_export_from_a_table_imports_anywhere(owner):
+    """Blocks move between processes as bytes: a table's export equals a held store's, imports
+    into a held store and into a fresh table (another process), and comes back unchanged."""
     cfg = StagerConfig(64, 4, 96, max_seqs=2, storage="q8_0")
+    # Each owner its own rows: memory a table of the other owner's run freed cannot hold them already.
+    seed = 10 * list(TABLES).index(owner)
     ext = Stager(cfg.replace(rows="external"))
     xstore = PrefixStore(ext.config, 8, 1 << 20)
     ring = ring_of(owner, ext)
     table = TABLES[owner](xstore, ring)
-    rows = rows_of(32, 64)
+    rows = rows_of(32, 64, seed)
     ext.begin(0)
     ring.write(0, np.arange(32), ring.upload(rows))
     table.publish(ring, 0, [1, 2, 3, 4], 0, 32)
     held = PrefixStore(cfg, 8, 1 << 20)
     held.publish_rows([1, 2, 3, 4], 0, 32, rows)
+    # Another process: a held store and an external one with its own table import the blocks.
+    far_held = PrefixStore(cfg, 8, 1 << 20)
+    far_ext = Stager(cfg.replace(rows="external"))
+    far_store = PrefixStore(far_ext.config, 8, 1 << 20)
+    far_ring = ring_of(owner, far_ext)
+    far_table = TABLES[owner](far_store, far_ring)
     for k in (1, 2, 3, 4):
         data = table.export_block(k)
         assert data == held.export_block(k)
-        xstore.evict([k])
-        slots = table.import_block(data)
+        far_held.import_block(data)
+        assert far_held.export_block(k) == data
+        slots = far_table.import_block(held.export_block(k))
         assert len(slots) == 8 and (slots >= 0).all()
+        assert far_table.export_block(k) == data
+        xstore.evict([k])
+        table.import_block(data)
         assert table.export_block(k) == data
+    # A hit through the far table stages the rows the publishing process wrote.
+    far_table.hit(far_ring, 1, [1, 2, 3, 4], 32)
+    assert far_ring.read(far_ext.live_slots(1)).tobytes() == ring.read(ext.live_slots(0)).tobytes()
     # A block the store already holds: nothing to write (every slot -1), the table unchanged.
     before = ring.to_numpy(table.table).tobytes()
     assert (table.import_block(held.export_block(3)) == -1).all()
     assert ring.to_numpy(table.table).tobytes() == before
     # Held -> table -> held: a block published elsewhere comes back as the same bytes.
-    held.publish_rows([9], 32, 40, rows_of(8, 64, seed=1))
+    held.publish_rows([9], 32, 40, rows_of(8, 64, seed + 1))
     table.import_block(held.export_block(9))
     assert table.export_block(9) == held.export_block(9)
     # Damaged data is refused before anything changes.
