@@ -42,6 +42,14 @@ def ring_of(owner: str, stager, **kw):
     return HostRing(stager, **kw) if owner == "host" else cuda.DeviceRing(stager, backend="dspark", **kw)
 
 
+def owned(owner: str, cfg: StagerConfig):
+    """An external-row Stager of ``cfg``, its ring, a store (blocks of 8) and the store's table."""
+    ext = Stager(cfg)
+    ring = ring_of(owner, ext)
+    store = PrefixStore(cfg, 8, 1 << 20)
+    return ext, ring, store, TABLES[owner](store, ring)
+
+
 def rows_of(n: int, dim: int, seed: int = 0) -> np.ndarray:
     """Activation-like rows (massive channels, a huge-norm BOS row) every storage holds."""
     return np.clip(massive_rows(np.random.default_rng(seed), n, dim, peak=3e4), -6e4, 6e4)
@@ -166,10 +174,7 @@ def test_export_from_a_table_imports_anywhere(owner):
 
 def test_prefix_moves_need_their_table(owner):
     cfg = StagerConfig(64, 4, 96, rows="external")
-    ext = Stager(cfg)
-    ring = ring_of(owner, ext)
-    store = PrefixStore(cfg, 8, 1 << 20)
-    table = TABLES[owner](store, ring)
+    ext, ring, store, table = owned(owner, cfg)
     other = TABLES[owner](PrefixStore(cfg, 8, 1 << 20), ring)  # another store's table
     ext.begin(0)
     ring.write(0, np.arange(8), ring.upload(rows_of(8, 64)))
@@ -197,10 +202,7 @@ def test_a_table_of_another_storage_is_refused_and_changes_nothing(owner):
     store's rows: the table refuses it when built, and publish / hit / apply refuse it before the
     store, the Stager or a table changes."""
     cfg = StagerConfig(64, 4, 96, max_seqs=3, storage="q8_0", rows="external")
-    ext = Stager(cfg)
-    ring = ring_of(owner, ext)
-    store = PrefixStore(cfg, 8, 1 << 20)
-    table = TABLES[owner](store, ring)
+    ext, ring, store, table = owned(owner, cfg)
     ring.write(0, np.arange(16), ring.upload(rows_of(16, 64)))
     table.publish(ring, 0, [7, 8], 0, 16)
     wide = ring_of(owner, ext, storage="f16")  # the same Stager's slots (and serials), rows in f16
@@ -225,10 +227,7 @@ def test_moves_outside_the_tables_copy_nothing(owner):
     """Every move of a publish / hit is checked against both tables before a row moves (moves
     that did not come from the store, numbered as the next change)."""
     cfg = StagerConfig(64, 4, 96, max_seqs=2, rows="external")
-    ext = Stager(cfg)
-    ring = ring_of(owner, ext)
-    store = PrefixStore(cfg, 8, 1 << 20)
-    table = TABLES[owner](store, ring)
+    ext, ring, store, table = owned(owner, cfg)
     ring.write(0, np.arange(16), ring.upload(rows_of(16, 64)))
     table.publish(ring, 0, [7, 8], 0, 16)
     before = snapshot(ring, table, store)
@@ -331,10 +330,7 @@ def test_a_view_of_prefix_moves_is_refused_and_forks_interleave(owner):
     """Prefix moves are the ring's table changes like a fork's: applied once, in serial order, only
     as the store returned them."""
     cfg = StagerConfig(64, 4, 96, max_seqs=3, rows="external")
-    ext = Stager(cfg)
-    ring = ring_of(owner, ext)
-    store = PrefixStore(cfg, 8, 1 << 20)
-    table = TABLES[owner](store, ring)
+    ext, ring, store, table = owned(owner, cfg)
     ring.write(0, np.arange(16), ring.upload(rows_of(16, 64)))
     fork = ext.fork(0, 1)
     moves = store.publish(ext, 0, [7, 8], 0, 16)
