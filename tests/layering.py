@@ -11,7 +11,8 @@ included. Layers, bottom up:
              conversions, the value types the Stager binding takes and returns, how a
              protocol mismatch is logged, and how a Stager is pickled (config plus snapshots)
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
-4 api        formats, kernels, cuda, gguf, context_plan, ring_owner, host_ring: the Python API over the core
+4 api        formats, kernels, cuda, gguf, context_plan, ring_owner, host_ring, prefix_table_owner,
+             host_prefix_table: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
 6 tools      testing, sim, engines: differential runner, fuzzing, the loop, toy models,
              real-engine adapters (optional engines, imported lazily)
@@ -56,6 +57,8 @@ LAYERS: dict[str, int] = {
     "cuda": 4,
     "ring_owner": 4,
     "host_ring": 4,
+    "prefix_table_owner": 4,
+    "host_prefix_table": 4,
     "gguf": 4,
     "context_plan": 4,
     "sdk": 4,

@@ -1,45 +1,83 @@
-"""A prefix store whose rows live on the device (PrefixTable), next to DeviceRings.
+"""A prefix store whose rows live with the ring owner: HostPrefixTable and cuda.PrefixTable.
 
-Runs where a CUDA device is usable: a real GPU, or (in CI) the
-DSPARK_CUDA=EMULATE build's emulated device. The oracle is a held Stager and
-a held store fed the same host rows: after a hit, ``ring.gather(plan)`` must
-equal the held plan's rows byte for byte, round after round, for every
-storage; publishes and hits copy rows device to device only; a block
-exported from the device table imports into a held store (and back).
+Every test runs for both owners (the ``owner`` parameter): the host table
+beside HostRings everywhere, the device table beside DeviceRings where a CUDA
+device is usable (a real GPU, or in CI the DSPARK_CUDA=EMULATE build's
+emulated device). The oracle is a held Stager and a held store fed the same
+host rows: after a hit, ``ring.gather(plan)`` must equal the held plan's rows
+byte for byte, round after round, for every storage; on the device,
+publishes and hits copy rows device to device only; a block exported from
+either table imports into a held store (and back). The moves are the ring's
+table changes: they need their table (the right kind, store and storage),
+apply once and in serial order, and a rejected call changes nothing.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import at_once, massive_rows
 
-from dspark_core import PrefixStore, Stager, StagerConfig, cuda
+from dspark_core import HostPrefixTable, HostRing, PrefixStore, Stager, StagerConfig, cuda, snapshot_format
 from dspark_core.config import STORAGES
+from dspark_core.prefix_hit import HIT, PUBLISH, PrefixMoves
+from dspark_core.prefix_table_owner import PrefixTableOwner
+from dspark_core.reference import ReferencePrefixStore, ReferenceStager
 
 gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
 
+#: The table of each owner kind; the device's tests skip without a device.
+TABLES = {"host": HostPrefixTable, "device": cuda.PrefixTable}
+OWNER_PARAMS = ["host", pytest.param("device", marks=gpu)]
+
+
+@pytest.fixture(params=OWNER_PARAMS)
+def owner(request):
+    """Which owner keeps the rows (every test runs for both)."""
+    return request.param
+
+
+def ring_of(owner: str, stager, **kw):
+    """The ring owner of ``stager``'s rows of the ``owner`` kind."""
+    return HostRing(stager, **kw) if owner == "host" else cuda.DeviceRing(stager, backend="dspark", **kw)
+
+
+def owned(owner: str, cfg: StagerConfig):
+    """An external-row Stager of ``cfg``, its ring, a store (blocks of 8) and the store's table."""
+    ext = Stager(cfg)
+    ring = ring_of(owner, ext)
+    store = PrefixStore(cfg, 8, 1 << 20)
+    return ext, ring, store, TABLES[owner](store, ring)
+
 
 def rows_of(n: int, dim: int, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, dim)).astype(np.float32)
-    x[:, [1, dim // 3]] *= np.array([1e3, 7e3], np.float32)
-    return x
+    """Activation-like rows (massive channels, a huge-norm BOS row) every storage holds."""
+    return np.clip(massive_rows(np.random.default_rng(seed), n, dim, peak=3e4), -6e4, 6e4)
 
 
 def keys_of(h: int, bt: int, tag: int = 0) -> list[int]:
     return [hash((tag, s, min(s + bt, h))) for s in range(0, h, bt)]
 
 
-@gpu
+def snapshot(ring, table, store):
+    """Everything a rejected call must leave as it was: both tables' bytes, the ring's applied
+    serial, the Stager's issued one, the store's keys."""
+    return (ring.to_numpy(ring.table).tobytes(), ring.to_numpy(table.table).tobytes(), ring._moves_applied,
+            ring.stager.moves_issued, sorted(store.keys()))
+
+
+@pytest.mark.parametrize("impl", ["core", "reference"])
 @pytest.mark.parametrize("storage", STORAGES)
-def test_hits_through_a_prefix_table_equal_held_rows(storage, monkeypatch):
+def test_hits_through_a_prefix_table_equal_held_rows(owner, storage, impl, monkeypatch):
     cfg = StagerConfig(64, 4, 96, max_seqs=3, storage=storage)
     bt, chunk = 16, 40
-    held, ext = Stager(cfg), Stager(cfg.replace(rows="external"))
+    Stg, Store = (Stager, PrefixStore) if impl == "core" else (ReferenceStager, ReferencePrefixStore)
+    held, ext = Stager(cfg), Stg(cfg.replace(rows="external"))
     hstore = PrefixStore(cfg, bt, 1 << 22)
-    xstore = PrefixStore(ext.config, bt, 1 << 22)
-    ring = cuda.DeviceRing(ext, backend="dspark")
-    table = cuda.PrefixTable(xstore, ring)
+    xstore = Store(ext.config, bt, 1 << 22)
+    ring = ring_of(owner, ext)
+    table = TABLES[owner](xstore, ring)
+    assert table.nbytes == xstore.table_rows * cfg.row_bytes
     rows = rows_of(400, 64)
     for h in (40, 90, 300):  # below W - B, above it, and far above
         keys = keys_of(h, bt)
@@ -52,14 +90,16 @@ def test_hits_through_a_prefix_table_equal_held_rows(storage, monkeypatch):
             lo_b, hi_b = at // bt * bt, (hi if hi == h else hi // bt * bt)
             if hi_b > lo_b:
                 hstore.publish(held, 0, keys[lo_b // bt: -(-hi_b // bt)], lo_b, hi_b)
-                table.publish(ring, 0, keys[lo_b // bt: -(-hi_b // bt)], lo_b, hi_b)
-        # A hit copies device rows only: no host round trip of a row.
-        monkeypatch.setattr(cuda._backend._cuda, "copy_to_host", lambda *a: pytest.fail("host copy in a hit"))
+                moves = table.publish(ring, 0, keys[lo_b // bt: -(-hi_b // bt)], lo_b, hi_b)
+                assert moves.direction == PUBLISH
+        if owner == "device":  # a hit copies device rows only: no host round trip of a row
+            monkeypatch.setattr(cuda._backend._cuda, "copy_to_host", lambda *a: pytest.fail("host copy in a hit"))
         a = hstore.hit(held, 1, keys, h)
         b = table.hit(ring, 1, keys, h)
         monkeypatch.undo()
         assert a.as_dict() == b.as_dict() and a.complete
-        assert len(b.moves) and b.moves.direction == "hit"
+        assert len(b.moves) and b.moves.direction == HIT
+        assert ring._moves_applied == ext.moves_issued
         at = h
         for k in range(6):
             n = 3 if k == 0 else 5
@@ -72,61 +112,225 @@ def test_hits_through_a_prefix_table_equal_held_rows(storage, monkeypatch):
             p, q = held.draft(1, at), ext.draft(1, at)
             assert (p.pos_base, p.rebase, p.n_rows) == (q.pos_base, q.rebase, q.n_rows)
             got = ring.to_numpy(ring.gather(q))
-            assert got.tobytes() == p.rows.tobytes()
+            assert got.tobytes() == p.rows.tobytes(), (h, k)
             held.commit(1)
             ext.commit(1)
     assert hstore.keys() == xstore.keys()
 
 
-@gpu
-def test_export_from_the_device_imports_anywhere():
+def test_export_from_a_table_imports_anywhere(owner):
+    """Blocks move between processes as bytes: a table's export equals a held store's, imports
+    into a held store and into a fresh table (another process), and comes back unchanged."""
     cfg = StagerConfig(64, 4, 96, max_seqs=2, storage="q8_0")
+    # Each owner its own rows: memory a table of the other owner's run freed cannot hold them already.
+    seed = 10 * list(TABLES).index(owner)
     ext = Stager(cfg.replace(rows="external"))
     xstore = PrefixStore(ext.config, 8, 1 << 20)
-    ring = cuda.DeviceRing(ext, backend="dspark")
-    table = cuda.PrefixTable(xstore, ring)
-    rows = rows_of(32, 64)
+    ring = ring_of(owner, ext)
+    table = TABLES[owner](xstore, ring)
+    rows = rows_of(32, 64, seed)
     ext.begin(0)
     ring.write(0, np.arange(32), ring.upload(rows))
     table.publish(ring, 0, [1, 2, 3, 4], 0, 32)
     held = PrefixStore(cfg, 8, 1 << 20)
     held.publish_rows([1, 2, 3, 4], 0, 32, rows)
+    # Another process: a held store and an external one with its own table import the blocks.
+    far_held = PrefixStore(cfg, 8, 1 << 20)
+    far_ext = Stager(cfg.replace(rows="external"))
+    far_store = PrefixStore(far_ext.config, 8, 1 << 20)
+    far_ring = ring_of(owner, far_ext)
+    far_table = TABLES[owner](far_store, far_ring)
     for k in (1, 2, 3, 4):
         data = table.export_block(k)
         assert data == held.export_block(k)
+        far_held.import_block(data)
+        assert far_held.export_block(k) == data
+        slots = far_table.import_block(held.export_block(k))
+        assert len(slots) == 8 and (slots >= 0).all()
+        assert far_table.export_block(k) == data
         xstore.evict([k])
         table.import_block(data)
-    assert table.export_block(3) == held.export_block(3)
+        assert table.export_block(k) == data
+    # A hit through the far table stages the rows the publishing process wrote.
+    far_table.hit(far_ring, 1, [1, 2, 3, 4], 32)
+    assert far_ring.read(far_ext.live_slots(1)).tobytes() == ring.read(ext.live_slots(0)).tobytes()
+    # A block the store already holds: nothing to write (every slot -1), the table unchanged.
+    before = ring.to_numpy(table.table).tobytes()
+    assert (table.import_block(held.export_block(3)) == -1).all()
+    assert ring.to_numpy(table.table).tobytes() == before
+    # Held -> table -> held: a block published elsewhere comes back as the same bytes.
+    held.publish_rows([9], 32, 40, rows_of(8, 64, seed + 1))
+    table.import_block(held.export_block(9))
+    assert table.export_block(9) == held.export_block(9)
+    # Damaged data is refused before anything changes.
+    bad = bytearray(held.export_block(9))
+    bad[-1] ^= 1
+    xstore.evict([9])
+    before = ring.to_numpy(table.table).tobytes()
+    with pytest.raises(ValueError, match="checksum|CRC"):
+        table.import_block(bytes(bad))
+    assert 9 not in xstore and ring.to_numpy(table.table).tobytes() == before
 
 
-@gpu
-def test_prefix_moves_need_their_table():
+def test_prefix_moves_need_their_table(owner):
     cfg = StagerConfig(64, 4, 96, rows="external")
-    ext = Stager(cfg)
-    ring = cuda.DeviceRing(ext, backend="dspark")
-    store = PrefixStore(cfg, 8, 1 << 20)
-    table = cuda.PrefixTable(store, ring)
+    ext, ring, store, table = owned(owner, cfg)
+    other = TABLES[owner](PrefixStore(cfg, 8, 1 << 20), ring)  # another store's table
     ext.begin(0)
     ring.write(0, np.arange(8), ring.upload(rows_of(8, 64)))
     moves = store.publish(ext, 0, [7], 0, 8)
+    before = snapshot(ring, table, store)
     with pytest.raises(ValueError, match="prefix_table"):
         ring.apply(moves)
+    with pytest.raises(ValueError, match="prefix_table"):
+        ring.apply(moves, prefix_table=other)
+    with pytest.raises(TypeError, match="prefix_table must be"):
+        ring.apply(moves, prefix_table=store)
+    assert snapshot(ring, table, store) == before
     ring.apply(moves, prefix_table=table)
+    assert ring._moves_applied == moves.serial == 1
     with pytest.raises(ValueError, match="out of order"):
         ring.apply(moves, prefix_table=table)
     with pytest.raises(ValueError, match="external-row mode"):
-        cuda.PrefixTable(PrefixStore(cfg.replace(rows="held"), 8, 1 << 20), ring)
+        TABLES[owner](PrefixStore(cfg.replace(rows="held"), 8, 1 << 20), ring)
+    with pytest.raises(TypeError, match="ring must be a ring owner"):
+        TABLES[owner](store, ext)
+
+
+def test_a_table_of_another_storage_is_refused_and_changes_nothing(owner):
+    """A ring of another storage than the store's (``storage=`` at construction) cannot take the
+    store's rows: the table refuses it when built, and publish / hit / apply refuse it before the
+    store, the Stager or a table changes."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=3, storage="q8_0", rows="external")
+    ext, ring, store, table = owned(owner, cfg)
+    ring.write(0, np.arange(16), ring.upload(rows_of(16, 64)))
+    table.publish(ring, 0, [7, 8], 0, 16)
+    wide = ring_of(owner, ext, storage="f16")  # the same Stager's slots (and serials), rows in f16
+    with pytest.raises(ValueError, match="'f16' rows but the store's rows are 'q8_0'"):
+        TABLES[owner](store, wide)
+    before = snapshot(wide, table, store)
+    issued = ext.moves_issued
+    with pytest.raises(ValueError, match="one format"):
+        table.publish(wide, 0, [9], 0, 8)
+    with pytest.raises(ValueError, match="one format"):
+        table.hit(wide, 1, [7, 8], 16)
+    assert 9 not in store and ext.moves_issued == issued and ext.state(1)["started"] is False
+    hit = store.hit(ext, 1, [7, 8], 16)
+    with pytest.raises(ValueError, match="one format"):
+        wide.apply(hit.moves, prefix_table=table)
+    assert snapshot(wide, table, store)[:3] == before[:3]  # no row copied, nothing applied
+    ring.apply(hit.moves, prefix_table=table)
+    assert ring.read(ext.live_slots(1)).tobytes() == ring.read(ext.live_slots(0)).tobytes()
+
+
+def test_moves_outside_the_tables_copy_nothing(owner):
+    """Every move of a publish / hit is checked against both tables before a row moves (moves
+    that did not come from the store, numbered as the next change)."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=2, rows="external")
+    ext, ring, store, table = owned(owner, cfg)
+    ring.write(0, np.arange(16), ring.upload(rows_of(16, 64)))
+    table.publish(ring, 0, [7, 8], 0, 16)
+    before = snapshot(ring, table, store)
+    nxt = ring._moves_applied + 1
+    for direction, bad in ((PUBLISH, [0, table.rows - 2, 3]), (PUBLISH, [ring.rows - 1, 0, 2]),
+                           (HIT, [table.rows - 2, 0, 3]), (HIT, [0, ring.rows - 1, 2]), (HIT, [0, -1, 1]),
+                           (PUBLISH, [-1, 0, 1]), (PUBLISH, [0, 0, 0])):
+        moves = PrefixMoves.wrap_prefix(np.array([[0, 8, 1], bad]), ext, nxt, direction, store)
+        with pytest.raises(ValueError, match=r"move \[.*\] is outside the tables"):
+            ring.apply(moves, prefix_table=table)
+        assert snapshot(ring, table, store) == before, (direction, bad)
+
+
+class _OtherTable(PrefixTableOwner):
+    """A third kind of table (a server's own owner), with its ring kind: it must not mix with the others."""
+
+    def __init__(self, store, ring):
+        super().__init__(store, ring)
+        self.table = np.zeros((self.rows, self.row_bytes), np.uint8)
+
+
+class _OtherRing(HostRing):
+    _prefix_table_type = _OtherTable
+
+
+def test_a_table_pairs_with_its_kind_of_ring_anywhere():
+    """Each ring kind copies prefix rows with its own table kind (a TypeError otherwise, before
+    the store or a table changes), shown with a third kind beside HostRing's."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=2, rows="external")
+    ext = Stager(cfg)
+    host, other_ring = HostRing(ext), _OtherRing(ext)
+    store = PrefixStore(cfg, 8, 1 << 20)
+    with pytest.raises(TypeError, match="a HostRing copies prefix rows with a HostPrefixTable, not a _OtherTable"):
+        _OtherTable(store, host)
+    with pytest.raises(TypeError, match="a _OtherRing copies prefix rows with a _OtherTable, not a HostPrefixTable"):
+        HostPrefixTable(store, other_ring)
+    htable, otable = HostPrefixTable(store, host), _OtherTable(store, other_ring)
+    host.write(0, np.arange(8), rows_of(8, 64))
+    before = snapshot(host, htable, store)
+    with pytest.raises(TypeError, match="not a _OtherTable"):
+        otable.publish(host, 0, [7], 0, 8)
+    with pytest.raises(TypeError, match="not a _OtherTable"):
+        otable.hit(host, 1, [7], 8)
+    assert snapshot(host, htable, store) == before
+    moves = store.publish(ext, 0, [7], 0, 8)
+    with pytest.raises(TypeError, match="not a _OtherTable"):
+        host.apply(moves, prefix_table=otable)
+    assert host._moves_applied == 0 and not otable.table.any() and not htable.table.any()
+    host.apply(moves, prefix_table=htable)
+    assert htable.table.any()
 
 
 @gpu
-def test_a_view_of_prefix_moves_is_refused_and_forks_interleave():
+@pytest.mark.skipif(cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_device_table_refuses_a_ring_on_another_device():
+    cfg = StagerConfig(64, 4, 96, max_seqs=2, rows="external")
+    ext = Stager(cfg)
+    ring0 = cuda.DeviceRing(ext, backend="dspark", device=0)
+    store = PrefixStore(cfg, 8, 1 << 20)
+    table = cuda.PrefixTable(store, ring0)
+    ring0.write(0, np.arange(8), ring0.upload(rows_of(8, 64)))
+    ring1 = cuda.DeviceRing(ext, backend="dspark", device=1)
+    with pytest.raises(ValueError, match="lives on device 0, the ring on device 1"):
+        table.publish(ring1, 0, [7], 0, 8)
+    assert 7 not in store and ext.moves_issued == 0
+    moves = store.publish(ext, 0, [7], 0, 8)
+    with pytest.raises(ValueError, match="lives on device 0, the ring on device 1"):
+        ring1.apply(moves, prefix_table=table)
+    assert ring1._moves_applied == 0
+    ring0.apply(moves, prefix_table=table)
+
+
+@gpu
+def test_a_table_pairs_with_its_kind_of_ring():
+    """A host table beside a DeviceRing, or a device table beside a HostRing, is a TypeError
+    before anything changes."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=2, rows="external")
+    ext = Stager(cfg)
+    host, dev = HostRing(ext), cuda.DeviceRing(ext, backend="dspark")
+    store = PrefixStore(cfg, 8, 1 << 20)
+    with pytest.raises(TypeError, match="a DeviceRing copies prefix rows with a PrefixTable, not a HostPrefixTable"):
+        HostPrefixTable(store, dev)
+    with pytest.raises(TypeError, match="a HostRing copies prefix rows with a HostPrefixTable, not a PrefixTable"):
+        cuda.PrefixTable(store, host)
+    htable, dtable = HostPrefixTable(store, host), cuda.PrefixTable(store, dev)
+    host.write(0, np.arange(8), rows_of(8, 64))
+    with pytest.raises(TypeError, match="HostPrefixTable"):
+        dtable.publish(host, 0, [7], 0, 8)
+    assert 7 not in store and ext.moves_issued == 0
+    moves = store.publish(ext, 0, [7], 0, 8)
+    with pytest.raises(TypeError, match="HostPrefixTable"):
+        host.apply(moves, prefix_table=dtable)
+    with pytest.raises(TypeError, match="PrefixTable"):
+        dev.apply(moves, prefix_table=htable)
+    assert host._moves_applied == dev._moves_applied == 0
+    host.apply(moves, prefix_table=htable)
+
+
+def test_a_view_of_prefix_moves_is_refused_and_forks_interleave(owner):
     """Prefix moves are the ring's table changes like a fork's: applied once, in serial order, only
     as the store returned them."""
     cfg = StagerConfig(64, 4, 96, max_seqs=3, rows="external")
-    ext = Stager(cfg)
-    ring = cuda.DeviceRing(ext, backend="dspark")
-    store = PrefixStore(cfg, 8, 1 << 20)
-    table = cuda.PrefixTable(store, ring)
+    ext, ring, store, table = owned(owner, cfg)
     ring.write(0, np.arange(16), ring.upload(rows_of(16, 64)))
     fork = ext.fork(0, 1)
     moves = store.publish(ext, 0, [7, 8], 0, 16)
@@ -140,27 +344,24 @@ def test_a_view_of_prefix_moves_is_refused_and_forks_interleave():
     hit = store.hit(ext, 2, [7, 8], 16)
     with pytest.raises(ValueError, match="missing"):
         table.publish(ring, 1, [9], 0, 8)  # the ring must first apply the hit: nothing changed
+    with pytest.raises(ValueError, match="missing"):
+        table.hit(ring, 1, [7, 8], 16)
     assert 9 not in store and ext.moves_issued == 3
     ring.apply(hit.moves, prefix_table=table)
     assert ring.read(ext.live_slots(2)).tobytes() == ring.read(ext.live_slots(0)).tobytes()
 
 
-@gpu
-def test_threads_publish_hit_and_fork_through_one_ring():
+def test_threads_publish_hit_and_fork_through_one_ring(owner):
     """Four threads change one ring's table at once (a fork, a shift, a publish and a hit through
-    the PrefixTable): the ring applies everything in serial order, and every sequence's rows and
-    every block equal a held Stager's and store's fed the same rows."""
-    from conftest import at_once
-
-    from dspark_core import snapshot_format
-
+    the table): the ring applies everything in serial order, and every sequence's rows and every
+    block equal a held Stager's and store's fed the same rows."""
     cfg = StagerConfig(64, 4, 96, max_seqs=5, storage="q8_0")
     rows = [rows_of(80, 64, seed) for seed in range(3)]
     for trial in range(6):
         held, ext = Stager(cfg), Stager(cfg.replace(rows="external"))
         hstore, xstore = PrefixStore(cfg, 8, 1 << 22), PrefixStore(ext.config, 8, 1 << 22)
-        ring = cuda.DeviceRing(ext, backend="dspark")
-        table = cuda.PrefixTable(xstore, ring)
+        ring = ring_of(owner, ext)
+        table = TABLES[owner](xstore, ring)
         for seq, r, n in ((0, rows[0], 80), (3, rows[1], 48), (4, rows[2], 40)):
             held.process(seq, np.arange(n), r[:n])
             ring.write(seq, np.arange(n), ring.upload(r[:n]))

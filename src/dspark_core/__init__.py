@@ -22,6 +22,7 @@ from .context_plan import ContextPlan, plan_context
 from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
 from .formats import dequantize_rows, quantize_rows, row_bytes
+from .host_prefix_table import HostPrefixTable
 from .host_ring import HostRing
 from .sdk import get_cmake_dir, get_include, get_library_dir
 from .stage_plan import BatchPlan, StagePlan
@@ -52,6 +53,7 @@ __all__ = [
     "dequantize_rows",
     "row_bytes",
     "HostRing",
+    "HostPrefixTable",
     "DrafterInfo",
     "DrafterMetadataError",
     "ContextPlan",

@@ -19,6 +19,10 @@ Bit-exact with held mode: rows are encoded with the Stager's bounds
 functions a held Stager uses. Every call is synchronous; the ``status=``
 form of the batch calls reports into a numpy status array
 (:meth:`new_status`) instead of raising, as the device's does.
+
+A prefix store's rows (docs/prefix_cache.md): a :class:`~dspark_core.HostPrefixTable`
+keeps them in host memory; the moves of its ``publish`` / ``hit`` copy between
+the two tables (``apply(moves, prefix_table=table)``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 
 from . import formats
 from ._ext import _row_format
+from .host_prefix_table import HostPrefixTable
 from .ring_owner import STATUS_NONE, RingOwner
 
 __all__ = ["HostRing"]
@@ -44,6 +49,8 @@ class HostRing(RingOwner):
     Attributes:
         table: ``(max_seqs * ring_rows, row_bytes)`` uint8 numpy array.
     """
+
+    _prefix_table_type = HostPrefixTable
 
     def __init__(self, stager: Any, storage: str | None = None) -> None:
         super().__init__(stager, storage)

@@ -29,7 +29,8 @@ class PrefixMoves(SlotMoves):
     table and the ``store``'s table (external-row mode). ``direction`` is
     :data:`PUBLISH` (ring -> store) or :data:`HIT` (store -> ring). Apply them
     in order before the next call on the Stager or the store
-    (``DeviceRing.apply`` does, with a ``PrefixTable``).
+    (``DeviceRing.apply`` does, with a ``cuda.PrefixTable``; ``HostRing.apply``
+    with a ``HostPrefixTable``).
     """
 
     direction: str

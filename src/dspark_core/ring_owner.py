@@ -42,6 +42,7 @@ import numpy as np
 from . import formats, snapshot_format
 from ._args import as_positions
 from .prefix_hit import PrefixMoves
+from .prefix_table_owner import PrefixTableOwner
 from .slot_moves import RestoredSlots, SlotMoves
 from .stage_plan import BatchPlan, StagePlan
 
@@ -95,6 +96,9 @@ class RingOwner:
     """
 
     table: Any
+    #: The table class of an external-row PrefixStore's rows that this owner's prefix moves
+    #: copy to and from (``apply(moves, prefix_table=...)``).
+    _prefix_table_type: type[PrefixTableOwner]
 
     def __init__(self, stager: Any, storage: str | None = None) -> None:
         cfg = stager.config
@@ -398,8 +402,9 @@ class RingOwner:
         nothing. The moves of a prefix store's publish / hit
         (:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the same
         table changes) copy between this table and the store's: pass the
-        store's table as ``prefix_table`` (``PrefixTable.publish`` / ``hit``
-        do, under both tables' locks).
+        store's table as ``prefix_table`` (a ``HostPrefixTable`` for a
+        HostRing, a ``cuda.PrefixTable`` for a DeviceRing; their ``publish`` /
+        ``hit`` do, under both tables' locks).
         """
         if not isinstance(moves, SlotMoves):
             raise TypeError(
@@ -420,9 +425,22 @@ class RingOwner:
             self._moves_applied = moves.serial
 
     def _apply_prefix(self, moves: PrefixMoves, table: Any) -> None:
-        """The copies of a prefix store's publish / hit between this table and the store's."""
-        raise TypeError(f"{self._name}.apply: this owner keeps no prefix store's rows (a DeviceRing with a "
-                        "cuda.PrefixTable does)")
+        """The copies of a prefix publish (ring -> store table) or hit (store table -> ring), with
+        that store's table; everything checked before a row moves. Lock order: this ring's (held
+        by apply), then the table's."""
+        fn = f"{self._name}.apply"
+        if table is not None and not isinstance(table, PrefixTableOwner):
+            raise TypeError(f"{fn}: prefix_table must be a {self._prefix_table_type.__name__}, got "
+                            f"{type(table).__name__}")
+        if table is None or table.store is not moves.store:
+            raise ValueError(
+                f"{fn}: these moves copy between this ring and a PrefixStore's table: pass "
+                f"prefix_table=<the {self._prefix_table_type.__name__} of that store>"
+            )
+        table.check_ring(self, fn)
+        with table._lock:
+            table.copy(moves, self)  # checks every move first
+            self._moves_applied = moves.serial
 
     def fork(self, src: int, dst: int) -> SlotMoves:
         """``stager.fork(src, dst)`` and apply its moves (safe from several threads)."""

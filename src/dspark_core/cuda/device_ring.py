@@ -60,9 +60,9 @@ from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-from ..prefix_hit import PUBLISH, PrefixMoves
 from ..ring_owner import STATUS_NONE, RingOwner
 from . import _backend, interop
+from .prefix_table import PrefixTable
 
 __all__ = ["DeviceRing", "STAGING_ROWS"]
 
@@ -114,6 +114,8 @@ class DeviceRing(RingOwner):
         table: the device array ``(max_seqs * ring_rows, row_bytes)`` uint8.
         row_bytes: bytes of one row in ``storage``.
     """
+
+    _prefix_table_type = PrefixTable
 
     def __init__(self, stager: Any, storage: str | None = None, *, device: int | None = None, stream: Any = None,
                  backend: str | None = None) -> None:
@@ -353,22 +355,6 @@ class DeviceRing(RingOwner):
         return out
 
     # -- moves and snapshots ------------------------------------------------
-    def _apply_prefix(self, moves: PrefixMoves, table: Any) -> None:
-        """The copies of a prefix publish (ring -> store table) or hit (store table -> ring).
-        Lock order: this ring's (held by apply), then the table's."""
-        if table is None or table.store is not moves.store:
-            raise ValueError(
-                "DeviceRing.apply: these moves copy between this ring and a PrefixStore's table: pass "
-                "prefix_table=<the PrefixTable of that store>"
-            )
-        if table.storage != self.storage or table.device != self.device:
-            raise ValueError("DeviceRing.apply: the PrefixTable keeps another storage or lives on another device")
-        with table._lock:
-            table.copy(moves, self._table_ptr, self.rows)  # checks every move first
-            self._moves_applied = moves.serial
-            written = table.table if moves.direction == PUBLISH else self.table
-            interop._mark_written(written, self.stream, self._stream_obj)
-
     def _copy_moves(self, moves: list[list[int]]) -> None:
         rb = self.row_bytes
         for src, dst, m in moves:

@@ -26,24 +26,24 @@ the store made them (a hit's copies out of a page are enqueued before a
 later publish reuses that page). :meth:`export_block` / :meth:`import_block`
 hold the table's lock. The lock order is ring, table, then the core's
 Stager and store mutexes; nothing takes a ring's lock while holding a
-table's.
+table's. These rules, the checks and the export / import flow are the
+shared owner's (:mod:`dspark_core.prefix_table_owner`), the same for the
+host twin :class:`dspark_core.HostPrefixTable`.
 """
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import numpy as np
 
-from .. import formats
-from ..prefix_hit import PrefixHit, PrefixMoves
+from ..prefix_table_owner import PrefixTableOwner
 from . import _backend, interop
 
 __all__ = ["PrefixTable"]
 
 
-class PrefixTable:
+class PrefixTable(PrefixTableOwner):
     """The device table of an external-row PrefixStore (see the module docstring).
 
     Args:
@@ -54,97 +54,47 @@ class PrefixTable:
 
     Attributes:
         table: the device array ``(store.table_rows, row_bytes)`` uint8.
+
+    The checks, locks and the export / import flow are the shared owner's
+    (:mod:`dspark_core.prefix_table_owner`); this class moves the bytes.
     """
 
     def __init__(self, store: Any, ring: Any) -> None:
-        if not store.config.external_rows:
-            raise ValueError(
-                "PrefixTable needs a PrefixStore in external-row mode (its config's rows='external'); "
-                "this one holds its rows"
-            )
-        if ring.storage != store.config.storage:
-            raise ValueError(
-                f"PrefixTable: the ring keeps {ring.storage!r} rows but the store's rows are "
-                f"{store.config.storage!r}: the copies between them need one format"
-            )
-        self.store = store
-        self.storage = ring.storage
-        self.row_bytes = formats.row_bytes(self.storage, int(store.config.feature_dim))
-        self.rows = int(store.table_rows)
+        super().__init__(store, ring)
         self.lib, self.device, self.stream, self._stream_obj = ring.lib, ring.device, ring.stream, ring._stream_obj
         self.table = interop._alloc(self.lib, (self.rows, self.row_bytes), _backend._U8, self.device, self.stream)
         self._table_ptr = interop._dev_array(self.table, "PrefixTable table", stream=self.stream).ptr
         self._cu = _backend._require()
-        self._lock = threading.RLock()  # after a ring's lock, before the core's mutexes
 
     def __repr__(self) -> str:
         return f"PrefixTable(storage={self.storage!r}, rows={self.rows} x {self.row_bytes} B, device={self.device})"
 
-    @property
-    def nbytes(self) -> int:
-        """Device memory of the table (at most the store's ``budget_bytes``)."""
-        return self.rows * self.row_bytes
+    def _check_place(self, ring: Any, fn: str) -> None:
+        if ring.device != self.device:
+            raise ValueError(f"{fn}: the PrefixTable lives on device {self.device}, the ring on device {ring.device}")
 
-    # -- through a ring ---------------------------------------------------
-    def publish(self, ring: Any, seq: int, keys: Any, start: int, end: int) -> PrefixMoves:
-        """``store.publish(ring.stager, ...)`` and apply its copies (ring table -> this table)."""
-        with ring._lock, self._lock:
-            ring._require_applied("PrefixTable.publish")
-            moves = self.store.publish(ring.stager, seq, keys, start, end)
-            ring.apply(moves, prefix_table=self)
-        return moves
-
-    def hit(self, ring: Any, seq: int, keys: Any, n_tokens: int) -> PrefixHit:
-        """``store.hit(ring.stager, ...)`` and apply its copies (this table -> ring table)."""
-        with ring._lock, self._lock:
-            ring._require_applied("PrefixTable.hit")
-            hit = self.store.hit(ring.stager, seq, keys, n_tokens)
-            ring.apply(hit.moves, prefix_table=self)
-        return hit
-
-    def copy(self, moves: PrefixMoves, ring_table_ptr: int, ring_rows: int) -> None:
-        """The device-to-device copies of ``moves`` between a ring's table and this one (for DeviceRing)."""
+    def _copy_rows(self, moves: list[list[int]], to_store: bool, ring: Any) -> None:
+        """Device to device, on the table's stream; the written table is marked on the ring's."""
         rb = self.row_bytes
-        to_store = moves.direction == "publish"
-        src_ptr, dst_ptr = (ring_table_ptr, self._table_ptr) if to_store else (self._table_ptr, ring_table_ptr)
-        src_rows, dst_rows = (ring_rows, self.rows) if to_store else (self.rows, ring_rows)
-        rows = moves.tolist()
-        for src, dst, m in rows:
-            if not (m > 0 and 0 <= src and src + m <= src_rows and 0 <= dst and dst + m <= dst_rows):
-                raise ValueError(f"PrefixTable: move [{src}, {dst}, {m}] is outside the tables")
-        for src, dst, m in rows:
+        src_ptr, dst_ptr = (ring._table_ptr, self._table_ptr) if to_store else (self._table_ptr, ring._table_ptr)
+        for src, dst, m in moves:
             self._cu.copy_device(dst_ptr + dst * rb, src_ptr + src * rb, m * rb, self.stream)
+        interop._mark_written(self.table if to_store else ring.table, ring.stream, ring._stream_obj)
 
-    # -- other processes ----------------------------------------------------
-    def export_block(self, key: Any) -> bytes:
-        """``store.export_block(key, rows)`` with the block's rows read from the device."""
-        with self._lock:
-            self._cu.synchronize(self.stream, self.device)
-            slots = self.store.block_slots(key)
-            rows = np.empty((len(slots), self.row_bytes), np.uint8)
-            for i, s in enumerate(slots.tolist()):
-                rows[i] = np.frombuffer(self._cu.copy_to_host(self._table_ptr + s * self.row_bytes, self.row_bytes),
-                                        np.uint8)
-            return bytes(self.store.export_block(key, rows))
+    def _read_rows(self, slots: np.ndarray) -> np.ndarray:
+        self._cu.synchronize(self.stream, self.device)
+        rows = np.empty((len(slots), self.row_bytes), np.uint8)
+        for i, s in enumerate(slots.tolist()):
+            rows[i] = np.frombuffer(self._cu.copy_to_host(self._table_ptr + s * self.row_bytes, self.row_bytes),
+                                    np.uint8)
+        return rows
 
-    def import_block(self, data: Any) -> np.ndarray:
-        """``store.import_block(data)`` and upload the block's rows into the slots it returns."""
-        from .. import prefix_block_format
-
-        with self._lock:
-            slots = self.store.import_block(data)
-            live = slots >= 0
-            if live.any():
-                # The store checked the block; its rows follow the header and the key.
-                blk = prefix_block_format.unpack(data, prefix_block_format.fingerprint(self.store.config),
-                                                 self.store.block_tokens, self.store.w_keep)
-                rows = np.frombuffer(blk.rows, np.uint8).reshape(-1, self.row_bytes)
-                staged = interop.DeviceArray.from_numpy(np.ascontiguousarray(rows[live]), self.device,
-                                                        self._stream_obj if self.stream else None)
-                src = interop._dev_array(staged, "imported rows", stream=self.stream).ptr
-                for i, s in enumerate(slots[live].tolist()):
-                    self._cu.copy_device(self._table_ptr + s * self.row_bytes, src + i * self.row_bytes,
-                                         self.row_bytes, self.stream)
-                self._cu.synchronize(self.stream, self.device)  # `staged` is freed when this returns
-            interop._mark_written(self.table, self.stream, self._stream_obj)
-            return slots
+    def _write_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """One upload of the rows, then a device copy per slot."""
+        staged = interop.DeviceArray.from_numpy(rows, self.device, self._stream_obj if self.stream else None)
+        src = interop._dev_array(staged, "imported rows", stream=self.stream).ptr
+        for i, s in enumerate(slots.tolist()):
+            self._cu.copy_device(self._table_ptr + s * self.row_bytes, src + i * self.row_bytes, self.row_bytes,
+                                 self.stream)
+        self._cu.synchronize(self.stream, self.device)  # `staged` is freed when this returns
+        interop._mark_written(self.table, self.stream, self._stream_obj)

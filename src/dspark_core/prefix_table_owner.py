@@ -1,0 +1,175 @@
+"""PrefixTableOwner: the rules every owner of an external-row PrefixStore's rows keeps, written once.
+
+An external-row :class:`~dspark_core.PrefixStore` holds no row bytes: it
+hands out slots of a table (``store.table_rows`` rows of ``row_bytes``) that
+its owner allocates next to the Stagers' ring tables. Two owners exist, one
+per ring owner (:mod:`dspark_core.ring_owner`):
+:class:`dspark_core.HostPrefixTable` (a numpy array, beside a ``HostRing``)
+and :class:`dspark_core.cuda.PrefixTable` (a CUDA device, beside the
+``DeviceRing`` s). They differ only in where the table lives and how rows
+move; everything else is here, the same for both:
+
+* construction: the store is in external-row mode; the ring is of the owner
+  kind the table pairs with (``RingOwner._prefix_table_type``), in the
+  store's storage;
+* :meth:`publish` / :meth:`hit`: the ring checked first, then, under the
+  ring's lock and the table's, the store's call and its copies, so the
+  moves are numbered among the ring's table changes and applied in the
+  order the store made them;
+* :meth:`copy` (the ring's ``apply``): every move inside both tables before
+  a row moves;
+* :meth:`export_block` / :meth:`import_block`: the store's call with the
+  block's rows read from / written into the table, under the table's lock.
+
+A subclass moves the bytes (the ``_``-prefixed hooks at the end).
+
+Lock order: a ring's lock, then a table's, then (inside the core) the
+Stager's and the store's mutexes. Nothing takes a ring's lock while holding
+a table's, and no core call calls back into Python, so threads sharing
+rings and tables never wait on each other in a cycle.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+
+from . import formats, prefix_block_format
+from .prefix_hit import PUBLISH, PrefixHit, PrefixMoves
+
+__all__ = ["PrefixTableOwner"]
+
+
+class PrefixTableOwner:
+    """The shared part of an external-row PrefixStore's table (see the module docstring).
+
+    Args:
+        store: a :class:`~dspark_core.PrefixStore` (or the reference twin) in
+            external-row mode.
+        ring: a ring owner of a Stager using the store; the table pairs with
+            its kind and takes its storage (and, on a device, its place).
+
+    Attributes:
+        store: the store whose slots index the table.
+        storage: the rows' format (the store's, which the rings' must be).
+        row_bytes: bytes of one row.
+        rows: rows of the table (``store.table_rows``).
+        table: the table, ``(rows, row_bytes)`` uint8 (the subclass's array type).
+    """
+
+    table: Any
+
+    def __init__(self, store: Any, ring: Any) -> None:
+        if not store.config.external_rows:
+            raise ValueError(
+                f"{self._name} needs a PrefixStore in external-row mode (its config's rows='external'); "
+                "this one holds its rows"
+            )
+        self.store = store
+        self.storage = store.config.storage
+        self._check_pair(ring, self._name)  # its place: the subclass takes the ring's
+        self.row_bytes = formats.row_bytes(self.storage, int(store.config.feature_dim))
+        self.rows = int(store.table_rows)
+        self._lock = threading.RLock()  # after a ring's lock, before the core's mutexes
+
+    @property
+    def _name(self) -> str:
+        return type(self).__name__
+
+    @property
+    def nbytes(self) -> int:
+        """Memory of the table (at most the store's ``budget_bytes``)."""
+        return self.rows * self.row_bytes
+
+    def check_ring(self, ring: Any, fn: str) -> None:
+        """Refuse a ring this table cannot copy rows to and from (``fn``: the call, for the message):
+        another kind of owner (``TypeError``), another storage or place (``ValueError``)."""
+        self._check_pair(ring, fn)
+        self._check_place(ring, fn)
+
+    def _check_pair(self, ring: Any, fn: str) -> None:
+        """The ring's kind pairs with this table's, and its storage is the store's."""
+        kind = getattr(ring, "_prefix_table_type", None)
+        if kind is None:
+            raise TypeError(f"{fn}: ring must be a ring owner (HostRing or cuda.DeviceRing), got "
+                            f"{type(ring).__name__}")
+        if not isinstance(self, kind):
+            raise TypeError(f"{fn}: a {type(ring).__name__} copies prefix rows with a {kind.__name__}, "
+                            f"not a {self._name}")
+        if ring.storage != self.storage:
+            raise ValueError(
+                f"{fn}: the ring keeps {ring.storage!r} rows but the store's rows are {self.storage!r}: "
+                "the copies between them need one format"
+            )
+
+    # -- through a ring ---------------------------------------------------
+    def publish(self, ring: Any, seq: int, keys: Any, start: int, end: int) -> PrefixMoves:
+        """``store.publish(ring.stager, ...)`` and apply its copies (ring table -> this table)."""
+        self.check_ring(ring, f"{self._name}.publish")  # before the store changes
+        with ring._lock, self._lock:
+            ring._require_applied(f"{self._name}.publish")
+            moves = self.store.publish(ring.stager, seq, keys, start, end)
+            ring.apply(moves, prefix_table=self)
+        return moves
+
+    def hit(self, ring: Any, seq: int, keys: Any, n_tokens: int) -> PrefixHit:
+        """``store.hit(ring.stager, ...)`` and apply its copies (this table -> ring table)."""
+        self.check_ring(ring, f"{self._name}.hit")
+        with ring._lock, self._lock:
+            ring._require_applied(f"{self._name}.hit")
+            hit = self.store.hit(ring.stager, seq, keys, n_tokens)
+            ring.apply(hit.moves, prefix_table=self)
+        return hit
+
+    def copy(self, moves: PrefixMoves, ring: Any) -> None:
+        """The copies of ``moves`` between ``ring``'s table and this one (a publish: ring -> table,
+        a hit: table -> ring), every move checked first. For the ring's ``apply``, which holds
+        both locks and has checked the moves' identity and order."""
+        to_store = moves.direction == PUBLISH
+        src_rows, dst_rows = (ring.rows, self.rows) if to_store else (self.rows, ring.rows)
+        rows = moves.tolist()
+        for src, dst, m in rows:
+            if not (m > 0 and 0 <= src and src + m <= src_rows and 0 <= dst and dst + m <= dst_rows):
+                raise ValueError(f"{self._name}: move [{src}, {dst}, {m}] is outside the tables")
+        self._copy_rows(rows, to_store, ring)
+
+    # -- other processes ----------------------------------------------------
+    def export_block(self, key: Any) -> bytes:
+        """``store.export_block(key, rows)`` with the block's rows read from the table."""
+        with self._lock:
+            slots = self.store.block_slots(key)
+            return bytes(self.store.export_block(key, self._read_rows(np.asarray(slots, np.int64))))
+
+    def import_block(self, data: Any) -> np.ndarray:
+        """``store.import_block(data)`` and write the block's rows into the slots it returns
+        (-1: a row the store already held). Bad data raises before anything changes."""
+        with self._lock:
+            slots = self.store.import_block(data)
+            live = slots >= 0
+            if live.any():
+                # The store checked the block; its rows follow the header and the key.
+                blk = prefix_block_format.unpack(data, prefix_block_format.fingerprint(self.store.config),
+                                                 self.store.block_tokens, self.store.w_keep)
+                rows = np.frombuffer(blk.rows, np.uint8).reshape(-1, self.row_bytes)
+                self._write_rows(slots[live], np.ascontiguousarray(rows[live]))
+            return slots
+
+    # -- the table: implemented by each owner -------------------------------
+    def _check_place(self, ring: Any, fn: str) -> None:
+        """Refuse a ring whose table this one cannot reach (a device owner: another device)."""
+
+    def _copy_rows(self, moves: list[list[int]], to_store: bool, ring: Any) -> None:
+        """Copy rows ``[src, src + m)`` to ``[dst, dst + m)`` of each move, in order: from ``ring``'s
+        table into this one when ``to_store``, else the other way (the moves are checked)."""
+        raise NotImplementedError
+
+    def _read_rows(self, slots: np.ndarray) -> np.ndarray:
+        """A new host ``(len(slots), row_bytes)`` uint8 array of the table's rows at ``slots``
+        (after every copy enqueued before)."""
+        raise NotImplementedError
+
+    def _write_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
+        """Write the host ``rows`` (``(len(slots), row_bytes)`` uint8) into the table at ``slots``."""
+        raise NotImplementedError
