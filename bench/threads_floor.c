@@ -6,11 +6,12 @@
  *
  * Two sequences, each prefilled with 64 rows and warmed up until its ring
  * has wrapped, the second for STAGGER more rounds (so that the two need not
- * rebase at the same moment); then TRIALS times, alternating: 1 thread running ROUNDS
- * rounds of each sequence in turn, and 2 threads (one per sequence, started
- * together) running ROUNDS rounds each. CPU0 / CPU1 >= 0: worker q is pinned
- * to CPUq, and the 1-thread runs (on the main thread) to CPU0; -1: unpinned. A round: draft (storage rows into a
- * buffer), commit, process B + 1 float32 rows, accept ACCEPT.
+ * rebase at the same moment); then TRIALS times, alternating: 1 thread
+ * running ROUNDS rounds of each sequence in turn, and 2 threads (one per
+ * sequence, started together) running ROUNDS rounds each. A round: draft
+ * (storage rows into a buffer), commit, process B + 1 float32 rows, accept
+ * ACCEPT. CPU0 / CPU1 >= 0: worker q is pinned to CPUq and the 1-thread runs
+ * (on the main thread) to CPU0; -1: unpinned.
  * With "bytes", the rounds make the same copies without the core (the
  * ceiling the memory system allows): B + 1 f32 rows into a ring of their own,
  * the rows a draft stages out of it (the accepted ones; at a rebase, by the
@@ -23,9 +24,9 @@
 #else
 #define _POSIX_C_SOURCE 200112L /* clock_gettime, pthread barriers under -std=c99 */
 #endif
-#include <sched.h>
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
