@@ -11,6 +11,10 @@ steady rounds (after a warm-up that wraps each ring)::
     st.process(seq, verify_positions, verify_rows)   # B + 1 float32 rows
     st.accept(seq, 3)
 
+with the staged rows copied out (``draft``) or handed over as views of the
+ring (``draft(seq, n_past, copy=False)``: "zero-copy", so a rebase moves no
+W/2 rows);
+
 * 1 thread: the rounds of both sequences, one after the other;
 * 2 threads: one thread per sequence, the same rounds, started together;
 
@@ -18,7 +22,8 @@ each from Python threads (the binding releases the GIL in every call) and
 from C threads through the C ABI (bench/threads_floor.c, compiled here
 against the installed SDK: the core without the interpreter); for f32 also
 the rounds' copies alone, without the core ("bytes alone": the ceiling the
-machine's shared memory system puts on 2 threads moving these bytes).
+machine's shared memory system puts on 2 threads moving these bytes; with
+zero-copy drafts, only the verify rows' copy into the ring).
 
 The threads are pinned, each to a CPU of its own (the 1-thread runs to the
 first; ``--no-pin`` leaves them to the scheduler): in a trial of tens of
@@ -84,6 +89,7 @@ REBASE_PERIOD = (W - KEEP - B) // (ACCEPT + 1) + 1
 # layout), or none (both rebase at once).
 LAYOUTS = (("staggered", REBASE_PERIOD // 2), ("aligned", 0))
 BYTES_ALONE = "bytes alone (C)"
+ZERO_COPY = ", zero-copy"
 
 
 class Pair:
@@ -107,10 +113,10 @@ class Pair:
         for i, q in enumerate(SEQS):
             self.rounds(q, warm + i * stagger)
 
-    def rounds(self, seq: int, k: int) -> None:
+    def rounds(self, seq: int, k: int, copy: bool = True) -> None:
         st, n_past, verify = self.st, self.n_past[seq], self.verify
         for _ in range(k):
-            st.draft(seq, n_past)
+            st.draft(seq, n_past, copy)
             st.commit(seq)
             st.process(seq, np.arange(n_past, n_past + B + 1), verify)
             st.accept(seq, ACCEPT)
@@ -138,13 +144,13 @@ class Trial:
     cpu_share: float  # that CPU time / (wall time x threads): < 1 when the threads did not get their cores
 
 
-def one_thread(pair: Pair, k: int, cpus: list[int] | None) -> Trial:
+def one_thread(pair: Pair, k: int, cpus: list[int] | None, copy: bool) -> Trial:
     saved = allowed_cpus()
     pin({cpus[0]} if cpus else None)
     try:
         t0, c0 = time.perf_counter(), time.thread_time()
         for q in SEQS:
-            pair.rounds(q, k)
+            pair.rounds(q, k, copy)
         wall, cpu = time.perf_counter() - t0, time.thread_time() - c0
     finally:
         pin(set(saved) if cpus else None)
@@ -152,7 +158,7 @@ def one_thread(pair: Pair, k: int, cpus: list[int] | None) -> Trial:
     return Trial(n / wall, cpu / n * 1e6, cpu / wall)
 
 
-def two_threads(pair: Pair, k: int, cpus: list[int] | None) -> Trial:
+def two_threads(pair: Pair, k: int, cpus: list[int] | None, copy: bool) -> Trial:
     go = threading.Barrier(len(SEQS))
     cpu = [0.0] * len(SEQS)
     span = [(0.0, 0.0)] * len(SEQS)
@@ -161,7 +167,7 @@ def two_threads(pair: Pair, k: int, cpus: list[int] | None) -> Trial:
         pin({cpus[i]} if cpus else None)
         go.wait()
         t0, c0 = time.perf_counter(), time.thread_time()
-        pair.rounds(q, k)
+        pair.rounds(q, k, copy)
         cpu[i] = time.thread_time() - c0
         span[i] = (t0, time.perf_counter())
 
@@ -178,14 +184,15 @@ def two_threads(pair: Pair, k: int, cpus: list[int] | None) -> Trial:
 
 
 def c_threads(exe: Path, storage: str, k: int, trials: int, stagger: int,
-              cpus: list[int] | None, model: bool = False) -> tuple[list[Trial], list[Trial]]:
+              cpus: list[int] | None, mode: str) -> tuple[list[Trial], list[Trial]]:
     """The same rounds through the C ABI from C threads (threads_floor.c): no interpreter, no GIL.
 
-    ``model``: the rounds' copies alone, without the core (f32 only).
+    ``mode``: "copy" or "view" (the draft), or "bytes" / "bytes-view": the rounds' copies
+    alone, without the core (f32 only).
     """
     out = subprocess.run([str(exe), str(STORAGES.index(storage)), str(D), str(B), str(W), str(ACCEPT), str(k),
-                          str(trials), str(stagger), *[str(c) for c in (cpus or [-1, -1])],
-                          *(["bytes"] if model else [])], check=True, capture_output=True, text=True).stdout
+                          str(trials), str(stagger), *[str(c) for c in (cpus or [-1, -1])], mode],
+                         check=True, capture_output=True, text=True).stdout
     by: dict[str, list[Trial]] = {"1": [], "2": []}
     for line in out.split("\n"):
         if line.strip():
@@ -203,6 +210,8 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=7, help="trials of each (alternating 1 and 2 threads)")
     ap.add_argument("--quick", action="store_true", help="3 trials")
     ap.add_argument("--no-pin", action="store_true", help="leave the threads to the scheduler (default: one CPU each)")
+    ap.add_argument("--drafts", default="copy,zero-copy",
+                    help="how the rounds draft: copy (draft), zero-copy (draft(copy=False)), or both (default)")
     ap.add_argument("--out", default=None, help="also write the markdown here")
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                     help="one JSON record per storage: on stdout instead of the table (no PATH), or into PATH "
@@ -210,18 +219,22 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.trials = 3
+    drafts = [d.strip() for d in args.drafts.split(",") if d.strip()]
+    if not drafts or set(drafts) - {"copy", "zero-copy"}:
+        ap.error(f"--drafts: copy and / or zero-copy, got {args.drafts!r}")
     allowed = allowed_cpus()
     cpus = None if args.no_pin or len(allowed) < len(SEQS) or not hasattr(os, "sched_setaffinity") \
         else allowed[: len(SEQS)]
     load_before = os.getloadavg()[0]
     records: list[dict[str, Any]] = []
 
-    def record(storage: str, layout: str, way: str, one: list[Trial], two: list[Trial]) -> None:
+    def record(storage: str, layout: str, way: str, one: list[Trial], two: list[Trial], draft: str) -> None:
         def med(ts: list[Trial], field: str) -> float:
             return float(np.median([getattr(t, field) for t in ts]))
 
         ratios = [b.rounds_per_s / a.rounds_per_s for a, b in zip(one, two)]
-        records.append({"storage": storage, "sequences": layout, "way": way, "feature_dim": D, "rounds_per_trial": 2 * args.rounds,
+        records.append({"storage": storage, "sequences": layout, "way": way + (ZERO_COPY if draft != "copy" else ""),
+                        "draft": draft, "feature_dim": D, "rounds_per_trial": 2 * args.rounds,
                         "trials": args.trials, "one_thread_rounds_per_s": med(one, "rounds_per_s"),
                         "two_threads_rounds_per_s": med(two, "rounds_per_s"),
                         "ratio": med(two, "rounds_per_s") / med(one, "rounds_per_s"),
@@ -235,28 +248,32 @@ def main() -> int:
         exe = build_c_program(HERE / "threads_floor.c", Path(tmp))
         for storage in [s.strip() for s in args.storages.split(",") if s.strip()]:
             for layout, stagger in LAYOUTS:
-                pair = Pair(storage, prefill=64, stagger=stagger)
-                one: list[Trial] = []
-                two: list[Trial] = []
-                for _ in range(args.trials):  # alternate, so load drifts hit both alike
-                    one.append(one_thread(pair, args.rounds, cpus))
-                    two.append(two_threads(pair, args.rounds, cpus))
-                del pair
-                record(storage, layout, "Python threads", one, two)
-                record(storage, layout, "C threads",
-                       *c_threads(exe, storage, args.rounds, args.trials, stagger, cpus))
-                if storage == "f32":  # the memory system's ceiling for these bytes
-                    record(storage, layout, BYTES_ALONE,
-                           *c_threads(exe, storage, args.rounds, args.trials, stagger, cpus, model=True))
+                for draft in drafts:
+                    copy = draft == "copy"
+                    pair = Pair(storage, prefill=64, stagger=stagger)
+                    one: list[Trial] = []
+                    two: list[Trial] = []
+                    for _ in range(args.trials):  # alternate, so load drifts hit both alike
+                        one.append(one_thread(pair, args.rounds, cpus, copy))
+                        two.append(two_threads(pair, args.rounds, cpus, copy))
+                    del pair
+                    record(storage, layout, "Python threads", one, two, draft)
+                    record(storage, layout, "C threads",
+                           *c_threads(exe, storage, args.rounds, args.trials, stagger, cpus,
+                                      "copy" if copy else "view"), draft)
+                    if storage == "f32":  # the memory system's ceiling for these bytes
+                        record(storage, layout, BYTES_ALONE,
+                               *c_threads(exe, storage, args.rounds, args.trials, stagger, cpus,
+                                          "bytes" if copy else "bytes-view"), draft)
     load_after = os.getloadavg()[0]
     if args.json == "-":
         for r in records:
             print(json.dumps(r))
         return 0
     targets = [{"target": "2 threads on distinct sequences >= 1.7x one thread's rounds/s",
-                "where": f"held, D = {D:,}, {r['storage']}, Python threads", "value": r["ratio"],
+                "where": f"held, D = {D:,}, {r['storage']}, {r['way']}", "value": r["ratio"],
                 "pass": r["ratio"] >= 1.7, "text": f"{r['ratio']:.2f}x"}
-               for r in records if r["way"] == "Python threads" and r["sequences"] == LAYOUTS[0][0]]
+               for r in records if r["way"].startswith("Python threads") and r["sequences"] == LAYOUTS[0][0]]
     C.write_json(args.json, {"records": records, "targets": targets, "load": [load_before, load_after]})
     lines = C.header_lines(
         "Threads on distinct sequences: steady held-mode rounds, 2 threads vs 1",
@@ -268,7 +285,7 @@ def main() -> int:
                       "target >= 1.7x", "CPU us / round, 1 / 2 threads", "CPU share, 1 / 2 threads"],
                      [[r["storage"], r["sequences"], r["way"], f"{r['one_thread_rounds_per_s']:.0f}", f"{r['two_threads_rounds_per_s']:.0f}",
                        C.fmt_x(r["ratio"], 2), C.fmt_x(r["median_trial_ratio"], 2),
-                       "-" if r["way"] == BYTES_ALONE
+                       "-" if r["way"].startswith(BYTES_ALONE)
                        else C.verdict(r["ratio"] >= 1.7) if r["sequences"] == LAYOUTS[0][0] else "(worst case)",
                        f"{r['one_thread_cpu_us_per_round']:.0f} / {r['two_threads_cpu_us_per_round']:.0f}",
                        f"{r['one_thread_cpu_share']:.2f} / {r['two_threads_cpu_share']:.2f}"]
@@ -284,7 +301,10 @@ def main() -> int:
               "interpreter, no GIL): what the core itself gives two threads on this machine at this moment.",
               "Bytes alone (f32): the rounds' copies without the core (B + 1 rows into a ring, the staged rows",
               "out of it, a rebase's rows streamed past the cache as the core streams them), from two C threads:",
-              "the ratio this machine's memory system allows for this many bytes, the ceiling of the other rows."]
+              "the ratio this machine's memory system allows for this many bytes, the ceiling of the other rows.",
+              "Zero-copy: the rounds draft with draft(seq, n_past, copy=False) (the C ABI's dspark_draft_view):",
+              "the staged rows are views of the ring, so no round copies them and a rebase moves no W/2 rows;",
+              "bytes alone then copies only the verify rows into the ring."]
     C.emit(lines, args.out)
     return 0
 

@@ -2,7 +2,7 @@
  * threads (no interpreter, no GIL): what the core itself gives two threads
  * working on two sequences of one Stager.
  *
- *   threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1 [bytes]
+ *   threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1 [MODE]
  *
  * Two sequences, each prefilled with 64 rows and warmed up until its ring
  * has wrapped, the second for STAGGER more rounds (so that the two need not
@@ -12,11 +12,13 @@
  * (storage rows into a buffer), commit, process B + 1 float32 rows, accept
  * ACCEPT. CPU0 / CPU1 >= 0: worker q is pinned to CPUq and the 1-thread runs
  * (on the main thread) to CPU0; -1: unpinned.
- * With "bytes", the rounds make the same copies without the core (the
- * ceiling the memory system allows): B + 1 f32 rows into a ring of their own,
- * the rows a draft stages out of it (the accepted ones; at a rebase, by the
- * same rule as the core, min(W/2, W - B) rows, with non-temporal stores as
- * the core's copy of 8 MiB or more makes them). STORAGE must be f32 (0).
+ * MODE: "copy" (default: dspark_draft copies the staged rows out), "view"
+ * (dspark_draft_view: no copy), or "bytes" / "bytes-view": the rounds make
+ * the same copies without the core (the ceiling the memory system allows):
+ * B + 1 f32 rows into a ring of their own, and ("bytes" only) the rows a
+ * draft stages out of it (the accepted ones; at a rebase, by the same rule
+ * as the core, min(W/2, W - B) rows, with non-temporal stores as the core's
+ * copy of 8 MiB or more makes them). The bytes modes need f32 (STORAGE 0).
  * Prints one line per trial: "threads wall_ns cpu_ns" (cpu: the threads'
  * CLOCK_THREAD_CPUTIME_ID). Built by bench/bench_threads.py. */
 #if defined(__linux__)
@@ -56,6 +58,7 @@ static int64_t ns_of(clockid_t clock) {
 
 typedef struct {
     dspark_stager* st; /* NULL: the "bytes" model */
+    int view;          /* draft without copying the staged rows out */
     int64_t seq, n_past, B, D, acc, rounds, cpu_ns, t0_ns, t1_ns;
     int cpu; /* the CPU this worker is pinned to, or -1 */
     float* verify;
@@ -119,7 +122,7 @@ static void model_rounds(worker* w, int64_t k) {
             w->cap = (size_t)(w->n_past - lo) * (size_t)w->D * sizeof(float);
             w->out = malloc(w->cap);
         }
-        ring_copy(w, lo, w->n_past - lo, w->out, 0);
+        if (!w->view) ring_copy(w, lo, w->n_past - lo, w->out, 0);
         w->staged = w->n_past;
         ring_copy(w, w->n_past, w->B + 1, (uint8_t*)w->verify, 1);
         w->n_past += w->acc + 1;
@@ -134,8 +137,12 @@ static void rounds(worker* w, int64_t k) {
     int64_t pos[64];
     dspark_plan plan;
     size_t written = 0;
+    const void* run_data[2];
+    size_t run_rows[2];
     for (int64_t r = 0; r < k; ++r) {
-        dspark_status s = dspark_draft(w->st, w->seq, w->n_past, DSPARK_DTYPE_STORAGE, w->out, w->cap, &plan, &written);
+        dspark_status s = w->view
+            ? dspark_draft_view(w->st, w->seq, w->n_past, &plan, run_data, run_rows)
+            : dspark_draft(w->st, w->seq, w->n_past, DSPARK_DTYPE_STORAGE, w->out, w->cap, &plan, &written);
         if (s == DSPARK_E_BUFFER_TOO_SMALL) { /* a rebase: grow the buffer */
             free(w->out);
             w->cap = written;
@@ -181,11 +188,15 @@ static void* thread_main(void* arg) {
 }
 
 int main(int argc, char** argv) {
-    if (argc != 11 && !(argc == 12 && strcmp(argv[11], "bytes") == 0)) {
-        fprintf(stderr, "usage: threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1 [bytes]\n");
+    const char* mode = argc == 12 ? argv[11] : "copy";
+    const int known = !strcmp(mode, "copy") || !strcmp(mode, "view") || !strcmp(mode, "bytes") ||
+                      !strcmp(mode, "bytes-view");
+    if ((argc != 11 && argc != 12) || !known) {
+        fprintf(stderr, "usage: threads_floor STORAGE D B W ACCEPT ROUNDS TRIALS STAGGER CPU0 CPU1 "
+                        "[copy|view|bytes|bytes-view]\n");
         return 2;
     }
-    const int model = argc == 12;
+    const int model = !strncmp(mode, "bytes", 5), view = strstr(mode, "view") != NULL;
     const int32_t storage = atoi(argv[1]);
     const int64_t D = atoll(argv[2]), B = atoll(argv[3]), W = atoll(argv[4]), acc = atoll(argv[5]);
     const int64_t k = atoll(argv[6]), trials = atoll(argv[7]), stagger = atoll(argv[8]);
@@ -216,6 +227,7 @@ int main(int argc, char** argv) {
     for (int q = 0; q < 2; ++q) {
         memset(&w[q], 0, sizeof w[q]);
         w[q].st = model ? NULL : st;
+        w[q].view = view;
         w[q].W = W;
         w[q].ring_rows = ring;
         if (model) { /* huge pages, as the core's ring (byte_buffer.hpp) */

@@ -171,13 +171,16 @@ class Counters:
 class Server:
     """One slot of a speculative-decoding server."""
 
-    def __init__(self, storage: str, fail_every: int, seq: int = 0) -> None:
+    def __init__(self, storage: str, fail_every: int, seq: int = 0, zero_copy: bool = False) -> None:
         # strict: a call out of protocol raises instead of skipping (docs/protocol.md section 3)
         self.cfg = StagerConfig(feature_dim=D, block_size=BLOCK, window=WINDOW, storage=storage, strict=True)
         self.stager = Stager(self.cfg)
         self.target = FakeTarget()
         self.drafter = FakeDrafter(self.target.embedding, fail_every)
         self.seq = seq
+        # zero_copy: plans hand the drafter views of the Stager's ring instead of a copy; they
+        # are read (check_rows, the drafter's decode) before the verify batch's process.
+        self.copy = not zero_copy
         self.c = Counters()
         self.n_past = 0
         self.last = -1
@@ -220,7 +223,7 @@ class Server:
     def step(self) -> list[int]:
         """One round; returns the tokens it produced."""
         st, seq = self.stager, self.seq
-        plan = st.draft(seq, self.n_past)
+        plan = st.draft(seq, self.n_past, copy=self.copy)
         drafts = None
         if plan.skip is None:
             if plan.rebase and self.c.first_restage_rows < 0:
@@ -267,14 +270,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompt", type=int, default=300, help="prompt tokens (default 300)")
     ap.add_argument("--generate", type=int, default=300, help="tokens generated per request (default 300)")
     ap.add_argument("--fail-every", type=int, default=10, help="fail every N-th drafter decode (0: never)")
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="draft with copy=False: the drafter reads the staged rows in the Stager's ring")
     a = ap.parse_args(argv)
 
-    srv = Server(a.storage, a.fail_every)
+    srv = Server(a.storage, a.fail_every, zero_copy=a.zero_copy)
     cfg = srv.cfg
     rng = np.random.default_rng(1)
     prompt = [int(t) for t in rng.integers(0, VOCAB, a.prompt)]
     print(f"minimal_server: storage={cfg.storage} D={D} B={BLOCK} W={WINDOW} (K={cfg.w_keep}), "
-          f"prompt {len(prompt)} tokens")
+          f"prompt {len(prompt)} tokens, {'zero-copy' if a.zero_copy else 'copied'} staged rows")
 
     # Request: prefill, then generate.
     srv.prefill(prompt, begin=True)

@@ -75,6 +75,18 @@ def test_minimal_server_bf16_rows_within_one_rounding() -> None:
     assert 0 < f["rel_err"] <= 2.0**-8
 
 
+@pytest.mark.parametrize("storage", ["f32", "q8_0"])
+def test_minimal_server_with_zero_copy_drafts(storage: str) -> None:
+    """The drafter reads views of the Stager's ring (draft(copy=False)): the same run, token for token."""
+    out, f = run_example("--storage", storage, "--zero-copy")
+    copied, g = run_example("--storage", storage)
+    assert "zero-copy staged rows" in out and "copied staged rows" in copied
+    assert "lossless: yes" in out
+    assert f == g  # every figure: acceptance, rebases, failures, positions, the rows' error
+    if storage == "f32":
+        assert f["rel_err"] == 0.0
+
+
 def test_minimal_server_without_drafter_failures() -> None:
     out, f = run_example("--fail-every", "0", "--generate", "120")
     assert "lossless: yes" in out

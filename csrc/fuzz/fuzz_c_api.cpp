@@ -420,6 +420,37 @@ dspark_status oracle_draft(Fixture& fx, std::int64_t seq, std::int64_t n_past, R
     return expect_of([&] { p = fx.cpp->draft(seq, n_past, rows); });
 }
 
+// dspark_draft_view: the C++ copying draft's plan, and its rows in the runs,
+// split as the plan's slots are (held); the C++ draft_view's refusal (external).
+void op_draft_view(Fixture& fx, std::int64_t seq, std::int64_t n_past) {
+    dspark_plan plan;
+    std::memset(&plan, 0x5a, sizeof plan);
+    const void* data[2] = {nullptr, nullptr};
+    std::size_t run_rows[2] = {7, 7};
+    const auto before = fx.fingerprint();
+    const dspark_status s = dspark_draft_view(fx.st, seq, n_past, &plan, data, run_rows);
+    check_status(s);
+    RoundPlan p;
+    ByteVec rows;
+    RowView view;
+    const dspark_status want = fx.external ? expect_of([&] { p = fx.cpp->draft_view(seq, n_past, view); })
+                                           : oracle_draft(fx, seq, n_past, p, rows);
+    check_same(s, want, "draft_view");
+    if (s != DSPARK_OK) {
+        FUZZ_CHECK(fx.fingerprint() == before);
+        return;
+    }
+    FUZZ_CHECK(!fx.external && same_plan(plan, p));
+    FUZZ_CHECK(static_cast<std::int64_t>(run_rows[0]) == p.slot_runs[0].count &&
+               static_cast<std::int64_t>(run_rows[1]) == p.slot_runs[1].count);
+    std::vector<std::uint8_t> got;
+    for (int k = 0; k < 2; ++k) {
+        const auto* run = static_cast<const std::uint8_t*>(data[k]);
+        if (run_rows[k]) got.insert(got.end(), run, run + run_rows[k] * fx.rb);
+    }
+    FUZZ_CHECK(got.size() == rows.size() && std::equal(got.begin(), got.end(), rows.begin()));
+}
+
 void op_draft(Reader& r, Fixture& fx, std::int64_t seq) {
     const std::uint8_t mode = r.u8(), dt = r.u8(), cap = r.u8();
     const std::int64_t n_past = n_past_of(fx, seq, mode);
@@ -439,6 +470,10 @@ void op_draft(Reader& r, Fixture& fx, std::int64_t seq) {
         malformed(fx, seq, DSPARK_E_NULL_POINTER, [&] {
             return dspark_draft(fx.st, seq, n_past, dtype, buf.data(), buf.size(), nullptr, &written);
         });
+        return;
+    }
+    if ((cap & 0xf0) == 0xa0) {
+        op_draft_view(fx, seq, n_past);
         return;
     }
     const auto before = fx.fingerprint();

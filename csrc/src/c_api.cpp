@@ -387,6 +387,25 @@ dspark_status dspark_draft(dspark_stager* st, int64_t seq, int64_t n_past, int32
         rows_written);
 }
 
+dspark_status dspark_draft_view(dspark_stager* st, int64_t seq, int64_t n_past, dspark_plan* plan,
+                                const void* run_data[2], size_t run_rows[2]) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        converted(core, seq, false, [&] {
+            require(plan, "plan");
+            require(run_data, "run_data");
+            require(run_rows, "run_rows");
+        });
+        dspark::RowView view;
+        const dspark::RoundPlan p = core.draft_view(seq, n_past, view);
+        *plan = to_c(p, core.external());
+        for (int k = 0; k < 2; ++k) {
+            run_data[k] = view.data[k];
+            run_rows[k] = view.rows[k];
+        }
+    });
+}
+
 dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_pasts, size_t n,
                                 int32_t rows_dtype, void* rows, size_t rows_capacity, dspark_plan* plans,
                                 size_t* rows_written) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 
 #include "row_format_kernels.hpp"
@@ -27,10 +28,12 @@ void FeatureBuffer::reserve_back(std::size_t n, std::size_t reserve_rows) {
         return;
     }
     const std::size_t new_cap = std::max({need, reserve_rows, cap_ * 2});
-    ByteVec fresh(new_cap * row_bytes_);  // address space; not touched here
+    // Address space, not touched here; a fresh allocation (never resized in
+    // place), so a view of the old bytes keeps them.
+    auto fresh = std::make_shared<ByteVec>(new_cap * row_bytes_);
     // Re-linearise: the oldest row goes to slot 0.
-    if (count_ != 0) copy_out(head_pos_, end(), fresh.data());
-    data_.swap(fresh);
+    if (count_ != 0) copy_out(head_pos_, end(), fresh->data());
+    data_ = std::move(fresh);
     cap_ = new_cap;
     head_slot_ = 0;
     touched_ = count_;
@@ -40,7 +43,7 @@ void FeatureBuffer::back_spans(std::size_t n, Span& first, Span& second) noexcep
     const std::size_t tail = count_ == 0 ? head_slot_ : slot(end() - 1) + 1;
     const std::size_t start = tail >= cap_ ? tail - cap_ : tail;
     const std::size_t run = std::min(n, cap_ - start);
-    std::uint8_t* base = external_ ? nullptr : data_.data();
+    std::uint8_t* base = external_ ? nullptr : bytes();
     first = {base ? base + start * row_bytes_ : nullptr, run, start};
     second = {base, n - run, 0};
     touched_ = std::max({touched_, start + run, n - run});
@@ -66,8 +69,8 @@ void FeatureBuffer::copy_out(std::int64_t from, std::int64_t to, std::uint8_t* d
     const std::size_t s = slot(from);
     const std::size_t run = std::min(n, cap_ - s);
     // A rebase's W/2 rows stream past the cache (detail::copy_bytes).
-    detail::copy_bytes(dst, data_.data() + s * row_bytes_, run * row_bytes_);
-    if (run < n) detail::copy_bytes(dst + run * row_bytes_, data_.data(), (n - run) * row_bytes_);
+    detail::copy_bytes(dst, bytes() + s * row_bytes_, run * row_bytes_);
+    if (run < n) detail::copy_bytes(dst + run * row_bytes_, bytes(), (n - run) * row_bytes_);
 }
 
 void FeatureBuffer::runs(std::int64_t from, std::int64_t to, std::int64_t base, SlotRun out[2]) const noexcept {
@@ -108,8 +111,8 @@ void FeatureBuffer::compact(std::int64_t from, std::int64_t lo, std::int64_t hi,
     if (!external_)
         for (std::size_t i = first_move; i < moves.size(); ++i) {
             const SlotMove& m = moves[i];
-            std::memcpy(data_.data() + static_cast<std::size_t>(m.dst - base) * row_bytes_,
-                        data_.data() + static_cast<std::size_t>(m.src - base) * row_bytes_,
+            std::memcpy(bytes() + static_cast<std::size_t>(m.dst - base) * row_bytes_,
+                        bytes() + static_cast<std::size_t>(m.src - base) * row_bytes_,
                         static_cast<std::size_t>(m.count) * row_bytes_);
         }
     count_ = n_front + n_tail;

@@ -267,11 +267,14 @@ const Stager::Seq& Stager::needs(std::int64_t seq, Need need) const {
     return s;
 }
 
-void Stager::require_mode(RowMode mode, const char* call) const {
+void Stager::require_mode(RowMode mode, const char* call, const char* instead) const {
     if (opt_.rows == mode) return;
-    throw std::invalid_argument(std::string(call) + (mode == RowMode::Held
-        ? " needs held rows, but this Stager runs in external-row mode (use process_external: the rows stay with their owner)"
-        : " needs external-row mode, but this Stager holds its rows (use process / process_encoded)"));
+    if (instead == nullptr)
+        instead = mode == RowMode::Held ? "use process_external: the rows stay with their owner" : "use process / process_encoded";
+    throw std::invalid_argument(std::string(call) +
+                                (mode == RowMode::Held ? " needs held rows, but this Stager runs in external-row mode ("
+                                                       : " needs external-row mode, but this Stager holds its rows (") +
+                                instead + ")");
 }
 
 void Stager::check_sequence(std::int64_t seq, Need need) const {
@@ -831,8 +834,9 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, const Seq& s, std::int64_t sta
     return p;
 }
 
-// Copies a planned round's rows to out[at..] and opens the round, naming it
-// (p.round). Cannot throw: `out` already holds the room.
+// Copies a planned round's rows to out[at..] (none for a null `out`: external
+// rows, or a draft_view) and opens the round, naming it (p.round). Cannot
+// throw: `out` already holds the room.
 void Stager::open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept {
     if (p.skip != Skip::None) {
         // A skip changes no protocol state and opens no round.
@@ -840,7 +844,7 @@ void Stager::open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept {
         if (p.report_mismatch) s.mismatch_reported = true;
         return;
     }
-    s.buf.copy_out(p.first_row, p.start, out);
+    if (out) s.buf.copy_out(p.first_row, p.start, out);
     s.open = true;
     s.round = p.round = rounds_.fetch_add(1, std::memory_order_relaxed) + 1;
     s.open_start = p.start;
@@ -888,6 +892,25 @@ RoundPlan Stager::draft_into(std::int64_t seq, std::int64_t n_past, const RowSin
     // External-row mode stages no bytes: the sink is not asked for room.
     std::uint8_t* out = external() ? nullptr : sink(&p, 1);  // may throw: nothing has changed yet
     open_round(mut(s), p, out);
+    return p;
+}
+
+RoundPlan Stager::draft_view(std::int64_t seq, std::int64_t n_past, RowView& view) {
+    auto lock = lock_seq(seq);
+    const Seq& s = ready(seq);
+    require_mode(RowMode::Held, "draft_view", "the rows stay with their owner: read them at the plan's slots");
+    RoundPlan p = check_draft(seq, s, n_past);
+    RowView v;
+    if (p.skip == Skip::None) {
+        std::size_t k = 0;
+        s.buf.for_each_run(p.first_row, p.start, [&](const std::uint8_t* run, std::size_t bytes) {
+            v.data[k] = run;
+            v.rows[k++] = bytes / row_bytes_;
+        });
+        v.keep = s.buf.storage();
+    }
+    open_round(mut(s), p, nullptr);
+    view = std::move(v);
     return p;
 }
 

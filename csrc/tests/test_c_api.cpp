@@ -142,6 +142,8 @@ TEST_CASE(every_call_rejects_a_null_stager) {
     CHECK_EQ(dspark_draft_size(nullptr, 0, 1, DSPARK_DTYPE_F32, &sz), DSPARK_E_NULL_POINTER);
     CHECK_EQ(dspark_draft(nullptr, 0, 1, DSPARK_DTYPE_F32, nullptr, 0, &plan, &sz), DSPARK_E_NULL_POINTER);
     CHECK_EQ(dspark_draft_many(nullptr, &i64, &i64, 1, DSPARK_DTYPE_F32, nullptr, 0, &plan, &sz), DSPARK_E_NULL_POINTER);
+    const void* run_data[2];
+    CHECK_EQ(dspark_draft_view(nullptr, 0, 1, &plan, run_data, &sz), DSPARK_E_NULL_POINTER);
     CHECK_EQ(dspark_commit(nullptr, 0), DSPARK_E_NULL_POINTER);
     CHECK_EQ(dspark_fail(nullptr, 0, DSPARK_FAIL_DECODE, &i64), DSPARK_E_NULL_POINTER);
     CHECK_EQ(dspark_accept(nullptr, 0, 0), DSPARK_E_NULL_POINTER);
@@ -1138,6 +1140,101 @@ TEST_CASE(last_error_is_per_thread_and_cleared_by_success) {
     std::size_t rb;
     CHECK_EQ(dspark_row_bytes(DSPARK_STORAGE_F32, D, &rb), DSPARK_OK);
     CHECK(std::strcmp(dspark_last_error(), "") == 0);
+}
+
+// ---- zero-copy drafts --------------------------------------------------------
+
+// The rows of a view's runs, concatenated.
+std::vector<std::uint8_t> view_bytes(const void* const data[2], const std::size_t rows[2], std::size_t row_bytes) {
+    std::vector<std::uint8_t> out;
+    for (int k = 0; k < 2; ++k) {
+        const auto* p = static_cast<const std::uint8_t*>(data[k]);
+        if (rows[k]) out.insert(out.end(), p, p + rows[k] * row_bytes);
+    }
+    return out;
+}
+
+// A Stager drafting with dspark_draft_view and one drafting with dspark_draft
+// (storage rows), driven in lock step through rounds that rebase and wrap the
+// ring: the same plans, and the view's runs are the copy's bytes, split where
+// the plan's slot runs split. The runs still hold those bytes after commit.
+TEST_CASE(draft_view_hands_out_the_rows_a_copying_draft_stages) {
+    for (std::int32_t storage : {DSPARK_STORAGE_F32, DSPARK_STORAGE_BF16, DSPARK_STORAGE_Q8_0}) {
+        Handle copy(config(storage)), view(config(storage));
+        std::size_t row_bytes = 0;
+        CHECK_EQ(dspark_stager_row_bytes(view.st, &row_bytes), DSPARK_OK);
+        std::int64_t n_past = 0, rebases = 0, wraps = 0;
+        const std::int64_t accepts[] = {0, 2, 7, 3, 1};
+        for (std::int64_t round = 0; round < 400; ++round) {
+            const std::int64_t n = round == 0 ? 9 : B + 1;
+            CHECK_EQ(process(copy.st, 0, n_past, n, static_cast<int>(round)), DSPARK_OK);
+            CHECK_EQ(process(view.st, 0, n_past, n, static_cast<int>(round)), DSPARK_OK);
+            if (round) {
+                const std::int64_t a = accepts[round % 5];
+                CHECK_EQ(dspark_accept(copy.st, 0, a), DSPARK_OK);
+                CHECK_EQ(dspark_accept(view.st, 0, a), DSPARK_OK);
+                n_past += a + 1;
+            } else {
+                n_past = n;
+            }
+            std::vector<std::uint8_t> out(static_cast<std::size_t>(W) * row_bytes);
+            dspark_plan pc, pv;
+            std::size_t written = 0;
+            CHECK_EQ(dspark_draft(copy.st, 0, n_past, DSPARK_DTYPE_STORAGE, out.data(), out.size(), &pc, &written),
+                     DSPARK_OK);
+            const void* data[2] = {nullptr, nullptr};
+            std::size_t rows[2] = {99, 99};
+            CHECK_EQ(dspark_draft_view(view.st, 0, n_past, &pv, data, rows), DSPARK_OK);
+            CHECK(std::memcmp(&pc, &pv, sizeof pc) == 0);
+            CHECK_EQ(static_cast<std::int64_t>(rows[0]), pv.slot_count[0]);
+            CHECK_EQ(static_cast<std::int64_t>(rows[1]), pv.slot_count[1]);
+            CHECK((rows[1] == 0) == (data[1] == nullptr));
+            out.resize(written);
+            CHECK(view_bytes(data, rows, row_bytes) == out);
+            rebases += pv.rebase;
+            wraps += rows[1] != 0;
+            // commit and fail leave the rows in place.
+            CHECK_EQ(dspark_commit(copy.st, 0), DSPARK_OK);
+            CHECK_EQ(dspark_commit(view.st, 0), DSPARK_OK);
+            CHECK(view_bytes(data, rows, row_bytes) == out);
+        }
+        CHECK(rebases > 10);
+        CHECK(wraps > 0);
+        CHECK(snap(copy.st, 0) == snap(view.st, 0));
+    }
+}
+
+TEST_CASE(draft_view_refusals_change_nothing) {
+    Handle h(config());
+    CHECK_EQ(process(h.st, 0, 0, 6), DSPARK_OK);
+    const std::vector<std::uint8_t> before = snap(h.st, 0);
+    dspark_plan plan;
+    const void* data[2];
+    std::size_t rows[2];
+    CHECK_EQ(dspark_draft_view(h.st, 0, 6, nullptr, data, rows), DSPARK_E_NULL_POINTER);
+    CHECK(error_mentions("plan is NULL"));
+    CHECK_EQ(dspark_draft_view(h.st, 0, 6, &plan, nullptr, rows), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_draft_view(h.st, 0, 6, &plan, data, nullptr), DSPARK_E_NULL_POINTER);
+    // The sequence's own error comes before a NULL output's.
+    CHECK_EQ(dspark_draft_view(h.st, 9, 6, &plan, data, nullptr), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_draft_view(h.st, 0, -1, &plan, data, rows), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(snap(h.st, 0) == before);
+    // A skip is a plan with no runs.
+    CHECK_EQ(dspark_draft_view(h.st, 1, 0, &plan, data, rows), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_EMPTY);
+    CHECK(rows[0] == 0 && rows[1] == 0 && data[0] == nullptr && data[1] == nullptr);
+    dspark_config c = config();
+    c.rows_mode = DSPARK_ROWS_EXTERNAL;
+    Handle ext(c);
+    std::int64_t slots[6];
+    const std::vector<std::int64_t> pos = span(0, 6);
+    CHECK_EQ(dspark_process_external(ext.st, 0, pos.data(), 6, slots), DSPARK_OK);
+    CHECK_EQ(dspark_draft_view(ext.st, 0, 6, &plan, data, rows), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("draft_view needs held rows"));
+    dspark_state st;
+    dspark_state_init(&st);
+    CHECK_EQ(dspark_state_get(ext.st, 0, &st), DSPARK_OK);
+    CHECK(!st.open_round);
 }
 
 TEST_MAIN()

@@ -441,4 +441,31 @@ TEST_CASE(a_mismatch_is_reported_once_per_sequence_until_begin) {
     CHECK(s.draft(0, 7, rows).report_mismatch);  // begin re-arms the report
 }
 
+// A draft_view's runs outlive the ring they came from: end() releases the
+// sequence's bytes and destroying the Stager frees the rest, but `keep` holds
+// the view's bytes (ASan would report a read of freed memory here).
+TEST_CASE(a_row_view_keeps_its_bytes_alive_past_end_and_destruction) {
+    std::vector<std::uint8_t> copied;
+    RowView view;
+    {
+        Stager s(opts(4, 16, Storage::F32, 3));
+        process(s, 0, 0, 12);
+        process(s, 1, 0, 12);
+        ByteVec rows;
+        RoundPlan p = s.draft(0, 12, rows);  // the copy, for comparison
+        copied.assign(rows.begin(), rows.end());
+        RoundPlan v = s.draft_view(1, 12, view);
+        CHECK_EQ(v.n_rows, p.n_rows);
+        CHECK_EQ(view.rows[0], static_cast<std::size_t>(p.n_rows));
+        CHECK(view.keep != nullptr);
+        s.end(1);
+        process(s, 2, 0, 12, 5.0f);  // other rows, in another ring
+    }
+    CHECK_EQ(copied.size(), view.rows[0] * D * 4);
+    CHECK(std::memcmp(view.data[0], copied.data(), copied.size()) == 0);
+    float first;
+    std::memcpy(&first, view.data[0], 4);
+    CHECK_EQ(first, 0.0f);  // position 0's row
+}
+
 TEST_MAIN()

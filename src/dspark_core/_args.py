@@ -23,6 +23,7 @@ __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
     "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
     "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "fail_stage_codes",
+    "as_flag", "view_args",
 ]
 
 #: Positions and counts stay below this (the core's limit, ``dspark::MAX_POSITION``).
@@ -176,6 +177,29 @@ def check_rows_given(external: bool, rows: Any, call: str = "process") -> None:
             f"{call}: rows are required: this Stager holds its rows (rows='held'); pass the (n, feature_dim) rows "
             "or configure StagerConfig(rows='external')"
         )
+
+
+def as_flag(name: str, value: Any) -> bool:
+    """A yes / no argument (``copy``): ``True`` or ``False`` (a numpy bool too), else a TypeError naming it."""
+    if value is True or value is False or isinstance(value, np.bool_):
+        return bool(value)
+    raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
+
+
+def view_args(external: bool, copy: Any) -> bool:
+    """``draft``'s ``copy``: ``False`` asks for views of the held rows, which external-row mode has none of.
+
+    Raises:
+        TypeError: ``copy`` is not a bool, or is ``False`` in external-row mode.
+    """
+    if as_flag("copy", copy):
+        return True
+    if external:
+        raise TypeError(
+            "draft(copy=False): this Stager runs in external-row mode (rows='external') and holds no rows: "
+            "its plans carry no rows to view (read them from your table at plan.slots)"
+        )
+    return False
 
 
 def require_held_rows(external: bool, call: str) -> None:

@@ -10,6 +10,11 @@ A :class:`StagePlan` tells the server, for one sequence and one round:
 Positions are *drafter* positions (``abs_pos - pos_base``), always inside
 ``[0, window)``. A plan with ``skip`` set stages nothing and opens no round.
 
+``encoded_runs`` / ``row_runs`` give the staged rows as they lie in the ring:
+one array per run of consecutive slots (at most two). They are slices of the
+plan's own copy, or, from ``draft(seq, n_past, copy=False)``, read-only views
+of the ring itself (zero-copy; valid until the sequence's rows next change).
+
 Every plan also carries ``slots``: the ring slot of each staged row (int64,
 in plan order), in both row modes. In external-row mode
 (``StagerConfig(rows="external")``) the Stager holds no rows: the server
@@ -25,7 +30,7 @@ import numpy as np
 
 from .core_tables import FAIL_STAGES, SKIP_REASONS
 
-__all__ = ["StagePlan", "BatchPlan", "BatchContext", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
+__all__ = ["StagePlan", "split_runs", "BatchPlan", "BatchContext", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
 
 #: The one warning logged when a sequence is disabled (sequence, failures, stage).
 DISABLED_WARNING = (
@@ -58,6 +63,15 @@ def _no_encoded(row_bytes: int) -> np.ndarray:
     return np.zeros((0, row_bytes), np.uint8)
 
 
+def split_runs(rows: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``rows`` (one per slot, in plan order) cut where ``slots`` stop being consecutive:
+    one slice per run of the ring (at most two; none for no rows)."""
+    if len(slots) == 0:
+        return ()
+    gaps = np.flatnonzero(np.diff(slots) != 1) + 1
+    return tuple(rows[a:b] for a, b in zip((0, *gaps.tolist()), (*gaps.tolist(), len(slots))))
+
+
 class StagePlan:
     """One sequence's staging plan for one round (see module docstring).
 
@@ -74,6 +88,15 @@ class StagePlan:
         encoded_rows: uint8 ``(n, row_bytes)``: the staged rows in storage format
             (upload these and dequantize on the device to move 4-7x fewer bytes).
             Raises ValueError in external-row mode.
+        encoded_runs: ``encoded_rows`` as they lie in the ring, one uint8
+            ``(n_k, row_bytes)`` array per run of consecutive slots (at most
+            two, none when nothing is staged); from ``draft(copy=False)``,
+            read-only views of the ring (zero-copy).
+        row_runs: the same runs in the stage dtype (views when the storage
+            format is the stage dtype, else decoded).
+        zero_copy: the plan's runs are views of the ring (``draft(copy=False)``):
+            valid until the next call that may change the sequence's rows
+            (any call on it but ``commit``, ``fail`` and the read-only ones).
         slots: int64 ``(n,)``: the ring slot of each staged row, in plan order
             (both modes; at most two runs of consecutive slots).
         external: the plan is from an external-row Stager (no rows here).
@@ -102,6 +125,9 @@ class StagePlan:
         "_encoded",
         "_rows",
         "_decode",
+        "_runs",
+        "_row_runs",
+        "zero_copy",
     )
 
     def __init__(
@@ -123,6 +149,7 @@ class StagePlan:
         external: bool = False,
         source: Any = None,
         round: int = 0,
+        encoded_runs: tuple[np.ndarray, ...] | None = None,
     ) -> None:
         self.seq = seq
         self.start = start
@@ -140,6 +167,11 @@ class StagePlan:
         self._encoded = encoded_rows
         self._rows = rows
         self._decode = decode
+        # Given (views of the ring): encoded_rows / rows derive from them;
+        # otherwise they are cut from encoded_rows / rows on first access.
+        self._runs = encoded_runs
+        self._row_runs: tuple[np.ndarray, ...] | None = None
+        self.zero_copy = encoded_runs is not None
 
     @classmethod
     def skipped(cls, seq: int, start: int, reason: str, *, feature_dim: int, row_bytes: int,
@@ -154,11 +186,45 @@ class StagePlan:
 
     @property
     def encoded_rows(self) -> np.ndarray:
-        """The staged rows in storage format, uint8 ``(n, row_bytes)`` (held mode only)."""
+        """The staged rows in storage format, uint8 ``(n, row_bytes)`` (held mode only).
+
+        Of a zero-copy plan: its one run (a view), or the runs joined (a
+        read-only copy, made on first access) when the rows wrap the ring.
+        """
         if self.external:
             raise ValueError(_EXTERNAL_ROWS)
-        assert self._encoded is not None
+        if self._encoded is None:
+            runs = self._runs
+            assert runs, "a plan with no rows carries its empty encoded_rows"
+            if len(runs) == 1:
+                self._encoded = runs[0]
+            else:
+                self._encoded = np.concatenate(runs)
+                self._encoded.flags.writeable = False
         return self._encoded
+
+    @property
+    def encoded_runs(self) -> tuple[np.ndarray, ...]:
+        """``encoded_rows`` as they lie in the ring: one array per run of consecutive
+        slots (views of the ring for a zero-copy plan). Held mode only."""
+        if self.external:
+            raise ValueError(_EXTERNAL_ROWS)
+        if self._runs is None:
+            self._runs = split_runs(self.encoded_rows, self.slots)
+        return self._runs
+
+    @property
+    def row_runs(self) -> tuple[np.ndarray, ...]:
+        """``rows`` as they lie in the ring, one ``(n_k, feature_dim)`` array per run:
+        free views when the storage format is the stage dtype (of the ring
+        itself for a zero-copy plan), else decoded run by run. Held mode only."""
+        if self._row_runs is None:
+            if self.zero_copy:
+                assert self._decode is not None
+                self._row_runs = tuple(self._decode(r) for r in self.encoded_runs)
+            else:
+                self._row_runs = split_runs(self.rows, self.slots)
+        return self._row_runs
 
     @property
     def rows(self) -> np.ndarray:
@@ -172,7 +238,8 @@ class StagePlan:
         if self._rows is None:
             assert self._decode is not None
             self._rows = self._decode(self.encoded_rows)
-            self._decode = None
+            if not self.zero_copy:  # row_runs still decodes from the runs
+                self._decode = None
         return self._rows
 
     @property

@@ -263,6 +263,17 @@ DSPARK_API dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq,
  * (dspark_draft_size reports 0). */
 DSPARK_API dspark_status dspark_draft(dspark_stager* st, int64_t seq, int64_t n_past, int32_t rows_dtype,
                                       void* rows, size_t rows_capacity, dspark_plan* plan, size_t* rows_written);
+/* dspark_draft without the copy (HELD mode): plans a round into *plan and
+ * points run_data[k] at run_rows[k] of its context rows where they lie in the
+ * sequence's ring, in storage format (dspark_stager_row_bytes each), oldest
+ * first: run 1 (0 rows, NULL when unused) follows run 0 when the ring wraps.
+ * The runs stay valid until the next call that may change seq's rows (any
+ * call on seq but dspark_commit, dspark_fail and the read-only calls) or
+ * dspark_stager_destroy: read them (or launch their upload) before the verify
+ * batch is processed. A rebase then hands over W/2 rows without copying them.
+ * EXTERNAL mode: DSPARK_E_INVALID_ARGUMENT (the rows are at the slots). */
+DSPARK_API dspark_status dspark_draft_view(dspark_stager* st, int64_t seq, int64_t n_past, dspark_plan* plan,
+                                           const void* run_data[2], size_t run_rows[2]);
 /* One plan per sequence (ids unique) into plans[0..n); the rows of all plans
  * follow each other in `rows`, plan order. All or nothing. */
 DSPARK_API dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_pasts, size_t n,

@@ -13,6 +13,9 @@
 //    grows, copies or re-linearises on the hot path;
 //  * capacity only grows past that (re-linearising) if asked for more rows
 //    than it has free slots, which the Stager's horizon rule never does;
+//  * the bytes are shared-owned (storage()): a zero-copy view of staged rows
+//    (Stager::draft_view) keeps them alive after the ring lets them go, so a
+//    stale view reads rows that were replaced, never freed memory;
 //  * an external ring (external-row mode) keeps the same bookkeeping (head,
 //    size, capacity, slot arithmetic) but no bytes: its owner holds the rows
 //    at the ring indices this class computes, so its capacity is exactly the
@@ -20,6 +23,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <utility>
 #include <vector>
 
@@ -67,7 +71,6 @@ public:
             head_slot_ = std::exchange(o.head_slot_, 0);
             head_pos_ = std::exchange(o.head_pos_, 0);
             count_ = std::exchange(o.count_, 0);
-            o.data_.clear();
         }
         return *this;
     }
@@ -105,7 +108,7 @@ public:
     // the ring's rows (the layout every emptied ring takes: head at slot 0).
     std::uint8_t* front_slots(std::size_t n) noexcept {
         touched_ = n > touched_ ? n : touched_;
-        return data_.data();
+        return bytes();
     }
 
     // Drop rows below new_head (clamped to [head, end]).
@@ -124,8 +127,8 @@ public:
         const std::size_t n = static_cast<std::size_t>(to - from);
         const std::size_t s = slot(from);
         const std::size_t run = n < cap_ - s ? n : cap_ - s;
-        f(static_cast<const std::uint8_t*>(data_.data() + s * row_bytes_), run * row_bytes_);
-        if (run < n) f(static_cast<const std::uint8_t*>(data_.data()), (n - run) * row_bytes_);
+        f(static_cast<const std::uint8_t*>(bytes() + s * row_bytes_), run * row_bytes_);
+        if (run < n) f(static_cast<const std::uint8_t*>(bytes()), (n - run) * row_bytes_);
     }
 
     // The ring indices of rows [from, to) (inside [head, end)), plus `base`:
@@ -159,6 +162,11 @@ public:
         head_pos_ = m.head_pos;
     }
 
+    // The ring's bytes, shared: whoever holds this keeps them allocated (a
+    // zero-copy view of staged rows). Null before the first reservation and
+    // in an external ring.
+    std::shared_ptr<const void> storage() const noexcept { return data_; }
+
     // The ring index of position pos (head <= pos < end).
     std::size_t slot(std::int64_t pos) const noexcept {
         std::size_t s = head_slot_ + static_cast<std::size_t>(pos - head_pos_);
@@ -168,7 +176,11 @@ public:
 private:
     std::size_t row_bytes_ = 0;
     bool external_ = false;  // bookkeeping only: the rows live with the owner
-    ByteVec data_;  // cap_ * row_bytes_ (never zero-filled: rows are written before read)
+    std::uint8_t* bytes() const noexcept { return data_ ? data_->data() : nullptr; }
+
+    // cap_ * row_bytes_ (never zero-filled: rows are written before read);
+    // shared with the views storage() handed out.
+    std::shared_ptr<ByteVec> data_;
     std::size_t cap_ = 0;             // rows
     std::size_t touched_ = 0;         // slots [0, touched_) have been written
     std::size_t head_slot_ = 0;

@@ -128,6 +128,19 @@ struct RoundPlan {
     SlotRun slot_runs[2];
 };
 
+// A round's staged rows where they lie in the sequence's ring (draft_view):
+// in storage format, oldest first, in at most two runs (the second starts at
+// the ring's first slot when the rows wrap); run k is rows[k] rows at data[k].
+// The runs stay valid until the next call that may change the sequence's rows
+// (any call on it but commit, fail and the read-only ones) or the Stager's
+// destruction. `keep` shares the ring's bytes: holding it keeps them allocated
+// (a stale view then reads rows that replaced its own, never freed memory).
+struct RowView {
+    const std::uint8_t* data[2] = {nullptr, nullptr};
+    std::size_t rows[2] = {0, 0};
+    std::shared_ptr<const void> keep;
+};
+
 // Protocol state of one sequence (the reference's state() dict), and its
 // counters since the last begin(): each field listed once, as
 // X(type, name). The structs, the C ABI's copies (dspark_state and
@@ -266,6 +279,10 @@ public:
     RoundPlan draft_into(std::int64_t seq, std::int64_t n_past, const RowSink& sink);
     void draft_many_into(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
                          std::vector<RoundPlan>& plans, const RowSink& sink);
+    // draft() without the copy (held mode): the plan, and in `view` its rows
+    // where they lie in the ring (RowView says for how long they stay there).
+    // A rebase hands the drafter W/2 rows without moving 2 x W/2 rows' bytes.
+    RoundPlan draft_view(std::int64_t seq, std::int64_t n_past, RowView& view);
     // The plan draft() would make now; changes nothing (the same checks as
     // draft, strict mode's included).
     RoundPlan peek(std::int64_t seq, std::int64_t n_past) const;
@@ -454,7 +471,9 @@ private:
     static void check_offsets(const char* call, const std::int64_t* offsets, std::size_t n, std::size_t total);
     // A checked sequence, to change (the checks above took it const).
     Seq& mut(const Seq& s) noexcept { return const_cast<Seq&>(s); }
-    void require_mode(RowMode mode, const char* call) const;
+    // Throws std::invalid_argument unless the Stager runs in `mode`; `instead`
+    // (default: the other mode's process call) says what to do instead.
+    void require_mode(RowMode mode, const char* call, const char* instead = nullptr) const;
     std::int64_t validate_positions(std::int64_t seq_id, const Seq& s, const std::int64_t* positions,
                                     std::size_t n) const;
     // draft's checks and plan: n_past's range, the plan, strict mode.

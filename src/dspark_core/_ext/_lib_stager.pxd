@@ -88,6 +88,11 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
 
     # Read field by field through SEQ_STATE_FIELDS / SEQ_STATS_FIELDS (the
     # core's one list of each; see stager.hpp).
+    cdef cppclass RowView:
+        const uint8_t* data[2]
+        size_t rows[2]
+        shared_ptr[const void] keep
+
     cdef cppclass SeqState:
         pass
 
@@ -127,6 +132,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void process_external(int64_t seq, const int64_t* positions, size_t n,
                               int64_t* slots_out) except +dspark_translate_exception
         RoundPlan draft(int64_t seq, int64_t n_past, ByteVec& rows_out) except +dspark_translate_exception
+        RoundPlan draft_view(int64_t seq, int64_t n_past, RowView& view) except +dspark_translate_exception
         void draft_many(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
                         ByteVec& rows_out) except +dspark_translate_exception
         void commit(int64_t seq) except +dspark_translate_exception

@@ -25,7 +25,7 @@ from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types, decode_rows
 from dspark_core._ext._lib_stager cimport (
-    Stager as CStager, StagerOptions, RoundPlan, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
+    Stager as CStager, StagerOptions, RoundPlan, RowView, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
     RowMode, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, plan_rows, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
     crc32c as c_crc32c, pad_rows as c_pad_rows, batch_context as c_batch_context,
@@ -33,7 +33,7 @@ from dspark_core._ext._lib_stager cimport (
 
 from dspark_core._args import (
     as_choice, as_index, as_int64, as_positions, as_seq_ids, batch_ints, batch_rows_args, encoded_args,
-    fail_stage_codes, process_args, readable_bytes, row_dtype_code, writable_bytes,
+    fail_stage_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
@@ -245,6 +245,52 @@ cdef class _Bytes:
         pass
 
 
+cdef class _RingRows:
+    """The ring bytes behind ``draft(copy=False)``'s read-only views: holding the
+    core's share of the ring's storage keeps them allocated (the ring may let
+    them go: end, restore, the Stager's destruction), so a view outliving its
+    rows reads rows that replaced them, never freed memory. Its buffer refuses
+    writers, so numpy will not make a view of it writable."""
+    cdef shared_ptr[const void] keep
+    cdef const uint8_t* data
+    cdef Py_ssize_t _shape[1]
+    cdef Py_ssize_t _strides[1]
+
+    def __getbuffer__(self, Py_buffer* b, int flags):
+        if flags & PyBUF_WRITABLE:
+            raise BufferError("staged rows are read-only")
+        self._strides[0] = 1
+        b.buf = <void*>self.data
+        b.format = "B"
+        b.internal = NULL
+        b.itemsize = 1
+        b.len = self._shape[0]
+        b.ndim = 1
+        b.obj = self
+        b.readonly = 1
+        b.shape = self._shape
+        b.strides = self._strides
+        b.suboffsets = NULL
+
+    def __releasebuffer__(self, Py_buffer* b):
+        pass
+
+
+cdef tuple _view_runs(RowView& v, size_t row_bytes):
+    """A draft_view's runs as read-only uint8 ``(n_k, row_bytes)`` views of the ring (one per non-empty run)."""
+    out = []
+    cdef _RingRows holder
+    cdef int k
+    for k in range(2):
+        if v.rows[k]:
+            holder = _RingRows.__new__(_RingRows)
+            holder.keep = v.keep
+            holder.data = v.data[k]
+            holder._shape[0] = <Py_ssize_t>(v.rows[k] * row_bytes)
+            out.append(np.frombuffer(holder, _U8).reshape(v.rows[k], row_bytes))
+    return tuple(out)
+
+
 # GIL kept by commit and accept: they change a few counters, and releasing and
 # retaking the GIL costs more than that. Two threads running rounds on their own
 # sequences then hand the GIL over twice per round (process, draft) instead of
@@ -280,6 +326,7 @@ cdef class Stager:
     cdef bint _view_rows
     cdef bint _external
     cdef object _decoder
+    cdef object _as_rows  # encoded rows -> stage rows: a view when formats agree, else _decoder
     cdef object _batch_ctx  # what every BatchPlan of this Stager shares (made on first draft_many)
     cdef Storage _storage
     cdef ElemType _stage
@@ -312,9 +359,14 @@ cdef class Stager:
         self._storage = o.storage
         self._stage = o.stage
         self._decoder = None if self._view_rows else self._decode_rows
+        self._as_rows = self._rows_view if self._view_rows else self._decode_rows
 
     def __dealloc__(self):
         del self._core
+
+    def _rows_view(self, enc):
+        """``plan.rows`` of encoded rows ``(n, row_bytes)`` stored in the stage dtype: a free view."""
+        return enc.view(self._stage_dtype).reshape(enc.shape[0], self._D)
 
     def _decode_rows(self, enc):
         """``plan.rows`` of encoded rows ``(n, row_bytes)`` in another format than the stage
@@ -443,7 +495,7 @@ cdef class Stager:
             return no_moves(self)
         return SlotMoves.wrap(_moves_array(v), self, serial)
 
-    cdef object _plan(self, RoundPlan& p, object data, size_t offset):
+    cdef object _plan(self, RoundPlan& p, object data, size_t offset, tuple runs=None):
         cdef int64_t n = p.n_rows
         if p.report_mismatch:  # the core's report, once per sequence: this layer only logs it
             log_mismatch(p.seq, p.start, _SKIPS[<int>p.skip], p.end - 1, mismatch_cause(p.start, p.end).decode())
@@ -459,6 +511,13 @@ cdef class Stager:
                 block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
                 crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, slots=_plan_slots(p),
                 external=True, source=self, round=p.round)
+        if runs is not None:  # draft(copy=False): views of the ring
+            return StagePlan(
+                seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
+                positions=np.arange(lo, lo + n, dtype=_I32),
+                block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
+                crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, encoded_runs=runs,
+                decode=self._as_rows, slots=_plan_slots(p), round=p.round)
         enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
         return StagePlan(
             seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
@@ -542,9 +601,24 @@ cdef class Stager:
         with nogil:
             self._core.process_encoded(s, pp, n, dp, nbytes)
 
-    def draft(self, seq, n_past):
-        """Plan this round for a target at ``n_past``: a :class:`StagePlan` (opens a round unless skipped)."""
+    def draft(self, seq, n_past, copy=True):
+        """Plan this round for a target at ``n_past``: a :class:`StagePlan` (opens a round unless skipped).
+
+        ``copy=False`` (held mode): no copy of the staged rows. The plan's
+        ``encoded_runs`` / ``row_runs`` are then read-only views of the rows
+        where they lie in the sequence's ring (at most two runs: the ring
+        wraps at most once), so a rebase hands the drafter ``W / 2`` rows
+        without moving them. The views hold the rows until the next call that
+        may change this sequence's rows (any call on it but ``commit``,
+        ``fail`` and the read-only ones): read them, or upload them, before
+        the verify batch is processed. A view kept longer reads whatever rows
+        replaced its own (it keeps the memory allocated: never a crash).
+        ``encoded_rows`` / ``rows`` of such a plan are a view too when the
+        rows are one run, else a copy made on first access.
+        """
         cdef int64_t s = _i64("seq", seq)
+        if copy is not True and not self._converted(s, False, view_args, (self._external, copy)):
+            return self._draft_view(s, self._arg(s, "n_past", n_past))
         cdef int64_t start = self._arg(s, "n_past", n_past)
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
@@ -552,6 +626,13 @@ cdef class Stager:
         with nogil:
             p = self._core.draft(s, start, out.v)
         return self._plan(p, np.frombuffer(out, _U8), 0)
+
+    cdef object _draft_view(self, int64_t s, int64_t start):
+        cdef RowView v
+        cdef RoundPlan p
+        with nogil:
+            p = self._core.draft_view(s, start, v)
+        return self._plan(p, None, 0, _view_runs(v, self._row_bytes))
 
     def draft_many(self, seqs, n_pasts):
         """``draft`` for several sequences as one drafter batch: a :class:`BatchPlan` of arrays.

@@ -86,8 +86,8 @@ class CheckedStager:
         self._log(seq).put(pos, rows32)
         self.trace.append(("process", seq, pos.copy(), rows32.copy()))
 
-    def draft(self, seq: int, n_past: int) -> Any:
-        plan = self.stager.draft(seq, n_past)
+    def draft(self, seq: int, n_past: int, copy: bool = True) -> Any:
+        plan = self.stager.draft(seq, n_past, copy)
         self.trace.append(("draft", seq, int(n_past), _plan_key(plan)))
         if plan.skip is None:
             self.staged_rows_checked += check_plan(plan, self._log(seq).rows, self.config)

@@ -136,6 +136,17 @@ def _moves(src_slots: list[int], dst_slots: list[int]) -> np.ndarray:
     return np.array(runs, np.int64).reshape(len(runs), 3)
 
 
+def _ring_runs(enc: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, ...]:
+    """A ``copy=False`` plan's rows as the core's ring holds them: a new run wherever the
+    next row's slot is not the one after the previous row's (the ring wrapped)."""
+    runs: list[list[int]] = []
+    for i, slot in enumerate(slots.tolist()):
+        if not runs or slot != slots[i - 1] + 1:
+            runs.append([])
+        runs[-1].append(i)
+    return tuple(enc[r[0]: r[-1] + 1] for r in runs)
+
+
 class ReferenceStager:
     """Pure-Python twin of :class:`dspark_core.Stager` (same API, same results)."""
 
@@ -410,7 +421,7 @@ class ReferenceStager:
         if self._strict and self._out_of_protocol(st, start):
             raise arg.strict_mismatch(i, start, st.end)
 
-    def _draft_checked(self, i: int, st: _Seq, start: int) -> StagePlan:
+    def _draft_checked(self, i: int, st: _Seq, start: int, views: bool = False) -> StagePlan:
         c = self.config
         reason = self._skip_reason(st, start)
         if reason is not None:
@@ -440,6 +451,8 @@ class ReferenceStager:
             block_positions=np.arange(start - base, start - base + c.block_size, dtype=np.int32),
             crop_from=start - base, pos_base=base, encoded_rows=enc, rows=rows, slots=slots,
             external=self._external, source=self if self._external else None, round=self._rounds + 1,
+            # copy=False: the rows cut where the ring wraps, as the core's views of it are.
+            encoded_runs=_ring_runs(enc, slots) if views else None, decode=self._decode if views else None,
         )
         self._rounds += 1
         st.open_round = (start, base)
@@ -452,12 +465,17 @@ class ReferenceStager:
             st.stats["restaged_rows"] += start - lo
         return plan
 
-    def draft(self, seq: int, n_past: int) -> StagePlan:
-        """Plan this round for a target at ``n_past``; opens a round unless skipped."""
+    def draft(self, seq: int, n_past: int, copy: bool = True) -> StagePlan:
+        """Plan this round for a target at ``n_past``; opens a round unless skipped.
+
+        ``copy=False``: the plan's runs are the core's zero-copy views of its
+        ring; here they are copies cut at the same slot, so that plans compare.
+        """
         i, st = self._closed(seq)
+        views = arg.zero_copy(self._external, copy)
         start = arg.count("n_past", arg.integer("n_past", n_past))
         self._check_strict(i, st, start)
-        return self._draft_checked(i, st, start)
+        return self._draft_checked(i, st, start, views)
 
     def _open(self, seq: Any) -> tuple[int, _Seq]:
         st = self._get(seq)

@@ -126,8 +126,8 @@ class PlanRecorder:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._st, name)
 
-    def draft(self, seq: int, n_past: int) -> Any:
-        plan = self._st.draft(seq, n_past)
+    def draft(self, seq: int, n_past: int, copy: bool = True) -> Any:
+        plan = self._st.draft(seq, n_past, copy)
         if plan.skip is None and self.first_rows is None:
             self.first_plan, self.first_rows = plan, int(plan.n_rows)
         return plan

@@ -214,7 +214,8 @@ class ExternalShadow:
                     runner.fail(f"{c.text}: {exc}")
             return
         if m == "draft":
-            x = self.expect(runner, c, a, self.ext.draft, args)
+            # The external twin holds no rows to view: its plan is the same, by copy.
+            x = self.expect(runner, c, a, self.ext.draft, args[:2] if args[2:] == (False,) else args)
             if a[0] == "ok":
                 self.check_plan(runner, c, a[1], x)
             return
@@ -277,6 +278,8 @@ class _Runner:
         self.report = RunReport(config)
         self.logs: list[logging.LogRecord] = []
         self.external = external
+        # Sequence -> (its last zero-copy plan, the rows it must still show).
+        self.views: dict[int, tuple[Any, bytes]] = {}
 
     # -- helpers ------------------------------------------------------------
     def fail(self, message: str) -> None:
@@ -352,6 +355,7 @@ class _Runner:
         else:
             self.compare_results(c, a[1], b[1])
         self.compare_state(c)
+        self.check_views(c, a, b)
         self.report.made.append(c)
         if self.external is not None:
             self.external.follow(self, c, a)
@@ -405,6 +409,24 @@ class _Runner:
                 self.fail(f"{c.text}: core returned {ra!r}, reference {rb!r}")
         elif ra != rb:
             self.fail(f"{c.text}: core returned {ra!r}, reference {rb!r}")
+
+    def check_views(self, c: Call, a: tuple[str, Any], b: tuple[str, Any]) -> None:
+        """The zero-copy views of ``draft(copy=False)`` hold their rows (the reference's
+        copies of them) while the sequence sees only calls that leave its rows alone."""
+        touched: set[int] | None = set()
+        if c.method in _MULTI_SEQ_CALLS:
+            touched = None  # any of them
+        elif c.args and self.valid(c.args[0]):
+            touched = {int(c.args[0])}
+        for s in list(self.views):
+            if touched is None or (s in touched and c.method not in _KEEPS_VIEWS):
+                del self.views[s]
+        for s, (plan, want) in self.views.items():
+            got = b"".join(r.tobytes() for r in plan.encoded_runs)
+            if got != want:
+                self.fail(f"after {c.text}: sequence {s}'s zero-copy rows changed under a call that keeps them")
+        if c.method == "draft" and c.args[2:] == (False,) and a[0] == "ok" and a[1].skip is None:
+            self.views[int(c.args[0])] = (a[1], np.ascontiguousarray(b[1].encoded_rows).tobytes())
 
     def count_plan(self, plan: Any) -> None:
         if plan.skip is None:
@@ -525,7 +547,10 @@ class _Runner:
         if name == "draft":
             seq = self.seq_of(op.get("seq"))
             n_past = self.n_past(seq, op.get("n_past"))
-            return [Call("draft", (seq, n_past), f"draft({seq!r}, {n_past!r})")]
+            copy = op.get("copy", True)
+            if copy is True:
+                return [Call("draft", (seq, n_past), f"draft({seq!r}, {n_past!r})")]
+            return [Call("draft", (seq, n_past, copy), f"draft({seq!r}, {n_past!r}, copy={copy!r})")]
         if name == "draft_many":
             seqs = [self.seq_of(b) for b in op.get("seqs")]
             mode = op.get("n_past")
@@ -757,6 +782,8 @@ class _Capture(logging.Handler):
 
 #: Calls that involve two or more sequences (not replayed from several threads).
 _MULTI_SEQ_CALLS = ("fork", "draft_many")
+# Calls on a sequence that leave its rows where a zero-copy plan's views see them.
+_KEEPS_VIEWS = ("commit", "fail", "snapshot", "state", "stats")
 
 
 def _digest(o: tuple[str, Any]) -> Any:

@@ -117,6 +117,22 @@ def check_plan(plan: Any, config: StagerConfig, *, verify_rows: bool = True) -> 
         expect = rf.decode(enc, c.storage, c.feature_dim, c.numpy_stage_dtype)
         if expect.tobytes() != np.ascontiguousarray(rows).tobytes():
             _violation(f"{tag}: rows are not encoded_rows decoded to {c.stage_dtype}")
+    _check_runs(plan, enc, rows, tag)
+
+
+def _check_runs(plan: Any, enc: np.ndarray, rows: np.ndarray, tag: str) -> None:
+    """A held plan's runs (views of the ring for ``draft(copy=False)``) are its rows
+    cut where its slots stop being consecutive, and read-only when they are views."""
+    slots = np.asarray(plan.slots)
+    want = [len(r) for r in np.split(slots, np.flatnonzero(np.diff(slots) != 1) + 1)] if len(slots) else []
+    for name, runs, whole in (("encoded_runs", plan.encoded_runs, enc), ("row_runs", plan.row_runs, rows)):
+        if [len(r) for r in runs] != want:
+            _violation(f"{tag}: {name} hold {[len(r) for r in runs]} rows, the slot runs {want}")
+        joined = np.concatenate(runs) if runs else whole[:0]
+        if joined.dtype != whole.dtype or joined.tobytes() != np.ascontiguousarray(whole).tobytes():
+            _violation(f"{tag}: {name} joined are not the plan's {name[:-5]}s")
+        if plan.zero_copy and any(r.flags.writeable for r in runs):
+            _violation(f"{tag}: a zero-copy plan's {name} are writable views of the ring")
 
 
 def check_invariants(
@@ -471,8 +487,8 @@ class InvariantChecker:
         elif st["open_round"]:
             _violation(f"seq {s}: a skipped plan ({plan.skip}) left a round open")
 
-    def draft(self, seq: int, n_past: int) -> Any:
-        plan = self._call("draft", seq, n_past)
+    def draft(self, seq: int, n_past: int, copy: bool = True) -> Any:
+        plan = self._call("draft", seq, n_past, *(() if copy is True else (copy,)))
         self._after_plan(int(seq), plan)
         return plan
 

@@ -137,6 +137,8 @@ _ROW_KINDS = ("float32",) * 6 + ("float16", "float16", "bfloat16", "bfloat16", "
 _FILLS = ("normal", "normal", "massive", "tiny", "big", "zeros", "ties", "negzero")
 _POS_KINDS = ("int64",) * 12 + ("int32", "uint64", "float", "2d")
 _DRAFT_MODES = ("end",) * 8 + ("end+1", "end-1", "end-3", "zero", "neg", "big", "n_cache", "np")
+# draft's copy: mostly a copy, a zero-copy view often, a bad value now and then.
+_COPY_MODES = (True, True, True, True, False, False, False, "no")
 _FAIL_STAGES = ("decode", "decode", "crop", "crop", "bogus", "", None, 0, b"decode", ["decode"])
 _DAMAGE = ("none", "none", "none", "flip", "cut", "grow", "patch", "patch", "patch", "patch",
            "foreign", "empty", "list", "none", "flip", "patch")
@@ -170,7 +172,7 @@ def _decode_op(code: int, a: bytes) -> Op:
             ("fill", _FILLS[a3 % 8]), ("seed", a3 >> 3 | a4 << 5),
         ))
     if name == "draft":
-        return Op(name, (seq, ("n_past", _DRAFT_MODES[a1 % 16])))
+        return Op(name, (seq, ("n_past", _DRAFT_MODES[a1 % 16]), ("copy", _COPY_MODES[a2 % len(_COPY_MODES)])))
     if name == "draft_many":
         k = a1 % 5
         seqs = tuple(b for b in (a2, a3, a4, a2 ^ 0x55)[:k])

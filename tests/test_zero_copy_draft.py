@@ -1,0 +1,199 @@
+"""``draft(seq, n_past, copy=False)``: the staged rows as views of the ring.
+
+The oracle is the pure-Python reference twin (its plans are copies, cut
+where the ring wraps) and the core's own copying draft: over rounds that
+rebase and wrap the ring, for every storage format, a zero-copy plan has the
+same fields, slots and bytes, its runs split where its slots do, and its
+views are read-only. The views hold their rows through the calls that leave
+a sequence's rows alone (commit, fail, other sequences' rounds), outlive the
+rows' ring (end, the Stager's deletion: never freed memory), and a bad
+``copy`` or an external-row Stager gets the reference's error word for word.
+"""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from conftest import massive_rows
+from dspark_core import Stager, StagerConfig
+from dspark_core.config import STORAGES
+from dspark_core.reference import ReferenceStager
+from dspark_core.testing import InvariantChecker, check_plan
+
+D, B, W = 64, 4, 24
+ACCEPTS = (0, 3, 1, 4, 2)
+
+
+def same_plan(a, b) -> None:
+    """Two plans of the same round: fields, arrays, rows and their runs."""
+    for name in ("seq", "start", "skip", "rebase", "clear_cache", "crop_from", "pos_base", "round"):
+        assert getattr(a, name) == getattr(b, name), name
+    for name in ("positions", "block_positions", "slots", "encoded_rows", "rows"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert x.dtype == y.dtype and x.shape == y.shape and x.tobytes() == y.tobytes(), name
+    for name in ("encoded_runs", "row_runs"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert [r.shape for r in x] == [r.shape for r in y], name
+        assert [r.tobytes() for r in x] == [r.tobytes() for r in y], name
+
+
+def rounds(stagers, rng, n_rounds, seq=0, views=None):
+    """Drive every stager through the same rounds; yield each round's plans (``views[i]``: stager i
+    drafts with copy=False)."""
+    prompt = massive_rows(rng, 9, D)
+    for st in stagers:
+        st.process(seq, np.arange(9), prompt)
+    n_past = 9
+    for r in range(n_rounds):
+        plans = [st.draft(seq, n_past, copy=not (views and views[i])) for i, st in enumerate(stagers)]
+        yield plans
+        verify = massive_rows(rng, B + 1, D)
+        for st in stagers:
+            st.commit(seq) if r % 6 != 5 else st.fail(seq, "decode")
+            st.process(seq, np.arange(n_past, n_past + B + 1), verify)
+            st.accept(seq, ACCEPTS[r % len(ACCEPTS)])
+        n_past += ACCEPTS[r % len(ACCEPTS)] + 1
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_views_are_the_rows_a_copy_and_the_reference_stage(storage):
+    # f16 and q4_0 cannot hold the massive channels: clamped, as their error message advises.
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, storage=storage,
+                       nonfinite="clamp" if storage in ("f16", "q4_0") else "error")
+    core_view, core_copy, ref_view = Stager(cfg), Stager(cfg), ReferenceStager(cfg)
+    wraps = rebases = 0
+    for view, copy, ref in rounds([core_view, core_copy, ref_view], np.random.default_rng(1), 600,
+                                  views=[True, False, True]):
+        assert view.zero_copy and ref.zero_copy and not copy.zero_copy
+        same_plan(view, ref)
+        same_plan(view, copy)
+        check_plan(view, cfg)
+        assert all(not r.flags.writeable for r in view.encoded_runs + view.row_runs)
+        # The views are the ring's bytes, not a copy: no run owns its memory.
+        assert all(r.base is not None and not r.flags.owndata for r in view.encoded_runs)
+        wraps += len(view.encoded_runs) == 2
+        rebases += view.rebase
+    assert wraps >= 2 and rebases >= 10  # the ring wrapped under a plan, and rebases were staged
+
+
+def test_f32_views_hand_out_the_ring_itself():
+    """f32 rows staged as f32: rows, row_runs and encoded_runs are one memory, the ring's."""
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W)
+    st = Stager(cfg)
+    for (plan,) in rounds([st], np.random.default_rng(2), 200, views=[True]):
+        runs = plan.row_runs
+        for enc, rows in zip(plan.encoded_runs, runs):
+            assert np.shares_memory(enc, rows)
+        if len(runs) == 1:
+            assert np.shares_memory(plan.rows, runs[0])
+        else:  # wrapped: rows is one array, so a copy of the two runs
+            assert not np.shares_memory(plan.rows, runs[0]) and not np.shares_memory(plan.rows, runs[1])
+            assert not plan.rows.flags.writeable
+
+
+def test_views_hold_while_the_sequence_only_commits_fails_or_others_run():
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2, storage="q8_0")
+    st = Stager(cfg)
+    rng = np.random.default_rng(3)
+    st.process(0, np.arange(20), massive_rows(rng, 20, D))
+    plan = st.draft(0, 20, copy=False)
+    want = plan.encoded_rows.tobytes()
+    st.fail(0, "crop")
+    for _ in rounds([st], rng, 300, seq=1, views=[True]):  # sequence 1 wraps its own ring
+        pass
+    st.state(0), st.stats(0), st.snapshot(0)
+    assert b"".join(r.tobytes() for r in plan.encoded_runs) == want
+    again = st.draft(0, 20, copy=False)  # the restage after the failure: the newest w_keep of those rows
+    st.commit(0)
+    assert again.rebase and len(again.encoded_rows) == cfg.w_keep
+    assert want.endswith(again.encoded_rows.tobytes())
+    assert plan.encoded_rows.tobytes() == want
+
+
+@pytest.mark.parametrize("drop", ["end", "del", "restore", "begin"])
+def test_views_outlive_their_ring(drop):
+    """Whatever lets the ring's bytes go, a view keeps them: reading it is never a read of freed
+    memory (the sanitizer job runs this suite), and nobody wrote over them."""
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2)
+    st = Stager(cfg)
+    rows = massive_rows(np.random.default_rng(4), 30, D)
+    st.process(0, np.arange(30), rows)
+    st.process(1, np.arange(5), rows[:5])
+    snap = st.snapshot(1)
+    plan = st.draft(0, 30, copy=False)
+    runs = plan.row_runs
+    st.commit(0)
+    if drop == "end":
+        st.end(0)
+    elif drop == "del":
+        del st
+    elif drop == "restore":
+        st.restore(0, snap)  # another sequence's rows into this one
+    else:
+        st.begin(0)
+    del plan
+    gc.collect()
+    if drop in ("end", "del"):
+        assert np.concatenate(runs).tobytes() == rows[30 - sum(map(len, runs)):].tobytes()
+    else:
+        assert np.concatenate(runs).shape == (sum(map(len, runs)), D)  # alive; the rows may be replaced
+
+
+def test_skipped_and_refused_zero_copy_drafts():
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2)
+    st, ref = Stager(cfg), ReferenceStager(cfg)
+    skipped = st.draft(0, 0, copy=False)
+    assert skipped.skip == "empty" and skipped.encoded_runs == () and skipped.row_runs == ()
+    for bad in ("no", None, 0, 1, np.array([False])):
+        errs = []
+        for s in (st, ref):
+            with pytest.raises(TypeError) as e:
+                s.draft(0, 0, bad)
+            errs.append(str(e.value))
+        assert errs[0] == errs[1] and errs[0].startswith("copy must be True or False")
+    for s in (st, ref):  # the sequence's own error first
+        with pytest.raises(ValueError, match="unknown sequence|out of range|sequence 7"):
+            s.draft(7, 0, "no")
+    assert st.draft(0, 0, np.bool_(False)).zero_copy is False  # a skip holds no views
+
+    ext = StagerConfig(feature_dim=D, block_size=B, window=W, rows="external")
+    errs = []
+    for s in (Stager(ext), ReferenceStager(ext)):
+        s.process(0, np.arange(6))
+        with pytest.raises(TypeError) as e:
+            s.draft(0, 6, copy=False)
+        errs.append(str(e.value))
+        assert not s.state(0)["open_round"]
+    assert errs[0] == errs[1] and "external-row mode" in errs[0]
+
+
+def test_invariant_checker_passes_copy_through():
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, storage="bf16")
+    chk = InvariantChecker(Stager(cfg), cfg)
+    for (plan,) in rounds([chk], np.random.default_rng(5), 120, views=[True]):
+        assert plan.zero_copy
+
+
+def test_threads_draft_views_of_their_own_sequences():
+    """Two threads drafting zero-copy on their own sequences stage what a single-threaded copy does."""
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2)
+    st = Stager(cfg)
+    got: dict[int, list[bytes]] = {}
+
+    def work(seq):
+        got[seq] = [p.encoded_rows.tobytes() for (p,) in rounds([st], np.random.default_rng(10 + seq), 150, seq=seq,
+                                                                    views=[True])]
+
+    threads = [threading.Thread(target=work, args=(s,)) for s in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for seq in (0, 1):
+        solo = Stager(StagerConfig(feature_dim=D, block_size=B, window=W))
+        want = [p.encoded_rows.tobytes() for (p,) in rounds([solo], np.random.default_rng(10 + seq), 150)]
+        assert got[seq] == want
