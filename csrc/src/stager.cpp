@@ -270,7 +270,8 @@ const Stager::Seq& Stager::needs(std::int64_t seq, Need need) const {
 void Stager::require_mode(RowMode mode, const char* call, const char* instead) const {
     if (opt_.rows == mode) return;
     if (instead == nullptr)
-        instead = mode == RowMode::Held ? "use process_external: the rows stay with their owner" : "use process / process_encoded";
+        instead = mode == RowMode::Held ? "use process_external: the rows stay with their owner"
+                                        : "use process / process_encoded";
     throw std::invalid_argument(std::string(call) +
                                 (mode == RowMode::Held ? " needs held rows, but this Stager runs in external-row mode ("
                                                        : " needs external-row mode, but this Stager holds its rows (") +

@@ -86,13 +86,13 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t crop_from
         SlotRun slot_runs[2]
 
-    # Read field by field through SEQ_STATE_FIELDS / SEQ_STATS_FIELDS (the
-    # core's one list of each; see stager.hpp).
     cdef cppclass RowView:
         const uint8_t* data[2]
         size_t rows[2]
         shared_ptr[const void] keep
 
+    # Read field by field through SEQ_STATE_FIELDS / SEQ_STATS_FIELDS (the
+    # core's one list of each; see stager.hpp).
     cdef cppclass SeqState:
         pass
 

@@ -209,6 +209,27 @@ cdef inline bint _plain_rows(x, int64_t dim, ElemType* t):
     return True
 
 
+cdef int _readonly_bytes(Py_buffer* b, int flags, object owner, const void* data, Py_ssize_t* shape,
+                         Py_ssize_t* strides) except -1:
+    """Fill ``b`` with ``shape[0]`` read-only bytes at ``data`` owned by ``owner``: plans are
+    read-only views (as the reference's are), and a writer is refused."""
+    if flags & PyBUF_WRITABLE:
+        raise BufferError("staged rows are read-only")
+    strides[0] = 1
+    b.buf = <void*>data
+    b.format = "B"
+    b.internal = NULL
+    b.itemsize = 1
+    b.len = shape[0]
+    b.ndim = 1
+    b.obj = owner
+    b.readonly = 1
+    b.shape = shape
+    b.strides = strides
+    b.suboffsets = NULL
+    return 0
+
+
 cdef class _Bytes:
     """A C++ byte vector exposed through the buffer protocol (zero-copy to numpy).
 
@@ -225,21 +246,8 @@ cdef class _Bytes:
             self.pool.get().give(move(self.v))
 
     def __getbuffer__(self, Py_buffer* b, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("staged rows are read-only")
         self._shape[0] = <Py_ssize_t>self.v.size()
-        self._strides[0] = 1
-        b.buf = <void*>self.v.data()
-        b.format = "B"
-        b.internal = NULL
-        b.itemsize = 1
-        b.len = self._shape[0]
-        b.ndim = 1
-        b.obj = self
-        b.readonly = 1  # plans are read-only views (as the reference's are)
-        b.shape = self._shape
-        b.strides = self._strides
-        b.suboffsets = NULL
+        _readonly_bytes(b, flags, self, self.v.data(), self._shape, self._strides)
 
     def __releasebuffer__(self, Py_buffer* b):
         pass
@@ -257,20 +265,7 @@ cdef class _RingRows:
     cdef Py_ssize_t _strides[1]
 
     def __getbuffer__(self, Py_buffer* b, int flags):
-        if flags & PyBUF_WRITABLE:
-            raise BufferError("staged rows are read-only")
-        self._strides[0] = 1
-        b.buf = <void*>self.data
-        b.format = "B"
-        b.internal = NULL
-        b.itemsize = 1
-        b.len = self._shape[0]
-        b.ndim = 1
-        b.obj = self
-        b.readonly = 1
-        b.shape = self._shape
-        b.strides = self._strides
-        b.suboffsets = NULL
+        _readonly_bytes(b, flags, self, self.data, self._shape, self._strides)
 
     def __releasebuffer__(self, Py_buffer* b):
         pass
