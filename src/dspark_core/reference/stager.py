@@ -452,7 +452,8 @@ class ReferenceStager:
             crop_from=start - base, pos_base=base, encoded_rows=enc, rows=rows, slots=slots,
             external=self._external, source=self if self._external else None, round=self._rounds + 1,
             # copy=False: the rows cut where the ring wraps, as the core's views of it are.
-            encoded_runs=_ring_runs(enc, slots) if views else None, decode=self._decode if views else None,
+            encoded_runs=_ring_runs(enc, slots) if views and enc is not None else None,
+            decode=self._decode if views else None,
         )
         self._rounds += 1
         st.open_round = (start, base)
