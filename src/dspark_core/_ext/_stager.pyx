@@ -275,6 +275,8 @@ cdef tuple _view_runs(RowView& v, size_t row_bytes):
     """A draft_view's runs as read-only uint8 ``(n_k, row_bytes)`` views of the ring (one per non-empty run)."""
     out = []
     cdef _RingRows holder
+    cdef cnp.ndarray a
+    cdef cnp.npy_intp dims[2]
     cdef int k
     for k in range(2):
         if v.rows[k]:
@@ -282,14 +284,23 @@ cdef tuple _view_runs(RowView& v, size_t row_bytes):
             holder.keep = v.keep
             holder.data = v.data[k]
             holder._shape[0] = <Py_ssize_t>(v.rows[k] * row_bytes)
-            out.append(np.frombuffer(holder, _U8).reshape(v.rows[k], row_bytes))
+            # The array over the ring's bytes, its base the holder (whose buffer refuses
+            # writers, so numpy will not let the array be made writable).
+            dims[0] = <cnp.npy_intp>v.rows[k]
+            dims[1] = <cnp.npy_intp>row_bytes
+            a = cnp.PyArray_SimpleNewFromData(2, dims, cnp.NPY_UINT8, <void*>v.data[k])
+            cnp.PyArray_CLEARFLAGS(a, cnp.NPY_ARRAY_WRITEABLE)
+            cnp.set_array_base(a, holder)
+            out.append(a)
     return tuple(out)
 
 
-# GIL kept by commit and accept: they change a few counters, and releasing and
+# GIL kept by commit, accept and draft(copy=False): they change a few counters
+# (the zero-copy draft copies no row, whatever its size), and releasing and
 # retaking the GIL costs more than that. Two threads running rounds on their own
 # sequences then hand the GIL over twice per round (process, draft) instead of
-# four times (bench/bench_threads.py: Python threads, q8_0, 1.10-1.18x -> 1.37-1.42x).
+# four times (bench/bench_threads.py: Python threads, q8_0, 1.10-1.18x -> 1.37-1.42x),
+# once with zero-copy drafts.
 # Safe: while holding the GIL a call may wait for its sequence's lock, and no
 # core call holding a sequence lock ever waits for the GIL.
 
@@ -624,9 +635,7 @@ cdef class Stager:
 
     cdef object _draft_view(self, int64_t s, int64_t start):
         cdef RowView v
-        cdef RoundPlan p
-        with nogil:
-            p = self._core.draft_view(s, start, v)
+        cdef RoundPlan p = self._core.draft_view(s, start, v)  # GIL kept: O(1), no row copied
         return self._plan(p, None, 0, _view_runs(v, self._row_bytes))
 
     def draft_many(self, seqs, n_pasts):
