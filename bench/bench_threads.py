@@ -2,7 +2,7 @@
 """Threads on distinct sequences: 2 threads against 1, steady held-mode rounds.
 
 Each sequence has its own lock in the core and the binding releases the GIL
-around every call, so two threads working on two different sequences of
+around every call that moves rows, so two threads working on two different sequences of
 one Stager should run in parallel. Held mode, D = 25,600 (the row width of
 a large target), B = 16, W = 4,096; two sequences, each prefilled, then
 steady rounds (after a warm-up that wraps each ring)::
@@ -18,7 +18,7 @@ W/2 rows);
 * 1 thread: the rounds of both sequences, one after the other;
 * 2 threads: one thread per sequence, the same rounds, started together;
 
-each from Python threads (the binding releases the GIL in every call) and
+each from Python threads (the GIL released while rows are copied) and
 from C threads through the C ABI (bench/threads_floor.c, compiled here
 against the installed SDK: the core without the interpreter); for f32 also
 the rounds' copies alone, without the core ("bytes alone": the ceiling the
