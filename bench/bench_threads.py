@@ -2,10 +2,10 @@
 """Threads on distinct sequences: 2 threads against 1, steady held-mode rounds.
 
 Each sequence has its own lock in the core and the binding releases the GIL
-around every call that moves rows, so two threads working on two different sequences of
-one Stager should run in parallel. Held mode, D = 25,600 (the row width of
-a large target), B = 16, W = 4,096; two sequences, each prefilled, then
-steady rounds (after a warm-up that wraps each ring)::
+around every call that moves rows, so two threads working on two different
+sequences of one Stager should run in parallel. Held mode, D = 25,600 (the
+row width of a large target), B = 16, W = 4,096; two sequences, each
+prefilled, then steady rounds (after a warm-up that wraps each ring)::
 
     plan = st.draft(seq, n_past); st.commit(seq)
     st.process(seq, verify_positions, verify_rows)   # B + 1 float32 rows
