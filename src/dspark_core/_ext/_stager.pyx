@@ -510,28 +510,22 @@ cdef class Stager:
                                      row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
                                      external=self._external)
         lo = p.first_row - p.pos_base
-        if self._external:
-            return StagePlan(
-                seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
-                positions=np.arange(lo, lo + n, dtype=_I32),
-                block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
-                crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, slots=_plan_slots(p),
-                external=True, source=self, round=p.round)
-        if runs is not None:  # draft(copy=False): views of the ring
-            return StagePlan(
-                seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
-                positions=np.arange(lo, lo + n, dtype=_I32),
-                block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
-                crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=None, encoded_runs=runs,
-                decode=self._as_rows, slots=_plan_slots(p), round=p.round)
-        enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
+        # The rows: none (external mode), views of the ring (draft(copy=False), `runs`),
+        # or `data[offset:]` (the plan's own copy).
+        enc = rows = decode = None
+        if runs is not None:
+            decode = self._as_rows
+        elif not self._external:
+            enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
+            rows = self._rows_view(enc) if self._view_rows else None
+            decode = self._decoder
         return StagePlan(
             seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
             positions=np.arange(lo, lo + n, dtype=_I32),
             block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
-            crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc,
-            rows=enc.view(self._stage_dtype).reshape(n, self._D) if self._view_rows else None,
-            decode=self._decoder, slots=_plan_slots(p), round=p.round)
+            crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc, rows=rows, decode=decode,
+            encoded_runs=runs, slots=_plan_slots(p), external=self._external,
+            source=self if self._external else None, round=p.round)
 
     # -- round protocol ---------------------------------------------------
     def begin(self, seq):

@@ -87,7 +87,9 @@ class CheckedStager:
         self.trace.append(("process", seq, pos.copy(), rows32.copy()))
 
     def draft(self, seq: int, n_past: int, copy: bool = True) -> Any:
-        plan = self.stager.draft(seq, n_past, copy)
+        # `copy` passed on only when asked for, as InvariantChecker does: the stager may be
+        # a wrapper whose draft takes (seq, n_past) alone.
+        plan = self.stager.draft(seq, n_past, *(() if copy is True else (copy,)))
         self.trace.append(("draft", seq, int(n_past), _plan_key(plan)))
         if plan.skip is None:
             self.staged_rows_checked += check_plan(plan, self._log(seq).rows, self.config)

@@ -125,12 +125,13 @@ def _check_runs(plan: Any, enc: np.ndarray, rows: np.ndarray, tag: str) -> None:
     cut where its slots stop being consecutive, and read-only when they are views."""
     slots = np.asarray(plan.slots)
     want = [len(r) for r in np.split(slots, np.flatnonzero(np.diff(slots) != 1) + 1)] if len(slots) else []
-    for name, runs, whole in (("encoded_runs", plan.encoded_runs, enc), ("row_runs", plan.row_runs, rows)):
+    for name, runs, whole, whole_name in (("encoded_runs", plan.encoded_runs, enc, "encoded_rows"),
+                                          ("row_runs", plan.row_runs, rows, "rows")):
         if [len(r) for r in runs] != want:
             _violation(f"{tag}: {name} hold {[len(r) for r in runs]} rows, the slot runs {want}")
         joined = np.concatenate(runs) if runs else whole[:0]
         if joined.dtype != whole.dtype or joined.tobytes() != np.ascontiguousarray(whole).tobytes():
-            _violation(f"{tag}: {name} joined are not the plan's {name[:-5]}s")
+            _violation(f"{tag}: {name} joined are not the plan's {whole_name}")
         if plan.zero_copy and any(r.flags.writeable for r in runs):
             _violation(f"{tag}: a zero-copy plan's {name} are writable views of the ring")
 
@@ -488,6 +489,8 @@ class InvariantChecker:
             _violation(f"seq {s}: a skipped plan ({plan.skip}) left a round open")
 
     def draft(self, seq: int, n_past: int, copy: bool = True) -> Any:
+        # `copy` passed on only when asked for: a checked stager may be a user's own
+        # wrapper whose draft takes (seq, n_past) alone.
         plan = self._call("draft", seq, n_past, *(() if copy is True else (copy,)))
         self._after_plan(int(seq), plan)
         return plan
