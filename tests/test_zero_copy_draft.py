@@ -73,6 +73,8 @@ def test_views_are_the_rows_a_copy_and_the_reference_stage(storage):
         same_plan(view, copy)
         check_plan(view, cfg)
         assert all(not r.flags.writeable for r in view.encoded_runs + view.row_runs)
+        with pytest.raises(ValueError, match="WRITEABLE"):  # and numpy will not make them writable
+            view.encoded_runs[0].flags.writeable = True
         # The views are the ring's bytes, not a copy: no run owns its memory.
         assert all(r.base is not None and not r.flags.owndata for r in view.encoded_runs)
         wraps += len(view.encoded_runs) == 2
