@@ -107,9 +107,12 @@ def _not_a_file(path: str, names: set[str]) -> bool:
 
 
 def _repository_files() -> list[str]:
+    """Tracked files and untracked ones git does not ignore, less any virtual environment
+    made inside the checkout (``python -m venv .venv``: a tree of other projects' files)."""
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout.split()
-    return [f for f in out if (ROOT / f).exists()]
+    venvs = tuple(f[: -len("pyvenv.cfg")] for f in out if f.endswith("/pyvenv.cfg"))
+    return [f for f in out if (ROOT / f).exists() and not (venvs and f.startswith(venvs))]
 
 
 def test_paths_named_in_comments_and_docs_exist() -> None:
