@@ -5,8 +5,9 @@
 // so three independent streams keep it busy: 24 bytes per 3 cycles, faster
 // than one core reads memory. The streams' registers are joined by the shift
 // tables (crc32c_kernels.hpp). The copy kernel stores each 16 bytes right
-// after checksumming them (one pass; large copies with non-temporal stores).
-// Same results as the portable kernel.
+// after checksumming them (one pass; large copies with non-temporal stores),
+// except where the destination's page offset lies just ahead of the source's
+// (ALIAS_WINDOW below). Same results as the portable kernel.
 #if defined(DSPARK_X86)
 #include <nmmintrin.h>
 #include <smmintrin.h>
@@ -71,19 +72,63 @@ inline std::uint32_t copy_three_way(std::uint32_t c, std::uint8_t* dst, const st
     return crc_apply_shift(shift, r) ^ static_cast<std::uint32_t>(c2);
 }
 
+// 4K aliasing. A load whose address matches a pending store's in its low 12
+// bits waits for that store; a pending non-temporal store sits in a
+// write-combining buffer, and waiting for it there cost the fused loop 2-10x
+// (measured with the stores d = 16..144 bytes ahead of the loads, mod 4096).
+// The fused loop's stores run d = (dst - src) mod 4096 bytes ahead of its
+// loads, so for 0 < d <= ALIAS_WINDOW almost every load meets one. That is
+// snapshot_into's usual layout: the rows go 96 bytes into a buffer that, like
+// the ring, starts 16 bytes into a page (d = 112).
+inline constexpr std::size_t ALIAS_WINDOW = 192;
+inline constexpr std::size_t PAGE_OFFSET_MASK = 4095;
+inline constexpr std::size_t LINE = 64;
+
+inline bool stores_alias_loads(const std::uint8_t* dst, const std::uint8_t* src) noexcept {
+    const std::size_t d =
+        (reinterpret_cast<std::uintptr_t>(dst) - reinterpret_cast<std::uintptr_t>(src)) & PAGE_OFFSET_MASK;
+    return d != 0 && d <= ALIAS_WINDOW;
+}
+
+// The aliasing layout's chunk (3 x CRC_LONG bytes, dst 64-byte aligned): checksum
+// it first (loads only; the chunk is then in L1), then stream it out of L1 last
+// line first, so every load lies below the stores still pending (d > 0). While
+// it streams out, the next chunk (`next`, null for none) is prefetched into L2:
+// the two passes would otherwise leave the reads idle while the writes run.
+inline std::uint32_t copy_two_pass(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src,
+                                   const std::uint8_t* next, const CrcShift& shift) noexcept {
+    c = crc_three_way<Sse42>(c, src, CRC_LONG, shift);
+    for (std::size_t i = 3 * CRC_LONG; i != 0;) {
+        i -= LINE;
+        if (next) _mm_prefetch(reinterpret_cast<const char*>(next + i), _MM_HINT_T1);
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
+        const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
+        const __m128i f = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+        store128<true>(dst + i, a);
+        store128<true>(dst + i + 16, b);
+        store128<true>(dst + i + 32, e);
+        store128<true>(dst + i + 48, f);
+    }
+    return c;
+}
+
 template <bool Stream>
 std::uint32_t copy_impl(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src, std::size_t n) noexcept {
-    if (Stream) {  // non-temporal 16-byte stores need an aligned destination
-        const std::size_t head = std::min(n, (16 - (reinterpret_cast<std::uintptr_t>(dst) & 15)) & 15);
+    bool aliased = false;
+    if (Stream) {  // non-temporal stores fill whole lines from a line-aligned destination
+        const std::size_t head = std::min(n, (LINE - (reinterpret_cast<std::uintptr_t>(dst) & (LINE - 1))) & (LINE - 1));
         for (std::size_t i = 0; i < head; ++i) c = _mm_crc32_u8(c, dst[i] = src[i]);
         dst += head;
         src += head;
         n -= head;
+        aliased = stores_alias_loads(dst, src);
     }
     if (n >= 3 * CRC_LONG) {
         const CrcShift& s = crc_shift_long();
         for (; n >= 3 * CRC_LONG; src += 3 * CRC_LONG, dst += 3 * CRC_LONG, n -= 3 * CRC_LONG)
-            c = copy_three_way<Stream>(c, dst, src, CRC_LONG, s);
+            c = aliased ? copy_two_pass(c, dst, src, n >= 6 * CRC_LONG ? src + 3 * CRC_LONG : nullptr, s)
+                        : copy_three_way<Stream>(c, dst, src, CRC_LONG, s);
     }
     if (n >= 3 * CRC_SHORT) {
         const CrcShift& s = crc_shift_short();

@@ -1,6 +1,7 @@
 // CRC-32C: known vectors, every path against a bitwise definition on random
 // buffers of every length class (bytes, 8-byte words, SHORT and LONG
 // streams), chaining, and crc32c_copy (same value, same bytes copied).
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <stdexcept>
@@ -91,6 +92,33 @@ TEST_CASE(copy_checksums_and_copies) {
             CHECK_EQ(crc32c_copy(0, dst.data() + 3, src.data(), n), want);
             CHECK(n == 0 || std::memcmp(dst.data() + 3, src.data(), n) == 0);
             CHECK(dst[0] == 0xA5 && dst[1] == 0xA5 && dst[2] == 0xA5 && dst[n + 3] == 0xA5 && dst[n + 4] == 0xA5);
+        }
+    }
+    set_crc_path(before);
+}
+
+TEST_CASE(streamed_copy_in_every_page_layout) {
+    // A streamed copy whose destination's page offset lies just ahead of the source's
+    // (4K aliasing) takes another loop (crc32c_sse42.cpp): the same checksum and bytes,
+    // nothing written outside, for (dst - src) % 4096 inside the window, at its edges and
+    // outside it. The length covers chunks with and without a next one to prefetch.
+    const std::size_t n = (std::size_t(4) << 20) + 2 * 3 * 8192 + 777;
+    constexpr std::size_t PAGE = 4096, GUARD = 64;
+    const auto src = random_bytes(n, 91);
+    const std::uint32_t want = crc32c_bitwise(src.data(), n);
+    std::vector<std::uint8_t> buf(n + PAGE + 2 * GUARD);
+    const std::uintptr_t from = reinterpret_cast<std::uintptr_t>(src.data());
+    const std::uintptr_t base = reinterpret_cast<std::uintptr_t>(buf.data()) + GUARD;
+    const CrcPath before = active_crc_path();
+    for (std::size_t d : {0, 1, 16, 64, 112, 191, 192, 193, 256, 4000, 4095}) {
+        std::uint8_t* dst = buf.data() + GUARD + ((from + d - base) & (PAGE - 1));  // dst - src = d (mod PAGE)
+        CHECK_EQ((reinterpret_cast<std::uintptr_t>(dst) - from) & (PAGE - 1), d);
+        for (CrcPath p : paths()) {
+            set_crc_path(p);
+            std::fill(buf.begin(), buf.end(), std::uint8_t{0xA5});
+            CHECK_EQ(crc32c_copy(0, dst, src.data(), n), want);
+            CHECK(std::memcmp(dst, src.data(), n) == 0);
+            CHECK(dst[-1] == 0xA5 && dst[n] == 0xA5);
         }
     }
     set_crc_path(before);
