@@ -20,6 +20,12 @@ warns that it is deprecated (a ``FutureWarning``; use ``DSPARK_SIMD``).
 
 From Python, :func:`set_path` / :func:`use` switch a family process-wide;
 ``dspark-core kernels`` prints this machine's dispatch table.
+
+Each of this package's extension modules links its own copy of the core, and
+with it its own registry: the format conversions run on ``_row_format``'s, the
+Stager's conversions and snapshot checksums on ``_stager``'s. :func:`set_path`
+switches every copy (all or none); ``DSPARK_SIMD`` reaches every copy, also
+that of an extension built elsewhere against the C++ SDK.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import warnings
 from typing import Iterator
 
 from ._ext import _row_format as _core
+from ._ext import _stager
 
 __all__ = ["ENV", "FAMILIES", "paths", "supported", "best", "active", "set_path", "use", "dispatch_table"]
 
@@ -72,7 +79,10 @@ def set_path(family: str, name: str) -> None:
     ``ValueError`` for an unknown family or name, or a path this CPU / build
     does not support (nothing changes then).
     """
-    _core.kernel_set(_as_str("family", family), _as_str("name", name))
+    _core.kernel_set(_as_str("family", family), _as_str("name", name))  # checks, and names the path
+    # The other copies are the same build: a path _row_format's accepts, they accept.
+    f = FAMILIES.index(family)
+    _stager.kernel_set_index(f, paths(family).index(active(family)))
 
 
 @contextlib.contextmanager
