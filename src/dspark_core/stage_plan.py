@@ -63,13 +63,19 @@ def _no_encoded(row_bytes: int) -> np.ndarray:
     return np.zeros((0, row_bytes), np.uint8)
 
 
+def consecutive_runs(slots: np.ndarray) -> list[tuple[int, int]]:
+    """The index ranges ``[a, b)`` of ``slots`` that hold consecutive slots (``s, s + 1, ...``),
+    in order: one copy of ``b - a`` rows each (none for no slots)."""
+    if len(slots) == 0:
+        return []
+    gaps = (np.flatnonzero(np.diff(slots) != 1) + 1).tolist()
+    return list(zip((0, *gaps), (*gaps, len(slots))))
+
+
 def split_runs(rows: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, ...]:
     """``rows`` (one per slot, in plan order) cut where ``slots`` stop being consecutive:
     one slice per run of the ring (at most two; none for no rows)."""
-    if len(slots) == 0:
-        return ()
-    gaps = np.flatnonzero(np.diff(slots) != 1) + 1
-    return tuple(rows[a:b] for a, b in zip((0, *gaps.tolist()), (*gaps.tolist(), len(slots))))
+    return tuple(rows[a:b] for a, b in consecutive_runs(slots))
 
 
 class StagePlan:

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from ..prefix_table_owner import PrefixTableOwner
+from ..stage_plan import consecutive_runs
 from . import _backend, interop
 
 __all__ = ["PrefixTable"]
@@ -82,19 +83,21 @@ class PrefixTable(PrefixTableOwner):
         interop._mark_written(self.table if to_store else ring.table, ring.stream, ring._stream_obj)
 
     def _read_rows(self, slots: np.ndarray) -> np.ndarray:
+        """One download per run of consecutive slots (a block's slots are usually one run)."""
         self._cu.synchronize(self.stream, self.device)
-        rows = np.empty((len(slots), self.row_bytes), np.uint8)
-        for i, s in enumerate(slots.tolist()):
-            rows[i] = np.frombuffer(self._cu.copy_to_host(self._table_ptr + s * self.row_bytes, self.row_bytes),
-                                    np.uint8)
+        rb = self.row_bytes
+        rows = np.empty((len(slots), rb), np.uint8)
+        for a, b in consecutive_runs(slots):
+            data = self._cu.copy_to_host(self._table_ptr + int(slots[a]) * rb, (b - a) * rb)
+            rows[a:b] = np.frombuffer(data, np.uint8).reshape(b - a, rb)
         return rows
 
     def _write_rows(self, slots: np.ndarray, rows: np.ndarray) -> None:
-        """One upload of the rows, then a device copy per slot."""
+        """One upload of the rows, then a device copy per run of consecutive slots."""
+        rb = self.row_bytes
         staged = interop.DeviceArray.from_numpy(rows, self.device, self._stream_obj if self.stream else None)
         src = interop._dev_array(staged, "imported rows", stream=self.stream).ptr
-        for i, s in enumerate(slots.tolist()):
-            self._cu.copy_device(self._table_ptr + s * self.row_bytes, src + i * self.row_bytes, self.row_bytes,
-                                 self.stream)
+        for a, b in consecutive_runs(slots):
+            self._cu.copy_device(self._table_ptr + int(slots[a]) * rb, src + a * rb, (b - a) * rb, self.stream)
         self._cu.synchronize(self.stream, self.device)  # `staged` is freed when this returns
         interop._mark_written(self.table, self.stream, self._stream_obj)
