@@ -73,13 +73,14 @@ inline std::uint32_t copy_three_way(std::uint32_t c, std::uint8_t* dst, const st
 }
 
 // 4K aliasing. A load whose address matches a pending store's in its low 12
-// bits waits for that store; a pending non-temporal store sits in a
-// write-combining buffer, and waiting for it there cost the fused loop 2-10x
-// (measured with the stores d = 16..144 bytes ahead of the loads, mod 4096).
-// The fused loop's stores run d = (dst - src) mod 4096 bytes ahead of its
-// loads, so for 0 < d <= ALIAS_WINDOW almost every load meets one. That is
-// snapshot_into's usual layout: the rows go 96 bytes into a buffer that, like
-// the ring, starts 16 bytes into a page (d = 112).
+// bits is held back until the core knows they differ; the fused loop's stores
+// run d = (dst - src) mod 4096 bytes ahead of its loads, so for small d > 0
+// almost every load meets a pending streamed store, and the loop ran 2-10x
+// slower (measured for d = 16..144 on an AMD EPYC; from d = 208 on, as fast as
+// at d = 0). That is snapshot_into's usual layout: the rows go 96 bytes into a
+// numpy buffer, which starts 16 bytes into a page, out of a ring that starts
+// on one (d = 112). Cached stores (copies under CRC_STREAM_MIN_BYTES) are
+// left as they are: the window there is narrower and the copy is CRC-bound.
 inline constexpr std::size_t ALIAS_WINDOW = 192;
 inline constexpr std::size_t PAGE_OFFSET_MASK = 4095;
 inline constexpr std::size_t LINE = 64;
