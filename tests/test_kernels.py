@@ -79,8 +79,8 @@ def test_a_switch_reaches_the_stagers_copy_of_the_registry(family: str) -> None:
 @pytest.mark.parametrize("storage", ["f16", "q8_0", "q4_0"])
 def test_the_stager_runs_every_path_to_the_same_bytes(storage: str) -> None:
     # Through the Stager (its own copy of the registry), on every row-format x CRC-32C path:
-    # the stored rows are the formats module's encoding and the snapshot's checksums are the
-    # pure-Python CRC-32C's (snapshot_format), so a path switched in the Stager is checked.
+    # the stored rows are the formats module's encoding, the staged rows its decoding, and the
+    # snapshot's checksums the pure-Python CRC-32C's (snapshot_format).
     rows = np.random.default_rng(3).standard_normal((40, 256), dtype=np.float32)
     rows[:, 5] *= np.float32(2e3)  # a massive channel
     want_rows = formats.quantize_rows(rows, storage).tobytes()
@@ -91,6 +91,10 @@ def test_the_stager_runs_every_path_to_the_same_bytes(storage: str) -> None:
                 st = Stager(StagerConfig(feature_dim=256, block_size=4, window=64, storage=storage, max_seqs=1))
                 st.process(0, np.arange(40), rows)
                 snap = bytes(st.snapshot(0))
+                plan = st.draft(0, 40)
+                staged = plan.rows.copy()  # decoded on the Stager's path
+            assert plan.skip is None and len(staged) > 0
+            assert staged.tobytes() == formats.dequantize_rows(plan.encoded_rows, storage, 256).tobytes(), (fmt, crc)
             body = snap[sf.HEADER_BYTES:]
             assert body == want_rows, (fmt, crc)
             assert int.from_bytes(snap[sf.ROWS_CRC_AT:sf.ROWS_CRC_AT + 4], "little") == sf.crc32c(body), (fmt, crc)
