@@ -20,7 +20,7 @@ import pytest
 
 from conftest import massive_rows
 from dspark_core import Stager, StagerConfig
-from dspark_core.config import STORAGES
+from dspark_core.config import STORAGES, storage_row_bytes
 from dspark_core.reference import ReferenceStager
 from dspark_core.testing import InvariantChecker, check_plan
 
@@ -179,6 +179,27 @@ def test_skipped_and_refused_zero_copy_drafts():
         errs.append(str(e.value))
         assert not s.state(0)["open_round"]
     assert errs[0] == errs[1] and "external-row mode" in errs[0]
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_a_rebase_onto_no_rows_stages_empty_views(storage):
+    """A rollback past every row the ring holds leaves no context: the next round is a rebase
+    that stages nothing. A zero-copy plan of it has no run to view and still the empty arrays
+    a copying plan and the reference's have (a fuzz finding: encoded_rows raised)."""
+    cfg = StagerConfig(D, B, W, max_seqs=1, storage=storage)
+    x = np.clip(massive_rows(np.random.default_rng(4), 200, D, peak=3e4), -6e4, 6e4)  # f16 holds them
+    plans = []
+    for st, copy in ((Stager(cfg), False), (Stager(cfg), True), (ReferenceStager(cfg), False)):
+        for a in range(0, 200, 10):
+            st.process(0, np.arange(a, a + 10), x[a:a + 10])
+        st.rollback(0, 150)  # the ring holds about W rows below 200: none below 150
+        plans.append(st.draft(0, 150, copy=copy))
+    view, copied, ref = plans
+    assert view.skip is None and view.rebase and view.n_rows == 0 and view.zero_copy
+    for other in (copied, ref):
+        same_plan(view, other)
+    assert view.encoded_rows.shape == (0, storage_row_bytes(storage, D)) and view.rows.shape == (0, D)
+    assert view.encoded_runs == () and view.row_runs == ()
 
 
 def test_invariant_checker_passes_copy_through():

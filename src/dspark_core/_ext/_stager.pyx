@@ -535,6 +535,8 @@ cdef class Stager:
         enc = rows = decode = None
         if runs is not None:
             decode = self._as_rows
+            if n == 0:  # nothing staged (a rebase onto no context): no run to view
+                enc = np.zeros((0, self._row_bytes), _U8)
         elif not self._external:
             enc = data[offset: offset + n * self._row_bytes].reshape(n, self._row_bytes)
             rows = self._rows_view(enc) if self._view_rows else None
