@@ -14,8 +14,6 @@ apply once and in serial order, and a rejected call changes nothing.
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 import pytest
 from conftest import at_once, massive_rows
@@ -25,6 +23,7 @@ from dspark_core.config import STORAGES
 from dspark_core.prefix_hit import HIT, PUBLISH, PrefixMoves
 from dspark_core.prefix_table_owner import PrefixTableOwner
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
+from test_device_ring import Launches as BindingCalls
 
 gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
 
@@ -174,22 +173,10 @@ def test_export_from_a_table_imports_anywhere(owner):
     assert 9 not in xstore and ring.to_numpy(table.table).tobytes() == before
 
 
-class _CountingCopies:
-    """The CUDA backend with its host downloads and device copies counted."""
+class Copies(BindingCalls):
+    """The backend's host downloads and device copies, counted (test_device_ring's counter)."""
 
-    def __init__(self, cu) -> None:
-        self._cu = cu
-        self.calls: collections.Counter[str] = collections.Counter()
-
-    def __getattr__(self, name: str):
-        fn = getattr(self._cu, name)
-        if name not in ("copy_to_host", "copy_device"):
-            return fn
-
-        def counted(*args, **kwargs):
-            self.calls[name] += 1
-            return fn(*args, **kwargs)
-        return counted
+    NAMES = ("copy_to_host", "copy_device")
 
 
 @gpu
@@ -198,8 +185,7 @@ def test_a_device_table_moves_a_run_of_slots_in_one_copy(monkeypatch):
     slots are one run unless the store's free rows are fragmented), not one per row."""
     cfg = StagerConfig(64, 4, 96, rows="external", storage="q8_0")
     ext, ring, store, table = owned("device", cfg)
-    counting = _CountingCopies(table._cu)
-    monkeypatch.setattr(table, "_cu", counting)
+    copies = Copies(monkeypatch)
     rows = rows_of(16, 64, 5)
     ext.begin(0)
     ring.write(0, np.arange(16), ring.upload(rows))
@@ -207,20 +193,20 @@ def test_a_device_table_moves_a_run_of_slots_in_one_copy(monkeypatch):
     held = PrefixStore(cfg.replace(rows="held"), 8, 1 << 20)
     held.publish_rows([1, 2], 0, 16, rows)
     for k in (1, 2):
-        counting.calls.clear()
+        copies.take()
         assert table.export_block(k) == held.export_block(k)
         s = [int(x) for x in store.block_slots(k)]
-        assert counting.calls["copy_to_host"] == 1 + sum(b != a + 1 for a, b in zip(s, s[1:]))
+        assert copies.take() == 1 + sum(b != a + 1 for a, b in zip(s, s[1:]))
     # Slots in three runs (out of order between runs): three copies each way, rows in slot order.
     slots = np.array([40, 41, 42, 70, 71, 9], np.int64)
     enc = formats.quantize_rows(rows_of(6, 64, 6), "q8_0")
-    counting.calls.clear()
+    copies.take()
     table._write_rows(slots, enc)
-    assert counting.calls["copy_device"] == 3
+    assert copies.take() == 3
     assert (ring.to_numpy(table.table)[slots] == enc).all()
-    counting.calls.clear()
+    copies.take()
     assert (table._read_rows(slots) == enc).all()
-    assert counting.calls["copy_to_host"] == 3
+    assert copies.take() == 3
 
 
 def test_prefix_moves_need_their_table(owner):
