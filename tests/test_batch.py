@@ -1,7 +1,8 @@
 """Batched calls against per-sequence calls (docs/design.md 2.9).
 
 A hypothesis state machine drives two C++ Stagers with the same server steps,
-one with the batched calls (``process_many``, ``draft_many``, ``commit_many``,
+one with the batched calls (``process_many``, ``draft_many`` (copying, and
+zero-copy: ``copy=False``), ``commit_many``,
 ``fail_many``, ``accept_many``, ``end_many``, ``reserve_many`` /
 ``confirm_many`` / ``cancel_many``) and one with a loop of per-sequence
 calls, in both row modes. After every step both agree on everything
@@ -122,6 +123,9 @@ class BatchedMatchesPerSequence(RuleBasedStateMachine):
                 assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes()), name
             if not self.external:
                 assert got[1].rows.tobytes() == twin[1].rows.tobytes()
+                assert got[1].zero_copy == twin[1].zero_copy
+                assert [r.tobytes() for r in got[1].encoded_runs] == [r.tobytes() for r in twin[1].encoded_runs]
+                np.testing.assert_array_equal(got[1].run_offsets, twin[1].run_offsets)
         elif got[1] is not None:
             np.testing.assert_array_equal(got[1], twin[1])
         if got[0] == "ok":
@@ -166,10 +170,13 @@ class BatchedMatchesPerSequence(RuleBasedStateMachine):
         self.batch("process_many", (seqs, cu, flat, rows),
                    [("process", s, (p, r)) for s, p, r in zip(seqs, positions, parts)])
 
-    @rule(seqs=IDS, delta=hs.sampled_from([0, 0, 0, 1, -1, -10**6]), max_rows=hs.integers(0, 8))
-    def draft(self, seqs, delta, max_rows):
+    @rule(seqs=IDS, delta=hs.sampled_from([0, 0, 0, 1, -1, -10**6]), max_rows=hs.integers(0, 8),
+          copy=hs.sampled_from([True, True, False, "no"]))
+    def draft(self, seqs, delta, max_rows, copy):
+        # copy=False: zero-copy views (external mode: refused, as is a copy that is not a bool).
         pasts = [max(-1, self.end(s) + delta) for s in seqs]
-        got, res = self.batch("draft_many", (seqs, pasts), [("draft", s, (p,)) for s, p in zip(seqs, pasts)])
+        got, res = self.batch("draft_many", (seqs, pasts, copy),
+                              [("draft", s, (p, copy)) for s, p in zip(seqs, pasts)])
         if got is None:
             return
         width = max(max_rows, max([p.n_rows for p in res] + [0]))
@@ -183,11 +190,21 @@ class BatchedMatchesPerSequence(RuleBasedStateMachine):
         if not self.external:
             assert got.rows.tobytes() == b"".join(p.rows.tobytes() for p in res)
             assert got.encoded_rows.tobytes() == b"".join(p.encoded_rows.tobytes() for p in res)
+            # The runs: each sequence's where its slots break, views of the rings when zero-copy.
+            assert got.zero_copy == (copy is False)
+            runs = [r for p in res for r in p.encoded_runs]
+            assert [r.tobytes() for r in got.encoded_runs] == [r.tobytes() for r in runs]
+            assert got.run_offsets.tolist() == np.cumsum([0] + [len(p.encoded_runs) for p in res]).tolist()
+            assert [r.tobytes() for r in got.row_runs] == [r.tobytes() for p in res for r in p.row_runs]
+            if got.zero_copy:
+                assert all(not r.flags.writeable and not r.flags.owndata for r in got.encoded_runs)
         for a, b in zip(got.plans, res):
             assert (a.seq, a.skip, a.round, a.crop_from, a.pos_base) == (b.seq, b.skip, b.round, b.crop_from, b.pos_base)
             np.testing.assert_array_equal(a.block_positions, b.block_positions)
             if not self.external:
                 assert a.rows.tobytes() == b.rows.tobytes()
+                assert a.zero_copy == b.zero_copy
+                assert [r.tobytes() for r in a.encoded_runs] == [r.tobytes() for r in b.encoded_runs]
 
     @rule(seqs=IDS, stage=hs.sampled_from(["commit", "decode", "crop", "mixed", "bad"]))
     def close(self, seqs, stage):

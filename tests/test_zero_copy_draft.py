@@ -8,6 +8,8 @@ views are read-only. The views hold their rows through the calls that leave
 a sequence's rows alone (commit, fail, other sequences' rounds), outlive the
 rows' ring (end, the Stager's deletion: never freed memory), and a bad
 ``copy`` or an external-row Stager gets the reference's error word for word.
+``draft_many(seqs, n_pasts, copy=False)`` is held to the same, batch against
+per-sequence views, a copying batch and the reference's batch.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from conftest import massive_rows
 from dspark_core import Stager, StagerConfig
 from dspark_core.config import STORAGES, storage_row_bytes
 from dspark_core.reference import ReferenceStager
+from dspark_core.stage_plan import BATCH_ARRAYS
 from dspark_core.testing import InvariantChecker, check_plan
 
 D, B, W = 64, 4, 24
@@ -228,3 +231,108 @@ def test_threads_draft_views_of_their_own_sequences():
         solo = Stager(StagerConfig(feature_dim=D, block_size=B, window=W))
         want = [p.encoded_rows.tobytes() for (p,) in rounds([solo], np.random.default_rng(10 + seq), 150)]
         assert got[seq] == want
+
+
+def same_batch(a, b) -> None:
+    """Two batch plans of the same rounds: arrays, rows and their runs."""
+    for name in (*BATCH_ARRAYS, "encoded_rows", "rows", "run_offsets"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert (x.dtype, x.shape, x.tobytes()) == (y.dtype, y.shape, y.tobytes()), name
+    for name in ("encoded_runs", "row_runs"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert [(r.dtype, r.shape, r.tobytes()) for r in x] == [(r.dtype, r.shape, r.tobytes()) for r in y], name
+
+
+@pytest.mark.parametrize("storage", STORAGES)
+def test_batch_views_are_what_per_sequence_views_a_copy_and_the_reference_stage(storage):
+    """draft_many(copy=False) over sequences that rebase and wrap their rings, listed out of
+    order: the batch a copying draft_many and the reference's make, each sequence's runs those
+    of its own draft(copy=False), read-only views of the rings, holding through commit / fail."""
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, storage=storage, max_seqs=3,
+                       nonfinite="clamp" if storage in ("f16", "q4_0") else "error")
+    view, copied, single, ref = Stager(cfg), Stager(cfg), Stager(cfg), ReferenceStager(cfg)
+    everyone = (view, copied, single, ref)
+    rng = np.random.default_rng(7)
+    seqs = [2, 0, 1]
+    n_past = {}
+    for s in seqs:
+        prompt = massive_rows(rng, 9 + 3 * s, D)
+        for st in everyone:
+            st.process(s, np.arange(len(prompt)), prompt)
+        n_past[s] = len(prompt)
+    wraps = rebases = 0
+    for r in range(300):
+        pasts = [n_past[s] for s in seqs]
+        got = view.draft_many(seqs, pasts, copy=False)
+        twin = ref.draft_many(seqs, pasts, copy=False)
+        copy_batch = copied.draft_many(seqs, pasts)
+        each = [single.draft(s, p, copy=False) for s, p in zip(seqs, pasts)]
+        assert got.zero_copy and twin.zero_copy and not copy_batch.zero_copy
+        same_batch(got, twin)
+        same_batch(got, copy_batch)
+        assert got.run_offsets.tolist() == np.cumsum([0] + [len(p.encoded_runs) for p in each]).tolist()
+        assert [x.tobytes() for x in got.encoded_runs] == [x.tobytes() for p in each for x in p.encoded_runs]
+        for a, b in zip(got.plans, each):
+            assert a.zero_copy and b.zero_copy
+            same_plan(a, b)
+        assert all(not x.flags.writeable and not x.flags.owndata for x in got.encoded_runs)
+        wraps += sum(len(p.encoded_runs) == 2 for p in each)
+        rebases += int(got.rebase.sum())
+        want = [x.tobytes() for x in got.encoded_runs]
+        failed = [seqs[r % 3]] if r % 4 == 3 else []
+        for st in everyone:
+            st.commit_many([s for s in seqs if s not in failed])
+            st.fail_many(failed, "crop")
+        assert [x.tobytes() for x in got.encoded_runs] == want  # commit and fail leave the rows alone
+        for s in seqs:
+            verify = massive_rows(rng, B + 1, D)
+            a = ACCEPTS[(r + s) % len(ACCEPTS)]
+            for st in everyone:
+                st.process(s, np.arange(n_past[s], n_past[s] + B + 1), verify)
+                st.accept(s, a)
+            n_past[s] += a + 1
+    assert wraps >= 3 and rebases > 20, (wraps, rebases)
+    assert all(view.snapshot(s) == copied.snapshot(s) == single.snapshot(s) for s in seqs)
+
+
+def test_batch_views_outlive_their_rings():
+    """A zero-copy batch's views keep the rings' memory: after end and the Stager's deletion they
+    still read the rows they showed (the sanitizer job runs this suite)."""
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2)
+    st = Stager(cfg)
+    rows = massive_rows(np.random.default_rng(8), 30, D)
+    for s in (0, 1):
+        st.process(s, np.arange(30), rows)
+    batch = st.draft_many([0, 1], [30, 30], copy=False)
+    runs = batch.row_runs
+    want = [x.tobytes() for x in runs]
+    st.commit_many([0, 1])
+    st.end(0)
+    del st, batch
+    gc.collect()
+    assert [x.tobytes() for x in runs] == want
+
+
+def test_refused_zero_copy_batches():
+    """A bad copy, an external-row Stager: the reference's error word for word, after the batch's
+    own id and state errors, and nothing opened."""
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2)
+    ext = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2, rows="external")
+    cases = [(cfg, [0, 1], "no"), (cfg, [0, 7], "no"), (cfg, [0, 0], False), (ext, [0, 1], False),
+             (ext, [7, 1], False), (cfg, [0, 1], np.array([False]))]
+    for config, seqs, copy in cases:
+        errs = []
+        for st in (Stager(config), ReferenceStager(config)):
+            for s in (0, 1):
+                st.process(s, np.arange(6), *(() if config.rows == "external" else (massive_rows(
+                    np.random.default_rng(s), 6, D),)))
+            with pytest.raises((TypeError, ValueError)) as e:
+                st.draft_many(seqs, [6] * len(seqs), copy=copy)
+            errs.append((type(e.value), str(e.value)))
+            assert not st.state(0)["open_round"] and not st.state(1)["open_round"]
+        assert errs[0] == errs[1], (seqs, copy)
+    assert "draft_many(copy=False)" in errs[0][1] or "copy must be" in errs[0][1]
+    st = Stager(cfg)  # a batch of skips holds no rows to view
+    batch = st.draft_many([0, 1], [0, 0], copy=False)
+    assert batch.zero_copy and batch.encoded_runs == () and batch.run_offsets.tolist() == [0, 0, 0]
+    assert batch.encoded_rows.shape == (0, storage_row_bytes("f32", D)) and batch.rows.shape == (0, D)

@@ -433,6 +433,30 @@ dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const in
         rows_written);
 }
 
+dspark_status dspark_draft_many_view(dspark_stager* st, const int64_t* seqs, const int64_t* n_pasts, size_t n,
+                                     dspark_plan* plans, const void** run_data, size_t* run_rows) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "draft_many_view", seqs, n, Need::Ready, [&] {
+            require_buffer(n_pasts, n, "n_pasts");
+            require_buffer(plans, n, "plans");
+            require_buffer(run_data, n, "run_data");  // 2 * n entries; n > 0 is what makes NULL wrong
+            require_buffer(run_rows, n, "run_rows");
+        });
+        std::vector<dspark::RoundPlan> out;
+        std::vector<dspark::RowView> views;
+        core.draft_many_view(seqs, n_pasts, n, out, views);  // strict mode's checks included
+        for (std::size_t i = 0; i < out.size(); ++i) {
+            plans[i] = to_c(out[i], core.external());
+            for (int k = 0; k < 2; ++k) {
+                run_data[2 * i + k] = views[i].data[k];
+                run_rows[2 * i + k] = views[i].rows[k];
+            }
+        }
+    });
+}
+
 dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                   const int64_t* positions, size_t total, const void* rows, int32_t dtype,
                                   size_t rows_bytes) {

@@ -901,18 +901,35 @@ RoundPlan Stager::draft_view(std::int64_t seq, std::int64_t n_past, RowView& vie
     const Seq& s = ready(seq);
     require_mode(RowMode::Held, "draft_view", "the rows stay with their owner: read them at the plan's slots");
     RoundPlan p = check_draft(seq, s, n_past);
-    RowView v;
-    if (p.skip == Skip::None) {
-        std::size_t k = 0;
-        s.buf.for_each_run(p.first_row, p.start, [&](const std::uint8_t* run, std::size_t bytes) {
-            v.data[k] = run;
-            v.rows[k++] = bytes / row_bytes_;
-        });
-        v.keep = s.buf.storage();
-    }
+    RowView v = p.skip == Skip::None ? view_of(s, p) : RowView{};
     open_round(mut(s), p, nullptr);
     view = std::move(v);
     return p;
+}
+
+RowView Stager::view_of(const Seq& s, const RoundPlan& p) const {
+    RowView v;
+    std::size_t k = 0;
+    s.buf.for_each_run(p.first_row, p.start, [&](const std::uint8_t* run, std::size_t bytes) {
+        v.data[k] = run;
+        v.rows[k++] = bytes / row_bytes_;
+    });
+    v.keep = s.buf.storage();
+    return v;
+}
+
+std::vector<RoundPlan> Stager::plan_batch(const char* call, const BatchLock& lock, const std::int64_t* seqs,
+                                          const std::int64_t* n_pasts, std::size_t n, bool views) const {
+    // Each check runs over the whole batch before the next (design.md 2.1).
+    check_states(call, seqs, n, Need::Ready);
+    check_unique(call, lock, seqs, n);
+    if (views) require_mode(RowMode::Held, call, "the rows stay with their owner: read them at the plans' slots");
+    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { require_count("n_past", n_pasts[i]); });
+    std::vector<RoundPlan> planned;
+    planned.reserve(n);
+    for (std::size_t i = 0; i < n; ++i)
+        planned.push_back(in_batch(call, i, seqs[i], [&] { return check_draft(seqs[i], get(seqs[i]), n_pasts[i]); }));
+    return planned;
 }
 
 void Stager::draft_many_into(const std::int64_t* seqs_in, const std::int64_t* n_pasts_in, std::size_t n,
@@ -921,22 +938,33 @@ void Stager::draft_many_into(const std::int64_t* seqs_in, const std::int64_t* n_
     const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_pasts = copy_of(n_pasts_in, n);
     // Validate and plan everything, then take the room once, then open: a
     // rejected batch (bad argument, state, strict mismatch, or no room)
-    // changes nothing. Each check runs over the whole batch before the next.
+    // changes nothing.
     check_ids(call, seqs.data(), n);
     BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
-    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { require_count("n_past", n_pasts[i]); });
-    std::vector<RoundPlan> planned;
-    planned.reserve(n);
-    for (std::size_t i = 0; i < n; ++i)
-        planned.push_back(in_batch(call, i, seqs[i], [&] { return check_draft(seqs[i], get(seqs[i]), n_pasts[i]); }));
+    std::vector<RoundPlan> planned = plan_batch(call, lock, seqs.data(), n_pasts.data(), n, false);
     std::uint8_t* out = external() ? nullptr : sink(planned.data(), n);
     for (RoundPlan& p : planned) {
         open_round(mut(get(p.seq)), p, out);
         if (out) out += static_cast<std::size_t>(p.n_rows) * row_bytes_;
     }
     plans.swap(planned);
+}
+
+void Stager::draft_many_view(const std::int64_t* seqs_in, const std::int64_t* n_pasts_in, std::size_t n,
+                             std::vector<RoundPlan>& plans, std::vector<RowView>& views) {
+    const char* call = "draft_many_view";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_pasts = copy_of(n_pasts_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    std::vector<RoundPlan> planned = plan_batch(call, lock, seqs.data(), n_pasts.data(), n, true);
+    std::vector<RowView> viewed(n);  // the only allocation: before anything changes
+    for (std::size_t i = 0; i < n; ++i) {
+        const Seq& s = get(seqs[i]);
+        if (planned[i].skip == Skip::None) viewed[i] = view_of(s, planned[i]);
+        open_round(mut(s), planned[i], nullptr);
+    }
+    plans.swap(planned);
+    views.swap(viewed);
 }
 
 // commit and fail on a sequence whose open round was checked.

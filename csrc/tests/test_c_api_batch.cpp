@@ -108,11 +108,13 @@ void rejects_like_cpp(dspark_stager* st, const std::function<dspark_status()>& c
 // A step of a server loop for the active sequences `act`, in both handles:
 // `batch` through the *_many calls, `single` through one call per sequence.
 // Each sequence verifies 1 + k rows (k varies), accepts some of them, drafts
-// at its end, and commits or fails (fail every fifth). Compares what each call
-// hands out.
+// at its end (`view`: dspark_draft_many_view, whose runs must hold the rows
+// dspark_draft copies), and commits or fails (fail every fifth). Compares
+// what each call hands out.
 // Returns the rounds it committed and failed.
 std::pair<std::size_t, std::size_t> step(dspark_stager* batch, dspark_stager* single,
-                                         const std::vector<std::int64_t>& act, int t, bool external, bool reserve) {
+                                         const std::vector<std::int64_t>& act, int t, bool external, bool reserve,
+                                         bool view) {
     const std::size_t n = act.size();
     std::vector<std::int64_t> cu{0}, pos;
     std::vector<float> rows;
@@ -158,9 +160,24 @@ std::pair<std::size_t, std::size_t> step(dspark_stager* batch, dspark_stager* si
     std::vector<dspark_plan> plans(n);
     std::vector<float> out(n * static_cast<std::size_t>(W * D));
     std::size_t written = 0;
-    CHECK_EQ(dspark_draft_many(batch, act.data(), past.data(), n, DSPARK_DTYPE_F32, out.data(),
-                               out.size() * sizeof(float), plans.data(), &written),
-             DSPARK_OK);
+    if (view) {  // the rows where they lie in the batch's rings, laid end to end (f32 storage: the f32 rows)
+        std::vector<const void*> data(2 * n, &written);
+        std::vector<std::size_t> runs(2 * n, 99);
+        CHECK_EQ(dspark_draft_many_view(batch, act.data(), past.data(), n, plans.data(), data.data(), runs.data()),
+                 DSPARK_OK);
+        auto* o = reinterpret_cast<std::uint8_t*>(out.data());
+        for (std::size_t i = 0; i < n; ++i)
+            for (int k = 0; k < 2; ++k) {
+                CHECK_EQ(static_cast<std::int64_t>(runs[2 * i + k]), plans[i].slot_count[k]);
+                CHECK((runs[2 * i + k] == 0) == (data[2 * i + k] == nullptr));
+                if (runs[2 * i + k]) std::memcpy(o + written, data[2 * i + k], runs[2 * i + k] * D * sizeof(float));
+                written += runs[2 * i + k] * D * sizeof(float);
+            }
+    } else {
+        CHECK_EQ(dspark_draft_many(batch, act.data(), past.data(), n, DSPARK_DTYPE_F32, out.data(),
+                                   out.size() * sizeof(float), plans.data(), &written),
+                 DSPARK_OK);
+    }
     std::size_t at = 0;
     for (std::size_t i = 0; i < n; ++i) {
         dspark_plan p;
@@ -245,7 +262,8 @@ void server_loop(std::int32_t rows_mode) {
         }
         // Odd steps list the batch in reverse: a batch's order is the caller's.
         std::vector<std::int64_t> order(act.rbegin(), act.rend());
-        const auto done = step(batch.st, single.st, t % 2 ? order : act, t, external, external && t % 3 == 0);
+        const auto done =
+            step(batch.st, single.st, t % 2 ? order : act, t, external, external && t % 3 == 0, !external && t % 3 == 1);
         commits += done.first;
         fails += done.second;
         check_same(batch.st, single.st);
@@ -433,6 +451,25 @@ TEST_CASE(rejected_batches_give_the_cpp_error_and_change_nothing) {
                          "end duplicate");
         rejects_like_cpp(h.st, [&] { return dspark_end_many(h.st, s0_9, 2); }, [&] { core.end_many(s0_9, 2); },
                          "end id");
+        // draft_many_view: ids, states, duplicates, the mode, n_past, in that order.
+        std::vector<dspark_plan> vp(2);
+        std::vector<const void*> vd(4);
+        std::vector<std::size_t> vr(4);
+        std::vector<dspark::RoundPlan> cp;
+        std::vector<dspark::RowView> cv;
+        const std::int64_t past_ok[] = {5, 6}, past_bad[] = {5, -1}, s0_1[] = {0, 1}, s0_0[] = {0, 0};
+        const struct {
+            const char* what;
+            const std::int64_t* seqs;
+            const std::int64_t* pasts;
+        } bad_views[] = {{"view id", s0_9, past_ok}, {"view state", s0_2, past_ok}, {"view duplicate", s0_0, past_ok},
+                         {"view n_past", s0_1, past_bad}, {"view mode", s0_1, past_ok}};
+        for (const auto& b : bad_views) {
+            if (!external && std::strcmp(b.what, "view mode") == 0) continue;  // held: a batch that opens
+            rejects_like_cpp(
+                h.st, [&] { return dspark_draft_many_view(h.st, b.seqs, b.pasts, 2, vp.data(), vd.data(), vr.data()); },
+                [&] { core.draft_many_view(b.seqs, b.pasts, 2, cp, cv); }, b.what);
+        }
         // Stage codes wider than the core's enum: the core's words.
         const std::int32_t wide[] = {300};
         const auto before = everything(h.st);
@@ -466,6 +503,23 @@ TEST_CASE(batch_conversions_come_after_the_sequence_checks) {
     CHECK_EQ(dspark_fail_many(h.st, good, nullptr, 2, nullptr), DSPARK_E_STATE);  // no round open: state first
     CHECK_EQ(dspark_commit_many(h.st, nullptr, 1), DSPARK_E_NULL_POINTER);
     CHECK_EQ(dspark_end_many(h.st, nullptr, 1), DSPARK_E_NULL_POINTER);
+    // draft_many_view: a bad id before a NULL output; each NULL output named.
+    dspark_plan vp[2];
+    const void* vd[4];
+    std::size_t vr[4];
+    const std::int64_t past[] = {2, 2};
+    CHECK_EQ(dspark_draft_many_view(h.st, bad, past, 2, nullptr, vd, vr), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(std::strstr(dspark_last_error(), "draft_many_view: seqs[1] (sequence 9)") != nullptr);
+    CHECK_EQ(dspark_draft_many_view(h.st, good, nullptr, 2, vp, vd, vr), DSPARK_E_NULL_POINTER);
+    CHECK(std::strstr(dspark_last_error(), "n_pasts is NULL") != nullptr);
+    CHECK_EQ(dspark_draft_many_view(h.st, good, past, 2, nullptr, vd, vr), DSPARK_E_NULL_POINTER);
+    CHECK(std::strstr(dspark_last_error(), "plans is NULL") != nullptr);
+    CHECK_EQ(dspark_draft_many_view(h.st, good, past, 2, vp, nullptr, vr), DSPARK_E_NULL_POINTER);
+    CHECK(std::strstr(dspark_last_error(), "run_data is NULL") != nullptr);
+    CHECK_EQ(dspark_draft_many_view(h.st, good, past, 2, vp, vd, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK(std::strstr(dspark_last_error(), "run_rows is NULL") != nullptr);
+    CHECK_EQ(dspark_draft_many_view(nullptr, good, past, 2, vp, vd, vr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_draft_many_view(h.st, nullptr, 0, 0, nullptr, nullptr, nullptr), DSPARK_OK);
     // Empty batches are no-ops; offsets is still read ({0}).
     const std::int64_t zero[] = {0};
     CHECK_EQ(dspark_process_many(h.st, nullptr, 0, zero, nullptr, 0, nullptr, DSPARK_DTYPE_F32, 0), DSPARK_OK);

@@ -186,8 +186,9 @@ def as_flag(name: str, value: Any) -> bool:
     raise TypeError(f"{name} must be True or False, got {type(value).__name__}")
 
 
-def view_args(external: bool, copy: Any) -> bool:
-    """``draft``'s ``copy``: ``False`` asks for views of the held rows, which external-row mode has none of.
+def view_args(external: bool, copy: Any, call: str = "draft") -> bool:
+    """``draft``'s (``draft_many``'s) ``copy``: ``False`` asks for views of the held rows, which
+    external-row mode has none of.
 
     Raises:
         TypeError: ``copy`` is not a bool, or is ``False`` in external-row mode.
@@ -196,7 +197,7 @@ def view_args(external: bool, copy: Any) -> bool:
         return True
     if external:
         raise TypeError(
-            "draft(copy=False): this Stager runs in external-row mode (rows='external') and holds no rows: "
+            f"{call}(copy=False): this Stager runs in external-row mode (rows='external') and holds no rows: "
             "its plans carry no rows to view (read them from your table at plan.slots)"
         )
     return False

@@ -282,6 +282,9 @@ class PaddedRows(NamedTuple):
 #: Pads CSR rows into ``(N, max_rows)``: ``pad(seqs, row_offsets, values, max_rows, out)``.
 _Padder = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray], None]
 
+#: A zero-copy batch's views: ``views(i)``, the runs of its ``i``-th sequence.
+_RunsOf = Callable[[int], "tuple[np.ndarray, ...]"]
+
 
 #: A :class:`BatchPlan`'s arrays (per sequence, then per context row): what two
 #: batches that plan the same rounds agree on, dtype and shape included.
@@ -326,7 +329,17 @@ class BatchPlan:
     * ``positions`` int32 drafter positions, ``slots`` int64 ring slots,
       ``row_seq`` int64 the sequence of each row;
     * ``rows`` / ``encoded_rows`` (held mode only): ``(total, feature_dim)``
-      in the stage dtype / ``(total, row_bytes)`` uint8.
+      in the stage dtype / ``(total, row_bytes)`` uint8;
+    * ``encoded_runs`` / ``row_runs`` (held mode only): the same rows as they
+      lie in the rings, one array per run of consecutive slots (at most two
+      per sequence), with ``run_offsets`` int64 ``(N + 1,)``: the runs of
+      ``seqs[i]`` are ``encoded_runs[run_offsets[i]:run_offsets[i + 1]]``.
+
+    ``draft_many(seqs, n_pasts, copy=False)`` (held mode) copies no row:
+    ``zero_copy`` is then true and ``encoded_runs`` / ``row_runs`` are
+    read-only views of the rings (each sequence's valid until the next call
+    that may change its rows, as ``draft(copy=False)``'s); ``encoded_rows`` /
+    ``rows`` are the runs joined, a read-only copy made on first access.
 
     :meth:`padded` gives the same rows in a fixed shape ``(N, max_rows)`` for
     CUDA graphs. For scripting, :attr:`plans` (one :class:`StagePlan` per
@@ -357,6 +370,10 @@ class BatchPlan:
     _row_seq: np.ndarray | None = None
     _active: np.ndarray | None = None
     _n_rows: np.ndarray | None = None
+    _views: "_RunsOf | None" = None  # zero-copy: the runs of sequence i, by index
+    _runs: tuple[np.ndarray, ...] | None = None
+    _row_runs: tuple[np.ndarray, ...] | None = None
+    _run_offsets: np.ndarray | None = None
 
     def __init__(
         self,
@@ -383,12 +400,15 @@ class BatchPlan:
         decode: _Decoder | None = None,
         external: bool = False,
         source: Any = None,
+        views: _RunsOf | None = None,
     ) -> None:
         """Arrays as the class docstring names them (what the reference twin makes).
 
         ``encoded_rows`` (held mode): the rows in storage format; ``rows``: the
         same rows decoded, or None to decode them with ``decode`` on first
         access (None too: ``encoded_rows`` viewed as the stage dtype).
+        ``views`` (a zero-copy plan, held mode; ``encoded_rows`` then None):
+        ``views(i)`` gives the runs of the ``i``-th sequence.
         ``pad``: how :meth:`padded` lays the rows out (its maker's function).
         ``max_plan_rows``: the most context rows one plan stages (``W - B``),
         :meth:`padded`'s default width.
@@ -408,17 +428,18 @@ class BatchPlan:
         self.slots = slots
         self._encoded = encoded_rows
         self._rows = rows
+        self._views = views
 
     @classmethod
     def packed(cls, ctx: BatchContext, meta: np.ndarray, flags: np.ndarray, positions: np.ndarray,
-               slots: np.ndarray, encoded_rows: np.ndarray | None) -> "BatchPlan":
+               slots: np.ndarray, encoded_rows: np.ndarray | None, views: _RunsOf | None = None) -> "BatchPlan":
         """A plan over the arrays the core filled in one pass (``draft_many``).
 
         ``meta``: int64 ``(6, N + 1)``, rows ``seqs``, ``start``, ``pos_base``,
         ``crop_from``, ``round`` (first ``N`` columns) and ``row_offsets``;
         ``flags``: uint8 ``(3, N)``, rows ``skip_code``, ``rebase``,
         ``clear_cache``. The per-sequence arrays are views of these rows,
-        taken on first access.
+        taken on first access. ``views``: as for the constructor.
         """
         self = cls.__new__(cls)
         self._ctx = ctx
@@ -427,6 +448,7 @@ class BatchPlan:
         self.positions = positions
         self.slots = slots
         self._encoded = encoded_rows
+        self._views = views
         return self
 
     # -- what every plan of its Stager shares -------------------------------
@@ -552,11 +574,22 @@ class BatchPlan:
         return self._row_seq
 
     @property
+    def zero_copy(self) -> bool:
+        """The plan's runs are views of the rings (``draft_many(..., copy=False)``)."""
+        return self._views is not None
+
+    @property
     def encoded_rows(self) -> np.ndarray:
-        """All staged context rows in storage format, uint8 ``(total, row_bytes)`` (held mode only)."""
+        """All staged context rows in storage format, uint8 ``(total, row_bytes)`` (held mode only).
+
+        Of a zero-copy plan: its runs joined (a read-only copy, made on first access).
+        """
         if self.external:
             raise ValueError(_EXTERNAL_ROWS)
-        assert self._encoded is not None
+        if self._encoded is None:
+            runs = self.encoded_runs
+            self._encoded = np.concatenate(runs) if runs else _no_encoded(self.row_bytes)
+            self._encoded.flags.writeable = False
         return self._encoded
 
     @property
@@ -565,12 +598,51 @@ class BatchPlan:
         if self.external:
             raise ValueError(_EXTERNAL_ROWS)
         if self._rows is None:
-            enc = self.encoded_rows
-            if self._ctx.decode is None:
-                self._rows = enc.view(self.stage_dtype).reshape(len(enc), self.feature_dim)
-            else:
-                self._rows = self._ctx.decode(enc)
+            self._rows = self._as_rows(self.encoded_rows)
         return self._rows
+
+    def _as_rows(self, enc: np.ndarray) -> np.ndarray:
+        """Encoded rows in the stage dtype: a view when the storage format is the stage dtype."""
+        if self._ctx.decode is None:
+            return enc.view(self.stage_dtype).reshape(len(enc), self.feature_dim)
+        return self._ctx.decode(enc)
+
+    def _runs_at(self, i: int) -> tuple[np.ndarray, ...]:
+        """The runs of the ``i``-th sequence: its views, or its rows cut where its slots break."""
+        if self._views is not None:
+            return self._views(i)
+        a, b = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
+        return split_runs(self.encoded_rows[a:b], self.slots[a:b])
+
+    @property
+    def encoded_runs(self) -> tuple[np.ndarray, ...]:
+        """The staged rows as they lie in the rings: one uint8 ``(n_k, row_bytes)`` array per run
+        of consecutive slots, sequence after sequence (views of the rings for a zero-copy plan;
+        held mode only). The runs of ``seqs[i]``: ``[run_offsets[i], run_offsets[i + 1])``."""
+        if self.external:
+            raise ValueError(_EXTERNAL_ROWS)
+        if self._runs is None:
+            per_seq = [self._runs_at(i) for i in range(len(self.seqs))]
+            offsets = np.zeros(len(per_seq) + 1, np.int64)
+            offsets[1:] = np.cumsum([len(r) for r in per_seq])
+            self._runs = tuple(r for runs in per_seq for r in runs)
+            self._run_offsets = offsets
+        return self._runs
+
+    @property
+    def run_offsets(self) -> np.ndarray:
+        """int64 ``(N + 1,)``: where each sequence's runs start in :attr:`encoded_runs` (held mode only)."""
+        self.encoded_runs  # noqa: B018 - computes both
+        assert self._run_offsets is not None
+        return self._run_offsets
+
+    @property
+    def row_runs(self) -> tuple[np.ndarray, ...]:
+        """:attr:`encoded_runs` in the stage dtype: views when the storage format is the stage
+        dtype (of the rings themselves for a zero-copy plan), else decoded run by run."""
+        if self._row_runs is None:
+            self._row_runs = tuple(self._as_rows(r) for r in self.encoded_runs)
+        return self._row_runs
 
     # -- the fixed shape of a CUDA graph ------------------------------------
     def padded(self, max_rows: int | None = None, *, positions_out: np.ndarray | None = None,
@@ -624,9 +696,14 @@ class BatchPlan:
                                      row_bytes=self.row_bytes, stage_dtype=self.stage_dtype, external=self.external)
         a, b = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
         crop = int(self.crop_from[i])
-        enc = rows = None
+        enc = rows = runs = None
         decode = None
-        if not self.external:
+        if self._views is not None:  # zero-copy: the sequence's own views
+            runs = self._views(i)
+            decode = self._as_rows
+            if not runs:  # nothing staged: no run to view
+                enc = _no_encoded(self.row_bytes)
+        elif not self.external:
             enc = self.encoded_rows[a:b]
             if self._rows is not None:
                 rows = self._rows[a:b]
@@ -639,6 +716,7 @@ class BatchPlan:
             positions=self.positions[a:b], block_positions=np.arange(crop, crop + self.block_size, dtype=np.int32),
             crop_from=crop, pos_base=int(self.pos_base[i]), encoded_rows=enc, rows=rows, decode=decode,
             slots=self.slots[a:b], external=self.external, source=self.source, round=int(self.round[i]),
+            encoded_runs=runs,
         )
 
     def __len__(self) -> int:

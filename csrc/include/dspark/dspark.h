@@ -279,6 +279,16 @@ DSPARK_API dspark_status dspark_draft_view(dspark_stager* st, int64_t seq, int64
 DSPARK_API dspark_status dspark_draft_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_pasts, size_t n,
                                            int32_t rows_dtype, void* rows, size_t rows_capacity, dspark_plan* plans,
                                            size_t* rows_written);
+/* dspark_draft_many without the copy (HELD mode): one plan per sequence into
+ * plans[0..n), and the context rows of plans[i] where they lie in the ring,
+ * as dspark_draft_view gives them: run k at run_data[2 * i + k], run_rows[2 *
+ * i + k] rows (0 rows, NULL when unused or skipped). run_data and run_rows
+ * have 2 * n entries. The runs stay valid as dspark_draft_view's do, each
+ * sequence's until the next call that may change its rows. All or nothing.
+ * EXTERNAL mode: DSPARK_E_INVALID_ARGUMENT. */
+DSPARK_API dspark_status dspark_draft_many_view(dspark_stager* st, const int64_t* seqs, const int64_t* n_pasts,
+                                                size_t n, dspark_plan* plans, const void** run_data,
+                                                size_t* run_rows);
 DSPARK_API dspark_status dspark_commit(dspark_stager* st, int64_t seq);
 /* stage: DSPARK_FAIL_DECODE / CROP. *disabled_after (may be NULL) receives
  * the consecutive-failure count when this failure disabled the sequence, else 0. */

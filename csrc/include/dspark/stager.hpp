@@ -283,6 +283,11 @@ public:
     // where they lie in the ring (RowView says for how long they stay there).
     // A rebase hands the drafter W/2 rows without moving 2 x W/2 rows' bytes.
     RoundPlan draft_view(std::int64_t seq, std::int64_t n_past, RowView& view);
+    // draft_many without the copy (held mode): one plan per sequence, and in
+    // views[i] the rows of plans[i] where they lie in the ring (as draft_view;
+    // empty for a skipped plan). Checked whole, as draft_many.
+    void draft_many_view(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
+                         std::vector<RoundPlan>& plans, std::vector<RowView>& views);
     // The plan draft() would make now; changes nothing (the same checks as
     // draft, strict mode's included).
     RoundPlan peek(std::int64_t seq, std::int64_t n_past) const;
@@ -478,6 +483,12 @@ private:
                                     std::size_t n) const;
     // draft's checks and plan: n_past's range, the plan, strict mode.
     RoundPlan check_draft(std::int64_t seq, const Seq& s, std::int64_t n_past) const;
+    // A draft batch's checks after its ids (the batch's locks held), and its
+    // plans; `views`: held mode is required (draft_many_view).
+    std::vector<RoundPlan> plan_batch(const char* call, const BatchLock& lock, const std::int64_t* seqs,
+                                      const std::int64_t* n_pasts, std::size_t n, bool views) const;
+    // The rows a checked, unskipped plan stages, where they lie in the ring.
+    RowView view_of(const Seq& s, const RoundPlan& p) const;
     void check_accept(std::int64_t n_accepted) const;
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
     // publish_prefix's checks after the sequence's (stager_prefix.cpp, under

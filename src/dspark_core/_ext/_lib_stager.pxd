@@ -135,6 +135,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         RoundPlan draft_view(int64_t seq, int64_t n_past, RowView& view) except +dspark_translate_exception
         void draft_many(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
                         ByteVec& rows_out) except +dspark_translate_exception
+        void draft_many_view(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
+                             vector[RowView]& views) except +dspark_translate_exception
         void commit(int64_t seq) except +dspark_translate_exception
         int64_t fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception

@@ -315,6 +315,19 @@ cdef tuple _view_runs(RowView& v, size_t row_bytes):
     return tuple(out)
 
 
+cdef class _BatchViews:
+    """The rows of ``draft_many(..., copy=False)``: each sequence's runs where they lie in
+    its ring (the core's RowViews, which share the rings' storage); ``views(i)`` gives
+    the ``i``-th sequence's as read-only arrays (``_view_runs``)."""
+    cdef vector[RowView] views
+    cdef size_t row_bytes
+
+    def __call__(self, Py_ssize_t i):
+        if i < 0 or <size_t>i >= self.views.size():
+            raise IndexError(i)
+        return _view_runs(self.views[i], self.row_bytes)
+
+
 # GIL kept by commit, accept and draft(copy=False): they change a few counters
 # (the zero-copy draft copies no row, whatever its size), and releasing and
 # retaking the GIL costs more than that. Two threads running rounds on their own
@@ -654,13 +667,18 @@ cdef class Stager:
         cdef RoundPlan p = self._core.draft_view(s, start, v)  # GIL kept: O(1), no row copied
         return self._plan(p, None, 0, _view_runs(v, self._row_bytes))
 
-    def draft_many(self, seqs, n_pasts):
+    def draft_many(self, seqs, n_pasts, copy=True):
         """``draft`` for several sequences as one drafter batch: a :class:`BatchPlan` of arrays.
 
         ``seqs``: the sequence ids (1-D integers, each once); ``n_pasts``: one
         ``n_past`` per sequence. One call into the core (GIL released), which
         checks the whole batch first: a rejected batch raises, naming the
         sequence (``draft_many: seqs[i] (sequence s): ...``), and opens no round.
+
+        ``copy=False`` (held mode): no copy of the staged rows, as
+        ``draft(copy=False)``: the plan's ``encoded_runs`` / ``row_runs`` are
+        read-only views of the rows where they lie in the rings, each
+        sequence's valid until the next call that may change its rows.
         """
         sv = self._ids("draft_many", seqs)
         pv = self._per_seq("draft_many", sv, Need.Ready, "n_pasts", n_pasts)
@@ -668,14 +686,26 @@ cdef class Stager:
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pv)
         cdef vector[RoundPlan] plans
+        cdef _BatchViews views
+        if copy is not True and not self._batch_converted("draft_many", sv, Need.Ready, view_args,
+                                                          (self._external, copy, "draft_many")):
+            views = _BatchViews.__new__(_BatchViews)
+            views.row_bytes = self._row_bytes
+            try:
+                with nogil:
+                    self._core.draft_many_view(sp, pp, n, plans, views.views)
+            except (ValueError, TypeError, StateError) as exc:
+                _renamed(exc, "draft_many_view", "draft_many")
+            return self._batch_plan(plans, None, views)
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
         with nogil:
             self._core.draft_many(sp, pp, n, plans, out.v)
         return self._batch_plan(plans, out)
 
-    cdef object _batch_plan(self, vector[RoundPlan]& plans, _Bytes out):
-        """The core's plans as a :class:`BatchPlan` of arrays (one pass in C, a few allocations)."""
+    cdef object _batch_plan(self, vector[RoundPlan]& plans, _Bytes out, _BatchViews views=None):
+        """The core's plans as a :class:`BatchPlan` of arrays (one pass in C, a few allocations);
+        ``views``: a zero-copy batch's rows (``out`` then None)."""
         cdef size_t n = plans.size(), i
         cdef int64_t total = 0
         cdef int reports = 0
@@ -707,12 +737,12 @@ cdef class Stager:
                 if plans[i].report_mismatch:
                     log_mismatch(plans[i].seq, plans[i].start, _SKIPS[<int>plans[i].skip], plans[i].end - 1,
                                  mismatch_cause(plans[i].start, plans[i].end).decode())
-        enc = None if self._external else np.frombuffer(out, _U8).reshape(total, self._row_bytes)
+        enc = None if self._external or out is None else np.frombuffer(out, _U8).reshape(total, self._row_bytes)
         if self._batch_ctx is None:
             self._batch_ctx = BatchContext(self._B, self._D, self._row_bytes, self._stage_dtype,
                                            self._core.max_plan_rows(), pad_rows, self._decoder, self._external,
                                            self if self._external else None)
-        return BatchPlan.packed(self._batch_ctx, meta, flags, positions, slots, enc)
+        return BatchPlan.packed(self._batch_ctx, meta, flags, positions, slots, enc, views)
 
     # -- batches: one call for many sequences (docs/design.md 2.9) ------------
     def process_many(self, seqs, cu_seqlens, positions, rows=None):

@@ -145,16 +145,16 @@ def rows_given(external: bool, value: Any, call: str = "process") -> None:
         )
 
 
-def zero_copy(external: bool, copy: Any) -> bool:
-    """``draft``'s ``copy`` is ``False``: views of held rows asked for (a TypeError
-    for a non-bool, or in external-row mode, which holds no rows)."""
+def zero_copy(external: bool, copy: Any, call: str = "draft") -> bool:
+    """``draft``'s (``draft_many``'s) ``copy`` is ``False``: views of held rows asked for
+    (a TypeError for a non-bool, or in external-row mode, which holds no rows)."""
     if not (copy is True or copy is False or isinstance(copy, np.bool_)):
         raise TypeError(f"copy must be True or False, got {type(copy).__name__}")
     if copy:
         return False
     if external:
         raise TypeError(
-            "draft(copy=False): this Stager runs in external-row mode (rows='external') and holds no rows: "
+            f"{call}(copy=False): this Stager runs in external-row mode (rows='external') and holds no rows: "
             "its plans carry no rows to view (read them from your table at plan.slots)"
         )
     return True

@@ -46,18 +46,22 @@ def _column(plans: Sequence[StagePlan], field: str, dtype: Any) -> np.ndarray:
 
 def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int, row_bytes: int, stage_dtype: Any,
                max_plan_rows: int, external: bool, source: Any,
-               decode: Callable[[np.ndarray], np.ndarray] | None = None) -> BatchPlan:
+               decode: Callable[[np.ndarray], np.ndarray] | None = None, zero_copy: bool = False) -> BatchPlan:
     """The plans (one per sequence, in request order) as one :class:`BatchPlan`.
 
     ``decode`` (held mode): the encoded rows of all plans, concatenated, to the stage dtype.
+    ``zero_copy``: the plans are ``copy=False`` plans; the batch hands out their runs.
     """
     n_rows = [p.n_rows for p in plans]
     row_offsets = np.zeros(len(plans) + 1, np.int64)
     row_offsets[1:] = np.cumsum(n_rows, dtype=np.int64)
     positions = np.concatenate([np.zeros(0, np.int32), *(p.positions for p in plans)]).astype(np.int32)
     slots = np.concatenate([np.zeros(0, np.int64), *(p.slots for p in plans)]).astype(np.int64)
-    enc = decoded = None
-    if not external:
+    enc = decoded = views = None
+    if zero_copy:
+        runs = [p.encoded_runs for p in plans]
+        views = runs.__getitem__
+    elif not external:
         enc = np.concatenate([np.zeros((0, row_bytes), np.uint8), *(p.encoded_rows for p in plans)])
         decoded = decode(enc) if decode is not None else None
     codes = [0 if p.skip is None else 1 + SKIP_REASONS.index(p.skip) for p in plans]
@@ -68,5 +72,5 @@ def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int,
         crop_from=_column(plans, "crop_from", np.int64), round=_column(plans, "round", np.int64),
         row_offsets=row_offsets, positions=positions, slots=slots, block_size=block_size,
         feature_dim=feature_dim, row_bytes=row_bytes, stage_dtype=stage_dtype, max_plan_rows=max_plan_rows,
-        pad=pad_rows, encoded_rows=enc, rows=decoded, external=external, source=source,
+        pad=pad_rows, encoded_rows=enc, rows=decoded, decode=decode, external=external, source=source, views=views,
     )

@@ -617,31 +617,43 @@ class ReferenceStager:
         for st, n in zip(states, values):
             self._accept_checked(st, n)
 
-    def _ready_with_ints(self, call: str, seqs: Any, name: str, values: Any) -> tuple[list[int], list[int], list[_Seq]]:
+    def _ready_with_ints(self, call: str, seqs: Any, name: str, values: Any,
+                         then: Callable[[np.ndarray], Any] | None = None) -> tuple[list[int], list[int], list[_Seq]]:
         """A batch of ready sequences with one integer each (``n_pasts``, ``n_accepted``), checked
-        up to its unique ids: the ids, the integers and the sequences."""
+        up to its unique ids: the ids, the integers and the sequences. ``then(ids)``: a further
+        argument's conversion, after the integers'."""
         ids = arg.seq_ids(call, seqs)
         ints = self._converted(call, ids, READY, arg.batch_ints, call, name, values, len(ids))
+        if then is not None:
+            then(ids)
         states = self._check_batch(call, ids, READY)
         arg.unique(call, ids)
         return ids.tolist(), ints.tolist(), states
 
-    def draft_many(self, seqs: Any, n_pasts: Any) -> BatchPlan:
-        """``draft`` for several sequences as one drafter batch (a :class:`BatchPlan`)."""
+    def draft_many(self, seqs: Any, n_pasts: Any, copy: bool = True) -> BatchPlan:
+        """``draft`` for several sequences as one drafter batch (a :class:`BatchPlan`).
+
+        ``copy=False``: the batch's runs are the core's zero-copy views of its
+        rings; here they are copies cut at the same slots, so that plans compare.
+        """
         call = "draft_many"
-        seq_list, past_list, states = self._ready_with_ints(call, seqs, "n_pasts", n_pasts)
+        seq_list, past_list, states = self._ready_with_ints(
+            call, seqs, "n_pasts", n_pasts, lambda ids: self._converted(call, ids, READY, arg.zero_copy,
+                                                                        self._external, copy, call))
+        views = arg.zero_copy(self._external, copy, call)  # converted in its turn above: cannot fail now
         for k, (s, p) in enumerate(zip(seq_list, past_list)):
             with arg.in_batch(call, k, s):
                 arg.count("n_past", p)
         for k, (s, st, p) in enumerate(zip(seq_list, states, past_list)):
             with arg.in_batch(call, k, s):
                 self._check_strict(s, st, p)
-        plans = [self._draft_checked(s, st, p) for s, st, p in zip(seq_list, states, past_list)]
+        plans = [self._draft_checked(s, st, p, views) for s, st, p in zip(seq_list, states, past_list)]
         c = self.config
         return batch_plan(
             plans, block_size=c.block_size, feature_dim=c.feature_dim, row_bytes=self._row_bytes,
             stage_dtype=c.numpy_stage_dtype, max_plan_rows=c.window - c.block_size, external=self._external,
             source=self if self._external else None, decode=None if self._external else self._decode,
+            zero_copy=views,
         )
 
     def commit_many(self, seqs: Any) -> None:

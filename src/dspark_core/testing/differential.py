@@ -102,7 +102,12 @@ def _batch_diff(a: Any, b: Any) -> str | None:
     """First difference between two BatchPlans' arrays, the padded form's included (``None`` when identical)."""
     arrays = [(name, getattr(a, name), getattr(b, name)) for name in BATCH_ARRAYS]
     if not a.external:
-        arrays += [(name, getattr(a, name), getattr(b, name)) for name in ("encoded_rows", "rows")]
+        if a.zero_copy != b.zero_copy:
+            return f"batch.zero_copy: core {a.zero_copy} != reference {b.zero_copy}"
+        if len(a.encoded_runs) != len(b.encoded_runs):
+            return f"batch.encoded_runs: core {len(a.encoded_runs)} runs != reference {len(b.encoded_runs)}"
+        arrays += [(name, getattr(a, name), getattr(b, name)) for name in ("encoded_rows", "rows", "run_offsets")]
+        arrays += [(f"encoded_runs[{k}]", x, y) for k, (x, y) in enumerate(zip(a.encoded_runs, b.encoded_runs))]
     arrays += [(f"padded().{name}", x, y) for name, x, y in zip(PaddedRows._fields, a.padded(), b.padded())]
     for name, va, vb in arrays:
         if va.dtype != vb.dtype or va.shape != vb.shape or va.tobytes() != vb.tobytes():
@@ -220,7 +225,7 @@ class ExternalShadow:
                 self.check_plan(runner, c, a[1], x)
             return
         if m == "draft_many":
-            x = self.expect(runner, c, a, self.ext.draft_many, args)
+            x = self.expect(runner, c, a, self.ext.draft_many, args[:2] if args[2:] == (False,) else args)
             if a[0] == "ok":
                 if len(x.plans) != len(a[1].plans):
                     runner.fail(f"{c.text}: external batch of {len(x.plans)} plans, held {len(a[1].plans)}")
@@ -411,8 +416,9 @@ class _Runner:
             self.fail(f"{c.text}: core returned {ra!r}, reference {rb!r}")
 
     def check_views(self, c: Call, a: tuple[str, Any], b: tuple[str, Any]) -> None:
-        """The zero-copy views of ``draft(copy=False)`` hold their rows (the reference's
-        copies of them) while the sequence sees only calls that leave its rows alone."""
+        """The zero-copy views of ``draft(copy=False)`` / ``draft_many(..., copy=False)`` hold their
+        rows (the reference's copies of them) while the sequence sees only calls that leave its
+        rows alone."""
         touched: set[int] | None = set()
         if c.method in _MULTI_SEQ_CALLS:
             touched = None  # any of them
@@ -425,8 +431,14 @@ class _Runner:
             got = b"".join(r.tobytes() for r in plan.encoded_runs)
             if got != want:
                 self.fail(f"after {c.text}: sequence {s}'s zero-copy rows changed under a call that keeps them")
-        if c.method == "draft" and c.args[2:] == (False,) and a[0] == "ok" and a[1].skip is None:
+        if c.method not in ("draft", "draft_many") or c.args[2:] != (False,) or a[0] != "ok":
+            return
+        if c.method == "draft" and a[1].skip is None:
             self.views[int(c.args[0])] = (a[1], np.ascontiguousarray(b[1].encoded_rows).tobytes())
+        elif c.method == "draft_many":
+            for plan, twin in zip(a[1].plans, b[1].plans):
+                if plan.skip is None:
+                    self.views[int(plan.seq)] = (plan, np.ascontiguousarray(twin.encoded_rows).tobytes())
 
     def count_plan(self, plan: Any) -> None:
         if plan.skip is None:
@@ -557,7 +569,10 @@ class _Runner:
             pasts = [self.n_past(s, {"mismatch": "end"}.get(mode, mode)) for s in seqs]
             if mode == "mismatch":
                 pasts.append(0)
-            return [Call("draft_many", (seqs, pasts), f"draft_many({seqs!r}, {pasts!r})")]
+            copy = op.get("copy", True)
+            if copy is True:
+                return [Call("draft_many", (seqs, pasts), f"draft_many({seqs!r}, {pasts!r})")]
+            return [Call("draft_many", (seqs, pasts, copy), f"draft_many({seqs!r}, {pasts!r}, copy={copy!r})")]
         if name == "fail":
             seq = self.seq_of(op.get("seq"))
             stage = op.get("stage")

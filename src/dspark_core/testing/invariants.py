@@ -495,8 +495,8 @@ class InvariantChecker:
         self._after_plan(int(seq), plan)
         return plan
 
-    def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int]) -> Any:
-        batch = self._call("draft_many", seqs, n_pasts)
+    def draft_many(self, seqs: Sequence[int], n_pasts: Sequence[int], copy: bool = True) -> Any:
+        batch = self._call("draft_many", seqs, n_pasts, *(() if copy is True else (copy,)))
         if [p.seq for p in batch.plans] != [int(s) for s in seqs]:
             _violation(f"draft_many: plans for {[p.seq for p in batch.plans]}, asked for {list(seqs)}")
         for p in batch.plans:

@@ -139,6 +139,8 @@ _POS_KINDS = ("int64",) * 12 + ("int32", "uint64", "float", "2d")
 _DRAFT_MODES = ("end",) * 8 + ("end+1", "end-1", "end-3", "zero", "neg", "big", "n_cache", "np")
 # draft's copy: mostly a copy, a zero-copy view often, a bad value now and then.
 _COPY_MODES = (True, True, True, True, False, False, False, "no")
+# draft_many's, from the two bits its other fields leave.
+_MANY_COPY_MODES = (True, True, False, "no")
 _FAIL_STAGES = ("decode", "decode", "crop", "crop", "bogus", "", None, 0, b"decode", ["decode"])
 _DAMAGE = ("none", "none", "none", "flip", "cut", "grow", "patch", "patch", "patch", "patch",
            "foreign", "empty", "list", "none", "flip", "patch")
@@ -177,7 +179,7 @@ def _decode_op(code: int, a: bytes) -> Op:
         k = a1 % 5
         seqs = tuple(b for b in (a2, a3, a4, a2 ^ 0x55)[:k])
         mode = ("end", "end", "end", "end+1", "end-1", "mismatch", "zero", "end")[(a1 >> 3) % 8]
-        return Op(name, (("seqs", seqs), ("n_past", mode)))
+        return Op(name, (("seqs", seqs), ("n_past", mode), ("copy", _MANY_COPY_MODES[(a1 >> 6) & 3])))
     if name == "fail":
         return Op(name, (seq, ("stage", _FAIL_STAGES[a1 % len(_FAIL_STAGES)])))
     if name == "accept":
