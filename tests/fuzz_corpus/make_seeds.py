@@ -87,11 +87,14 @@ def ops_seeds() -> None:
     for k in range(12):
         write("ops", f"random-{k:02d}", prng(f"ops{k}", 5 + 6 * (8 + 4 * k)))
     # Rings that wrap on sequences 1 and 0, forked and shifted: external mode's two slot runs
-    # (the mirror table must follow every move of a wrapped parent).
+    # (the mirror table must follow every move of a wrapped parent), then drafted as one batch
+    # copying and zero-copy.
     wrap = [("long_decode", b"\x01\x00\x05"), ("round", b"\x01\0\x02\x03\0"), ("fork", b"\x01\x02"),
             ("round", b"\x02\0\x01\x02\0"), ("shift", b"\x02\xc0\x30\0"), ("long_decode", b"\0\x01\x07"),
             ("fork", b"\0\x02"), ("draft_many", b"\0\x03\0\x01\x02"), ("commit", b"\0"), ("commit", b"\x01"),
-            ("commit", b"\x02"), ("snapshot", b"\x02"), ("restore", b"\x01\0\0\0\0"), ("round", b"\x01\0\0\x02\0")]
+            ("commit", b"\x02"), ("snapshot", b"\x02"), ("restore", b"\x01\0\0\0\0"), ("round", b"\x01\0\0\x02\0"),
+            # ... and a zero-copy batch of the three (a1 = 0x80: three sequences, copy=False)
+            ("draft_many", b"\0\x80\0\x01\x02"), ("commit", b"\x02"), ("commit", b"\0"), ("commit", b"\x01")]
     for k, storage in enumerate(STORAGES):
         cfg = StagerConfig(32 if k % 2 else 64, 4, 9 + 5 * k, max_seqs=3, storage=storage, nonfinite="clamp")
         write("ops", f"wrap_fork-{storage}", encode_ops(cfg, wrap))
