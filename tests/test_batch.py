@@ -371,6 +371,29 @@ def test_batch_plan_properties_are_computed_once_and_padded_shape_is_fixed():
     assert shapes == {((8, 16), (8, 16))}
 
 
+def test_stage_plan_positions_are_made_once_on_first_access():
+    """A plan from draft makes positions / block_positions when first asked (a server that reads
+    only crop_from and the rows pays for neither), once, equal to the reference's eager arrays."""
+    cfg = StagerConfig(32, 4, 24)
+    st, ref = Stager(cfg), ReferenceStager(cfg)
+    rows = massive_rows(np.random.default_rng(9), 30, 32)
+    for s in (st, ref):
+        s.process(0, np.arange(30), rows)
+    plan, want = st.draft(0, 30), ref.draft(0, 30)
+    assert plan.n_rows == want.n_rows > 0
+    for name in ("positions", "block_positions"):
+        got, exp = getattr(plan, name), getattr(want, name)
+        assert got is getattr(plan, name), name
+        assert (got.dtype, got.shape, got.tobytes()) == (exp.dtype, exp.shape, exp.tobytes()), name
+    assert plan.positions[-1] + 1 == plan.crop_from == plan.block_positions[0]
+    from dspark_core.stage_plan import StagePlan
+    common = dict(seq=0, start=1, skip=None, rebase=False, clear_cache=False, crop_from=1, pos_base=0,
+                  encoded_rows=None, external=True)
+    for bad in ({}, {"n_rows": 1}, {"positions": np.zeros(1, np.int32), "n_rows": 1, "block_size": 4}):
+        with pytest.raises(TypeError, match="positions or n_rows"):
+            StagePlan(**common, **bad)
+
+
 # -- end ----------------------------------------------------------------------------
 
 

@@ -120,8 +120,10 @@ class StagePlan:
         "skip",
         "rebase",
         "clear_cache",
-        "positions",
-        "block_positions",
+        "_positions",
+        "_block_positions",
+        "_n_rows",
+        "_block_size",
         "crop_from",
         "pos_base",
         "slots",
@@ -144,8 +146,8 @@ class StagePlan:
         skip: str | None,
         rebase: bool,
         clear_cache: bool,
-        positions: np.ndarray,
-        block_positions: np.ndarray,
+        positions: np.ndarray | None = None,
+        block_positions: np.ndarray | None = None,
         crop_from: int,
         pos_base: int,
         encoded_rows: np.ndarray | None,
@@ -156,14 +158,24 @@ class StagePlan:
         source: Any = None,
         round: int = 0,
         encoded_runs: tuple[np.ndarray, ...] | None = None,
+        n_rows: int | None = None,
+        block_size: int | None = None,
     ) -> None:
+        """The fields the class docstring names. ``positions`` / ``block_positions`` may be
+        left out for ``n_rows`` / ``block_size``: they are then made from ``crop_from`` on
+        first access (``crop_from - n_rows + k`` and ``crop_from + k``), which a plan the
+        caller never asks them of does not pay for."""
+        if (positions is None) != (n_rows is not None) or (block_positions is None) != (block_size is not None):
+            raise TypeError("StagePlan: give positions or n_rows, and block_positions or block_size")
         self.seq = seq
         self.start = start
         self.skip = skip
         self.rebase = rebase
         self.clear_cache = clear_cache
-        self.positions = positions
-        self.block_positions = block_positions
+        self._positions = positions
+        self._n_rows = int(positions.shape[0]) if positions is not None else int(n_rows)  # type: ignore[arg-type]
+        self._block_positions = block_positions
+        self._block_size = block_size
         self.crop_from = crop_from
         self.pos_base = pos_base
         self.slots = _no_slots() if slots is None else slots
@@ -249,9 +261,24 @@ class StagePlan:
         return self._rows
 
     @property
+    def positions(self) -> np.ndarray:
+        """int32 drafter positions of ``rows``: ``[crop_from - n_rows, crop_from)``."""
+        if self._positions is None:
+            self._positions = np.arange(self.crop_from - self._n_rows, self.crop_from, dtype=np.int32)
+        return self._positions
+
+    @property
+    def block_positions(self) -> np.ndarray:
+        """int32 drafter positions of the ``B`` block rows: ``[crop_from, crop_from + B)``."""
+        if self._block_positions is None:
+            assert self._block_size is not None
+            self._block_positions = np.arange(self.crop_from, self.crop_from + self._block_size, dtype=np.int32)
+        return self._block_positions
+
+    @property
     def n_rows(self) -> int:
         """Number of context rows staged (excluding the block)."""
-        return int(self.positions.shape[0])
+        return self._n_rows
 
     def __repr__(self) -> str:
         if self.skip is not None:
@@ -713,7 +740,7 @@ class BatchPlan:
                 decode = self._ctx.decode
         return StagePlan(
             seq=seq, start=start, skip=None, rebase=bool(self.rebase[i]), clear_cache=bool(self.clear_cache[i]),
-            positions=self.positions[a:b], block_positions=np.arange(crop, crop + self.block_size, dtype=np.int32),
+            positions=self.positions[a:b], block_size=self.block_size,
             crop_from=crop, pos_base=int(self.pos_base[i]), encoded_rows=enc, rows=rows, decode=decode,
             slots=self.slots[a:b], external=self.external, source=self.source, round=int(self.round[i]),
             encoded_runs=runs,

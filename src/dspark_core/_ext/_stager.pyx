@@ -542,7 +542,6 @@ cdef class Stager:
             return StagePlan.skipped(p.seq, p.start, _SKIPS[<int>p.skip], feature_dim=self._D,
                                      row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
                                      external=self._external)
-        lo = p.first_row - p.pos_base
         # The rows: none (external mode), views of the ring (draft(copy=False), `runs`),
         # or `data[offset:]` (the plan's own copy).
         enc = rows = decode = None
@@ -556,8 +555,7 @@ cdef class Stager:
             decode = self._decoder
         return StagePlan(
             seq=p.seq, start=p.start, skip=None, rebase=p.rebase, clear_cache=p.clear_cache,
-            positions=np.arange(lo, lo + n, dtype=_I32),
-            block_positions=np.arange(p.crop_from, p.crop_from + self._B, dtype=_I32),
+            n_rows=n, block_size=self._B,  # positions and block_positions made on first access
             crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc, rows=rows, decode=decode,
             encoded_runs=runs, slots=_plan_slots(p), external=self._external,
             source=self if self._external else None, round=p.round)
