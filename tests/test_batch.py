@@ -332,6 +332,28 @@ def test_batch_errors_name_the_sequence_and_the_argument(primed):
     assert [fingerprint(st, s) for s in range(N_SEQS)] == before
 
 
+def test_batch_integers_beyond_int64_are_clamped_as_per_sequence_arguments_are():
+    """A list holding a Python int beyond int64 (numpy makes it an object array) is clamped as
+    the per-sequence calls clamp their integer arguments, so the batch raises the per-sequence
+    call's own error, named; core and reference alike. Other objects stay a TypeError."""
+    cfg = StagerConfig(32, 4, 24, max_seqs=2)
+    for st in (Stager(cfg), ReferenceStager(cfg)):
+        st.process(0, np.arange(6), massive_rows(np.random.default_rng(0), 6, 32))
+        with pytest.raises(ValueError) as one:
+            st.draft(2**70, 6)
+        with pytest.raises(ValueError) as many:
+            st.draft_many([0, 2**70], [6, 6])
+        assert str(many.value) == f"draft_many: seqs[1] (sequence {2**63 - 1}): {one.value}"
+        with pytest.raises(ValueError) as one:
+            st.draft(0, -(2**70))
+        with pytest.raises(ValueError) as many:
+            st.draft_many([0], [-(2**70)])
+        assert str(many.value) == f"draft_many: seqs[0] (sequence 0): {one.value}"
+        with pytest.raises(TypeError, match="end_many: seqs must be integers, got dtype object"):
+            st.end_many([1, None])
+        assert not st.state(0)["open_round"]
+
+
 # -- BatchPlan: arrays computed once, a fixed padded shape ----------------------------
 
 

@@ -119,11 +119,12 @@ def test_unknown_sequence_is_a_value_error(make_stager):
                 call(bad)
         with pytest.raises(TypeError, match="must be an integer"):
             call(1.5)
-    # A batch's ids are one integer array: an id is unknown, or the array is not integers.
-    for bad in (-1, 2, np.iinfo(np.int64).max):
-        with pytest.raises(ValueError, match=rf"draft_many: seqs\[1\] \(sequence {bad}\): unknown sequence"):
+    # A batch's ids are one integer array: an id is unknown (one beyond int64 clamped, as the
+    # per-sequence calls clamp theirs), or the array is not integers.
+    for bad, named in ((-1, -1), (2, 2), (np.iinfo(np.int64).max, 2**63 - 1), (2**70, 2**63 - 1)):
+        with pytest.raises(ValueError, match=rf"draft_many: seqs\[1\] \(sequence {named}\): unknown sequence"):
             st.draft_many([0, bad], [1, 1])
-    for bad in (1.5, 2**70):
+    for bad in (1.5, None):
         with pytest.raises(TypeError, match="draft_many: seqs must be integers"):
             st.draft_many([0, bad], [1, 1])
 

@@ -239,10 +239,21 @@ def encoded_args(external: bool, row_bytes: int, positions: Any, data: Any) -> t
 # sequence's positions and counts) is the core's to check.
 
 
+def _clamped_objects(arr: np.ndarray) -> np.ndarray:
+    """An object array of Python integers (numpy's dtype for ints beyond int64) as int64, each
+    clamped as a per-sequence call's integer argument is; any other array as it is."""
+    if arr.dtype != object or arr.ndim != 1:
+        return arr
+    try:
+        return np.array([min(max(operator.index(v), _INT64_MIN), _INT64_MAX) for v in arr], np.int64)
+    except TypeError:
+        return arr  # not integers: the caller's TypeError names the dtype
+
+
 def _int_array(call: str, name: str, value: Any) -> np.ndarray:
     """``value`` as a 1-D contiguous int64 array, values beyond int64 clamped (TypeError: not
     integers; ValueError: not 1-D). Errors start with ``call`` ("" for a per-sequence call)."""
-    arr = np.asarray(value)
+    arr = _clamped_objects(np.asarray(value))
     if arr.size == 0:
         arr = arr.astype(np.int64)
     who = f"{call}: {name}" if call else name

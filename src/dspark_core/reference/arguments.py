@@ -63,6 +63,11 @@ def _integers(what: str, value: Any) -> np.ndarray:
     does not hold integers, ValueError when it is not 1-D; beyond int64, the nearest int64
     (rejected by the value's own rule)."""
     arr = np.asarray(value)
+    if arr.dtype == object and arr.ndim == 1:  # Python ints beyond int64: each clamped, as integer() does
+        try:
+            arr = np.array([integer(what, v) for v in arr], np.int64)
+        except TypeError:
+            pass  # not integers: named by the dtype below
     if arr.size == 0:
         arr = arr.astype(np.int64)
     if arr.dtype.kind not in "iu":
