@@ -28,8 +28,9 @@ def fingerprint(st: Stager, seq: int):
 
 
 def worker(st: Stager, seqs: list[int], rounds: int, seed: int) -> None:
-    """A server's steps on its own sequences: batched process / draft / commit / fail /
-    accept, a per-sequence fork inside the group, and a request that ends and restarts."""
+    """A server's steps on its own sequences: batched process / draft (held: zero-copy every
+    other round) / commit / fail / accept, a per-sequence fork inside the group, and a request
+    that ends and restarts."""
     rng = np.random.default_rng(seed)
     external = st.config.rows == "external"
     ends = [0] * len(seqs)
@@ -46,12 +47,15 @@ def worker(st: Stager, seqs: list[int], rounds: int, seed: int) -> None:
 
     process([7 + 5 * k for k in range(len(seqs))])
     for r in range(rounds):
-        bp = st.draft_many(seqs, ends)
+        bp = st.draft_many(seqs, ends, copy=external or r % 2 == 0)  # held: zero-copy every other round
+        views = [x.tobytes() for x in bp.encoded_runs] if bp.zero_copy else None
         opened = bp.seqs[bp.active]
         if r % 4 == 3:
             st.fail_many(opened, "decode")
         else:
             st.commit_many(opened)
+        if views is not None:  # commit / fail leave the rows in the views, whatever other threads do
+            assert [x.tobytes() for x in bp.encoded_runs] == views
         process([B + 1] * len(seqs))
         acc = [(r + k) % (B + 1) for k in range(len(seqs))]
         st.accept_many(seqs, acc)
@@ -70,7 +74,8 @@ def test_threads_on_disjoint_sequences_equal_a_serial_replay(rows):
     cfg = StagerConfig(D, B, W, max_seqs=6, storage="q8_0", rows=rows)
     groups = [[0, 1, 2], [5, 3, 4]]
     par, ser = Stager(cfg), Stager(cfg)
-    at_once([(worker, (par, g, 40, k)) for k, g in enumerate(groups)])
+    done = at_once([(worker, (par, g, 40, k)) for k, g in enumerate(groups)])
+    assert sorted(done) == [0, 1]  # both workers ran to the end (an assertion in one would stop it)
     for k, g in enumerate(groups):
         worker(ser, g, 40, k)
     for s in range(6):
