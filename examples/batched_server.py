@@ -23,6 +23,11 @@ table of ``max_seqs * ring_rows`` rows, writes each verify row at the slot
 ``process_many`` hands out, reads the drafter's rows at the plan's slots, and
 applies the copies ``fork`` returns.
 
+``--zero-copy`` (held rows): ``draft_many(..., copy=False)`` hands the drafter
+batch over as read-only views of the Stager's rings (``plan.row_runs``, each
+sequence's at ``plan.run_offsets``), so a rebase's ``W / 2`` rows are not
+copied; the loop reads them before the verify rows are processed.
+
 The fake target and drafter are those of examples/minimal_server.py (no model
 files). Every staged row is checked against the target's row at that
 absolute position, and every request's output against the target's own
@@ -30,6 +35,7 @@ greedy decoding (lossless).
 
     python examples/batched_server.py
     python examples/batched_server.py --rows external --storage q8_0
+    python examples/batched_server.py --zero-copy --storage q8_0
 
 Exit status 0 when every check passed, 1 otherwise.
 """
@@ -90,11 +96,12 @@ class Counters:
 
 
 class BatchedServer:
-    def __init__(self, storage: str, rows: str, fail_every: int) -> None:
+    def __init__(self, storage: str, rows: str, fail_every: int, zero_copy: bool = False) -> None:
         self.cfg = StagerConfig(feature_dim=D, block_size=BLOCK, window=WINDOW, storage=storage, rows=rows,
                                 max_seqs=SLOTS, strict=True)
         self.st = Stager(self.cfg)
         self.external = rows == "external"
+        self.zero_copy = zero_copy
         # External rows: the owner's table, one ring of ring_rows rows per slot.
         self.table = np.zeros((SLOTS * self.st.ring_rows if self.external else 0, D), np.float32)
         self.fail_every = fail_every
@@ -115,6 +122,13 @@ class BatchedServer:
         """The drafter batch's context rows (CSR, plan.row_offsets) as float32."""
         if self.external:
             return self.table[plan.slots]
+        if plan.zero_copy:  # the runs, views of the rings, laid end to end in the drafter's buffer
+            out = np.empty((len(plan.positions), D), np.float32)
+            at = 0
+            for run in plan.row_runs:
+                out[at: at + len(run)] = run
+                at += len(run)
+            return out
         return np.asarray(plan.rows, np.float32)
 
     # -- the scheduler ---------------------------------------------------------
@@ -185,7 +199,7 @@ class BatchedServer:
         seqs = sorted(self.slots)
         c.steps += 1
         c.max_batch = max(c.max_batch, len(seqs))
-        plan = st.draft_many(seqs, [self.slots[s].n_past for s in seqs])
+        plan = st.draft_many(seqs, [self.slots[s].n_past for s in seqs], copy=not self.zero_copy)
         rows = self.plan_rows(plan)
         drafts: dict[int, list[int]] = {}
         ok: list[int] = []
@@ -287,12 +301,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", default="held", choices=("held", "external"))
     ap.add_argument("--requests", type=int, default=12)
     ap.add_argument("--fail-every", type=int, default=7, help="fail every N-th decode of each drafter (0: never)")
+    ap.add_argument("--zero-copy", action="store_true",
+                    help="held rows: draft_many(copy=False), the drafter batch as views of the rings")
     a = ap.parse_args(argv)
+    if a.zero_copy and a.rows == "external":
+        ap.error("--zero-copy needs held rows (external rows are read from this loop's own table)")
 
-    srv = BatchedServer(a.storage, a.rows, a.fail_every)
+    srv = BatchedServer(a.storage, a.rows, a.fail_every, a.zero_copy)
     waiting = requests(np.random.default_rng(2), a.requests)
-    print(f"batched_server: storage={a.storage} rows={a.rows} D={D} B={BLOCK} W={WINDOW}, {SLOTS} slots, "
-          f"{a.requests} requests")
+    print(f"batched_server: storage={a.storage} rows={a.rows}{' zero-copy' if a.zero_copy else ''} D={D} "
+          f"B={BLOCK} W={WINDOW}, {SLOTS} slots, {a.requests} requests")
     ok = True
     step = 0
     while waiting or srv.slots:
