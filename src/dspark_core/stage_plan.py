@@ -724,7 +724,7 @@ class BatchPlan:
         a, b = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
         crop = int(self.crop_from[i])
         enc = rows = runs = None
-        decode = None
+        decode: _Decoder | None = None
         if self._views is not None:  # zero-copy: the sequence's own views
             runs = self._views(i)
             decode = self._as_rows
