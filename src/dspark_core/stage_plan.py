@@ -735,7 +735,7 @@ class BatchPlan:
             if self._rows is not None:
                 rows = self._rows[a:b]
             elif self._ctx.decode is None:
-                rows = enc.view(self.stage_dtype).reshape(b - a, self.feature_dim)
+                rows = self._as_rows(enc)  # a view: nothing to decode
             else:
                 decode = self._ctx.decode
         return StagePlan(

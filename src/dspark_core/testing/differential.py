@@ -433,12 +433,10 @@ class _Runner:
                 self.fail(f"after {c.text}: sequence {s}'s zero-copy rows changed under a call that keeps them")
         if c.method not in ("draft", "draft_many") or c.args[2:] != (False,) or a[0] != "ok":
             return
-        if c.method == "draft" and a[1].skip is None:
-            self.views[int(c.args[0])] = (a[1], np.ascontiguousarray(b[1].encoded_rows).tobytes())
-        elif c.method == "draft_many":
-            for plan, twin in zip(a[1].plans, b[1].plans):
-                if plan.skip is None:
-                    self.views[int(plan.seq)] = (plan, np.ascontiguousarray(twin.encoded_rows).tobytes())
+        pairs = [(a[1], b[1])] if c.method == "draft" else zip(a[1].plans, b[1].plans)
+        for plan, twin in pairs:  # each opened round's views, and the reference's copy of their rows
+            if plan.skip is None:
+                self.views[int(plan.seq)] = (plan, np.ascontiguousarray(twin.encoded_rows).tobytes())
 
     def count_plan(self, plan: Any) -> None:
         if plan.skip is None:
