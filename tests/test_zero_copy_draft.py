@@ -318,8 +318,9 @@ def test_refused_zero_copy_batches():
     own id and state errors, and nothing opened."""
     cfg = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2)
     ext = StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=2, rows="external")
+    # A bad copy is named after an unknown id, before a repeated one (a conversion's place).
     cases = [(cfg, [0, 1], "no"), (cfg, [0, 7], "no"), (cfg, [0, 0], False), (ext, [0, 1], False),
-             (ext, [7, 1], False), (cfg, [0, 1], np.array([False]))]
+             (ext, [7, 1], False), (cfg, [0, 1], np.array([False])), (cfg, [0, 0], "no"), (ext, [1, 1], False)]
     for config, seqs, copy in cases:
         errs = []
         for st in (Stager(config), ReferenceStager(config)):
@@ -331,6 +332,8 @@ def test_refused_zero_copy_batches():
             errs.append((type(e.value), str(e.value)))
             assert not st.state(0)["open_round"] and not st.state(1)["open_round"]
         assert errs[0] == errs[1], (seqs, copy)
+        if seqs == [0, 0] or seqs == [1, 1]:
+            assert errs[0][0] is (ValueError if copy is False and config is cfg else TypeError), errs[0]
     assert "draft_many(copy=False)" in errs[0][1] or "copy must be" in errs[0][1]
     st = Stager(cfg)  # a batch of skips holds no rows to view
     batch = st.draft_many([0, 1], [0, 0], copy=False)

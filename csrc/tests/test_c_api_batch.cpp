@@ -470,6 +470,16 @@ TEST_CASE(rejected_batches_give_the_cpp_error_and_change_nothing) {
                 h.st, [&] { return dspark_draft_many_view(h.st, b.seqs, b.pasts, 2, vp.data(), vd.data(), vr.data()); },
                 [&] { core.draft_many_view(b.seqs, b.pasts, 2, cp, cv); }, b.what);
         }
+        // The mode is checked after the states and the duplicates (design.md 2.1), before n_past.
+        if (external) {
+            CHECK_EQ(dspark_draft_many_view(h.st, s0_2, past_ok, 2, vp.data(), vd.data(), vr.data()), DSPARK_E_STATE);
+            CHECK_EQ(dspark_draft_many_view(h.st, s0_0, past_ok, 2, vp.data(), vd.data(), vr.data()),
+                     DSPARK_E_INVALID_ARGUMENT);
+            CHECK(std::strstr(dspark_last_error(), "appears twice") != nullptr);
+            CHECK_EQ(dspark_draft_many_view(h.st, s0_1, past_bad, 2, vp.data(), vd.data(), vr.data()),
+                     DSPARK_E_INVALID_ARGUMENT);
+            CHECK(std::strstr(dspark_last_error(), "needs held rows") != nullptr);
+        }
         // Stage codes wider than the core's enum: the core's words.
         const std::int32_t wide[] = {300};
         const auto before = everything(h.st);
