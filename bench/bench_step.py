@@ -72,6 +72,12 @@ WAYS = ("per-seq", "batched", "C floor")
 #: Held mode only: the same Python ways with zero-copy drafts (draft(copy=False) /
 #: draft_many(copy=False): the staged rows handed out as views of the rings).
 ZERO_COPY_WAYS = ("per-seq, zero-copy", "batched, zero-copy")
+#: At small N a step takes microseconds, and a first few slow steps (a fresh
+#: Stager's buffers still growing) or a second's disturbance would move a
+#: median of 20: every (N, mode, way) times and warms up at least this many
+#: sequence-steps (steps x N; --quick: a quarter).
+MIN_TIMED_SEQUENCE_STEPS = 256
+MIN_WARMUP_SEQUENCE_STEPS = 64
 
 
 def ways_of(mode: str) -> tuple[str, ...]:
@@ -223,8 +229,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ns", default="1,16,64,256,1024", help="sequence counts N (comma separated)")
     ap.add_argument("--modes", default="external,held", help="row modes: external, held")
-    ap.add_argument("--steps", type=int, default=20, help="timed steps per (N, mode, way)")
-    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (buffer pool, first touches)")
+    ap.add_argument("--steps", type=int, default=20, help="timed steps per (N, mode, way); at small N at least "
+                    f"{MIN_TIMED_SEQUENCE_STEPS} / N")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps first (buffer pool, first touches); at small N at least "
+                    f"{MIN_WARMUP_SEQUENCE_STEPS} / N")
     ap.add_argument("--quick", action="store_true", help="N up to 256, 5 timed steps")
     ap.add_argument("--out", default=None, help="also write the markdown here")
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
@@ -235,6 +243,9 @@ def main() -> int:
     if args.quick:
         ns = [x for x in ns if x <= 256]
         args.steps, args.warmup = min(args.steps, 7), min(args.warmup, 5)
+    min_timed, min_warmup = MIN_TIMED_SEQUENCE_STEPS, MIN_WARMUP_SEQUENCE_STEPS
+    if args.quick:
+        min_timed, min_warmup = min_timed // 4, min_warmup // 4
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     load_before = os.getloadavg()[0]
 
@@ -246,8 +257,8 @@ def main() -> int:
                 # Held mode at large N moves n * B rows of D per step through
                 # every way: fewer steps there (the medians still compare).
                 big = mode == "held" and n > 256
-                steps = max(3, args.steps // 4) if big else args.steps
-                warmup = min(args.warmup, 2) if big else args.warmup
+                steps = max(3, args.steps // 4) if big else max(args.steps, -(-min_timed // n))
+                warmup = min(args.warmup, 2) if big else max(args.warmup, -(-min_warmup // n))
                 runs = {
                     "C floor": run_floor(exe, mode, n, warmup, steps),
                     "batched": python_way(mode, n, True, warmup, steps),
