@@ -24,6 +24,13 @@ inline constexpr std::size_t CRC_COPY_CHUNK = 3 * CRC_LONG;
 // the cache; smaller ones are likely read again soon).
 inline constexpr std::size_t CRC_STREAM_MIN_BYTES = std::size_t(4) << 20;
 
+// Which loop the SSE4.2 copy runs where its stores would alias its loads
+// (crc32c_sse42.cpp): SPLIT_BY_VENDOR (the default: the two-pass loop on AMD
+// only), SPLIT_NEVER or SPLIT_ALWAYS (tests run both loops on any x86 CPU). The
+// checksum and the bytes are the same either way; only the speed differs.
+enum AliasedCopySplit : int { SPLIT_BY_VENDOR = -1, SPLIT_NEVER = 0, SPLIT_ALWAYS = 1 };
+void set_aliased_copy_split(AliasedCopySplit mode) noexcept;
+
 struct CrcKernels {
     std::uint32_t (*update)(std::uint32_t raw, const std::uint8_t* p, std::size_t n);
     std::uint32_t (*copy)(std::uint32_t raw, std::uint8_t* dst, const std::uint8_t* src, std::size_t n);

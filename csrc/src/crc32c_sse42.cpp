@@ -13,9 +13,11 @@
 #include <smmintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 
 #include "crc32c_kernels.hpp"
+#include "dspark/dispatch.hpp"
 
 namespace dspark {
 namespace detail {
@@ -81,14 +83,26 @@ inline std::uint32_t copy_three_way(std::uint32_t c, std::uint8_t* dst, const st
 // numpy buffer, which starts 16 bytes into a page, out of a ring that starts
 // on one (d = 112). Cached stores (copies under CRC_STREAM_MIN_BYTES) are
 // left as they are: the window there is narrower and the copy is CRC-bound.
+// Intel cores do not stall so: on a Xeon with AVX-512 the fused loop ran at
+// d = 16..144 within 10% of d = 1024 (0.8x a memcpy), and copy_two_pass,
+// which reads each chunk before it writes any, cost 30% there (0.6x). So
+// the split is taken on AMD CPUs only (set_aliased_copy_split overrides it).
 inline constexpr std::size_t ALIAS_WINDOW = 192;
 inline constexpr std::size_t PAGE_OFFSET_MASK = 4095;
 inline constexpr std::size_t LINE = 64;
 
+std::atomic<int> g_split{SPLIT_BY_VENDOR};
+
+// Whether this CPU stalls on the aliasing layout (the override, else the vendor).
+inline bool split_aliased_copies() noexcept {
+    const int mode = g_split.load(std::memory_order_relaxed);
+    return mode == SPLIT_BY_VENDOR ? cpu_features().amd : mode == SPLIT_ALWAYS;
+}
+
 inline bool stores_alias_loads(const std::uint8_t* dst, const std::uint8_t* src) noexcept {
     const std::size_t d =
         (reinterpret_cast<std::uintptr_t>(dst) - reinterpret_cast<std::uintptr_t>(src)) & PAGE_OFFSET_MASK;
-    return d != 0 && d <= ALIAS_WINDOW;
+    return d != 0 && d <= ALIAS_WINDOW && split_aliased_copies();
 }
 
 // The aliasing layout's chunk (3 x CRC_LONG bytes, dst 64-byte aligned): checksum
@@ -156,6 +170,14 @@ std::uint32_t sse42_copy(std::uint32_t c, std::uint8_t* dst, const std::uint8_t*
 
 const CrcKernels kSse42Crc = {sse42_update, sse42_copy};
 
+void set_aliased_copy_split(AliasedCopySplit mode) noexcept { g_split.store(mode, std::memory_order_relaxed); }
+
 }  // namespace detail
 }  // namespace dspark
+#else
+#include "crc32c_kernels.hpp"
+
+namespace dspark::detail {
+void set_aliased_copy_split(AliasedCopySplit) noexcept {}  // no SSE4.2 copy here: nothing to choose
+}  // namespace dspark::detail
 #endif  // DSPARK_X86

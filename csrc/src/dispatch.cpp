@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -30,6 +31,12 @@ namespace {
 CpuFeatures probe() noexcept {
     CpuFeatures f;
     unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid(0, &a, &b, &c, &d)) return f;
+    char vendor[12];  // ebx, edx, ecx
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    f.amd = std::memcmp(vendor, "AuthenticAMD", 12) == 0 || std::memcmp(vendor, "HygonGenuine", 12) == 0;
     if (!__get_cpuid(1, &a, &b, &c, &d)) return f;
     f.sse42 = c & (1u << 20);
     const bool osxsave = c & (1u << 27);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "../src/crc32c_kernels.hpp"  // detail::set_aliased_copy_split: both copy loops
 #include "check.hpp"
 #include "dspark/crc32c.hpp"
 
@@ -99,7 +100,8 @@ TEST_CASE(copy_checksums_and_copies) {
 
 TEST_CASE(streamed_copy_in_every_page_layout) {
     // A streamed copy whose destination's page offset lies just ahead of the source's
-    // (4K aliasing) takes another loop (crc32c_sse42.cpp): the same checksum and bytes,
+    // (4K aliasing) takes another loop on AMD CPUs (crc32c_sse42.cpp; forced here on
+    // every CPU, and forced off): the same checksum and bytes,
     // nothing written outside, for (dst - src) % 4096 inside the window, at its edges and
     // outside it. The length covers chunks with and without a next one to prefetch.
     const std::size_t n = (std::size_t(4) << 20) + 2 * 3 * 8192 + 777;
@@ -113,14 +115,19 @@ TEST_CASE(streamed_copy_in_every_page_layout) {
     for (std::size_t d : {0, 1, 16, 64, 112, 191, 192, 193, 256, 4000, 4095}) {
         std::uint8_t* dst = buf.data() + GUARD + ((from + d - base) & (PAGE - 1));  // dst - src = d (mod PAGE)
         CHECK_EQ((reinterpret_cast<std::uintptr_t>(dst) - from) & (PAGE - 1), d);
-        for (CrcPath p : paths()) {
-            set_crc_path(p);
-            std::fill(buf.begin(), buf.end(), std::uint8_t{0xA5});
-            CHECK_EQ(crc32c_copy(0, dst, src.data(), n), want);
-            CHECK(std::memcmp(dst, src.data(), n) == 0);
-            CHECK(dst[-1] == 0xA5 && dst[n] == 0xA5);
+        // Both loops on any CPU: the vendor's choice, then each forced.
+        for (detail::AliasedCopySplit split : {detail::SPLIT_BY_VENDOR, detail::SPLIT_NEVER, detail::SPLIT_ALWAYS}) {
+            detail::set_aliased_copy_split(split);
+            for (CrcPath p : paths()) {
+                set_crc_path(p);
+                std::fill(buf.begin(), buf.end(), std::uint8_t{0xA5});
+                CHECK_EQ(crc32c_copy(0, dst, src.data(), n), want);
+                CHECK(std::memcmp(dst, src.data(), n) == 0);
+                CHECK(dst[-1] == 0xA5 && dst[n] == 0xA5);
+            }
         }
     }
+    detail::set_aliased_copy_split(detail::SPLIT_BY_VENDOR);
     set_crc_path(before);
 }
 

@@ -75,6 +75,9 @@ struct CpuFeatures {
     bool asimd = false;   // Advanced SIMD (NEON), with its fp16 <-> fp32 conversions
     bool crc32 = false;   // the ARMv8 CRC32 / CRC32C instructions
     bool bf16 = false;    // FEAT_BF16 (BFCVTN)
+    // The vendor is AMD (cpuid "AuthenticAMD" / "HygonGenuine"). Never a path's
+    // requirement: only a tuning choice that changes no result (crc32c_sse42.cpp).
+    bool amd = false;
 };
 const CpuFeatures& cpu_features() noexcept;
 
