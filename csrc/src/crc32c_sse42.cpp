@@ -84,7 +84,7 @@ inline std::uint32_t copy_three_way(std::uint32_t c, std::uint8_t* dst, const st
 // on one (d = 112). Cached stores (copies under CRC_STREAM_MIN_BYTES) are
 // left as they are: the window there is narrower and the copy is CRC-bound.
 // Intel cores do not stall so: on a Xeon with AVX-512 the fused loop ran at
-// d = 16..144 within 10% of d = 1024 (0.8x a memcpy), and copy_two_pass,
+// d = 16..144 within 20% of d = 1024 (0.8x a memcpy), and copy_two_pass,
 // which reads each chunk before it writes any, cost 30% there (0.6x). So
 // the split is taken on AMD CPUs only (set_aliased_copy_split overrides it).
 inline constexpr std::size_t ALIAS_WINDOW = 192;
