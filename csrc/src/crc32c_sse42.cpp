@@ -6,8 +6,8 @@
 // than one core reads memory. The streams' registers are joined by the shift
 // tables (crc32c_kernels.hpp). The copy kernel stores each 16 bytes right
 // after checksumming them (one pass; large copies with non-temporal stores),
-// except where the destination's page offset lies just ahead of the source's
-// (ALIAS_WINDOW below). Same results as the portable kernel.
+// except, on AMD cores, where the destination's page offset lies just ahead of
+// the source's (ALIAS_WINDOW below). Same results as the portable kernel.
 #if defined(DSPARK_X86)
 #include <nmmintrin.h>
 #include <smmintrin.h>
