@@ -240,11 +240,10 @@ def main() -> int:
                          "or into PATH with the targets, the table still printed (bench/run_all.py)")
     args = ap.parse_args()
     ns = C.parse_list(args.ns)
+    min_timed, min_warmup = MIN_TIMED_SEQUENCE_STEPS, MIN_WARMUP_SEQUENCE_STEPS
     if args.quick:
         ns = [x for x in ns if x <= 256]
         args.steps, args.warmup = min(args.steps, 7), min(args.warmup, 5)
-    min_timed, min_warmup = MIN_TIMED_SEQUENCE_STEPS, MIN_WARMUP_SEQUENCE_STEPS
-    if args.quick:
         min_timed, min_warmup = min_timed // 4, min_warmup // 4
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     load_before = os.getloadavg()[0]
