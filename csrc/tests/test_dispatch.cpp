@@ -69,6 +69,29 @@ TEST_CASE(prints_the_dispatch_table) {
     }
 }
 
+TEST_CASE(the_vendor_is_the_kernels_own) {
+    // CpuFeatures::amd against Linux's own reading of cpuid's vendor string (an
+    // independent oracle); never set off x86, where the probe has no vendor.
+#if defined(__x86_64__) || defined(__i386__)
+    std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+    if (f == nullptr) return;  // not Linux: nothing to compare with
+    char line[256];
+    std::string vendor;
+    while (vendor.empty() && std::fgets(line, sizeof line, f))
+        if (std::string(line).rfind("vendor_id", 0) == 0) {
+            const std::string l(line);
+            const auto colon = l.find(':');
+            vendor = l.substr(l.find_first_not_of(" \t", colon + 1));
+            vendor = vendor.substr(0, vendor.find_first_of(" \t\r\n"));
+        }
+    std::fclose(f);
+    std::printf("vendor_id %s, amd=%d\n", vendor.c_str(), cpu_features().amd);
+    if (!vendor.empty()) CHECK(cpu_features().amd == (vendor == "AuthenticAMD" || vendor == "HygonGenuine"));
+#else
+    CHECK(!cpu_features().amd);
+#endif
+}
+
 TEST_CASE(every_family_lists_unique_named_paths_portable_first) {
     std::set<std::string> all;
     for (KernelFamily f : kFamilies) {
