@@ -578,13 +578,25 @@ void Stager::commit_append(std::int64_t seq_id, Seq& s, Append& g, Encode&& enco
     advance_horizon(s);
 }
 
+const std::uint8_t* Stager::unaliased_input(const void* rows, std::size_t nbytes, const std::int64_t* seqs,
+                                            std::size_t n, std::vector<std::uint8_t>& copy) const {
+    const auto* src = static_cast<const std::uint8_t*>(rows);
+    for (std::size_t i = 0; i < n; ++i)
+        if (get(seqs[i]).buf.overlaps(src, nbytes)) {
+            copy.assign(src, src + nbytes);
+            return copy.data();
+        }
+    return src;
+}
+
 void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process");
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
-    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
-    const FloatRows src{static_cast<const std::uint8_t*>(rows), type, dim, dim * elem_bytes(type), opt_.storage,
+    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
+    std::vector<std::uint8_t> copy;
+    const FloatRows src{unaliased_input(rows, n * in_row, &seq, 1, copy), type, dim, in_row, opt_.storage,
                         opt_.nonfinite, bounds_};
     auto value = [&](std::int64_t flat) { return src.value(flat); };
     Append g = prepare_append(seq, s, p0, n, src, value, opt_.nonfinite == NonFinite::Error);
@@ -627,6 +639,8 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
+    std::vector<std::uint8_t> copy;
+    data = unaliased_input(data, nbytes, &seq, 1, copy);
     // Stored bytes are staged as they are, so only the staged type bounds them.
     const float limit = encode_bounds(Storage::F32, opt_.stage).limit;
     auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
@@ -668,11 +682,13 @@ void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std:
         p0[i] = in_batch(call, i, seqs[i], [&] {
             return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
         });
+    std::vector<std::uint8_t> copy;
+    const std::uint8_t* input = unaliased_input(rows, total * in_row, seqs.data(), n, copy);
     std::vector<FloatRows> src;
     src.reserve(n);
     for (std::size_t i = 0; i < n; ++i)
-        src.push_back(FloatRows{static_cast<const std::uint8_t*>(rows) + static_cast<std::size_t>(cu[i]) * in_row, type,
-                                dim, in_row, opt_.storage, opt_.nonfinite, bounds_});
+        src.push_back(FloatRows{input + static_cast<std::size_t>(cu[i]) * in_row, type, dim, in_row, opt_.storage,
+                                opt_.nonfinite, bounds_});
     std::vector<Append> g(n);
     std::size_t i = 0;
     try {

@@ -162,6 +162,13 @@ public:
         head_pos_ = m.head_pos;
     }
 
+    // Whether the bytes [p, p + n) share one with the ring's slots (a
+    // zero-copy view of its rows handed back as input, even a stale one).
+    bool overlaps(const void* p, std::size_t n) const noexcept {
+        const auto a = reinterpret_cast<std::uintptr_t>(p), b = reinterpret_cast<std::uintptr_t>(bytes());
+        return b != 0 && n != 0 && a < b + cap_ * row_bytes_ && b < a + n;
+    }
+
     // The ring's bytes, shared: whoever holds this keeps them allocated (a
     // zero-copy view of staged rows). Null before the first reservation and
     // in an external ring.

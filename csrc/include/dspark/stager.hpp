@@ -518,6 +518,13 @@ private:
                           Value&& value, bool fallible);
     template <class Encode>
     void commit_append(std::int64_t seq_id, Seq& s, Append& g, Encode&& encode, std::int64_t* slots_out);
+    // Where an append reads its input bytes [rows, rows + nbytes): there,
+    // or a private copy (into `copy`) when they lie in the ring of one of
+    // the call's sequences (a draft(copy=False) view handed back, even a
+    // stale one), since commit_append may trim those very slots and convert
+    // into them after the checks have passed. Call after the checks.
+    const std::uint8_t* unaliased_input(const void* rows, std::size_t nbytes, const std::int64_t* seqs, std::size_t n,
+                                        std::vector<std::uint8_t>& copy) const;
     // process_external, reserve and their batches: check every sequence's
     // positions, then append them all (reserve: remembering each state first).
     void append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
