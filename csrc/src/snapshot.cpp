@@ -322,7 +322,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     advance_horizon(target);
     // The owner writes the rows back at those slots: a table change, in order.
     if (external() && n_rows) {
-        const std::uint64_t k = next_serial();
+        const std::uint64_t k = next_serial("restore", seq);
         if (serial) *serial = k;
     }
 }

@@ -116,6 +116,7 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     seqs_.resize(static_cast<std::size_t>(o.max_seqs));
     for (auto& s : seqs_) fresh_seq(s);
     locks_ = std::make_unique<SeqMutex[]>(static_cast<std::size_t>(o.max_seqs));
+    changed_ = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(o.max_seqs));
 }
 
 void Stager::fresh_seq(Seq& s) const {
@@ -1159,7 +1160,7 @@ std::vector<SlotMove> Stager::shift(std::int64_t seq, std::int64_t n_keep, std::
     s.tentative = 0;
     advance_horizon(s);
     if (!moves.empty()) {
-        const std::uint64_t k = next_serial();  // under the sequence's lock
+        const std::uint64_t k = next_serial("shift", seq);  // under the sequence's lock
         if (serial) *serial = k;
     }
     return moves;
@@ -1207,7 +1208,7 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint
     b = std::move(c);
     advance_horizon(b);
     if (!moves.empty()) {
-        const std::uint64_t k2 = next_serial();  // under the lock of both sequences
+        const std::uint64_t k2 = next_serial("fork", dst, src);  // under the lock of both sequences
         if (serial) *serial = k2;
     }
     return moves;
@@ -1283,6 +1284,14 @@ void Stager::open_round_ids(const std::int64_t* seqs_in, std::size_t n, std::uin
         const Seq& s = get(seqs[i]);
         out[i] = s.open ? s.round : 0;
     }
+}
+
+std::uint64_t Stager::changes_of(const std::int64_t* seqs, std::size_t n) const {
+    check_ids("changes_of", seqs, n);
+    std::uint64_t newest = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        newest = std::max(newest, changed_[static_cast<std::size_t>(seqs[i])].load(std::memory_order_acquire));
+    return newest;
 }
 
 void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {

@@ -104,7 +104,7 @@ std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& stor
         }
     });
     if (!moves.empty()) {
-        const std::uint64_t n = next_serial();  // under the sequence's lock, with fork / shift / restore
+        const std::uint64_t n = next_serial("publish_prefix", seq);  // under the sequence's lock, with fork / shift / restore
         if (serial) *serial = n;
     }
     return moves;
@@ -169,7 +169,7 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
         if (hit.exact && hit.replay_from == n_tokens) store.stats_.exact_hits += 1;
     }
     if (!out.empty()) {
-        const std::uint64_t n = next_serial();  // under the sequence's lock, with fork / shift / restore
+        const std::uint64_t n = next_serial("start_from_prefix", seq);  // under the sequence's lock, with fork / shift / restore
         if (serial) *serial = n;
     }
     if (moves) moves->swap(out);

@@ -86,8 +86,9 @@ class HostRing(RingOwner):
 
     # -- gather -----------------------------------------------------------
     def _decode(self, slots: np.ndarray, out: np.ndarray) -> np.ndarray:
-        """Decode the rows at ``slots`` into ``out`` (n, feature_dim); rows whose slot is -1 become zeros."""
-        live = slots >= 0
+        """Decode the rows at ``slots`` into ``out`` (n, feature_dim); rows whose slot is -1 (or
+        outside the table: the status form reported it) become zeros."""
+        live = (slots >= 0) & (slots < self.rows)
         if live.all():
             formats.dequantize_rows(self.table[slots], self.storage, self.feature_dim, out.dtype, out=out)
         else:
@@ -126,14 +127,22 @@ class HostRing(RingOwner):
         if h.dtype.kind not in "iu" or h.ndim not in (1, 2):
             raise TypeError(f"{fn}: slots must be a 1-D or 2-D integer array, got {h.dtype} {h.shape}")
         h = np.ascontiguousarray(h, np.int64)
-        self._check_slot_values(h, fn, distinct)
+        if status is not None:  # checked first: a bad status array leaves the last report alone
+            words = self._status_words(status)
+        self._check_slot_values(h, fn, distinct, status)
         if status is not None:
-            self._status_words(status)[:] = STATUS_NONE
+            words[:] = STATUS_NONE
+            outside = np.flatnonzero((h.reshape(-1) < -1) | (h.reshape(-1) >= self.rows))
+            if len(outside):  # the row is skipped (not written, gathered as zeros), as the device kernels do
+                words[1] = outside[0]
         return h
+
+    def _host_slots(self, s: np.ndarray) -> np.ndarray:
+        return s
 
     def _scatter(self, s: np.ndarray, a: np.ndarray, status: Any, fn: str) -> None:
         flat = s.reshape(-1)
-        live = np.flatnonzero(flat >= 0)
+        live = np.flatnonzero((flat >= 0) & (flat < self.rows))
         enc, bad = self._encode(a[live])
         if bad >= 0:  # the first value that cannot be staged, as its flat index in the batch
             index = int(live[bad // self.feature_dim]) * self.feature_dim + bad % self.feature_dim
@@ -141,6 +150,8 @@ class HostRing(RingOwner):
                 raise self._unstageable_batch(fn, index)
             self._status_words(status)[0] = index
             return
+        if status is not None and self._error and self._status_words(status)[1] != STATUS_NONE:
+            return  # under nonfinite="error" a batch with a bad slot changes nothing
         self.table[flat[live]] = enc
 
     def _gather_slots(self, s: np.ndarray, out: Any, dtype: Any, status: Any, fn: str) -> np.ndarray:

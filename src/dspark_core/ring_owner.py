@@ -48,6 +48,15 @@ from .stage_plan import BatchPlan, StagePlan
 
 __all__ = ["RingOwner", "BatchStatus", "STATUS_NONE"]
 
+#: The Python call behind each of the core's table-change names (``Stager.last_change``).
+_CHANGE_CALLS = {
+    "fork": "Stager.fork()",
+    "shift": "Stager.shift()",
+    "restore": "Stager.restore()",
+    "publish_prefix": "PrefixStore.publish()",
+    "start_from_prefix": "PrefixStore.hit()",
+}
+
 #: A status word's value while nothing was reported (the device kernels' ``~0``).
 STATUS_NONE = np.iinfo(np.uint64).max
 
@@ -154,6 +163,7 @@ class RingOwner:
         # The Stager's own checks (sequence, round state, positions), in its
         # order and with its messages, before the rows are looked at.
         self.stager.check_process(seq, pos)
+        self._require_applied("write", [seq])
         a = self._input_rows(rows, in_dtype, f"{self._name}.write", None)
         n = a.shape[0]
         if len(pos) != n:
@@ -191,6 +201,7 @@ class RingOwner:
         pos_of = [np.arange(first[i], first[i] + cu[i + 1] - cu[i], dtype=np.int64) for i in range(len(seq_ids))]
         for i, seq in enumerate(seq_ids.tolist()):
             self.stager.check_process(seq, pos_of[i])
+        self._require_applied("write_many", seq_ids)
         row_pos = np.concatenate(pos_of) if pos_of else np.zeros(0, np.int64)
         row_seq = np.repeat(seq_ids, np.diff(cu))
         prepared = self._prepare_batch_write(row_seq, row_pos, a)
@@ -262,6 +273,7 @@ class RingOwner:
             # The batch's own arrays: one round-id call and one flat slot array,
             # no per-sequence Python (skipped sequences stage no rows).
             self._check_batch(plan)
+            self._require_applied("gather", plan.seqs[plan.active])
             return self._gather_plans(plan.slots, int(plan.row_offsets[-1]), odt, out, True)
         if not isinstance(plan, StagePlan):
             raise TypeError(f"{self._name}.gather: expected a StagePlan or a BatchPlan, got {type(plan).__name__}")
@@ -269,6 +281,7 @@ class RingOwner:
             return self._gather_plans(np.zeros(0, np.int64), 0, odt, out, False)
         self._check_source(plan.source, plan.seq)
         self._check_round(plan.seq, plan.round, self.stager.open_round_id(plan.seq))
+        self._require_applied("gather", [plan.seq])
         return self._gather_plans(plan.slots, len(plan.slots), odt, out, False)
 
     def _check_source(self, source: Any, seq: int) -> None:
@@ -326,6 +339,7 @@ class RingOwner:
         """
         fn = f"{self._name}.write_slots"
         s = self._batch_slots(slots, fn, status, True)
+        self._require_applied_slots("write_slots", s)
         a = self._input_rows(rows, in_dtype, fn, tuple(s.shape))
         self._scatter(s, a, status, fn)
 
@@ -341,12 +355,15 @@ class RingOwner:
         """
         fn = f"{self._name}.gather_slots"
         s = self._batch_slots(slots, fn, status, False)
+        self._require_applied_slots("gather_slots", s)
         return self._gather_slots(s, out, dtype, status, fn)
 
-    def _check_slot_values(self, slots: np.ndarray, fn: str, distinct: bool) -> None:
-        """Host slots: each -1 or a table row; a write's distinct (two rows into one slot race)."""
+    def _check_slot_values(self, slots: np.ndarray, fn: str, distinct: bool, status: Any = None) -> None:
+        """Host slots: each -1 or a table row (unless ``status`` is given: the asynchronous form
+        reports a slot outside the table in it instead); a write's distinct (two rows into one
+        slot race)."""
         flat = slots.reshape(-1)
-        bad = np.flatnonzero((flat < -1) | (flat >= self.rows))
+        bad = np.flatnonzero((flat < -1) | (flat >= self.rows)) if status is None else np.zeros(0, np.intp)
         if len(bad):
             i = int(bad[0])
             raise ValueError(f"{fn}: slot {int(flat[i])} (row {i}) is outside the table [0, {self.rows}) "
@@ -381,15 +398,36 @@ class RingOwner:
                 "once, in serial order)"
             )
 
-    def _require_applied(self, what: str) -> None:
-        """Before the owner asks the Stager for a table change: every earlier one is
-        applied (else the new one could not be, and the Stager would have moved on)."""
-        issued = int(self.stager.moves_issued)
-        if issued != self._moves_applied:
+    def _require_applied(self, what: str, seqs: Any = None) -> None:
+        """Before the owner asks the Stager for a table change (``seqs`` None): every change the
+        Stager issued is applied, else the new one could not be applied in order. Before it writes
+        or gathers the rows of ``seqs``: every change into or out of their slots is applied, else
+        the table lacks rows the Stager counts on (a gather would hand the drafter whatever the
+        slots held: zeros) or a later copy would read rows written over. ValueError, naming the
+        call that issued the newest change; nothing changed. Other sequences' changes may wait:
+        a thread that forks does not stop one that drafts."""
+        with self._lock:  # a fork / shift / restore of another thread applies its change before this reads
+            applied = self._moves_applied
+            issued = int(self.stager.moves_issued if seqs is None else self.stager.changes_of(seqs))
+        if issued > applied:
+            call = _CHANGE_CALLS.get(self.stager.last_change, self.stager.last_change)
             raise ValueError(
-                f"{self._name}.{what}: the Stager issued table changes up to #{issued}, the ring applied up to "
-                f"#{self._moves_applied}: apply the missing fork() / shift() moves first (nothing changed)"
+                f"{self._name}.{what}: the Stager issued table changes up to #{issued} (the newest by {call}), "
+                f"this ring applied up to #{applied}: their rows are not in the table: apply the missing changes "
+                "first: ring.apply(moves) (prefix moves: ring.apply(moves, prefix_table=table)), or call "
+                "ring.fork / ring.shift / ring.restore and table.hit / table.publish, which apply their own "
+                "(nothing changed)"
             )
+
+    def _require_applied_slots(self, what: str, s: Any) -> None:
+        """:meth:`_require_applied` for a batch of raw slots: the sequences whose slots they are
+        (all of them when the slots are on a device: reading them back would synchronize)."""
+        host = self._host_slots(s)
+        if host is None:
+            self._require_applied(what)
+            return
+        flat = host.reshape(-1)
+        self._require_applied(what, np.unique(flat[(flat >= 0) & (flat < self.rows)] // self.ring_rows))
 
     def apply(self, moves: SlotMoves, *, prefix_table: Any = None) -> None:
         """Apply the moves ``fork`` / ``shift`` returned (row copies, in order).
@@ -514,6 +552,10 @@ class RingOwner:
     def _batch_slots(self, slots: Any, fn: str, status: Any, distinct: bool) -> Any:
         """A batch's slots (checked as far as the form allows, see write_slots; ``distinct``:
         a write's)."""
+        raise NotImplementedError
+
+    def _host_slots(self, s: Any) -> np.ndarray | None:
+        """The host copy of a batch's slots (:meth:`_batch_slots`' result), None when it has none."""
         raise NotImplementedError
 
     def _scatter(self, s: Any, a: Any, status: Any, fn: str) -> None:

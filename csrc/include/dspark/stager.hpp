@@ -384,6 +384,17 @@ public:
     // moves of fork / shift and, in external-row mode, the slots of a restore
     // that brings rows back. An owner applies them in serial order.
     std::uint64_t moves_issued() const noexcept { return serials_.load(std::memory_order_acquire); }
+    // The call that issued the newest table change ("fork", "shift",
+    // "restore", "publish_prefix", "start_from_prefix"; "" before the first):
+    // an owner that finds a change unapplied names it.
+    const char* last_change() const noexcept { return last_change_.load(std::memory_order_acquire); }
+    // The serial of the newest table change that copies rows into or out of
+    // the slots of any of seqs[0..n) (0: none yet; ids checked first,
+    // "changes_of: seqs[i] ..."). An owner that has applied fewer changes
+    // than this refuses to write or gather those sequences' rows: their
+    // slots still lack rows the Stager counts on (a prefix hit's, a fork's),
+    // or hold rows a publish has yet to copy out.
+    std::uint64_t changes_of(const std::int64_t* seqs, std::size_t n) const;
 
     // -- prefix store (stager_prefix.cpp; dspark/prefix_store.hpp, docs/prefix_cache.md) --
     // Both take this Stager's mutex, then the store's (the lock order). Their
@@ -507,7 +518,16 @@ private:
     void fresh_seq(Seq& s) const;
     // The next serial of a table change (call under the lock of every
     // sequence the change touches, so that serial order is execution order).
-    std::uint64_t next_serial() noexcept { return serials_.fetch_add(1, std::memory_order_acq_rel) + 1; }
+    // `call`: the change's call (a string literal), for last_change();
+    // `seq` (and `other`, unless -1): the sequences whose slots the change
+    // copies into or out of (a fork: both), for changes_of().
+    std::uint64_t next_serial(const char* call, std::int64_t seq, std::int64_t other = -1) noexcept {
+        last_change_.store(call, std::memory_order_release);
+        const std::uint64_t k = serials_.fetch_add(1, std::memory_order_acq_rel) + 1;
+        changed_[static_cast<std::size_t>(seq)].store(k, std::memory_order_release);
+        if (other >= 0) changed_[static_cast<std::size_t>(other)].store(k, std::memory_order_release);
+        return k;
+    }
 
     // An append in two halves, so a batch checks every sequence's rows
     // before any changes: prepare_append makes the checks (and, when the rows
@@ -569,6 +589,11 @@ private:
     // rounds opened (RoundPlan::round) and table changes (serials).
     std::atomic<std::uint64_t> rounds_{0};
     std::atomic<std::uint64_t> serials_{0};
+    std::atomic<const char*> last_change_{""};
+    // changed_[s]: the serial of the newest table change into or out of
+    // sequence s's slots. Beside the sequences, not in them: a Seq is replaced whole by
+    // restore / fork / a prefix hit, and this must outlive that (and begin).
+    std::unique_ptr<std::atomic<std::uint64_t>[]> changed_;
     std::unique_ptr<SeqMutex[]> locks_;  // locks_[s] guards seqs_[s]
 };
 

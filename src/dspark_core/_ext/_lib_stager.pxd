@@ -121,6 +121,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t ring_rows()
         int64_t max_plan_rows()
         uint64_t moves_issued()
+        const char* last_change()
+        uint64_t changes_of(const int64_t* seqs, size_t n) except +dspark_translate_exception
         void check_sequence(int64_t seq, bool open_round) except +dspark_translate_exception
         void check_batch(const char* call, const int64_t* seqs, size_t n, Need need) except +dspark_translate_exception
         void check_process(int64_t seq, const int64_t* positions, size_t n) except +dspark_translate_exception

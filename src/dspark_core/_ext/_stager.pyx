@@ -454,6 +454,13 @@ cdef class Stager:
         ``restore`` that brings rows back. An owner applies them in that order."""
         return self._core.moves_issued()
 
+    @property
+    def last_change(self):
+        """The call that issued the newest table change (``"fork"``, ``"shift"``,
+        ``"restore"``, ``"publish_prefix"``: a prefix store's publish,
+        ``"start_from_prefix"``: its hit), ``""`` before the first."""
+        return self._core.last_change().decode()
+
     def open_round_id(self, seq):
         """The round open on ``seq`` (``plan.round`` of its plan), or 0 when none is."""
         cdef int64_t s = _i64("seq", seq)
@@ -921,6 +928,18 @@ cdef class Stager:
         with nogil:
             self._core.open_round_ids(sp, n, op)
         return out
+
+    def changes_of(self, seqs):
+        """The serial of the newest table change that copies rows into or out of the slots of
+        any of ``seqs`` (an array of ids; 0: none yet). An owner that has applied
+        fewer changes than this refuses to write or gather those sequences' rows."""
+        sv = self._ids("changes_of", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef uint64_t newest
+        with nogil:
+            newest = self._core.changes_of(sp, n)
+        return newest
 
     def commit(self, seq):
         """The drafter decode and crop of the open round succeeded."""

@@ -281,7 +281,7 @@ class DeviceRing(RingOwner):
             if h.dtype.kind not in "iu" or h.ndim not in (1, 2):
                 raise TypeError(f"{fn}: slots must be a 1-D or 2-D integer array, got {h.dtype} {h.shape}")
             h = np.ascontiguousarray(h, np.int64)
-            self._check_slot_values(h, fn, distinct)
+            self._check_slot_values(h, fn, distinct, status)
             return _Slots(self._upload_slots(h), tuple(h.shape), h)
         d = interop._dev_array(slots, f"{fn}: slots", stream=self.stream)
         if d.dtype != np.dtype(np.int64) or len(d.shape) not in (1, 2):
@@ -296,6 +296,9 @@ class DeviceRing(RingOwner):
             host = np.frombuffer(raw, np.int64).reshape(d.shape)
             self._check_slot_values(host, fn, distinct)
         return _Slots(d.ptr, tuple(d.shape), host)
+
+    def _host_slots(self, s: _Slots) -> np.ndarray | None:
+        return s.host
 
     def _scatter(self, s: _Slots, a: interop._DevArray, status: Any, fn: str, checked: bool = False) -> None:
         """The batch write; ``checked``: the rows were checked already (write_many)."""

@@ -200,12 +200,12 @@ class ReferencePrefixStore:
             added.append(nb)
         return added
 
-    def _issue(self, stager: ReferenceStager, moves: np.ndarray, direction: str) -> PrefixMoves:
+    def _issue(self, stager: ReferenceStager, moves: np.ndarray, direction: str, seq: int) -> PrefixMoves:
         """Moves as the core numbers them: among the Stager's table changes, when non-empty."""
         if len(moves) == 0:
             return no_prefix_moves(stager, direction, self)
-        stager.moves_issued += 1
-        return PrefixMoves.wrap_prefix(moves, stager, stager.moves_issued, direction, self)
+        call = "publish_prefix" if direction == PUBLISH else "start_from_prefix"
+        return PrefixMoves.wrap_prefix(moves, stager, stager._number_change(call, seq), direction, self)
 
     # -- the Stager side ----------------------------------------------------
     def publish(self, stager: Any, seq: Any, keys: Any, start: Any, end: Any) -> PrefixMoves:
@@ -237,7 +237,7 @@ class ReferencePrefixStore:
         for b in added:
             src += st.ring.slots(b.first, b.end, base)
             dst += b.slots(self.page_rows)
-        return self._issue(stager, _moves(src, dst), PUBLISH)
+        return self._issue(stager, _moves(src, dst), PUBLISH, i)
 
     def _plan_hit(self, chain: list[bytes], h: int) -> tuple[dict[str, Any], list[_Block]]:
         bt, c, K = self.block_tokens, self.config, self.w_keep
@@ -318,7 +318,7 @@ class ReferencePrefixStore:
             self._stats["replayed_tokens"] += h - to
             self._stats["exact_hits"] += int(plan["exact"] and to == h)
         plan.pop("owed")
-        return PrefixHit(**plan, moves=self._issue(stager, moves, HIT) if self._external
+        return PrefixHit(**plan, moves=self._issue(stager, moves, HIT, i) if self._external
                          else no_prefix_moves(stager, HIT, self))
 
     def lookup(self, keys: Any, n_tokens: Any) -> PrefixHit:

@@ -167,6 +167,8 @@ class ReferenceStager:
         )
         self._rounds = 0  # rounds opened: plan.round
         self.moves_issued = 0  # table changes numbered: moves of fork / shift, external restores
+        self.last_change = ""  # the call that issued the newest one
+        self._changed = [0] * int(config.max_seqs)  # per sequence: the newest change into or out of its slots
         self._seqs = [_Seq(ring=RingModel(self._ring_rows)) for _ in range(config.max_seqs)]
 
     @property
@@ -678,6 +680,21 @@ class ReferenceStager:
             if now:
                 logger.warning(DISABLED_WARNING, s, st.failures, name)
 
+    def _number_change(self, call: str, *seqs: int) -> int:
+        """The next table change's serial, issued by ``call``, copying into or out of ``seqs``' slots."""
+        self.moves_issued += 1
+        self.last_change = call
+        for s in seqs:
+            self._changed[s] = self.moves_issued
+        return self.moves_issued
+
+    def changes_of(self, seqs: Any) -> int:
+        """The serial of the newest table change that copies rows into or out of the slots of any of
+        ``seqs`` (0: none yet)."""
+        ids = arg.seq_ids("changes_of", seqs)
+        self._check_batch("changes_of", ids, ANY)
+        return max((self._changed[s] for s in ids.tolist()), default=0)
+
     def open_round_ids(self, seqs: Any) -> np.ndarray:
         """``open_round_id`` of several sequences (int64; an id may repeat)."""
         ids = arg.seq_ids("open_round_ids", seqs)
@@ -827,7 +844,7 @@ class ReferenceStager:
         st.restage_owed = True
         st.accept_open, st.tentative = False, 0
         self._advance_horizon(st)
-        return self._issue(np.array(moves, np.int64).reshape(len(moves), 3))
+        return self._issue(np.array(moves, np.int64).reshape(len(moves), 3), "shift", i)
 
     def fork(self, src: int, dst: int) -> SlotMoves:
         """Give ``dst`` an independent copy of ``src``'s state; ``dst`` restages next round.
@@ -856,13 +873,13 @@ class ReferenceStager:
         )
         self._seqs[d] = b
         self._advance_horizon(b)
-        return self._issue(_moves(src_slots, dst_slots))
+        return self._issue(_moves(src_slots, dst_slots), "fork", d, s)
 
-    def _issue(self, moves: np.ndarray) -> SlotMoves:
+    def _issue(self, moves: np.ndarray, call: str, *seqs: int) -> SlotMoves:
         """Moves as the core returns them: numbered among the table changes when non-empty."""
         if len(moves) == 0:
             return no_moves(self)
-        self.moves_issued += 1
+        self._number_change(call, *seqs)
         return SlotMoves.wrap(moves, self, self.moves_issued)
 
     def _ring_for(self, reuse: RingModel, pos: int, n: int) -> RingModel:
@@ -940,8 +957,7 @@ class ReferenceStager:
             return None
         serial = 0
         if n:  # the owner writes the rows back: a table change, in order
-            self.moves_issued += 1
-            serial = self.moves_issued
+            serial = self._number_change("restore", i)
         return RestoredSlots.wrap(slots, self, serial)
 
     # -- introspection --------------------------------------------------
