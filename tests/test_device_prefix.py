@@ -173,6 +173,34 @@ def test_export_from_a_table_imports_anywhere(owner):
     assert 9 not in xstore and ring.to_numpy(table.table).tobytes() == before
 
 
+def test_import_of_a_strided_buffer_writes_the_rows(owner):
+    """A block handed over in a buffer that is not C-contiguous (a strided view): the store and the
+    table take it together; a hit then stages the exported rows, not zeros (the table once re-read
+    the buffer after the store had taken the block, raised TypeError, and left exact hits of
+    empty rows that a second import did not repair)."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=2, storage="q8_0", rows="external")
+    held = PrefixStore(cfg.replace(rows="held"), 8, 1 << 20)
+    rows = rows_of(16, 64, 7)
+    held.publish_rows([5, 6], 0, 16, rows)
+    ext = Stager(cfg)
+    store = PrefixStore(cfg, 8, 1 << 20)
+    ring = ring_of(owner, ext)
+    table = TABLES[owner](store, ring)
+    for k in (5, 6):
+        data = np.frombuffer(held.export_block(k), np.uint8)
+        wide = np.zeros((len(data), 2), np.uint8)
+        wide[:, 0] = data
+        strided = wide[:, 0]
+        assert not strided.flags.c_contiguous
+        slots = table.import_block(strided)
+        assert len(slots) == 8 and (slots >= 0).all()
+        assert table.export_block(k) == held.export_block(k)
+    hit = table.hit(ring, 0, [5, 6], 16)
+    assert hit.exact
+    want = formats.quantize_rows(rows, "q8_0")
+    assert ring.read(ext.live_slots(0)).tobytes() == want.tobytes()
+
+
 class Copies(BindingCalls):
     """The backend's host downloads and device copies, counted (test_device_ring's counter)."""
 

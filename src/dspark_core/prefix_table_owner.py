@@ -36,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from . import formats, prefix_block_format
+from . import formats
+from .prefix_keys import as_block_data
 from .prefix_hit import PUBLISH, PrefixHit, PrefixMoves
 
 __all__ = ["PrefixTableOwner"]
@@ -145,15 +146,16 @@ class PrefixTableOwner:
     def import_block(self, data: Any) -> np.ndarray:
         """``store.import_block(data)`` and write the block's rows into the slots it returns
         (-1: a row the store already held). Bad data raises before anything changes."""
+        raw = as_block_data(data)  # the one conversion (any buffer), before the store changes
         with self._lock:
-            slots = self.store.import_block(data)
+            slots = self.store.import_block(raw)
             live = slots >= 0
             if live.any():
-                # The store checked the block; its rows follow the header and the key.
-                blk = prefix_block_format.unpack(data, prefix_block_format.fingerprint(self.store.config),
-                                                 self.store.block_tokens, self.store.w_keep)
-                rows = np.frombuffer(blk.rows, np.uint8).reshape(-1, self.row_bytes)
-                self._write_rows(slots[live], np.ascontiguousarray(rows[live]))
+                # The store parsed and checked the block; its rows end it (prefix_block_format),
+                # one per slot. No second parse: nothing can fail between the store's change and
+                # the rows' write.
+                rows = np.frombuffer(raw, np.uint8)[len(raw) - len(slots) * self.row_bytes:]
+                self._write_rows(slots[live], np.ascontiguousarray(rows.reshape(-1, self.row_bytes)[live]))
             return slots
 
     # -- the table: implemented by each owner -------------------------------
