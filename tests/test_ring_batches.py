@@ -214,14 +214,16 @@ def test_slots_are_checked(owner):
 @pytest.mark.parametrize("owner", OWNER_PARAMS)
 def test_write_many_is_the_per_sequence_writes_and_all_or_nothing(owner):
     """One call for three sequences equals three writes (slots, bytes, Stager state); a batch
-    with one bad sequence (positions, or a NaN under nonfinite='error') changes nothing."""
+    with one bad sequence (positions, or a NaN under nonfinite='error') changes nothing. The
+    arguments are process_many's, with its checks and messages."""
     cfg = StagerConfig(64, 2, 16, max_seqs=4, storage="bf16")
     a, b = Stager(cfg.replace(rows="external")), Stager(cfg.replace(rows="external"))
     ra, rb = OWNERS[owner](a), OWNERS[owner](b)
     rng = np.random.default_rng(6)
     x = activations(rng, 11, 64)
     cu_seqlens = [0, 3, 4, 11]
-    flat = ra.write_many([2, 0, 1], [0, 0, 0], cu_seqlens, ra.upload(x))
+    positions = np.concatenate([np.arange(3), np.arange(1), np.arange(7)])
+    flat = ra.write_many([2, 0, 1], cu_seqlens, positions, ra.upload(x))
     each = [rb.write(seq, np.arange(0, hi - lo), rb.upload(x[lo:hi]))
             for seq, lo, hi in zip([2, 0, 1], cu_seqlens[:-1], cu_seqlens[1:])]
     assert np.array_equal(flat, np.concatenate(each))
@@ -229,16 +231,41 @@ def test_write_many_is_the_per_sequence_writes_and_all_or_nothing(owner):
     assert [a.state(s) for s in range(3)] == [b.state(s) for s in range(3)]
     states, table = [a.state(s) for s in range(4)], ra.read(range(ra.rows)).tobytes()
     y = activations(rng, 4, 64)
-    with pytest.raises(ValueError, match="sequence 1: positions must continue at 7"):
-        ra.write_many([3, 1], [0, 6], [0, 2, 4], ra.upload(y))
+    bad_calls = [
+        (ValueError, r"process_many: seqs\[1\] \(sequence 1\): sequence 1: positions must continue at 7",
+         ([3, 1], [0, 2, 4], [0, 1, 6, 7])),
+        (ValueError, "appears twice", ([1, 1], [0, 2, 4], [7, 8, 9, 10])),
+        (ValueError, "cu_seqlens must not decrease", ([3, 1], [0, 3, 2], [0, 1, 7, 8])),
+        # The conversions process_many makes: floats are refused, not truncated; 2-D not flattened.
+        (TypeError, "seqs must be integers", (np.array([3.0, 1.0]), [0, 2, 4], [0, 1, 7, 8])),
+        (TypeError, "cu_seqlens must be integers", ([3, 1], np.array([0.0, 2.0, 4.0]), [0, 1, 7, 8])),
+        (TypeError, "positions must be integers", ([3, 1], [0, 2, 4], np.array([0.0, 1, 7, 8]))),
+        (ValueError, "seqs must be 1-D", (np.array([[3, 1]]), [0, 2, 4], [0, 1, 7, 8])),
+        (ValueError, "positions must be 1-D", ([3, 1], [0, 2, 4], np.array([[0, 1], [7, 8]]))),
+    ]
+    for exc, message, args in bad_calls:
+        with pytest.raises(exc, match=message):
+            ra.write_many(*args, ra.upload(y))
+        with pytest.raises(exc, match=message):  # the same error as the Stager's own batch call
+            a.process_many(*args)
     y[3, 0] = np.nan
     with pytest.raises(ValueError, match=r"sequence 1: row 3 \(position 8\) holds a non-finite value"):
-        ra.write_many([3, 1], [0, 7], [0, 2, 4], ra.upload(y))
-    with pytest.raises(ValueError, match="appears twice"):
-        ra.write_many([1, 1], [7, 8], [0, 2, 4], ra.upload(y))
-    with pytest.raises(ValueError, match="cu_seqlens must rise"):
-        ra.write_many([3, 1], [0, 7], [0, 3, 2], ra.upload(y))
+        ra.write_many([3, 1], [0, 2, 4], [0, 1, 7, 8], ra.upload(y))
     assert [a.state(s) for s in range(4)] == states and ra.read(range(ra.rows)).tobytes() == table
+
+
+@pytest.mark.parametrize("owner", OWNER_PARAMS)
+def test_write_many_first_form_still_works_with_a_warning(owner):
+    """``write_many(seqs, starts, cu_seqlens, rows)`` (one start per sequence) is recognised by its
+    lengths and warns, naming process_many's order; it writes what the new form writes."""
+    cfg = StagerConfig(64, 2, 16, max_seqs=4, storage="q8_0", rows="external")
+    a, b = Stager(cfg), Stager(cfg)
+    ra, rb = OWNERS[owner](a), OWNERS[owner](b)
+    x = activations(np.random.default_rng(8), 5, 64)
+    with pytest.warns(DeprecationWarning, match=r"write_many\(seqs, cu_seqlens, positions, rows\)"):
+        old = ra.write_many([1, 3], [0, 0], [0, 2, 5], ra.upload(x))
+    new = rb.write_many([1, 3], [0, 2, 5], [0, 1, 0, 1, 2], rb.upload(x))
+    assert np.array_equal(old, new) and ra.read(old).tobytes() == rb.read(new).tobytes()
 
 
 @gpu
@@ -271,7 +298,8 @@ def test_one_launch_per_batch(monkeypatch, nonfinite):
     for q in range(16):
         s.held.process(q, np.arange(starts[q], starts[q] + counts[q]), x[cu_seqlens[q]:cu_seqlens[q + 1]])
     launches.take()
-    slots = s.ring.write_many(range(16), starts, cu_seqlens, s.ring.upload(x))
+    positions = np.concatenate([np.arange(starts[q], starts[q] + counts[q]) for q in range(16)])
+    slots = s.ring.write_many(range(16), cu_seqlens, positions, s.ring.upload(x))
     assert launches.take() == per_write
     hb, xb = s.plans()
     assert host_bytes(s.ring, s.ring.gather(xb)).tobytes() == hb.rows.view(np.uint8).reshape(-1).tobytes()

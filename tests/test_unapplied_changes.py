@@ -89,10 +89,10 @@ def test_an_unapplied_publish_blocks_its_sequence_and_names_publish(impl):
     assert len(moves) and st.last_change == "publish_prefix"
     before = _frozen(ring, st, 0)
     with pytest.raises(ValueError, match=r"HostRing\.write_many: .*PrefixStore\.publish\(\)"):
-        ring.write_many([0], [40], [0, 1], rows_of(1, 4))
+        ring.write_many([0], [0, 1], [40], rows_of(1, 4))
     assert _frozen(ring, st, 0) == before
     ring.apply(moves, prefix_table=table)
-    ring.write_many([0], [40], [0, 1], rows_of(1, 4))
+    ring.write_many([0], [0, 1], [40], rows_of(1, 4))
 
 
 def test_an_unapplied_fork_names_fork_and_blocks_both_sequences():

@@ -356,6 +356,21 @@ void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std:
     validate_positions(seq, s, positions, n);
 }
 
+void Stager::check_process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
+                                const std::int64_t* positions, std::size_t total) const {
+    const char* call = "process_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Ready);
+    check_unique(call, lock, seqs.data(), n);
+    check_offsets(call, cu.data(), n, total);
+    for (std::size_t i = 0; i < n; ++i)
+        in_batch(call, i, seqs[i], [&] {
+            return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
+        });
+}
+
 RoundPlan Stager::check_draft(std::int64_t seq, const Seq& s, std::int64_t n_past) const {
     require_count("n_past", n_past);
     RoundPlan p = plan_round(seq, s, n_past);

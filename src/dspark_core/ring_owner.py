@@ -34,6 +34,7 @@ view, slice or copy of it has no serial).
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Any, NamedTuple
 
 import ml_dtypes
@@ -63,6 +64,27 @@ STATUS_NONE = np.iinfo(np.uint64).max
 _BF16 = np.dtype(ml_dtypes.bfloat16)
 #: Row dtypes the owners read and write.
 ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), _BF16)
+
+
+def _process_many_order(seqs: Any, second: Any, third: Any) -> tuple[Any, Any]:
+    """``write_many``'s ``(cu_seqlens, positions)``; the arguments of its first form,
+    ``(seqs, starts, cu_seqlens, rows)`` (one start per sequence, then N + 1 offsets), are
+    recognised by their lengths and converted, with a DeprecationWarning."""
+    try:
+        n, n2, n3 = len(seqs), len(second), len(third)
+    except TypeError:
+        return second, third  # not sized: process_many's own checks say what is wrong
+    if not (n2 == n and n3 == n + 1 and n2 != n + 1):
+        return second, third
+    warnings.warn(
+        "write_many(seqs, starts, cu_seqlens, rows) is deprecated: pass process_many's arguments, "
+        "write_many(seqs, cu_seqlens, positions, rows)", DeprecationWarning, stacklevel=3
+    )
+    starts, cu = as_positions(second), np.asarray(third)
+    if cu.dtype.kind not in "iu" or cu.ndim != 1:
+        return cu, np.zeros(0, np.int64)  # refused by process_many's checks, with its message
+    runs = [np.arange(s, s + m, dtype=np.int64) for s, m in zip(starts.tolist(), np.diff(cu).tolist())]
+    return cu, np.concatenate(runs) if runs else np.zeros(0, np.int64)
 
 
 class BatchStatus(NamedTuple):
@@ -173,46 +195,36 @@ class RingOwner:
         self._store_write(a, slots, prepared)
         return slots
 
-    def write_many(self, seqs: Any, starts: Any, cu_seqlens: Any, rows: Any, *, in_dtype: Any = None) -> np.ndarray:
-        """The rows of many sequences in one call: ``process`` for each, one encode for all.
+    def write_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any, *,
+                   in_dtype: Any = None) -> np.ndarray:
+        """``stager.process_many(seqs, cu_seqlens, positions)`` and encode ``rows`` into its slots.
 
-        ``rows``: (total, feature_dim), the rows of sequence ``seqs[i]`` at
-        ``rows[cu_seqlens[i]:cu_seqlens[i + 1]]`` (``cu_seqlens``: N + 1
-        offsets from 0, as a varlen attention batch's), at positions
-        ``starts[i], starts[i] + 1, ...``. Returns the flat slots (int64,
-        -1 below the horizon). Everything is checked first, for every
-        sequence, in order: a rejected call raises naming the sequence and
-        changes nothing (no Stager, no table row). One encode for all the
-        rows (DeviceRing: one launch, and one check launch more under
+        The arguments are ``process_many``'s: the rows of ``seqs[i]`` are
+        rows ``[cu_seqlens[i], cu_seqlens[i + 1])`` of ``positions`` and of
+        ``rows`` (``(total, feature_dim)``, as a varlen attention batch's).
+        Returns the flat slots (int64, -1 below the horizon). Everything is
+        checked first, in order: the Stager's own checks of the batch (its
+        messages, naming the sequence), the rows, the table changes of those
+        sequences, and under ``nonfinite="error"`` every value. A rejected
+        call changes nothing (no Stager, no table row). Then one
+        ``process_many`` (the core's, atomic) and one encode for all the rows
+        (DeviceRing: one launch, and one check launch more under
         ``nonfinite="error"``).
         """
         fn = f"{self._name}.write_many"
-        seq_ids = np.asarray(seqs, dtype=np.int64).reshape(-1)
-        first = as_positions(starts)
-        cu = np.asarray(cu_seqlens, dtype=np.int64).reshape(-1)
-        if len(first) != len(seq_ids) or len(cu) != len(seq_ids) + 1:
-            raise ValueError(f"{fn}: {len(seq_ids)} sequences need {len(seq_ids)} starts and {len(seq_ids) + 1} "
-                             f"cu_seqlens, got {len(first)} and {len(cu)}")
-        if len(np.unique(seq_ids)) != len(seq_ids):
-            raise ValueError(f"{fn}: a sequence appears twice in seqs")
+        cu_seqlens, positions = _process_many_order(seqs, cu_seqlens, positions)
+        self.stager.check_process_many(seqs, cu_seqlens, positions)
+        # Checked: plain integer arrays of the right shapes from here on.
+        seq_ids = np.asarray(seqs, np.int64).reshape(-1)
+        cu = np.asarray(cu_seqlens, np.int64)
+        pos = np.asarray(positions, np.int64)
         a = self._input_rows(rows, in_dtype, fn, None)
-        if cu[0] != 0 or np.any(np.diff(cu) < 0) or cu[-1] != a.shape[0]:
-            raise ValueError(f"{fn}: cu_seqlens must rise from 0 to the {a.shape[0]} rows, got {cu.tolist()}")
-        pos_of = [np.arange(first[i], first[i] + cu[i + 1] - cu[i], dtype=np.int64) for i in range(len(seq_ids))]
-        for i, seq in enumerate(seq_ids.tolist()):
-            self.stager.check_process(seq, pos_of[i])
+        if a.shape[0] != len(pos):
+            raise ValueError(f"{fn}: {len(pos)} positions for {a.shape[0]} rows")
         self._require_applied("write_many", seq_ids)
-        row_pos = np.concatenate(pos_of) if pos_of else np.zeros(0, np.int64)
-        row_seq = np.repeat(seq_ids, np.diff(cu))
-        prepared = self._prepare_batch_write(row_seq, row_pos, a)
-        flat = np.full(a.shape[0], -1, np.int64)
-        try:
-            for i, seq in enumerate(seq_ids.tolist()):
-                flat[cu[i]:cu[i + 1]] = self.stager.process(seq, pos_of[i])
-        finally:
-            # Should process still refuse a sequence (a check not repeated above), the rows of
-            # the sequences it took are written all the same: the table follows the Stager.
-            self._store_batch_write(a, flat, prepared)
+        prepared = self._prepare_batch_write(np.repeat(seq_ids, np.diff(cu)), pos, a)
+        flat = self.stager.process_many(seq_ids, cu, pos)
+        self._store_batch_write(a, flat, prepared)
         return flat
 
     def _unstageable(self, seq: Any, row: int, positions: np.ndarray) -> ValueError:

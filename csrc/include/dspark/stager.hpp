@@ -263,6 +263,11 @@ public:
     // its order, without changing anything: an owner of external rows runs
     // it before it looks at the rows it is about to write.
     void check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n) const;
+    // The same for a batch: every check process_many / process_external_many
+    // would make of seqs, offsets and positions, in their order and with
+    // their messages ("process_many: seqs[i] ..."), changing nothing.
+    void check_process_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                            const std::int64_t* positions, std::size_t total) const;
     // Plans a round and appends its rows (storage format; nothing in external
     // mode) to `rows_out`.
     RoundPlan draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out);

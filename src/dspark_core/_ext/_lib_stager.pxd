@@ -126,6 +126,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void check_sequence(int64_t seq, bool open_round) except +dspark_translate_exception
         void check_batch(const char* call, const int64_t* seqs, size_t n, Need need) except +dspark_translate_exception
         void check_process(int64_t seq, const int64_t* positions, size_t n) except +dspark_translate_exception
+        void check_process_many(const int64_t* seqs, size_t n, const int64_t* offsets, const int64_t* positions,
+                                size_t total) except +dspark_translate_exception
         void begin(int64_t seq) except +dspark_translate_exception
         void process(int64_t seq, const int64_t* positions, size_t n, const void* rows,
                      ElemType type) except +dspark_translate_exception

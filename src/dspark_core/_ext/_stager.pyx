@@ -624,6 +624,21 @@ cdef class Stager:
         with nogil:
             self._core.check_process(s, pp, n)
 
+    def check_process_many(self, seqs, cu_seqlens, positions):
+        """Raise what ``process_many(seqs, cu_seqlens, positions, ...)`` would raise for its
+        sequences, offsets and positions, in its order, and change nothing: an owner of external
+        rows (``write_many``) runs it before it looks at the rows."""
+        sv = self._ids("process_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cu, pos, _ = self._batch_converted("process_many", sv, Need.Ready, batch_rows_args,
+                                           ("process_many", True, self._D, n, cu_seqlens, positions, None))
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
+        cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        with nogil:
+            self._core.check_process_many(sp, n, cp, pp, total)
+
     def process_encoded(self, seq, positions, data):
         """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat).
 

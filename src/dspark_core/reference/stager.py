@@ -609,6 +609,17 @@ class ReferenceStager:
                 slots += self._append(s, st, int(pos[a]), enc, b - a)
         return np.array(slots, np.int64) if self._external else None
 
+    def check_process_many(self, seqs: Any, cu_seqlens: Any, positions: Any) -> None:
+        """What ``process_many(seqs, cu_seqlens, positions, ...)`` checks of its sequences, offsets
+        and positions, changing nothing."""
+        call = "process_many"
+        ids = arg.seq_ids(call, seqs)
+        cu, pos, _ = self._converted(call, ids, READY, arg.batch_rows, call, True, self.config.feature_dim,
+                                     len(ids), cu_seqlens, positions, None)
+        states = self._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        self._check_rows(call, ids, states, cu, pos)
+
     def accept_many(self, seqs: Any, n_accepted: Any) -> None:
         """``accept`` for several sequences: ``n_accepted[i]`` for ``seqs[i]``."""
         call = "accept_many"
