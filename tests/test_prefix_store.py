@@ -364,3 +364,27 @@ def test_threads_share_one_store():
         t.join()
     assert not errors, errors
     assert store.stats()["hits"] == 40
+
+
+def _resident_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/status"), reason="reads Linux's /proc")
+def test_a_huge_budget_costs_only_what_is_held():
+    """A server passes a budget of 2**46 bytes to mean "no limit": constructing the store must not
+    size anything by it (its page bookkeeping once took 384 MiB at once), and publishing a block
+    makes resident what the block needs (one chunk of pages), not what the budget allows."""
+    cfg = StagerConfig(feature_dim=256, block_size=4, window=96)
+    before = _resident_bytes()
+    store = PrefixStore(cfg, 16, 2**46)
+    assert store.stats()["resident_bytes"] == 0
+    assert _resident_bytes() - before < 16 << 20
+    store.publish_rows([1, 2], 0, 32, massive_rows(np.random.default_rng(0), 32, 256))
+    held = store.stats()["resident_bytes"]
+    assert 0 < held <= 8 << 20  # whole chunks of pages (4 MiB each) for the pages in use
+    assert _resident_bytes() - before < held + (16 << 20)

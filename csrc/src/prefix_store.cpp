@@ -114,7 +114,8 @@ PrefixStore::PrefixStore(const PrefixStoreOptions& o) : opt_(o) {
     // Slots are int64 in the external table: keep them representable.
     n_pages_ = static_cast<std::int64_t>(std::min<std::uint64_t>(pages, (std::uint64_t(1) << 62) / page_rows_));
     pages_per_chunk_ = static_cast<std::int64_t>(std::max<std::size_t>(1, CHUNK_BYTES / page_bytes_));
-    if (!external()) chunks_.resize(static_cast<std::size_t>((n_pages_ + pages_per_chunk_ - 1) / pages_per_chunk_));
+    // chunks_ grows with the pages in use (reserve_pages), never with the
+    // budget: a budget of 2**46 bytes meaning "no limit" costs nothing upfront.
 }
 
 void PrefixStore::check_compatible(const StagerOptions& s) const {
@@ -255,6 +256,8 @@ void PrefixStore::reserve_pages(std::int64_t n_new) {
     // index < k + 1, so no page past in_use + n_new is ever touched.
     const std::int64_t top = std::min(n_pages_, in_use + n_new);
     const std::int64_t chunks = (top + pages_per_chunk_ - 1) / pages_per_chunk_;
+    // Moving a chunk keeps its bytes where they are: page pointers stay valid.
+    if (chunks_.size() < static_cast<std::size_t>(chunks)) chunks_.resize(static_cast<std::size_t>(chunks));
     for (std::int64_t c = 0; c < chunks; ++c) {
         ByteVec& chunk = chunks_[static_cast<std::size_t>(c)];
         if (!chunk.empty()) continue;

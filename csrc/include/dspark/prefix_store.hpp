@@ -318,7 +318,7 @@ private:
     std::int64_t n_pages_ = 0;
     std::size_t page_bytes_ = 0;
     std::int64_t pages_per_chunk_ = 1;
-    std::vector<ByteVec> chunks_;    // held mode: page memory, a chunk of pages each
+    std::vector<ByteVec> chunks_;    // held mode: page memory, a chunk of pages each (as far as pages were used)
     std::vector<std::int64_t> freed_;  // min-heap of freed pages (all below next_fresh_)
     std::int64_t next_fresh_ = 0;    // pages [next_fresh_, n_pages_) never used
     std::unordered_map<std::string, Block> index_;
