@@ -41,19 +41,22 @@ def keys(tag: int, lo: int, hi: int) -> list[int]:
 class Owner:
     """An external-row Stager and store with the owner's mirror tables, and a held twin (the oracle)."""
 
-    def __init__(self, Stg=Stager, Store=PrefixStore) -> None:
-        self.held, self.ext = Stg(CFG), Stg(CFG.replace(rows="external"))
-        self.hstore = Store(CFG, BT, 1 << 22)
-        self.xstore = Store(CFG.replace(rows="external"), BT, 1 << 22)
-        self.ring = np.full((CFG.max_seqs * self.ext.ring_rows, CFG.row_bytes), UNWRITTEN, np.uint8)
-        self.table = np.full((self.xstore.table_rows, CFG.row_bytes), UNWRITTEN, np.uint8)
+    def __init__(self, Stg=Stager, Store=PrefixStore, cfg: StagerConfig = CFG) -> None:
+        self.cfg = cfg  # CFG's rows (feature_dim, storage); the window may differ
+        self.held, self.ext = Stg(cfg), Stg(cfg.replace(rows="external"))
+        self.hstore = Store(cfg, BT, 1 << 22)
+        self.xstore = Store(cfg.replace(rows="external"), BT, 1 << 22)
+        self.ring = np.full((cfg.max_seqs * self.ext.ring_rows, cfg.row_bytes), UNWRITTEN, np.uint8)
+        self.table = np.full((self.xstore.table_rows, cfg.row_bytes), UNWRITTEN, np.uint8)
 
-    def feed(self, seq: int, rows: np.ndarray, lo: int = 0) -> None:
+    def feed(self, seq: int, rows: np.ndarray, lo: int = 0) -> np.ndarray:
+        """Both Stagers process the rows; returns the external one's slots."""
         pos = np.arange(lo, lo + len(rows))
         self.held.process(seq, pos, rows)
         slots = self.ext.process(seq, pos)
         live = slots >= 0
         self.ring[slots[live]] = encoded(rows)[live]
+        return slots
 
     def apply(self, change) -> None:
         """One table change, as an owner applies it: between the ring and the store's table."""
@@ -66,9 +69,9 @@ class Owner:
 
     def check(self) -> None:
         """Every sequence's live rows and every block's rows are the held twin's."""
-        for s in range(CFG.max_seqs):
+        for s in range(self.cfg.max_seqs):
             assert self.held.state(s) == self.ext.state(s), s
-            rows = snapshot_format.unpack(self.held.snapshot(s), CFG.snapshot_fingerprint(), STORAGES).rows
+            rows = snapshot_format.unpack(self.held.snapshot(s), self.cfg.snapshot_fingerprint(), STORAGES).rows
             assert self.ring[self.ext.live_slots(s)].tobytes() == rows, s
         assert self.hstore.keys() == self.xstore.keys()
         for k in self.xstore.keys():
@@ -106,6 +109,25 @@ def test_publish_and_hit_moves_take_the_next_serial(impl):
     o.held.shift(1, 8, 8)
     for change in (f, p, h, s):
         o.apply(change)
+    o.check()
+
+
+@pytest.mark.parametrize("impl", [(Stager, PrefixStore), (ReferenceStager, ReferencePrefixStore)],
+                         ids=["core", "reference"])
+def test_a_published_block_that_straddles_the_end_of_the_ring(impl):
+    """W = 64, B = 4, a sequence fed to position 600 in verify-sized chunks: the block of
+    positions 576..584 sits in the ring's last and first slots, so its publish is two runs of
+    moves, each to its own store slots (the second once landed on the first's slots)."""
+    o = Owner(*impl, cfg=CFG.replace(window=64))
+    slot_of: dict[int, int] = {}
+    for lo in range(0, 600, 5):
+        slots = o.feed(0, rows_for(lo, 5), lo)
+        slot_of.update({lo + i: int(x) for i, x in enumerate(slots)})
+    block = [slot_of[p] for p in range(576, 584)]
+    assert block != list(range(block[0], block[0] + 8))  # it wraps: two runs
+    for lo, hi in ((568, 576), (576, 584), (584, 592)):
+        o.apply(o.xstore.publish(o.ext, 0, keys(3, lo, hi), lo, hi))
+        o.hstore.publish(o.held, 0, keys(3, lo, hi), lo, hi)
     o.check()
 
 

@@ -388,3 +388,23 @@ def test_a_huge_budget_costs_only_what_is_held():
     held = store.stats()["resident_bytes"]
     assert 0 < held <= 8 << 20  # whole chunks of pages (4 MiB each) for the pages in use
     assert _resident_bytes() - before < held + (16 << 20)
+
+
+@pytest.mark.parametrize("end", [59, 60, 61])
+def test_import_keep_rule_at_the_window_edge(end):
+    """W = 64, B = 4 (W - B = 60), K = 32, blocks of 64 tokens: a block ending at or below W - B
+    keeps every row, one ending above it its last K. Exported by the core, imported by the
+    reference twin (its own parse of the keep rule) and back, at the edge: the same bytes."""
+    cfg = StagerConfig(feature_dim=32, block_size=4, window=64)
+    rows = massive_rows(np.random.default_rng(end), end, 32)
+    core = PrefixStore(cfg, 64, 1 << 20)
+    core.publish_rows([7], 0, end, rows)
+    data = core.export_block(7)
+    kept = end if end <= 60 else 32
+    assert core.lookup([7], end).rows == kept
+    ref = ReferencePrefixStore(cfg, 64, 1 << 20)
+    ref.import_block(data)
+    assert ref.export_block(7) == data
+    back = PrefixStore(cfg, 64, 1 << 20)
+    back.import_block(ref.export_block(7))
+    assert back.export_block(7) == data

@@ -126,6 +126,12 @@ TEST_CASE(c_hit_restages_what_a_full_prefill_stages) {
     CHECK_EQ(r.first_row, h - 32);
     CHECK_EQ(r.rows, 32);
     CHECK_EQ(r.exact, 1);
+    // Every field of the result, each from its own member: the sequence's origin is 0 (as after
+    // a full prefill), not first_row; the rows came from the blocks of [h - 32, h).
+    CHECK_EQ(r.n_tokens, h);
+    CHECK_EQ(r.need_first, h - 32);
+    CHECK_EQ(r.origin, 0);
+    CHECK_EQ(r.blocks_found, (h + BT - 1) / BT - (h - 32) / BT);
     const auto pos = span(h, n - h);
     const auto rows = rows_for(h, n - h);
     CHECK_EQ(dspark_process(st, 1, pos.data(), pos.size(), rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
