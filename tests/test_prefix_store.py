@@ -408,3 +408,23 @@ def test_import_keep_rule_at_the_window_edge(end):
     back = PrefixStore(cfg, 64, 1 << 20)
     back.import_block(ref.export_block(7))
     assert back.export_block(7) == data
+
+
+@pytest.mark.parametrize("impl", [(Stager, PrefixStore), (ReferenceStager, ReferencePrefixStore)],
+                         ids=["core", "reference"])
+def test_full_hits_count_hits_that_found_every_row(impl):
+    """``PrefixHit.exact``: the first round equals a full prefill's; ``stats()["full_hits"]``: hits
+    that found every row and were exact. A hit whose last block was evicted replays its rows: still
+    exact, not full."""
+    stager, store_type = impl
+    cfg = StagerConfig(feature_dim=32, block_size=4, window=64, max_seqs=3)
+    st, store = stager(cfg), store_type(cfg, 8, 1 << 20)
+    keys = [100 + s for s in range(0, 48, 8)]
+    st.process(0, np.arange(48), massive_rows(np.random.default_rng(3), 48, 32))
+    store.publish(st, 0, keys, 0, 48)
+    full = store.hit(st, 1, keys, 48)
+    assert full.exact and full.replay_from == 48 and store.stats()["full_hits"] == 1
+    store.evict(keys[-1:])
+    partial = store.hit(st, 2, keys, 48)
+    assert partial.exact and partial.replay_from < 48
+    assert store.stats()["hits"] == 2 and store.stats()["full_hits"] == 1

@@ -41,7 +41,7 @@ def test_the_store_prefills_only_new_tokens_and_restages_a_full_context(result):
     # A cold drafter has the new tokens only (plus a block the cache did not hit): less than it reads back.
     assert cold["first_round_context_rows_min"] <= SMALL.user_tokens + 1 < SMALL.lookahead
     assert cold["first_round_context_rows"] <= SMALL.user_tokens + SMALL.block_tokens
-    assert store["store_exact_hits"] == store["store_hits"] == store["hit_requests"]
+    assert store["store_full_hits"] == store["store_hits"] == store["hit_requests"]
     assert store["store_peak_bytes"] <= SMALL.budget_bytes
 
 
@@ -59,7 +59,7 @@ def test_a_small_budget_degrades_to_short_replays():
     K = r["config"]["w_keep"]
     assert store["store_evicted"] > 0 and store["store_peak_bytes"] <= 40_000
     assert 0 < store["replayed_tokens"] <= K * store["hit_requests"]
-    assert store["store_exact_hits"] < store["store_hits"]
+    assert store["store_full_hits"] < store["store_hits"]
     assert store["acceptance"] == off["acceptance"] and store["lossless"]
 
 

@@ -147,7 +147,7 @@ std::string store_image(const PrefixStore& store) {
     std::string img;
     const PrefixStats s = store.stats();
     for (std::int64_t v : {s.blocks, s.pages, s.bytes, s.resident_bytes, s.key_bytes, s.published, s.republished,
-                           s.evicted_lru, s.evicted_by_key, s.hits, s.exact_hits, s.hit_rows, s.replayed_tokens})
+                           s.evicted_lru, s.evicted_by_key, s.hits, s.full_hits, s.hit_rows, s.replayed_tokens})
         img += std::to_string(v) + ",";
     for (const std::string& k : store.keys()) {
         img += "|" + k + ":";

@@ -227,7 +227,7 @@ dspark_status dspark_prefix_stats_get(const dspark_prefix_store* store, dspark_p
         c.evicted_lru = t.evicted_lru;
         c.evicted_by_key = t.evicted_by_key;
         c.hits = t.hits;
-        c.exact_hits = t.exact_hits;
+        c.full_hits = t.full_hits;
         c.hit_rows = t.hit_rows;
         c.replayed_tokens = t.replayed_tokens;
         write_sized(out, c);

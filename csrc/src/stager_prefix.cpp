@@ -166,7 +166,7 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
         store.stats_.hits += 1;
         store.stats_.hit_rows += hit.rows;
         store.stats_.replayed_tokens += n_tokens - hit.replay_from;
-        if (hit.exact && hit.replay_from == n_tokens) store.stats_.exact_hits += 1;
+        if (hit.exact && hit.replay_from == n_tokens) store.stats_.full_hits += 1;
     }
     if (!out.empty()) {
         const std::uint64_t n = next_serial("start_from_prefix", seq);  // under the sequence's lock, with fork / shift / restore

@@ -164,7 +164,7 @@ TEST_CASE(c_hit_restages_what_a_full_prefill_stages) {
     CHECK_EQ(dspark_prefix_stats_get(store, &s), DSPARK_OK);
     CHECK_EQ(s.blocks, 13);
     CHECK_EQ(s.hits, 1);
-    CHECK_EQ(s.exact_hits, 1);
+    CHECK_EQ(s.full_hits, 1);
     dspark_prefix_store_destroy(store);
     dspark_stager_destroy(st);
     dspark_stager_destroy(full);

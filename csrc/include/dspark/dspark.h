@@ -435,7 +435,7 @@ typedef struct dspark_prefix_stats {
     uint32_t reserved0;
     int64_t blocks, pages, bytes, resident_bytes, key_bytes;
     int64_t published, republished, evicted_lru, evicted_by_key;
-    int64_t hits, exact_hits, hit_rows, replayed_tokens;
+    int64_t hits, full_hits, hit_rows, replayed_tokens;
 } dspark_prefix_stats;
 
 static inline void dspark_prefix_stats_init(dspark_prefix_stats* s) {

@@ -133,13 +133,15 @@ struct PrefixBlockInfo {
 //  published: blocks added (publish, publish_rows / publish_slots, import);
 //  republished: publishes of a block already held with the same rows (a refresh);
 //  evicted_lru / evicted_by_key: blocks dropped for room / by evict();
-//  hits: start_from_prefix calls with n_tokens > 0; exact_hits: of which
-//  needed no replay and were exact; hit_rows: rows placed in rings;
+//  hits: start_from_prefix calls with n_tokens > 0; full_hits: of which
+//  found every row (replay_from == n_tokens: nothing to prefill again) and
+//  were exact (PrefixHit::exact; named exact_hits before, which read as if
+//  it counted PrefixHit::exact alone); hit_rows: rows placed in rings;
 //  replayed_tokens: sum of n_tokens - replay_from over hits.
 struct PrefixStats {
     std::int64_t blocks = 0, pages = 0, bytes = 0, resident_bytes = 0, key_bytes = 0;
     std::int64_t published = 0, republished = 0, evicted_lru = 0, evicted_by_key = 0;
-    std::int64_t hits = 0, exact_hits = 0, hit_rows = 0, replayed_tokens = 0;
+    std::int64_t hits = 0, full_hits = 0, hit_rows = 0, replayed_tokens = 0;
 };
 
 // Where a call that hands out slots writes them: called once, after every

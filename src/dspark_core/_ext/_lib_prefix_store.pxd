@@ -49,7 +49,7 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
     cdef cppclass PrefixStats:
         int64_t blocks, pages, bytes, resident_bytes, key_bytes
         int64_t published, republished, evicted_lru, evicted_by_key
-        int64_t hits, exact_hits, hit_rows, replayed_tokens
+        int64_t hits, full_hits, hit_rows, replayed_tokens
 
     cdef cppclass PrefixStore:
         PrefixStore(const PrefixStoreOptions& options) except +dspark_translate_exception

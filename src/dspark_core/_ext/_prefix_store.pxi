@@ -271,13 +271,13 @@ cdef class PrefixStore:
     def stats(self):
         """Counters: ``blocks``, ``pages``, ``bytes`` (held now, <= budget_bytes), ``resident_bytes``,
         ``key_bytes``, ``published``, ``republished``, ``evicted_lru``, ``evicted_by_key``, ``hits``,
-        ``exact_hits``, ``hit_rows``, ``replayed_tokens`` (see dspark/prefix_store.hpp)."""
+        ``full_hits``, ``hit_rows``, ``replayed_tokens`` (see dspark/prefix_store.hpp)."""
         cdef PrefixStats t = self._core.stats()
         return {
             "blocks": t.blocks, "pages": t.pages, "bytes": t.bytes, "resident_bytes": t.resident_bytes,
             "key_bytes": t.key_bytes, "published": t.published, "republished": t.republished,
             "evicted_lru": t.evicted_lru, "evicted_by_key": t.evicted_by_key, "hits": t.hits,
-            "exact_hits": t.exact_hits, "hit_rows": t.hit_rows, "replayed_tokens": t.replayed_tokens,
+            "full_hits": t.full_hits, "hit_rows": t.hit_rows, "replayed_tokens": t.replayed_tokens,
         }
 
     def export_block(self, key, rows=None):

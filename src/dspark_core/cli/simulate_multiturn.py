@@ -113,7 +113,7 @@ def format_table(result: dict[str, Any]) -> str:
             f"(caching off: {o['prefilled_per_hit_request']:.1f}), stages {s['first_round_context_rows']:.0f} context "
             f"rows at the first round (K = {c['w_keep']}), acceptance {_pct(s['acceptance_after_hit'])} after a hit "
             f"and {_pct(s['acceptance'])} overall (caching off: {_pct(o['acceptance_after_hit'])}, "
-            f"{_pct(o['acceptance'])}); {s['store_exact_hits']} of {s['store_hits']} hits found every row.")]
+            f"{_pct(o['acceptance'])}); {s['store_full_hits']} of {s['store_hits']} hits found every row.")]
     return "\n".join(lines)
 
 

@@ -60,7 +60,7 @@ __all__ = ["ReferencePrefixStore", "SEMANTIC_PREFIX_STATS"]
 #: Counters both stores keep with the same values (``resident_bytes`` is the core's allocation).
 SEMANTIC_PREFIX_STATS = (
     "blocks", "pages", "bytes", "key_bytes", "published", "republished", "evicted_lru", "evicted_by_key",
-    "hits", "exact_hits", "hit_rows", "replayed_tokens",
+    "hits", "full_hits", "hit_rows", "replayed_tokens",
 )
 
 _Plan = list[tuple[bytes, int, int, "_Block | None"]]
@@ -316,7 +316,7 @@ class ReferencePrefixStore:
             self._stats["hits"] += 1
             self._stats["hit_rows"] += to - a
             self._stats["replayed_tokens"] += h - to
-            self._stats["exact_hits"] += int(plan["exact"] and to == h)
+            self._stats["full_hits"] += int(plan["exact"] and to == h)
         plan.pop("owed")
         return PrefixHit(**plan, moves=self._issue(stager, moves, HIT, i) if self._external
                          else no_prefix_moves(stager, HIT, self))

@@ -368,7 +368,7 @@ def run_multiturn(
             s = store.stats()
             summary.update(store_bytes=int(s["bytes"]), store_peak_bytes=peak_store, store_blocks=int(s["blocks"]),
                            store_budget_bytes=cfg.budget_bytes, store_hits=int(s["hits"]),
-                           store_exact_hits=int(s["exact_hits"]), store_evicted=int(s["evicted_lru"]))
+                           store_full_hits=int(s["full_hits"]), store_evicted=int(s["evicted_lru"]))
         out["variants"][variant] = summary
     out["lossless"] = all(v["lossless"] for v in out["variants"].values())
     return out
