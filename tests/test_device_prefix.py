@@ -201,6 +201,39 @@ def test_import_of_a_strided_buffer_writes_the_rows(owner):
     assert ring.read(ext.live_slots(0)).tobytes() == want.tobytes()
 
 
+def test_a_long_prefill_chunk_publishes_every_block_through_the_table(owner):
+    """External rows, a 2,048-token prefill chunk with W = 96: the ring keeps only the chunk's
+    last rows, so ``table.publish(ring, ...)`` cannot publish its early blocks; the table's
+    ``publish_rows`` takes them from the chunk's rows, and a hit stages what a held store's
+    ``publish_rows`` gives a held Stager, byte for byte. Bad rows are refused first."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=2, storage="q4_0", rows="external")
+    rows = rows_of(2048, 64, 11)
+    keys = keys_of(2048, 8)
+    ext, ring, store, table = owned(owner, cfg)
+    ring.write(0, np.arange(2048), ring.upload(rows))
+    with pytest.raises(ValueError, match="no longer held"):
+        table.publish(ring, 0, keys, 0, 2048)
+    bad = rows.copy()
+    bad[5, 3] = np.nan
+    with pytest.raises(ValueError, match=r"row 5 \(position 5\), column 3 .*nothing was published"):
+        table.publish_rows(keys, 0, 2048, bad)
+    with pytest.raises(ValueError, match=r"need 2048 rows, got 2047"):
+        table.publish_rows(keys, 0, 2048, rows[1:])
+    assert len(store) == 0
+    slots = table.publish_rows(keys, 0, 2048, rows)
+    assert len(slots) == 2048 and len(store) == 256
+    held_cfg = cfg.replace(rows="held")
+    held, hstore = Stager(held_cfg), PrefixStore(held_cfg, 8, 1 << 20)
+    hstore.publish_rows(keys, 0, 2048, rows)
+    for h in (2048, 1000, 40):
+        got, want = table.hit(ring, 1, keys[: (h + 7) // 8], h), hstore.hit(held, 1, keys[: (h + 7) // 8], h)
+        fields = ("n_tokens", "first_row", "replay_from", "rows", "origin", "exact", "blocks_found")
+        assert [getattr(got, f) for f in fields] == [getattr(want, f) for f in fields]
+        assert got.replay_from == h
+        assert ring.read(ext.live_slots(1)).tobytes() == snapshot_format.unpack(
+            held.snapshot(1), held_cfg.snapshot_fingerprint()).rows
+
+
 class Copies(BindingCalls):
     """The backend's host downloads and device copies, counted (test_device_ring's counter)."""
 

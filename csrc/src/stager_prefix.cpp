@@ -58,7 +58,7 @@ std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, c
                 " of the block at " + range(pb.start, pb.end) + " are no longer held (its oldest row is " +
                 std::to_string(s.horizon) +
                 "): publish each block when the server hands it over, before later rows push it out of the "
-                "window, or pass its rows to publish_rows");
+                "window, or pass its rows to publish_rows (external rows: the store table's publish_rows)");
     // A block published again after its rows left the window is refreshed on
     // its key and positions alone: only the rows the ring still holds compare.
     store.check_same_rows(plan, [&](const PrefixStore::Piece& pc, const std::uint8_t* held) {

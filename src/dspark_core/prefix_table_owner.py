@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from . import formats
+from ._ext import _row_format
 from .prefix_keys import as_block_data
 from .prefix_hit import PUBLISH, PrefixHit, PrefixMoves
 
@@ -137,6 +138,53 @@ class PrefixTableOwner:
         self._copy_rows(rows, to_store, ring)
 
     # -- other processes ----------------------------------------------------
+    def publish_rows(self, keys: Any, start: int, end: int, rows: Any, *, in_dtype: Any = None) -> np.ndarray:
+        """``store.publish_slots(keys, start, end)`` and encode the kept rows of ``rows`` into the
+        slots it returns: ``store.publish_rows`` for external rows.
+
+        For blocks whose rows no Stager holds any more: a prefill chunk longer than the window
+        (vLLM's 2,048-8,192 tokens) leaves only its last rows in the ring, so a server publishes
+        the chunk's blocks from the rows it captured, in the same call. ``rows``: ``(end - start,
+        feature_dim)`` float32 / float16 / bfloat16 (``in_dtype="bfloat16"`` reads uint16 as
+        bfloat16 bits), encoded as the store's Stagers encode them (storage, ``nonfinite``, stage
+        dtype): a later hit stages the bytes a held store's ``publish_rows`` would have. Host
+        rows; a device array is read back first (one copy). Returns the slots (-1: a row the
+        store does not keep, or of a block it already holds). Rows of the wrong shape or dtype,
+        and under ``nonfinite="error"`` a value that cannot be staged, raise before the store
+        changes."""
+        fn = f"{self._name}.publish_rows"
+        cfg = self.store.config
+        from .ring_owner import ROW_DTYPES, _row_dtype  # (ring_owner imports this module)
+
+        a = self._host_rows(rows, fn)
+        dt = a.dtype
+        if in_dtype is not None:
+            want = _row_dtype(in_dtype)
+            if want != dt and not (want == ROW_DTYPES[2] and dt == np.dtype(np.uint16)):
+                raise TypeError(f"{fn}: in_dtype {want} does not match the array's dtype {dt}")
+            dt = want
+        if dt not in ROW_DTYPES:
+            raise TypeError(f"{fn}: rows dtype {dt} is not supported; expected float32, float16 or bfloat16")
+        a = a.view(dt)
+        if a.ndim != 2 or a.shape[1] != cfg.feature_dim:
+            raise ValueError(f"{fn}: rows must be (n, {cfg.feature_dim}), got shape {a.shape}")
+        if isinstance(start, (int, np.integer)) and isinstance(end, (int, np.integer)) and a.shape[0] != end - start:
+            raise ValueError(f"{fn}: positions [{start}, {end}) need {int(end) - int(start)} rows, "
+                             f"got {a.shape[0]}")
+        enc, bad = _row_format.encode(np.ascontiguousarray(a), self.storage, cfg.nonfinite, None, cfg.stage_dtype)
+        if cfg.nonfinite == "error" and bad >= 0:
+            r, c = divmod(int(bad), int(cfg.feature_dim))
+            raise ValueError(f"{fn}: row {r} (position {int(start) + r}), column {c} holds a non-finite value, or "
+                             f"one that overflows {self.storage} storage staged as {cfg.stage_dtype}; nothing was "
+                             "published (nonfinite='error')")
+        with self._lock:
+            slots = self.store.publish_slots(keys, start, end)  # the store's checks, then its change
+            live = slots >= 0
+            if live.any():
+                enc_rows = enc.view(np.uint8).reshape(len(slots), self.row_bytes)
+                self._write_rows(slots[live], np.ascontiguousarray(enc_rows[live]))
+        return slots
+
     def export_block(self, key: Any) -> bytes:
         """``store.export_block(key, rows)`` with the block's rows read from the table."""
         with self._lock:
@@ -166,6 +214,12 @@ class PrefixTableOwner:
         """Copy rows ``[src, src + m)`` to ``[dst, dst + m)`` of each move, in order: from ``ring``'s
         table into this one when ``to_store``, else the other way (the moves are checked)."""
         raise NotImplementedError
+
+    def _host_rows(self, rows: Any, fn: str) -> np.ndarray:
+        """``rows`` as a host numpy array (a device owner reads a device array back)."""
+        if not isinstance(rows, np.ndarray):
+            raise TypeError(f"{fn}: rows must be a numpy array (host memory), got {type(rows).__name__}")
+        return rows
 
     def _read_rows(self, slots: np.ndarray) -> np.ndarray:
         """A new host ``(len(slots), row_bytes)`` uint8 array of the table's rows at ``slots``

@@ -82,6 +82,21 @@ class PrefixTable(PrefixTableOwner):
             self._cu.copy_device(dst_ptr + dst * rb, src_ptr + src * rb, m * rb, self.stream)
         interop._mark_written(self.table if to_store else ring.table, ring.stream, ring._stream_obj)
 
+    def _host_rows(self, rows: Any, fn: str) -> np.ndarray:
+        """Host rows as they are; a device array (DeviceArray, cupy, torch) read back after the
+        table's work (one copy: the encode runs on the host)."""
+        if isinstance(rows, np.ndarray):
+            return rows
+        self._cu.synchronize(self.stream, self.device)
+        if hasattr(rows, "get"):  # DeviceArray, cupy
+            return np.asarray(rows.get())
+        if hasattr(rows, "detach"):  # torch
+            t = rows.detach()
+            if str(t.dtype) == "torch.bfloat16":
+                return t.view(__import__("torch").int16).cpu().numpy().view(_backend._BF16)
+            return t.cpu().numpy()
+        raise TypeError(f"{fn}: rows must be a numpy array or a device array, got {type(rows).__name__}")
+
     def _read_rows(self, slots: np.ndarray) -> np.ndarray:
         """One download per run of consecutive slots (a block's slots are usually one run)."""
         self._cu.synchronize(self.stream, self.device)

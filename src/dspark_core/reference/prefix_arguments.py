@@ -192,7 +192,8 @@ def rows_gone(seq: int, first: int, count: int, block: tuple[int, int], horizon:
     return ValueError(
         f"sequence {seq}: rows {span(first, min(horizon, first + count))} of the block at {span(*block)} are no "
         f"longer held (its oldest row is {horizon}): publish each block when the server hands it over, before "
-        "later rows push it out of the window, or pass its rows to publish_rows"
+        "later rows push it out of the window, or pass its rows to publish_rows (external rows: the store table's "
+        "publish_rows)"
     )
 
 
