@@ -234,6 +234,30 @@ def test_a_long_prefill_chunk_publishes_every_block_through_the_table(owner):
             held.snapshot(1), held_cfg.snapshot_fingerprint()).rows
 
 
+def test_batches_through_the_table_equal_single_calls(owner):
+    """``table.publish_many`` / ``table.hit_many`` (one table change each) leave both tables and
+    every sequence as ``table.publish`` / ``table.hit`` one sequence at a time."""
+    cfg = StagerConfig(64, 4, 96, max_seqs=4, storage="q8_0", rows="external")
+    pairs = [owned(owner, cfg), owned(owner, cfg)]
+    for ext, ring, _, _ in pairs:
+        for s in (0, 1):
+            ring.write(s, np.arange(40), ring.upload(rows_of(40, 64, 20 + s)))
+    chains = [keys_of(40, 8, tag=1), keys_of(40, 8, tag=2)]
+    (ea, ra, sa, ta), (eb, rb, sb, tb) = pairs
+    for s in (0, 1):
+        ta.publish(ra, s, chains[s], 0, 40)
+    issued = eb.moves_issued
+    tb.publish_many(rb, [0, 1], chains, [0, 0], [40, 40])
+    assert eb.moves_issued == issued + 1
+    single = [ta.hit(ra, 2, chains[1], 40), ta.hit(ra, 3, chains[0][:3], 24)]
+    batch = tb.hit_many(rb, [2, 3], [chains[1], chains[0][:3]], [40, 24])
+    assert [h.as_dict() for h in batch] == [h.as_dict() for h in single]
+    assert ra.to_numpy(ta.table).tobytes() == rb.to_numpy(tb.table).tobytes()
+    for s in range(4):
+        assert ea.state(s) == eb.state(s)
+        assert ra.read(ea.live_slots(s)).tobytes() == rb.read(eb.live_slots(s)).tobytes()
+
+
 class Copies(BindingCalls):
     """The backend's host downloads and device copies, counted (test_device_ring's counter)."""
 

@@ -41,19 +41,6 @@ constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
 
 using namespace dspark_c;  // the shared guard, conversions, handle and last moves (c_api_common.hpp)
 
-// The same as converted() for a batch call named `call` (the core's name,
-// "process_many"): its sequences' ids and states come first.
-template <class Convert>
-auto converted_batch(const dspark::Stager& core, const char* call, const std::int64_t* seqs, std::size_t n,
-                     Need need, Convert&& convert) {
-    try {
-        return convert();
-    } catch (...) {
-        core.check_batch(call, seqs, n, need);
-        throw;
-    }
-}
-
 // The stage's message as the core words it ("stage code 7 is not one of ...").
 std::string stage_code_error(std::int64_t code) {
     try {

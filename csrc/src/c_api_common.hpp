@@ -85,6 +85,19 @@ auto converted(const dspark::Stager& core, std::int64_t seq, bool open_round, Co
     }
 }
 
+// The same for a batch call named `call` (the core's name, "process_many"):
+// its sequences' ids and states come first.
+template <class Convert>
+auto converted_batch(const dspark::Stager& core, const char* call, const std::int64_t* seqs, std::size_t n,
+                     dspark::Stager::Need need, Convert&& convert) {
+    try {
+        return convert();
+    } catch (...) {
+        core.check_batch(call, seqs, n, need);
+        throw;
+    }
+}
+
 inline void require(const void* p, const char* name) {
     if (!p) throw dspark::NullPointer(std::string(name) + " is NULL");
 }

@@ -35,6 +35,42 @@ dspark::KeyChain chain_of(const uint8_t* keys, const size_t* offsets, size_t n) 
     return dspark::KeyChain{keys, offsets, n};  // the core checks the offsets and key lengths
 }
 
+// A batch's chains (dspark_prefix_publish_many): chain i is the keys from
+// key chain_offsets[i] of the one key array (offsets rising from 0), each
+// with its offsets rebased to 0 as a chain's are (the core checks the rest).
+struct BatchChains {
+    std::vector<size_t> offsets;  // every chain's offsets, rebased, one after the other
+    std::vector<dspark::KeyChain> chains;
+};
+
+BatchChains chains_of(const uint8_t* keys, const size_t* key_offsets, const size_t* chain_offsets, size_t n) {
+    require(chain_offsets, "chain_offsets");
+    if (chain_offsets[0] != 0)
+        throw std::invalid_argument("chain_offsets[0] must be 0, got " + std::to_string(chain_offsets[0]));
+    BatchChains out;
+    for (size_t i = 0; i < n; ++i) {
+        if (chain_offsets[i + 1] < chain_offsets[i])
+            throw std::invalid_argument("chain_offsets must not decrease, got chain_offsets[" + std::to_string(i + 1) +
+                                        "] = " + std::to_string(chain_offsets[i + 1]) + " < chain_offsets[" +
+                                        std::to_string(i) + "] = " + std::to_string(chain_offsets[i]));
+        if (chain_offsets[i + 1] > chain_offsets[i]) require(key_offsets, "key_offsets");
+    }
+    out.offsets.reserve(chain_offsets[n] + n);
+    std::vector<size_t> first(n);
+    for (size_t i = 0; i < n; ++i) {
+        first[i] = out.offsets.size();
+        const size_t c = chain_offsets[i], m = chain_offsets[i + 1] - c;
+        for (size_t j = 0; j <= m && m; ++j) out.offsets.push_back(key_offsets[c + j] - key_offsets[c]);
+    }
+    out.chains.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+        const size_t c = chain_offsets[i], m = chain_offsets[i + 1] - c;
+        out.chains[i] = m ? dspark::KeyChain{keys ? keys + key_offsets[c] : nullptr, out.offsets.data() + first[i], m}
+                          : dspark::KeyChain{keys, nullptr, 0};
+    }
+    return out;
+}
+
 std::string_view key_of(const uint8_t* key, size_t len) {
     require_buffer(key, len, "key");
     return std::string_view(reinterpret_cast<const char*>(key), len);
@@ -126,6 +162,48 @@ dspark_status dspark_prefix_hit(dspark_stager* st, int64_t seq, dspark_prefix_st
         std::vector<dspark::SlotMove> moves;
         const dspark::PrefixHit h = core.start_from_prefix(seq, *s, chain, n_tokens, &moves);
         if (out) *out = to_c(h);
+        return moves;
+    });
+}
+
+dspark_status dspark_prefix_publish_many(dspark_stager* st, const int64_t* seqs, size_t n, dspark_prefix_store* store,
+                                         const uint8_t* keys, const size_t* key_offsets, const size_t* chain_offsets,
+                                         const int64_t* starts, const int64_t* ends) {
+    return with_prefix_moves([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        const char* call = "publish_many";
+        const auto need = dspark::Stager::Need::Ready;
+        dspark::PrefixStore* s = converted_batch(core, call, seqs, n, need, [&] { return &store_of(store); });
+        const BatchChains chains = converted_batch(core, call, seqs, n, need, [&] {
+            return chains_of(keys, key_offsets, chain_offsets, n);
+        });
+        converted_batch(core, call, seqs, n, need, [&] {
+            require_buffer(starts, n, "starts");
+            require_buffer(ends, n, "ends");
+        });
+        return core.publish_prefix_many(seqs, n, *s, chains.chains.data(), starts, ends);
+    });
+}
+
+dspark_status dspark_prefix_hit_many(dspark_stager* st, const int64_t* seqs, size_t n, dspark_prefix_store* store,
+                                     const uint8_t* keys, const size_t* key_offsets, const size_t* chain_offsets,
+                                     const int64_t* n_tokens, dspark_prefix_hit_result* out) {
+    return with_prefix_moves([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        const char* call = "hit_many";
+        const auto need = dspark::Stager::Need::Ready;
+        dspark::PrefixStore* s = converted_batch(core, call, seqs, n, need, [&] { return &store_of(store); });
+        const BatchChains chains = converted_batch(core, call, seqs, n, need, [&] {
+            return chains_of(keys, key_offsets, chain_offsets, n);
+        });
+        converted_batch(core, call, seqs, n, need, [&] { require_buffer(n_tokens, n, "n_tokens"); });
+        std::vector<dspark::PrefixHit> hits;
+        std::vector<dspark::SlotMove> moves;
+        core.start_from_prefix_many(seqs, n, *s, chains.chains.data(), n_tokens, hits, &moves);
+        if (out)
+            for (size_t i = 0; i < n; ++i) out[i] = to_c(hits[i]);
         return moves;
     });
 }

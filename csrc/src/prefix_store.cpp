@@ -311,7 +311,8 @@ void PrefixStore::touch(Block& b) { lru_.splice(lru_.end(), lru_, b.lru); }
 // (reserve_pages): what is left to fail is the index's own small
 // allocations (std::bad_alloc), and then every block is added whole or not
 // at all, the ones before it staying added.
-void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill) {
+void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill,
+                                 const std::unordered_map<const Block*, int>* keep) {
     for (const PlannedBlock& pb : plan)
         if (pb.existing) {
             touch(*pb.existing);
@@ -321,7 +322,10 @@ void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const Ro
         if (pb.existing) continue;
         const std::int64_t need = pages_for(pb.kept.count);
         while (n_pages_ - stats_.pages < need) {
-            drop(*lru_.front());
+            auto victim = lru_.begin();
+            if (keep)
+                while (keep->count(*victim)) ++victim;
+            drop(**victim);
             stats_.evicted_lru += 1;
         }
         auto [it, inserted] = index_.emplace(std::string(pb.key), Block{});

@@ -6,12 +6,19 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "dspark/errors.hpp"
 #include "dspark/prefix_store.hpp"
 #include "dspark/stager.hpp"
+#include "stager_batch.hpp"
 
 namespace dspark {
+
+using detail::copy_of;
+using detail::in_batch;
 
 namespace {
 
@@ -75,6 +82,107 @@ std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, c
     return plan;
 }
 
+// The changes a prefix store makes to a sequence, shared by the calls and
+// their batches (each checks first, then calls these).
+struct Stager::PrefixOps {
+    using Keep = std::unordered_map<const PrefixStore::Block*, int>;
+
+    // A checked publish's rows into the store: held mode copies them from
+    // the ring into its pages; external mode records the copies (this
+    // Stager's table -> the store's) in `moves`. `keep`: blocks no eviction
+    // takes (a batch's). What can fail is the store index's own small
+    // allocations (std::bad_alloc).
+    static void publish(const Stager& st, std::int64_t seq, const Seq& s, PrefixStore& store,
+                        const std::vector<PrefixPlannedBlock>& plan, std::vector<SlotMove>& moves, const Keep* keep) {
+        const std::int64_t base = st.slot_base(seq);
+        const std::int64_t pr = store.page_rows();
+        store.commit_publish(plan, [&](const PrefixStore::Piece& pc, std::uint8_t* dst) {
+            if (dst) {
+                s.buf.copy_out(pc.pos, pc.pos + pc.count, dst);
+                return;
+            }
+            SlotRun runs[2];
+            s.buf.runs(pc.pos, pc.pos + pc.count, base, runs);
+            std::int64_t to = pc.page * pr + pc.off;
+            for (const SlotRun& r : runs) {
+                add_move(moves, r.first, to, r.count);
+                to += r.count;
+            }
+        }, keep);
+    }
+
+    // A hit, planned, with the ring it needs taken already.
+    struct Hit {
+        PrefixStore::HitPlan plan;
+        std::int64_t n_tokens = 0;
+        FeatureBuffer fresh;  // a new ring, when the sequence's own has no room (else empty)
+    };
+
+    // The hit's checks (the store's plan_hit) and its allocation: may throw,
+    // nothing has changed.
+    static Hit plan_hit(const Stager& st, const Seq& target, PrefixStore& store, const KeyChain& keys,
+                        std::int64_t n_tokens) {
+        Hit h{store.plan_hit(keys, n_tokens), n_tokens, FeatureBuffer()};
+        const auto n = static_cast<std::size_t>(h.plan.hit.rows);
+        if (h.plan.hit.replay_from != 0 && (target.buf.capacity() == 0 || target.buf.capacity() < n)) {
+            h.fresh = st.new_ring();
+            h.fresh.reserve_back(n, st.max_rows_);
+        }
+        return h;
+    }
+
+    // Starts `target` from a planned hit (as ring_for + a restore would):
+    // cannot fail (external moves: `out` has room for every piece).
+    static void apply_hit(Stager& st, std::int64_t seq, Seq& target, PrefixStore& store, Hit& h,
+                          std::vector<SlotMove>& out) {
+        const PrefixHit& hit = h.plan.hit;
+        if (hit.replay_from == 0) {
+            // Nothing before the prefill's first position: a plain begin().
+            st.fresh_seq(target);
+        } else {
+            // Build the new state completely, then swap it in (as restore
+            // does). A new request on the slot, as begin(): its mismatch
+            // report and round start afresh.
+            Seq s;
+            s.started = true;
+            s.end = hit.replay_from;
+            s.horizon = hit.first_row;
+            s.n_cache = s.pos_base = hit.origin;
+            s.restage_owed = h.plan.owed;  // origin below the first row held: the first round restages
+            s.first_round = true;
+            const auto n = static_cast<std::size_t>(hit.rows);
+            s.buf = h.fresh.capacity() ? std::move(h.fresh) : std::move(target.buf);
+            s.buf.reset(hit.first_row);
+            if (n) {
+                // A reset ring appends from index 0: position p goes to ring index p - first_row.
+                FeatureBuffer::Span x, y;
+                s.buf.back_spans(n, x, y);
+                const std::int64_t base = st.slot_base(seq);
+                for (const PrefixStore::Piece& pc : h.plan.pieces) {
+                    const std::int64_t at = pc.pos - hit.first_row;
+                    if (st.external())
+                        add_move(out, pc.page * store.page_rows() + pc.off,
+                                 base + static_cast<std::int64_t>(x.slot) + at, pc.count);
+                    else
+                        std::memcpy(x.data + static_cast<std::size_t>(at) * st.row_bytes_,
+                                    store.page_data(pc.page) + static_cast<std::size_t>(pc.off) * st.row_bytes_,
+                                    static_cast<std::size_t>(pc.count) * st.row_bytes_);
+                }
+                s.buf.commit_back(n);
+            }
+            target = std::move(s);
+            st.advance_horizon(target);
+        }
+        for (PrefixStore::Block* b : h.plan.used) store.touch(*b);
+        if (h.n_tokens > 0) {
+            store.stats_.hits += 1;
+            store.stats_.hit_rows += hit.rows;
+            store.stats_.replayed_tokens += h.n_tokens - hit.replay_from;
+            if (hit.exact && hit.replay_from == h.n_tokens) store.stats_.full_hits += 1;
+        }
+    }
+};
+
 std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
                                              std::int64_t start, std::int64_t end, std::uint64_t* serial) {
     auto lock = lock_seq(seq);
@@ -83,29 +191,82 @@ std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& stor
     std::lock_guard<std::mutex> store_lock(store.mu_);
     const std::vector<PrefixPlannedBlock> plan = check_publish_prefix(seq, s, store, keys, start, end);
     const std::int64_t new_pages = store.new_pages(plan);
-    const std::int64_t base = slot_base(seq);
-    const std::int64_t pr = store.page_rows();
     std::vector<SlotMove> moves;
     // A piece per page, two ring runs per piece at most: recording them
     // cannot allocate once the store changed.
     if (external()) moves.reserve(static_cast<std::size_t>(2 * new_pages));
     store.reserve_pages(new_pages);
-    store.commit_publish(plan, [&](const PrefixStore::Piece& pc, std::uint8_t* dst) {
-        if (dst) {
-            s.buf.copy_out(pc.pos, pc.pos + pc.count, dst);
-            return;
-        }
-        SlotRun runs[2];
-        s.buf.runs(pc.pos, pc.pos + pc.count, base, runs);
-        std::int64_t to = pc.page * pr + pc.off;
-        for (const SlotRun& r : runs) {
-            add_move(moves, r.first, to, r.count);
-            to += r.count;
-        }
-    });
+    PrefixOps::publish(*this, seq, s, store, plan, moves, nullptr);
     if (!moves.empty()) {
-        const std::uint64_t n = next_serial("publish_prefix", seq);  // under the sequence's lock, with fork / shift / restore
-        if (serial) *serial = n;
+        const std::uint64_t k = next_serial("publish_prefix", seq);  // under the sequence's lock, with fork / shift / restore
+        if (serial) *serial = k;
+    }
+    return moves;
+}
+
+std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, std::size_t n, PrefixStore& store,
+                                                  const KeyChain* keys, const std::int64_t* starts_in,
+                                                  const std::int64_t* ends_in, std::uint64_t* serial) {
+    const char* call = "publish_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), starts = copy_of(starts_in, n),
+                                    ends = copy_of(ends_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Ready);
+    check_unique(call, lock, seqs.data(), n);
+    if (serial) *serial = 0;
+    std::lock_guard<std::mutex> store_lock(store.mu_);
+    // Every entry against the store as the call found it.
+    std::vector<std::vector<PrefixPlannedBlock>> plans(n);
+    for (std::size_t i = 0; i < n; ++i)
+        plans[i] = in_batch(call, i, seqs[i], [&] {
+            return check_publish_prefix(seqs[i], get(seqs[i]), store, keys[i], starts[i], ends[i]);
+        });
+    // What the entries do to each other: a key new to the store in two of
+    // them (refused); blocks an entry refreshes from rows it no longer holds
+    // (kept from evictions until that entry has run: a loop would fail there).
+    std::unordered_map<std::string_view, std::size_t> added;
+    PrefixOps::Keep keep;
+    std::vector<std::vector<const PrefixStore::Block*>> fragile(n);
+    std::int64_t upper = 0, kept_pages = 0, largest = 0;
+    for (std::size_t i = 0; i < n; ++i)
+        for (const PrefixPlannedBlock& pb : plans[i]) {
+            const std::int64_t pages = store.pages_for(pb.kept.count);
+            upper += pages;
+            largest = std::max(largest, pages);
+            if (!pb.existing) {
+                const auto [it, fresh] = added.emplace(pb.key, i);
+                if (!fresh)
+                    in_batch(call, i, seqs[i], [&] {
+                        throw std::invalid_argument(
+                            "the block at " + range(pb.start, pb.end) + " is new to the store in seqs[" +
+                            std::to_string(it->second) + "] of this batch too: publish a block once per batch");
+                    });
+            } else if (pb.kept.first < get(seqs[i]).horizon) {
+                fragile[i].push_back(pb.existing);
+                if (keep[pb.existing]++ == 0) kept_pages += static_cast<std::int64_t>(pb.existing->pages.size());
+            }
+        }
+    if (store.n_pages_ - kept_pages < largest)
+        throw std::invalid_argument(std::string(call) + ": the batch refreshes blocks of " + std::to_string(kept_pages) +
+                                    " pages from rows its sequences no longer hold, and a new block needs " +
+                                    std::to_string(largest) + " of the store's " + std::to_string(store.n_pages_) +
+                                    " pages beside them: publish fewer blocks at once (nothing changed)");
+    std::vector<SlotMove> moves;
+    if (external()) moves.reserve(static_cast<std::size_t>(2 * upper));
+    store.reserve_pages(upper);  // may throw std::bad_alloc: nothing changed yet
+    for (std::size_t i = 0; i < n; ++i) {
+        for (const PrefixStore::Block* b : fragile[i])  // refreshed now: as a loop would, from here on
+            if (--keep[b] == 0) keep.erase(b);
+        // Planned again: an earlier entry may have evicted a block this one
+        // found held (it then publishes it anew, from rows it still holds).
+        const std::vector<PrefixPlannedBlock> plan =
+            i == 0 ? std::move(plans[0]) : store.plan_publish(keys[i], starts[i], ends[i]);
+        PrefixOps::publish(*this, seqs[i], get(seqs[i]), store, plan, moves, keep.empty() ? nullptr : &keep);
+    }
+    if (!moves.empty()) {
+        const std::uint64_t k = next_serial("publish_prefix", seqs.data(), n);
+        if (serial) *serial = k;
     }
     return moves;
 }
@@ -121,59 +282,58 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
     store.check_compatible(opt_);
     if (external() && !moves) throw std::invalid_argument("an external-row hit needs somewhere to put its moves");
     std::lock_guard<std::mutex> store_lock(store.mu_);
-    const PrefixStore::HitPlan plan = store.plan_hit(keys, n_tokens);
-    const PrefixHit& hit = plan.hit;
+    PrefixOps::Hit h = PrefixOps::plan_hit(*this, target, store, keys, n_tokens);
     std::vector<SlotMove> out;
-    if (external()) out.reserve(plan.pieces.size());
-    if (hit.replay_from == 0) {
-        // Nothing before the prefill's first position: a plain begin().
-        fresh_seq(target);
-    } else {
-        // Build the new state completely, then swap it in (as restore does).
-        // A new request on the slot, as begin(): its mismatch report and
-        // round start afresh.
-        Seq s;
-        s.started = true;
-        s.end = hit.replay_from;
-        s.horizon = hit.first_row;
-        s.n_cache = s.pos_base = hit.origin;
-        s.restage_owed = plan.owed;  // origin below the first row held: the first round restages
-        s.first_round = true;
-        const auto n = static_cast<std::size_t>(hit.rows);
-        s.buf = ring_for(target.buf, hit.first_row, n);  // may throw: nothing changed yet
-        if (n) {
-            // A reset ring appends from index 0: position p goes to ring index p - first_row.
-            FeatureBuffer::Span x, y;
-            s.buf.back_spans(n, x, y);
-            const std::int64_t base = slot_base(seq);
-            for (const PrefixStore::Piece& pc : plan.pieces) {
-                const std::int64_t at = pc.pos - hit.first_row;
-                if (external())
-                    add_move(out, pc.page * store.page_rows() + pc.off, base + static_cast<std::int64_t>(x.slot) + at,
-                             pc.count);
-                else
-                    std::memcpy(x.data + static_cast<std::size_t>(at) * row_bytes_,
-                                store.page_data(pc.page) + static_cast<std::size_t>(pc.off) * row_bytes_,
-                                static_cast<std::size_t>(pc.count) * row_bytes_);
-            }
-            s.buf.commit_back(n);
-        }
-        target = std::move(s);
-        advance_horizon(target);
-    }
-    for (PrefixStore::Block* b : plan.used) store.touch(*b);
-    if (n_tokens > 0) {
-        store.stats_.hits += 1;
-        store.stats_.hit_rows += hit.rows;
-        store.stats_.replayed_tokens += n_tokens - hit.replay_from;
-        if (hit.exact && hit.replay_from == n_tokens) store.stats_.full_hits += 1;
-    }
+    if (external()) out.reserve(h.plan.pieces.size());
+    PrefixOps::apply_hit(*this, seq, target, store, h, out);
     if (!out.empty()) {
-        const std::uint64_t n = next_serial("start_from_prefix", seq);  // under the sequence's lock, with fork / shift / restore
-        if (serial) *serial = n;
+        const std::uint64_t k = next_serial("start_from_prefix", seq);  // under the sequence's lock, with fork / shift / restore
+        if (serial) *serial = k;
     }
     if (moves) moves->swap(out);
-    return hit;
+    return h.plan.hit;
+}
+
+void Stager::start_from_prefix_many(const std::int64_t* seqs_in, std::size_t n, PrefixStore& store,
+                                    const KeyChain* keys, const std::int64_t* n_tokens_in,
+                                    std::vector<PrefixHit>& hits, std::vector<SlotMove>* moves,
+                                    std::uint64_t* serial) {
+    const char* call = "hit_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_tokens = copy_of(n_tokens_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);
+    check_states(call, seqs.data(), n, Need::Ready);
+    check_unique(call, lock, seqs.data(), n);
+    if (serial) *serial = 0;
+    store.check_compatible(opt_);
+    if (external() && !moves) throw std::invalid_argument("an external-row hit needs somewhere to put its moves");
+    std::lock_guard<std::mutex> store_lock(store.mu_);
+    // Every hit planned and its ring taken before any changes. (Hits read
+    // the store and change only its LRU order and counters: a plan holds
+    // whatever the batch's earlier hits do.)
+    std::vector<PrefixOps::Hit> work;
+    work.reserve(n);
+    std::size_t pieces = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        work.push_back(in_batch(call, i, seqs[i], [&] {
+            return PrefixOps::plan_hit(*this, get(seqs[i]), store, keys[i], n_tokens[i]);
+        }));
+        pieces += work.back().plan.pieces.size();
+    }
+    std::vector<SlotMove> out;
+    if (external()) out.reserve(pieces);
+    std::vector<PrefixHit> result;
+    result.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        PrefixOps::apply_hit(*this, seqs[i], mut(get(seqs[i])), store, work[i], out);
+        result.push_back(work[i].plan.hit);
+    }
+    if (!out.empty()) {
+        const std::uint64_t k = next_serial("start_from_prefix", seqs.data(), n);
+        if (serial) *serial = k;
+    }
+    hits.swap(result);
+    if (moves) moves->swap(out);
 }
 
 }  // namespace dspark

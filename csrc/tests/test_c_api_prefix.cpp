@@ -46,9 +46,9 @@ std::vector<std::int64_t> span(std::int64_t from, std::int64_t n) {
 struct Chain {
     std::vector<std::uint64_t> keys;
     std::vector<std::size_t> offsets{0};
-    Chain(std::int64_t lo, std::int64_t hi) {
+    Chain(std::int64_t lo, std::int64_t hi, std::uint64_t tag = 0) {
         for (std::int64_t s = lo; s < hi; s += BT) {
-            keys.push_back(0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(s + 1) ^ static_cast<std::uint64_t>(std::min(s + BT, hi)));
+            keys.push_back((0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(s + 1) ^ static_cast<std::uint64_t>(std::min(s + BT, hi))) + (tag << 56));
             offsets.push_back(offsets.back() + 8);
         }
     }
@@ -341,6 +341,101 @@ TEST_CASE(c_checks_come_in_the_cores_order_with_its_messages) {
     CHECK_EQ(dspark_prefix_publish_rows(store, next.bytes(), next.offsets.data(), 1, 40, 48, rows.data(),
                                         DSPARK_DTYPE_F32, rows.size() * 4 - 6), DSPARK_E_INVALID_ARGUMENT);
     CHECK(mentions("rows must be 8 x 64 float32 values for positions [40, 48), got 7 rows and 250 bytes"));
+}
+
+namespace {
+
+// n chains as dspark_prefix_publish_many takes them: one key array, key
+// offsets from it, and where each chain starts among them.
+struct Chains {
+    std::vector<std::uint8_t> bytes;
+    std::vector<std::size_t> key_offsets{0}, chain_offsets{0};
+    explicit Chains(const std::vector<const Chain*>& chains) {
+        for (const Chain* c : chains) {
+            bytes.insert(bytes.end(), c->bytes(), c->bytes() + 8 * c->n());
+            for (std::size_t k = 0; k < c->n(); ++k) key_offsets.push_back(key_offsets.back() + 8);
+            chain_offsets.push_back(chain_offsets.back() + c->n());
+        }
+    }
+};
+
+std::vector<std::uint8_t> snapshot_of(dspark_stager* st, std::int64_t seq) {
+    std::size_t n = 0;
+    CHECK_EQ(dspark_snapshot_size(st, seq, &n), DSPARK_OK);
+    std::vector<std::uint8_t> out(n);
+    std::size_t written = 0;
+    CHECK_EQ(dspark_snapshot(st, seq, out.data(), out.size(), &written), DSPARK_OK);
+    return out;
+}
+
+dspark_prefix_stats stats_of(const dspark_prefix_store* store) {
+    dspark_prefix_stats s;
+    dspark_prefix_stats_init(&s);
+    CHECK_EQ(dspark_prefix_stats_get(store, &s), DSPARK_OK);
+    return s;
+}
+
+bool same_stats(const dspark_prefix_stats& a, const dspark_prefix_stats& b) {
+    return a.blocks == b.blocks && a.pages == b.pages && a.published == b.published &&
+           a.republished == b.republished && a.evicted_lru == b.evicted_lru && a.hits == b.hits &&
+           a.full_hits == b.full_hits && a.hit_rows == b.hit_rows && a.replayed_tokens == b.replayed_tokens;
+}
+
+}  // namespace
+
+// publish_many / hit_many through the C ABI: equal to loops of the single
+// calls (stores, hit results, snapshots); a batch refused at its second
+// entry, or for its chain offsets, changes nothing and names the entry.
+TEST_CASE(c_batches_equal_loops_and_a_rejected_batch_changes_nothing) {
+    dspark_stager *a = make_stager(), *b = make_stager();
+    dspark_prefix_store *sa = nullptr, *sb = nullptr;
+    CHECK_EQ(dspark_prefix_store_create(a, BT, 1 << 20, &sa), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_store_create(b, BT, 1 << 20, &sb), DSPARK_OK);
+    for (dspark_stager* st : {a, b})
+        for (std::int64_t seq : {0, 1}) {
+            const auto pos = span(0, 40);
+            const auto rows = rows_for(100 * seq, 40);
+            CHECK_EQ(dspark_process(st, seq, pos.data(), pos.size(), rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
+        }
+    const Chain c0(0, 40, 1), c1(0, 40, 2);
+    CHECK_EQ(dspark_prefix_publish(a, 0, sa, c0.bytes(), c0.offsets.data(), c0.n(), 0, 40), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_publish(a, 1, sa, c1.bytes(), c1.offsets.data(), c1.n(), 0, 40), DSPARK_OK);
+    const Chains both({&c0, &c1});
+    const std::int64_t seqs[2] = {0, 1}, starts[2] = {0, 0}, ends[2] = {40, 40};
+    CHECK_EQ(dspark_prefix_publish_many(b, seqs, 2, sb, both.bytes.data(), both.key_offsets.data(),
+                                        both.chain_offsets.data(), starts, ends), DSPARK_OK);
+    CHECK(same_stats(stats_of(sa), stats_of(sb)));
+    // Hits crossed over: sequence 0 from sequence 1's blocks and the other way round.
+    dspark_prefix_hit_result loop[2], batch[2];
+    CHECK_EQ(dspark_prefix_hit(a, 0, sa, c1.bytes(), c1.offsets.data(), c1.n(), 40, &loop[0]), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_hit(a, 1, sa, c0.bytes(), c0.offsets.data(), c0.n(), 40, &loop[1]), DSPARK_OK);
+    const Chains crossed({&c1, &c0});
+    const std::int64_t n_tokens[2] = {40, 40};
+    CHECK_EQ(dspark_prefix_hit_many(b, seqs, 2, sb, crossed.bytes.data(), crossed.key_offsets.data(),
+                                    crossed.chain_offsets.data(), n_tokens, batch), DSPARK_OK);
+    CHECK(std::memcmp(loop, batch, sizeof loop) == 0);
+    CHECK_EQ(batch[0].rows, 40);
+    for (std::int64_t seq : {0, 1}) CHECK(snapshot_of(a, seq) == snapshot_of(b, seq));
+    CHECK(same_stats(stats_of(sa), stats_of(sb)));
+    // Refused at entry 1 (positions past its rows) after a valid entry 0: nothing changes.
+    const dspark_prefix_stats before = stats_of(sb);
+    const auto snap0 = snapshot_of(b, 0);
+    const Chain c2(0, 40, 3), c3(0, 48, 4);
+    const Chains bad({&c2, &c3});
+    const std::int64_t bad_ends[2] = {40, 48};
+    CHECK_EQ(dspark_prefix_publish_many(b, seqs, 2, sb, bad.bytes.data(), bad.key_offsets.data(),
+                                        bad.chain_offsets.data(), starts, bad_ends), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(mentions("publish_many: seqs[1] (sequence 1)"));
+    const std::size_t falling[3] = {0, 5, 4};
+    CHECK_EQ(dspark_prefix_publish_many(b, seqs, 2, sb, bad.bytes.data(), bad.key_offsets.data(), falling, starts,
+                                        ends), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(mentions("chain_offsets must not decrease"));
+    CHECK(same_stats(before, stats_of(sb)));
+    CHECK(snap0 == snapshot_of(b, 0));
+    dspark_prefix_store_destroy(sa);
+    dspark_prefix_store_destroy(sb);
+    dspark_stager_destroy(a);
+    dspark_stager_destroy(b);
 }
 
 TEST_MAIN()

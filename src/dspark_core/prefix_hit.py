@@ -12,7 +12,7 @@ import numpy as np
 
 from .slot_moves import SlotMoves
 
-__all__ = ["PrefixHit", "PrefixMoves", "no_prefix_moves", "PUBLISH", "HIT"]
+__all__ = ["PrefixHit", "PrefixHits", "PrefixMoves", "no_prefix_moves", "PUBLISH", "HIT"]
 
 #: ``PrefixMoves.direction`` of a publish: the Stager's ring table (src) to the store's table (dst).
 PUBLISH = "publish"
@@ -103,3 +103,13 @@ class PrefixHit:
         """The fields but ``moves`` (for comparisons and JSON)."""
         return {k: getattr(self, k) for k in (
             "n_tokens", "need_first", "first_row", "replay_from", "rows", "origin", "exact", "blocks_found")}
+
+
+class PrefixHits(list[PrefixHit]):
+    """``hit_many``'s result: one :class:`PrefixHit` per sequence, in batch order, and ``moves``:
+    the copies of every hit of the batch (external rows: one table change, numbered among the
+    Stager's; held mode: empty). The hits' own ``moves`` are empty."""
+
+    def __init__(self, hits: list[PrefixHit], moves: PrefixMoves) -> None:
+        super().__init__(hits)
+        self.moves = moves

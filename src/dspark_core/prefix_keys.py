@@ -49,6 +49,22 @@ def as_key(key: Any) -> bytes:
     return (v % _U64).to_bytes(8, "little")
 
 
+def as_key_chains(call: str, keys: Any, n: int) -> list[tuple[bytes, np.ndarray]]:
+    """A batch's chains (``keys[i]``: sequence ``i``'s), each as :func:`as_key_chain` gives it.
+    Errors start with ``call`` and name the chain."""
+    if isinstance(keys, (bytes, bytearray, memoryview, str)) or not hasattr(keys, "__len__"):
+        raise TypeError(f"{call}: keys must be one chain of keys per sequence, got {type(keys).__name__}")
+    if len(keys) != n:
+        raise ValueError(f"{call}: {n} sequences for {len(keys)} key chains")
+    chains = []
+    for i, chain in enumerate(keys):
+        try:
+            chains.append(as_key_chain(chain))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{call}: keys[{i}]: {exc}") from None
+    return chains
+
+
 def as_key_chain(keys: Any) -> tuple[bytes, np.ndarray]:
     """A chain of keys as ``(bytes, offsets)``: key ``i`` is ``bytes[offsets[i]:offsets[i + 1]]``.
 

@@ -39,7 +39,7 @@ import numpy as np
 from . import formats
 from ._ext import _row_format
 from .prefix_keys import as_block_data
-from .prefix_hit import PUBLISH, PrefixHit, PrefixMoves
+from .prefix_hit import PUBLISH, PrefixHit, PrefixHits, PrefixMoves
 
 __all__ = ["PrefixTableOwner"]
 
@@ -124,6 +124,24 @@ class PrefixTableOwner:
             hit = self.store.hit(ring.stager, seq, keys, n_tokens)
             ring.apply(hit.moves, prefix_table=self)
         return hit
+
+    def publish_many(self, ring: Any, seqs: Any, keys: Any, starts: Any, ends: Any) -> PrefixMoves:
+        """``store.publish_many(ring.stager, ...)`` and apply its copies (one table change for the batch)."""
+        self.check_ring(ring, f"{self._name}.publish_many")
+        with ring._lock, self._lock:
+            ring._require_applied(f"{self._name}.publish_many")
+            moves = self.store.publish_many(ring.stager, seqs, keys, starts, ends)
+            ring.apply(moves, prefix_table=self)
+        return moves
+
+    def hit_many(self, ring: Any, seqs: Any, keys: Any, n_tokens: Any) -> PrefixHits:
+        """``store.hit_many(ring.stager, ...)`` and apply its copies (one table change for the batch)."""
+        self.check_ring(ring, f"{self._name}.hit_many")
+        with ring._lock, self._lock:
+            ring._require_applied(f"{self._name}.hit_many")
+            hits = self.store.hit_many(ring.stager, seqs, keys, n_tokens)
+            ring.apply(hits.moves, prefix_table=self)
+        return hits
 
     def copy(self, moves: PrefixMoves, ring: Any) -> None:
         """The copies of ``moves`` between ``ring``'s table and this one (a publish: ring -> table,

@@ -471,6 +471,29 @@ DSPARK_API dspark_status dspark_prefix_publish(dspark_stager* st, int64_t seq, d
 DSPARK_API dspark_status dspark_prefix_hit(dspark_stager* st, int64_t seq, dspark_prefix_store* store,
                                            const uint8_t* keys, const size_t* key_offsets, size_t n_keys,
                                            int64_t n_tokens, dspark_prefix_hit_result* out);
+/* A step's publishes in one call: seqs[i]'s blocks [starts[i], ends[i])
+ * under chain i, as a loop of dspark_prefix_publish in batch order. The n
+ * chains share one key array: chain i is the keys key_offsets[c] ..
+ * key_offsets[c + m] of `keys` (c = chain_offsets[i], m = chain_offsets[i +
+ * 1] - c; chain_offsets has n + 1 entries rising from 0). Checked whole
+ * first: a rejected batch changes nothing, and its message names the entry
+ * ("publish_many: seqs[i] (sequence s): ..."); a block new to the store in
+ * two entries is refused. EXTERNAL: the copies of every entry, in order,
+ * are this thread's last moves (one table change). */
+DSPARK_API dspark_status dspark_prefix_publish_many(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                    dspark_prefix_store* store, const uint8_t* keys,
+                                                    const size_t* key_offsets, const size_t* chain_offsets,
+                                                    const int64_t* starts, const int64_t* ends);
+/* dspark_prefix_hit for several sequences: seqs[i] from a hit of n_tokens[i]
+ * positions under chain i (the chains as dspark_prefix_publish_many's), as a
+ * loop in batch order; out[i] (out may be NULL) receives seqs[i]'s hit.
+ * Every hit is checked and planned first (a rejected batch changes
+ * nothing). EXTERNAL: the copies of them all are this thread's last moves
+ * (one table change). */
+DSPARK_API dspark_status dspark_prefix_hit_many(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                dspark_prefix_store* store, const uint8_t* keys,
+                                                const size_t* key_offsets, const size_t* chain_offsets,
+                                                const int64_t* n_tokens, dspark_prefix_hit_result* out);
 /* What dspark_prefix_hit would find now; changes nothing. */
 DSPARK_API dspark_status dspark_prefix_lookup(const dspark_prefix_store* store, const uint8_t* keys,
                                               const size_t* key_offsets, size_t n_keys, int64_t n_tokens,

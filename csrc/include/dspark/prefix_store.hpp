@@ -302,8 +302,11 @@ private:
     // Page memory for every page a commit of `n_new` more pages can touch
     // (allocates, may throw bad_alloc; changes nothing observable).
     void reserve_pages(std::int64_t n_new);
-    // Adds the planned blocks (evicting LRU blocks for room), filling their rows.
-    void commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill);
+    // Adds the planned blocks (evicting LRU blocks for room), filling their
+    // rows. `keep` (a batch of publishes): blocks no eviction may take, the
+    // least recently used one not in it goes instead (there must be one).
+    void commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill,
+                        const std::unordered_map<const Block*, int>* keep = nullptr);
     std::int64_t take_page();
     void drop(Block& b);
     void touch(Block& b);

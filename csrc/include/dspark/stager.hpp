@@ -427,6 +427,31 @@ public:
     PrefixHit start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
                                 std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr);
 
+    // A step's publishes in one call: publish_prefix of seqs[i]'s blocks
+    // [starts[i], ends[i]) under keys[i], in batch order, as a loop would.
+    // Checked whole before anything changes (a rejected batch changes
+    // nothing): the ids, the locks, every sequence's state, unique ids, then
+    // each entry's checks against the store as the call found it
+    // ("publish_many: seqs[i] (sequence s): " + publish_prefix's error), a
+    // block key new to the store in two entries (publish it once), and room
+    // for the batch beside the blocks it must keep. Where a loop would fail
+    // part-way (an earlier entry evicting a block that a later one refreshes
+    // from rows it no longer holds), the batch keeps that block and evicts
+    // the next least recently used one. External rows: the copies of every
+    // entry in order, one table change (*serial) of every sequence.
+    std::vector<SlotMove> publish_prefix_many(const std::int64_t* seqs, std::size_t n, PrefixStore& store,
+                                              const KeyChain* keys, const std::int64_t* starts,
+                                              const std::int64_t* ends, std::uint64_t* serial = nullptr);
+    // start_from_prefix for several sequences: seqs[i] from the hit of
+    // n_tokens[i] positions under keys[i]. Every hit is checked and planned,
+    // and every ring it needs allocated, before any changes (a rejected
+    // batch changes nothing; "hit_many: seqs[i] ..."); then applied in batch
+    // order, equal to a loop. hits[i]: seqs[i]'s hit. External rows: `moves`
+    // (required) the copies of them all in order, one table change (*serial).
+    void start_from_prefix_many(const std::int64_t* seqs, std::size_t n, PrefixStore& store, const KeyChain* keys,
+                                const std::int64_t* n_tokens, std::vector<PrefixHit>& hits,
+                                std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr);
+
     // Where draft() takes large output buffers from; give them back with
     // pool()->give(std::move(buffer)) once the caller is done with them.
     const std::shared_ptr<BufferPool>& pool() const noexcept { return pool_; }
@@ -468,7 +493,8 @@ private:
     struct alignas(64) SeqMutex {
         std::mutex m;
     };
-    class BatchLock;  // the locks of a batch's sequences (stager.cpp)
+    class BatchLock;  // the locks of a batch's sequences (stager_batch.hpp)
+    struct PrefixOps;  // the prefix store's changes of a sequence (stager_prefix.cpp)
     struct Append;    // one sequence's rows, checked and not yet committed
 
     // -- locks: a call locks before its state checks; ids are checked first
@@ -527,10 +553,14 @@ private:
     // `seq` (and `other`, unless -1): the sequences whose slots the change
     // copies into or out of (a fork: both), for changes_of().
     std::uint64_t next_serial(const char* call, std::int64_t seq, std::int64_t other = -1) noexcept {
+        const std::int64_t seqs[2] = {seq, other};
+        return next_serial(call, seqs, other >= 0 ? 2 : 1);
+    }
+    // The same for a batch's change: every sequence of seqs[0..n).
+    std::uint64_t next_serial(const char* call, const std::int64_t* seqs, std::size_t n) noexcept {
         last_change_.store(call, std::memory_order_release);
         const std::uint64_t k = serials_.fetch_add(1, std::memory_order_acq_rel) + 1;
-        changed_[static_cast<std::size_t>(seq)].store(k, std::memory_order_release);
-        if (other >= 0) changed_[static_cast<std::size_t>(other)].store(k, std::memory_order_release);
+        for (std::size_t i = 0; i < n; ++i) changed_[static_cast<std::size_t>(seqs[i])].store(k, std::memory_order_release);
         return k;
     }
 

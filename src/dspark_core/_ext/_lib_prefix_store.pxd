@@ -86,3 +86,9 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
                                         int64_t end, uint64_t* serial) except +dspark_translate_exception
         PrefixHit start_from_prefix(int64_t seq, PrefixStore& store, const KeyChain& keys, int64_t n_tokens,
                                     vector[SlotMove]* moves, uint64_t* serial) except +dspark_translate_exception
+        vector[SlotMove] publish_prefix_many(const int64_t* seqs, size_t n, PrefixStore& store, const KeyChain* keys,
+                                             const int64_t* starts, const int64_t* ends,
+                                             uint64_t* serial) except +dspark_translate_exception
+        void start_from_prefix_many(const int64_t* seqs, size_t n, PrefixStore& store, const KeyChain* keys,
+                                    const int64_t* n_tokens, vector[PrefixHit]& hits, vector[SlotMove]* moves,
+                                    uint64_t* serial) except +dspark_translate_exception

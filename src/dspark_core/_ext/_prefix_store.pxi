@@ -14,8 +14,8 @@ from libcpp.string cimport string
 
 from dspark_core import prefix_hit as _prefix_hit
 from dspark_core._args import as_rows
-from dspark_core.prefix_hit import PrefixHit, PrefixMoves, no_prefix_moves
-from dspark_core.prefix_keys import as_block_rows, as_block_data, as_key, as_key_chain
+from dspark_core.prefix_hit import PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
+from dspark_core.prefix_keys import as_block_rows, as_block_data, as_key, as_key_chain, as_key_chains
 
 # A non-NULL pointer for rows given as an empty buffer (the core tells "no
 # rows" from "empty rows").
@@ -186,6 +186,71 @@ cdef class PrefixStore:
         else:
             out = PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.HIT, self)
         return _hit(r, out)
+
+    def publish_many(self, stager, seqs, keys, starts, ends):
+        """``publish`` for a step's sequences in one call (the GIL released): the blocks
+        ``[starts[i], ends[i])`` of ``seqs[i]`` under the chain ``keys[i]``, in batch order.
+
+        Equal to a loop of ``publish``, checked whole first: a rejected batch changes nothing, and
+        an error names the sequence (``"publish_many: seqs[i] (sequence s): ..."``). A block new
+        to the store in two entries is refused (publish it once). External-row mode: the copies
+        of every entry, one table change (:class:`PrefixMoves`); held mode: an empty one.
+        """
+        cdef Stager st = _stager_arg(stager)
+        sv = st._ids("publish_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        conv = st._batch_converted("publish_many", sv, Need.Ready, as_key_chains, ("publish_many", keys, n))
+        a = st._per_seq("publish_many", sv, Need.Ready, "starts", starts)
+        b = st._per_seq("publish_many", sv, Need.Ready, "ends", ends)
+        cdef vector[KeyChain] chains
+        chains.resize(n)
+        cdef size_t i
+        for i in range(n):
+            _chain(conv[i], &chains[i])
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* ap = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>a)
+        cdef const int64_t* bp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>b)
+        cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
+        cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
+        with nogil:
+            moves = side.publish_prefix_many(sp, n, self._core[0], chains.data(), ap, bp, &serial)
+        del conv
+        if moves.size() == 0:
+            return no_prefix_moves(st, _prefix_hit.PUBLISH, self)
+        return PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.PUBLISH, self)
+
+    def hit_many(self, stager, seqs, keys, n_tokens):
+        """``hit`` for several sequences in one call (the GIL released): ``seqs[i]`` from a hit of
+        ``n_tokens[i]`` positions under the chain ``keys[i]``.
+
+        Equal to a loop of ``hit``; every hit is checked and planned first (a rejected batch
+        changes nothing; errors name the sequence). Returns :class:`PrefixHits`: the hits in
+        batch order, and ``moves``: the copies of them all (external rows: one table change).
+        """
+        cdef Stager st = _stager_arg(stager)
+        sv = st._ids("hit_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        conv = st._batch_converted("hit_many", sv, Need.Ready, as_key_chains, ("hit_many", keys, n))
+        h = st._per_seq("hit_many", sv, Need.Ready, "n_tokens", n_tokens)
+        cdef vector[KeyChain] chains
+        chains.resize(n)
+        cdef size_t i
+        for i in range(n):
+            _chain(conv[i], &chains[i])
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* hp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>h)
+        cdef vector[CPrefixHit] hits
+        cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
+        cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
+        with nogil:
+            side.start_from_prefix_many(sp, n, self._core[0], chains.data(), hp, hits, &moves, &serial)
+        del conv
+        empty = no_prefix_moves(st, _prefix_hit.HIT, self)
+        batch = empty if moves.size() == 0 else PrefixMoves.wrap_prefix(_moves_array(moves), st, serial,
+                                                                         _prefix_hit.HIT, self)
+        return PrefixHits([_hit(hits[i], empty) for i in range(n)], batch)
 
     def lookup(self, keys, n_tokens):
         """What ``hit`` would find for this chain now (a :class:`PrefixHit`); changes nothing."""

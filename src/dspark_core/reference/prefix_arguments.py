@@ -91,6 +91,32 @@ def key_text(k: bytes) -> str:
     return "0x" + k[:12].hex() + ("..." if len(k) > 12 else "")
 
 
+def key_chains(call: str, value: Any, n: int) -> list[list[bytes]]:
+    """A batch's chains, one per sequence (errors start with ``call`` and name the chain)."""
+    if isinstance(value, (bytes, bytearray, memoryview, str)) or not hasattr(value, "__len__"):
+        raise TypeError(f"{call}: keys must be one chain of keys per sequence, got {type(value).__name__}")
+    if len(value) != n:
+        raise ValueError(f"{call}: {n} sequences for {len(value)} key chains")
+    chains = []
+    for i, chain in enumerate(value):
+        try:
+            chains.append(key_chain(chain))
+        except (TypeError, ValueError) as exc:
+            raise type(exc)(f"{call}: keys[{i}]: {exc}") from None
+    return chains
+
+
+def new_twice_in_batch(block: tuple[int, int], first: int) -> ValueError:
+    return ValueError(f"the block at {span(*block)} is new to the store in seqs[{first}] of this batch too: publish "
+                      "a block once per batch")
+
+
+def batch_without_room(call: str, kept_pages: int, largest: int, n_pages: int) -> ValueError:
+    return ValueError(f"{call}: the batch refreshes blocks of {kept_pages} pages from rows its sequences no longer "
+                      f"hold, and a new block needs {largest} of the store's {n_pages} pages beside them: publish "
+                      "fewer blocks at once (nothing changed)")
+
+
 def span(a: int, b: int) -> str:
     return f"[{a}, {b})"
 

@@ -52,8 +52,8 @@ from . import formats as rf
 from . import prefix_arguments as parg
 from .. import prefix_block_format
 from ..config import StagerConfig
-from ..prefix_hit import HIT, PUBLISH, PrefixHit, PrefixMoves, no_prefix_moves
-from .stager import ReferenceStager, _moves, _Seq
+from ..prefix_hit import HIT, PUBLISH, PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
+from .stager import READY, ReferenceStager, _moves, _Seq
 
 __all__ = ["ReferencePrefixStore", "SEMANTIC_PREFIX_STATS"]
 
@@ -175,8 +175,9 @@ class ReferencePrefixStore:
         self._stats["key_bytes"] -= len(key)
         self._stats["blocks"] -= 1
 
-    def _commit(self, plan: _Plan, rows_of: Any) -> list[_Block]:
-        """Refresh held blocks, then add new ones (evicting LRU blocks); ``rows_of(pos)`` gives a row."""
+    def _commit(self, plan: _Plan, rows_of: Any, keep: Any = ()) -> list[_Block]:
+        """Refresh held blocks, then add new ones (evicting LRU blocks, but none in ``keep``: a batch's);
+        ``rows_of(pos)`` gives a row."""
         for k, _, _, b in plan:
             if b is not None:
                 self._blocks.move_to_end(k)
@@ -188,7 +189,7 @@ class ReferencePrefixStore:
             first = self._kept_first(s, e)
             need = self._pages_for(e - first)
             while self.n_pages - self._stats["pages"] < need:
-                self._drop(next(iter(self._blocks)))
+                self._drop(next(key for key in self._blocks if key not in keep))
                 self._stats["evicted_lru"] += 1
             nb = _Block(k, s, e, first, [self._take_page() for _ in range(need)])
             if not self._external:
@@ -200,12 +201,13 @@ class ReferencePrefixStore:
             added.append(nb)
         return added
 
-    def _issue(self, stager: ReferenceStager, moves: np.ndarray, direction: str, seq: int) -> PrefixMoves:
-        """Moves as the core numbers them: among the Stager's table changes, when non-empty."""
+    def _issue(self, stager: ReferenceStager, moves: np.ndarray, direction: str, *seqs: int) -> PrefixMoves:
+        """Moves as the core numbers them: among the Stager's table changes, when non-empty (one
+        change of every sequence of a batch)."""
         if len(moves) == 0:
             return no_prefix_moves(stager, direction, self)
         call = "publish_prefix" if direction == PUBLISH else "start_from_prefix"
-        return PrefixMoves.wrap_prefix(moves, stager, stager._number_change(call, seq), direction, self)
+        return PrefixMoves.wrap_prefix(moves, stager, stager._number_change(call, *seqs), direction, self)
 
     # -- the Stager side ----------------------------------------------------
     def publish(self, stager: Any, seq: Any, keys: Any, start: Any, end: Any) -> PrefixMoves:
@@ -215,6 +217,17 @@ class ReferencePrefixStore:
         chain = parg.key_chain(keys)
         start = arg.integer("start", start)
         end = arg.integer("end", end)
+        plan = self._check_publish(stager, i, st, chain, start, end)
+        src: list[int] = []
+        dst: list[int] = []
+        self._publish_rows(stager, i, st, plan, src, dst)
+        if not self._external:
+            return no_prefix_moves(stager, PUBLISH, self)
+        return self._issue(stager, _moves(src, dst), PUBLISH, i)
+
+    def _check_publish(self, stager: ReferenceStager, i: int, st: _Seq, chain: list[bytes], start: int,
+                       end: int) -> _Plan:
+        """A publish's checks after the sequence's (the store, the plan, the rows); its plan."""
         parg.compatible(self.config, stager.config)
         plan = self._plan(chain, start, end)
         if not st.started:
@@ -228,16 +241,67 @@ class ReferencePrefixStore:
                 raise parg.rows_gone(i, first, e - first, (s, e), st.horizon)
         # Rows the ring no longer holds compare as equal (a refresh on the key and positions alone).
         self._same_rows(plan, lambda p: st.rows[p].tobytes() if p in st.rows else None, f"sequence {i}: ")
-        added = self._commit(plan, lambda p: st.rows[p].tobytes())
-        if not self._external:
-            return no_prefix_moves(stager, PUBLISH, self)
-        base = i * stager.ring_rows
+        return plan
+
+    def _publish_rows(self, stager: ReferenceStager, i: int, st: _Seq, plan: _Plan, src: list[int], dst: list[int],
+                      keep: Any = ()) -> None:
+        """A checked publish's change; external rows: its copies appended to ``src`` / ``dst``."""
+        added = self._commit(plan, lambda p: st.rows[p].tobytes(), keep)
+        if self._external:
+            base = i * stager.ring_rows
+            for b in added:
+                src += st.ring.slots(b.first, b.end, base)
+                dst += b.slots(self.page_rows)
+
+    def publish_many(self, stager: Any, seqs: Any, keys: Any, starts: Any, ends: Any) -> PrefixMoves:
+        """``publish`` for a step's sequences, checked whole first (see the core's publish_prefix_many)."""
+        stager = self._stager(stager)
+        call = "publish_many"
+        ids = arg.seq_ids(call, seqs)
+        n = len(ids)
+        chains = stager._converted(call, ids, READY, parg.key_chains, call, keys, n)
+        first = stager._converted(call, ids, READY, arg.batch_ints, call, "starts", starts, n).tolist()
+        last = stager._converted(call, ids, READY, arg.batch_ints, call, "ends", ends, n).tolist()
+        states = stager._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        seq_list = ids.tolist()
+        plans = []
+        for k, s in enumerate(seq_list):
+            with arg.in_batch(call, k, s):
+                plans.append(self._check_publish(stager, s, states[k], chains[k], first[k], last[k]))
+        # A key new to the store in two entries; blocks refreshed from rows no longer held (kept).
+        added: dict[bytes, int] = {}
+        keep: dict[bytes, int] = {}
+        fragile: list[list[bytes]] = [[] for _ in seq_list]
+        kept_pages = largest = 0
+        for k, (s, plan) in enumerate(zip(seq_list, plans)):
+            for key, bs, be, blk in plan:
+                kept_first = self._kept_first(bs, be)
+                largest = max(largest, self._pages_for(be - kept_first))
+                if blk is None:
+                    if key in added:
+                        with arg.in_batch(call, k, s):
+                            raise parg.new_twice_in_batch((bs, be), added[key])
+                    added[key] = k
+                elif kept_first < states[k].horizon:
+                    fragile[k].append(key)
+                    if key not in keep:
+                        kept_pages += len(blk.pages)
+                    keep[key] = keep.get(key, 0) + 1
+        if self.n_pages - kept_pages < largest:
+            raise parg.batch_without_room(call, kept_pages, largest, self.n_pages)
         src: list[int] = []
         dst: list[int] = []
-        for b in added:
-            src += st.ring.slots(b.first, b.end, base)
-            dst += b.slots(self.page_rows)
-        return self._issue(stager, _moves(src, dst), PUBLISH, i)
+        for k, s in enumerate(seq_list):
+            for key in fragile[k]:
+                keep[key] -= 1
+                if keep[key] == 0:
+                    del keep[key]
+            plan = plans[0] if k == 0 else self._plan(chains[k], first[k], last[k])
+            self._publish_rows(stager, s, states[k], plan, src, dst, keep)
+        if not self._external:
+            return no_prefix_moves(stager, PUBLISH, self)
+        return self._issue(stager, _moves(src, dst), PUBLISH, *seq_list)
 
     def _plan_hit(self, chain: list[bytes], h: int) -> tuple[dict[str, Any], list[_Block]]:
         bt, c, K = self.block_tokens, self.config, self.w_keep
@@ -287,9 +351,43 @@ class ReferencePrefixStore:
         h = arg.integer("n_tokens", n_tokens)
         parg.compatible(self.config, stager.config)
         plan, used = self._plan_hit(chain, h)
+        src: list[int] = []
+        dst: list[int] = []
+        self._apply_hit(stager, i, h, plan, used, src, dst)
+        return PrefixHit(**plan, moves=self._issue(stager, _moves(src, dst), HIT, i) if self._external
+                         else no_prefix_moves(stager, HIT, self))
+
+    def hit_many(self, stager: Any, seqs: Any, keys: Any, n_tokens: Any) -> PrefixHits:
+        """``hit`` for several sequences, every hit planned first (see the core's start_from_prefix_many)."""
+        stager = self._stager(stager)
+        call = "hit_many"
+        ids = arg.seq_ids(call, seqs)
+        n = len(ids)
+        chains = stager._converted(call, ids, READY, parg.key_chains, call, keys, n)
+        hs = stager._converted(call, ids, READY, arg.batch_ints, call, "n_tokens", n_tokens, n).tolist()
+        stager._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        parg.compatible(self.config, stager.config)
+        seq_list = ids.tolist()
+        planned = []
+        for k, s in enumerate(seq_list):
+            with arg.in_batch(call, k, s):
+                planned.append(self._plan_hit(chains[k], hs[k]))
+        src: list[int] = []
+        dst: list[int] = []
+        for s, h, (plan, used) in zip(seq_list, hs, planned):
+            self._apply_hit(stager, s, h, plan, used, src, dst)
+        empty = no_prefix_moves(stager, HIT, self)
+        moves = self._issue(stager, _moves(src, dst), HIT, *seq_list) if self._external else empty
+        return PrefixHits([PrefixHit(**plan, moves=empty) for plan, _ in planned], moves)
+
+    def _apply_hit(self, stager: ReferenceStager, i: int, h: int, plan: dict[str, Any], used: list[_Block],
+                   src: list[int], dst: list[int]) -> None:
+        """Starts sequence ``i`` from a planned hit (``plan`` loses its ``owed``); external rows: its
+        copies appended to ``src`` / ``dst``."""
+        old = stager._seqs[i]
         a, to = plan["first_row"], plan["replay_from"]
         base = i * stager.ring_rows
-        moves = np.zeros((0, 3), np.int64)
         if to == 0:
             old.ring.reset(0)
             stager._seqs[i] = _Seq(ring=old.ring)  # begin()
@@ -303,8 +401,8 @@ class ReferencePrefixStore:
                 st.ring.append(n)
             where = {p: (b, t) for b in used for t, p in enumerate(range(b.first, b.end))}
             if self._external:
-                moves = _moves([where[p][0].slots(self.page_rows)[where[p][1]] for p in range(a, to)],
-                               st.ring.slots(a, to, base))
+                src += [where[p][0].slots(self.page_rows)[where[p][1]] for p in range(a, to)]
+                dst += st.ring.slots(a, to, base)
             else:
                 st.rows = {p: np.frombuffer(where[p][0].rows[p], np.uint8).copy() for p in range(a, to)}
             stager._seqs[i] = st
@@ -318,8 +416,6 @@ class ReferencePrefixStore:
             self._stats["replayed_tokens"] += h - to
             self._stats["full_hits"] += int(plan["exact"] and to == h)
         plan.pop("owed")
-        return PrefixHit(**plan, moves=self._issue(stager, moves, HIT, i) if self._external
-                         else no_prefix_moves(stager, HIT, self))
 
     def lookup(self, keys: Any, n_tokens: Any) -> PrefixHit:
         """What ``hit`` would find now; changes nothing."""

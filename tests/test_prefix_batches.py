@@ -1,0 +1,253 @@
+"""``publish_many`` / ``hit_many``: a step's prefix-store calls in one call each.
+
+The oracles: a loop of ``publish`` / ``hit`` on a twin pair (same Stager
+configuration, same store, same calls), and the pure-Python reference's own
+batches. Over random steps of many sequences, in both row modes, the batch
+leaves the store (keys, stats, every block's exported bytes), every
+sequence (state, snapshot bytes) and, with external rows, both tables as
+the loop leaves them, with one table change per batch. A rejected batch,
+refused at its third entry after two valid ones, changes nothing, and says
+which entry, word for word as the reference does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import massive_rows
+from dspark_core import HostPrefixTable, HostRing, PrefixStore, Stager, StagerConfig
+from dspark_core.reference import ReferencePrefixStore, ReferenceStager
+
+D, B, W, BT = 32, 4, 64, 8
+N = 6
+IMPLS = {"core": (Stager, PrefixStore), "reference": (ReferenceStager, ReferencePrefixStore)}
+
+
+def keys_of(tag: int, lo: int, hi: int) -> list[int]:
+    return [tag * 100_000 + s for s in range(lo, hi, BT)]
+
+
+class Pair:
+    """A Stager and its store (with a HostRing and HostPrefixTable in external-row mode)."""
+
+    def __init__(self, impl: str, rows: str, budget: int = 1 << 20) -> None:
+        stager, store = IMPLS[impl]
+        self.cfg = StagerConfig(D, B, W, max_seqs=N, storage="q8_0", rows=rows)
+        self.st = stager(self.cfg)
+        self.store = store(self.cfg, BT, budget)
+        self.external = rows == "external"
+        if self.external:
+            self.ring = HostRing(self.st)
+            self.table = HostPrefixTable(self.store, self.ring)
+
+    def feed(self, seq: int, lo: int, rows: np.ndarray) -> None:
+        pos = np.arange(lo, lo + len(rows))
+        if self.external:
+            self.ring.write(seq, pos, rows)
+        else:
+            self.st.process(seq, pos, rows)
+
+    def publish_loop(self, seqs, keys, starts, ends) -> None:
+        for s, k, a, b in zip(seqs, keys, starts, ends):
+            if self.external:
+                self.table.publish(self.ring, s, k, a, b)
+            else:
+                self.store.publish(self.st, s, k, a, b)
+
+    def publish_many(self, seqs, keys, starts, ends):
+        if self.external:
+            return self.table.publish_many(self.ring, seqs, keys, starts, ends)
+        return self.store.publish_many(self.st, seqs, keys, starts, ends)
+
+    def hit_loop(self, seqs, keys, n_tokens) -> list:
+        if self.external:
+            return [self.table.hit(self.ring, s, k, h) for s, k, h in zip(seqs, keys, n_tokens)]
+        return [self.store.hit(self.st, s, k, h) for s, k, h in zip(seqs, keys, n_tokens)]
+
+    def hit_many(self, seqs, keys, n_tokens):
+        if self.external:
+            return self.table.hit_many(self.ring, seqs, keys, n_tokens)
+        return self.store.hit_many(self.st, seqs, keys, n_tokens)
+
+    def everything(self) -> tuple:
+        """What a call may change: every sequence, the store, both tables."""
+        seqs = tuple((repr(self.st.state(s)), bytes(self.st.snapshot(s))) for s in range(N))
+        live = tuple(self.ring.read(self.st.live_slots(s)).tobytes() for s in range(N)) if self.external else ()
+        blocks = tuple(sorted(
+            (bytes(k), self.table.export_block(k) if self.external else self.store.export_block(k))
+            for k in self.store.keys()))
+        stats = {k: v for k, v in self.store.stats().items() if k != "resident_bytes"}
+        return seqs, live, blocks, tuple(sorted(stats.items())), self.st.moves_issued
+
+
+def _step_publishes(rng, ends_now, published):
+    """One step's publishes: the blocks completed since each sequence's last publish (a sequence
+    whose lag is short may wait a step), one sequence per shared prompt (s and s + 3 share one:
+    a block new to the store is published once per batch)."""
+    seqs, keys, starts, ends, tags = [], [], [], [], set()
+    for s in rng.permutation(N).tolist():
+        lo, hi = published[s], ends_now[s] // BT * BT
+        if hi <= lo or s % 3 in tags or (hi - lo < 3 * BT and rng.random() < 0.3):
+            continue
+        tags.add(s % 3)
+        seqs.append(s)
+        keys.append(keys_of(s % 3, lo, hi))
+        starts.append(lo)
+        ends.append(hi)
+    return seqs, keys, starts, ends
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("budget", [1 << 20, 12_000], ids=["roomy", "evicting"])
+def test_batches_equal_loops(impl, rows, budget):
+    rng = np.random.default_rng(hash((impl, rows, budget)) % 2**32)
+    batch, loop = Pair(impl, rows, budget), Pair(impl, rows, budget)
+    prompts = {t: massive_rows(np.random.default_rng(t), 400, D) for t in range(3)}
+    ends_now, published = [0] * N, [0] * N
+    for step in range(30):
+        # Prefill chunks of a few blocks: sequences s and s + 3 carry the same prompt rows.
+        for s in range(N):
+            n = int(rng.integers(1, 12))
+            if ends_now[s] + n > 400:
+                continue
+            chunk = prompts[s % 3][ends_now[s]:ends_now[s] + n]
+            for p in (batch, loop):
+                p.feed(s, ends_now[s], chunk)
+            ends_now[s] += n
+        seqs, keys, starts, ends = _step_publishes(rng, ends_now, published)
+        loop.publish_loop(seqs, keys, starts, ends)
+        moves = batch.publish_many(seqs, keys, starts, ends)
+        for i in range(len(seqs)):
+            published[seqs[i]] = ends[i]
+        if rows == "external":
+            assert moves.serial in (0, batch.st.moves_issued)
+        assert batch.everything()[2:4] == loop.everything()[2:4], step
+        if step % 5 == 4:  # hits: some sequences start over from the store
+            hs = rng.choice(N, size=3, replace=False).tolist()
+            hk = [keys_of(s % 3, 0, ends_now[s]) for s in hs]
+            ht = [min(ends_now[s] // BT, int(rng.integers(0, 25))) * BT for s in hs]  # whole blocks
+            hk = [k[: -(-t // BT)] for k, t in zip(hk, ht)]
+            want = loop.hit_loop(hs, hk, ht)
+            got = batch.hit_many(hs, hk, ht)
+            assert [h.as_dict() for h in got] == [h.as_dict() for h in want]
+            for s, h in zip(hs, got):  # the prefill goes on from replay_from
+                ends_now[s] = h.replay_from
+                published[s] = min(published[s], h.replay_from) // BT * BT
+        assert batch.everything()[:4] == loop.everything()[:4], step
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_core_batches_equal_the_reference_batches(rows):
+    """The same steps through the core's and the reference's batches: moves (with their serials),
+    hits, stores and sequences identical."""
+    core, ref = Pair("core", rows, 12_000), Pair("reference", rows, 12_000)
+    rng = np.random.default_rng(5)
+    rows_of = massive_rows(rng, 200, D)
+    for s in range(N):
+        for p in (core, ref):
+            p.feed(s, 0, rows_of[: 100 + 10 * s])
+    seqs = [0, 2, 4, 5]
+    ends = [(100 + 10 * s) // BT * BT for s in seqs]
+    starts = [-(-(e - 56) // BT) * BT for e in ends]  # the blocks the rings still hold
+    keys = [keys_of(7 + s, a, e) for s, a, e in zip(seqs, starts, ends)]
+    a, b = core.publish_many(seqs, keys, starts, ends), ref.publish_many(seqs, keys, starts, ends)
+    assert np.array_equal(a, b) and a.serial == b.serial
+    hs, hk, ht = [1, 3], [keys_of(7, 0, 96), keys_of(9, 0, 120)], [96, 120]
+    x, y = core.hit_many(hs, hk, ht), ref.hit_many(hs, hk, ht)
+    assert [h.as_dict() for h in x] == [h.as_dict() for h in y]
+    assert np.array_equal(x.moves, y.moves) and x.moves.serial == y.moves.serial
+    assert core.everything() == ref.everything()
+
+
+def _rejections(p: Pair):
+    """Batches refused at their third entry (after two valid ones), and the error each raises."""
+    ok = [([0, 1], [keys_of(1, 0, 40), keys_of(2, 0, 40)], [0, 0], [40, 40])]
+    return [
+        # rows not final yet (past the sequence's end)
+        ([0, 1, 2], ok[0][1] + [keys_of(3, 0, 80)], [0, 0, 0], [40, 40, 80]),
+        # a chain of the wrong length
+        ([0, 1, 2], ok[0][1] + [keys_of(3, 0, 24)], [0, 0, 0], [40, 40, 40]),
+        # a block new in two entries
+        ([0, 1, 2], ok[0][1] + [keys_of(1, 0, 40)], [0, 0, 0], [40, 40, 40]),
+        # an unknown sequence
+        ([0, 1, N], ok[0][1] + [keys_of(3, 0, 40)], [0, 0, 0], [40, 40, 40]),
+    ]
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_a_rejected_batch_changes_nothing_and_says_what_the_reference_says(rows):
+    messages = {}
+    for impl in sorted(IMPLS):
+        p = Pair(impl, rows)
+        for s in range(N):
+            p.feed(s, 0, massive_rows(np.random.default_rng(s), 50, D))
+        p.publish_many([4], [keys_of(9, 0, 16)], [0], [16])
+        before = p.everything()
+        got = []
+        for seqs, keys, starts, ends in _rejections(p):
+            with pytest.raises((ValueError, TypeError)) as exc:
+                p.publish_many(seqs, keys, starts, ends)
+            got.append(f"{type(exc.value).__name__}: {exc.value}")
+            assert p.everything() == before
+        with pytest.raises(ValueError) as exc:
+            p.hit_many([0, 1, 5], [keys_of(9, 0, 16), keys_of(9, 0, 16), keys_of(9, 0, 8)], [16, 16, 24])
+        got.append(f"{type(exc.value).__name__}: {exc.value}")
+        assert p.everything() == before
+        messages[impl] = got
+    assert messages["core"] == messages["reference"]
+    assert "publish_many: seqs[2] (sequence 2)" in messages["core"][0]
+    assert "new to the store in seqs[0] of this batch too" in messages["core"][2]
+    assert messages["core"][4].startswith("ValueError: hit_many: seqs[2] (sequence 5)")
+
+
+def test_a_batch_keeps_a_block_a_later_entry_refreshes_from_rows_it_no_longer_holds():
+    """Where a loop fails part-way (entry 0's new block evicts the block entry 1 refreshes, whose
+    rows entry 1 no longer holds), the batch evicts the next least recently used block instead and
+    succeeds, and the core and the reference agree."""
+    results = {}
+    for impl in sorted(IMPLS):
+        stager, store_type = IMPLS[impl]
+        cfg = StagerConfig(D, B, W, max_seqs=3, storage="q8_0")
+        st = stager(cfg)
+        row_bytes = cfg.row_bytes
+        store = store_type(cfg, BT, 3 * BT * row_bytes)  # three blocks
+        rows = massive_rows(np.random.default_rng(1), 200, D)
+        st.process(1, np.arange(8), rows[:8])
+        store.publish(st, 1, keys_of(1, 0, 8), 0, 8)  # oldest: the block entry 1 refreshes
+        st.process(2, np.arange(16), rows[:16])
+        store.publish(st, 2, keys_of(2, 0, 16), 0, 16)  # two more: the store is full
+        st.process(1, np.arange(8, 200), rows[8:200])  # its rows 0..8 leave the window
+        st.process(0, np.arange(8), rows[:8])
+        seqs, keys, starts, ends = [0, 1], [keys_of(3, 0, 8), keys_of(1, 0, 8)], [0, 0], [8, 8]
+        store.publish_many(st, seqs, keys, starts, ends)
+        results[impl] = (sorted(map(bytes, store.keys())), store.stats()["evicted_lru"])
+        assert keys_of(1, 0, 8)[0] in store and keys_of(3, 0, 8)[0] in store
+        # The loop of the same calls, on a copy of the situation, fails at its second publish.
+        st2, store2 = stager(cfg), store_type(cfg, BT, 3 * BT * row_bytes)
+        st2.process(1, np.arange(8), rows[:8])
+        store2.publish(st2, 1, keys_of(1, 0, 8), 0, 8)
+        st2.process(2, np.arange(16), rows[:16])
+        store2.publish(st2, 2, keys_of(2, 0, 16), 0, 16)
+        st2.process(1, np.arange(8, 200), rows[8:200])
+        st2.process(0, np.arange(8), rows[:8])
+        store2.publish(st2, 0, keys_of(3, 0, 8), 0, 8)
+        with pytest.raises(ValueError, match="no longer held"):
+            store2.publish(st2, 1, keys_of(1, 0, 8), 0, 8)
+    assert results["core"] == results["reference"]
+
+
+def test_hit_many_on_the_table_applies_one_change_and_gathers_the_published_rows():
+    p = Pair("core", "external")
+    rows = massive_rows(np.random.default_rng(2), 64, D)
+    p.feed(0, 0, rows)
+    p.table.publish_many(p.ring, [0], [keys_of(1, 0, 64)], [0], [64])
+    issued = p.st.moves_issued
+    hits = p.table.hit_many(p.ring, [1, 2], [keys_of(1, 0, 64), keys_of(1, 0, 40)], [64, 40])
+    assert p.st.moves_issued == issued + 1 and hits.moves.serial == issued + 1
+    assert all(len(h.moves) == 0 for h in hits)
+    for s in (1, 2):
+        plan = p.st.draft(s, hits[s - 1].replay_from)
+        assert np.any(p.ring.gather(plan) != 0)
+        p.st.commit(s)
