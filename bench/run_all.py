@@ -10,6 +10,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_external.py external-row mode vs held: bytes host <-> device and host CPU per round
 * bench/bench_snapshot.py snapshot_into / restore throughput vs memcpy (format v2)
 * bench/bench_prefix.py   prefix store: publish / hit cost vs memcpy, memory per cached token vs KV
+* bench/bench_prefix_batch.py   publish_many / hit_many vs loops, write_many vs process_many + write_slots
 * bench/bench_step.py     one server step for N sequences: per-sequence vs batched Python calls vs the C floor
 * bench/bench_threads.py  2 threads on distinct sequences vs 1 (held rounds, D = 25,600)
 
@@ -46,7 +47,7 @@ import _common as C
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
-SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external", "prefix", "step", "threads")
+SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external", "prefix", "prefix_batch", "step", "threads")
 
 
 def run_script(name: str, args: list[str], timeout: float | None) -> tuple[int, str, str, float]:
@@ -134,7 +135,7 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
     if snap:
         for t in snap["targets"]:
             rows.append([t["target"], f"D = {t['D']:,}, {t['storage']}", C.fmt_x(t["value"], 2), C.verdict(t["pass"])])
-    for name in ("step", "threads"):  # targets that carry their own text
+    for name in ("prefix_batch", "step", "threads"):  # targets that carry their own text
         for t in (data.get(name) or {}).get("targets", []):
             rows.append([t["target"], t["where"], t["text"], C.verdict(t["pass"])])
     ext = data.get("external")
@@ -235,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra arguments for bench_snapshot.py, one string (use the = form, as above)")
     ap.add_argument("--prefix-args", default="",
                     help="extra arguments for bench_prefix.py, one string (use the = form, as above)")
+    ap.add_argument("--prefix_batch-args", dest="prefix_batch_args", default="",
+                    help="extra arguments for bench_prefix_batch.py, one string (use the = form, as above)")
     ap.add_argument("--step-args", default="",
                     help="extra arguments for bench_step.py, one string (use the = form, as above)")
     ap.add_argument("--threads-args", default="",

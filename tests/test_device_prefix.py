@@ -239,7 +239,7 @@ def test_batches_through_the_table_equal_single_calls(owner):
     every sequence as ``table.publish`` / ``table.hit`` one sequence at a time."""
     cfg = StagerConfig(64, 4, 96, max_seqs=4, storage="q8_0", rows="external")
     pairs = [owned(owner, cfg), owned(owner, cfg)]
-    for ext, ring, _, _ in pairs:
+    for _ext, ring, _, _ in pairs:
         for s in (0, 1):
             ring.write(s, np.arange(40), ring.upload(rows_of(40, 64, 20 + s)))
     chains = [keys_of(40, 8, tag=1), keys_of(40, 8, tag=2)]

@@ -33,6 +33,9 @@ from .prefix_table_owner import PrefixTableOwner
 
 __all__ = ["HostPrefixTable"]
 
+#: Up to this many moves, one slice copy each; more (a batch's), one gather and one scatter.
+_FEW_MOVES = 8
+
 
 class HostPrefixTable(PrefixTableOwner):
     """The host (numpy) table of an external-row PrefixStore (see the module docstring).
@@ -56,8 +59,16 @@ class HostPrefixTable(PrefixTableOwner):
 
     def _copy_rows(self, moves: list[list[int]], to_store: bool, ring: Any) -> None:
         src, dst = (ring.table, self.table) if to_store else (self.table, ring.table)
-        for s, d, m in moves:
-            dst[d : d + m] = src[s : s + m]
+        if len(moves) <= _FEW_MOVES:
+            for s, d, m in moves:
+                dst[d : d + m] = src[s : s + m]
+            return
+        # A batch's moves (publish_many / hit_many: a few rows each, many of them): one gather and
+        # one scatter. The two tables are distinct arrays, so no move reads a row another wrote.
+        arr = np.asarray(moves, np.int64)
+        counts = arr[:, 2]
+        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+        dst[np.repeat(arr[:, 1], counts) + within] = src[np.repeat(arr[:, 0], counts) + within]
 
     def _read_rows(self, slots: np.ndarray) -> np.ndarray:
         return self.table[slots]

@@ -23,8 +23,9 @@ core's rule; the reference twin spells out its own copies.
 
 from __future__ import annotations
 
+import itertools
 import operator
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -49,20 +50,62 @@ def as_key(key: Any) -> bytes:
     return (v % _U64).to_bytes(8, "little")
 
 
-def as_key_chains(call: str, keys: Any, n: int) -> list[tuple[bytes, np.ndarray]]:
-    """A batch's chains (``keys[i]``: sequence ``i``'s), each as :func:`as_key_chain` gives it.
-    Errors start with ``call`` and name the chain."""
+class KeyBatch(NamedTuple):
+    """A batch's chains as one key array: chain ``i`` is ``n_keys[i]`` keys whose bytes start at
+    ``data[byte_start[i]:]``, with offsets ``offsets[off_start[i]:]`` (from 0, as a chain's)."""
+
+    data: bytes
+    offsets: np.ndarray  # np.uintp
+    byte_start: np.ndarray  # np.uintp
+    off_start: np.ndarray  # np.uintp
+    n_keys: np.ndarray  # np.uintp
+
+
+def _int_key_array(flat: list[int]) -> np.ndarray | None:
+    """Int keys as their 8 little-endian bytes each (as :func:`as_key`), one array; None when one
+    is outside [-2**63, 2**64) (the slow path then names it)."""
+    try:
+        return np.array(flat, "<i8")
+    except OverflowError:
+        if min(flat) < _I64_MIN or max(flat) >= _U64:
+            return None
+        return np.array([v % _U64 for v in flat], "<u8")
+
+
+def as_key_chains(call: str, keys: Any, n: int) -> KeyBatch:
+    """A batch's chains (``keys[i]``: sequence ``i``'s), each as :func:`as_key_chain` would give
+    it, in one key array. Errors start with ``call`` and name the chain. Chains of int keys (the
+    common case: hashes) are converted together, not key by key."""
     if isinstance(keys, (bytes, bytearray, memoryview, str)) or not hasattr(keys, "__len__"):
         raise TypeError(f"{call}: keys must be one chain of keys per sequence, got {type(keys).__name__}")
     if len(keys) != n:
         raise ValueError(f"{call}: {n} sequences for {len(keys)} key chains")
+    if all(isinstance(c, (list, tuple)) for c in keys):
+        flat = list(itertools.chain.from_iterable(keys))
+        if set(map(type, flat)) <= {int}:  # plain ints (bools and numpy scalars take the slow path)
+            wide = _int_key_array(flat)
+            count = np.fromiter(map(len, keys), np.uintp, n) if n else np.zeros(0, np.uintp)
+            if wide is not None:
+                byte_start = np.zeros(n, np.uintp)
+                if n > 1:
+                    np.cumsum(count[:-1] * 8, out=byte_start[1:])
+                width = int(count.max()) if n else 0
+                return KeyBatch(wide.tobytes(), np.arange(width + 1, dtype=np.uintp) * 8, byte_start,
+                                np.zeros(n, np.uintp), count)
     chains = []
     for i, chain in enumerate(keys):
         try:
             chains.append(as_key_chain(chain))
         except (TypeError, ValueError) as exc:
             raise type(exc)(f"{call}: keys[{i}]: {exc}") from None
-    return chains
+    sizes = np.fromiter((len(d) for d, _ in chains), np.uintp, n) if n else np.zeros(0, np.uintp)
+    count = np.fromiter((len(o) - 1 for _, o in chains), np.uintp, n) if n else np.zeros(0, np.uintp)
+    byte_start, off_start = np.zeros(n, np.uintp), np.zeros(n, np.uintp)
+    if n > 1:
+        np.cumsum(sizes[:-1], out=byte_start[1:])
+        np.cumsum(count[:-1] + 1, out=off_start[1:])
+    offsets = np.concatenate([o for _, o in chains]).astype(np.uintp) if n else np.zeros(0, np.uintp)
+    return KeyBatch(b"".join(d for d, _ in chains), offsets, byte_start, off_start, count)
 
 
 def as_key_chain(keys: Any) -> tuple[bytes, np.ndarray]:

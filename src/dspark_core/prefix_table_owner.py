@@ -149,11 +149,13 @@ class PrefixTableOwner:
         both locks and has checked the moves' identity and order."""
         to_store = moves.direction == PUBLISH
         src_rows, dst_rows = (ring.rows, self.rows) if to_store else (self.rows, ring.rows)
-        rows = moves.tolist()
-        for src, dst, m in rows:
-            if not (m > 0 and 0 <= src and src + m <= src_rows and 0 <= dst and dst + m <= dst_rows):
-                raise ValueError(f"{self._name}: move [{src}, {dst}, {m}] is outside the tables")
-        self._copy_rows(rows, to_store, ring)
+        arr = np.asarray(moves, np.int64).reshape(-1, 3)
+        src, dst, m = arr[:, 0], arr[:, 1], arr[:, 2]
+        bad = np.flatnonzero((m <= 0) | (src < 0) | (src + m > src_rows) | (dst < 0) | (dst + m > dst_rows))
+        if len(bad):
+            s, d, k = arr[bad[0]].tolist()
+            raise ValueError(f"{self._name}: move [{s}, {d}, {k}] is outside the tables")
+        self._copy_rows(arr.tolist(), to_store, ring)
 
     # -- other processes ----------------------------------------------------
     def publish_rows(self, keys: Any, start: int, end: int, rows: Any, *, in_dtype: Any = None) -> np.ndarray:

@@ -34,9 +34,26 @@ cdef object _chain(object converted, KeyChain* out):
 
 
 cdef object _hit(CPrefixHit& h, object moves):
-    return PrefixHit(
-        n_tokens=h.n_tokens, need_first=h.need_first, first_row=h.first_row, replay_from=h.replay_from,
-        rows=h.rows, origin=h.origin, exact=h.exact, blocks_found=h.blocks_found, moves=moves)
+    return PrefixHit._of(h.n_tokens, h.need_first, h.first_row, h.replay_from, h.rows, h.origin, h.exact,
+                         h.blocks_found, moves)
+
+
+cdef void _chains(object batch, vector[KeyChain]& out):
+    """Views of a converted batch of chains (prefix_keys.KeyBatch), one KeyChain each."""
+    data, offsets, byte_start, off_start, count = batch
+    cdef const uint8_t[::1] d = data
+    cdef const uint8_t* base = &d[0] if d.shape[0] else NULL
+    cdef cnp.ndarray o = <cnp.ndarray>offsets
+    cdef const size_t* op = <const size_t*>cnp.PyArray_DATA(o)
+    cdef const size_t* bs = <const size_t*>cnp.PyArray_DATA(<cnp.ndarray>byte_start)
+    cdef const size_t* os = <const size_t*>cnp.PyArray_DATA(<cnp.ndarray>off_start)
+    cdef const size_t* cnt = <const size_t*>cnp.PyArray_DATA(<cnp.ndarray>count)
+    cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>count, 0), i
+    out.resize(n)
+    for i in range(n):
+        out[i].n = cnt[i]
+        out[i].bytes = base + bs[i] if base != NULL else NULL
+        out[i].offsets = op + os[i] if cnt[i] else NULL
 
 
 cdef Stager _stager_arg(stager):
@@ -203,10 +220,7 @@ cdef class PrefixStore:
         a = st._per_seq("publish_many", sv, Need.Ready, "starts", starts)
         b = st._per_seq("publish_many", sv, Need.Ready, "ends", ends)
         cdef vector[KeyChain] chains
-        chains.resize(n)
-        cdef size_t i
-        for i in range(n):
-            _chain(conv[i], &chains[i])
+        _chains(conv, chains)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         cdef const int64_t* ap = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>a)
         cdef const int64_t* bp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>b)
@@ -234,10 +248,7 @@ cdef class PrefixStore:
         conv = st._batch_converted("hit_many", sv, Need.Ready, as_key_chains, ("hit_many", keys, n))
         h = st._per_seq("hit_many", sv, Need.Ready, "n_tokens", n_tokens)
         cdef vector[KeyChain] chains
-        chains.resize(n)
-        cdef size_t i
-        for i in range(n):
-            _chain(conv[i], &chains[i])
+        _chains(conv, chains)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         cdef const int64_t* hp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>h)
         cdef vector[CPrefixHit] hits
