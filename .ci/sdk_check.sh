@@ -13,7 +13,10 @@
 #     (b) examples/sdk/window_loop_cpp.cpp through find_package(dspark_core);
 #     (c) examples/sdk/cimport_check.pyx, a Cython extension that cimports the
 #         package's .pxd files;
-#     (a) and (b) must print exactly what examples/sdk/window_loop.py prints through
+#     (d) examples/sdk/c_project: the C example built by a C-only CMake project
+#         (project(x C), find_package(dspark_core), dspark_core::core; no C++
+#         compiler enabled: the imported target brings the C++ runtime);
+#     (a), (b) and (d) must print exactly what examples/sdk/window_loop.py prints through
 #     the Python API (which checks itself against a hand-worked table and gguf-py);
 #  4. the same C++ example against the core installed system-style
 #     (`cmake --install`) and vendored with add_subdirectory.
@@ -128,6 +131,18 @@ print("cimport check passed")
 EOF
 )
 
+say "(d) C from a C-only CMake project: project(x C) + find_package(dspark_core) + dspark_core::core"
+cmake -S "$WORK/sdk/c_project" -B "$WORK/sdk-c" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$CMAKE_DIR" \
+  >"$WORK/cmake-c.log" 2>&1 || { cat "$WORK/cmake-c.log"; exit 1; }
+if grep -q '^CMAKE_CXX_COMPILER:' "$WORK/sdk-c/CMakeCache.txt"; then
+  echo "the C-only project enabled a C++ compiler" >&2; exit 1
+fi
+cmake --build "$WORK/sdk-c" -j"$JOBS" -v >"$WORK/build-c.log" 2>&1 || { cat "$WORK/build-c.log"; exit 1; }
+grep -E ' -o window_loop_c ' "$WORK/build-c.log"  # the link line: the C driver, the archive, its C++ runtime
+"$WORK/sdk-c/window_loop_c" >"$WORK/c-cmake.out"
+diff -u "$WORK/python.out" "$WORK/c-cmake.out"
+echo "C-only CMake project: links and its output == Python output"
+
 say "the core installed system-style (cmake --install) and vendored (add_subdirectory)"
 cmake -S "$ROOT" -B "$WORK/core" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDSPARK_BUILD_TESTS=OFF -DDSPARK_CUDA=OFF \
   >"$WORK/core.log" 2>&1 || { cat "$WORK/core.log"; exit 1; }
@@ -136,6 +151,9 @@ cmake --install "$WORK/core" --prefix "$WORK/prefix" >/dev/null
 cmake -S "$WORK/sdk" -B "$WORK/sdk-prefix" -G Ninja -DCMAKE_PREFIX_PATH="$WORK/prefix" >/dev/null
 cmake --build "$WORK/sdk-prefix" -j"$JOBS" >/dev/null
 "$WORK/sdk-prefix/window_loop_cpp" | diff -u "$WORK/python.out" -
+cmake -S "$WORK/sdk/c_project" -B "$WORK/sdk-c-prefix" -G Ninja -DCMAKE_PREFIX_PATH="$WORK/prefix" >/dev/null
+cmake --build "$WORK/sdk-c-prefix" -j"$JOBS" >/dev/null
+"$WORK/sdk-c-prefix/window_loop_c" | diff -u "$WORK/python.out" -
 cmake -S "$WORK/sdk" -B "$WORK/sdk-vendored" -G Ninja -DDSPARK_CORE_SOURCE_DIR="$ROOT" -DDSPARK_CUDA=OFF >/dev/null
 cmake --build "$WORK/sdk-vendored" -j"$JOBS" >/dev/null
 "$WORK/sdk-vendored/window_loop_cpp" | diff -u "$WORK/python.out" -

@@ -4,7 +4,7 @@ Each module of ``src/dspark_core`` belongs to one layer; a module imports
 only modules of its own or a lower layer, lazy (function-level) imports
 included. Layers, bottom up:
 
-0 base       errors, _version: no import from the package
+0 base       errors, _version, _bf16 (bfloat16, loaded when first used): no import from the package
 1 binding    _ext._row_format: the C++ row formats and the core's name tables and limits
 2 contract   core_tables, _args, config, stage_plan, slot_moves, snapshot_format,
              protocol_mismatch, stager_copy: the tables, the binding's argument
@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "_args": 2,
     "_old_paths": 0,
     "_version": 0,
+    "_bf16": 0,
     "_ext": 1,
     "_ext._row_format": 1,
     "core_tables": 2,

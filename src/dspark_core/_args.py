@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import core_tables
+from . import _bf16, core_tables
 
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
@@ -34,12 +34,6 @@ ROW_DTYPES = {name: code for code, name in enumerate(core_tables.ELEM_TYPES)}
 
 #: The int64 range of the core's arguments.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-
-
-def _bf16() -> np.dtype:
-    import ml_dtypes
-
-    return np.dtype(ml_dtypes.bfloat16)
 
 
 def as_index(name: str, value: Any) -> int:
@@ -84,7 +78,7 @@ def row_dtype_code(dtype: np.dtype) -> int:
     """Core element-type code of a row dtype, or TypeError."""
     name = dtype.name
     code = ROW_DTYPES.get(name)
-    if code is None or (name == "bfloat16" and dtype != _bf16()):
+    if code is None or (name == "bfloat16" and not _bf16.is_bf16(dtype)):
         raise TypeError(f"rows must be float32, float16 or bfloat16 (ml_dtypes), got dtype {dtype}")
     return code
 

@@ -8,12 +8,11 @@ are served by a finder instead of shim files, so the old paths hold no code.
 from __future__ import annotations
 
 import importlib
-import importlib.abc
 import importlib.machinery
 import sys
 import types
 import warnings
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 #: Old module path -> new module path.
 MOVED = {
@@ -36,7 +35,16 @@ def _warn(old: str, new: str) -> None:
     warnings.warn(f"{old} moved to {new}; import it from there", DeprecationWarning, stacklevel=3)
 
 
-class _AliasLoader(importlib.abc.Loader):
+# Plain classes at run time, not importlib.abc's: importing importlib.abc pulls in
+# importlib.resources, pathlib, tempfile and inspect (tens of ms at every
+# `import dspark_core`); the import system needs only the methods.
+if TYPE_CHECKING:
+    from importlib.abc import Loader as _LoaderBase
+else:
+    _LoaderBase = object
+
+
+class _AliasLoader(_LoaderBase):
     def __init__(self, old: str, new: str) -> None:
         self.old, self.new = old, new
 
@@ -60,7 +68,7 @@ class _AliasLoader(importlib.abc.Loader):
         return False
 
 
-class _AliasFinder(importlib.abc.MetaPathFinder):
+class _AliasFinder:
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import _bf16
 from .core_tables import (
     ELEM_TYPES,
     MAX_FEATURE_DIM,
@@ -201,11 +202,7 @@ class StagerConfig:
     @property
     def numpy_stage_dtype(self) -> np.dtype:
         """``stage_dtype`` as a numpy dtype (bfloat16 from ml_dtypes)."""
-        if self.stage_dtype == "bfloat16":
-            import ml_dtypes
-
-            return np.dtype(ml_dtypes.bfloat16)
-        return np.dtype(self.stage_dtype)
+        return _bf16.as_dtype(self.stage_dtype)
 
     def snapshot_fingerprint(self) -> tuple[int, int, int, int, int, int, int]:
         """What a snapshot must match to be restored, as its header stores it:

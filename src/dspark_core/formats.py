@@ -20,10 +20,9 @@ import contextlib
 import math
 from typing import Iterator, NamedTuple
 
-import ml_dtypes
 import numpy as np
 
-from . import core_tables, kernels
+from . import _bf16, core_tables, kernels
 from ._args import as_index
 from ._ext import _row_format
 
@@ -53,8 +52,8 @@ NONFINITE_POLICIES = (*core_tables.NONFINITE_POLICIES, "keep")
 
 _FAMILY = "row_format"
 
-#: Input / output element dtypes.
-_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), np.dtype(ml_dtypes.bfloat16))
+#: Input / output element dtypes besides bfloat16 (ml_dtypes', loaded when first used: dspark_core._bf16).
+_FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
 #: Largest feature_dim a size_t holds (the core's type); row_bytes refuses more.
@@ -79,8 +78,8 @@ def _as_dim(value: object) -> int:
 def _check_float_dtype(dtype: object, what: str) -> np.dtype:
     if dtype is None:
         raise TypeError(f"{what} must be a float dtype, got None")
-    dt = np.dtype(dtype)  # type: ignore[call-overload]
-    if dt not in _FLOAT_DTYPES:
+    dt = _bf16.as_dtype(dtype)
+    if dt not in _FLOAT_DTYPES and not _bf16.is_bf16(dt):
         raise TypeError(
             f"{what}: dtype {dt} is not supported; expected float32, float16 or bfloat16 (ml_dtypes)"
         )

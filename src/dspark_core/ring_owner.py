@@ -37,10 +37,9 @@ import threading
 import warnings
 from typing import Any, NamedTuple
 
-import ml_dtypes
 import numpy as np
 
-from . import formats, snapshot_format
+from . import _bf16, formats, snapshot_format
 from ._args import as_positions
 from .prefix_hit import PrefixMoves
 from .prefix_table_owner import PrefixTableOwner
@@ -61,9 +60,13 @@ _CHANGE_CALLS = {
 #: A status word's value while nothing was reported (the device kernels' ``~0``).
 STATUS_NONE = np.iinfo(np.uint64).max
 
-_BF16 = np.dtype(ml_dtypes.bfloat16)
-#: Row dtypes the owners read and write.
-ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float16), _BF16)
+#: Row dtypes the owners read and write, besides bfloat16 (ml_dtypes', loaded when first used:
+#: dspark_core._bf16).
+ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
+
+
+def _is_row_dtype(dt: np.dtype) -> bool:
+    return dt in ROW_DTYPES or _bf16.is_bf16(dt)
 
 
 def _process_many_order(seqs: Any, second: Any, third: Any) -> tuple[Any, Any]:
@@ -108,7 +111,7 @@ class BatchStatus(NamedTuple):
 def _row_dtype(dtype: Any) -> np.dtype:
     """A row dtype given as a name or a dtype (``"bfloat16"``: ml_dtypes' bfloat16)."""
     if isinstance(dtype, str):
-        return _BF16 if dtype == "bfloat16" else np.dtype(dtype)
+        return _bf16.as_dtype(dtype)
     return np.dtype(dtype)
 
 
@@ -250,11 +253,11 @@ class RingOwner:
         """The row dtype of an input of dtype ``dt`` read as ``in_dtype``."""
         if in_dtype is not None:
             want = _row_dtype(in_dtype)
-            if want == _BF16 and dt == np.dtype(np.uint16):
-                dt = _BF16
+            if _bf16.is_bf16(want) and dt == np.dtype(np.uint16):
+                dt = want
             elif want != dt:
                 raise TypeError(f"{fn}: in_dtype {want} does not match the array's dtype {dt}")
-        if dt not in ROW_DTYPES:
+        if not _is_row_dtype(dt):
             raise TypeError(f"{fn}: rows dtype {dt} is not supported; expected float32, float16 or bfloat16")
         return dt
 
@@ -325,7 +328,7 @@ class RingOwner:
 
     def _out_dtype(self, dtype: Any, fn: str) -> np.dtype:
         odt = self.stage_dtype if dtype is None else _row_dtype(dtype)
-        if odt not in ROW_DTYPES:
+        if not _is_row_dtype(odt):
             raise TypeError(f"{fn}: dtype {odt} is not supported; expected float32, float16 or bfloat16")
         return odt
 

@@ -6,7 +6,8 @@ C-contiguous numpy arrays, checks shapes and dtypes with the GIL held, and
 releases the GIL around the C++ conversion.
 """
 import numpy as np
-import ml_dtypes
+
+from dspark_core import _bf16
 
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint8_t
@@ -37,7 +38,7 @@ dspark_set_error_types(ConfigError, StateError)
 
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
-_BF16 = np.dtype(ml_dtypes.bfloat16)
+# bfloat16 (ml_dtypes) is loaded when first used (dspark_core._bf16).
 _U8 = np.dtype(np.uint8)
 
 # The core's name tables, enumerated from its enums (dspark_core.core_tables
@@ -119,12 +120,12 @@ cdef Storage _storage(str name) except *:
 
 
 cdef ElemType _elem_of_dtype(dt, str what) except *:
-    dt = np.dtype(dt)
+    dt = _bf16.as_dtype(dt)
     if dt == _F32:
         return ElemType.F32
     if dt == _F16:
         return ElemType.F16
-    if dt == _BF16:
+    if _bf16.is_bf16(dt):
         return ElemType.BF16
     raise TypeError(f"{what}: dtype {dt} is not supported (expected float32, float16 or bfloat16)")
 
@@ -155,7 +156,7 @@ def storage_out_dtype(str storage):
     if s == Storage.F16:
         return _F16
     if s == Storage.BF16:
-        return _BF16
+        return _bf16.dtype()
     return _U8
 
 
@@ -244,7 +245,7 @@ def decode(cnp.ndarray data not None, str storage, size_t dim, out_dtype=np.floa
         raise ValueError(f"decode: {nbytes} bytes is not a whole number of {storage} rows of dim {dim} "
                          f"({rb} bytes each)")
     cdef size_t n = nbytes // rb
-    dt = _F32 if et == ElemType.F32 else (_F16 if et == ElemType.F16 else _BF16)
+    dt = _F32 if et == ElemType.F32 else (_F16 if et == ElemType.F16 else _bf16.dtype())
     shape = (n, dim)
     out = _output(out, dt, shape, "decode")
     cdef const void* sp = _ptr(data)

@@ -13,7 +13,8 @@ are allocated by the input's library (cupy / torch), else by cupy or torch
 when importable, else as a minimal :class:`DeviceArray` (which also moves
 host data: ``DeviceArray.from_numpy`` / ``.get()``).
 
-The kernels are an optional part of the build (``DSPARK_CUDA=OFF|AUTO|ON``);
+The kernels are an optional part of the build (``DSPARK_CUDA=OFF|AUTO|ON``; AUTO builds
+them for the visible GPU, or the architectures named, and not without a GPU);
 this module always imports. :func:`available` is False when the extension
 was not built or no GPU / driver is present, and every conversion then
 raises ``RuntimeError("no CUDA device available: ...")``.

@@ -82,8 +82,9 @@ def unavailable_reason() -> str:
     """Why :func:`available` is False ("" when it is True)."""
     if _cuda is None:
         return (
-            "dspark_core was built without its CUDA kernels (DSPARK_CUDA=OFF, or AUTO without nvcc "
-            f"at build time): {_IMPORT_ERROR}"
+            "dspark_core was built without its CUDA kernels (DSPARK_CUDA=OFF, or AUTO without nvcc or "
+            "without a GPU at build time; rebuild with DSPARK_CUDA=ON or CUDAARCHS=<arch>): "
+            f"{_IMPORT_ERROR}"
         )
     if _cuda.device_count() > 0:
         return ""
