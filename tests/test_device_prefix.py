@@ -509,3 +509,22 @@ def test_threads_publish_hit_and_fork_through_one_ring(owner):
         assert sorted(xstore.keys()) == sorted(hstore.keys())
         for k in xstore.keys():
             assert table.export_block(k) == hstore.export_block(k), trial
+
+
+def test_publish_rows_takes_every_row_dtype(owner):
+    """float32, float16 and bfloat16 rows (bfloat16 also as uint16 bits with in_dtype) publish the
+    bytes a held store's publish_rows of the same rows holds; other dtypes are a TypeError."""
+    import ml_dtypes
+
+    cfg = StagerConfig(64, 4, 96, max_seqs=2, storage="bf16", rows="external")
+    rows = rows_of(16, 64, 4)
+    held = PrefixStore(cfg.replace(rows="held"), 8, 1 << 20)
+    for tag, dtype in enumerate((np.float32, np.float16, ml_dtypes.bfloat16, "bits")):
+        _, ring, store, table = owned(owner, cfg)
+        x = rows.astype(ml_dtypes.bfloat16).view(np.uint16) if dtype == "bits" else rows.astype(dtype)
+        table.publish_rows(keys_of(16, 8, tag), 0, 16, x, in_dtype="bfloat16" if dtype == "bits" else None)
+        held.publish_rows(keys_of(16, 8, tag), 0, 16, x.view(ml_dtypes.bfloat16) if dtype == "bits" else x)
+        for k in keys_of(16, 8, tag):
+            assert table.export_block(k) == held.export_block(k)
+    with pytest.raises(TypeError, match="rows dtype float64 is not supported"):
+        table.publish_rows(keys_of(16, 8, 9), 0, 16, rows.astype(np.float64))

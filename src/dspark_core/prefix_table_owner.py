@@ -174,18 +174,10 @@ class PrefixTableOwner:
         changes."""
         fn = f"{self._name}.publish_rows"
         cfg = self.store.config
-        from .ring_owner import ROW_DTYPES, _row_dtype  # (ring_owner imports this module)
+        from .ring_owner import input_row_dtype  # (ring_owner imports this module)
 
         a = self._host_rows(rows, fn)
-        dt = a.dtype
-        if in_dtype is not None:
-            want = _row_dtype(in_dtype)
-            if want != dt and not (want == ROW_DTYPES[2] and dt == np.dtype(np.uint16)):
-                raise TypeError(f"{fn}: in_dtype {want} does not match the array's dtype {dt}")
-            dt = want
-        if dt not in ROW_DTYPES:
-            raise TypeError(f"{fn}: rows dtype {dt} is not supported; expected float32, float16 or bfloat16")
-        a = a.view(dt)
+        a = a.view(input_row_dtype(a.dtype, in_dtype, fn))
         if a.ndim != 2 or a.shape[1] != cfg.feature_dim:
             raise ValueError(f"{fn}: rows must be (n, {cfg.feature_dim}), got shape {a.shape}")
         if isinstance(start, (int, np.integer)) and isinstance(end, (int, np.integer)) and a.shape[0] != end - start:

@@ -115,6 +115,20 @@ def _row_dtype(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
+def input_row_dtype(dt: np.dtype, in_dtype: Any, fn: str) -> np.dtype:
+    """The row dtype of an input of dtype ``dt`` read as ``in_dtype`` (``"bfloat16"`` reads uint16
+    as bfloat16 bits); TypeError naming ``fn`` for anything else."""
+    if in_dtype is not None:
+        want = _row_dtype(in_dtype)
+        if _bf16.is_bf16(want) and dt == np.dtype(np.uint16):
+            dt = want
+        elif want != dt:
+            raise TypeError(f"{fn}: in_dtype {want} does not match the array's dtype {dt}")
+    if not _is_row_dtype(dt):
+        raise TypeError(f"{fn}: rows dtype {dt} is not supported; expected float32, float16 or bfloat16")
+    return dt
+
+
 class RingOwner:
     """The shared part of an external-row Stager's row owner (see the module docstring).
 
@@ -250,16 +264,7 @@ class RingOwner:
         )
 
     def _input_dtype(self, dt: np.dtype, in_dtype: Any, fn: str) -> np.dtype:
-        """The row dtype of an input of dtype ``dt`` read as ``in_dtype``."""
-        if in_dtype is not None:
-            want = _row_dtype(in_dtype)
-            if _bf16.is_bf16(want) and dt == np.dtype(np.uint16):
-                dt = want
-            elif want != dt:
-                raise TypeError(f"{fn}: in_dtype {want} does not match the array's dtype {dt}")
-        if not _is_row_dtype(dt):
-            raise TypeError(f"{fn}: rows dtype {dt} is not supported; expected float32, float16 or bfloat16")
-        return dt
+        return input_row_dtype(dt, in_dtype, fn)
 
     def _check_row_shape(self, shape: tuple[int, ...], lead: tuple[int, ...] | None, fn: str) -> None:
         """Rows are (n, feature_dim); a batch's rows are ``lead + (feature_dim,)`` or (prod(lead), feature_dim)."""
