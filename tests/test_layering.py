@@ -42,7 +42,7 @@ def test_every_extension_has_a_stub():
 _REFERENCE_MAY_IMPORT = {
     "config": {"StagerConfig"},
     "errors": {"StateError", "ConfigError"},
-    "prefix_hit": {"HIT", "PUBLISH", "PrefixHit", "PrefixMoves", "no_prefix_moves"},
+    "prefix_hit": {"HIT", "PUBLISH", "PrefixHit", "PrefixHits", "PrefixMoves", "no_prefix_moves"},
     "slot_moves": {"RestoredSlots", "SlotMoves", "no_moves"},
     "stage_plan": {"BatchPlan", "StagePlan"},
     "stager_copy": {"reduce_stager"},
