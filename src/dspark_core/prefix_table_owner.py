@@ -32,7 +32,7 @@ rings and tables never wait on each other in a cycle.
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -107,41 +107,32 @@ class PrefixTableOwner:
             )
 
     # -- through a ring ---------------------------------------------------
+    def _through(self, ring: Any, what: str, call: Callable[[Any], Any]) -> Any:
+        """``call(ring.stager)`` (a store call that changes the tables) and its copies applied, under
+        both locks: the ring checked before the store changes, every earlier change applied."""
+        fn = f"{self._name}.{what}"
+        self.check_ring(ring, fn)  # before the store changes
+        with ring._lock, self._lock:
+            ring._require_applied(fn)
+            result = call(ring.stager)
+            ring.apply(result if isinstance(result, PrefixMoves) else result.moves, prefix_table=self)
+        return result
+
     def publish(self, ring: Any, seq: int, keys: Any, start: int, end: int) -> PrefixMoves:
         """``store.publish(ring.stager, ...)`` and apply its copies (ring table -> this table)."""
-        self.check_ring(ring, f"{self._name}.publish")  # before the store changes
-        with ring._lock, self._lock:
-            ring._require_applied(f"{self._name}.publish")
-            moves = self.store.publish(ring.stager, seq, keys, start, end)
-            ring.apply(moves, prefix_table=self)
-        return moves
+        return self._through(ring, "publish", lambda st: self.store.publish(st, seq, keys, start, end))
 
     def hit(self, ring: Any, seq: int, keys: Any, n_tokens: int) -> PrefixHit:
         """``store.hit(ring.stager, ...)`` and apply its copies (this table -> ring table)."""
-        self.check_ring(ring, f"{self._name}.hit")
-        with ring._lock, self._lock:
-            ring._require_applied(f"{self._name}.hit")
-            hit = self.store.hit(ring.stager, seq, keys, n_tokens)
-            ring.apply(hit.moves, prefix_table=self)
-        return hit
+        return self._through(ring, "hit", lambda st: self.store.hit(st, seq, keys, n_tokens))
 
     def publish_many(self, ring: Any, seqs: Any, keys: Any, starts: Any, ends: Any) -> PrefixMoves:
         """``store.publish_many(ring.stager, ...)`` and apply its copies (one table change for the batch)."""
-        self.check_ring(ring, f"{self._name}.publish_many")
-        with ring._lock, self._lock:
-            ring._require_applied(f"{self._name}.publish_many")
-            moves = self.store.publish_many(ring.stager, seqs, keys, starts, ends)
-            ring.apply(moves, prefix_table=self)
-        return moves
+        return self._through(ring, "publish_many", lambda st: self.store.publish_many(st, seqs, keys, starts, ends))
 
     def hit_many(self, ring: Any, seqs: Any, keys: Any, n_tokens: Any) -> PrefixHits:
         """``store.hit_many(ring.stager, ...)`` and apply its copies (one table change for the batch)."""
-        self.check_ring(ring, f"{self._name}.hit_many")
-        with ring._lock, self._lock:
-            ring._require_applied(f"{self._name}.hit_many")
-            hits = self.store.hit_many(ring.stager, seqs, keys, n_tokens)
-            ring.apply(hits.moves, prefix_table=self)
-        return hits
+        return self._through(ring, "hit_many", lambda st: self.store.hit_many(st, seqs, keys, n_tokens))
 
     def copy(self, moves: PrefixMoves, ring: Any) -> None:
         """The copies of ``moves`` between ``ring``'s table and this one (a publish: ring -> table,
