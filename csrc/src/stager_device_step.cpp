@@ -322,11 +322,11 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
     }
 }
 
-void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int8_t* outcomes_in,
+void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int32_t* outcomes_in,
                      std::int64_t* disabled_after) {
     const char* call = "to_host";
     const std::vector<i64> seqs = copy_ids(seqs_in, n);
-    std::vector<std::int8_t> outcomes(n, -1);
+    std::vector<std::int32_t> outcomes(n, -1);
     if (outcomes_in) std::copy(outcomes_in, outcomes_in + n, outcomes.begin());
     for (std::size_t i = 0; i < n; ++i)
         try {
@@ -350,7 +350,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int8
     for (std::size_t i = 0; i < n; ++i) {
         step::load(state, c.max_seqs, seqs[i], regs[i]);
         const std::string at = where(call, i, seqs[i]);
-        const int o = outcomes[i];
+        const std::int32_t o = outcomes[i];
         if (o != -1 && (o < 0 || o >= FAIL_STAGE_COUNT))
             throw std::invalid_argument(at + "outcome must be -1 (the drafter ran: commit) or a fail stage code (0: "
                                              "decode, 1: crop), got " + std::to_string(o));

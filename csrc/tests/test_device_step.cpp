@@ -198,8 +198,8 @@ struct Differential {
     bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
 
     void hand_back(const std::vector<i64>& seqs, bool expect_fault) {
-        std::vector<std::int8_t> outcomes;
-        for (i64 q : seqs) outcomes.push_back(static_cast<std::int8_t>(pending_fail[static_cast<std::size_t>(q)]));
+        std::vector<std::int32_t> outcomes;
+        for (i64 q : seqs) outcomes.push_back(static_cast<std::int32_t>(pending_fail[static_cast<std::size_t>(q)]));
         std::vector<i64> disabled(seqs.size(), -7);
         bool threw = false;
         try {
@@ -545,7 +545,7 @@ TEST_CASE(rejected_hand_overs_change_nothing) {
     CHECK_THROWS(st.to_host(back_bad, 2), StateError);
     CHECK(st.on_device(0) && st.on_device(1));
     // A failure outcome needs an open round: sequence 0 has none yet.
-    const std::int8_t fail_decode[] = {0, -1};
+    const std::int32_t fail_decode[] = {0, -1};
     CHECK_THROWS(st.to_host(two, 2, fail_decode), StateError);
     CHECK(st.on_device(0) && st.on_device(1));
     // A damaged step state is refused whole.
@@ -628,7 +628,7 @@ TEST_CASE(failures_reported_at_hand_back) {
         dev.step_many(&seq, &a, 1, o.out);
         const Expected e = host_step(orc, seq, a, 1);
         CHECK(same_entry(dev, o, 0, e));
-        const std::int8_t crop = 1;
+        const std::int32_t crop = 1;
         i64 disabled = -1;
         dev.to_host(&seq, 1, &crop, &disabled);
         CHECK_EQ(disabled, k == 3 ? 3 : 0);

@@ -442,7 +442,7 @@ public:
     // damaged). Then, with every sequence back, a fault a step recorded
     // (a bad accept count, ...) is raised as the core's own error, naming
     // the sequence: its step changed nothing, the sequence is back.
-    void to_host(const std::int64_t* seqs, std::size_t n, const std::int8_t* outcomes = nullptr,
+    void to_host(const std::int64_t* seqs, std::size_t n, const std::int32_t* outcomes = nullptr,
                  std::int64_t* disabled_after = nullptr);
     // The CPU twin of the device step: one step of entries
     // (seqs[i], n_accepted[i]) over the host step state, answers in `out`
