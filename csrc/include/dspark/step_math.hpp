@@ -1,7 +1,7 @@
 // The device step's math (docs/protocol.md, "The device step"): the state of
 // the sequences a server hands over (Stager::to_device), and one function
 // that runs one sequence's step over it. The CPU twin (Stager::step_many,
-// src/stager_device_step.cpp) and the CUDA kernel both call step_one, so the
+// csrc/src/stager_device_step.cpp) and the CUDA kernel both call step_one, so the
 // two cannot disagree; the differential tests hold both to the per-sequence
 // core (stager.cpp), whose rules this file restates op for op for
 // external-row mode. Plain integer math: it compiles as C++17 and as CUDA
