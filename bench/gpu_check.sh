@@ -7,7 +7,9 @@
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
 #      bandwidth on the same GPU,
 #   4. runs bench/bench_ring_batches.py: launches per batch, per-sequence vs batched, and
-#      the batched gather / write bandwidth against a device copy at N = 16, 64, 256.
+#      the batched gather / write bandwidth against a device copy at N = 16, 64, 256,
+#   5. runs bench/bench_device_step.py: host synchronisations and launches per step of the
+#      device step against the host path, and its CPU twin's step time against the same work.
 #
 # Needs: an NVIDIA GPU + a driver new enough for the CUDA toolkit's runtime
 # (CUDA 13 needs driver >= 580; the runtime is linked statically), nvcc
@@ -237,4 +239,10 @@ if [ "$MODE" = "EMULATE" ]; then
 else
   $PY bench/bench_ring_batches.py --dim "${GPU_CHECK_DIM:-4096}" --rows 16 --storages q8_0,q4_0,bf16,f32
 fi
+
+log "the device step (bench/bench_device_step.py; ctest test_cuda_step checks the kernel on the emulated device)"
+# Host synchronisations and launches per step, and the CPU twin against the host path's
+# batch calls (the same work). Step time of the CUDA kernel itself with and without the sync
+# needs its Python binding (docs/protocol.md 2.10): not measured here yet.
+$PY bench/bench_device_step.py --quick
 log "done"

@@ -260,3 +260,23 @@ def test_outputs_are_reused_in_place():
     assert ids == [id(getattr(out, f)) for f in StepOutputs.__dataclass_fields__]
     assert (out.status == STEP_OK).all()
     st.to_host([0, 1])
+
+
+def test_compact_outputs_equal_the_padded_ones():
+    """``padded=False`` writes everything but the padded rows, the same values."""
+    a, b, ref = Stager(config(3, 2, 9)), Stager(config(3, 2, 9)), ReferenceStager(config(3, 2, 9))
+    for st in (a, b, ref):
+        for q in range(3):
+            prompt(st, q, 2 * q, 5 + q)
+        st.to_device([2, 0, 1])
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        counts = rng.integers(0, 3, 3).tolist()
+        full = a.step_many([2, 0, 1], counts)
+        compact = b.step_many([2, 0, 1], counts, out=StepOutputs.empty(3, 7, 2, padded=False))
+        mirror = ref.step_many([2, 0, 1], counts, out=StepOutputs.empty(3, 7, 2, padded=False))
+        assert compact.row_slots is None and compact.row_positions is None
+        for name in StepOutputs.__dataclass_fields__:
+            if getattr(compact, name) is not None:
+                np.testing.assert_array_equal(getattr(full, name), getattr(compact, name), err_msg=name)
+                np.testing.assert_array_equal(getattr(mirror, name), getattr(compact, name), err_msg=name)

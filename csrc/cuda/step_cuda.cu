@@ -62,7 +62,7 @@ void device_step_cuda(const step::Config& c, std::int64_t* state, const std::int
     on_device(out.verify_slots, dev, "verify slot array");
     DeviceGuard guard(dev);
     const auto s = static_cast<cudaStream_t>(stream);
-    const unsigned grid = grid_for(n, dev);
+    const unsigned grid = grid_for(n * kernels::kWarp, dev);  // a warp per entry
     if (count_bytes == 4)
         kernels::launch(kernels::k_step<std::int32_t>, grid, s, c, state, seqs,
                         static_cast<const std::int32_t*>(n_accepted), n, out);

@@ -430,7 +430,9 @@ void Stager::step_many(const std::int64_t* seqs_in, const std::int64_t* counts_i
             dup = seen[static_cast<std::size_t>(q)] != 0;
             seen[static_cast<std::size_t>(q)] = 1;
         }
-        (void)step::step_one(c, state, out, static_cast<i64>(i), q, counts[i], dup);
+        step::Plan plan;
+        const std::int32_t status = step::step_one(c, state, out, static_cast<i64>(i), q, counts[i], dup, plan);
+        step::write_rows(c, out, static_cast<i64>(i), step::rows_of(status, plan), 0, 1);
     }
     for (i64 q : seqs)
         if (q >= 0 && q < c.max_seqs) seen[static_cast<std::size_t>(q)] = 0;

@@ -60,6 +60,10 @@ _LAYOUT: tuple[tuple[str, type, str], ...] = (
 )
 
 
+#: The padded arrays, which may be None (not written).
+_PADDED = ("row_slots", "row_positions")
+
+
 def _shape(kind: str, n: int, max_rows: int, block: int) -> tuple[int, ...]:
     dims = {"n": n, "max_rows": max_rows, "block": block, "block+1": block + 1}
     return tuple(dims[d] for d in kind.split(","))
@@ -76,22 +80,29 @@ class StepOutputs:
     pos_base: np.ndarray
     crop_from: np.ndarray
     n_rows: np.ndarray
-    row_slots: np.ndarray
-    row_positions: np.ndarray
+    row_slots: np.ndarray | None
+    row_positions: np.ndarray | None
     block_positions: np.ndarray
     verify_slots: np.ndarray
 
     @classmethod
-    def empty(cls, n: int, max_rows: int, block: int) -> StepOutputs:
-        """Arrays for ``n`` entries (``max_rows``: ``Stager.step_layout[1]``, ``block``: B)."""
-        return cls(**{name: np.full(_shape(kind, n, max_rows, block), -1, dtype)
-                      for name, dtype, kind in _LAYOUT})
+    def empty(cls, n: int, max_rows: int, block: int, padded: bool = True) -> StepOutputs:
+        """Arrays for ``n`` entries (``max_rows``: ``Stager.step_layout[1]``, ``block``: B).
+        ``padded=False``: no ``row_slots`` / ``row_positions`` (None: not written; the
+        plan's rows are then ``n_rows`` rows from its ``pos_base``-relative start, as the
+        plan arrays of ``draft_many`` give them)."""
+        arrays: dict[str, np.ndarray | None] = {
+            name: np.full(_shape(kind, n, max_rows, block), -1, dtype) if padded or name not in _PADDED else None
+            for name, dtype, kind in _LAYOUT}
+        return cls(**arrays)  # type: ignore[arg-type]
 
     def check(self, n: int, max_rows: int, block: int) -> None:
         """Raise unless every array has its dtype and shape for ``n`` entries, C-contiguous
         and writable (the core writes through raw pointers: nothing else is safe)."""
         for name, dtype, kind in _LAYOUT:
             arr = getattr(self, name)
+            if arr is None and name in _PADDED:
+                continue
             want = _shape(kind, n, max_rows, block)
             if not isinstance(arr, np.ndarray):
                 raise TypeError(f"step outputs: {name} must be a numpy array, got {type(arr).__name__}")

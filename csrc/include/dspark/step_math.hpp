@@ -355,10 +355,6 @@ DSPARK_HD void write_nothing(const Config& c, const Outputs& o, i64 i) {
     if (o.pos_base) o.pos_base[i] = -1;
     if (o.crop_from) o.crop_from[i] = -1;
     if (o.n_rows) o.n_rows[i] = 0;
-    for (i64 k = 0; k < c.max_rows; ++k) {
-        if (o.row_slots) o.row_slots[i * c.max_rows + k] = -1;
-        if (o.row_positions) o.row_positions[i * c.max_rows + k] = -1;
-    }
     for (i64 k = 0; k < c.block; ++k)
         if (o.block_positions) o.block_positions[i * c.block + k] = -1;
     for (i64 k = 0; k <= c.block; ++k)
@@ -372,25 +368,58 @@ DSPARK_HD void write_plan(const Config& c, const Outputs& o, i64 i, const Plan& 
     if (o.pos_base) o.pos_base[i] = p.pos_base;
     if (o.crop_from) o.crop_from[i] = p.crop_from;
     if (o.n_rows) o.n_rows[i] = p.n_rows;
-    for (i64 k = 0; k < c.max_rows; ++k) {
-        const bool row = k < p.n_rows;
-        if (o.row_slots)
-            o.row_slots[i * c.max_rows + k] =
-                !row ? -1 : (k < p.run_count[0] ? p.run_first[0] + k : p.run_first[1] + (k - p.run_count[0]));
-        if (o.row_positions)
-            o.row_positions[i * c.max_rows + k] = row ? static_cast<std::int32_t>(p.first_row - p.pos_base + k) : -1;
-    }
     for (i64 k = 0; k < c.block; ++k)
         if (o.block_positions)
             o.block_positions[i * c.block + k] =
                 p.skip == SKIP_NONE ? static_cast<std::int32_t>(p.start - p.pos_base + k) : -1;
 }
 
+// Entry i's padded context rows (row_slots / row_positions, [max_rows] each,
+// -1 padding) from its plan: rows k = lane, lane + lanes, ... (the CPU twin
+// writes them all, lane 0 of 1; the kernel spreads them over a warp).
+// n_rows is 0 for an entry that was not stepped (all padding).
+struct Rows {
+    i64 n_rows = 0, run_first0 = 0, run_count0 = 0, run_first1 = 0, pos0 = 0;  // pos0: first_row - pos_base
+};
+
+DSPARK_HD Rows rows_of(std::int32_t status, const Plan& p) {
+    Rows w;
+    if (status != STATUS_OK || p.skip != SKIP_NONE) return w;
+    w.n_rows = p.n_rows;
+    w.run_first0 = p.run_first[0];
+    w.run_count0 = p.run_count[0];
+    w.run_first1 = p.run_first[1];
+    w.pos0 = p.first_row - p.pos_base;
+    return w;
+}
+
+// The first k >= lo that is this lane's (k == lane mod lanes).
+DSPARK_HD i64 lane_from(i64 lo, i64 lane, i64 lanes) { return lo + ((lane - lo) % lanes + lanes) % lanes; }
+
+DSPARK_HD void write_rows(const Config& c, const Outputs& o, i64 i, const Rows& w, i64 lane, i64 lanes) {
+    // Three plain loops (the first run, the second, the padding): no branch
+    // per row, so the CPU twin's compiler vectorizes them.
+    const i64 run0 = imin(w.n_rows, w.run_count0);
+    if (o.row_slots) {
+        i64* out = o.row_slots + i * c.max_rows;
+        for (i64 k = lane; k < run0; k += lanes) out[k] = w.run_first0 + k;
+        for (i64 k = lane_from(run0, lane, lanes); k < w.n_rows; k += lanes) out[k] = w.run_first1 + (k - run0);
+        for (i64 k = lane_from(w.n_rows, lane, lanes); k < c.max_rows; k += lanes) out[k] = -1;
+    }
+    if (o.row_positions) {
+        std::int32_t* out = o.row_positions + i * c.max_rows;
+        for (i64 k = lane; k < w.n_rows; k += lanes) out[k] = static_cast<std::int32_t>(w.pos0 + k);
+        for (i64 k = lane_from(w.n_rows, lane, lanes); k < c.max_rows; k += lanes) out[k] = -1;
+    }
+}
+
 // One entry of a step: sequence `seq` (already checked to be the first
 // occurrence of its id in the batch; `duplicate` otherwise) with accept count
-// `count` (-1: not in this step). Returns the status it wrote.
+// `count` (-1: not in this step). Returns the status it wrote; `p` receives
+// the round's plan (write_rows writes its padded rows).
 DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i64 i, i64 seq, i64 count,
-                                bool duplicate) {
+                                bool duplicate, Plan& p) {
+    p = Plan();
     write_nothing(c, o, i);
     std::int32_t status = STATUS_OK;
     Regs r;
@@ -420,7 +449,6 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
     if (r.open) commit(c, r);
     r.reserved = 0;  // confirm: the target wrote the verify rows
     accept(c, r, count);
-    Plan p;
     i64 fault_arg = 0;
     if (!draft(c, r, seq, p)) {
         status = STATUS_INTERNAL;

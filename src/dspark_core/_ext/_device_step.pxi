@@ -81,8 +81,12 @@ def _step_many(Stager st, seqs, n_accepted, out):
     o.pos_base = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.pos_base)
     o.crop_from = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.crop_from)
     o.n_rows = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.n_rows)
-    o.row_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_slots)
-    o.row_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_positions)
+    o.row_slots = NULL  # padded rows not asked for: not written
+    o.row_positions = NULL
+    if out.row_slots is not None:
+        o.row_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_slots)
+    if out.row_positions is not None:
+        o.row_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_positions)
     o.block_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.block_positions)
     o.verify_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.verify_slots)
     cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)

@@ -209,7 +209,9 @@ class DeviceStepMixin:
         for name in ("start", "pos_base", "crop_from"):
             getattr(out, name)[k] = -1
         for name in ("row_slots", "row_positions", "block_positions", "verify_slots"):
-            getattr(out, name)[k, :] = -1
+            arr = getattr(out, name)
+            if arr is not None:
+                arr[k, :] = -1
 
     def _step_entry(self, out: StepOutputs, k: int, q: int, a: int, dup: bool) -> int:
         ref = cast("ReferenceStager", self)
@@ -258,8 +260,10 @@ class DeviceStepMixin:
         out.n_rows[k] = len(plan.slots) if plan.skip is None else 0
         if plan.skip is None:
             m = len(plan.slots)
-            out.row_slots[k, :m] = plan.slots
-            out.row_positions[k, :m] = plan.positions
+            if out.row_slots is not None:
+                out.row_slots[k, :m] = plan.slots
+            if out.row_positions is not None:
+                out.row_positions[k, :m] = plan.positions
             out.block_positions[k, :] = plan.block_positions
         out.verify_slots[k, : len(slots)] = slots
         return STEP_OK
