@@ -22,7 +22,11 @@ The table gives the median step time, the ratio of the two, the host
 synchronisations and kernel launches a GPU server's step needs each way. Target
 (issue "the step never waits for the host"): the CPU twin at N = 256 within
 1.5x of the host path (the same work). Step time on a GPU, with and without the
-sync, needs the kernel's Python binding (not there yet: see docs/protocol.md 2.10).
+sync: ``device step (CUDA graph)`` (dspark_core.cuda.DeviceStep captured into a
+graph, one replay per step) against ``host path + count copy`` (the host path
+plus the device-to-host copy of the accept counts it needs), where the CUDA
+kernels are built (on the emulated device the times are CPU times; the
+launches per step are measured there).
 
     python bench/bench_device_step.py               # N = 64, 256, 1024
     python bench/bench_device_step.py --quick       # fewer steps, N up to 256
@@ -46,18 +50,21 @@ import _common as C
 ds = C.import_dspark()
 from dspark_core.device_step import STEP_OK, StepOutputs  # noqa: E402  (after the dev-build fallback)
 
-D, B, W, STORAGE = 8192, 16, 4096, "q8_0"
+D, STORAGE = 8192, "q8_0"
+#: B and W (--block / --window change them: the emulated device wants a small W).
+SHAPE = {"B": 16, "W": 4096}
 PROMPT = 3000
 TARGET_RATIO = 1.5
 #: What a GPU server's step needs from the host, each way (by construction of the calls).
 WAYS = ("host path", "device step (CPU twin)", "device step + padded rows")
-HOST_SYNCS = {"host path": 1, "device step (CPU twin)": 0, "device step + padded rows": 0}
+HOST_SYNCS = {"host path": 1, "device step (CPU twin)": 0, "device step + padded rows": 0,
+              "device step (CUDA graph)": 0, "host path + count copy": 1}
 LAUNCHES = {"host path": "0 (+ host work)", "device step (CPU twin)": "1 (the kernel)",
-            "device step + padded rows": "1 (the kernel)"}
+            "device step + padded rows": "1 (the kernel)", "host path + count copy": "0 (+ host work)"}
 
 
 def make(n: int) -> Any:
-    st = ds.Stager(ds.StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=n, storage=STORAGE,
+    st = ds.Stager(ds.StagerConfig(feature_dim=D, block_size=SHAPE["B"], window=SHAPE["W"], max_seqs=n, storage=STORAGE,
                                    rows="external"))
     for q in range(n):
         st.begin(q)
@@ -70,8 +77,9 @@ def host_way(n: int, counts: list[np.ndarray], warmup: int) -> list[int]:
     st = make(n)
     seqs = np.arange(n, dtype=np.int64)
     ends = np.full(n, PROMPT, np.int64)
-    cu = np.arange(n + 1, dtype=np.int64) * (B + 1)
-    offs = np.arange(B + 1, dtype=np.int64)
+    b = SHAPE["B"]
+    cu = np.arange(n + 1, dtype=np.int64) * (b + 1)
+    offs = np.arange(b + 1, dtype=np.int64)
     reserved = False
     times = []
     for t, a in enumerate(counts):
@@ -96,7 +104,7 @@ def device_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool) -> l
     st = make(n)
     seqs = np.arange(n, dtype=np.int64)
     st.to_device(seqs)
-    out = StepOutputs.empty(n, st.step_layout[1], B, padded=padded)
+    out = StepOutputs.empty(n, st.step_layout[1], SHAPE["B"], padded=padded)
     first = np.zeros(n, np.int64)  # the first step: no verify rows yet (accept does nothing)
     times = []
     for t, a in enumerate(counts):
@@ -111,6 +119,48 @@ def device_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool) -> l
     return times
 
 
+def cuda_ways(n: int, counts: list[np.ndarray], warmup: int) -> dict[str, Any]:
+    """Where the CUDA kernels are built: the step as a captured graph (one replay per step,
+    the counts written into its device array between replays, untimed: a sampler kernel's
+    write) against the host path plus the one device-to-host copy of the counts it needs.
+    Returns step times (ns) and the launches per replay (measured on the emulated device)."""
+    from dspark_core import cuda
+
+    cu = cuda._cuda
+    st = make(n)
+    seqs = np.arange(n, dtype=np.int64)
+    step = cuda.DeviceStep(st, n)
+    step.to_device(seqs)
+    step.set_batch(seqs, np.zeros(n, np.int32))
+    stream = cu.Stream(0)
+    cu.capture_begin(stream.handle)
+    try:
+        step.launch(stream.handle)
+    finally:
+        graph = cu.capture_end(stream.handle)
+    times, launches = [], []
+    for t, a in enumerate(counts):
+        step.set_counts(a if t else np.zeros(n, np.int32))
+        before = cu.emulated_launches()
+        t0 = time.perf_counter_ns()
+        graph.launch(stream.handle)
+        cu.synchronize(stream.handle)
+        t1 = time.perf_counter_ns()
+        launches.append(cu.emulated_launches() - before)
+        if t >= warmup:
+            times.append(t1 - t0)
+    # The host path's step with the sync it needs: the counts copied back first.
+    sync_times = []
+    for t, ns in enumerate(host_way(n, counts, 0)):
+        t0 = time.perf_counter_ns()
+        cu.copy_to_host(step.counts_ptr, 4 * n)
+        sync = time.perf_counter_ns() - t0
+        if t >= warmup:
+            sync_times.append(ns + sync)
+    step.to_host(seqs)
+    return {"graph": times, "host+sync": sync_times, "launches": launches[-1] if launches[0] >= 0 else None}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ns", default="64,256,1024", help="sequence counts N (comma separated)")
@@ -118,6 +168,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     ap.add_argument("--quick", action="store_true", help="N up to 256, 50 timed steps")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--block", type=int, default=SHAPE["B"], help=f"B (default {SHAPE['B']})")
+    ap.add_argument("--window", type=int, default=SHAPE["W"],
+                    help=f"W (default {SHAPE['W']}; the emulated device wants a small one)")
+    ap.add_argument("--no-cuda", action="store_true", help="skip the CUDA ways even where the kernels are built")
     ap.add_argument("--out", default=None, help="also write the markdown here")
     ap.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                     help="one JSON record per (N, way): on stdout instead of the table (no PATH), or into PATH")
@@ -126,6 +180,13 @@ def main() -> int:
     if args.quick:
         ns = [x for x in ns if x <= 256]
         args.steps, args.warmup = min(args.steps, 50), min(args.warmup, 5)
+    SHAPE.update(B=args.block, W=args.window)
+    B, W = args.block, args.window
+    with_cuda = False
+    if not args.no_cuda:
+        from dspark_core import cuda
+
+        with_cuda = cuda.available()
     load_before = os.getloadavg()[0]
     rng = np.random.default_rng(args.seed)
     records: list[dict[str, Any]] = []
@@ -141,6 +202,14 @@ def main() -> int:
         for way, times in runs.items():
             records.append({"n": n, "way": way, "steps": len(times), "median_step_us": float(np.median(times)) / 1e3,
                             "host_syncs_per_step": HOST_SYNCS[way]})
+        if with_cuda:
+            got = cuda_ways(n, counts, args.warmup)
+            measured = got["launches"]
+            LAUNCHES["device step (CUDA graph)"] = "1 (graph)" if measured is None else f"{measured} (measured)"
+            for way, key in (("device step (CUDA graph)", "graph"), ("host path + count copy", "host+sync")):
+                records.append({"n": n, "way": way, "steps": len(got[key]),
+                                "median_step_us": float(np.median(got[key])) / 1e3,
+                                "host_syncs_per_step": HOST_SYNCS[way], "launches_per_step": measured})
     load_after = os.getloadavg()[0]
 
     def get(n: int, way: str) -> dict[str, Any]:
@@ -166,7 +235,7 @@ def main() -> int:
     rows = []
     for n in ns:
         host = get(n, "host path")
-        for way in WAYS:
+        for way in WAYS + (("device step (CUDA graph)", "host path + count copy") if with_cuda else ()):
             r = get(n, way)
             rows.append([n, way, C.fmt_us(r["median_step_us"] * 1e3),
                          C.fmt_x(r["median_step_us"] / host["median_step_us"], 2),

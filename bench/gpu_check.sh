@@ -241,8 +241,13 @@ else
 fi
 
 log "the device step (bench/bench_device_step.py; ctest test_cuda_step checks the kernel on the emulated device)"
-# Host synchronisations and launches per step, and the CPU twin against the host path's
-# batch calls (the same work). Step time of the CUDA kernel itself with and without the sync
-# needs its Python binding (docs/protocol.md 2.10): not measured here yet.
-$PY bench/bench_device_step.py --quick
+# Host synchronisations and launches per step, the CPU twin against the host path's batch
+# calls (the same work), and the step as a captured graph against the host path plus the
+# copy of the accept counts it needs (step time with and without the sync).
+if [ "$MODE" = "EMULATE" ]; then
+  # The emulated device: launches only (its times are a CPU model's), a small window.
+  $PY bench/bench_device_step.py --ns 16 --window 64 --block 4 --steps 20 --warmup 3
+else
+  $PY bench/bench_device_step.py --ns 64,256,1024 --steps 100
+fi
 log "done"

@@ -106,3 +106,23 @@ def _step_check(Stager st, seqs, statuses):
     cdef const int32_t* tp = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>arr)
     with nogil:
         st._core.check_step(sp, tp, n)
+
+
+def _step_config(Stager st):
+    cdef StepConfig c = st._core.step_config()
+    return {"block": c.block, "window": c.window, "w_keep": c.w_keep, "ring_rows": c.ring_rows,
+            "max_seqs": c.max_seqs, "max_rows": c.max_rows, "trim_chunk": c.trim_chunk,
+            "max_position": c.max_position}
+
+
+def _step_state(Stager st):
+    """The host step state as an int64 (fields, max_seqs) array over the Stager's own memory
+    (the array keeps the Stager alive)."""
+    cdef int64_t* p = st._core.step_state()
+    cdef StepConfig c = st._core.step_config()
+    cdef cnp.npy_intp dims[2]
+    dims[0] = STEP_FIELD_COUNT
+    dims[1] = c.max_seqs
+    arr = cnp.PyArray_SimpleNewFromData(2, dims, cnp.NPY_INT64, <void*>p)
+    cnp.set_array_base(arr, st)
+    return arr

@@ -26,7 +26,13 @@ cdef extern from "dspark/step_math.hpp" nogil:
         int64_t* verify_slots
     cdef cppclass StepConfig "dspark::step::Config":
         int64_t block
+        int64_t window
+        int64_t w_keep
+        int64_t ring_rows
+        int64_t max_seqs
         int64_t max_rows
+        int64_t trim_chunk
+        int64_t max_position
     int STEP_FIELD_COUNT "dspark::step::FIELD_COUNT"
 
 
@@ -202,6 +208,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void check_step(const int64_t* seqs, const int32_t* statuses, size_t n) except +dspark_translate_exception
         StepConfig step_config()
         bool on_device(int64_t seq) except +dspark_translate_exception
+        int64_t* step_state() except +dspark_translate_exception
         const shared_ptr[BufferPool]& pool()
 
     # "" for Skip::None and past the last reason; nullptr past the last stage / mode.

@@ -1116,6 +1116,19 @@ cdef class Stager:
         return self._core.on_device(s)
 
     @property
+    def step_config(self):
+        """The constants the device step's math needs (a dict: block, window, w_keep, ring_rows,
+        max_seqs, max_rows, trim_chunk, max_position)."""
+        return _step_config(self)
+
+    @property
+    def step_state(self):
+        """The host step state: int64 ``(fields, max_seqs)``, a view of the Stager's own memory.
+        A device owner copies the columns of handed-over sequences to its device copy after
+        ``to_device`` and back before ``to_host`` (docs/protocol.md 2.10)."""
+        return _step_state(self)
+
+    @property
     def step_layout(self):
         """``(fields, max_rows)``: the step state's int64 columns per sequence and the padded plan width."""
         return _step_layout(self)
