@@ -280,3 +280,74 @@ def test_compact_outputs_equal_the_padded_ones():
             if getattr(compact, name) is not None:
                 np.testing.assert_array_equal(getattr(full, name), getattr(compact, name), err_msg=name)
                 np.testing.assert_array_equal(getattr(mirror, name), getattr(compact, name), err_msg=name)
+
+
+@pytest.mark.parametrize("storage", ["f32", "bf16", "q8_0", "q4_0"])
+def test_gathered_rows_equal_a_held_stagers_plans(storage):
+    """The step's gather slots over a HostRing read exactly the rows a held Stager, driven by
+    per-sequence calls (process, accept, draft, commit), stages: window crossings and rebases
+    included, sequences handed over and back."""
+    from dspark_core import HostRing
+
+    n, b, w, d = 4, 3, 14, 32
+    held = Stager(StagerConfig(feature_dim=d, block_size=b, window=w, max_seqs=n, storage=storage))
+    ext = Stager(StagerConfig(feature_dim=d, block_size=b, window=w, max_seqs=n, storage=storage, rows="external"))
+    ring = HostRing(ext)
+    rng = np.random.default_rng(7)
+    for q in range(n):
+        x = rng.standard_normal((5 + 3 * q, d)).astype(np.float32)
+        held.process(q, np.arange(len(x)), x)
+        ring.write(q, np.arange(len(x)), ring.upload(x))
+    on = np.zeros(n, bool)
+    counts = np.zeros(n, np.int64)
+    rebases = 0
+    for _ in range(120):
+        go = [q for q in range(n) if not on[q] and rng.random() < 0.3]
+        back = [q for q in range(n) if on[q] and rng.random() < 0.05]
+        if back:
+            ext.to_host(back)
+            on[back] = False
+            for q in back:  # on the host: its verify rows confirmed, its accept applied
+                ext.confirm(q)
+                ext.accept(q, int(counts[q]))
+        if go:
+            ext.to_device(go)
+            on[go] = True
+        seqs = [q for q in range(n) if on[q]]
+        out = ext.step_many(seqs, [int(counts[q]) for q in seqs]) if seqs else None
+        for q in range(n):
+            a = int(counts[q])
+            held.accept(q, a)
+            plan = held.draft(q, held.state(q)["end"])
+            if plan.skip is None:
+                held.commit(q)
+                rebases += plan.rebase
+            if on[q]:
+                assert out is not None
+                k = seqs.index(q)
+                m = int(out.n_rows[k])
+                got = ring.gather_slots(out.row_slots[k, :m])
+                want = plan.rows if plan.skip is None else np.zeros((0, d), np.float32)
+                np.testing.assert_array_equal(got, want)
+                verify = out.verify_slots[k]
+            else:  # host sequences: the same per-sequence calls on the external Stager
+                if ext.state(q)["reservation_open"]:
+                    ext.confirm(q)
+                ext.accept(q, a)
+                xp = ext.draft(q, ext.state(q)["end"])
+                assert xp.skip == plan.skip
+                if xp.skip is None:
+                    np.testing.assert_array_equal(ring.gather(xp), plan.rows)  # while the round is open
+                    ext.commit(q)
+                end = ext.state(q)["end"]
+                nv = b + 1 if xp.skip is None else 1
+                verify = np.full(b + 1, -1, np.int64)
+                verify[:nv] = ext.reserve(q, np.arange(end, end + nv))
+            nv = b + 1 if plan.skip is None else 1
+            rows = rng.standard_normal((nv, d)).astype(np.float32)  # the verify forward's rows
+            end = held.state(q)["end"]
+            held.process(q, np.arange(end, end + nv), rows)
+            ring.write_slots(verify[:nv], ring.upload(rows))
+            counts[q] = int(rng.integers(0, b + 1)) if nv > 1 else 0
+    assert rebases > 0
+    ext.to_host([q for q in range(n) if on[q]])
