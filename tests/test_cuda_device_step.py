@@ -102,3 +102,63 @@ def test_a_captured_step_replays_with_new_counts():
     cpu.to_host(seqs)
     for q in range(n):
         assert cpu.stats(q) == dev.stats(q)
+
+
+@gpu
+def test_a_graph_of_step_gather_and_capture_write_equals_a_held_stager():
+    """accept -> plan -> gather -> (drafter) -> reserve -> the verify rows' capture write, one
+    captured graph replayed step after step: the gathered rows are exactly what a held Stager
+    driven by per-sequence calls stages (rebases included)."""
+    cu = cuda._cuda
+    n, b, w, d = 4, 3, 14, 32
+    held = Stager(StagerConfig(feature_dim=d, block_size=b, window=w, max_seqs=n, storage="q8_0"))
+    ext = Stager(config(n, b, w))
+    stream = cu.Stream(0)
+    ring = cuda.DeviceRing(ext, stream=stream.handle, backend="dspark")
+    rng = np.random.default_rng(2)
+    for q in range(n):
+        x = rng.standard_normal((6 + 2 * q, d)).astype(np.float32)
+        held.process(q, np.arange(len(x)), x)
+        ring.write(q, np.arange(len(x)), ring.upload(x))
+    ring.synchronize()
+    seqs = list(range(n))
+    step = cuda.DeviceStep(ext, capacity=n)
+    step.to_device(seqs)
+    step.set_batch(seqs, [0] * n)
+    max_rows = step.max_rows
+    gathered = cuda.DeviceArray((n, max_rows, d), np.float32)
+    verify_rows = cuda.DeviceArray((n, b + 1, d), np.float32)
+    gstatus, wstatus = ring.new_status(), ring.new_status()
+    ring.synchronize()
+    cu.capture_begin(stream.handle)
+    try:
+        step.launch(stream.handle)
+        ring.gather_slots(step.arrays["row_slots"], gathered, status=gstatus)
+        ring.write_slots(step.arrays["verify_slots"], verify_rows, status=wstatus)
+    finally:
+        graph = cu.capture_end(stream.handle)
+    counts = np.zeros(n, np.int64)
+    rebases = 0
+    for _ in range(60):
+        rows = rng.standard_normal((n, b + 1, d)).astype(np.float32)  # this step's verify forward
+        cu.copy_to_device(verify_rows.ptr, rows.reshape(-1).view(np.uint8), stream.handle)
+        step.set_counts(counts)
+        graph.launch(stream.handle)
+        cu.synchronize(stream.handle)
+        out = step.outputs()
+        assert (out.status == STEP_OK).all()
+        got = gathered.get()
+        for k, q in enumerate(seqs):
+            held.accept(q, int(counts[q]))
+            plan = held.draft(q, held.state(q)["end"])
+            m = int(out.n_rows[k])
+            if plan.skip is None:
+                np.testing.assert_array_equal(got[k, :m], plan.rows)
+                held.commit(q)
+                rebases += plan.rebase
+            nv = b + 1 if plan.skip is None else 1
+            end = held.state(q)["end"]
+            held.process(q, np.arange(end, end + nv), rows[k, :nv])
+            counts[q] = int(rng.integers(0, b + 1)) if nv > 1 else 0
+    assert rebases > 0
+    step.to_host(seqs)

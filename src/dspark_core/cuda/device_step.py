@@ -19,6 +19,7 @@ import numpy as np
 
 from . import _backend
 from ..device_step import StepOutputs
+from .interop import DeviceArray
 
 #: The step's outputs as laid out on the device: name, dtype, columns (per entry).
 _OUTPUTS = (("status", np.int32, 1), ("skip", np.int32, 1), ("flags", np.int32, 1), ("start", np.int64, 1),
@@ -46,10 +47,15 @@ class DeviceStep:
         cu.copy_to_device(self._state.ptr, np.ascontiguousarray(host).view(np.uint8).reshape(-1), 0)
         self._seqs = cu.Allocation(8 * max(1, self.capacity), device)
         self._counts = cu.Allocation(4 * max(1, self.capacity), device)
+        # The outputs as DeviceArrays of fixed shape (capacity rows, -1 until written): a ring's
+        # gather_slots / write_slots take .arrays["row_slots"] / ["verify_slots"] in the same graph.
+        self.arrays: dict[str, DeviceArray] = {}
         self._out: dict[str, Any] = {}
         for name, dtype, cols in _OUTPUTS:
-            self._out[name] = (cu.Allocation(np.dtype(dtype).itemsize * self._cols(cols) * max(1, self.capacity),
-                                              device), dtype, cols)
+            shape = (max(1, self.capacity),) if cols == 1 else (max(1, self.capacity), self._cols(cols))
+            arr = DeviceArray.from_numpy(np.full(shape, -1, dtype), device=device, stream=0)
+            self.arrays[name] = arr
+            self._out[name] = (arr, dtype, cols)
         cu.synchronize(0, device)
         self.n = 0
 
