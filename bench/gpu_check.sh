@@ -7,7 +7,9 @@
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
 #      bandwidth on the same GPU,
 #   4. runs bench/bench_ring_batches.py: launches per batch, per-sequence vs batched, and
-#      the batched gather / write bandwidth against a device copy at N = 16, 64, 256.
+#      the batched gather / write bandwidth against a device copy at N = 16, 64, 256,
+#   5. runs bench/bench_device_step.py: host synchronisations and launches per step of the
+#      device step against the host path, and its CPU twin's step time against the same work.
 #
 # Needs: an NVIDIA GPU + a driver new enough for the CUDA toolkit's runtime
 # (CUDA 13 needs driver >= 580; the runtime is linked statically), nvcc
@@ -236,5 +238,16 @@ if [ "$MODE" = "EMULATE" ]; then
   $PY bench/bench_ring_batches.py --dim "${GPU_CHECK_DIM:-512}" --rows 4 --storages q8_0,q4_0,bf16,f32
 else
   $PY bench/bench_ring_batches.py --dim "${GPU_CHECK_DIM:-4096}" --rows 16 --storages q8_0,q4_0,bf16,f32
+fi
+
+log "the device step (bench/bench_device_step.py; ctest test_cuda_step checks the kernel on the emulated device)"
+# Host synchronisations and launches per step, the CPU twin against the host path's batch
+# calls (the same work), and the step as a captured graph against the host path plus the
+# copy of the accept counts it needs (step time with and without the sync).
+if [ "$MODE" = "EMULATE" ]; then
+  # The emulated device: launches only (its times are a CPU model's), a small window.
+  $PY bench/bench_device_step.py --ns 16 --window 64 --block 4 --steps 20 --warmup 3
+else
+  $PY bench/bench_device_step.py --ns 64,256,1024 --steps 100
 fi
 log "done"

@@ -7,7 +7,7 @@ included. Layers, bottom up:
 0 base       errors, _version, _bf16 (bfloat16, loaded when first used): no import from the package
 1 binding    _ext._row_format: the C++ row formats and the core's name tables and limits
 2 contract   core_tables, _args, config, stage_plan, slot_moves, snapshot_format,
-             protocol_mismatch, stager_copy: the tables, the binding's argument
+             protocol_mismatch, stager_copy, device_step: the tables, the binding's argument
              conversions, the value types the Stager binding takes and returns, how a
              protocol mismatch is logged, and how a Stager is pickled (config plus snapshots)
 3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "core_tables": 2,
     "config": 2,
     "stage_plan": 2,
+    "device_step": 2,
     "slot_moves": 2,
     "prefix_keys": 0,
     "prefix_hit": 2,

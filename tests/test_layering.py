@@ -45,6 +45,7 @@ _REFERENCE_MAY_IMPORT = {
     "prefix_hit": {"HIT", "PUBLISH", "PrefixHit", "PrefixHits", "PrefixMoves", "no_prefix_moves"},
     "slot_moves": {"RestoredSlots", "SlotMoves", "no_moves"},
     "stage_plan": {"BatchPlan", "StagePlan"},
+    "device_step": {"StepOutputs"},
     "stager_copy": {"reduce_stager"},
     "snapshot_format": None,  # the module itself, given the reference's own name tables
 }

@@ -175,6 +175,7 @@ const Stager::Seq& Stager::get(std::int64_t seq) const {
 
 const Stager::Seq& Stager::needs(std::int64_t seq, Need need) const {
     const Seq& s = get(seq);
+    refuse_on_device(seq, s);
     if (need == Need::Any) return s;
     if (s.reserved && need != Need::Reserved)
         throw StateError(seq_msg(seq) + " has reserved rows: call confirm() or cancel() first");
@@ -1191,6 +1192,7 @@ void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::siz
 SeqState Stager::state(std::int64_t seq) const {
     auto lock = lock_seq(seq);
     const Seq& s = get(seq);
+    refuse_on_device(seq, s);
     SeqState o;
     o.started = s.started;
     o.end = s.end;
@@ -1212,6 +1214,7 @@ SeqState Stager::state(std::int64_t seq) const {
 std::uint64_t Stager::open_round_id(std::int64_t seq) const {
     auto lock = lock_seq(seq);
     const Seq& s = get(seq);
+    refuse_on_device(seq, s);
     return s.open ? s.round : 0;
 }
 
@@ -1222,6 +1225,7 @@ void Stager::open_round_ids(const std::int64_t* seqs_in, std::size_t n, std::uin
     BatchLock lock(*this, seqs.data(), n);  // a question: a repeated id is answered twice
     for (std::size_t i = 0; i < n; ++i) {
         const Seq& s = get(seqs[i]);
+        in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], s); });
         out[i] = s.open ? s.round : 0;
     }
 }
@@ -1237,6 +1241,7 @@ std::uint64_t Stager::changes_of(const std::int64_t* seqs, std::size_t n) const 
 void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {
     auto lock = lock_seq(seq);
     const Seq& s = get(seq);
+    refuse_on_device(seq, s);
     out[0] = out[1] = SlotRun{};
     if (s.started) s.buf.runs(s.horizon, s.end, slot_base(seq), out);
 }
@@ -1244,6 +1249,7 @@ void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {
 SeqStats Stager::stats(std::int64_t seq) const {
     auto lock = lock_seq(seq);
     const Seq& s = get(seq);
+    refuse_on_device(seq, s);
     SeqStats out = s.stats;
     out.live_rows = s.started ? s.end - s.horizon : 0;
     return out;

@@ -335,6 +335,73 @@ DSPARK_API dspark_status dspark_cancel(dspark_stager* st, int64_t seq);
 DSPARK_API dspark_status dspark_confirm_many(dspark_stager* st, const int64_t* seqs, size_t n);
 DSPARK_API dspark_status dspark_cancel_many(dspark_stager* st, const int64_t* seqs, size_t n);
 
+/* ---- the device step (EXTERNAL mode; docs/protocol.md "The device step") -
+ * A server hands sequences over (dspark_to_device); each step then runs for
+ * the whole batch over the step state without the host: commit the round the
+ * last step opened, confirm its verify rows, accept(n_accepted[i]), plan the
+ * next round at n_past = end as dspark_draft would, and reserve the next
+ * verify batch's slots. dspark_step_many is the CPU twin over the host state
+ * (dspark_step_state); the CUDA kernel runs the same math over a device copy.
+ * Every other call on a handed-over sequence is DSPARK_E_STATE until
+ * dspark_to_host brings it back. Per-entry problems are status words
+ * (DSPARK_STEP_*), never a failed call; dspark_check_step turns them into the
+ * core's errors. */
+enum {
+    DSPARK_STEP_OK = 0, /* stepped */
+    DSPARK_STEP_NOT_IN_STEP = 1, /* n_accepted -1: the sequence sat this step out */
+    DSPARK_STEP_FIRST_ERROR = 16, /* from here on: an error, the step changed nothing for it */
+    DSPARK_STEP_NOT_ON_DEVICE = 16, /* an unknown id, or a sequence not handed over */
+    DSPARK_STEP_DUPLICATE = 17, /* the id appears earlier in the same step */
+    DSPARK_STEP_BAD_COUNT = 18, /* n_accepted outside [-1, B]: sticky until to_host */
+    DSPARK_STEP_POSITION_LIMIT = 19, /* the verify rows would pass 2**62 - 1: sticky */
+    DSPARK_STEP_INTERNAL = 20, /* a broken invariant: sticky */
+};
+enum {
+    DSPARK_STEP_REBASE = 1, /* flags: the round rebases */
+    DSPARK_STEP_CLEAR_CACHE = 2, /* flags: clear the drafter's cache of the sequence first */
+};
+
+/* Where a step writes entry i's answers; every pointer but status may be
+ * NULL (not written). max_rows is dspark_step_layout's; B the block size.
+ * An entry not stepped reads skip -1 and -1 (n_rows 0, flags 0) everywhere. */
+typedef struct dspark_step_out {
+    int32_t* status;          /* [n] DSPARK_STEP_* */
+    int32_t* skip;            /* [n] DSPARK_SKIP_* code (none or no_context), -1 when not stepped */
+    int32_t* flags;           /* [n] DSPARK_STEP_REBASE | DSPARK_STEP_CLEAR_CACHE */
+    int64_t* start;           /* [n] the round's n_past */
+    int64_t* pos_base;        /* [n] -1 for a skip */
+    int64_t* crop_from;       /* [n] -1 for a skip */
+    int64_t* n_rows;          /* [n] context rows staged */
+    int64_t* row_slots;       /* [n * max_rows] the context rows' global slots, -1 padding */
+    int32_t* row_positions;   /* [n * max_rows] their drafter positions, -1 padding */
+    int32_t* block_positions; /* [n * B] the block's drafter positions, -1 for a skip */
+    int64_t* verify_slots;    /* [n * (B + 1)] the next verify rows' slots, -1 unused */
+} dspark_step_out;
+
+/* The step state's shape: *fields int64 columns of max_seqs entries each
+ * (field-major), and the padded plan width (W - B). Either pointer may be NULL. */
+DSPARK_API dspark_status dspark_step_layout(const dspark_stager* st, int64_t* fields, int64_t* max_rows);
+/* The host step state (fields * max_seqs int64): a device owner copies the
+ * columns of handed-over sequences to its device copy after dspark_to_device
+ * and back before dspark_to_host. */
+DSPARK_API dspark_status dspark_step_state(dspark_stager* st, int64_t** state);
+/* Hands seqs over: each started, not disabled, not on the device already;
+ * checked whole, nothing changes on an error. */
+DSPARK_API dspark_status dspark_to_device(dspark_stager* st, const int64_t* seqs, size_t n);
+/* Brings seqs back, the last step's round resolved by outcomes[i] (NULL: all
+ * -1): -1 the drafter ran (commit), DSPARK_FAIL_* it failed (fail). Each
+ * comes back ready or reserved. disabled_after (may be NULL): fail's answer,
+ * 0 otherwise. A fault a step recorded (DSPARK_STEP_BAD_COUNT, ...) is
+ * reported after every sequence is back, as that error's status. */
+DSPARK_API dspark_status dspark_to_host(dspark_stager* st, const int64_t* seqs, size_t n, const int32_t* outcomes,
+                                        int64_t* disabled_after);
+/* One step of the n entries (seqs[i], n_accepted[i]) over the host state. */
+DSPARK_API dspark_status dspark_step_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n,
+                                          const dspark_step_out* out);
+/* The error of the first entry whose status is one (DSPARK_OK when none). */
+DSPARK_API dspark_status dspark_check_step(const dspark_stager* st, const int64_t* seqs, const int32_t* statuses,
+                                           size_t n);
+
 /* ---- a request's end ----------------------------------------------------- */
 /* Ends seq's request in any state (an open round or a reservation is
  * dropped: the abort path) and frees its ring (dspark_begin keeps it for the

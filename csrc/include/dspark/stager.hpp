@@ -37,6 +37,7 @@
 #include "dspark/byte_buffer.hpp"
 #include "dspark/feature_buffer.hpp"
 #include "dspark/row_format.hpp"
+#include "dspark/step_math.hpp"
 
 namespace dspark {
 
@@ -456,6 +457,55 @@ public:
     // pool()->give(std::move(buffer)) once the caller is done with them.
     const std::shared_ptr<BufferPool>& pool() const noexcept { return pool_; }
 
+    // -- the device step (stager_device_step.cpp; dspark/step_math.hpp;
+    // docs/protocol.md "The device step"). External-row mode only.
+    //
+    // to_device hands seqs[0..n) over to the step: their fields go into the
+    // step state (step_state()) and every other call on them (process,
+    // reserve, accept, draft, begin, end, fork, shift, rollback, snapshot,
+    // restore, prefix hits and publishes, state(), stats(), ...) raises
+    // StateError naming to_host until they come back. Each must be started
+    // and not disabled (StateError), in any state but a held-mode one: ready,
+    // a round open (the next step commits it) or rows reserved (the next
+    // step confirms them). Checked whole (ids, states, uniqueness); a
+    // rejected call changes nothing.
+    void to_device(const std::int64_t* seqs, std::size_t n);
+    // Brings seqs[0..n) back: the Stager is then exactly what the
+    // per-sequence calls of their steps would have made it (confirm,
+    // accept, draft, commit, reserve each step), with the round the last
+    // step opened resolved by outcomes[i]: -1 (or a null `outcomes`): the
+    // drafter ran, commit; a FailStage code: it failed, fail(stage)
+    // (disabled_after[i]: fail's answer; 0 otherwise). A sequence comes
+    // back in the ready or reserved state, never with an open round.
+    // Checks (nothing changes when one fails): ids, each on the device
+    // (StateError), uniqueness, the outcomes (a failure needs an open
+    // round), then the step state's consistency (std::invalid_argument:
+    // damaged). Then, with every sequence back, a fault a step recorded
+    // (a bad accept count, ...) is raised as the core's own error, naming
+    // the sequence: its step changed nothing, the sequence is back.
+    void to_host(const std::int64_t* seqs, std::size_t n, const std::int32_t* outcomes = nullptr,
+                 std::int64_t* disabled_after = nullptr);
+    // The CPU twin of the device step: one step of entries
+    // (seqs[i], n_accepted[i]) over the host step state, answers in `out`
+    // (step::Outputs; out.status is required). A per-entry problem is a
+    // status word, never an exception; std::invalid_argument only for a
+    // held-mode Stager or a null out.status (nothing changes).
+    void step_many(const std::int64_t* seqs, const std::int64_t* n_accepted, std::size_t n,
+                   const step::Outputs& out);
+    // Raises the error of the first entry whose status (as step_many wrote
+    // it) is an error, named "step_many: seqs[i] (sequence s): ..."; returns
+    // when none is.
+    void check_step(const std::int64_t* seqs, const std::int32_t* statuses, std::size_t n) const;
+    // The constants the step's math needs (step::Config).
+    step::Config step_config() const noexcept;
+    // The host step state: step::FIELD_COUNT * max_seqs int64, field-major
+    // (field f of sequence s at [f * max_seqs + s]). A device owner copies
+    // the columns of handed-over sequences to its device copy after
+    // to_device and back before to_host.
+    std::int64_t* step_state();
+    // Whether seq is handed over (to_device .. to_host).
+    bool on_device(std::int64_t seq) const;
+
 private:
     // A sequence's fields (what a cancelled reservation puts back).
     struct SeqFields {
@@ -488,6 +538,8 @@ private:
         bool reserved = false;
         SeqFields before;
         FeatureBuffer::Marks before_marks;
+        // Handed over to the device step: its fields live in the step state.
+        bool on_device = false;
     };
     // Each sequence's mutex, on a line of its own.
     struct alignas(64) SeqMutex {
@@ -630,6 +682,14 @@ private:
     // restore / fork / a prefix hit, and this must outlive that (and begin).
     std::unique_ptr<std::atomic<std::uint64_t>[]> changed_;
     std::unique_ptr<SeqMutex[]> locks_;  // locks_[s] guards seqs_[s]
+    // The device step's host state (step_state()), allocated on first use;
+    // a sequence's columns are guarded by its lock.
+    std::once_flag step_once_;
+    std::unique_ptr<std::int64_t[]> step_state_;
+    // A Seq's fields to and from the step state (stager_device_step.cpp).
+    friend struct StepIO;
+    // StateError for a sequence handed over to the device step (call under its lock).
+    void refuse_on_device(std::int64_t seq, const Seq& s) const;
 };
 
 // A batch of plans as flat arrays (docs/design.md 2.5). plan_rows: CSR, the

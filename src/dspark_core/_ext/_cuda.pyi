@@ -146,3 +146,20 @@ def capture_begin(stream: int, device: int = 0) -> None:
 def capture_end(stream: int, device: int = 0) -> Graph:
     """End the capture of ``stream``: the instantiated :class:`Graph` (RuntimeError when a call in the
     capture could not be captured: a synchronization, an allocation, a host copy)."""
+
+# The device step (step_cuda.hpp).
+STEP_CONFIG_KEYS: tuple[str, ...]
+STEP_OUTPUT_KEYS: tuple[str, ...]
+
+def device_step(
+    config: tuple[int, ...],
+    state: int,
+    seqs: int,
+    counts: int,
+    count_bytes: int,
+    n: int,
+    outputs: tuple[int, ...],
+    stream: int,
+) -> None:
+    """device_step_cuda (csrc/cuda/step_cuda.hpp): one launch. ``config``: the values of
+    STEP_CONFIG_KEYS; ``outputs``: device pointers in STEP_OUTPUT_KEYS order (0: not written)."""

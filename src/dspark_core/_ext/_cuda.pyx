@@ -8,11 +8,13 @@ the array-protocol parsing and checking. The GIL is released around every
 CUDA call.
 """
 from cpython.pycapsule cimport PyCapsule_GetPointer, PyCapsule_IsValid
-from libc.stdint cimport int64_t, uint8_t, uint64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t, uintptr_t
 from libcpp cimport bool as cbool
 from libcpp.string cimport string
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
+from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs
+from dspark_core._ext._lib_cuda cimport device_step_cuda
 from dspark_core._ext._lib_cuda cimport (
     cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
     cuda_pointer_device, cuda_device_name, encode_rows_cuda, decode_rows_cuda,
@@ -298,3 +300,39 @@ def capture_end(uintptr_t stream, int device=0):
     g._g = exe
     g.device = device
     return g
+
+
+# ------------------------------------------------------------- device step ---
+
+#: The order of ``device_step``'s ``config`` (Stager.step_config's keys) and ``outputs``.
+STEP_CONFIG_KEYS = ("block", "window", "w_keep", "ring_rows", "max_seqs", "max_rows", "trim_chunk", "max_position")
+STEP_OUTPUT_KEYS = ("status", "skip", "flags", "start", "pos_base", "crop_from", "n_rows", "row_slots",
+                    "row_positions", "block_positions", "verify_slots")
+
+
+def device_step(tuple config, uintptr_t state, uintptr_t seqs, uintptr_t counts, int count_bytes, size_t n,
+                tuple outputs, uintptr_t stream):
+    """device_step_cuda (csrc/cuda/step_cuda.hpp): one launch. ``config``: the values of
+    STEP_CONFIG_KEYS; ``outputs``: device pointers in STEP_OUTPUT_KEYS order (0: not written)."""
+    if len(config) != len(STEP_CONFIG_KEYS) or len(outputs) != len(STEP_OUTPUT_KEYS):
+        raise ValueError("device_step: config and outputs must follow STEP_CONFIG_KEYS / STEP_OUTPUT_KEYS")
+    cdef StepConfig c
+    c.block, c.window, c.w_keep, c.ring_rows, c.max_seqs, c.max_rows, c.trim_chunk, c.max_position = config
+    cdef uintptr_t p[11]
+    for i in range(11):
+        p[i] = outputs[i]
+    cdef StepOutputs o
+    o.status = <int32_t*>p[0]
+    o.skip = <int32_t*>p[1]
+    o.flags = <int32_t*>p[2]
+    o.start = <int64_t*>p[3]
+    o.pos_base = <int64_t*>p[4]
+    o.crop_from = <int64_t*>p[5]
+    o.n_rows = <int64_t*>p[6]
+    o.row_slots = <int64_t*>p[7]
+    o.row_positions = <int32_t*>p[8]
+    o.block_positions = <int32_t*>p[9]
+    o.verify_slots = <int64_t*>p[10]
+    with nogil:
+        device_step_cuda(c, <int64_t*>state, <const int64_t*>seqs, <const void*>counts, count_bytes, n, o,
+                         <void*>stream)

@@ -56,3 +56,12 @@ cdef extern from "cuda_graph.hpp" namespace "dspark" nogil:
     void cuda_graph_launch(void* graph, void* stream, int device) except +dspark_translate_exception
     void cuda_graph_destroy(void* graph)
     int64_t cuda_emulated_launches()
+
+
+from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs
+
+
+cdef extern from "step_cuda.hpp" namespace "dspark" nogil:
+    void device_step_cuda(const StepConfig& c, int64_t* state, const int64_t* seqs, const void* n_accepted,
+                          int count_bytes, size_t n, const StepOutputs& out,
+                          void* stream) except +dspark_translate_exception

@@ -10,6 +10,32 @@ from libcpp.vector cimport vector
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
 
 
+cdef extern from "dspark/step_math.hpp" nogil:
+    # Where a device step writes its answers (any pointer but status may be NULL).
+    cdef cppclass StepOutputs "dspark::step::Outputs":
+        int32_t* status
+        int32_t* skip
+        int32_t* flags
+        int64_t* start
+        int64_t* pos_base
+        int64_t* crop_from
+        int64_t* n_rows
+        int64_t* row_slots
+        int32_t* row_positions
+        int32_t* block_positions
+        int64_t* verify_slots
+    cdef cppclass StepConfig "dspark::step::Config":
+        int64_t block
+        int64_t window
+        int64_t w_keep
+        int64_t ring_rows
+        int64_t max_seqs
+        int64_t max_rows
+        int64_t trim_chunk
+        int64_t max_position
+    int STEP_FIELD_COUNT "dspark::step::FIELD_COUNT"
+
+
 cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     int64_t TRIM_CHUNK
     int64_t MAX_POSITION
@@ -177,6 +203,16 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         SeqStats stats(int64_t seq) except +dspark_translate_exception
         uint64_t open_round_id(int64_t seq) except +dspark_translate_exception
         void open_round_ids(const int64_t* seqs, size_t n, uint64_t* out) except +dspark_translate_exception
+        # the device step (stager_device_step.cpp)
+        void to_device(const int64_t* seqs, size_t n) except +dspark_translate_exception
+        void to_host(const int64_t* seqs, size_t n, const int32_t* outcomes,
+                     int64_t* disabled_after) except +dspark_translate_exception
+        void step_many(const int64_t* seqs, const int64_t* n_accepted, size_t n,
+                       const StepOutputs& out) except +dspark_translate_exception
+        void check_step(const int64_t* seqs, const int32_t* statuses, size_t n) except +dspark_translate_exception
+        StepConfig step_config()
+        bool on_device(int64_t seq) except +dspark_translate_exception
+        int64_t* step_state() except +dspark_translate_exception
         const shared_ptr[BufferPool]& pool()
 
     # "" for Skip::None and past the last reason; nullptr past the last stage / mode.

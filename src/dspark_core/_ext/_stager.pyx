@@ -1117,6 +1117,56 @@ cdef class Stager:
             t = self._core.stats(s)
         return _fields_dict(&t, SEQ_STATS_FIELDS, _STATS_FIELDS)
 
+    # -- the device step (_device_step.pxi; docs/protocol.md "The device step") --
+    def to_device(self, seqs):
+        """External-row mode: hand ``seqs`` over to the device step (``step_many`` or the
+        CUDA step run their steps from then on). Every other call on them raises
+        ``StateError`` naming ``to_host`` until they come back. Each must be started and
+        not disabled; checked whole, a rejected call changes nothing."""
+        _step_to_device(self, seqs)
+
+    def to_host(self, seqs, outcomes=None):
+        """Bring ``seqs`` back: the Stager is then exactly what the per-sequence calls of
+        their steps would have made it. ``outcomes`` resolves the round each last step
+        opened: None (all: the drafter ran, commit), or one per sequence, None or a fail
+        stage name (``fail``). Returns ``fail``'s disabled counts (0 where none). A fault a
+        step recorded (a bad accept count) is raised after every sequence is back."""
+        return _step_to_host(self, seqs, outcomes)
+
+    def step_many(self, seqs, n_accepted, out=None):
+        """The CPU twin of the device step for the entries ``(seqs[i], n_accepted[i])``
+        (-1: not in this step): one call, GIL released. Returns ``out`` (a
+        ``device_step.StepOutputs``, allocated when None) with every entry's status word;
+        a per-entry problem is a status, never an exception (``check_step`` raises it)."""
+        return _step_many(self, seqs, n_accepted, out)
+
+    def check_step(self, seqs, statuses):
+        """Raise the core's error for the first entry whose status is an error."""
+        _step_check(self, seqs, statuses)
+
+    def on_device(self, seq):
+        """Whether ``seq`` is handed over (``to_device`` .. ``to_host``)."""
+        cdef int64_t s = _i64("seq", seq)
+        return self._core.on_device(s)
+
+    @property
+    def step_config(self):
+        """The constants the device step's math needs (a dict: block, window, w_keep, ring_rows,
+        max_seqs, max_rows, trim_chunk, max_position)."""
+        return _step_config(self)
+
+    @property
+    def step_state(self):
+        """The host step state: int64 ``(fields, max_seqs)``, a view of the Stager's own memory.
+        A device owner copies the columns of handed-over sequences to its device copy after
+        ``to_device`` and back before ``to_host`` (docs/protocol.md 2.10)."""
+        return _step_state(self)
+
+    @property
+    def step_layout(self):
+        """``(fields, max_rows)``: the step state's int64 columns per sequence and the padded plan width."""
+        return _step_layout(self)
+
     def live_slots(self, seq):
         """Slots of the stageable rows ``[horizon, end)``, oldest first (int64; both modes).
 
@@ -1137,3 +1187,4 @@ cdef class Stager:
 # The prefix store (PrefixStore): its own file, compiled into this module
 # because its Stager-side calls need the Stager's C++ object.
 include "_prefix_store.pxi"
+include "_device_step.pxi"

@@ -125,6 +125,9 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--ring", choices=("auto", "device", "host"), default="auto",
                    help="the owner of external rows: device (a CUDA DeviceRing; needs a CUDA build and device), "
                         "host (a HostRing in host memory, any machine) or auto (device when one is usable)")
+    p.add_argument("--device-step", action="store_true",
+                   help="with --rows external: drive the loop with the device step (Stager.step_many: accept, plan "
+                        "and the verify rows' slots in one call, no host wait per step; docs/protocol.md 2.10)")
     p.add_argument("--only", choices=("both", "windowed", "absolute"), default="both", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -220,6 +223,7 @@ def simulate(
     stager: str = "auto",
     rows: str = "held",
     ring: str = "auto",
+    device_step: bool = False,
     trained: int | None = DEFAULTS["trained"],
     absolute_tokens: int = DEFAULTS["absolute_tokens"],
     modes: tuple[str, ...] = ("windowed", "absolute"),
@@ -242,7 +246,8 @@ def simulate(
         return _simulate(
             context=context, generate=generate, block=block, window=window, storage=storage, seqs=seqs, seed=seed,
             feature_dim=feature_dim, deviation=deviation, prefill_chunk=prefill_chunk, fail_every=fail_every,
-            check=check, stager=stager, rows=rows, ring=ring, trained=window if trained is None else trained,
+            check=check, stager=stager, rows=rows, ring=ring, device_step=device_step,
+            trained=window if trained is None else trained,
             absolute_tokens=absolute_tokens, modes=modes, progress=progress,
         )
 
@@ -268,7 +273,7 @@ def acceptance_between(timelines: list[dict[str, list[int]]], lo: int, hi: float
 def _simulate(
     *, context: int, generate: int, block: int, window: int, storage: str, seqs: int, seed: int, feature_dim: int,
     deviation: float, prefill_chunk: int, fail_every: int, check: bool, stager: str, rows: str, ring: str,
-    trained: int,
+    device_step: bool, trained: int,
     absolute_tokens: int, modes: tuple[str, ...], progress: Callable[[str], Callable[[int, int], None]] | None,
 ) -> dict[str, Any]:
     from ..config import StagerConfig
@@ -283,6 +288,8 @@ def _simulate(
         raise ValueError(f"--trained must be >= 1, got {trained}")
     if absolute_tokens < 0:
         raise ValueError(f"--absolute-tokens must be >= 0, got {absolute_tokens}")
+    if device_step and (rows != "external" or check):
+        raise ValueError("--device-step needs --rows external (the step hands out slots) and no --check")
     win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage, rows=rows)
     # "absolute": a window no session position can reach, so no rebase ever fires; its w_keep
     # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as without a window
@@ -307,7 +314,7 @@ def _simulate(
             "seqs": seqs, "seed": seed, "feature_dim": feature_dim, "deviation": deviation,
             "prefill_chunk": prefill_chunk, "fail_every": fail_every, "check": check,
             "row_bytes": win_cfg.row_bytes, "absolute_window": abs_cfg.window, "rows": rows,
-            "ring": ring_owner(ring) if rows == "external" else None,
+            "ring": ring_owner(ring) if rows == "external" else None, "device_step": device_step,
             "trained": trained, "absolute_tokens": absolute_tokens,
         },
         "greedy_reference_s": greedy_s,
@@ -328,8 +335,13 @@ def _simulate(
 
             # DeviceRing: RuntimeError without a CUDA device
             owner = DeviceRing(st) if out["config"]["ring"] == "device" else HostRing(st)
-        loop = SpeculativeLoop(st, drafter, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0,
-                               ring=owner)
+        loop_cls = SpeculativeLoop
+        if device_step:
+            from ..sim.device_step_loop import DeviceStepLoop
+
+            loop_cls = DeviceStepLoop
+        loop = loop_cls(st, drafter, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0,
+                        ring=owner)
         bar = progress(mode) if progress is not None else None
         n_gen = mode_tokens(mode, generate, absolute_tokens)
         res = loop.run(prompts, n_gen, progress=bar)
@@ -351,6 +363,11 @@ def _simulate(
         summ["timeline"] = {
             k: [int(x) for x in v] for k, v in (res.sequences[0].timeline or {}).items()
         }
+        # Host synchronisations per step a GPU server's loop needs: the host path reads the
+        # accept counts on the host every iteration (accept, then draft); the device step only
+        # when a sequence comes back (a drafter failure).
+        steps = getattr(loop, "steps", 0)
+        summ["host_syncs_per_step"] = loop.host_waits / max(1, steps) if device_step else 1.0  # type: ignore[attr-defined]
         summ["prompt_len"] = context
         summ["tokens_per_seq"] = n_gen
         out["modes"][mode] = summ
@@ -562,7 +579,8 @@ def run(args: argparse.Namespace) -> int:
             context=args.context, generate=args.generate, block=args.block, window=args.window,
             storage=args.storage, seqs=args.seqs, seed=args.seed, feature_dim=args.feature_dim,
             deviation=args.deviation, prefill_chunk=args.prefill_chunk, fail_every=args.fail_every,
-            check=args.check, stager=args.stager, rows=args.rows, ring=args.ring, trained=args.trained,
+            check=args.check, stager=args.stager, rows=args.rows, ring=args.ring, device_step=args.device_step,
+            trained=args.trained,
             absolute_tokens=args.absolute_tokens, modes=modes, progress=progress,
         )
     except (ConfigError, ValueError) as exc:

@@ -41,6 +41,7 @@ from . import _backend  # noqa: F401 - the extension handle tests replace
 from ._backend import _cuda, _emulated, available, device_count, emulated, unavailable_reason  # noqa: F401
 from .convert import dequantize_rows, quantize_rows, storage_dtype_name, upload_plan
 from .device_ring import DeviceRing
+from .device_step import DeviceStep
 from .prefix_table import PrefixTable
 from .interop import DeviceArray
 from .interop import _importable, _usable_backend  # noqa: F401 - tests and bench/gpu_check.sh use them
@@ -55,5 +56,6 @@ __all__ = [
     "storage_dtype_name",
     "DeviceArray",
     "DeviceRing",
+    "DeviceStep",
     "PrefixTable",
 ]

@@ -79,6 +79,7 @@ from ..slot_moves import RestoredSlots, SlotMoves, no_moves
 from ..stage_plan import BatchPlan, StagePlan
 from .arguments import DISABLED_WARNING, FAIL_STAGES, MISMATCH_WARNING, TRIM_CHUNK
 from .batch_plan import batch_plan
+from .device_step import DeviceStepMixin, on_device_error
 from .ring import RingModel
 from ..stager_copy import reduce_stager
 
@@ -147,7 +148,7 @@ def _ring_runs(enc: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(enc[r[0]: r[-1] + 1] for r in runs)
 
 
-class ReferenceStager:
+class ReferenceStager(DeviceStepMixin):
     """Pure-Python twin of :class:`dspark_core.Stager` (same API, same results)."""
 
     def __init__(self, config: StagerConfig) -> None:
@@ -195,6 +196,8 @@ class ReferenceStager:
         i = arg.integer("seq", seq)
         if not 0 <= i < len(self._seqs):
             raise arg.unknown_sequence(i, len(self._seqs))
+        if i in self._device():  # handed over: its state is the device step's (device_step.py)
+            raise on_device_error(i)
         return self._seqs[i]
 
     def _closed(self, seq: Any) -> tuple[int, _Seq]:

@@ -1,0 +1,62 @@
+// The device step's kernel: a warp per entry of the step. Lane 0 runs the
+// entry's step_one (dspark/step_math.hpp), the function the CPU twin
+// (Stager::step_many) runs, over the step state in device memory; the warp
+// then writes the entry's padded context rows (up to W - B of them: a
+// rebase's) together, 32 at a time.
+//
+// Entries touch disjoint state: an entry whose id appears earlier in the
+// batch is a DUPLICATE and reads nothing of the state (lane 0 scans the
+// entries before its own: the CPU twin's rule, so both agree on which entry
+// of a repeated id steps). A step is at most a few thousand entries, so the
+// scan costs far less than the launch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "row_format_kernels.cuh"  // kThreads, kFull, global_thread, launch; DSPARK_HD
+#include "dspark/step_math.hpp"
+
+namespace dspark {
+namespace kernels {
+
+constexpr int kWarp = 32;
+
+// A 64-bit value from lane 0 to the whole warp (shuffles move 32 bits).
+__device__ __forceinline__ std::int64_t from_lane0(std::int64_t v) {
+    const auto u = static_cast<std::uint64_t>(v);
+    const std::uint32_t lo = __shfl_sync(kFull, static_cast<std::uint32_t>(u), 0);
+    const std::uint32_t hi = __shfl_sync(kFull, static_cast<std::uint32_t>(u >> 32), 0);
+    return static_cast<std::int64_t>((static_cast<std::uint64_t>(hi) << 32) | lo);
+}
+
+// T: the sampler's accept count type (int32 or int64).
+template <class T>
+__global__ void __launch_bounds__(kThreads) k_step(step::Config c, std::int64_t* state, const std::int64_t* seqs,
+                                                  const T* counts, std::size_t n, step::Outputs out) {
+    const std::size_t lane = threadIdx.x % kWarp;
+    const std::size_t warps = grid_threads() / kWarp;
+    // The loop is uniform across a warp (i is the warp's): every lane reaches the shuffles.
+    for (std::size_t i = global_thread() / kWarp; i < n; i += warps) {
+        step::Rows w;
+        if (lane == 0) {
+            const std::int64_t q = seqs[i];
+            bool dup = false;
+            if (q >= 0 && q < c.max_seqs)
+                for (std::size_t j = 0; j < i && !dup; ++j) dup = seqs[j] == q;
+            step::Plan p;
+            const std::int32_t status = step::step_one(c, state, out, static_cast<std::int64_t>(i), q,
+                                                       static_cast<std::int64_t>(counts[i]), dup, p);
+            w = step::rows_of(status, p);
+        }
+        w.n_rows = from_lane0(w.n_rows);
+        w.run_first0 = from_lane0(w.run_first0);
+        w.run_count0 = from_lane0(w.run_count0);
+        w.run_first1 = from_lane0(w.run_first1);
+        w.pos0 = from_lane0(w.pos0);
+        step::write_rows(c, out, static_cast<std::int64_t>(i), w, static_cast<std::int64_t>(lane), kWarp);
+    }
+}
+
+}  // namespace kernels
+}  // namespace dspark

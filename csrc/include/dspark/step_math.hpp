@@ -1,0 +1,480 @@
+// The device step's math (docs/protocol.md, "The device step"): the state of
+// the sequences a server hands over (Stager::to_device), and one function
+// that runs one sequence's step over it. The CPU twin (Stager::step_many,
+// csrc/src/stager_device_step.cpp) and the CUDA kernel both call step_one, so the
+// two cannot disagree; the differential tests hold both to the per-sequence
+// core (stager.cpp), whose rules this file restates op for op for
+// external-row mode. Plain integer math: it compiles as C++17 and as CUDA
+// (__host__ __device__, the DSPARK_HD convention of csrc/cuda/block_math.cuh).
+//
+// One step of a handed-over sequence, with the sampler's accept count a:
+//   commit   the round the previous step opened (the drafter ran; a drafter
+//            failure is host-only: hand the sequence back with its outcome),
+//   confirm  the verify rows the previous step reserved (the target wrote them),
+//   accept(a),
+//   draft    at n_past = end (the only skip possible here is no_context),
+//   reserve  the next verify batch's rows [end, end + B] (only [end] after a
+//            skip: a skipped sequence verifies `last` alone).
+// That is the per-sequence sequence confirm, accept(a), draft(end), commit,
+// reserve, with the commit moved after the reserve: the two touch disjoint
+// fields (commit: cache end, pos_base, flags, failures; reserve: end, the
+// horizon, tentative rows, the ring), and commit's horizon update is a no-op
+// after the accept's, so the order changes nothing observable. The round
+// stays open on the device until that commit, so a server can still report
+// a drafter failure (Stager::to_host's outcomes).
+//
+// What the device cannot decide is a status word (STATUS_*): the step then
+// changes nothing for that sequence.
+#pragma once
+#include <cstdint>
+
+#if !defined(DSPARK_HD)
+#if defined(__CUDACC__)
+#define DSPARK_HD __host__ __device__ __forceinline__
+#else
+#define DSPARK_HD inline
+#endif
+#endif
+
+namespace dspark {
+namespace step {
+
+using i64 = std::int64_t;
+
+// Every field of a handed-over sequence, as X(name). The state is
+// structure-of-arrays: field f of sequence s is state[f * max_seqs + s]
+// (int64), one contiguous array per field, FIELD_COUNT * max_seqs in all.
+// The names are the host Seq's fields (stager.hpp) they carry.
+#define DSPARK_STEP_FIELDS(X)                                                              \
+    X(live)          /* 1 while handed over (to_device .. to_host) */                      \
+    X(end) X(horizon) X(n_cache) X(pos_base)                                               \
+    X(restage_owed) X(first_round) X(disabled) X(failures)                                 \
+    X(accept_open) X(tentative)                                                            \
+    X(open) X(open_start) X(open_base) /* the round the last step opened */                \
+    X(reserved)      /* the verify rows the last step reserved */                          \
+    X(cap) X(touched) X(head_slot) X(head_pos) X(count) /* the ring (FeatureBuffer::Marks) */ \
+    X(rounds) X(commits) X(rebases) X(staged_rows) X(restaged_rows) X(skips) X(trims)      \
+    X(trimmed_rows) X(peak_rows) /* the stats a step changes */                            \
+    /* before the reservation (what cancel puts back): the fields reserve changes */       \
+    X(pre_end) X(pre_horizon) X(pre_accept_open) X(pre_tentative) X(pre_cap) X(pre_touched) \
+    X(pre_head_slot) X(pre_head_pos) X(pre_count) X(pre_trims) X(pre_trimmed_rows)         \
+    X(pre_peak_rows)                                                                       \
+    X(fault) X(fault_arg) /* the first fault (STATUS_*, sticky until to_host) and its value */
+
+#define DSPARK_STEP_ENUM(name) F_##name,
+enum Field : int { DSPARK_STEP_FIELDS(DSPARK_STEP_ENUM) FIELD_COUNT };
+#undef DSPARK_STEP_ENUM
+
+// One sequence's fields, loaded, changed, and stored back only when its step
+// succeeds (a step that fails changes nothing).
+#define DSPARK_STEP_MEMBER(name) i64 name;
+struct Regs {
+    DSPARK_STEP_FIELDS(DSPARK_STEP_MEMBER)
+};
+#undef DSPARK_STEP_MEMBER
+
+// Per-entry status of a step (int32). OK and NOT_IN_STEP are not errors;
+// every code from STATUS_FIRST_ERROR on is one, and the step changed nothing
+// for that entry. The sticky ones (BAD_COUNT, POSITION_LIMIT, INTERNAL) are
+// kept in the sequence's `fault` field: later steps on it change nothing and
+// repeat the code, and to_host raises it.
+enum Status : std::int32_t {
+    STATUS_OK = 0,
+    STATUS_NOT_IN_STEP = 1,       // accept count -1: the sequence sat this step out
+    STATUS_FIRST_ERROR = 16,
+    STATUS_NOT_ON_DEVICE = 16,    // an unknown id, or a sequence not handed over
+    STATUS_DUPLICATE = 17,        // the id appears earlier in the same step
+    STATUS_BAD_COUNT = 18,        // accept count outside [-1, B] (fault_arg: the count)
+    STATUS_POSITION_LIMIT = 19,   // the verify rows would pass 2**62 - 1 (fault_arg: end)
+    STATUS_INTERNAL = 20,         // a broken invariant (staged rows not buffered)
+};
+
+// plan flags (int32 bits).
+enum : std::int32_t { PLAN_REBASE = 1, PLAN_CLEAR_CACHE = 2 };
+// The skip codes of dspark::Skip; the only one a step can make is no_context.
+enum : std::int32_t { SKIP_NONE = 0, SKIP_DISABLED = 1, SKIP_NO_CONTEXT = 3, NOT_STEPPED = -1 };
+
+// The Stager's constants the step needs.
+struct Config {
+    i64 block = 0;         // B
+    i64 window = 0;        // W
+    i64 w_keep = 0;        // rows a rebase restages at most
+    i64 ring_rows = 0;     // slots per sequence: W + TRIM_CHUNK + B + 1
+    i64 max_seqs = 0;
+    i64 max_rows = 0;      // padded plan width: W - B (the most rows a plan stages)
+    i64 trim_chunk = 0;    // TRIM_CHUNK
+    i64 max_position = 0;  // MAX_POSITION
+};
+
+// Where a step writes entry i's answers; every pointer but status may be
+// null (not written). Entries that were not stepped (status != OK) read as
+// "nothing": skip NOT_STEPPED and -1 everywhere else.
+struct Outputs {
+    std::int32_t* status = nullptr;           // [n]
+    std::int32_t* skip = nullptr;             // [n] Skip code, NOT_STEPPED
+    std::int32_t* flags = nullptr;            // [n] PLAN_* bits
+    std::int64_t* start = nullptr;            // [n] the round's n_past (end after accept)
+    std::int64_t* pos_base = nullptr;         // [n] -1 for a skip
+    std::int64_t* crop_from = nullptr;        // [n] -1 for a skip
+    std::int64_t* n_rows = nullptr;           // [n] context rows staged
+    std::int64_t* row_slots = nullptr;        // [n, max_rows] global slots, -1 padding
+    std::int32_t* row_positions = nullptr;    // [n, max_rows] drafter positions, -1 padding
+    std::int32_t* block_positions = nullptr;  // [n, B] the block's drafter positions
+    std::int64_t* verify_slots = nullptr;     // [n, B + 1] the verify rows' slots, -1 unused
+};
+
+DSPARK_HD i64 imin(i64 a, i64 b) { return a < b ? a : b; }
+DSPARK_HD i64 imax(i64 a, i64 b) { return a > b ? a : b; }
+DSPARK_HD i64 iclamp(i64 v, i64 lo, i64 hi) { return v < lo ? lo : (v > hi ? hi : v); }
+
+DSPARK_HD void load(const i64* state, i64 max_seqs, i64 seq, Regs& r) {
+#define DSPARK_STEP_LOAD(name) r.name = state[F_##name * max_seqs + seq];
+    DSPARK_STEP_FIELDS(DSPARK_STEP_LOAD)
+#undef DSPARK_STEP_LOAD
+}
+
+DSPARK_HD void store(i64* state, i64 max_seqs, i64 seq, const Regs& r) {
+#define DSPARK_STEP_STORE(name) state[F_##name * max_seqs + seq] = r.name;
+    DSPARK_STEP_FIELDS(DSPARK_STEP_STORE)
+#undef DSPARK_STEP_STORE
+}
+
+// -- the ring (FeatureBuffer's bookkeeping, external: no bytes) ----------------
+
+// The ring index of position pos (head_pos <= pos < head_pos + count).
+DSPARK_HD i64 slot(const Regs& r, i64 pos) {
+    const i64 s = r.head_slot + (pos - r.head_pos);
+    return s >= r.cap ? s - r.cap : s;
+}
+
+DSPARK_HD void ring_reset(Regs& r, i64 pos) {
+    r.head_pos = pos;
+    r.head_slot = 0;
+    r.count = 0;
+}
+
+DSPARK_HD void drop_front(Regs& r, i64 new_head) {
+    new_head = iclamp(new_head, r.head_pos, r.head_pos + r.count);
+    const i64 k = new_head - r.head_pos;
+    if (k == 0) return;
+    r.head_slot = r.count == k ? 0 : slot(r, new_head);  // an emptied ring restarts at slot 0
+    r.head_pos = new_head;
+    r.count -= k;
+}
+
+DSPARK_HD void drop_back(Regs& r, i64 new_end) {
+    new_end = iclamp(new_end, r.head_pos, r.head_pos + r.count);
+    r.count = new_end - r.head_pos;
+}
+
+// FeatureBuffer::reserve_back of an external ring: the first call takes the
+// sequence's ring_rows slots; false where the host would throw (outgrow).
+DSPARK_HD bool reserve_back(const Config& c, Regs& r, i64 n) {
+    const i64 need = r.count + n;
+    if (need <= r.cap) return true;
+    if (r.cap != 0 || need > c.ring_rows) return false;
+    r.cap = c.ring_rows;
+    r.head_slot = 0;
+    return true;
+}
+
+// FeatureBuffer::back_spans: the next n free slots, as a first run of
+// `run` slots from ring index `first` and n - run more from slot 0.
+DSPARK_HD void back_spans(Regs& r, i64 n, i64& first, i64& run) {
+    const i64 tail = r.count == 0 ? r.head_slot : slot(r, r.head_pos + r.count - 1) + 1;
+    first = tail >= r.cap ? tail - r.cap : tail;
+    run = imin(n, r.cap - first);
+    r.touched = imax(r.touched, imax(first + run, n - run));
+}
+
+// -- the horizon (stager.cpp, "the horizon") ------------------------------------
+
+DSPARK_HD i64 firm_end(const Regs& r) {
+    return (r.accept_open && r.tentative > 0) ? r.end - r.tentative + 1 : r.end;
+}
+
+DSPARK_HD void trim_head(Regs& r, i64 new_head) {
+    const i64 before = r.head_pos;
+    drop_front(r, new_head);
+    const i64 k = r.head_pos - before;
+    if (k > 0) {
+        r.trims += 1;
+        r.trimmed_rows += k;
+    }
+}
+
+// Every handed-over sequence is started (to_device refuses others).
+DSPARK_HD void advance_horizon(const Config& c, Regs& r) {
+    r.horizon = imax(r.horizon, firm_end(r) - c.window);
+    if (r.horizon - r.head_pos >= c.trim_chunk) trim_head(r, r.horizon);
+    r.peak_rows = imax(r.peak_rows, r.count);  // note_size: rows == count
+}
+
+// -- the per-sequence operations (stager.cpp's commit_seq, accept_seq, ...) -----
+
+DSPARK_HD void commit(const Config& c, Regs& r) {
+    r.open = 0;
+    r.n_cache = r.open_start;
+    r.pos_base = r.open_base;
+    r.restage_owed = 0;
+    r.first_round = 0;
+    r.failures = 0;
+    r.commits += 1;
+    advance_horizon(c, r);
+}
+
+DSPARK_HD void accept(const Config& c, Regs& r, i64 n_accepted) {
+    if (!r.accept_open || r.tentative == 0) return;
+    // Only rows appended since the last draft can go: never the retained head.
+    const i64 keep = imin(r.tentative, n_accepted + 1);
+    const i64 new_end = r.end - r.tentative + keep;
+    drop_back(r, new_end);
+    r.end = new_end;
+    r.tentative = 0;
+    advance_horizon(c, r);
+}
+
+// A round's plan (RoundPlan's fields that a step hands out).
+struct Plan {
+    std::int32_t skip = SKIP_NONE;
+    bool rebase = false, clear_cache = false;
+    i64 start = 0, pos_base = -1, first_row = 0, n_rows = 0, crop_from = -1;
+    i64 run_first[2] = {0, 0}, run_count[2] = {0, 0};  // global slots of the staged rows
+};
+
+// plan_round at start = end (never a mismatch), and open_round on success.
+// false on a broken invariant (the host's "staged rows are not buffered").
+DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
+    p.start = r.end;
+    if (r.disabled) p.skip = SKIP_DISABLED;
+    else if (p.start <= r.n_cache) p.skip = SKIP_NO_CONTEXT;
+    if (p.skip != SKIP_NONE) {
+        r.skips += 1;
+        return true;
+    }
+    // The window rule: the block must end inside the drafter's W positions.
+    const bool rebase = r.restage_owed || p.start - r.pos_base + c.block > c.window;
+    i64 base, lo;
+    if (rebase) {
+        base = lo = p.start - imin(p.start - r.horizon, c.w_keep);
+    } else {
+        base = r.pos_base;
+        lo = r.n_cache;
+    }
+    if (lo < r.head_pos || lo < r.horizon || p.start > r.head_pos + r.count) return false;
+    p.rebase = rebase;
+    p.clear_cache = rebase || r.first_round;
+    p.pos_base = base;
+    p.first_row = lo;
+    p.n_rows = p.start - lo;
+    p.crop_from = p.start - base;
+    if (p.n_rows > 0) {
+        const i64 s = slot(r, lo), run = imin(p.n_rows, r.cap - s);
+        p.run_first[0] = seq * c.ring_rows + s;
+        p.run_count[0] = run;
+        if (run < p.n_rows) {
+            p.run_first[1] = seq * c.ring_rows;
+            p.run_count[1] = p.n_rows - run;
+        }
+    }
+    r.open = 1;
+    r.open_start = p.start;
+    r.open_base = base;
+    r.accept_open = 1;
+    r.tentative = 0;
+    r.rounds += 1;
+    r.staged_rows += p.n_rows;
+    if (rebase) {
+        r.rebases += 1;
+        r.restaged_rows += p.n_rows;
+    }
+    return true;
+}
+
+// reserve of n rows at [end, end + n) (prepare_append + commit_append for
+// external rows), remembering the fields before it; slots_out[k] is row k's
+// global slot or -1 (below the horizon). false where the host would throw on
+// a broken invariant.
+DSPARK_HD bool reserve(const Config& c, Regs& r, i64 seq, i64 n, i64* slots_out) {
+    r.pre_end = r.end;
+    r.pre_horizon = r.horizon;
+    r.pre_accept_open = r.accept_open;
+    r.pre_tentative = r.tentative;
+    r.pre_cap = r.cap;
+    r.pre_touched = r.touched;
+    r.pre_head_slot = r.head_slot;
+    r.pre_head_pos = r.head_pos;
+    r.pre_count = r.count;
+    r.pre_trims = r.trims;
+    r.pre_trimmed_rows = r.trimmed_rows;
+    r.pre_peak_rows = r.peak_rows;
+    const i64 p0 = r.end;
+    // The state after the rows, to know which of them survive.
+    Regs after = r;
+    after.end = p0 + n;
+    if (after.accept_open) {
+        after.tentative += n;
+        if (after.tentative > c.block + 1) after.accept_open = 0, after.tentative = 0;
+    }
+    const i64 g_horizon = imax(after.horizon, firm_end(after) - c.window);
+    const i64 skip = iclamp(g_horizon - p0, 0, n), keep = n - skip;
+    if (r.cap == 0 && !reserve_back(c, r, keep)) return false;
+    i64 first = 0, run = 0;
+    const bool clean = skip == 0 && r.count + keep <= r.cap;
+    if (clean) {
+        if (r.count == 0) ring_reset(r, p0);
+        back_spans(r, keep, first, run);
+    } else {
+        trim_head(r, imin(g_horizon, r.end));  // dead rows go before the new ones
+        if (r.count == 0) ring_reset(r, p0 + skip);
+        if (keep) {
+            if (!reserve_back(c, r, keep)) return false;
+            back_spans(r, keep, first, run);
+        }
+    }
+    r.count += keep;
+    if (slots_out) {
+        const i64 base = seq * c.ring_rows;
+        for (i64 k = 0; k < skip; ++k) slots_out[k] = -1;
+        for (i64 k = 0; k < keep; ++k) slots_out[skip + k] = base + (k < run ? first + k : k - run);
+    }
+    r.end = after.end;
+    r.accept_open = after.accept_open;
+    r.tentative = after.tentative;
+    r.horizon = g_horizon;
+    advance_horizon(c, r);
+    r.reserved = 1;
+    return true;
+}
+
+// Entry i's answers for an entry that was not stepped: nothing.
+DSPARK_HD void write_nothing(const Config& c, const Outputs& o, i64 i) {
+    if (o.skip) o.skip[i] = NOT_STEPPED;
+    if (o.flags) o.flags[i] = 0;
+    if (o.start) o.start[i] = -1;
+    if (o.pos_base) o.pos_base[i] = -1;
+    if (o.crop_from) o.crop_from[i] = -1;
+    if (o.n_rows) o.n_rows[i] = 0;
+    for (i64 k = 0; k < c.block; ++k)
+        if (o.block_positions) o.block_positions[i * c.block + k] = -1;
+    for (i64 k = 0; k <= c.block; ++k)
+        if (o.verify_slots) o.verify_slots[i * (c.block + 1) + k] = -1;
+}
+
+DSPARK_HD void write_plan(const Config& c, const Outputs& o, i64 i, const Plan& p) {
+    if (o.skip) o.skip[i] = p.skip;
+    if (o.flags) o.flags[i] = (p.rebase ? PLAN_REBASE : 0) | (p.clear_cache ? PLAN_CLEAR_CACHE : 0);
+    if (o.start) o.start[i] = p.start;
+    if (o.pos_base) o.pos_base[i] = p.pos_base;
+    if (o.crop_from) o.crop_from[i] = p.crop_from;
+    if (o.n_rows) o.n_rows[i] = p.n_rows;
+    for (i64 k = 0; k < c.block; ++k)
+        if (o.block_positions)
+            o.block_positions[i * c.block + k] =
+                p.skip == SKIP_NONE ? static_cast<std::int32_t>(p.start - p.pos_base + k) : -1;
+}
+
+// Entry i's padded context rows (row_slots / row_positions, [max_rows] each,
+// -1 padding) from its plan: rows k = lane, lane + lanes, ... (the CPU twin
+// writes them all, lane 0 of 1; the kernel spreads them over a warp).
+// n_rows is 0 for an entry that was not stepped (all padding).
+struct Rows {
+    i64 n_rows = 0, run_first0 = 0, run_count0 = 0, run_first1 = 0, pos0 = 0;  // pos0: first_row - pos_base
+};
+
+DSPARK_HD Rows rows_of(std::int32_t status, const Plan& p) {
+    Rows w;
+    if (status != STATUS_OK || p.skip != SKIP_NONE) return w;
+    w.n_rows = p.n_rows;
+    w.run_first0 = p.run_first[0];
+    w.run_count0 = p.run_count[0];
+    w.run_first1 = p.run_first[1];
+    w.pos0 = p.first_row - p.pos_base;
+    return w;
+}
+
+// The first k >= lo that is this lane's (k == lane mod lanes).
+DSPARK_HD i64 lane_from(i64 lo, i64 lane, i64 lanes) { return lo + ((lane - lo) % lanes + lanes) % lanes; }
+
+DSPARK_HD void write_rows(const Config& c, const Outputs& o, i64 i, const Rows& w, i64 lane, i64 lanes) {
+    // Three plain loops (the first run, the second, the padding): no branch
+    // per row, so the CPU twin's compiler vectorizes them.
+    const i64 run0 = imin(w.n_rows, w.run_count0);
+    if (o.row_slots) {
+        i64* out = o.row_slots + i * c.max_rows;
+        for (i64 k = lane; k < run0; k += lanes) out[k] = w.run_first0 + k;
+        for (i64 k = lane_from(run0, lane, lanes); k < w.n_rows; k += lanes) out[k] = w.run_first1 + (k - run0);
+        for (i64 k = lane_from(w.n_rows, lane, lanes); k < c.max_rows; k += lanes) out[k] = -1;
+    }
+    if (o.row_positions) {
+        std::int32_t* out = o.row_positions + i * c.max_rows;
+        for (i64 k = lane; k < w.n_rows; k += lanes) out[k] = static_cast<std::int32_t>(w.pos0 + k);
+        for (i64 k = lane_from(w.n_rows, lane, lanes); k < c.max_rows; k += lanes) out[k] = -1;
+    }
+}
+
+// One entry of a step: sequence `seq` (already checked to be the first
+// occurrence of its id in the batch; `duplicate` otherwise) with accept count
+// `count` (-1: not in this step). Returns the status it wrote; `p` receives
+// the round's plan (write_rows writes its padded rows).
+DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i64 i, i64 seq, i64 count,
+                                bool duplicate, Plan& p) {
+    p = Plan();
+    write_nothing(c, o, i);
+    std::int32_t status = STATUS_OK;
+    Regs r;
+    if (seq < 0 || seq >= c.max_seqs) {
+        status = STATUS_NOT_ON_DEVICE;
+    } else if (duplicate) {
+        status = STATUS_DUPLICATE;
+    } else {
+        load(state, c.max_seqs, seq, r);
+        if (!r.live) {
+            status = STATUS_NOT_ON_DEVICE;
+        } else if (r.fault) {
+            status = static_cast<std::int32_t>(r.fault);  // repeated; its first value is kept
+        } else if (count == -1) {
+            status = STATUS_NOT_IN_STEP;
+        } else if (count < -1 || count > c.block) {
+            status = STATUS_BAD_COUNT;  // sticky: only the fault is recorded
+            state[F_fault * c.max_seqs + seq] = status;
+            state[F_fault_arg * c.max_seqs + seq] = count;
+        }
+    }
+    if (status != STATUS_OK) {
+        o.status[i] = status;
+        return status;
+    }
+    const i64 end_before = r.end;
+    if (r.open) commit(c, r);
+    r.reserved = 0;  // confirm: the target wrote the verify rows
+    accept(c, r, count);
+    i64 fault_arg = 0;
+    if (!draft(c, r, seq, p)) {
+        status = STATUS_INTERNAL;
+    } else {
+        // A skipped round verifies `last` alone: one row.
+        const i64 n_verify = p.skip == SKIP_NONE ? c.block + 1 : 1;
+        if (r.end + n_verify > c.max_position - 1) {
+            status = STATUS_POSITION_LIMIT;
+            fault_arg = r.end;
+        } else if (!reserve(c, r, seq, n_verify, o.verify_slots ? o.verify_slots + i * (c.block + 1) : nullptr)) {
+            status = STATUS_INTERNAL;
+        }
+    }
+    if (status != STATUS_OK) {  // nothing of this step is kept but the fault
+        if (o.verify_slots)
+            for (i64 k = 0; k <= c.block; ++k) o.verify_slots[i * (c.block + 1) + k] = -1;
+        state[F_fault * c.max_seqs + seq] = status;
+        state[F_fault_arg * c.max_seqs + seq] = status == STATUS_INTERNAL ? end_before : fault_arg;
+        o.status[i] = status;
+        return status;
+    }
+    store(state, c.max_seqs, seq, r);
+    write_plan(c, o, i, p);
+    o.status[i] = STATUS_OK;
+    return STATUS_OK;
+}
+
+}  // namespace step
+}  // namespace dspark

@@ -1,0 +1,103 @@
+// The C ABI of the device step (dspark/dspark.h, "the device step") over the
+// Stager's to_device / to_host / step_many / check_step. As c_api.cpp: every
+// entry point runs inside guarded() (the core's one error table) and only
+// converts; the codes and the output struct mirror dspark/step_math.hpp's,
+// checked here at compile time.
+#include <cstddef>
+
+#include "c_api_common.hpp"
+#include "dspark/dspark.h"
+#include "dspark/stager.hpp"
+#include "dspark/step_math.hpp"
+
+namespace {
+
+using namespace dspark_c;
+namespace step = dspark::step;
+
+// The C enums and the core's are different types: compare their values.
+constexpr bool eq(int c_code, int core_code) { return c_code == core_code; }
+static_assert(eq(DSPARK_STEP_OK, step::STATUS_OK) && eq(DSPARK_STEP_NOT_IN_STEP, step::STATUS_NOT_IN_STEP) &&
+                  eq(DSPARK_STEP_FIRST_ERROR, step::STATUS_FIRST_ERROR) &&
+                  eq(DSPARK_STEP_NOT_ON_DEVICE, step::STATUS_NOT_ON_DEVICE) &&
+                  eq(DSPARK_STEP_DUPLICATE, step::STATUS_DUPLICATE) && eq(DSPARK_STEP_BAD_COUNT, step::STATUS_BAD_COUNT) &&
+                  eq(DSPARK_STEP_POSITION_LIMIT, step::STATUS_POSITION_LIMIT) &&
+                  eq(DSPARK_STEP_INTERNAL, step::STATUS_INTERNAL),
+              "the C status codes are step_math.hpp's");
+static_assert(eq(DSPARK_STEP_REBASE, step::PLAN_REBASE) && eq(DSPARK_STEP_CLEAR_CACHE, step::PLAN_CLEAR_CACHE),
+              "the C plan flags are step_math.hpp's");
+
+step::Outputs outputs_of(const dspark_step_out& o) {
+    step::Outputs x;
+    x.status = o.status;
+    x.skip = o.skip;
+    x.flags = o.flags;
+    x.start = o.start;
+    x.pos_base = o.pos_base;
+    x.crop_from = o.crop_from;
+    x.n_rows = o.n_rows;
+    x.row_slots = o.row_slots;
+    x.row_positions = o.row_positions;
+    x.block_positions = o.block_positions;
+    x.verify_slots = o.verify_slots;
+    return x;
+}
+
+}  // namespace
+
+extern "C" {
+
+dspark_status dspark_step_layout(const dspark_stager* st, int64_t* fields, int64_t* max_rows) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        if (fields) *fields = step::FIELD_COUNT;
+        if (max_rows) *max_rows = core.step_config().max_rows;
+    });
+}
+
+dspark_status dspark_step_state(dspark_stager* st, int64_t** state) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require(state, "state");
+        *state = core.step_state();
+    });
+}
+
+dspark_status dspark_to_device(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        core.to_device(seqs, n);
+    });
+}
+
+dspark_status dspark_to_host(dspark_stager* st, const int64_t* seqs, size_t n, const int32_t* outcomes,
+                             int64_t* disabled_after) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        core.to_host(seqs, n, outcomes, disabled_after);
+    });
+}
+
+dspark_status dspark_step_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n,
+                               const dspark_step_out* out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        require_buffer(n_accepted, n, "n_accepted");
+        require(out, "out");
+        core.step_many(seqs, n_accepted, n, outputs_of(*out));
+    });
+}
+
+dspark_status dspark_check_step(const dspark_stager* st, const int64_t* seqs, const int32_t* statuses, size_t n) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        require_buffer(statuses, n, "statuses");
+        core.check_step(seqs, statuses, n);
+    });
+}
+
+}  // extern "C"

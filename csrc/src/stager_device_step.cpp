@@ -1,0 +1,449 @@
+// The device step's host side (stager.hpp, "the device step"): handing
+// sequences over into the step state and back, the CPU twin of the step, and
+// the errors of its status words. The step's math is dspark/step_math.hpp,
+// shared with the CUDA kernel.
+//
+// Invariant: while a sequence is on the device (Seq::on_device), its fields
+// in the step state are the truth and its Seq's fields are stale; every call
+// but the ones here refuses it (refuse_on_device, through needs() and the
+// introspection calls), so nothing reads the stale fields.
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dspark/errors.hpp"
+#include "dspark/stager.hpp"
+
+namespace dspark {
+
+namespace {
+
+using step::i64;
+using step::Regs;
+
+std::string seq_name(i64 seq) { return "sequence " + std::to_string(seq); }
+
+std::string where(const char* call, std::size_t i, i64 seq) { return batch_context(call, i, seq); }
+
+// The caller's arrays may change under a released GIL: read them once.
+std::vector<i64> copy_ids(const i64* p, std::size_t n) { return n ? std::vector<i64>(p, p + n) : std::vector<i64>(); }
+
+FeatureBuffer::Marks marks_of(i64 cap, i64 touched, i64 head_slot, i64 count, i64 head_pos) {
+    FeatureBuffer::Marks m;
+    m.cap = static_cast<std::size_t>(cap);
+    m.touched = static_cast<std::size_t>(touched);
+    m.head_slot = static_cast<std::size_t>(head_slot);
+    m.count = static_cast<std::size_t>(count);
+    m.head_pos = head_pos;
+    return m;
+}
+
+// fail_seq's changes on the step's fields (stats.failures is the caller's):
+// returns the failure count when this failure disabled the sequence, else 0.
+i64 fail_regs(const step::Config& c, Regs& r, i64 max_failures) {
+    r.open = 0;
+    r.restage_owed = 1;
+    r.first_round = 0;
+    r.failures += 1;
+    i64 disabled_after = 0;
+    if (r.failures >= max_failures && !r.disabled) {
+        r.disabled = 1;
+        disabled_after = r.failures;
+    }
+    step::advance_horizon(c, r);
+    return disabled_after;
+}
+
+// What a consistent step state holds (the first broken rule, or "").
+std::string damage(const step::Config& c, const Regs& r, i64 max_failures) {
+    auto flag = [](i64 v) { return v == 0 || v == 1; };
+    if (!flag(r.restage_owed) || !flag(r.first_round) || !flag(r.disabled) || !flag(r.accept_open) ||
+        !flag(r.open) || !flag(r.reserved) || !flag(r.pre_accept_open))
+        return "a flag is neither 0 nor 1";
+    auto ring_ok = [&](i64 cap, i64 touched, i64 head_slot, i64 count, i64 head_pos, i64 end, i64 horizon) {
+        if (cap != 0 && cap != c.ring_rows) return false;
+        if (count < 0 || count > cap || touched < 0 || touched > cap) return false;
+        if (head_slot < 0 || (cap ? head_slot >= cap : head_slot != 0)) return false;
+        return head_pos >= 0 && head_pos <= horizon && horizon <= end && head_pos + count == end &&
+               end < c.max_position;
+    };
+    if (!ring_ok(r.cap, r.touched, r.head_slot, r.count, r.head_pos, r.end, r.horizon))
+        return "the ring's bookkeeping is inconsistent";
+    if (r.reserved && !ring_ok(r.pre_cap, r.pre_touched, r.pre_head_slot, r.pre_count, r.pre_head_pos,
+                               r.pre_end, r.pre_horizon))
+        return "the reservation's saved ring is inconsistent";
+    if (r.pos_base < 0 || r.pos_base > r.n_cache || r.n_cache > r.end) return "the drafter cache's range is inconsistent";
+    if (r.tentative < 0 || r.tentative > c.block + 1 || r.pre_tentative < 0 || r.pre_tentative > c.block + 1)
+        return "the tentative row count is out of range";
+    if (r.failures < 0 || r.failures > max_failures) return "the failure count is out of range";
+    if (r.open && (r.open_start > r.end || r.open_base < 0 || r.open_base > r.open_start))
+        return "the open round is inconsistent";
+    const i64 stats[] = {r.rounds, r.commits, r.rebases, r.staged_rows, r.restaged_rows, r.skips,
+                         r.trims, r.trimmed_rows, r.peak_rows, r.pre_trims, r.pre_trimmed_rows, r.pre_peak_rows};
+    for (i64 v : stats)
+        if (v < 0) return "a counter is negative";
+    if (r.fault != 0 && r.fault != step::STATUS_BAD_COUNT && r.fault != step::STATUS_POSITION_LIMIT &&
+        r.fault != step::STATUS_INTERNAL)
+        return "the fault code is unknown";
+    return "";
+}
+
+// A status word as the core's own error, after `prefix` (which names the
+// entry); arg: the fault's value (a sticky fault read from the state), or
+// -1 when unknown (a status word alone).
+[[noreturn]] void raise_status(const std::string& prefix, const step::Config& c, std::int32_t status, i64 seq,
+                               bool has_arg, i64 arg) {
+    const std::string b = std::to_string(c.block);
+    switch (status) {
+        case step::STATUS_NOT_ON_DEVICE:
+            if (seq < 0 || seq >= c.max_seqs)
+                throw std::invalid_argument(prefix + "unknown sequence " + std::to_string(seq) +
+                                            " (this Stager has sequences 0.." + std::to_string(c.max_seqs - 1) + ")");
+            throw StateError(prefix + seq_name(seq) + " is not on the device: call to_device([" +
+                             std::to_string(seq) + "]) before its steps");
+        case step::STATUS_DUPLICATE:
+            throw std::invalid_argument(prefix + seq_name(seq) +
+                                        " appears earlier in the same step: a step names each sequence once");
+        case step::STATUS_BAD_COUNT:
+            throw std::invalid_argument(prefix + "n_accepted must be in [0, " + b + "] (or -1: not in this step), got " +
+                                        (has_arg ? std::to_string(arg) : std::string("a value outside")) +
+                                        "; that step changed nothing for the sequence");
+        case step::STATUS_POSITION_LIMIT:
+            throw std::invalid_argument(prefix + "the verify rows after position " +
+                                        (has_arg ? std::to_string(arg) : std::string("end")) +
+                                        " would pass 2**62 - 1; that step changed nothing for the sequence");
+        default:
+            throw std::logic_error(prefix + "dspark internal error: a device step found the staged rows not "
+                                            "buffered (status " + std::to_string(status) +
+                                   "); that step changed nothing for the sequence");
+    }
+}
+
+// A batch's valid ids, each once, in increasing order: the order its
+// sequences are locked in (the Stager's lock order).
+std::vector<i64> lock_order(const std::vector<i64>& ids, i64 max_seqs) {
+    std::vector<i64> order;
+    order.reserve(ids.size());
+    for (i64 q : ids)
+        if (q >= 0 && q < max_seqs) order.push_back(q);
+    std::sort(order.begin(), order.end());
+    order.erase(std::unique(order.begin(), order.end()), order.end());
+    return order;
+}
+
+// A batch names each sequence once: the first repeat's error (ids valid).
+void check_unique_ids(const char* call, const std::vector<i64>& seqs, std::size_t n_unique) {
+    if (n_unique == seqs.size()) return;
+    for (std::size_t j = 1; j < seqs.size(); ++j)
+        for (std::size_t i = 0; i < j; ++i)
+            if (seqs[i] == seqs[j])
+                throw std::invalid_argument(std::string(call) + ": sequence " + std::to_string(seqs[j]) +
+                                            " appears twice (seqs[" + std::to_string(i) + "] and seqs[" +
+                                            std::to_string(j) + "]): a batch names each sequence once");
+}
+
+}  // namespace
+
+struct StepIO {
+    using SeqFields = Stager::SeqFields;
+    // A Seq's fields that the step state carries, in both directions. The
+    // reservation's `before` fields differ from the live ones only in what
+    // reserve changes (every other call needs no reservation), so the pre_*
+    // columns are all of it.
+    static Regs regs_of(const SeqFields& s, const FeatureBuffer::Marks& m) {
+        Regs r{};
+        r.live = 1;
+        r.end = s.end;
+        r.horizon = s.horizon;
+        r.n_cache = s.n_cache;
+        r.pos_base = s.pos_base;
+        r.restage_owed = s.restage_owed;
+        r.first_round = s.first_round;
+        r.disabled = s.disabled;
+        r.failures = s.failures;
+        r.accept_open = s.accept_open;
+        r.tentative = s.tentative;
+        r.open = s.open;
+        r.open_start = s.open_start;
+        r.open_base = s.open_base;
+        r.cap = static_cast<i64>(m.cap);
+        r.touched = static_cast<i64>(m.touched);
+        r.head_slot = static_cast<i64>(m.head_slot);
+        r.head_pos = m.head_pos;
+        r.count = static_cast<i64>(m.count);
+        r.rounds = s.stats.rounds;
+        r.commits = s.stats.commits;
+        r.rebases = s.stats.rebases;
+        r.staged_rows = s.stats.staged_rows;
+        r.restaged_rows = s.stats.restaged_rows;
+        r.skips = s.stats.skips;
+        r.trims = s.stats.trims;
+        r.trimmed_rows = s.stats.trimmed_rows;
+        r.peak_rows = s.stats.peak_rows;
+        return r;
+    }
+
+    // The reservation's `before` into r's pre_* columns (the live ones when none).
+    static void set_pre(Regs& r, const SeqFields& b, const FeatureBuffer::Marks& m) {
+        const Regs p = regs_of(b, m);
+        r.pre_end = p.end;
+        r.pre_horizon = p.horizon;
+        r.pre_accept_open = p.accept_open;
+        r.pre_tentative = p.tentative;
+        r.pre_cap = p.cap;
+        r.pre_touched = p.touched;
+        r.pre_head_slot = p.head_slot;
+        r.pre_head_pos = p.head_pos;
+        r.pre_count = p.count;
+        r.pre_trims = p.trims;
+        r.pre_trimmed_rows = p.trimmed_rows;
+        r.pre_peak_rows = p.peak_rows;
+    }
+
+    // The fields before the reservation: r with its pre_* columns in place.
+    static Regs before_of(const Regs& r) {
+        Regs p = r;
+        p.end = r.pre_end;
+        p.horizon = r.pre_horizon;
+        p.accept_open = r.pre_accept_open;
+        p.tentative = r.pre_tentative;
+        p.cap = r.pre_cap;
+        p.touched = r.pre_touched;
+        p.head_slot = r.pre_head_slot;
+        p.head_pos = r.pre_head_pos;
+        p.count = r.pre_count;
+        p.trims = r.pre_trims;
+        p.trimmed_rows = r.pre_trimmed_rows;
+        p.peak_rows = r.pre_peak_rows;
+        p.reserved = 0;
+        return p;
+    }
+
+    static void put_fields(const Regs& r, SeqFields& s) {
+        s.end = r.end;
+        s.horizon = r.horizon;
+        s.n_cache = r.n_cache;
+        s.pos_base = r.pos_base;
+        s.restage_owed = r.restage_owed != 0;
+        s.first_round = r.first_round != 0;
+        s.disabled = r.disabled != 0;
+        s.failures = r.failures;
+        s.accept_open = r.accept_open != 0;
+        s.tentative = r.tentative;
+        s.open = r.open != 0;
+        s.open_start = r.open_start;
+        s.open_base = r.open_base;
+        s.stats.rounds = r.rounds;
+        s.stats.commits = r.commits;
+        s.stats.rebases = r.rebases;
+        s.stats.staged_rows = r.staged_rows;
+        s.stats.restaged_rows = r.restaged_rows;
+        s.stats.skips = r.skips;
+        s.stats.trims = r.trims;
+        s.stats.trimmed_rows = r.trimmed_rows;
+        s.stats.rows = r.count;  // note_size: rows held == the ring's count
+        s.stats.peak_rows = r.peak_rows;
+    }
+
+};
+
+void Stager::refuse_on_device(std::int64_t seq, const Seq& s) const {
+    if (s.on_device)
+        throw StateError(seq_name(seq) + " is on the device (to_device): call to_host([" + std::to_string(seq) +
+                         "]) first, which brings it back with its step state");
+}
+
+step::Config Stager::step_config() const noexcept {
+    step::Config c;
+    c.block = opt_.block_size;
+    c.window = opt_.window;
+    c.w_keep = w_keep_;
+    c.ring_rows = static_cast<i64>(max_rows_);
+    c.max_seqs = opt_.max_seqs;
+    c.max_rows = max_plan_rows();
+    c.trim_chunk = TRIM_CHUNK;
+    c.max_position = MAX_POSITION;
+    return c;
+}
+
+std::int64_t* Stager::step_state() {
+    std::call_once(step_once_, [&] {
+        const auto k = static_cast<std::size_t>(step::FIELD_COUNT) * static_cast<std::size_t>(opt_.max_seqs);
+        step_state_.reset(new std::int64_t[k]());  // zero: no sequence is live
+    });
+    return step_state_.get();
+}
+
+bool Stager::on_device(std::int64_t seq) const {
+    auto lock = lock_seq(seq);
+    return get(seq).on_device;
+}
+
+void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
+    const char* call = "to_device";
+    const std::vector<i64> seqs = copy_ids(seqs_in, n);
+    for (std::size_t i = 0; i < n; ++i)
+        try {
+            get(seqs[i]);
+        } catch (...) {
+            rethrow_with_prefix(where(call, i, seqs[i]));
+        }
+    require_mode(RowMode::External, call, "the device step plans slots: run the Stager with rows=\"external\"");
+    i64* state = step_state();  // may throw (allocation): nothing has changed
+    const step::Config c = step_config();
+    const std::vector<i64> order = lock_order(seqs, c.max_seqs);
+    std::vector<std::unique_lock<std::mutex>> held;
+    held.reserve(order.size());
+    for (i64 q : order) held.emplace_back(locks_[static_cast<std::size_t>(q)].m);
+    for (std::size_t i = 0; i < n; ++i) {
+        const Seq& s = get(seqs[i]);
+        const std::string at = where(call, i, seqs[i]);
+        if (s.on_device) throw StateError(at + seq_name(seqs[i]) + " is on the device already");
+        if (!s.started)
+            throw StateError(at + seq_name(seqs[i]) +
+                             " holds no rows: process its prompt (process_external) before to_device");
+        if (s.disabled)
+            throw StateError(at + seq_name(seqs[i]) +
+                             " is disabled (drafting is off until begin()): decode it without drafts on the host");
+    }
+    check_unique_ids(call, seqs, order.size());
+    for (i64 q : seqs) {
+        Seq& s = seqs_[static_cast<std::size_t>(q)];
+        Regs r = StepIO::regs_of(s, s.buf.marks());
+        r.reserved = s.reserved;
+        if (s.reserved) StepIO::set_pre(r, s.before, s.before_marks);
+        else StepIO::set_pre(r, s, s.buf.marks());
+        r.fault = r.fault_arg = 0;
+        step::store(state, c.max_seqs, q, r);
+        s.on_device = true;
+    }
+}
+
+void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int32_t* outcomes_in,
+                     std::int64_t* disabled_after) {
+    const char* call = "to_host";
+    const std::vector<i64> seqs = copy_ids(seqs_in, n);
+    std::vector<std::int32_t> outcomes(n, -1);
+    if (outcomes_in) std::copy(outcomes_in, outcomes_in + n, outcomes.begin());
+    for (std::size_t i = 0; i < n; ++i)
+        try {
+            get(seqs[i]);
+        } catch (...) {
+            rethrow_with_prefix(where(call, i, seqs[i]));
+        }
+    i64* state = step_state();
+    const step::Config c = step_config();
+    const std::vector<i64> order = lock_order(seqs, c.max_seqs);
+    std::vector<std::unique_lock<std::mutex>> held;
+    held.reserve(order.size());
+    for (i64 q : order) held.emplace_back(locks_[static_cast<std::size_t>(q)].m);
+    // Every check before any change (design.md 2.1): states, uniqueness,
+    // the outcomes, then the step state's consistency.
+    for (std::size_t i = 0; i < n; ++i)
+        if (!get(seqs[i]).on_device)
+            throw StateError(where(call, i, seqs[i]) + seq_name(seqs[i]) + " is not on the device (to_device)");
+    check_unique_ids(call, seqs, order.size());
+    std::vector<Regs> regs(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        step::load(state, c.max_seqs, seqs[i], regs[i]);
+        const std::string at = where(call, i, seqs[i]);
+        const std::int32_t o = outcomes[i];
+        if (o != -1 && (o < 0 || o >= FAIL_STAGE_COUNT))
+            throw std::invalid_argument(at + "outcome must be -1 (the drafter ran: commit) or a fail stage code (0: "
+                                             "decode, 1: crop), got " + std::to_string(o));
+        if (o != -1 && !regs[i].open)
+            throw StateError(at + seq_name(seqs[i]) +
+                             " has no open round to fail (its last step skipped, or it was never stepped)");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::string bad = regs[i].live == 1 ? damage(c, regs[i], opt_.max_failures)
+                                                  : std::string("the sequence is not live in it");
+        if (!bad.empty())
+            throw std::invalid_argument(where(call, i, seqs[i]) + "the step state is damaged (" + bad +
+                                        "); nothing was brought back");
+    }
+    // Bring each back: its round resolved by its outcome, on the live fields
+    // and on the ones before the reservation (resolving first or after the
+    // reservation is the same: the two touch disjoint fields).
+    std::size_t faulted = n;
+    for (std::size_t i = 0; i < n; ++i) {
+        Seq& s = seqs_[static_cast<std::size_t>(seqs[i])];
+        Regs& r = regs[i];
+        Regs pre = StepIO::before_of(r);
+        i64 d = 0;
+        const bool failed = r.open && outcomes[i] != -1;
+        if (r.open) {
+            if (failed) {
+                d = fail_regs(c, r, opt_.max_failures);
+                (void)fail_regs(c, pre, opt_.max_failures);
+            } else {
+                step::commit(c, r);
+                step::commit(c, pre);
+            }
+        }
+        if (disabled_after) disabled_after[i] = d;
+        StepIO::put_fields(r, s);
+        s.buf.set_marks(marks_of(r.cap, r.touched, r.head_slot, r.count, r.head_pos));
+        s.round = 0;
+        if (failed) s.stats.failures += 1;
+        s.reserved = r.reserved != 0;
+        if (s.reserved) {
+            s.before = static_cast<const SeqFields&>(s);
+            StepIO::put_fields(pre, s.before);
+            s.before_marks = marks_of(pre.cap, pre.touched, pre.head_slot, pre.count, pre.head_pos);
+        }
+        s.on_device = false;
+        state[step::F_live * c.max_seqs + seqs[i]] = 0;
+        if (faulted == n && r.fault != 0) faulted = i;
+    }
+    if (faulted != n) {
+        const Regs& r = regs[faulted];
+        raise_status(where(call, faulted, seqs[faulted]) + seq_name(seqs[faulted]) +
+                         " is back on the host, but one of its device steps failed: ",
+                     c, static_cast<std::int32_t>(r.fault), seqs[faulted], true, r.fault_arg);
+    }
+}
+
+void Stager::step_many(const std::int64_t* seqs_in, const std::int64_t* counts_in, std::size_t n,
+                       const step::Outputs& out) {
+    const char* call = "step_many";
+    require_mode(RowMode::External, call, "the device step plans slots: run the Stager with rows=\"external\"");
+    if (n && out.status == nullptr) throw NullPointer(std::string(call) + ": out.status must not be null");
+    const std::vector<i64> seqs = copy_ids(seqs_in, n), counts = copy_ids(counts_in, n);
+    i64* state = step_state();
+    const step::Config c = step_config();
+    // An id's later occurrences are duplicates (the kernel finds them by
+    // scanning the entries before its own; here a mark per sequence).
+    thread_local std::vector<std::uint8_t> seen;
+    if (seen.size() < static_cast<std::size_t>(c.max_seqs)) seen.resize(static_cast<std::size_t>(c.max_seqs));
+    const std::vector<i64> order = lock_order(seqs, c.max_seqs);
+    std::vector<std::unique_lock<std::mutex>> held;
+    held.reserve(order.size());
+    for (i64 q : order) held.emplace_back(locks_[static_cast<std::size_t>(q)].m);
+    for (std::size_t i = 0; i < n; ++i) {
+        const i64 q = seqs[i];
+        bool dup = false;
+        if (q >= 0 && q < c.max_seqs) {
+            dup = seen[static_cast<std::size_t>(q)] != 0;
+            seen[static_cast<std::size_t>(q)] = 1;
+        }
+        step::Plan plan;
+        const std::int32_t status = step::step_one(c, state, out, static_cast<i64>(i), q, counts[i], dup, plan);
+        step::write_rows(c, out, static_cast<i64>(i), step::rows_of(status, plan), 0, 1);
+    }
+    for (i64 q : seqs)
+        if (q >= 0 && q < c.max_seqs) seen[static_cast<std::size_t>(q)] = 0;
+}
+
+void Stager::check_step(const std::int64_t* seqs, const std::int32_t* statuses, std::size_t n) const {
+    const step::Config c = step_config();
+    for (std::size_t i = 0; i < n; ++i)
+        if (statuses[i] >= step::STATUS_FIRST_ERROR || (statuses[i] != step::STATUS_OK &&
+                                                        statuses[i] != step::STATUS_NOT_IN_STEP))
+            raise_status(where("step_many", i, seqs[i]), c, statuses[i], seqs[i], false, 0);
+}
+
+}  // namespace dspark

@@ -1,0 +1,180 @@
+// The C ABI's device step (dspark_to_device / dspark_step_many / dspark_to_host
+// / dspark_check_step) against the C++ Stager's, the oracle: the same steps
+// give the same answers and the same states, and every refusal returns the
+// C++ call's error (its status and message) and changes nothing.
+#include <cstdint>
+#include <cstring>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "c_api_common.hpp"
+#include "check.hpp"
+#include "dspark/dspark.h"
+#include "dspark/errors.hpp"
+#include "dspark/stager.hpp"
+
+namespace {
+
+using c_api_test::D, c_api_test::Handle, c_api_test::snap, c_api_test::span;
+constexpr std::int64_t B = 3, W = 14, SEQS = 5;
+
+dspark_config config() {
+    dspark_config c;
+    dspark_config_init(&c);
+    c.feature_dim = D;
+    c.block_size = B;
+    c.window = W;
+    c.max_seqs = SEQS;
+    c.rows_mode = DSPARK_ROWS_EXTERNAL;
+    return c;
+}
+
+dspark::StagerOptions options() {
+    dspark::StagerOptions o;
+    o.feature_dim = D;
+    o.block_size = B;
+    o.window = W;
+    o.max_seqs = SEQS;
+    o.rows = dspark::RowMode::External;
+    return o;
+}
+
+// One step's answers (every output of dspark_step_out).
+struct Answers {
+    std::vector<std::int32_t> status, skip, flags, row_pos, block_pos;
+    std::vector<std::int64_t> start, pos_base, crop_from, n_rows, row_slots, verify;
+    Answers(std::size_t n, std::size_t max_rows)
+        : status(n), skip(n), flags(n), row_pos(n * max_rows), block_pos(n * B), start(n), pos_base(n), crop_from(n),
+          n_rows(n), row_slots(n * max_rows), verify(n * (B + 1)) {}
+    dspark_step_out c() {
+        return {status.data(), skip.data(),     flags.data(),   start.data(),     pos_base.data(), crop_from.data(),
+                n_rows.data(), row_slots.data(), row_pos.data(), block_pos.data(), verify.data()};
+    }
+    dspark::step::Outputs cpp() {
+        dspark::step::Outputs o;
+        o.status = status.data();
+        o.skip = skip.data();
+        o.flags = flags.data();
+        o.start = start.data();
+        o.pos_base = pos_base.data();
+        o.crop_from = crop_from.data();
+        o.n_rows = n_rows.data();
+        o.row_slots = row_slots.data();
+        o.row_positions = row_pos.data();
+        o.block_positions = block_pos.data();
+        o.verify_slots = verify.data();
+        return o;
+    }
+    bool operator==(const Answers& o) const {
+        return status == o.status && skip == o.skip && flags == o.flags && row_pos == o.row_pos &&
+               block_pos == o.block_pos && start == o.start && pos_base == o.pos_base && crop_from == o.crop_from &&
+               n_rows == o.n_rows && row_slots == o.row_slots && verify == o.verify;
+    }
+};
+
+// The C call's status and message equal the C++ call's exception.
+template <class C, class Cpp>
+bool same_error(C&& c_call, Cpp&& cpp_call, dspark_status want) {
+    const dspark_status got = c_call();
+    std::string what;
+    try {
+        cpp_call();
+    } catch (const std::exception& e) {
+        what = e.what();
+    }
+    if (got != want || what != dspark_last_error()) {
+        std::printf("  status %d (want %d): '%s' vs '%s'\n", got, want, dspark_last_error(), what.c_str());
+        return false;
+    }
+    return true;
+}
+
+void prompt(dspark_stager* st, dspark::Stager& core, std::int64_t seq, std::int64_t len) {
+    const std::vector<std::int64_t> pos = span(0, len);
+    std::vector<std::int64_t> a(pos.size()), b(pos.size());
+    CHECK_EQ(dspark_begin(st, seq), DSPARK_OK);
+    CHECK_EQ(dspark_process_external(st, seq, pos.data(), pos.size(), a.data()), DSPARK_OK);
+    core.begin(seq);
+    core.process_external(seq, pos.data(), pos.size(), b.data());
+}
+
+}  // namespace
+
+TEST_CASE(c_steps_equal_cpp_steps) {
+    Handle h(config());
+    dspark::Stager core(options());
+    std::int64_t fields = 0, max_rows = 0;
+    CHECK_EQ(dspark_step_layout(h.st, &fields, &max_rows), DSPARK_OK);
+    CHECK_EQ(fields, dspark::step::FIELD_COUNT);
+    CHECK_EQ(max_rows, W - B);
+    const std::vector<std::int64_t> seqs = {3, 0, 1};
+    for (std::int64_t q : seqs) prompt(h.st, core, q, 4 + q);
+    CHECK_EQ(dspark_to_device(h.st, seqs.data(), seqs.size()), DSPARK_OK);
+    core.to_device(seqs.data(), seqs.size());
+    std::int64_t* state = nullptr;
+    CHECK_EQ(dspark_step_state(h.st, &state), DSPARK_OK);
+    CHECK(state != nullptr);
+    std::mt19937_64 rng(7);
+    for (int t = 0; t < 200; ++t) {
+        std::vector<std::int64_t> counts;
+        for (std::size_t i = 0; i < seqs.size(); ++i) counts.push_back(static_cast<std::int64_t>(rng() % (B + 2)) - 1);
+        Answers x(seqs.size(), static_cast<std::size_t>(max_rows)), y(seqs.size(), static_cast<std::size_t>(max_rows));
+        const dspark_step_out out = x.c();
+        CHECK_EQ(dspark_step_many(h.st, seqs.data(), counts.data(), seqs.size(), &out), DSPARK_OK);
+        core.step_many(seqs.data(), counts.data(), seqs.size(), y.cpp());
+        CHECK(x == y);
+        CHECK_EQ(dspark_check_step(h.st, seqs.data(), x.status.data(), seqs.size()), DSPARK_OK);
+    }
+    const std::vector<std::int32_t> outcomes = {-1, DSPARK_FAIL_DECODE, -1};
+    std::vector<std::int64_t> da(3, 9), db(3, 9);
+    CHECK_EQ(dspark_to_host(h.st, seqs.data(), seqs.size(), outcomes.data(), da.data()), DSPARK_OK);
+    core.to_host(seqs.data(), seqs.size(), outcomes.data(), db.data());
+    CHECK(da == db);
+    for (std::int64_t q : seqs) {
+        CHECK_EQ(dspark_confirm(h.st, q), DSPARK_OK);
+        core.confirm(q);
+        CHECK(snap(h.st, q) == core.snapshot(q));
+    }
+}
+
+TEST_CASE(c_refusals_are_the_cores) {
+    Handle h(config());
+    dspark::Stager core(options());
+    prompt(h.st, core, 0, 6);
+    const std::int64_t zero = 0, one = 1, bad_count = B + 1;
+    // Sequence 1 holds no rows; 9 is unknown.
+    CHECK(same_error([&] { return dspark_to_device(h.st, &one, 1); }, [&] { core.to_device(&one, 1); },
+                     DSPARK_E_STATE));
+    const std::int64_t unknown = 9;
+    CHECK(same_error([&] { return dspark_to_device(h.st, &unknown, 1); }, [&] { core.to_device(&unknown, 1); },
+                     DSPARK_E_INVALID_ARGUMENT));
+    CHECK(same_error([&] { return dspark_to_host(h.st, &zero, 1, nullptr, nullptr); },
+                     [&] { core.to_host(&zero, 1); }, DSPARK_E_STATE));
+    CHECK_EQ(dspark_to_device(h.st, nullptr, 1), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_step_many(h.st, &zero, &zero, 1, nullptr), DSPARK_E_NULL_POINTER);
+    const std::vector<std::uint8_t> before = snap(h.st, 0);
+    CHECK_EQ(dspark_to_device(h.st, &zero, 1), DSPARK_OK);
+    core.to_device(&zero, 1);
+    // Host calls refuse a handed-over sequence with the core's message.
+    CHECK(same_error([&] { return dspark_accept(h.st, 0, 0); }, [&] { core.accept(0, 0); }, DSPARK_E_STATE));
+    std::size_t size = 0;
+    CHECK(same_error([&] { return dspark_snapshot_size(h.st, 0, &size); }, [&] { (void)core.snapshot_size(0); },
+                     DSPARK_E_STATE));
+    // A bad count: a status word, raised by check_step and by to_host.
+    Answers x(1, W - B), y(1, W - B);
+    const dspark_step_out out = x.c();
+    CHECK_EQ(dspark_step_many(h.st, &zero, &bad_count, 1, &out), DSPARK_OK);
+    core.step_many(&zero, &bad_count, 1, y.cpp());
+    CHECK(x == y);
+    CHECK_EQ(x.status[0], DSPARK_STEP_BAD_COUNT);
+    CHECK(same_error([&] { return dspark_check_step(h.st, &zero, x.status.data(), 1); },
+                     [&] { core.check_step(&zero, y.status.data(), 1); }, DSPARK_E_INVALID_ARGUMENT));
+    CHECK(same_error([&] { return dspark_to_host(h.st, &zero, 1, nullptr, nullptr); },
+                     [&] { core.to_host(&zero, 1); }, DSPARK_E_INVALID_ARGUMENT));
+    // Back on the host, unchanged by the faulted step.
+    CHECK(snap(h.st, 0) == before);
+}
+
+TEST_MAIN()

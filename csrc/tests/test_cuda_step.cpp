@@ -1,0 +1,322 @@
+// The device step's kernel (csrc/cuda/step_cuda.hpp) on the emulated device,
+// against the CPU twin (Stager::step_many) call for call: every output array
+// and, after handing back, state(), stats() and snapshot bytes. And the step
+// captured into a CUDA graph (the emulated capture refuses synchronizations,
+// allocations and host copies) that replays for hundreds of steps with new
+// accept counts in the same device array, one launch each.
+#include <cstdint>
+#include <cstring>
+#include <algorithm>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "cuda_emulation/kernel_emulation.hpp"  // first: the kernels need its model of CUDA
+#include "cuda_emulation/cuda_runtime.h"
+
+#include "../cuda/row_format_cuda.cu"
+#include "../cuda/cuda_graph.cu"
+#include "../cuda/step_cuda.cu"
+#include "check.hpp"
+#include "dspark/stager.hpp"
+
+using namespace dspark;
+using i64 = std::int64_t;
+
+namespace {
+
+// Emulated device memory of n values of T.
+template <class T>
+struct DevArray {
+    T* p = nullptr;
+    std::size_t n = 0;
+    explicit DevArray(std::size_t count, T fill = T(0)) : n(count) {
+        p = static_cast<T*>(cuda_alloc((count ? count : 1) * sizeof(T), 0));
+        for (std::size_t i = 0; i < count; ++i) p[i] = fill;  // emulated device memory is host memory
+    }
+    ~DevArray() { cuda_release(p); }
+    DevArray(const DevArray&) = delete;
+    DevArray& operator=(const DevArray&) = delete;
+    void set(const std::vector<T>& v) { std::memcpy(p, v.data(), v.size() * sizeof(T)); }
+    std::vector<T> get() const { return std::vector<T>(p, p + n); }
+};
+
+// One step's answers, on the host or in emulated device memory.
+struct HostAnswers {
+    std::vector<std::int32_t> status, skip, flags, row_pos, block_pos;
+    std::vector<i64> start, pos_base, crop_from, n_rows, row_slots, verify;
+    HostAnswers(std::size_t n, std::size_t mr, std::size_t b)
+        : status(n), skip(n), flags(n), row_pos(n * mr), block_pos(n * b), start(n), pos_base(n), crop_from(n),
+          n_rows(n), row_slots(n * mr), verify(n * (b + 1)) {}
+    step::Outputs out() {
+        step::Outputs o;
+        o.status = status.data();
+        o.skip = skip.data();
+        o.flags = flags.data();
+        o.start = start.data();
+        o.pos_base = pos_base.data();
+        o.crop_from = crop_from.data();
+        o.n_rows = n_rows.data();
+        o.row_slots = row_slots.data();
+        o.row_positions = row_pos.data();
+        o.block_positions = block_pos.data();
+        o.verify_slots = verify.data();
+        return o;
+    }
+};
+
+struct DeviceAnswers {
+    DevArray<std::int32_t> status, skip, flags, row_pos, block_pos;
+    DevArray<i64> start, pos_base, crop_from, n_rows, row_slots, verify;
+    DeviceAnswers(std::size_t n, std::size_t mr, std::size_t b)
+        : status(n, 99), skip(n, 99), flags(n, 99), row_pos(n * mr, 99), block_pos(n * b, 99), start(n, 99),
+          pos_base(n, 99), crop_from(n, 99), n_rows(n, 99), row_slots(n * mr, 99), verify(n * (b + 1), 99) {}
+    step::Outputs out() {
+        step::Outputs o;
+        o.status = status.p;
+        o.skip = skip.p;
+        o.flags = flags.p;
+        o.start = start.p;
+        o.pos_base = pos_base.p;
+        o.crop_from = crop_from.p;
+        o.n_rows = n_rows.p;
+        o.row_slots = row_slots.p;
+        o.row_positions = row_pos.p;
+        o.block_positions = block_pos.p;
+        o.verify_slots = verify.p;
+        return o;
+    }
+    bool operator==(const HostAnswers& h) const {
+        return status.get() == h.status && skip.get() == h.skip && flags.get() == h.flags &&
+               row_pos.get() == h.row_pos && block_pos.get() == h.block_pos && start.get() == h.start &&
+               pos_base.get() == h.pos_base && crop_from.get() == h.crop_from && n_rows.get() == h.n_rows &&
+               row_slots.get() == h.row_slots && verify.get() == h.verify;
+    }
+};
+
+StagerOptions options(i64 n, i64 b, i64 w) {
+    StagerOptions o;
+    o.feature_dim = 32;
+    o.block_size = b;
+    o.window = w;
+    o.max_seqs = n;
+    o.rows = RowMode::External;
+    return o;
+}
+
+void prompt(Stager& st, i64 seq, i64 p0, i64 len) {
+    std::vector<i64> pos(static_cast<std::size_t>(len)), slots(pos.size());
+    for (i64 k = 0; k < len; ++k) pos[static_cast<std::size_t>(k)] = p0 + k;
+    st.begin(seq);
+    st.process_external(seq, pos.data(), pos.size(), slots.data());
+}
+
+// The device owner's copies of a sequence's step state columns.
+void upload(Stager& st, i64* dev_state, const std::vector<i64>& seqs) {
+    const i64* h = st.step_state();
+    const i64 m = st.step_config().max_seqs;
+    for (int f = 0; f < step::FIELD_COUNT; ++f)
+        for (i64 q : seqs) dev_state[f * m + q] = h[f * m + q];
+}
+void download(Stager& st, const i64* dev_state, const std::vector<i64>& seqs) {
+    i64* h = st.step_state();
+    const i64 m = st.step_config().max_seqs;
+    for (int f = 0; f < step::FIELD_COUNT; ++f)
+        for (i64 q : seqs) h[f * m + q] = dev_state[f * m + q];
+}
+
+bool same_seq(const Stager& a, const Stager& b, i64 q) {
+    const SeqState x = a.state(q), y = b.state(q);
+    const SeqStats u = a.stats(q), v = b.stats(q);
+    bool ok = std::memcmp(&u, &v, sizeof u) == 0 && x.end == y.end && x.horizon == y.horizon &&
+              x.n_cache == y.n_cache && x.pos_base == y.pos_base && x.reservation_open == y.reservation_open &&
+              x.tentative_rows == y.tentative_rows && x.restage_owed == y.restage_owed &&
+              x.consecutive_failures == y.consecutive_failures && x.disabled == y.disabled;
+    if (!x.reservation_open) ok = ok && a.snapshot(q) == b.snapshot(q);
+    return ok;
+}
+
+}  // namespace
+
+// Random steps: the kernel (int32 and int64 counts) against the CPU twin.
+void kernel_equals_cpu_twin(i64 n, i64 b, i64 w, Storage storage, std::uint64_t seed, int n_steps) {
+    StagerOptions o = options(n, b, w);
+    o.storage = storage;
+    Stager cpu(o), gpu(o);
+    const auto c = gpu.step_config();
+    const auto mr = static_cast<std::size_t>(c.max_rows);
+    DevArray<i64> state(static_cast<std::size_t>(step::FIELD_COUNT * n));
+    std::mt19937_64 rng(seed);
+    auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
+    for (i64 q = 0; q < n; ++q) {
+        const i64 p0 = pick(0, 40), len = pick(1, 3 * w);
+        prompt(cpu, q, p0, len);
+        prompt(gpu, q, p0, len);
+    }
+    std::vector<bool> on(static_cast<std::size_t>(n), false);
+    int mismatches = 0, stepped = 0;
+    for (int t = 0; t < n_steps; ++t) {
+        std::vector<i64> go, back;
+        for (i64 q = 0; q < n; ++q) {
+            if (!on[static_cast<std::size_t>(q)] && pick(0, 9) == 0) go.push_back(q);
+            else if (on[static_cast<std::size_t>(q)] && pick(0, 49) == 0) back.push_back(q);
+        }
+        if (!back.empty()) {
+            download(gpu, state.p, back);
+            bool a = false, g = false;
+            try {
+                cpu.to_host(back.data(), back.size());
+            } catch (const std::invalid_argument&) {
+                a = true;
+            }
+            try {
+                gpu.to_host(back.data(), back.size());
+            } catch (const std::invalid_argument&) {
+                g = true;
+            }
+            if (a != g) ++mismatches;
+            upload(gpu, state.p, back);  // their columns on the device: not live any more
+            for (i64 q : back) {
+                on[static_cast<std::size_t>(q)] = false;
+                if (!same_seq(cpu, gpu, q)) ++mismatches;
+            }
+        }
+        if (!go.empty()) {
+            cpu.to_device(go.data(), go.size());
+            gpu.to_device(go.data(), go.size());
+            upload(gpu, state.p, go);
+            for (i64 q : go) on[static_cast<std::size_t>(q)] = true;
+        }
+        std::vector<i64> seqs, counts;
+        for (i64 q = 0; q < n; ++q)
+            if (on[static_cast<std::size_t>(q)] || pick(0, 99) == 0) {  // now and then a host sequence
+                seqs.push_back(q);
+                counts.push_back(pick(0, 99) == 0 ? pick(-2, b + 1) : pick(0, b));  // now and then a fault
+            }
+        std::shuffle(seqs.begin(), seqs.end(), rng);
+        if (!seqs.empty() && pick(0, 9) == 0) {
+            seqs.push_back(seqs.front());
+            counts.push_back(0);
+        }
+        if (pick(0, 19) == 0) {
+            seqs.push_back(n + pick(0, 5));
+            counts.push_back(0);
+        }
+        const std::size_t k = seqs.size();
+        HostAnswers h(k, mr, static_cast<std::size_t>(b));
+        DeviceAnswers d(k, mr, static_cast<std::size_t>(b));
+        cpu.step_many(seqs.data(), counts.data(), k, h.out());
+        DevArray<i64> d_seqs(k);
+        d_seqs.set(seqs);
+        if (t % 2) {
+            DevArray<i64> d_counts(k);
+            d_counts.set(counts);
+            device_step_cuda(c, state.p, d_seqs.p, d_counts.p, 8, k, d.out(), nullptr);
+        } else {
+            std::vector<std::int32_t> c32(counts.begin(), counts.end());
+            DevArray<std::int32_t> d_counts(k);
+            d_counts.set(c32);
+            device_step_cuda(c, state.p, d_seqs.p, d_counts.p, 4, k, d.out(), nullptr);
+        }
+        if (!(d == h)) ++mismatches;
+        for (std::int32_t s : h.status) stepped += s == step::STATUS_OK;
+    }
+    std::vector<i64> all;
+    for (i64 q = 0; q < n; ++q)
+        if (on[static_cast<std::size_t>(q)]) all.push_back(q);
+    download(gpu, state.p, all);
+    bool a = false, g = false;
+    try {
+        cpu.to_host(all.data(), all.size());
+    } catch (const std::invalid_argument&) {
+        a = true;
+    }
+    try {
+        gpu.to_host(all.data(), all.size());
+    } catch (const std::invalid_argument&) {
+        g = true;
+    }
+    CHECK_EQ(a, g);
+    for (i64 q = 0; q < n; ++q) CHECK(same_seq(cpu, gpu, q));
+    CHECK_EQ(mismatches, 0);
+    CHECK(stepped * 2 > n_steps);  // most entries really stepped
+}
+
+// N = 1 .. 256, every storage, thousands of steps in all.
+TEST_CASE(kernel_equals_cpu_twin_all_storages) {
+    kernel_equals_cpu_twin(1, 1, 3, Storage::F32, 91, 800);
+    kernel_equals_cpu_twin(7, 4, 16, Storage::F16, 92, 600);
+    kernel_equals_cpu_twin(48, 3, 13, Storage::BF16, 99, 400);
+    kernel_equals_cpu_twin(33, 2, 9, Storage::Q4_0, 93, 400);
+    kernel_equals_cpu_twin(256, 8, 40, Storage::Q8_0, 94, 150);
+}
+
+// accept -> plan -> reserve of a batch, captured once and replayed for 300
+// steps with the sampler's new counts written into the same device array:
+// one launch per step, the CPU twin's answers every time.
+TEST_CASE(captured_step_replays) {
+    const i64 n = 16, b = 4, w = 20;
+    Stager cpu(options(n, b, w)), gpu(options(n, b, w));
+    const auto c = gpu.step_config();
+    const auto mr = static_cast<std::size_t>(c.max_rows);
+    std::vector<i64> seqs;
+    for (i64 q = 0; q < n; ++q) {
+        prompt(cpu, q, 3 * q, 5 + q);
+        prompt(gpu, q, 3 * q, 5 + q);
+        seqs.push_back(n - 1 - q);
+    }
+    cpu.to_device(seqs.data(), seqs.size());
+    gpu.to_device(seqs.data(), seqs.size());
+    DevArray<i64> state(static_cast<std::size_t>(step::FIELD_COUNT * n)), d_seqs(seqs.size());
+    DevArray<std::int32_t> d_counts(seqs.size(), 0);
+    upload(gpu, state.p, seqs);
+    d_seqs.set(seqs);
+    DeviceAnswers d(seqs.size(), mr, static_cast<std::size_t>(b));
+    void* s = cuda_stream_create(0);
+    cuda_graph_begin_capture(s, 0);
+    device_step_cuda(c, state.p, d_seqs.p, d_counts.p, 4, seqs.size(), d.out(), s);
+    const std::size_t captured = dspark_emu::launch_count();
+    void* graph = cuda_graph_end_capture(s, 0);  // throws had the step synchronized, allocated or copied
+    CHECK_EQ(dspark_emu::launch_count(), captured);  // recorded, not run
+    std::mt19937_64 rng(5);
+    int mismatches = 0;
+    for (int t = 0; t < 300; ++t) {
+        std::vector<std::int32_t> c32(seqs.size());
+        for (auto& v : c32) v = static_cast<std::int32_t>(rng() % static_cast<std::uint64_t>(b + 1));
+        d_counts.set(c32);  // the sampler's write, between replays
+        const std::size_t before = dspark_emu::launch_count();
+        cuda_graph_launch(graph, s, 0);
+        CHECK_EQ(dspark_emu::launch_count() - before, 1u);
+        const std::vector<i64> counts(c32.begin(), c32.end());
+        HostAnswers h(seqs.size(), mr, static_cast<std::size_t>(b));
+        cpu.step_many(seqs.data(), counts.data(), seqs.size(), h.out());
+        if (!(d == h)) ++mismatches;
+    }
+    CHECK_EQ(mismatches, 0);
+    cuda_graph_destroy(graph);
+    cuda_stream_destroy(s);
+    download(gpu, state.p, seqs);
+    cpu.to_host(seqs.data(), seqs.size());
+    gpu.to_host(seqs.data(), seqs.size());
+    for (i64 q = 0; q < n; ++q) CHECK(same_seq(cpu, gpu, q));
+    CHECK(cpu.stats(0).rebases > 0);
+}
+
+TEST_CASE(bad_arguments_throw_before_any_launch) {
+    Stager gpu(options(2, 2, 9));
+    const auto c = gpu.step_config();
+    DevArray<i64> state(static_cast<std::size_t>(step::FIELD_COUNT * 2)), seqs(1), counts(1);
+    DevArray<std::int32_t> status(1);
+    step::Outputs out;
+    out.status = status.p;
+    std::vector<i64> host(1);
+    const std::size_t before = dspark_emu::launch_count();
+    CHECK_THROWS(device_step_cuda(c, state.p, seqs.p, counts.p, 3, 1, out, nullptr), std::invalid_argument);
+    CHECK_THROWS(device_step_cuda(c, state.p, host.data(), counts.p, 8, 1, out, nullptr), std::invalid_argument);
+    CHECK_THROWS(device_step_cuda(c, nullptr, seqs.p, counts.p, 8, 1, out, nullptr), std::invalid_argument);
+    step::Outputs none;
+    CHECK_THROWS(device_step_cuda(c, state.p, seqs.p, counts.p, 8, 1, none, nullptr), std::invalid_argument);
+    CHECK_EQ(dspark_emu::launch_count(), before);
+}
+
+TEST_MAIN()

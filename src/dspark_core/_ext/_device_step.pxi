@@ -1,0 +1,128 @@
+# The device step's binding (dspark/stager.hpp, "the device step";
+# dspark/step_math.hpp), part of the _stager module (included at the end of
+# _stager.pyx: the Stager's methods to_device, to_host, step_many,
+# check_step call these). Thin, as the Stager's: it converts, checks the
+# output arrays the core writes through raw pointers, releases the GIL and
+# calls once; every rule and message is the core's.
+from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_COUNT
+
+from dspark_core import device_step as _device_step
+
+
+cdef object _outcome_codes(str call, object outcomes, cnp.ndarray sv):
+    """``to_host``'s outcomes as int32 codes: None (all committed), or one per sequence:
+    None or -1 (the drafter ran), a fail stage name or its code."""
+    cdef Py_ssize_t n = cnp.PyArray_DIM(sv, 0)
+    if outcomes is None:
+        return None
+    items = list(outcomes)
+    if len(items) != n:
+        raise ValueError(f"{call}: {n} sequences for {len(items)} outcomes")
+    codes = np.empty(n, _I32)
+    for i, o in enumerate(items):
+        if o is None:
+            codes[i] = -1
+        elif isinstance(o, str):
+            try:
+                codes[i] = as_choice("outcome", o, FAIL_STAGES)
+            except ValueError as exc:
+                raise ValueError(batch_context(call, i, int(sv[i])) + str(exc)) from None
+        else:
+            codes[i] = as_index("outcome", o)
+    return codes
+
+
+def _step_to_device(Stager st, seqs):
+    sv = st._ids("to_device", seqs)
+    cdef size_t n = cnp.PyArray_DIM(sv, 0)
+    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    with nogil:
+        st._core.to_device(sp, n)
+
+
+def _step_to_host(Stager st, seqs, outcomes):
+    sv = st._ids("to_host", seqs)
+    cdef size_t n = cnp.PyArray_DIM(sv, 0)
+    codes = _outcome_codes("to_host", outcomes, sv)
+    cdef cnp.ndarray disabled = np.zeros(n, _I64)
+    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    cdef const int32_t* op = NULL
+    if codes is not None:
+        op = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>codes)
+    cdef int64_t* dp = <int64_t*>cnp.PyArray_DATA(disabled)
+    with nogil:
+        st._core.to_host(sp, n, op, dp)
+    for i in np.flatnonzero(disabled).tolist():
+        logger.warning(DISABLED_WARNING, int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
+    return disabled
+
+
+def _step_layout(Stager st):
+    cdef StepConfig c = st._core.step_config()
+    return STEP_FIELD_COUNT, c.max_rows
+
+
+def _step_many(Stager st, seqs, n_accepted, out):
+    sv = st._ids("step_many", seqs)
+    cdef size_t n = cnp.PyArray_DIM(sv, 0)
+    av = batch_ints("step_many", "n_accepted", n_accepted, n)
+    cdef StepConfig c = st._core.step_config()
+    if out is None:
+        out = _device_step.StepOutputs.empty(n, c.max_rows, c.block)
+    elif not isinstance(out, _device_step.StepOutputs):
+        raise TypeError(f"step_many: out must be a StepOutputs, got {type(out).__name__}")
+    else:
+        out.check(n, c.max_rows, c.block)
+    cdef StepOutputs o
+    o.status = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.status)
+    o.skip = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.skip)
+    o.flags = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.flags)
+    o.start = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.start)
+    o.pos_base = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.pos_base)
+    o.crop_from = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.crop_from)
+    o.n_rows = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.n_rows)
+    o.row_slots = NULL  # padded rows not asked for: not written
+    o.row_positions = NULL
+    if out.row_slots is not None:
+        o.row_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_slots)
+    if out.row_positions is not None:
+        o.row_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_positions)
+    o.block_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.block_positions)
+    o.verify_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.verify_slots)
+    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    cdef const int64_t* ap = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>av)
+    with nogil:
+        st._core.step_many(sp, ap, n, o)
+    return out
+
+
+def _step_check(Stager st, seqs, statuses):
+    sv = st._ids("check_step", seqs)
+    cdef size_t n = cnp.PyArray_DIM(sv, 0)
+    arr = np.ascontiguousarray(statuses, _I32)
+    if arr.ndim != 1 or arr.shape[0] != n:
+        raise ValueError(f"check_step: {n} sequences for statuses of shape {arr.shape}")
+    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    cdef const int32_t* tp = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>arr)
+    with nogil:
+        st._core.check_step(sp, tp, n)
+
+
+def _step_config(Stager st):
+    cdef StepConfig c = st._core.step_config()
+    return {"block": c.block, "window": c.window, "w_keep": c.w_keep, "ring_rows": c.ring_rows,
+            "max_seqs": c.max_seqs, "max_rows": c.max_rows, "trim_chunk": c.trim_chunk,
+            "max_position": c.max_position}
+
+
+def _step_state(Stager st):
+    """The host step state as an int64 (fields, max_seqs) array over the Stager's own memory
+    (the array keeps the Stager alive)."""
+    cdef int64_t* p = st._core.step_state()
+    cdef StepConfig c = st._core.step_config()
+    cdef cnp.npy_intp dims[2]
+    dims[0] = STEP_FIELD_COUNT
+    dims[1] = c.max_seqs
+    arr = cnp.PyArray_SimpleNewFromData(2, dims, cnp.NPY_INT64, <void*>p)
+    cnp.set_array_base(arr, st)
+    return arr

@@ -1,0 +1,138 @@
+"""The device step on a CUDA device (docs/protocol.md 2.10; csrc/cuda/step_cuda.hpp).
+
+:class:`DeviceStep` owns the device copy of one Stager's step state and fixed
+device buffers for a batch of up to ``capacity`` entries: the sequence ids,
+the sampler's accept counts (int32) and every output of a step. :meth:`launch`
+enqueues one step (one kernel launch; nothing synchronises, allocates or
+copies), so it can be captured into a CUDA graph with the drafter and the
+verify forward; between replays the sampler writes new counts into
+:attr:`counts_ptr`. Handing sequences over and back (:meth:`to_device`,
+:meth:`to_host`) copies the state between the host and the device: one wait,
+outside the graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import _backend
+from ..device_step import StepOutputs
+from .interop import DeviceArray
+
+#: The step's outputs as laid out on the device: name, dtype, columns (per entry).
+_OUTPUTS = (("status", np.int32, 1), ("skip", np.int32, 1), ("flags", np.int32, 1), ("start", np.int64, 1),
+            ("pos_base", np.int64, 1), ("crop_from", np.int64, 1), ("n_rows", np.int64, 1),
+            ("row_slots", np.int64, "max_rows"), ("row_positions", np.int32, "max_rows"),
+            ("block_positions", np.int32, "block"), ("verify_slots", np.int64, "block+1"))
+
+
+class DeviceStep:
+    """The device step of ``stager`` (external rows) for batches of up to ``capacity`` entries."""
+
+    def __init__(self, stager: Any, capacity: int, device: int = 0) -> None:
+        cu: Any = _backend._cuda
+        if cu is None:
+            raise RuntimeError("dspark_core was built without its CUDA kernels: DeviceStep needs them")
+        self._cu = cu  # the extension (its handle checked once)
+        self.stager = stager
+        self.capacity = int(capacity)
+        self.device = device
+        cfg = stager.step_config
+        self._config = tuple(int(cfg[k]) for k in cu.STEP_CONFIG_KEYS)
+        self.block, self.max_rows, self.max_seqs = int(cfg["block"]), int(cfg["max_rows"]), int(cfg["max_seqs"])
+        host = stager.step_state
+        self._state = cu.Allocation(host.nbytes, device)
+        cu.copy_to_device(self._state.ptr, np.ascontiguousarray(host).view(np.uint8).reshape(-1), 0)
+        self._seqs = cu.Allocation(8 * max(1, self.capacity), device)
+        self._counts = cu.Allocation(4 * max(1, self.capacity), device)
+        # The outputs as DeviceArrays of fixed shape (capacity rows, -1 until written): a ring's
+        # gather_slots / write_slots take .arrays["row_slots"] / ["verify_slots"] in the same graph.
+        self.arrays: dict[str, DeviceArray] = {}
+        self._out: dict[str, Any] = {}
+        for name, dtype, cols in _OUTPUTS:
+            shape = (max(1, self.capacity),) if cols == 1 else (max(1, self.capacity), self._cols(cols))
+            arr = DeviceArray.from_numpy(np.full(shape, -1, dtype), device=device, stream=0)
+            self.arrays[name] = arr
+            self._out[name] = (arr, dtype, cols)
+        cu.synchronize(0, device)
+        self.n = 0
+
+    def _cols(self, cols: Any) -> int:
+        return {1: 1, "max_rows": self.max_rows, "block": self.block, "block+1": self.block + 1}[cols]
+
+    @property
+    def counts_ptr(self) -> int:
+        """Device int32 [capacity]: the accept counts the next step reads (the sampler's output)."""
+        return int(self._counts.ptr)
+
+    def set_batch(self, seqs: Sequence[int], counts: Sequence[int] | None = None) -> None:
+        """The batch's sequence ids (and counts), copied to the device (outside a graph)."""
+        cu = self._cu
+        ids = np.ascontiguousarray(seqs, np.int64)
+        if ids.ndim != 1 or len(ids) > self.capacity:
+            raise ValueError(f"DeviceStep: at most {self.capacity} sequence ids, got shape {ids.shape}")
+        cu.copy_to_device(self._seqs.ptr, ids.view(np.uint8), 0)
+        self.n = len(ids)
+        if counts is not None:
+            self.set_counts(counts)
+        cu.synchronize(0, self.device)
+
+    def set_counts(self, counts: Sequence[int]) -> None:
+        """Write the accept counts (what a sampler kernel does on the device), outside a graph."""
+        cu = self._cu
+        c = np.ascontiguousarray(counts, np.int32)
+        if c.shape != (self.n,):
+            raise ValueError(f"DeviceStep: {self.n} accept counts expected, got shape {c.shape}")
+        cu.copy_to_device(self._counts.ptr, c.view(np.uint8), 0)
+        cu.synchronize(0, self.device)
+
+    def launch(self, stream: int = 0) -> None:
+        """Enqueue one step of the current batch on ``stream``: one kernel launch, capturable."""
+        outs = tuple(int(self._out[name][0].ptr) for name, _, _ in _OUTPUTS)
+        self._cu.device_step(self._config, self._state.ptr, self._seqs.ptr, self._counts.ptr, 4, self.n,
+                                   outs, stream)
+
+    def outputs(self) -> StepOutputs:
+        """The last step's answers, copied to the host (synchronous: tests and logs)."""
+        cu = self._cu
+        arrays = {}
+        for name, (alloc, dtype, cols) in self._out.items():
+            k = self._cols(cols)
+            raw = cu.copy_to_host(alloc.ptr, np.dtype(dtype).itemsize * k * self.n)
+            a = np.frombuffer(raw, dtype).copy()
+            arrays[name] = a if cols == 1 else a.reshape(self.n, k)
+        return StepOutputs(**arrays)
+
+    def _download(self) -> np.ndarray:
+        cu = self._cu
+        cu.synchronize(0, self.device)
+        raw = cu.copy_to_host(self._state.ptr, 8 * self.stager.step_state.size)
+        return np.frombuffer(raw, np.int64).reshape(self.stager.step_state.shape).copy()
+
+    def _upload(self, state: np.ndarray) -> None:
+        cu = self._cu
+        cu.copy_to_device(self._state.ptr, np.ascontiguousarray(state).view(np.uint8).reshape(-1), 0)
+        cu.synchronize(0, self.device)
+
+    def to_device(self, seqs: Sequence[int]) -> None:
+        """``stager.to_device(seqs)`` and their columns onto the device (one wait)."""
+        ids = np.asarray(seqs, np.int64)
+        dev = self._download()
+        self.stager.to_device(ids)
+        dev[:, ids] = self.stager.step_state[:, ids]
+        self._upload(dev)
+
+    def to_host(self, seqs: Sequence[int], outcomes: Any = None) -> np.ndarray:
+        """Their columns back from the device, then ``stager.to_host(seqs, outcomes)``; the
+        columns go back to the device after it (no longer live there). One wait."""
+        ids = np.asarray(seqs, np.int64)
+        dev = self._download()
+        host = self.stager.step_state
+        host[:, ids] = dev[:, ids]
+        try:
+            return self.stager.to_host(ids, outcomes)
+        finally:
+            dev[:, ids] = host[:, ids]
+            self._upload(dev)

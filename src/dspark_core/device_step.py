@@ -1,0 +1,117 @@
+"""The device step's answers and status words (docs/protocol.md, "The device step").
+
+``Stager.step_many`` (the CPU twin) and the CUDA step write one step's answers
+for a batch of ``n`` entries into a :class:`StepOutputs`: per entry a status
+word, the next round's plan (skip code, flags, ``pos_base``, ``crop_from``,
+``n_rows``), the drafter's gather slots and positions in the graph-safe
+padded layout (``[n, max_rows]``, ``-1`` padding), the block's drafter
+positions (``[n, B]``) and the slots of the next verify batch's rows
+(``[n, B + 1]``, ``-1`` where unused). The same arrays are reused step after
+step (a captured CUDA graph needs fixed buffers).
+
+The status codes are the core's (``dspark/step_math.hpp``): ``STEP_OK`` and
+``STEP_NOT_IN_STEP`` are not errors; every code from ``STEP_FIRST_ERROR`` on
+is one, and the step changed nothing for that entry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+STEP_OK = 0
+STEP_NOT_IN_STEP = 1
+STEP_FIRST_ERROR = 16
+STEP_NOT_ON_DEVICE = 16
+STEP_DUPLICATE = 17
+STEP_BAD_COUNT = 18
+STEP_POSITION_LIMIT = 19
+STEP_INTERNAL = 20
+#: The names of the status codes (for logs).
+STEP_STATUS_NAMES = {
+    STEP_OK: "ok",
+    STEP_NOT_IN_STEP: "not_in_step",
+    STEP_NOT_ON_DEVICE: "not_on_device",
+    STEP_DUPLICATE: "duplicate",
+    STEP_BAD_COUNT: "bad_count",
+    STEP_POSITION_LIMIT: "position_limit",
+    STEP_INTERNAL: "internal",
+}
+#: ``flags`` bits.
+STEP_REBASE = 1
+STEP_CLEAR_CACHE = 2
+#: ``skip`` of an entry that was not stepped (else the core's skip code: 0 none, 3 no_context).
+NOT_STEPPED = -1
+
+#: Each array's name, dtype and shape in units of (n, max_rows, block).
+_LAYOUT: tuple[tuple[str, type, str], ...] = (
+    ("status", np.int32, "n"),
+    ("skip", np.int32, "n"),
+    ("flags", np.int32, "n"),
+    ("start", np.int64, "n"),
+    ("pos_base", np.int64, "n"),
+    ("crop_from", np.int64, "n"),
+    ("n_rows", np.int64, "n"),
+    ("row_slots", np.int64, "n,max_rows"),
+    ("row_positions", np.int32, "n,max_rows"),
+    ("block_positions", np.int32, "n,block"),
+    ("verify_slots", np.int64, "n,block+1"),
+)
+
+
+#: The padded arrays, which may be None (not written).
+_PADDED = ("row_slots", "row_positions")
+
+
+def _shape(kind: str, n: int, max_rows: int, block: int) -> tuple[int, ...]:
+    dims = {"n": n, "max_rows": max_rows, "block": block, "block+1": block + 1}
+    return tuple(dims[d] for d in kind.split(","))
+
+
+@dataclass
+class StepOutputs:
+    """One step's answers for ``n`` entries (see the module docstring); reusable."""
+
+    status: np.ndarray
+    skip: np.ndarray
+    flags: np.ndarray
+    start: np.ndarray
+    pos_base: np.ndarray
+    crop_from: np.ndarray
+    n_rows: np.ndarray
+    row_slots: np.ndarray | None
+    row_positions: np.ndarray | None
+    block_positions: np.ndarray
+    verify_slots: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int, max_rows: int, block: int, padded: bool = True) -> StepOutputs:
+        """Arrays for ``n`` entries (``max_rows``: ``Stager.step_layout[1]``, ``block``: B).
+        ``padded=False``: no ``row_slots`` / ``row_positions`` (None: not written; the
+        plan's rows are then ``n_rows`` rows from its ``pos_base``-relative start, as the
+        plan arrays of ``draft_many`` give them)."""
+        arrays: dict[str, np.ndarray | None] = {
+            name: np.full(_shape(kind, n, max_rows, block), -1, dtype) if padded or name not in _PADDED else None
+            for name, dtype, kind in _LAYOUT}
+        return cls(**arrays)  # type: ignore[arg-type]
+
+    def check(self, n: int, max_rows: int, block: int) -> None:
+        """Raise unless every array has its dtype and shape for ``n`` entries, C-contiguous
+        and writable (the core writes through raw pointers: nothing else is safe)."""
+        for name, dtype, kind in _LAYOUT:
+            arr = getattr(self, name)
+            if arr is None and name in _PADDED:
+                continue
+            want = _shape(kind, n, max_rows, block)
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"step outputs: {name} must be a numpy array, got {type(arr).__name__}")
+            if arr.dtype != np.dtype(dtype) or arr.shape != want:
+                raise ValueError(f"step outputs: {name} must be {np.dtype(dtype).name} of shape {want}, "
+                                 f"got {arr.dtype.name} of shape {arr.shape}")
+            if not arr.flags.c_contiguous or not arr.flags.writeable:
+                raise ValueError(f"step outputs: {name} must be C-contiguous and writable")
+
+    def errors(self) -> np.ndarray:
+        """The indices of the entries whose status is an error."""
+        return np.flatnonzero(self.status >= STEP_FIRST_ERROR)

@@ -1,0 +1,280 @@
+"""The reference twin of the device step (docs/protocol.md, "The device step").
+
+The core's step (``dspark/step_math.hpp``) restates the per-sequence rules as
+integer math over arrays; this twin instead runs the reference Stager's own
+per-sequence operations, which is the step's definition: confirm the verify
+rows the last step reserved, ``accept(a)``, ``draft(end)``, ``commit`` (the
+drafter is assumed to succeed; the state before the commit is kept so that
+``to_host`` can turn it into a ``fail``), and reserve the next verify rows
+``[end, end + B]`` (``[end]`` after a skip). A handed-over sequence stays in
+the Stager's own table; every other call on it raises ``StateError`` (the
+Stager's ``_get``) until ``to_host``.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from . import arguments as arg
+from ..device_step import StepOutputs
+from ..errors import StateError
+from .arguments import FAIL_STAGES, MAX_POSITION
+
+if TYPE_CHECKING:
+    from .stager import ReferenceStager, _Seq
+
+# The status words and codes, spelled out here (the oracle borrows no table of
+# the core's): docs/protocol.md "The device step".
+STEP_OK, STEP_NOT_IN_STEP, STEP_FIRST_ERROR = 0, 1, 16
+STEP_NOT_ON_DEVICE, STEP_DUPLICATE, STEP_BAD_COUNT, STEP_POSITION_LIMIT, STEP_INTERNAL = 16, 17, 18, 19, 20
+STEP_REBASE, STEP_CLEAR_CACHE = 1, 2
+NOT_STEPPED = -1
+#: A plan's skip reason -> its code in ``StepOutputs.skip``.
+SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4}
+
+#: The fields ``commit`` changes, which a ``fail`` reported at ``to_host`` puts back first.
+_COMMIT_FIELDS = ("n_cache", "pos_base", "restage_owed", "first_round", "failures")
+_MODE_HINT = 'the device step plans slots: run the Stager with rows="external"'
+
+
+def on_device_error(i: int) -> StateError:
+    """What every host call on a handed-over sequence raises."""
+    return StateError(f"sequence {i} is on the device (to_device): call to_host([{i}]) first, "
+                      "which brings it back with its step state")
+
+
+def _status_error(prefix: str, block: int, max_seqs: int, status: int, seq: int, value: int | None) -> Exception:
+    """A status word as the core's error (``value``: a sticky fault's value, when known)."""
+    if status == STEP_NOT_ON_DEVICE:
+        if not 0 <= seq < max_seqs:
+            return ValueError(prefix + f"unknown sequence {seq} (this Stager has sequences 0..{max_seqs - 1})")
+        return StateError(prefix + f"sequence {seq} is not on the device: call to_device([{seq}]) before its steps")
+    if status == STEP_DUPLICATE:
+        return ValueError(prefix + f"sequence {seq} appears earlier in the same step: a step names each sequence once")
+    if status == STEP_BAD_COUNT:
+        got = str(value) if value is not None else "a value outside"
+        return ValueError(prefix + f"n_accepted must be in [0, {block}] (or -1: not in this step), got {got}; "
+                          "that step changed nothing for the sequence")
+    if status == STEP_POSITION_LIMIT:
+        at = str(value) if value is not None else "end"
+        return ValueError(prefix + f"the verify rows after position {at} would pass 2**62 - 1; that step changed "
+                          "nothing for the sequence")
+    return RuntimeError(prefix + "dspark internal error: a device step found the staged rows not buffered "
+                        f"(status {status}); that step changed nothing for the sequence")
+
+
+class DeviceStepMixin:
+    """``to_device`` / ``to_host`` / ``step_many`` / ``check_step`` of :class:`ReferenceStager`."""
+
+    def _device(self) -> dict[int, _Seq | None]:
+        """Handed-over sequences -> the state before their last step's commit (None: no open round)."""
+        return self.__dict__.setdefault("_device_pending", {})
+
+    def _faults(self) -> dict[int, tuple[int, int]]:
+        """Sticky faults of handed-over sequences: (status, value)."""
+        return self.__dict__.setdefault("_device_faults", {})
+
+    def on_device(self, seq: int) -> bool:
+        ref = cast("ReferenceStager", self)
+        i = arg.integer("seq", seq)
+        if not 0 <= i < len(ref._seqs):
+            raise arg.unknown_sequence(i, len(ref._seqs))
+        return i in self._device()
+
+    def _known(self, call: str, ids: np.ndarray) -> None:
+        ref = cast("ReferenceStager", self)
+        for k, q in enumerate(ids.tolist()):
+            if not 0 <= q < len(ref._seqs):
+                raise ValueError(arg.batch_context(call, k, q) + str(arg.unknown_sequence(q, len(ref._seqs))))
+
+    def to_device(self, seqs: Any) -> None:
+        ref = cast("ReferenceStager", self)
+        call = "to_device"
+        ids = arg.seq_ids(call, seqs)
+        self._known(call, ids)
+        if not ref._external:
+            raise ValueError(f"{call} needs external-row mode, but this Stager holds its rows ({_MODE_HINT})")
+        device = self._device()
+        for k, q in enumerate(ids.tolist()):
+            st = ref._seqs[q]
+            at = arg.batch_context(call, k, q)
+            if q in device:
+                raise StateError(at + f"sequence {q} is on the device already")
+            if not st.started:
+                raise StateError(at + f"sequence {q} holds no rows: process its prompt (process_external) before "
+                                 "to_device")
+            if st.disabled:
+                raise StateError(at + f"sequence {q} is disabled (drafting is off until begin()): decode it without "
+                                 "drafts on the host")
+        arg.unique(call, ids)
+        for q in ids.tolist():
+            st = ref._seqs[q]
+            pending = None
+            if st.open_round is not None:  # the next step commits it: now, keeping the state before
+                pending = copy.deepcopy(st)
+                ref._commit_checked(st)
+            device[q] = pending
+
+    def to_host(self, seqs: Any, outcomes: Any = None) -> np.ndarray:
+        ref = cast("ReferenceStager", self)
+        call = "to_host"
+        ids = arg.seq_ids(call, seqs)
+        n = len(ids)
+        codes = [-1] * n
+        if outcomes is not None:
+            items = list(outcomes)
+            if len(items) != n:
+                raise ValueError(f"{call}: {n} sequences for {len(items)} outcomes")
+            for k, o in enumerate(items):
+                if o is None:
+                    codes[k] = -1
+                elif isinstance(o, str):
+                    try:
+                        codes[k] = FAIL_STAGES.index(arg.fail_stage(o))
+                    except ValueError as exc:
+                        raise ValueError(arg.batch_context(call, k, int(ids[k])) + str(exc)) from None
+                else:
+                    codes[k] = arg.integer("outcome", o)
+        self._known(call, ids)
+        device = self._device()
+        for k, q in enumerate(ids.tolist()):
+            if q not in device:
+                raise StateError(arg.batch_context(call, k, q) + f"sequence {q} is not on the device (to_device)")
+        arg.unique(call, ids)
+        for k, q in enumerate(ids.tolist()):
+            at = arg.batch_context(call, k, q)
+            if codes[k] != -1 and not 0 <= codes[k] < len(FAIL_STAGES):
+                raise ValueError(at + "outcome must be -1 (the drafter ran: commit) or a fail stage code (0: decode, "
+                                 f"1: crop), got {codes[k]}")
+            if codes[k] != -1 and device[q] is None:
+                raise StateError(at + f"sequence {q} has no open round to fail (its last step skipped, or it was never "
+                                 "stepped)")
+        disabled = np.zeros(n, np.int64)
+        faults = self._faults()
+        faulted: tuple[int, int, tuple[int, int]] | None = None
+        for k, q in enumerate(ids.tolist()):
+            pending = device.pop(q)
+            if codes[k] != -1 and pending is not None:
+                st = ref._seqs[q]
+                for x in (st, st.reservation):
+                    if x is None:
+                        continue
+                    for name in _COMMIT_FIELDS:
+                        setattr(x, name, getattr(pending, name))
+                    x.stats["commits"] = pending.stats["commits"]
+                    x.open_round = pending.open_round
+                    now = ref._fail_checked(x)
+                    if x is st and now:
+                        disabled[k] = st.failures
+            fault = faults.pop(q, None)
+            if fault is not None and faulted is None:
+                faulted = (k, q, fault)
+        if faulted is not None:
+            k, q, (status, value) = faulted
+            prefix = arg.batch_context(call, k, q) + f"sequence {q} is back on the host, but one of its device " \
+                "steps failed: "
+            raise _status_error(prefix, ref.config.block_size, len(ref._seqs), status, q, value)
+        return disabled
+
+    def step_many(self, seqs: Any, n_accepted: Any, out: StepOutputs | None = None) -> StepOutputs:
+        ref = cast("ReferenceStager", self)
+        call = "step_many"
+        if not ref._external:
+            raise ValueError(f"{call} needs external-row mode, but this Stager holds its rows ({_MODE_HINT})")
+        ids = arg.seq_ids(call, seqs)
+        counts = arg.batch_ints(call, "n_accepted", n_accepted, len(ids))
+        c = ref.config
+        max_rows = c.window - c.block_size
+        if out is None:
+            out = StepOutputs.empty(len(ids), max_rows, c.block_size)
+        else:
+            out.check(len(ids), max_rows, c.block_size)
+        seen: set[int] = set()
+        for k, (q, a) in enumerate(zip(ids.tolist(), counts.tolist())):
+            dup = q in seen
+            if 0 <= q < len(ref._seqs):
+                seen.add(q)
+            self._nothing(out, k)
+            out.status[k] = self._step_entry(out, k, q, a, dup)
+        return out
+
+    @staticmethod
+    def _nothing(out: StepOutputs, k: int) -> None:
+        out.skip[k] = NOT_STEPPED
+        out.flags[k] = 0
+        out.n_rows[k] = 0
+        for name in ("start", "pos_base", "crop_from"):
+            getattr(out, name)[k] = -1
+        for name in ("row_slots", "row_positions", "block_positions", "verify_slots"):
+            arr = getattr(out, name)
+            if arr is not None:
+                arr[k, :] = -1
+
+    def _step_entry(self, out: StepOutputs, k: int, q: int, a: int, dup: bool) -> int:
+        ref = cast("ReferenceStager", self)
+        c = ref.config
+        device, faults = self._device(), self._faults()
+        if not 0 <= q < len(ref._seqs):
+            return STEP_NOT_ON_DEVICE
+        if dup:
+            return STEP_DUPLICATE
+        if q not in device:
+            return STEP_NOT_ON_DEVICE
+        if q in faults:
+            return faults[q][0]
+        if a == -1:
+            return STEP_NOT_IN_STEP
+        if not -1 <= a <= c.block_size:
+            faults[q] = (STEP_BAD_COUNT, a)
+            return STEP_BAD_COUNT
+        st = copy.deepcopy(ref._seqs[q])  # a step that fails changes nothing
+        rounds = ref._rounds
+        st.reservation = None  # confirm
+        ref._accept_checked(st, a)
+        try:
+            plan = ref._draft_checked(q, st, st.end)
+        except AssertionError:
+            ref._rounds = rounds
+            faults[q] = (STEP_INTERNAL, ref._seqs[q].end)
+            return STEP_INTERNAL
+        pending = None
+        if plan.skip is None:
+            pending = copy.deepcopy(st)
+            ref._commit_checked(st)
+        n_verify = c.block_size + 1 if plan.skip is None else 1
+        if st.end + n_verify > MAX_POSITION - 1:
+            ref._rounds = rounds
+            faults[q] = (STEP_POSITION_LIMIT, st.end)
+            return STEP_POSITION_LIMIT
+        slots = ref._reserve_checked(q, st, np.arange(st.end, st.end + n_verify, dtype=np.int64))
+        ref._seqs[q] = st
+        device[q] = pending
+        out.skip[k] = SKIP_CODES[plan.skip]
+        out.flags[k] = (STEP_REBASE if plan.rebase else 0) | (STEP_CLEAR_CACHE if plan.clear_cache else 0)
+        out.start[k] = plan.start
+        out.pos_base[k] = plan.pos_base if plan.skip is None else -1
+        out.crop_from[k] = plan.crop_from if plan.skip is None else -1
+        out.n_rows[k] = len(plan.slots) if plan.skip is None else 0
+        if plan.skip is None:
+            m = len(plan.slots)
+            if out.row_slots is not None:
+                out.row_slots[k, :m] = plan.slots
+            if out.row_positions is not None:
+                out.row_positions[k, :m] = plan.positions
+            out.block_positions[k, :] = plan.block_positions
+        out.verify_slots[k, : len(slots)] = slots
+        return STEP_OK
+
+    def check_step(self, seqs: Any, statuses: Any) -> None:
+        ref = cast("ReferenceStager", self)
+        ids = arg.seq_ids("check_step", seqs)
+        arr = np.asarray(statuses, np.int32)
+        if arr.ndim != 1 or len(arr) != len(ids):
+            raise ValueError(f"check_step: {len(ids)} sequences for statuses of shape {arr.shape}")
+        for k, (q, s) in enumerate(zip(ids.tolist(), arr.tolist())):
+            if s >= STEP_FIRST_ERROR or s not in (STEP_OK, STEP_NOT_IN_STEP):
+                raise _status_error(arg.batch_context("step_many", k, q), ref.config.block_size, len(ref._seqs),
+                                    s, q, None)

@@ -1,0 +1,164 @@
+"""The device step's CUDA kernel through Python (``dspark_core.cuda.DeviceStep``): every step
+equals the CPU twin's (``Stager.step_many``) on a second Stager, sequences handed over and
+back through the device copy of the step state; and the step captured into a CUDA graph
+replays with new accept counts written into the same device array, one launch per step.
+Runs where the CUDA kernels were built (a GPU, or DSPARK_CUDA=EMULATE: CI's rehearsal)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_core import Stager, StagerConfig, cuda
+from dspark_core.device_step import STEP_OK
+
+gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
+
+
+def config(n: int, b: int, w: int) -> StagerConfig:
+    return StagerConfig(feature_dim=32, block_size=b, window=w, max_seqs=n, storage="q8_0", rows="external")
+
+
+def prompt(st, q: int, p0: int, n: int) -> None:
+    st.begin(q)
+    st.process(q, np.arange(p0, p0 + n))
+
+
+def same(x, y) -> None:
+    for name in x.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(x, name), getattr(y, name), err_msg=name)
+
+
+@gpu
+def test_device_steps_equal_the_cpu_twin():
+    n, b, w = 12, 3, 13
+    cpu, dev = Stager(config(n, b, w)), Stager(config(n, b, w))
+    rng = np.random.default_rng(4)
+    for q in range(n):
+        p0, ln = int(rng.integers(0, 30)), int(rng.integers(1, 3 * w))
+        prompt(cpu, q, p0, ln)
+        prompt(dev, q, p0, ln)
+    step = cuda.DeviceStep(dev, capacity=n)
+    on = np.zeros(n, bool)
+    for _ in range(120):
+        back = [q for q in range(n) if on[q] and rng.random() < 0.05]
+        if back:
+            np.testing.assert_array_equal(cpu.to_host(back), step.to_host(back))
+            on[back] = False
+            for q in back:
+                assert cpu.state(q) == dev.state(q) and cpu.stats(q) == dev.stats(q)
+        go = [q for q in range(n) if not on[q] and rng.random() < 0.2]
+        if go:
+            cpu.to_device(go)
+            step.to_device(go)
+            on[go] = True
+        seqs = [int(q) for q in rng.permutation(n)]  # host sequences too: NOT_ON_DEVICE
+        counts = [int(rng.integers(0, b + 1)) for _ in seqs]
+        step.set_batch(seqs, counts)
+        step.launch()
+        same(step.outputs(), cpu.step_many(seqs, counts))
+    held = list(np.flatnonzero(on))
+    cpu.to_host(held)
+    step.to_host(held)
+    for q in range(n):
+        assert cpu.state(q) == dev.state(q) and cpu.stats(q) == dev.stats(q)
+        if not cpu.state(q)["reservation_open"]:
+            assert cpu.snapshot(q) == dev.snapshot(q)
+
+
+@gpu
+def test_a_captured_step_replays_with_new_counts():
+    cu = cuda._cuda
+    n, b, w = 8, 4, 20
+    cpu, dev = Stager(config(n, b, w)), Stager(config(n, b, w))
+    for q in range(n):
+        prompt(cpu, q, 2 * q, 5 + q)
+        prompt(dev, q, 2 * q, 5 + q)
+    seqs = list(range(n))[::-1]
+    cpu.to_device(seqs)
+    step = cuda.DeviceStep(dev, capacity=n)
+    step.to_device(seqs)
+    step.set_batch(seqs, [0] * n)
+    stream = cu.Stream(0)
+    cu.capture_begin(stream.handle)
+    try:
+        step.launch(stream.handle)
+    finally:
+        graph = cu.capture_end(stream.handle)  # fails had the step synchronized, allocated or copied
+    rng = np.random.default_rng(1)
+    emulated = cu.emulated_launches() >= 0
+    for _ in range(100):
+        counts = [int(c) for c in rng.integers(0, b + 1, n)]
+        step.set_counts(counts)  # the sampler's write into the same device array
+        before = cu.emulated_launches()
+        graph.launch(stream.handle)
+        cu.synchronize(stream.handle)
+        if emulated:
+            assert cu.emulated_launches() - before == 1
+        got = step.outputs()
+        assert (got.status == STEP_OK).all()
+        same(got, cpu.step_many(seqs, counts))
+    step.to_host(seqs)
+    cpu.to_host(seqs)
+    for q in range(n):
+        assert cpu.stats(q) == dev.stats(q)
+
+
+@gpu
+def test_a_graph_of_step_gather_and_capture_write_equals_a_held_stager():
+    """accept -> plan -> gather -> (drafter) -> reserve -> the verify rows' capture write, one
+    captured graph replayed step after step: the gathered rows are exactly what a held Stager
+    driven by per-sequence calls stages (rebases included)."""
+    cu = cuda._cuda
+    n, b, w, d = 4, 3, 14, 32
+    held = Stager(StagerConfig(feature_dim=d, block_size=b, window=w, max_seqs=n, storage="q8_0"))
+    ext = Stager(config(n, b, w))
+    stream = cu.Stream(0)
+    ring = cuda.DeviceRing(ext, stream=stream.handle, backend="dspark")
+    rng = np.random.default_rng(2)
+    for q in range(n):
+        x = rng.standard_normal((6 + 2 * q, d)).astype(np.float32)
+        held.process(q, np.arange(len(x)), x)
+        ring.write(q, np.arange(len(x)), ring.upload(x))
+    ring.synchronize()
+    seqs = list(range(n))
+    step = cuda.DeviceStep(ext, capacity=n)
+    step.to_device(seqs)
+    step.set_batch(seqs, [0] * n)
+    max_rows = step.max_rows
+    gathered = cuda.DeviceArray((n, max_rows, d), np.float32)
+    verify_rows = cuda.DeviceArray((n, b + 1, d), np.float32)
+    gstatus, wstatus = ring.new_status(), ring.new_status()
+    ring.synchronize()
+    cu.capture_begin(stream.handle)
+    try:
+        step.launch(stream.handle)
+        ring.gather_slots(step.arrays["row_slots"], gathered, status=gstatus)
+        ring.write_slots(step.arrays["verify_slots"], verify_rows, status=wstatus)
+    finally:
+        graph = cu.capture_end(stream.handle)
+    counts = np.zeros(n, np.int64)
+    rebases = 0
+    for _ in range(60):
+        rows = rng.standard_normal((n, b + 1, d)).astype(np.float32)  # this step's verify forward
+        cu.copy_to_device(verify_rows.ptr, rows.reshape(-1).view(np.uint8), stream.handle)
+        step.set_counts(counts)
+        graph.launch(stream.handle)
+        cu.synchronize(stream.handle)
+        out = step.outputs()
+        assert (out.status == STEP_OK).all()
+        got = gathered.get()
+        for k, q in enumerate(seqs):
+            held.accept(q, int(counts[q]))
+            plan = held.draft(q, held.state(q)["end"])
+            m = int(out.n_rows[k])
+            if plan.skip is None:
+                np.testing.assert_array_equal(got[k, :m], plan.rows)
+                held.commit(q)
+                rebases += plan.rebase
+            nv = b + 1 if plan.skip is None else 1
+            end = held.state(q)["end"]
+            held.process(q, np.arange(end, end + nv), rows[k, :nv])
+            counts[q] = int(rng.integers(0, b + 1)) if nv > 1 else 0
+    assert rebases > 0
+    step.to_host(seqs)

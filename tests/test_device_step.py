@@ -1,0 +1,353 @@
+"""The device step through Python: ``Stager.step_many`` (the core's CPU twin) against
+two oracles, a core Stager driven by per-sequence calls and the reference twin
+(``ReferenceStager.step_many``, built from the reference's own per-sequence
+operations). Random steps over every storage, with sequences handed over and back
+at random, drafter failures reported at hand-back, cancels and bad entries; then
+the refusals and the atomicity of rejected calls."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_core import Stager, StagerConfig
+from dspark_core.device_step import (
+    NOT_STEPPED, STEP_BAD_COUNT, STEP_CLEAR_CACHE, STEP_DUPLICATE, STEP_NOT_IN_STEP, STEP_NOT_ON_DEVICE, STEP_OK,
+    STEP_REBASE, StepOutputs,
+)
+from dspark_core.errors import StateError
+from dspark_core.reference import ReferenceStager
+
+SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4}
+
+
+def config(n: int, b: int, w: int, storage: str = "f32", rows: str = "external") -> StagerConfig:
+    return StagerConfig(feature_dim=32, block_size=b, window=w, max_seqs=n, storage=storage, rows=rows)
+
+
+def host_step(st, q: int, a: int, stage: str | None) -> tuple[object, np.ndarray]:
+    """One step of ``q`` in per-sequence calls: confirm, accept, draft, commit or fail, reserve."""
+    b = st.config.block_size
+    if st.state(q)["reservation_open"]:
+        st.confirm(q)
+    st.accept(q, a)
+    plan = st.draft(q, st.state(q)["end"])
+    if plan.skip is None:
+        if stage is None:
+            st.commit(q)
+        else:
+            st.fail(q, stage)
+    end = st.state(q)["end"]
+    n_verify = b + 1 if plan.skip is None else 1
+    verify = np.full(b + 1, -1, np.int64)
+    verify[:n_verify] = st.reserve(q, np.arange(end, end + n_verify))
+    return plan, verify
+
+
+def expect_entry(out: StepOutputs, k: int, plan, verify: np.ndarray) -> None:
+    """Entry k of a step equals the per-sequence calls' plan and verify slots."""
+    assert out.status[k] == STEP_OK
+    assert out.skip[k] == SKIP_CODES[plan.skip]
+    assert out.flags[k] == (STEP_REBASE if plan.rebase else 0) | (STEP_CLEAR_CACHE if plan.clear_cache else 0)
+    assert out.start[k] == plan.start
+    n = len(plan.slots) if plan.skip is None else 0
+    assert out.n_rows[k] == n
+    if plan.skip is None:
+        assert out.pos_base[k] == plan.pos_base and out.crop_from[k] == plan.crop_from
+        np.testing.assert_array_equal(out.row_slots[k, :n], plan.slots)
+        np.testing.assert_array_equal(out.row_positions[k, :n], plan.positions)
+        np.testing.assert_array_equal(out.block_positions[k], plan.block_positions)
+    else:
+        assert out.pos_base[k] == -1 and out.crop_from[k] == -1
+        assert (out.block_positions[k] == -1).all()
+    assert (out.row_slots[k, n:] == -1).all() and (out.row_positions[k, n:] == -1).all()
+    np.testing.assert_array_equal(out.verify_slots[k], verify)
+
+
+def same_outputs(x: StepOutputs, y: StepOutputs) -> None:
+    for name in StepOutputs.__dataclass_fields__:
+        np.testing.assert_array_equal(getattr(x, name), getattr(y, name), err_msg=name)
+
+
+def same_seq(a, b, q: int) -> None:
+    assert a.state(q) == b.state(q)
+    sa, sb = a.stats(q), b.stats(q)
+    common = sa.keys() & sb.keys()  # the reference keeps the semantic counters only
+    assert {k: sa[k] for k in common} == {k: sb[k] for k in common}
+    np.testing.assert_array_equal(a.live_slots(q), b.live_slots(q))
+    s = a.state(q)
+    if not s["reservation_open"] and not s["open_round"]:
+        assert a.snapshot(q) == b.snapshot(q)
+
+
+def prompt(st, q: int, p0: int, n: int) -> None:
+    st.begin(q)
+    st.process(q, np.arange(p0, p0 + n))
+
+
+@pytest.mark.parametrize("n,b,w,storage,seed,steps", [
+    (1, 1, 3, "f32", 11, 400),
+    (5, 3, 11, "f16", 12, 250),
+    (16, 2, 9, "bf16", 13, 150),
+    (32, 4, 16, "q8_0", 14, 80),
+    (9, 2, 7, "q4_0", 15, 200),
+])
+def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage, seed, steps):
+    rng = np.random.default_rng(seed)
+    cfg = config(n, b, w, storage)
+    dev, orc, ref = Stager(cfg), Stager(cfg), ReferenceStager(cfg)
+    for q in range(n):
+        p0, ln = int(rng.integers(0, 60)), int(rng.integers(1, 3 * w))
+        for st in (dev, orc, ref):
+            prompt(st, q, p0, ln)
+    on_dev = np.zeros(n, bool)
+    rebases = 0
+    for _ in range(steps):
+        go = [q for q in range(n) if not on_dev[q] and not orc.state(q)["disabled"] and rng.random() < 0.2]
+        back = [q for q in range(n) if on_dev[q] and rng.random() < 0.05]
+        if back:
+            dev.to_host(back)
+            ref.to_host(back)
+            on_dev[back] = False
+            for q in back:
+                same_seq(dev, orc, q)
+                same_seq(ref, orc, q)
+                if dev.state(q)["reservation_open"] and rng.random() < 0.3:
+                    for st in (dev, orc, ref):
+                        st.cancel(q)
+                    same_seq(dev, orc, q)
+        if go:
+            dev.to_device(go)
+            ref.to_device(go)
+            on_dev[go] = True
+        seqs = [int(q) for q in rng.permutation(np.flatnonzero(on_dev))]
+        counts = [int(rng.integers(-1, b + 1)) if rng.random() < 0.15 else int(rng.integers(0, b + 1))
+                  for _ in seqs]
+        if seqs and rng.random() < 0.1:
+            seqs.append(seqs[0])  # a repeat: DUPLICATE
+            counts.append(0)
+        if rng.random() < 0.05:
+            seqs.append(n + 2)  # unknown: NOT_ON_DEVICE
+            counts.append(0)
+        x = dev.step_many(seqs, counts)
+        y = ref.step_many(seqs, counts)
+        same_outputs(x, y)
+        failed = []
+        for k, (q, a) in enumerate(zip(seqs, counts)):
+            if k > 0 and q in seqs[:k]:
+                assert x.status[k] == STEP_DUPLICATE
+            elif q >= n:
+                assert x.status[k] == STEP_NOT_ON_DEVICE
+            elif a == -1:
+                assert x.status[k] == STEP_NOT_IN_STEP and x.skip[k] == NOT_STEPPED
+            else:
+                stage = ("decode", "crop")[int(rng.integers(0, 2))] if rng.random() < 0.05 else None
+                plan, verify = host_step(orc, q, a, stage)
+                expect_entry(x, k, plan, verify)
+                rebases += plan.rebase
+                if stage is not None and plan.skip is None:
+                    failed.append((q, stage))
+        if failed:  # the drafter failed on these rounds: back with their outcome
+            qs, stages = [q for q, _ in failed], [s for _, s in failed]
+            np.testing.assert_array_equal(dev.to_host(qs, stages), ref.to_host(qs, stages))
+            on_dev[qs] = False
+            for q in qs:
+                same_seq(dev, orc, q)
+                same_seq(ref, orc, q)
+        for q in range(n):  # host sequences step by per-sequence calls on all three
+            if on_dev[q] or orc.state(q)["disabled"]:
+                continue
+            a = int(rng.integers(0, b + 1))
+            for st in (dev, orc, ref):
+                host_step(st, q, a, None)
+    assert rebases > 0
+    held = list(np.flatnonzero(on_dev))
+    dev.to_host(held)
+    ref.to_host(held)
+    for q in range(n):
+        same_seq(dev, orc, q)
+        same_seq(ref, orc, q)
+
+
+#: Host-only calls on sequence 0 (sequence 1 idle).
+HOST_CALLS = (
+    lambda s: s.accept(0, 0), lambda s: s.draft(0, 5), lambda s: s.process(0, [5]), lambda s: s.reserve(0, [5]),
+    lambda s: s.begin(0), lambda s: s.end(0), lambda s: s.rollback(0, 1), lambda s: s.fork(0, 1),
+    lambda s: s.fork(1, 0), lambda s: s.shift(0, 1, 1), lambda s: s.snapshot(0), lambda s: s.state(0),
+    lambda s: s.stats(0), lambda s: s.live_slots(0), lambda s: s.accept_many([0], [0]),
+)
+
+
+def test_host_calls_refuse_a_handed_over_sequence():
+    st, ref = Stager(config(2, 2, 9)), ReferenceStager(config(2, 2, 9))
+    for s in (st, ref):
+        prompt(s, 0, 0, 5)
+        s.to_device([0])
+        assert s.on_device(0)
+        for call in HOST_CALLS:
+            with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
+                call(s)
+        s.to_host([0])
+        assert not s.on_device(0)
+        assert s.state(0)["end"] == 5
+
+
+def test_faults_and_statuses_raise_the_cores_errors():
+    for st in (Stager(config(2, 3, 12)), ReferenceStager(config(2, 3, 12))):
+        for q in (0, 1):
+            prompt(st, q, 0, 8)
+        st.to_device([0, 1])
+        out = st.step_many([0, 1], [0, 4])  # 4 > B
+        assert out.status.tolist() == [STEP_OK, STEP_BAD_COUNT]
+        with pytest.raises(ValueError, match=r"step_many: seqs\[1\] \(sequence 1\): n_accepted must be in \[0, 3\]"):
+            st.check_step([0, 1], out.status)
+        again = st.step_many([1], [1])
+        assert again.status.tolist() == [STEP_BAD_COUNT]  # sticky
+        with pytest.raises(ValueError, match=r"sequence 1 is back on the host.*got 4"):
+            st.to_host([0, 1])
+        assert not st.on_device(1)
+        assert st.state(1)["end"] == 8  # the faulted step changed nothing
+        st.check_step([0], [STEP_OK])
+
+
+def test_rejected_calls_change_nothing():
+    st = Stager(config(3, 2, 9))
+    prompt(st, 0, 0, 6)
+    prompt(st, 1, 0, 4)  # sequence 2 never started
+    before = (st.state(0), st.stats(0), st.snapshot(0))
+    with pytest.raises(StateError, match="holds no rows"):
+        st.to_device([0, 2])
+    with pytest.raises(ValueError, match="appears twice"):
+        st.to_device([0, 1, 0])
+    assert not st.on_device(0) and not st.on_device(1)
+    st.to_device([0, 1])
+    with pytest.raises(StateError, match="not on the device"):
+        st.to_host([0, 2])
+    with pytest.raises(StateError, match="no open round to fail"):
+        st.to_host([0, 1], ["decode", None])
+    with pytest.raises(ValueError, match="outcome must be one of"):
+        st.to_host([0, 1], ["oops", None])
+    assert st.on_device(0) and st.on_device(1)
+    # Wrong output arrays are refused before the core writes anything.
+    bad = StepOutputs.empty(2, 7, 2)
+    bad.verify_slots = np.zeros((2, 2), np.int64)
+    with pytest.raises(ValueError, match="verify_slots"):
+        st.step_many([0, 1], [0, 0], out=bad)
+    strided = StepOutputs.empty(2, 7, 2)
+    strided.status = np.zeros(4, np.int32)[::2]
+    with pytest.raises(ValueError, match="C-contiguous"):
+        st.step_many([0, 1], [0, 0], out=strided)
+    with pytest.raises(TypeError):
+        st.step_many([0, 1], [0, 0], out=object())
+    st.to_host([0, 1])
+    assert (st.state(0), st.stats(0), st.snapshot(0)) == before
+    held = Stager(config(1, 2, 9, rows="held"))
+    with pytest.raises(ValueError, match="external-row mode"):
+        held.to_device([0])
+    with pytest.raises(ValueError, match="external-row mode"):
+        held.step_many([0], [0])
+
+
+def test_outputs_are_reused_in_place():
+    st = Stager(config(2, 2, 9))
+    for q in (0, 1):
+        prompt(st, q, 0, 5)
+    st.to_device([0, 1])
+    out = StepOutputs.empty(2, *st.step_layout[1:], 2)
+    ids = [id(getattr(out, f)) for f in StepOutputs.__dataclass_fields__]
+    for _ in range(5):
+        assert st.step_many([0, 1], [1, 1], out=out) is out
+    assert ids == [id(getattr(out, f)) for f in StepOutputs.__dataclass_fields__]
+    assert (out.status == STEP_OK).all()
+    st.to_host([0, 1])
+
+
+def test_compact_outputs_equal_the_padded_ones():
+    """``padded=False`` writes everything but the padded rows, the same values."""
+    a, b, ref = Stager(config(3, 2, 9)), Stager(config(3, 2, 9)), ReferenceStager(config(3, 2, 9))
+    for st in (a, b, ref):
+        for q in range(3):
+            prompt(st, q, 2 * q, 5 + q)
+        st.to_device([2, 0, 1])
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        counts = rng.integers(0, 3, 3).tolist()
+        full = a.step_many([2, 0, 1], counts)
+        compact = b.step_many([2, 0, 1], counts, out=StepOutputs.empty(3, 7, 2, padded=False))
+        mirror = ref.step_many([2, 0, 1], counts, out=StepOutputs.empty(3, 7, 2, padded=False))
+        assert compact.row_slots is None and compact.row_positions is None
+        for name in StepOutputs.__dataclass_fields__:
+            if getattr(compact, name) is not None:
+                np.testing.assert_array_equal(getattr(full, name), getattr(compact, name), err_msg=name)
+                np.testing.assert_array_equal(getattr(mirror, name), getattr(compact, name), err_msg=name)
+
+
+@pytest.mark.parametrize("storage", ["f32", "bf16", "q8_0", "q4_0"])
+def test_gathered_rows_equal_a_held_stagers_plans(storage):
+    """The step's gather slots over a HostRing read exactly the rows a held Stager, driven by
+    per-sequence calls (process, accept, draft, commit), stages: window crossings and rebases
+    included, sequences handed over and back."""
+    from dspark_core import HostRing
+
+    n, b, w, d = 4, 3, 14, 32
+    held = Stager(StagerConfig(feature_dim=d, block_size=b, window=w, max_seqs=n, storage=storage))
+    ext = Stager(StagerConfig(feature_dim=d, block_size=b, window=w, max_seqs=n, storage=storage, rows="external"))
+    ring = HostRing(ext)
+    rng = np.random.default_rng(7)
+    for q in range(n):
+        x = rng.standard_normal((5 + 3 * q, d)).astype(np.float32)
+        held.process(q, np.arange(len(x)), x)
+        ring.write(q, np.arange(len(x)), ring.upload(x))
+    on = np.zeros(n, bool)
+    counts = np.zeros(n, np.int64)
+    rebases = 0
+    for _ in range(120):
+        go = [q for q in range(n) if not on[q] and rng.random() < 0.3]
+        back = [q for q in range(n) if on[q] and rng.random() < 0.05]
+        if back:
+            ext.to_host(back)
+            on[back] = False
+            for q in back:  # on the host: its verify rows confirmed, its accept applied
+                ext.confirm(q)
+                ext.accept(q, int(counts[q]))
+        if go:
+            ext.to_device(go)
+            on[go] = True
+        seqs = [q for q in range(n) if on[q]]
+        out = ext.step_many(seqs, [int(counts[q]) for q in seqs]) if seqs else None
+        for q in range(n):
+            a = int(counts[q])
+            held.accept(q, a)
+            plan = held.draft(q, held.state(q)["end"])
+            if plan.skip is None:
+                held.commit(q)
+                rebases += plan.rebase
+            if on[q]:
+                assert out is not None
+                k = seqs.index(q)
+                m = int(out.n_rows[k])
+                got = ring.gather_slots(out.row_slots[k, :m])
+                want = plan.rows if plan.skip is None else np.zeros((0, d), np.float32)
+                np.testing.assert_array_equal(got, want)
+                verify = out.verify_slots[k]
+            else:  # host sequences: the same per-sequence calls on the external Stager
+                if ext.state(q)["reservation_open"]:
+                    ext.confirm(q)
+                ext.accept(q, a)
+                xp = ext.draft(q, ext.state(q)["end"])
+                assert xp.skip == plan.skip
+                if xp.skip is None:
+                    np.testing.assert_array_equal(ring.gather(xp), plan.rows)  # while the round is open
+                    ext.commit(q)
+                end = ext.state(q)["end"]
+                nv = b + 1 if xp.skip is None else 1
+                verify = np.full(b + 1, -1, np.int64)
+                verify[:nv] = ext.reserve(q, np.arange(end, end + nv))
+            nv = b + 1 if plan.skip is None else 1
+            rows = rng.standard_normal((nv, d)).astype(np.float32)  # the verify forward's rows
+            end = held.state(q)["end"]
+            held.process(q, np.arange(end, end + nv), rows)
+            ring.write_slots(verify[:nv], ring.upload(rows))
+            counts[q] = int(rng.integers(0, b + 1)) if nv > 1 else 0
+    assert rebases > 0
+    ext.to_host([q for q in range(n) if on[q]])

@@ -1,0 +1,40 @@
+"""``dspark-core simulate --rows external --device-step``: the loop driven by the device step
+(``Stager.step_many``) is lossless and makes exactly the host path's rounds, acceptance,
+rebases, failures and buffered rows, without a host synchronisation per step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dspark_core.cli import main
+from dspark_core.cli.simulate import simulate
+
+SMALL = dict(context=500, generate=240, window=48, block=4, feature_dim=64, rows="external", ring="host")
+SAME = ("lossless", "acceptance", "drafter_rounds", "failures", "skips", "rebases", "restaged_rows", "peak_rows",
+        "generated_tokens", "max_drafter_pos")
+
+
+@pytest.mark.parametrize("stager,seqs,fail_every", [("core", 1, 0), ("core", 3, 6), ("reference", 2, 5)])
+def test_device_step_loop_equals_the_host_path(stager, seqs, fail_every):
+    host = simulate(**SMALL, stager=stager, seqs=seqs, fail_every=fail_every)
+    dev = simulate(**SMALL, stager=stager, seqs=seqs, fail_every=fail_every, device_step=True)
+    assert dev["lossless"] and host["lossless"]
+    for mode, h in host["modes"].items():
+        d = dev["modes"][mode]
+        assert {k: d[k] for k in SAME} == {k: h[k] for k in SAME}, mode
+        assert h["host_syncs_per_step"] == 1.0
+        # Hand-backs only for drafter failures (none without them).
+        assert d["host_syncs_per_step"] <= (1.0 if fail_every else 0.0)
+        if not fail_every:
+            assert d["host_syncs_per_step"] == 0.0
+
+
+def test_cli_flag_and_json(capsys):
+    assert main(["simulate", "--rows", "external", "--ring", "host", "--device-step", "--context", "300",
+                 "--generate", "100", "--window", "40", "--block", "4", "--json", "-q"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["device_step"] is True and out["lossless"]
+    assert all(m["host_syncs_per_step"] == 0.0 for m in out["modes"].values())
+    assert main(["simulate", "--device-step", "--context", "100", "--generate", "10", "-q"]) == 2  # held rows
