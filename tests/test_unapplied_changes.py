@@ -154,3 +154,16 @@ def test_status_form_reports_a_slot_outside_the_table(nonfinite):
     # Without status= the same batch raises, naming the row.
     with pytest.raises(ValueError, match=r"slot .* \(row 1\) is outside the table"):
         ring.gather_slots(slots)
+
+
+def test_changes_of_checks_ids_alone_as_the_reference_does():
+    """An unknown id is the same ValueError from the core and the twin; any known sequence answers
+    (a handed-over one too: the device step's gathers ask)."""
+    messages = []
+    for impl in sorted(IMPLS):
+        st = IMPLS[impl][0](StagerConfig(D, B, W, max_seqs=3, rows="external"))
+        assert st.changes_of([0, 1, 2]) == 0
+        with pytest.raises(ValueError) as exc:
+            st.changes_of([1, 7])
+        messages.append(str(exc.value))
+    assert messages[0] == messages[1] and messages[0].startswith("changes_of: seqs[1] (sequence 7)")

@@ -706,7 +706,10 @@ class ReferenceStager(DeviceStepMixin):
         """The serial of the newest table change that copies rows into or out of the slots of any of
         ``seqs`` (0: none yet)."""
         ids = arg.seq_ids("changes_of", seqs)
-        self._check_batch("changes_of", ids, ANY)
+        for k, s in enumerate(ids.tolist()):  # the ids alone: a question any sequence answers, on the device too
+            if not 0 <= s < len(self._seqs):
+                with arg.in_batch("changes_of", k, s):
+                    raise arg.unknown_sequence(s, len(self._seqs))
         return max((self._changed[s] for s in ids.tolist()), default=0)
 
     def open_round_ids(self, seqs: Any) -> np.ndarray:
