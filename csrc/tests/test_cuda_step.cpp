@@ -37,7 +37,9 @@ struct DevArray {
     ~DevArray() { cuda_release(p); }
     DevArray(const DevArray&) = delete;
     DevArray& operator=(const DevArray&) = delete;
-    void set(const std::vector<T>& v) { std::memcpy(p, v.data(), v.size() * sizeof(T)); }
+    void set(const std::vector<T>& v) {
+        if (!v.empty()) std::memcpy(p, v.data(), v.size() * sizeof(T));  // (an empty vector's data() may be null)
+    }
     std::vector<T> get() const { return std::vector<T>(p, p + n); }
 };
 
