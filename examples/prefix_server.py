@@ -45,7 +45,8 @@ anything fails:
 * every first round stages exactly what a full prefill of the same tokens
   stages: a second, held Stager prefills each such request's whole prompt and
   drafts, and the plans (skip, rebase, clear_cache, pos_base, positions, block
-  positions, crop_from) and the staged rows' bytes must be equal;
+  positions, crop_from) and the staged rows' bytes must be equal (that
+  Stager's calls are the check's, not the server's: they are not counted);
 * every request's output equals the fake target's plain greedy decoding
   (lossless), and every staged row is the target's row at its position
   (exactly, in f32 storage);
@@ -374,7 +375,10 @@ class PrefixServer:
             h, keys, blocks, partial = bm.match(req.prompt)
             need = -(-(len(req.prompt) + req.generate + BLOCK + 1) // BLOCK_TOKENS)
             free_hits = sum(1 for b in blocks if bm.ref[b] == 0)
-            if bm.n_free() - free_hits - self.promised < need - len(blocks):
+            # A replay drops the blocks past replay_from >= h - K, which other requests may still share:
+            # room for their replacements too, so that the pool never promises more than it has.
+            droppable = min(len(blocks), -(-self.cfg.w_keep // BLOCK_TOKENS))
+            if bm.n_free() - free_hits - self.promised < need - len(blocks) + droppable:
                 if not self.seqs:
                     raise PoolTooSmall(f"request {req.rid} needs {need} KV blocks, more than the pool's "
                                        f"{len(bm.ref)} (--kv-blocks)")
@@ -713,8 +717,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * c.accepted / max(1, c.drafted):.1f}%, {c.failures} drafter failures recovered")
     print(f"hits: {c.hits} of {c.finished} requests ({c.full_hits} found every row in the store), "
           f"{c.cached_tokens} cached tokens; not prefilled again thanks to the cache: {c.not_prefilled} of "
-          f"{c.prompt_tokens} prompt tokens ({100 * c.not_prefilled / max(1, c.prompt_tokens):.1f}%), "
-          f"{c.replayed} replayed (rows the store lacked)")
+          f"{c.prompt_tokens} prompt tokens ({100 * c.not_prefilled / max(1, c.prompt_tokens):.1f}%; "
+          f"{c.prefilled} prefilled), {c.replayed} replayed (rows the store lacked)")
     print(f"KV pool: {bm.evictions} cached blocks evicted (store.evict); store: {c.published_blocks} blocks "
           f"published, {s['blocks']} held in {s['bytes']} bytes, {s['evicted_lru']} evicted by its budget")
     print(f"first rounds equal to a full prefill's (plan and staged row bytes): {c.first_equal} of "
@@ -727,6 +731,7 @@ def main(argv: list[str] | None = None) -> int:
 
     srv.check(c.finished == a.requests, f"{c.finished} of {a.requests} requests finished")
     srv.check(c.first_checked == c.finished, "a request's first round was not checked")
+    srv.check(c.prefilled + c.not_prefilled == c.prompt_tokens, "prompt tokens neither cached nor prefilled")
     srv.check(srv.drafter.max_position < WINDOW, "a drafter position reached W")
     srv.check(a.storage != "f32" or c.max_rel_err == 0, "f32 rows were not staged exactly")
     freed = all(srv.st.stats(q)["reserved_bytes"] == 0 for q in range(a.slots))
