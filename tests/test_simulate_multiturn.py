@@ -119,7 +119,7 @@ def test_external_rows_give_held_rows_figures(seqs):
     assert store["store_full_hits"] == store["store_hits"] == store["hit_requests"] > 0
 
 
-def test_batches_hit_and_publish_once_per_batch(monkeypatch):
+def test_batches_hit_and_publish_with_one_call_each(monkeypatch):
     from dspark_core.host_prefix_table import HostPrefixTable
 
     calls = {"hit_many": 0, "publish_many": 0}
@@ -134,7 +134,9 @@ def test_batches_hit_and_publish_once_per_batch(monkeypatch):
     cfg = MultiTurnConfig(**{**BATCHED.__dict__, "rows": "external"})
     r = run_multiturn(cfg, variants=("off", "store"))
     batches = cfg.turns * -(-cfg.conversations // cfg.seqs)
-    assert calls == {"hit_many": batches, "publish_many": batches}
+    # One hit_many per batch; one publish_many for the prompts' last blocks (when they complete one)
+    # and one for the replies' blocks.
+    assert calls["hit_many"] == batches and batches < calls["publish_many"] <= 2 * batches
     store, off = r["variants"]["store"], r["variants"]["off"]
     assert store["lossless"] and store["acceptance"] == off["acceptance"]
     # A batch's requests run together: the second conversation's first turn cannot hit the first's blocks.

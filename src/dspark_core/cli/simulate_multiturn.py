@@ -12,7 +12,8 @@ output equals the target's greedy decoding.
 Shares ``--block``, ``--window``, ``--storage``, ``--feature-dim``, ``--seed``,
 ``--stager``, ``--json`` and ``--quiet`` with the long-context workload, and
 ``--seqs N`` (the requests of a turn run N at a time: one ``hit_many`` per
-batch, ``draft_many`` each round, one ``publish_many`` for the replies' blocks)
+batch, one ``publish_many`` for the prompts' blocks and one for the replies',
+``draft_many`` each round)
 and ``--rows external`` with ``--ring`` (a ``HostRing`` and a
 ``HostPrefixTable``, or a ``DeviceRing`` and a ``cuda.PrefixTable``); the
 options below are its own. The long workload's other options

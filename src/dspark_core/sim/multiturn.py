@@ -29,6 +29,7 @@ checked against the target's own greedy decoding (lossless).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -166,13 +167,18 @@ class RequestLoop(SpeculativeLoop):
 
     ``request`` is the :class:`Request` of sequence 0, or of every sequence;
     ``requests`` (a dict by sequence, when set) gives each sequence its own.
-    The loop records each sequence's first drafter round's context rows
+    With ``batch_publish`` set, a request's ``publish`` is called for the
+    chunks before its last, and ``batch_publish()`` once every sequence is
+    prefilled. The loop records each sequence's first drafter round's context rows
     (``first_rows``) and the accepted counts of its rounds (``accepted``);
     ``restart()`` clears them before a new batch of requests.
     """
 
     request: Request = Request()
     requests: dict[int, Request] | None = None
+    #: Called once the last sequence of ``requests`` is prefilled (a batch's one ``publish_many`` of
+    #: its prompts' last blocks); until then each request publishes only the blocks of earlier chunks.
+    batch_publish: Callable[[], Any] | None = None
 
     def restart(self) -> None:
         self.first_rows: dict[int, int] = {}
@@ -206,13 +212,18 @@ class RequestLoop(SpeculativeLoop):
             out = self._tg(s, prompt[lo:lo + self.prefill_chunk])
             r.prefilled += len(out.rows)
             self._process(s, lo, out.rows)
-            if r.publish is not None:  # the server hands over the blocks this chunk completed
-                r.publish(lo + len(out.rows))
+            end = lo + len(out.rows)
+            # The server hands over the blocks this chunk completed; with batch_publish, those of the
+            # last chunk wait for the batch's one publish (the sequence's rows stay put till then).
+            if r.publish is not None and (end < len(prompt) or self.batch_publish is None):
+                r.publish(end)
             self._track_rows(s)
             last = int(out.next_tokens[-1])
         s.n_past = len(prompt)
         s.last = last
         s.out = [last]
+        if self.batch_publish is not None and self.requests is not None and s.seq == max(self.requests):
+            self.batch_publish()  # every sequence of the batch is prefilled: one publish for them all
 
 
 class Publisher:
@@ -249,15 +260,15 @@ class Publisher:
 
 
 def publish_batch(store: Any, stager: Any, pubs: list[Publisher], ends: list[int], table: Any = None,
-                  ring: Any = None) -> int:
+                  ring: Any = None, partial: bool = True) -> int:
     """One ``publish_many`` (``table.publish_many(ring, ...)``) for several requests' blocks up to
-    ``ends`` and their partial last blocks. A block already in an earlier entry of the batch is left
+    ``ends`` (``partial``: and their partial last blocks). A block already in an earlier entry of the batch is left
     out (a key new to the store may appear in one entry only): at the front of an entry it is skipped,
     further on the entry stops there. Returns the number of entries."""
     seqs, keys, starts, stops = [], [], [], []
     claimed: set[bytes] = set()
     for pub, end in zip(pubs, ends):
-        e = pub.entry(end, partial=True)
+        e = pub.entry(end, partial)
         if e is None:
             continue
         chain, lo, hi = e
@@ -348,9 +359,11 @@ def run_multiturn(
     C++ core by default; the reference twin pairs with the reference store).
 
     ``cfg.seqs > 1``: the requests of a turn run ``seqs`` at a time, as one
-    batch: one ``hit_many`` for the batch's hits, the loop's ``draft_many``
-    each round, and one ``publish_many`` for the replies' blocks at the end
-    (prefill chunks still publish their blocks as they complete).
+    batch: one ``hit_many`` for the batch's hits, one ``publish_many`` for
+    the prompts' blocks once all are prefilled (a prompt longer than a chunk
+    publishes its earlier chunks' blocks as they complete, before later rows
+    push them out), the loop's ``draft_many`` each round, and one
+    ``publish_many`` for the replies' blocks at the end.
     ``cfg.rows == "external"``: the Stagers hold no rows; ``make_ring(stager)``
     (default: a :class:`~dspark_core.HostRing`) keeps them, and the store's rows
     are in a :class:`~dspark_core.HostPrefixTable` (a ``cuda.PrefixTable``
@@ -458,6 +471,10 @@ def run_multiturn(
                     reqs[q].publish = pub
                     pubs.append(pub)
             loop.requests = reqs
+            loop.batch_publish = None
+            if pubs:  # the prompts' blocks of every request's last prefill chunk: one call
+                loop.batch_publish = functools.partial(publish_batch, store, st, pubs, [len(p) for p in prompts],
+                                                       table=table, ring=ring, partial=False)
             loop.restart()
             res = loop.run(prompts, cfg.generate).sequences
             ends = []
