@@ -91,3 +91,68 @@ def test_minimal_server_without_drafter_failures() -> None:
     out, f = run_example("--fail-every", "0", "--generate", "120")
     assert "lossless: yes" in out
     assert f["failures"] == 0
+
+
+# examples/prefix_server.py: a batched server with a vLLM-style block manager and the prefix store.
+PREFIX_SERVER = EXAMPLE.parent / "prefix_server.py"
+#: The calls of one step: evict, hit_many, draft_many, gather (external rows), commit_many, fail_many,
+#: process_many / write_many, accept_many, publish_many, end_many.
+CALL_KINDS = 10
+
+
+def run_prefix_server(*args: str) -> tuple[str, dict[str, float]]:
+    proc = subprocess.run([sys.executable, str(PREFIX_SERVER), *args], check=False, capture_output=True, text=True,
+                          timeout=120)
+    out = proc.stdout
+    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out}\nstderr:\n{proc.stderr}"
+    assert out.splitlines()[-1] == "lossless: yes", out
+
+    def num(pattern: str) -> float:
+        m = re.search(pattern, out)
+        assert m, f"{pattern!r} not in the output:\n{out}"
+        return float(m.group(1))
+
+    figures = {
+        "steps": num(r"steps: (\d+)"),
+        "batch": num(r"up to (\d+) sequences per step"),
+        "failures": num(r"(\d+) drafter failures recovered"),
+        "hits": num(r"hits: (\d+) of"),
+        "finished": num(r"hits: \d+ of (\d+) requests"),
+        "full_hits": num(r"\((\d+) found every row in the store\)"),
+        "not_prefilled": num(r"thanks to the cache: (\d+) of"),
+        "replayed": num(r"(\d+) replayed"),
+        "kv_evicted": num(r"KV pool: (\d+) cached blocks evicted"),
+        "first_equal": num(r"full prefill's \(plan and staged row bytes\): (\d+) of"),
+        "first_checked": num(r"staged row bytes\): \d+ of (\d+)"),
+        "first_after_hit": num(r"\((\d+) after a hit\)"),
+        "lossless": num(r"greedy decoding: (\d+) of"),
+        "rel_err": num(r"max relative error ([\d.e+-]+)"),
+        "max_pos": num(r"largest drafter position (-?\d+)"),
+        "calls_max": num(r"calls per step: mean [\d.]+, max (\d+)"),
+    }
+    return out, figures
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_prefix_server_hits_restage_a_full_prefill_and_stay_lossless(rows: str) -> None:
+    # A KV pool and a store small enough to evict: hits that found every row and hits that replay.
+    out, f = run_prefix_server("--rows", rows, "--storage", "f32", "--slots", "8", "--requests", "32",
+                               "--kv-blocks", "200", "--store-kib", "256")
+    assert f"rows={rows}" in out
+    assert f["finished"] == f["lossless"] == 32
+    assert f["first_equal"] == f["first_checked"] == 32
+    assert f["first_after_hit"] == f["hits"] >= 28  # only the first conversations' first turns miss
+    assert 0 < f["full_hits"] < f["hits"] and f["replayed"] > 0 and f["kv_evicted"] > 0
+    assert f["not_prefilled"] > 0 and f["failures"] > 0 and f["batch"] == 8
+    assert f["rel_err"] == 0.0  # f32 rows staged exactly, through the store too
+    assert f["max_pos"] < 64
+    assert f["calls_max"] <= CALL_KINDS
+
+
+@pytest.mark.parametrize(("rows", "storage"), [("held", "bf16"), ("external", "q4_0")])
+def test_prefix_server_calls_per_step_do_not_grow_with_the_batch(rows: str, storage: str) -> None:
+    small = run_prefix_server("--rows", rows, "--storage", storage, "--slots", "2", "--requests", "8")[1]
+    large = run_prefix_server("--rows", rows, "--storage", storage, "--slots", "24", "--requests", "96")[1]
+    assert small["batch"] == 2 and large["batch"] == 24
+    assert small["calls_max"] <= CALL_KINDS and large["calls_max"] <= CALL_KINDS
+    assert large["first_equal"] == large["first_checked"] == 96

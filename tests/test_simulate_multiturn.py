@@ -95,3 +95,81 @@ def test_cli_table_and_json(capsys):
 def test_cli_rejects_a_lookahead_beyond_K(capsys):
     rc, _, err = _run([*ARGS, "--lookahead", "64"], capsys)
     assert rc == 2 and "lookahead" in err
+
+
+# --seqs (batches of a turn's requests: hit_many, draft_many, publish_many) and --rows external (HostRing +
+# HostPrefixTable): the same claims, and the same figures as held rows.
+BATCHED = MultiTurnConfig(**{**SMALL.__dict__, "conversations": 3, "seqs": 2})
+
+
+def _figures(r):
+    keys = ("prefilled_total", "replayed_tokens", "first_round_context_rows", "acceptance", "acceptance_after_hit",
+            "lossless")
+    return {v: {k: x[k] for k in keys} for v, x in r["variants"].items()}
+
+
+@pytest.mark.parametrize("seqs", [1, 2])
+def test_external_rows_give_held_rows_figures(seqs):
+    cfg = MultiTurnConfig(**{**BATCHED.__dict__, "seqs": seqs})
+    held = run_multiturn(cfg)
+    external = run_multiturn(MultiTurnConfig(**{**cfg.__dict__, "rows": "external"}))
+    assert held["lossless"] and external["lossless"]
+    assert _figures(external) == _figures(held)
+    store = external["variants"]["store"]
+    assert store["store_full_hits"] == store["store_hits"] == store["hit_requests"] > 0
+
+
+def test_batches_hit_and_publish_with_one_call_each(monkeypatch):
+    from dspark_core.host_prefix_table import HostPrefixTable
+
+    calls = {"hit_many": 0, "publish_many": 0}
+    for name in calls:
+        orig = getattr(HostPrefixTable, name)
+
+        def counted(self, *a, _orig=orig, _name=name):
+            calls[_name] += 1
+            return _orig(self, *a)
+
+        monkeypatch.setattr(HostPrefixTable, name, counted)
+    cfg = MultiTurnConfig(**{**BATCHED.__dict__, "rows": "external"})
+    r = run_multiturn(cfg, variants=("off", "store"))
+    batches = cfg.turns * -(-cfg.conversations // cfg.seqs)
+    # One hit_many per batch; one publish_many for the prompts' last blocks (when they complete one)
+    # and one for the replies' blocks.
+    assert calls["hit_many"] == batches and batches < calls["publish_many"] <= 2 * batches
+    store, off = r["variants"]["store"], r["variants"]["off"]
+    assert store["lossless"] and store["acceptance"] == off["acceptance"]
+    # A batch's requests run together: the second conversation's first turn cannot hit the first's blocks.
+    assert store["hit_requests"] == cfg.conversations * cfg.turns - cfg.seqs
+
+
+def test_cli_batched_external_rows(capsys):
+    rc, out, _ = _run([*ARGS, "--conversations", "3", "--seqs", "2", "--rows", "external", "--ring", "host",
+                       "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["config"]["seqs"] == 2 and data["config"]["rows"] == "external" and data["config"]["ring"] == "host"
+    assert data["lossless"]
+    assert data["variants"]["store"]["acceptance"] == data["variants"]["off"]["acceptance"]
+    rc, out, _ = _run([*ARGS, "--seqs", "2", "--rows", "external", "--ring", "host"], capsys)
+    assert rc == 0 and "2 sequence(s) per batch" in out and "external rows (host ring)" in out
+
+
+@pytest.mark.parametrize("extra", [["--context", "100"], ["--generate", "10"], ["--fail-every", "3"], ["--check"],
+                                   ["--prefill-chunk", "64"], ["--deviation", "0.1"], ["--trained", "64"],
+                                   ["--absolute-tokens", "0"], ["--plot", "x.png"]])
+def test_cli_refuses_options_the_multiturn_workload_would_ignore(capsys, extra):
+    rc, _, err = _run([*ARGS, *extra], capsys)
+    assert rc == 2 and extra[0] in err and "not used by --workload multiturn" in err
+
+
+@pytest.mark.parametrize("extra", [["--conversations", "5"], ["--lookahead", "20"], ["--budget-mib", "1"],
+                                   ["--reply-tokens", "10"]])
+def test_cli_refuses_multiturn_options_with_the_long_workload(capsys, extra):
+    rc, _, err = _run(["--context", "300", "--generate", "20", "--quiet", *extra], capsys)
+    assert rc == 2 and extra[0] in err and "only used by --workload multiturn" in err
+
+
+def test_cli_rejects_zero_seqs(capsys):
+    rc, _, err = _run([*ARGS, "--seqs", "0"], capsys)
+    assert rc == 2 and "--seqs" in err

@@ -555,6 +555,12 @@ def run(args: argparse.Namespace) -> int:
         from .simulate_multiturn import run as run_multiturn
 
         return run_multiturn(args)
+    from .simulate_multiturn import refused_options
+
+    refused = refused_options(args)
+    if refused:
+        print(f"dspark-core simulate: {refused}", file=sys.stderr)
+        return 2
 
     if args.plot:
         try:

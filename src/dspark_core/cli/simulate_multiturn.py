@@ -10,9 +10,18 @@ after a hit and overall, store memory against its budget, and whether the
 output equals the target's greedy decoding.
 
 Shares ``--block``, ``--window``, ``--storage``, ``--feature-dim``, ``--seed``,
-``--stager``, ``--json`` and ``--quiet`` with the long-context workload; the
-options below are its own. Exit status: 0, 1 if a variant was not lossless,
-2 for a bad option.
+``--stager``, ``--json`` and ``--quiet`` with the long-context workload, and
+``--seqs N`` (the requests of a turn run N at a time: one ``hit_many`` per
+batch, one ``publish_many`` for the prompts' blocks and one for the replies',
+``draft_many`` each round)
+and ``--rows external`` with ``--ring`` (a ``HostRing`` and a
+``HostPrefixTable``, or a ``DeviceRing`` and a ``cuda.PrefixTable``); the
+options below are its own. The long workload's other options
+(``--context``, ``--generate``, ``--deviation``, ``--prefill-chunk``,
+``--trained``, ``--absolute-tokens``, ``--fail-every``, ``--check``,
+``--plot``) are refused rather than ignored, and this workload's options with
+the long one. Exit status: 0, 1 if a variant was not lossless, 2 for a bad
+option.
 """
 
 from __future__ import annotations
@@ -57,6 +66,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"rounds after a hit whose acceptance is reported separately (default {d.first_rounds})")
 
 
+def _long_only() -> list[tuple[str, str, Any]]:
+    """(option, dest, default) of the long workload's options that the multi-turn workload has no use for."""
+    from .simulate import DEFAULTS
+
+    return [("--context", "context", DEFAULTS["context"]), ("--generate", "generate", DEFAULTS["generate"]),
+            ("--deviation", "deviation", DEFAULTS["deviation"]),
+            ("--prefill-chunk", "prefill_chunk", DEFAULTS["prefill_chunk"]), ("--trained", "trained", None),
+            ("--absolute-tokens", "absolute_tokens", DEFAULTS["absolute_tokens"]), ("--fail-every", "fail_every", 0),
+            ("--check", "check", False), ("--plot", "plot", None), ("--only", "only", "both")]
+
+
+def _multiturn_only() -> list[tuple[str, str, Any]]:
+    """(option, dest, default) of the multi-turn workload's own options."""
+    d = _defaults()
+    return [("--conversations", "conversations", d.conversations), ("--turns", "turns", d.turns),
+            ("--system-tokens", "system_tokens", d.system_tokens), ("--user-tokens", "user_tokens", d.user_tokens),
+            ("--reply-tokens", "reply_tokens", d.generate), ("--block-tokens", "block_tokens", d.block_tokens),
+            ("--budget-mib", "budget_mib", d.budget_bytes / 2**20), ("--lookahead", "lookahead", d.lookahead),
+            ("--first-rounds", "first_rounds", d.first_rounds)]
+
+
+def _set(args: argparse.Namespace, options: list[tuple[str, str, Any]]) -> list[str]:
+    return [opt for opt, dest, default in options if getattr(args, dest, default) != default]
+
+
+def refused_options(args: argparse.Namespace) -> str | None:
+    """The error for options the chosen workload would ignore (None: there are none)."""
+    if getattr(args, "workload", "long") == "multiturn":
+        bad = _set(args, _long_only())
+        if bad:
+            return (f"{', '.join(bad)}: not used by --workload multiturn (its prompts and replies: --system-tokens, "
+                    "--user-tokens, --reply-tokens; see --help)")
+        return None
+    bad = _set(args, _multiturn_only())
+    if bad:
+        return f"{', '.join(bad)}: only used by --workload multiturn"
+    return None
+
+
 def _pct(v: float) -> str:
     return f"{100 * v:.1f}%"
 
@@ -78,7 +126,8 @@ def format_table(result: dict[str, Any]) -> str:
         f"({c['requests']} requests), {c['system_tokens']}-token system prompt, {c['user_tokens']}-token user "
         f"messages, {c['generate']}-token replies; B={c['block']}, W={c['window']} (K={c['w_keep']}), storage "
         f"{c['storage']} ({c['row_bytes']} B/row), prefix blocks of {c['block_tokens']} tokens, toy drafter reading "
-        f"{c['lookahead']} rows back; Stager: {result.get('stager', '?')}"
+        f"{c['lookahead']} rows back; {c.get('seqs', 1)} sequence(s) per batch; Stager: {result.get('stager', '?')}"
+        + (f", external rows ({c.get('ring', 'host')} ring)" if c.get("rows") == "external" else "")
     )
     first = c["first_rounds"]
 
@@ -121,23 +170,42 @@ def run(args: argparse.Namespace) -> int:
     """``simulate --workload multiturn``; returns the exit status."""
     from ..errors import ConfigError
     from ..sim.multiturn import MultiTurnConfig, run_multiturn
-    from .simulate import make_stager
+    from .simulate import make_stager, ring_owner
 
+    refused = refused_options(args)
+    if refused:
+        print(f"dspark-core simulate: {refused}", file=sys.stderr)
+        return 2
     try:
         cfg = MultiTurnConfig(
             conversations=args.conversations, turns=args.turns, system_tokens=args.system_tokens,
             user_tokens=args.user_tokens, generate=args.reply_tokens, block=args.block, window=args.window,
             storage=args.storage, feature_dim=args.feature_dim, lookahead=args.lookahead,
             block_tokens=args.block_tokens, budget_bytes=int(args.budget_mib * 2**20),
-            first_rounds=args.first_rounds, seed=args.seed,
+            first_rounds=args.first_rounds, seed=args.seed, seqs=args.seqs, rows=args.rows,
         )
-        if min(cfg.conversations, cfg.turns, cfg.user_tokens, cfg.generate, cfg.system_tokens) < 1:
-            raise ValueError("--conversations, --turns, --system-tokens, --user-tokens and --reply-tokens must be >= 1")
+        if min(cfg.conversations, cfg.turns, cfg.user_tokens, cfg.generate, cfg.system_tokens, cfg.seqs) < 1:
+            raise ValueError("--conversations, --turns, --system-tokens, --user-tokens, --reply-tokens and --seqs "
+                             "must be >= 1")
+        owner = ring_owner(args.ring) if cfg.rows == "external" else None
         from ..sim.blas_threads import single_blas_thread
 
+        def make_ring(st: Any) -> Any:
+            if owner == "device":
+                from ..cuda import DeviceRing
+
+                return DeviceRing(st)  # RuntimeError without a usable CUDA device
+            from ..host_ring import HostRing
+
+            return HostRing(st)
+
         with single_blas_thread():  # the toy's skinny products, as the long workload runs them
-            result = run_multiturn(cfg, make_stager=lambda c: make_stager(args.stager, c))
+            result = run_multiturn(cfg, make_stager=lambda c: make_stager(args.stager, c), make_ring=make_ring)
+        result["config"]["ring"] = owner
     except (ConfigError, ValueError) as exc:
+        print(f"dspark-core simulate: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # --ring device without a device, --stager core without the core
         print(f"dspark-core simulate: {exc}", file=sys.stderr)
         return 2
     except AssertionError as exc:  # a staging bug caught by the toy drafter

@@ -29,6 +29,7 @@ checked against the target's own greedy decoding (lossless).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -64,6 +65,8 @@ class MultiTurnConfig:
     prefill_chunk: int = 256
     first_rounds: int = 8
     seed: int = 0
+    seqs: int = 1
+    rows: str = "held"
 
 
 class PrefixCache:
@@ -160,13 +163,40 @@ class Request:
 
 
 class RequestLoop(SpeculativeLoop):
-    """The speculative loop, with a prefill that starts from a prefix-cache hit (``request``)."""
+    """The speculative loop, with a prefill that starts from a prefix-cache hit.
+
+    ``request`` is the :class:`Request` of sequence 0, or of every sequence;
+    ``requests`` (a dict by sequence, when set) gives each sequence its own.
+    With ``batch_publish`` set, a request's ``publish`` is called for the
+    chunks before its last, and ``batch_publish()`` once every sequence is
+    prefilled. The loop records each sequence's first drafter round's context rows
+    (``first_rows``) and the accepted counts of its rounds (``accepted``);
+    ``restart()`` clears them before a new batch of requests.
+    """
 
     request: Request = Request()
+    requests: dict[int, Request] | None = None
+    #: Called once the last sequence of ``requests`` is prefilled (a batch's one ``publish_many`` of
+    #: its prompts' last blocks); until then each request publishes only the blocks of earlier chunks.
+    batch_publish: Callable[[], Any] | None = None
+
+    def restart(self) -> None:
+        self.first_rows: dict[int, int] = {}
+        self.accepted: dict[int, list[int]] = {}
+
+    def _drafter_round(self, s: Any, plan: Any) -> np.ndarray | None:
+        firsts = self.__dict__.setdefault("first_rows", {})
+        firsts.setdefault(s.seq, int(plan.n_rows))
+        return super()._drafter_round(s, plan)
+
+    def _verify(self, s: Any, draft: np.ndarray) -> int:
+        n = super()._verify(s, draft)
+        self.__dict__.setdefault("accepted", {}).setdefault(s.seq, []).append(int(n))
+        return n
 
     def _prefill(self, s: Any, tokens: Any) -> None:
         prompt = np.asarray(tokens, dtype=np.int64).reshape(-1)
-        r = self.request
+        r = self.requests[s.seq] if self.requests is not None else self.request
         if r.restore is not None:
             r.restore(s.target)
             if s.target.n_past != r.replay_from:
@@ -182,28 +212,88 @@ class RequestLoop(SpeculativeLoop):
             out = self._tg(s, prompt[lo:lo + self.prefill_chunk])
             r.prefilled += len(out.rows)
             self._process(s, lo, out.rows)
-            if r.publish is not None:  # the server hands over the blocks this chunk completed
-                r.publish(lo + len(out.rows))
+            end = lo + len(out.rows)
+            # The server hands over the blocks this chunk completed; with batch_publish, those of the
+            # last chunk wait for the batch's one publish (the sequence's rows stay put till then).
+            if r.publish is not None and (end < len(prompt) or self.batch_publish is None):
+                r.publish(end)
             self._track_rows(s)
             last = int(out.next_tokens[-1])
         s.n_past = len(prompt)
         s.last = last
         s.out = [last]
+        if self.batch_publish is not None and self.requests is not None and s.seq == max(self.requests):
+            self.batch_publish()  # every sequence of the batch is prefilled: one publish for them all
 
 
 class Publisher:
-    """Publishes a request's blocks into the store as they complete (``PrefixStore.publish``)."""
+    """Publishes a request's blocks into the store as they complete (``PrefixStore.publish``).
 
-    def __init__(self, store: Any, stager: Any, block_tokens: int, cached: int, keys: list[bytes]) -> None:
+    ``seq``: the request's sequence; ``table`` and ``ring`` (external rows): publish through
+    ``table.publish(ring, ...)``, which applies the copies.
+    """
+
+    def __init__(self, store: Any, stager: Any, block_tokens: int, cached: int, keys: list[bytes], seq: int = 0,
+                 table: Any = None, ring: Any = None) -> None:
         self.store, self.stager, self.bt, self.keys = store, stager, block_tokens, keys
+        self.seq, self.table, self.ring = seq, table, ring
         self.done = cached // block_tokens * block_tokens  # full blocks below it are cached already
+
+    def entry(self, end: int, partial: bool = False) -> tuple[list[bytes], int, int] | None:
+        """``(keys, start, end)`` of the blocks complete below ``end`` not published yet (``partial``: and
+        the one ending at ``end``), now counted as published; None when there are none."""
+        hi = end if partial else end // self.bt * self.bt
+        if hi <= self.done:
+            return None
+        lo, self.done = self.done, hi
+        return self.keys[lo // self.bt: -(-hi // self.bt)], lo, hi
 
     def __call__(self, end: int, partial: bool = False) -> None:
         """Publish the blocks complete below ``end`` (``partial``: and the one ending at ``end``)."""
-        hi = end if partial else end // self.bt * self.bt
-        if hi > self.done:
-            self.store.publish(self.stager, 0, self.keys[self.done // self.bt: -(-hi // self.bt)], self.done, hi)
-            self.done = hi
+        e = self.entry(end, partial)
+        if e is None:
+            return
+        if self.table is not None:
+            self.table.publish(self.ring, self.seq, *e)
+        else:
+            self.store.publish(self.stager, self.seq, *e)
+
+
+def publish_batch(store: Any, stager: Any, pubs: list[Publisher], ends: list[int], table: Any = None,
+                  ring: Any = None, partial: bool = True) -> int:
+    """One ``publish_many`` (``table.publish_many(ring, ...)``) for several requests' blocks up to
+    ``ends`` (``partial``: and their partial last blocks). A block already in an earlier entry of the batch is left
+    out (a key new to the store may appear in one entry only): at the front of an entry it is skipped,
+    further on the entry stops there. Returns the number of entries."""
+    seqs, keys, starts, stops = [], [], [], []
+    claimed: set[bytes] = set()
+    for pub, end in zip(pubs, ends):
+        e = pub.entry(end, partial)
+        if e is None:
+            continue
+        chain, lo, hi = e
+        bt = pub.bt
+        lead = 0
+        while lead < len(chain) and chain[lead] in claimed:
+            lead += 1
+        take = lead
+        while take < len(chain) and chain[take] not in claimed:
+            take += 1
+        if take == lead:
+            continue
+        start = lo + lead * bt
+        stop = hi if take == len(chain) else lo + take * bt
+        claimed.update(chain[lead:take])
+        seqs.append(pub.seq)
+        keys.append(chain[lead:take])
+        starts.append(start)
+        stops.append(stop)
+    if seqs:
+        if table is not None:
+            table.publish_many(ring, seqs, keys, starts, stops)
+        else:
+            store.publish_many(stager, seqs, keys, starts, stops)
+    return len(seqs)
 
 
 @dataclass
@@ -237,15 +327,48 @@ def _store_for(stager: Any, config: Any, block_tokens: int, budget_bytes: int) -
     return PrefixStore(config, block_tokens, budget_bytes)
 
 
+def _ring_for(stager: Any, make_ring: Callable[[Any], Any] | None) -> Any:
+    if make_ring is not None:
+        return make_ring(stager)
+    from ..host_ring import HostRing
+
+    return HostRing(stager)
+
+
+def _table_for(store: Any, ring: Any) -> Any:
+    """The store's table beside ``ring``: a ``cuda.PrefixTable`` for a ``DeviceRing``, else a ``HostPrefixTable``."""
+    from ..host_prefix_table import HostPrefixTable
+    from ..host_ring import HostRing
+
+    if isinstance(ring, HostRing):
+        return HostPrefixTable(store, ring)
+    from ..cuda import PrefixTable
+
+    return PrefixTable(store, ring)
+
+
 def run_multiturn(
     cfg: MultiTurnConfig,
     variants: tuple[str, ...] = VARIANTS,
     make_stager: Callable[[Any], tuple[Any, str]] = _core_stager,
+    make_ring: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Run the workload once per variant; returns the figures ``simulate --workload multiturn`` prints.
 
     ``make_stager(config) -> (stager, kind)`` builds each variant's Stager (the
     C++ core by default; the reference twin pairs with the reference store).
+
+    ``cfg.seqs > 1``: the requests of a turn run ``seqs`` at a time, as one
+    batch: one ``hit_many`` for the batch's hits, one ``publish_many`` for
+    the prompts' blocks once all are prefilled (a prompt longer than a chunk
+    publishes its earlier chunks' blocks as they complete, before later rows
+    push them out), the loop's ``draft_many`` each round, and one
+    ``publish_many`` for the replies' blocks at the end.
+    ``cfg.rows == "external"``: the Stagers hold no rows; ``make_ring(stager)``
+    (default: a :class:`~dspark_core.HostRing`) keeps them, and the store's rows
+    are in a :class:`~dspark_core.HostPrefixTable` (a ``cuda.PrefixTable``
+    beside a ``DeviceRing``), whose ``hit_many`` / ``publish`` /
+    ``publish_many`` apply their copies.
     """
     from ..config import StagerConfig
     from .toy import ToyDrafter, ToyTarget, greedy_reference
@@ -254,7 +377,12 @@ def run_multiturn(
         raise ValueError(f"lookahead ({cfg.lookahead}) must be below K = window // 2 ({cfg.window // 2})")
     if cfg.generate + cfg.block + 1 > cfg.window // 2:
         raise ValueError("generate must stay below window // 2 - block: the reply's blocks are published at the end")
-    scfg = StagerConfig(cfg.feature_dim, cfg.block, cfg.window, storage=cfg.storage)
+    if cfg.seqs < 1:
+        raise ValueError(f"seqs must be >= 1, got {cfg.seqs}")
+    if cfg.rows not in ("held", "external"):
+        raise ValueError(f"rows must be 'held' or 'external', got {cfg.rows!r}")
+    scfg = StagerConfig(cfg.feature_dim, cfg.block, cfg.window, storage=cfg.storage, max_seqs=cfg.seqs,
+                        rows=cfg.rows)
     K, bt = scfg.w_keep, cfg.block_tokens
 
     def new_target() -> ToyTarget:
@@ -294,62 +422,88 @@ def run_multiturn(
         "config": {**cfg.__dict__, "w_keep": K, "row_bytes": scfg.row_bytes, "requests": len(requests)},
         "variants": {},
     }
+    # Batches: the requests of one turn (turn-major order), seqs at a time, so a request never
+    # shares a batch with the conversation's previous turn it hits.
+    per_turn = cfg.conversations
+    batches = [list(range(t * per_turn + lo, t * per_turn + min(lo + cfg.seqs, per_turn)))
+               for t in range(cfg.turns) for lo in range(0, per_turn, cfg.seqs)]
     for variant in variants:
         st, kind = make_stager(scfg)
         out["stager"] = kind
+        ring = _ring_for(st, make_ring) if cfg.rows == "external" else None
         store = _store_for(st, scfg, bt, cfg.budget_bytes) if variant == "store" else None
-        rec = PlanRecorder(st)
-        target = new_target()
-        drafter = ToyDrafter.for_target(target, cfg.block, seed=cfg.seed, n_ctx_train=cfg.window)
+        table = _table_for(store, ring) if store is not None and ring is not None else None
+        targets = [new_target() for _ in range(cfg.seqs)]
+        drafter = ToyDrafter.for_target(targets[0], cfg.block, seed=cfg.seed, n_ctx_train=cfg.window)
         # Prefill chunks of at most W - K tokens: a block completed by a chunk then still has its
         # rows in the ring when the server hands it over (longer chunks: PrefixStore.publish_rows).
         chunk = min(cfg.prefill_chunk, cfg.window - K)
-        loop = RequestLoop(rec, drafter, [target], prefill_chunk=chunk, record_timeline=False)
+        loop = RequestLoop(st, drafter, targets, prefill_chunk=chunk, record_timeline=False, ring=ring)
         cache = PrefixCache(bt)
         tot = _Totals()
         peak_store = 0
-        for prompt, reply in requests:
-            would_hit = cache.hit(prompt)  # what a prefix cache would hold (off: not used)
-            h = 0 if variant == "off" else would_hit
-            req = Request()
-            pub = None
+        for batch in batches:
+            seqs = list(range(len(batch)))
+            prompts = [requests[i][0] for i in batch]
+            would_hit = [cache.hit(p) for p in prompts]  # what a prefix cache would hold (off: not used)
+            hs = [0 if variant == "off" else h for h in would_hit]
+            reqs = {q: Request() for q in seqs}
+            pubs: list[Publisher] = []
             if variant == "cold":
-                req.replay_from = h
+                for q in seqs:
+                    reqs[q].replay_from = hs[q]
             elif variant == "replay":
-                req.replay_from = max(0, h - K)
-                tot.replayed += h - req.replay_from
+                for q in seqs:
+                    reqs[q].replay_from = max(0, hs[q] - K)
+                    tot.replayed += hs[q] - reqs[q].replay_from
             elif variant == "store":
                 assert store is not None
-                hit = store.hit(st, 0, cache.chain(prompt, h), h)
-                req.replay_from, req.hit = hit.replay_from, True
-                tot.replayed += hit.replay_tokens
-                pub = Publisher(store, st, bt, h, cache.chain(prompt, len(prompt)))
-                req.publish = pub
-            rec.restart()
-            loop.request = req
-            res = loop.run([prompt], cfg.generate).sequences[0]
-            tot.lossless &= bool(np.array_equal(res.tokens, reply))
-            tot.prefilled.append(req.prefilled)
-            tot.cached.append(h)
-            tot.accepted += res.accepted
-            tot.drafted += res.drafted
-            tot.after_hit.append(bool(would_hit))
-            if would_hit:  # a request that starts from a hit (or would, with caching on)
-                tot.hits += 1
-                tot.first_rows.append(rec.first_rows or 0)
-                first = rec.accepted[: cfg.first_rounds]
-                tot.first_accepted += sum(first)
-                tot.first_drafted += cfg.block * len(first)
-            # The server caches the KV of the prompt and the reply but its last token (sampled, not
-            # decoded yet; a longer speculative overshoot is not cached, so every variant caches alike).
-            end = len(prompt) + cfg.generate - 1
-            assert int(st.state(0)["end"]) >= end
-            tokens = np.concatenate([prompt, reply])
-            cache.add(tokens, end)
-            if pub is not None:  # the reply's blocks and the partial block at the end
-                pub.keys = cache.chain(tokens, end)
-                pub(end, partial=True)
-                peak_store = max(peak_store, int(pub.store.stats()["bytes"]))
+                chains = [cache.chain(p, h) for p, h in zip(prompts, hs)]
+                if table is not None:
+                    hits = table.hit_many(ring, seqs, chains, hs)
+                else:
+                    hits = store.hit_many(st, seqs, chains, hs)
+                for q, hit in zip(seqs, hits):
+                    reqs[q].replay_from, reqs[q].hit = hit.replay_from, True
+                    tot.replayed += hit.replay_tokens
+                    pub = Publisher(store, st, bt, hs[q], cache.chain(prompts[q], len(prompts[q])), seq=q,
+                                    table=table, ring=ring)
+                    reqs[q].publish = pub
+                    pubs.append(pub)
+            loop.requests = reqs
+            loop.batch_publish = None
+            if pubs:  # the prompts' blocks of every request's last prefill chunk: one call
+                loop.batch_publish = functools.partial(publish_batch, store, st, pubs, [len(p) for p in prompts],
+                                                       table=table, ring=ring, partial=False)
+            loop.restart()
+            res = loop.run(prompts, cfg.generate).sequences
+            ends = []
+            for q, i in enumerate(batch):
+                reply = requests[i][1]
+                tot.lossless &= bool(np.array_equal(res[q].tokens, reply))
+                tot.prefilled.append(reqs[q].prefilled)
+                tot.cached.append(hs[q])
+                tot.accepted += res[q].accepted
+                tot.drafted += res[q].drafted
+                tot.after_hit.append(bool(would_hit[q]))
+                if would_hit[q]:  # a request that starts from a hit (or would, with caching on)
+                    tot.hits += 1
+                    tot.first_rows.append(loop.first_rows.get(q, 0))
+                    first = loop.accepted.get(q, [])[: cfg.first_rounds]
+                    tot.first_accepted += sum(first)
+                    tot.first_drafted += cfg.block * len(first)
+                # The server caches the KV of the prompt and the reply but its last token (sampled, not
+                # decoded yet; a longer speculative overshoot is not cached, so every variant caches alike).
+                end = len(prompts[q]) + cfg.generate - 1
+                assert int(st.state(q)["end"]) >= end
+                tokens = np.concatenate([prompts[q], reply])
+                cache.add(tokens, end)
+                ends.append(end)
+                if pubs:
+                    pubs[q].keys = cache.chain(tokens, end)
+            if pubs and store is not None:  # the replies' blocks and the partial blocks at their ends: one call
+                publish_batch(store, st, pubs, ends, table=table, ring=ring)
+                peak_store = max(peak_store, int(store.stats()["bytes"]))
         hit_reqs = np.asarray(tot.after_hit)
         summary = {
             "prefilled_per_request": float(np.mean(tot.prefilled)),
