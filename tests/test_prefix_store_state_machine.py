@@ -243,6 +243,57 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         self.conv[seq] = conv
         self.feed(seq, r.replay_from, min(MAX_LEN, h + extra))
 
+    @rule(picks=hs.lists(hs.tuples(SEQ, hs.integers(0, 3), hs.integers(1, 3), hs.integers(0, 7)), min_size=1,
+                         max_size=4))
+    def publish_many(self, picks):
+        """One step's publishes of several sequences (their own conversations' keys): mostly the
+        last blocks before a sequence's end, sometimes any range (entries refused at any place);
+        two entries may carry the same new block."""
+        seqs, keys, los, his = [], [], [], []
+        for seq, back, blocks, skew in picks:
+            seq %= self.cfg.max_seqs
+            if seq in seqs:
+                continue
+            end = self.end(seq)
+            lo = max(0, (end // self.bt - back) * self.bt) + (skew if skew > 4 else 0)
+            n = min(blocks * self.bt, max(end - lo, 1)) + (skew if skew == 4 else 0)
+            seqs.append(seq)
+            keys.append(self.chain(self.conv[seq], lo // self.bt * self.bt, max(lo + n, lo + 1)))
+            los.append(lo)
+            his.append(lo + n)
+        outs = self.all4(lambda p: p.store.publish_many(p.st, seqs, keys, los, his))
+        event(f"publish_many: {outs[0][0]}")
+        self.moves(outs, self.ring, self.table)
+
+    @rule(picks=hs.lists(hs.tuples(SEQ, hs.integers(0, 1000), hs.integers(0, 12)), min_size=1, max_size=3),
+          whole=hs.booleans())
+    def hit_many(self, picks, whole):
+        """Several new requests in one step, each hitting a published conversation (where its next
+        turn hits, or at its last full block); then each prefills the rest."""
+        if not self.published:
+            return
+        seqs, keys, hs_, convs, extras = [], [], [], [], []
+        for seq, which, extra in picks:
+            seq %= self.cfg.max_seqs
+            if seq in seqs:
+                continue
+            conv, h = self.published[which % len(self.published)]
+            h = h if whole else h // self.bt * self.bt
+            seqs.append(seq)
+            keys.append(self.chain(conv, 0, h))
+            hs_.append(h)
+            convs.append(conv)
+            extras.append(extra)
+        outs = self.all4(lambda p: p.store.hit_many(p.st, seqs, keys, hs_))
+        self.moves(outs, self.table, self.ring)
+        if outs[0][0] != "ok":
+            return
+        results = [[h.as_dict() for h in o[1]] for o in outs]
+        assert all(r == results[0] for r in results), results
+        for seq, conv, h, extra, r in zip(seqs, convs, hs_, extras, outs[0][1]):
+            self.conv[seq] = conv
+            self.feed(seq, r.replay_from, min(MAX_LEN, h + extra))
+
     @rule(seq=SEQ, rounds=hs.integers(1, 6), n_accepted=hs.integers(0, 4), close=hs.sampled_from(["commit", "fail"]))
     def rounds(self, seq, rounds, n_accepted, close):
         """Rounds as a server drives them: draft, check the plans, close, verify B + 1 rows, accept."""
