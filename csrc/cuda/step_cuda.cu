@@ -35,8 +35,8 @@ void on_device(const T* p, int dev, const char* what, bool optional = true) {
 
 }  // namespace
 
-void device_step_cuda(const step::Config& c, std::int64_t* state, const std::int64_t* seqs, const void* n_accepted,
-                      int count_bytes, std::size_t n, const step::Outputs& out, void* stream) {
+void device_step_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* seqs, const void* n_accepted,
+                      int count_bytes, std::size_t n, const device_step::Outputs& out, void* stream) {
     if (count_bytes != 4 && count_bytes != 8)
         throw std::invalid_argument("dspark cuda: device_step_cuda: accept counts must be int32 or int64, got " +
                                     std::to_string(count_bytes) + "-byte values");

@@ -7,7 +7,7 @@
 // Made for a captured CUDA graph: the call is asynchronous on `stream`,
 // allocates nothing, copies nothing to or from the host and never
 // synchronizes. The state is the host state's layout (Stager::step_state():
-// step::FIELD_COUNT columns of c.max_seqs int64, zero = not handed over); the
+// device_step::FIELD_COUNT columns of c.max_seqs int64, zero = not handed over); the
 // caller copies the columns of the sequences it hands over to the device
 // after Stager::to_device, and back before Stager::to_host and to the device
 // again after it (their `live` column is 0 then: a later step names them
@@ -28,7 +28,7 @@ namespace dspark {
 // (count_bytes 4) or int64 (8) values, -1 for an entry not in this step. Every
 // pointer is device memory on one device (out's may be null but status). n = 0:
 // nothing is launched.
-void device_step_cuda(const step::Config& c, std::int64_t* state, const std::int64_t* seqs, const void* n_accepted,
-                      int count_bytes, std::size_t n, const step::Outputs& out, void* stream);
+void device_step_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* seqs, const void* n_accepted,
+                      int count_bytes, std::size_t n, const device_step::Outputs& out, void* stream);
 
 }  // namespace dspark

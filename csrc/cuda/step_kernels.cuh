@@ -32,29 +32,29 @@ __device__ __forceinline__ std::int64_t from_lane0(std::int64_t v) {
 
 // T: the sampler's accept count type (int32 or int64).
 template <class T>
-__global__ void __launch_bounds__(kThreads) k_step(step::Config c, std::int64_t* state, const std::int64_t* seqs,
-                                                  const T* counts, std::size_t n, step::Outputs out) {
+__global__ void __launch_bounds__(kThreads) k_step(device_step::Config c, std::int64_t* state, const std::int64_t* seqs,
+                                                  const T* counts, std::size_t n, device_step::Outputs out) {
     const std::size_t lane = threadIdx.x % kWarp;
     const std::size_t warps = grid_threads() / kWarp;
     // The loop is uniform across a warp (i is the warp's): every lane reaches the shuffles.
     for (std::size_t i = global_thread() / kWarp; i < n; i += warps) {
-        step::Rows w;
+        device_step::Rows w;
         if (lane == 0) {
             const std::int64_t q = seqs[i];
             bool dup = false;
             if (q >= 0 && q < c.max_seqs)
                 for (std::size_t j = 0; j < i && !dup; ++j) dup = seqs[j] == q;
-            step::Plan p;
-            const std::int32_t status = step::step_one(c, state, out, static_cast<std::int64_t>(i), q,
+            device_step::Plan p;
+            const std::int32_t status = device_step::step_one(c, state, out, static_cast<std::int64_t>(i), q,
                                                        static_cast<std::int64_t>(counts[i]), dup, p);
-            w = step::rows_of(status, p);
+            w = device_step::rows_of(status, p);
         }
         w.n_rows = from_lane0(w.n_rows);
         w.run_first0 = from_lane0(w.run_first0);
         w.run_count0 = from_lane0(w.run_count0);
         w.run_first1 = from_lane0(w.run_first1);
         w.pos0 = from_lane0(w.pos0);
-        step::write_rows(c, out, static_cast<std::int64_t>(i), w, static_cast<std::int64_t>(lane), kWarp);
+        device_step::write_rows(c, out, static_cast<std::int64_t>(i), w, static_cast<std::int64_t>(lane), kWarp);
     }
 }
 

@@ -13,7 +13,7 @@
 namespace {
 
 using namespace dspark_c;
-namespace step = dspark::step;
+namespace step = dspark::device_step;
 
 // The C enums and the core's are different types: compare their values.
 constexpr bool eq(int c_code, int core_code) { return c_code == core_code; }

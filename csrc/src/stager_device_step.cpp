@@ -21,8 +21,8 @@ namespace dspark {
 
 namespace {
 
-using step::i64;
-using step::Regs;
+using device_step::i64;
+using device_step::Regs;
 
 std::string seq_name(i64 seq) { return "sequence " + std::to_string(seq); }
 
@@ -43,7 +43,7 @@ FeatureBuffer::Marks marks_of(i64 cap, i64 touched, i64 head_slot, i64 count, i6
 
 // fail_seq's changes on the step's fields (stats.failures is the caller's):
 // returns the failure count when this failure disabled the sequence, else 0.
-i64 fail_regs(const step::Config& c, Regs& r, i64 max_failures) {
+i64 fail_regs(const device_step::Config& c, Regs& r, i64 max_failures) {
     r.open = 0;
     r.restage_owed = 1;
     r.first_round = 0;
@@ -53,12 +53,12 @@ i64 fail_regs(const step::Config& c, Regs& r, i64 max_failures) {
         r.disabled = 1;
         disabled_after = r.failures;
     }
-    step::advance_horizon(c, r);
+    device_step::advance_horizon(c, r);
     return disabled_after;
 }
 
 // What a consistent step state holds (the first broken rule, or "").
-std::string damage(const step::Config& c, const Regs& r, i64 max_failures) {
+std::string damage(const device_step::Config& c, const Regs& r, i64 max_failures) {
     auto flag = [](i64 v) { return v == 0 || v == 1; };
     if (!flag(r.restage_owed) || !flag(r.first_round) || !flag(r.disabled) || !flag(r.accept_open) ||
         !flag(r.open) || !flag(r.reserved) || !flag(r.pre_accept_open))
@@ -85,8 +85,8 @@ std::string damage(const step::Config& c, const Regs& r, i64 max_failures) {
                          r.trims, r.trimmed_rows, r.peak_rows, r.pre_trims, r.pre_trimmed_rows, r.pre_peak_rows};
     for (i64 v : stats)
         if (v < 0) return "a counter is negative";
-    if (r.fault != 0 && r.fault != step::STATUS_BAD_COUNT && r.fault != step::STATUS_POSITION_LIMIT &&
-        r.fault != step::STATUS_INTERNAL)
+    if (r.fault != 0 && r.fault != device_step::STATUS_BAD_COUNT && r.fault != device_step::STATUS_POSITION_LIMIT &&
+        r.fault != device_step::STATUS_INTERNAL)
         return "the fault code is unknown";
     return "";
 }
@@ -94,24 +94,24 @@ std::string damage(const step::Config& c, const Regs& r, i64 max_failures) {
 // A status word as the core's own error, after `prefix` (which names the
 // entry); arg: the fault's value (a sticky fault read from the state), or
 // -1 when unknown (a status word alone).
-[[noreturn]] void raise_status(const std::string& prefix, const step::Config& c, std::int32_t status, i64 seq,
+[[noreturn]] void raise_status(const std::string& prefix, const device_step::Config& c, std::int32_t status, i64 seq,
                                bool has_arg, i64 arg) {
     const std::string b = std::to_string(c.block);
     switch (status) {
-        case step::STATUS_NOT_ON_DEVICE:
+        case device_step::STATUS_NOT_ON_DEVICE:
             if (seq < 0 || seq >= c.max_seqs)
                 throw std::invalid_argument(prefix + "unknown sequence " + std::to_string(seq) +
                                             " (this Stager has sequences 0.." + std::to_string(c.max_seqs - 1) + ")");
             throw StateError(prefix + seq_name(seq) + " is not on the device: call to_device([" +
                              std::to_string(seq) + "]) before its steps");
-        case step::STATUS_DUPLICATE:
+        case device_step::STATUS_DUPLICATE:
             throw std::invalid_argument(prefix + seq_name(seq) +
                                         " appears earlier in the same step: a step names each sequence once");
-        case step::STATUS_BAD_COUNT:
+        case device_step::STATUS_BAD_COUNT:
             throw std::invalid_argument(prefix + "n_accepted must be in [0, " + b + "] (or -1: not in this step), got " +
                                         (has_arg ? std::to_string(arg) : std::string("a value outside")) +
                                         "; that step changed nothing for the sequence");
-        case step::STATUS_POSITION_LIMIT:
+        case device_step::STATUS_POSITION_LIMIT:
             throw std::invalid_argument(prefix + "the verify rows after position " +
                                         (has_arg ? std::to_string(arg) : std::string("end")) +
                                         " would pass 2**62 - 1; that step changed nothing for the sequence");
@@ -256,8 +256,8 @@ void Stager::refuse_on_device(std::int64_t seq, const Seq& s) const {
                          "]) first, which brings it back with its step state");
 }
 
-step::Config Stager::step_config() const noexcept {
-    step::Config c;
+device_step::Config Stager::step_config() const noexcept {
+    device_step::Config c;
     c.block = opt_.block_size;
     c.window = opt_.window;
     c.w_keep = w_keep_;
@@ -271,7 +271,7 @@ step::Config Stager::step_config() const noexcept {
 
 std::int64_t* Stager::step_state() {
     std::call_once(step_once_, [&] {
-        const auto k = static_cast<std::size_t>(step::FIELD_COUNT) * static_cast<std::size_t>(opt_.max_seqs);
+        const auto k = static_cast<std::size_t>(device_step::FIELD_COUNT) * static_cast<std::size_t>(opt_.max_seqs);
         step_state_.reset(new std::int64_t[k]());  // zero: no sequence is live
     });
     return step_state_.get();
@@ -293,7 +293,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
         }
     require_mode(RowMode::External, call, "the device step plans slots: run the Stager with rows=\"external\"");
     i64* state = step_state();  // may throw (allocation): nothing has changed
-    const step::Config c = step_config();
+    const device_step::Config c = step_config();
     const std::vector<i64> order = lock_order(seqs, c.max_seqs);
     std::vector<std::unique_lock<std::mutex>> held;
     held.reserve(order.size());
@@ -317,7 +317,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
         if (s.reserved) StepIO::set_pre(r, s.before, s.before_marks);
         else StepIO::set_pre(r, s, s.buf.marks());
         r.fault = r.fault_arg = 0;
-        step::store(state, c.max_seqs, q, r);
+        device_step::store(state, c.max_seqs, q, r);
         s.on_device = true;
     }
 }
@@ -335,7 +335,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
             rethrow_with_prefix(where(call, i, seqs[i]));
         }
     i64* state = step_state();
-    const step::Config c = step_config();
+    const device_step::Config c = step_config();
     const std::vector<i64> order = lock_order(seqs, c.max_seqs);
     std::vector<std::unique_lock<std::mutex>> held;
     held.reserve(order.size());
@@ -348,7 +348,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
     check_unique_ids(call, seqs, order.size());
     std::vector<Regs> regs(n);
     for (std::size_t i = 0; i < n; ++i) {
-        step::load(state, c.max_seqs, seqs[i], regs[i]);
+        device_step::load(state, c.max_seqs, seqs[i], regs[i]);
         const std::string at = where(call, i, seqs[i]);
         const std::int32_t o = outcomes[i];
         if (o != -1 && (o < 0 || o >= FAIL_STAGE_COUNT))
@@ -380,8 +380,8 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
                 d = fail_regs(c, r, opt_.max_failures);
                 (void)fail_regs(c, pre, opt_.max_failures);
             } else {
-                step::commit(c, r);
-                step::commit(c, pre);
+                device_step::commit(c, r);
+                device_step::commit(c, pre);
             }
         }
         if (disabled_after) disabled_after[i] = d;
@@ -396,7 +396,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
             s.before_marks = marks_of(pre.cap, pre.touched, pre.head_slot, pre.count, pre.head_pos);
         }
         s.on_device = false;
-        state[step::F_live * c.max_seqs + seqs[i]] = 0;
+        state[device_step::F_live * c.max_seqs + seqs[i]] = 0;
         if (faulted == n && r.fault != 0) faulted = i;
     }
     if (faulted != n) {
@@ -408,13 +408,13 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
 }
 
 void Stager::step_many(const std::int64_t* seqs_in, const std::int64_t* counts_in, std::size_t n,
-                       const step::Outputs& out) {
+                       const device_step::Outputs& out) {
     const char* call = "step_many";
     require_mode(RowMode::External, call, "the device step plans slots: run the Stager with rows=\"external\"");
     if (n && out.status == nullptr) throw NullPointer(std::string(call) + ": out.status must not be null");
     const std::vector<i64> seqs = copy_ids(seqs_in, n), counts = copy_ids(counts_in, n);
     i64* state = step_state();
-    const step::Config c = step_config();
+    const device_step::Config c = step_config();
     // An id's later occurrences are duplicates (the kernel finds them by
     // scanning the entries before its own; here a mark per sequence).
     thread_local std::vector<std::uint8_t> seen;
@@ -430,19 +430,19 @@ void Stager::step_many(const std::int64_t* seqs_in, const std::int64_t* counts_i
             dup = seen[static_cast<std::size_t>(q)] != 0;
             seen[static_cast<std::size_t>(q)] = 1;
         }
-        step::Plan plan;
-        const std::int32_t status = step::step_one(c, state, out, static_cast<i64>(i), q, counts[i], dup, plan);
-        step::write_rows(c, out, static_cast<i64>(i), step::rows_of(status, plan), 0, 1);
+        device_step::Plan plan;
+        const std::int32_t status = device_step::step_one(c, state, out, static_cast<i64>(i), q, counts[i], dup, plan);
+        device_step::write_rows(c, out, static_cast<i64>(i), device_step::rows_of(status, plan), 0, 1);
     }
     for (i64 q : seqs)
         if (q >= 0 && q < c.max_seqs) seen[static_cast<std::size_t>(q)] = 0;
 }
 
 void Stager::check_step(const std::int64_t* seqs, const std::int32_t* statuses, std::size_t n) const {
-    const step::Config c = step_config();
+    const device_step::Config c = step_config();
     for (std::size_t i = 0; i < n; ++i)
-        if (statuses[i] >= step::STATUS_FIRST_ERROR || (statuses[i] != step::STATUS_OK &&
-                                                        statuses[i] != step::STATUS_NOT_IN_STEP))
+        if (statuses[i] >= device_step::STATUS_FIRST_ERROR || (statuses[i] != device_step::STATUS_OK &&
+                                                        statuses[i] != device_step::STATUS_NOT_IN_STEP))
             raise_status(where("step_many", i, seqs[i]), c, statuses[i], seqs[i], false, 0);
 }
 

@@ -235,12 +235,14 @@ std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, s
             upper += pages;
             largest = std::max(largest, pages);
             if (!pb.existing) {
-                const auto [it, fresh] = added.emplace(pb.key, i);
-                if (!fresh)
+                // (No structured binding: a lambda may not capture one before C++20.)
+                const auto added_at = added.emplace(pb.key, i);
+                const std::size_t first = added_at.first->second;
+                if (!added_at.second)
                     in_batch(call, i, seqs[i], [&] {
                         throw std::invalid_argument(
                             "the block at " + range(pb.start, pb.end) + " is new to the store in seqs[" +
-                            std::to_string(it->second) + "] of this batch too: publish a block once per batch");
+                            std::to_string(first) + "] of this batch too: publish a block once per batch");
                     });
             } else if (pb.kept.first < get(seqs[i]).horizon) {
                 fragile[i].push_back(pb.existing);

@@ -52,8 +52,8 @@ struct Answers {
         return {status.data(), skip.data(),     flags.data(),   start.data(),     pos_base.data(), crop_from.data(),
                 n_rows.data(), row_slots.data(), row_pos.data(), block_pos.data(), verify.data()};
     }
-    dspark::step::Outputs cpp() {
-        dspark::step::Outputs o;
+    dspark::device_step::Outputs cpp() {
+        dspark::device_step::Outputs o;
         o.status = status.data();
         o.skip = skip.data();
         o.flags = flags.data();
@@ -107,7 +107,7 @@ TEST_CASE(c_steps_equal_cpp_steps) {
     dspark::Stager core(options());
     std::int64_t fields = 0, max_rows = 0;
     CHECK_EQ(dspark_step_layout(h.st, &fields, &max_rows), DSPARK_OK);
-    CHECK_EQ(fields, dspark::step::FIELD_COUNT);
+    CHECK_EQ(fields, dspark::device_step::FIELD_COUNT);
     CHECK_EQ(max_rows, W - B);
     const std::vector<std::int64_t> seqs = {3, 0, 1};
     for (std::int64_t q : seqs) prompt(h.st, core, q, 4 + q);

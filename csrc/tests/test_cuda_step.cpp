@@ -50,8 +50,8 @@ struct HostAnswers {
     HostAnswers(std::size_t n, std::size_t mr, std::size_t b)
         : status(n), skip(n), flags(n), row_pos(n * mr), block_pos(n * b), start(n), pos_base(n), crop_from(n),
           n_rows(n), row_slots(n * mr), verify(n * (b + 1)) {}
-    step::Outputs out() {
-        step::Outputs o;
+    device_step::Outputs out() {
+        device_step::Outputs o;
         o.status = status.data();
         o.skip = skip.data();
         o.flags = flags.data();
@@ -73,8 +73,8 @@ struct DeviceAnswers {
     DeviceAnswers(std::size_t n, std::size_t mr, std::size_t b)
         : status(n, 99), skip(n, 99), flags(n, 99), row_pos(n * mr, 99), block_pos(n * b, 99), start(n, 99),
           pos_base(n, 99), crop_from(n, 99), n_rows(n, 99), row_slots(n * mr, 99), verify(n * (b + 1), 99) {}
-    step::Outputs out() {
-        step::Outputs o;
+    device_step::Outputs out() {
+        device_step::Outputs o;
         o.status = status.p;
         o.skip = skip.p;
         o.flags = flags.p;
@@ -117,13 +117,13 @@ void prompt(Stager& st, i64 seq, i64 p0, i64 len) {
 void upload(Stager& st, i64* dev_state, const std::vector<i64>& seqs) {
     const i64* h = st.step_state();
     const i64 m = st.step_config().max_seqs;
-    for (int f = 0; f < step::FIELD_COUNT; ++f)
+    for (int f = 0; f < device_step::FIELD_COUNT; ++f)
         for (i64 q : seqs) dev_state[f * m + q] = h[f * m + q];
 }
 void download(Stager& st, const i64* dev_state, const std::vector<i64>& seqs) {
     i64* h = st.step_state();
     const i64 m = st.step_config().max_seqs;
-    for (int f = 0; f < step::FIELD_COUNT; ++f)
+    for (int f = 0; f < device_step::FIELD_COUNT; ++f)
         for (i64 q : seqs) h[f * m + q] = dev_state[f * m + q];
 }
 
@@ -147,7 +147,7 @@ void kernel_equals_cpu_twin(i64 n, i64 b, i64 w, Storage storage, std::uint64_t 
     Stager cpu(o), gpu(o);
     const auto c = gpu.step_config();
     const auto mr = static_cast<std::size_t>(c.max_rows);
-    DevArray<i64> state(static_cast<std::size_t>(step::FIELD_COUNT * n));
+    DevArray<i64> state(static_cast<std::size_t>(device_step::FIELD_COUNT * n));
     std::mt19937_64 rng(seed);
     auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
     for (i64 q = 0; q < n; ++q) {
@@ -221,7 +221,7 @@ void kernel_equals_cpu_twin(i64 n, i64 b, i64 w, Storage storage, std::uint64_t 
             device_step_cuda(c, state.p, d_seqs.p, d_counts.p, 4, k, d.out(), nullptr);
         }
         if (!(d == h)) ++mismatches;
-        for (std::int32_t s : h.status) stepped += s == step::STATUS_OK;
+        for (std::int32_t s : h.status) stepped += s == device_step::STATUS_OK;
     }
     std::vector<i64> all;
     for (i64 q = 0; q < n; ++q)
@@ -269,7 +269,7 @@ TEST_CASE(captured_step_replays) {
     }
     cpu.to_device(seqs.data(), seqs.size());
     gpu.to_device(seqs.data(), seqs.size());
-    DevArray<i64> state(static_cast<std::size_t>(step::FIELD_COUNT * n)), d_seqs(seqs.size());
+    DevArray<i64> state(static_cast<std::size_t>(device_step::FIELD_COUNT * n)), d_seqs(seqs.size());
     DevArray<std::int32_t> d_counts(seqs.size(), 0);
     upload(gpu, state.p, seqs);
     d_seqs.set(seqs);
@@ -307,16 +307,16 @@ TEST_CASE(captured_step_replays) {
 TEST_CASE(bad_arguments_throw_before_any_launch) {
     Stager gpu(options(2, 2, 9));
     const auto c = gpu.step_config();
-    DevArray<i64> state(static_cast<std::size_t>(step::FIELD_COUNT * 2)), seqs(1), counts(1);
+    DevArray<i64> state(static_cast<std::size_t>(device_step::FIELD_COUNT * 2)), seqs(1), counts(1);
     DevArray<std::int32_t> status(1);
-    step::Outputs out;
+    device_step::Outputs out;
     out.status = status.p;
     std::vector<i64> host(1);
     const std::size_t before = dspark_emu::launch_count();
     CHECK_THROWS(device_step_cuda(c, state.p, seqs.p, counts.p, 3, 1, out, nullptr), std::invalid_argument);
     CHECK_THROWS(device_step_cuda(c, state.p, host.data(), counts.p, 8, 1, out, nullptr), std::invalid_argument);
     CHECK_THROWS(device_step_cuda(c, nullptr, seqs.p, counts.p, 8, 1, out, nullptr), std::invalid_argument);
-    step::Outputs none;
+    device_step::Outputs none;
     CHECK_THROWS(device_step_cuda(c, state.p, seqs.p, counts.p, 8, 1, none, nullptr), std::invalid_argument);
     CHECK_EQ(dspark_emu::launch_count(), before);
 }

@@ -41,7 +41,7 @@ StagerOptions options(i64 n, i64 block, i64 window, Storage storage) {
 struct StepOut {
     std::vector<std::int32_t> status, skip, flags, row_pos, block_pos;
     std::vector<i64> start, pos_base, crop_from, n_rows, row_slots, verify;
-    step::Outputs out;
+    device_step::Outputs out;
     StepOut(const Stager& st, std::size_t n) {
         const auto c = st.step_config();
         const std::size_t mr = static_cast<std::size_t>(c.max_rows), b = static_cast<std::size_t>(c.block);
@@ -104,8 +104,8 @@ bool same_entry(const Stager& st, const StepOut& o, std::size_t i, const Expecte
     const auto c = st.step_config();
     const std::size_t mr = static_cast<std::size_t>(c.max_rows), b = static_cast<std::size_t>(c.block);
     const RoundPlan& p = e.plan;
-    bool ok = o.status[i] == step::STATUS_OK && o.skip[i] == static_cast<std::int32_t>(p.skip) &&
-              o.flags[i] == ((p.rebase ? step::PLAN_REBASE : 0) | (p.clear_cache ? step::PLAN_CLEAR_CACHE : 0)) &&
+    bool ok = o.status[i] == device_step::STATUS_OK && o.skip[i] == static_cast<std::int32_t>(p.skip) &&
+              o.flags[i] == ((p.rebase ? device_step::PLAN_REBASE : 0) | (p.clear_cache ? device_step::PLAN_CLEAR_CACHE : 0)) &&
               o.start[i] == p.start && o.pos_base[i] == p.pos_base && o.crop_from[i] == p.crop_from &&
               o.n_rows[i] == p.n_rows;
     std::vector<std::int32_t> pos(mr);
@@ -124,7 +124,7 @@ bool same_entry(const Stager& st, const StepOut& o, std::size_t i, const Expecte
 bool nothing(const Stager& st, const StepOut& o, std::size_t i) {
     const auto c = st.step_config();
     const std::size_t mr = static_cast<std::size_t>(c.max_rows), b = static_cast<std::size_t>(c.block);
-    bool ok = o.skip[i] == step::NOT_STEPPED && o.flags[i] == 0 && o.start[i] == -1 && o.pos_base[i] == -1 &&
+    bool ok = o.skip[i] == device_step::NOT_STEPPED && o.flags[i] == 0 && o.start[i] == -1 && o.pos_base[i] == -1 &&
               o.crop_from[i] == -1 && o.n_rows[i] == 0;
     for (std::size_t k = 0; k < mr; ++k) ok = ok && o.row_pos[i * mr + k] == -1 && o.row_slots[i * mr + k] == -1;
     for (std::size_t k = 0; k < b; ++k) ok = ok && o.block_pos[i * b + k] == -1;
@@ -340,19 +340,19 @@ struct Differential {
                         failed.push_back(q);
                     }
                 } else {
-                    const std::int32_t want = kind[i] == 1 ? step::STATUS_NOT_IN_STEP
-                                              : kind[i] == 3 ? step::STATUS_BAD_COUNT
+                    const std::int32_t want = kind[i] == 1 ? device_step::STATUS_NOT_IN_STEP
+                                              : kind[i] == 3 ? device_step::STATUS_BAD_COUNT
                                                              : o.status[i];
                     if (o.status[i] != want || !nothing(dev, o, i)) ++mismatches;
-                    if (kind[i] == 2 && o.status[i] != step::STATUS_NOT_ON_DEVICE &&
-                        o.status[i] != step::STATUS_DUPLICATE)
+                    if (kind[i] == 2 && o.status[i] != device_step::STATUS_NOT_ON_DEVICE &&
+                        o.status[i] != device_step::STATUS_DUPLICATE)
                         ++mismatches;
                     if (kind[i] == 3) faulted.push_back(q);
                 }
             }
             // Statuses raise the core's errors; OK ones do not.
             bool any_error = false;
-            for (std::int32_t s : o.status) any_error = any_error || s >= step::STATUS_FIRST_ERROR;
+            for (std::int32_t s : o.status) any_error = any_error || s >= device_step::STATUS_FIRST_ERROR;
             bool threw = false;
             try {
                 dev.check_step(seqs.data(), o.status.data(), seqs.size());
@@ -439,7 +439,7 @@ TEST_CASE(rebase_boundary) {
     for (int t = 0; t < 6; ++t) {
         StepOut o(dev, 1);
         CHECK(step_both(dev, orc, 0, &o));
-        rebased.push_back((o.flags[0] & step::PLAN_REBASE) != 0);
+        rebased.push_back((o.flags[0] & device_step::PLAN_REBASE) != 0);
         CHECK_EQ(o.start[0], 3 + t);
     }
     // start 3 (first round: clear_cache, no rebase), 4, 5 (5 - 0 + 2 == 7
@@ -551,18 +551,18 @@ TEST_CASE(rejected_hand_overs_change_nothing) {
     // A damaged step state is refused whole.
     i64* state = st.step_state();
     const auto c = st.step_config();
-    const i64 saved = state[step::F_count * c.max_seqs + 1];
-    state[step::F_count * c.max_seqs + 1] = c.ring_rows + 5;
+    const i64 saved = state[device_step::F_count * c.max_seqs + 1];
+    state[device_step::F_count * c.max_seqs + 1] = c.ring_rows + 5;
     CHECK_THROWS(st.to_host(two, 2), std::invalid_argument);
     CHECK(st.on_device(0) && st.on_device(1));
-    state[step::F_count * c.max_seqs + 1] = saved;
+    state[device_step::F_count * c.max_seqs + 1] = saved;
     st.to_host(two, 2);
     CHECK(st.snapshot(0) == snap0);
     // step_many in held mode, and without a status array.
     StepOut o(st, 1);
     i64 a = 0;
     CHECK_THROWS(held.step_many(&zero, &a, 1, o.out), std::invalid_argument);
-    step::Outputs none;
+    device_step::Outputs none;
     CHECK_THROWS(st.step_many(&zero, &a, 1, none), std::invalid_argument);
 }
 
@@ -588,12 +588,12 @@ TEST_CASE(bad_count_is_a_sticky_fault) {
     dev.step_many(both, counts, 2, o.out);
     const Expected e = host_step(orc, 0, 2, -1);
     CHECK(same_entry(dev, o, 0, e));
-    CHECK_EQ(o.status[1], step::STATUS_BAD_COUNT);
+    CHECK_EQ(o.status[1], device_step::STATUS_BAD_COUNT);
     CHECK(nothing(dev, o, 1));
     StepOut again(dev, 1);
     const i64 fine = 1;
     dev.step_many(&both[1], &fine, 1, again.out);
-    CHECK_EQ(again.status[0], step::STATUS_BAD_COUNT);
+    CHECK_EQ(again.status[0], device_step::STATUS_BAD_COUNT);
     bool named = false;
     try {
         dev.check_step(both, o.status.data(), 2);
@@ -648,11 +648,11 @@ TEST_CASE(position_limit_is_a_fault) {
     StepOut first(st, 1);
     i64 a = 0;
     st.step_many(&seq, &a, 1, first.out);
-    CHECK_EQ(first.status[0], step::STATUS_OK);  // verify rows up to MAX_POSITION - 4
+    CHECK_EQ(first.status[0], device_step::STATUS_OK);  // verify rows up to MAX_POSITION - 4
     StepOut second(st, 1);
     a = 2;  // keeps all 3: end = MAX_POSITION - 3, the next 3 rows reach MAX_POSITION - 1
     st.step_many(&seq, &a, 1, second.out);
-    CHECK_EQ(second.status[0], step::STATUS_POSITION_LIMIT);
+    CHECK_EQ(second.status[0], device_step::STATUS_POSITION_LIMIT);
     CHECK(nothing(st, second, 0));
     bool named = false;
     try {

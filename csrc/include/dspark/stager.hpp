@@ -487,18 +487,18 @@ public:
                  std::int64_t* disabled_after = nullptr);
     // The CPU twin of the device step: one step of entries
     // (seqs[i], n_accepted[i]) over the host step state, answers in `out`
-    // (step::Outputs; out.status is required). A per-entry problem is a
+    // (device_step::Outputs; out.status is required). A per-entry problem is a
     // status word, never an exception; std::invalid_argument only for a
     // held-mode Stager or a null out.status (nothing changes).
     void step_many(const std::int64_t* seqs, const std::int64_t* n_accepted, std::size_t n,
-                   const step::Outputs& out);
+                   const device_step::Outputs& out);
     // Raises the error of the first entry whose status (as step_many wrote
     // it) is an error, named "step_many: seqs[i] (sequence s): ..."; returns
     // when none is.
     void check_step(const std::int64_t* seqs, const std::int32_t* statuses, std::size_t n) const;
-    // The constants the step's math needs (step::Config).
-    step::Config step_config() const noexcept;
-    // The host step state: step::FIELD_COUNT * max_seqs int64, field-major
+    // The constants the step's math needs (device_step::Config).
+    device_step::Config step_config() const noexcept;
+    // The host step state: device_step::FIELD_COUNT * max_seqs int64, field-major
     // (field f of sequence s at [f * max_seqs + s]). A device owner copies
     // the columns of handed-over sequences to its device copy after
     // to_device and back before to_host.

@@ -37,7 +37,7 @@
 #endif
 
 namespace dspark {
-namespace step {
+namespace device_step {
 
 using i64 = std::int64_t;
 
@@ -476,5 +476,5 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
     return STATUS_OK;
 }
 
-}  // namespace step
+}  // namespace device_step
 }  // namespace dspark

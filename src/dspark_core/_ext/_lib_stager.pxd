@@ -12,7 +12,7 @@ from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspa
 
 cdef extern from "dspark/step_math.hpp" nogil:
     # Where a device step writes its answers (any pointer but status may be NULL).
-    cdef cppclass StepOutputs "dspark::step::Outputs":
+    cdef cppclass StepOutputs "dspark::device_step::Outputs":
         int32_t* status
         int32_t* skip
         int32_t* flags
@@ -24,7 +24,7 @@ cdef extern from "dspark/step_math.hpp" nogil:
         int32_t* row_positions
         int32_t* block_positions
         int64_t* verify_slots
-    cdef cppclass StepConfig "dspark::step::Config":
+    cdef cppclass StepConfig "dspark::device_step::Config":
         int64_t block
         int64_t window
         int64_t w_keep
@@ -33,7 +33,7 @@ cdef extern from "dspark/step_math.hpp" nogil:
         int64_t max_rows
         int64_t trim_chunk
         int64_t max_position
-    int STEP_FIELD_COUNT "dspark::step::FIELD_COUNT"
+    int STEP_FIELD_COUNT "dspark::device_step::FIELD_COUNT"
 
 
 cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
