@@ -212,18 +212,4 @@ class DeviceStepLoop(SpeculativeLoop):
             active = [s for s in active if len(s.out) < n_generate]
             if progress is not None:
                 progress(sum(min(len(s.out), n_generate) for s in states), total)
-        wall = time.perf_counter() - t0
-        for s in states:
-            res = s.res
-            assert res is not None
-            res.tokens = np.asarray(s.out[:n_generate], dtype=np.int64)
-            res.stats = {k: int(v) for k, v in dict(self.stager.stats(s.seq)).items()}
-            peak_kv = getattr(self.drafter, "peak_cache_len", None)
-            if callable(peak_kv):
-                res.drafter_kv_peak = int(peak_kv(s.seq))
-        cfg = self.config
-        return LoopResult(
-            sequences=[s.res for s in states if s.res is not None], iterations=iterations, wall_s=wall,
-            stager_s=self._t_stager, drafter_s=self._t_drafter, target_s=self._t_target,
-            block_size=int(cfg.block_size), window=int(cfg.window), row_bytes=int(cfg.row_bytes),
-        )
+        return self._result(states, n_generate, iterations, time.perf_counter() - t0)

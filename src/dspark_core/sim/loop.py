@@ -609,7 +609,11 @@ class SpeculativeLoop:
             active = [s for s in active if len(s.out) < n_generate]
             if progress is not None:
                 progress(sum(min(len(s.out), n_generate) for s in states), total)
-        wall = time.perf_counter() - t0
+        return self._result(states, n_generate, iterations, time.perf_counter() - t0)
+
+    def _result(self, states: list[_SeqState], n_generate: int, iterations: int, wall: float) -> LoopResult:
+        """The run's result: each sequence's tokens, counters and drafter cache peak, and the timings
+        (shared with the device step's loop)."""
         for s in states:
             res = s.res
             assert res is not None
