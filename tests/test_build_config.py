@@ -33,7 +33,10 @@ def configure(tmp_path: pathlib.Path, *args: str, smi_lines: list[str] | None = 
     else:
         smi.write_text("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in smi_lines))
     smi.chmod(0o755)
-    full_env = {k: v for k, v in os.environ.items() if k not in ("CUDAARCHS", "DSPARK_CUDA")}
+    # CMake and nvcc are tools here, not code under test: a sanitizer's LD_PRELOAD (the fuzz step
+    # runs this suite against an ASan build) would fail nvcc's compiler check and turn CUDA off.
+    full_env = {k: v for k, v in os.environ.items()
+                if k not in ("CUDAARCHS", "DSPARK_CUDA", "LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     full_env.update(env or {})
     build = tmp_path / "build"
     r = subprocess.run(
