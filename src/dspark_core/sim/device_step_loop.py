@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..device_step import STEP_CLEAR_CACHE, STEP_REBASE, StepOutputs
-from .loop import DrafterError, LoopResult, SequenceResult, SpeculativeLoop, Tokens, _SeqState
+from .loop import DrafterError, LoopResult, SpeculativeLoop, Tokens, _SeqState
 
 logger = logging.getLogger("dspark_core")
 
@@ -150,16 +150,7 @@ class DeviceStepLoop(SpeculativeLoop):
     def run(self, prompts: Sequence[Tokens], n_generate: int,
             progress: Callable[[int, int], None] | None = None) -> LoopResult:
         """As :meth:`SpeculativeLoop.run`, one ``step_many`` per iteration."""
-        if n_generate < 1:
-            raise ValueError(f"n_generate must be >= 1, got {n_generate}")
-        if len(prompts) > len(self.targets):
-            raise ValueError(f"{len(prompts)} prompts for {len(self.targets)} targets")
-        states = [_SeqState(seq=i, target=self.targets[i], prompt_len=len(p)) for i, p in enumerate(prompts)]
-        for s in states:
-            s.res = SequenceResult(seq=s.seq, prompt_len=s.prompt_len, tokens=np.zeros(0, np.int64))
-            if self.record_timeline:
-                s.res.timeline = {"n_past": [], "max_pos": [], "rows": [], "rebase": [], "drafted": [], "accepted": []}
-            self._prefill(s, prompts[s.seq])
+        states = self._start(prompts, n_generate)
         self._t_stager = self._t_drafter = self._t_target = 0.0
         t0 = time.perf_counter()
         total = n_generate * len(states)

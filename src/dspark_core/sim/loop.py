@@ -559,16 +559,7 @@ class SpeculativeLoop:
             :class:`LoopResult`; ``result.sequences[i].tokens`` equals the target's own
             greedy decoding of ``prompts[i]``.
         """
-        if n_generate < 1:
-            raise ValueError(f"n_generate must be >= 1, got {n_generate}")
-        if len(prompts) > len(self.targets):
-            raise ValueError(f"{len(prompts)} prompts for {len(self.targets)} targets")
-        states = [_SeqState(seq=i, target=self.targets[i], prompt_len=len(p)) for i, p in enumerate(prompts)]
-        for s in states:
-            s.res = SequenceResult(seq=s.seq, prompt_len=s.prompt_len, tokens=np.zeros(0, np.int64))
-            if self.record_timeline:
-                s.res.timeline = {"n_past": [], "max_pos": [], "rows": [], "rebase": [], "drafted": [], "accepted": []}
-            self._prefill(s, prompts[s.seq])
+        states = self._start(prompts, n_generate)
         # Per-round figures cover generation only: the prefill's time is not a round's.
         self._t_stager = self._t_drafter = self._t_target = 0.0
         t0 = time.perf_counter()
@@ -610,6 +601,20 @@ class SpeculativeLoop:
             if progress is not None:
                 progress(sum(min(len(s.out), n_generate) for s in states), total)
         return self._result(states, n_generate, iterations, time.perf_counter() - t0)
+
+    def _start(self, prompts: Sequence[Tokens], n_generate: int) -> list[_SeqState]:
+        """The run's arguments checked and every prompt prefilled (shared with the device step's loop)."""
+        if n_generate < 1:
+            raise ValueError(f"n_generate must be >= 1, got {n_generate}")
+        if len(prompts) > len(self.targets):
+            raise ValueError(f"{len(prompts)} prompts for {len(self.targets)} targets")
+        states = [_SeqState(seq=i, target=self.targets[i], prompt_len=len(p)) for i, p in enumerate(prompts)]
+        for s in states:
+            s.res = SequenceResult(seq=s.seq, prompt_len=s.prompt_len, tokens=np.zeros(0, np.int64))
+            if self.record_timeline:
+                s.res.timeline = {"n_past": [], "max_pos": [], "rows": [], "rebase": [], "drafted": [], "accepted": []}
+            self._prefill(s, prompts[s.seq])
+        return states
 
     def _result(self, states: list[_SeqState], n_generate: int, iterations: int, wall: float) -> LoopResult:
         """The run's result: each sequence's tokens, counters and drafter cache peak, and the timings
