@@ -251,3 +251,57 @@ def test_hit_many_on_the_table_applies_one_change_and_gathers_the_published_rows
         plan = p.st.draft(s, hits[s - 1].replay_from)
         assert np.any(p.ring.gather(plan) != 0)
         p.st.commit(s)
+
+
+# Int keys of every kind the fast conversion meets: small, negative, at and past 2**63 (the same
+# 64-bit hash as its negative twin), the extremes. The oracle: the same chains as bytes keys
+# (prefix_keys.as_key, the documented meaning of an int key).
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_int_key_batches_equal_the_same_chains_as_bytes(rows):
+    from dspark_core.prefix_keys import as_key
+
+    rng = np.random.default_rng(5)
+    ints, raw = Pair("core", rows), Pair("core", rows)
+    x = massive_rows(rng, 2 * BT, D)
+    for p in (ints, raw):
+        for s in range(3):
+            p.feed(s, 0, x)
+    # Chains of different lengths, as lists and a tuple.
+    chains = [[0, 2**63], (-1,), [2**63 - 1, -123_456_789]]
+    as_bytes = [[as_key(k) for k in c] for c in chains]
+    ends = [len(c) * BT for c in chains]
+    ints.publish_many([0, 1, 2], chains, [0, 0, 0], ends)
+    raw.publish_many([0, 1, 2], as_bytes, [0, 0, 0], ends)
+    assert sorted(map(bytes, ints.store.keys())) == sorted(map(bytes, raw.store.keys()))
+    assert ints.everything() == raw.everything()
+    # -1 and 2**64 - 1 name one key: a hit under either spelling finds the other's block.
+    twin = [[(k + 2**64) % 2**64 if k < 0 else (k - 2**64 if k >= 2**63 else k) for k in c] for c in chains]
+    a = ints.hit_many([3, 4, 5], twin, ends)
+    b = raw.hit_many([3, 4, 5], as_bytes, ends)
+    assert [h.as_dict() for h in a] == [h.as_dict() for h in b]
+    assert all(h.blocks_found == len(c) for h, c in zip(a, chains))
+    assert ints.everything() == raw.everything()
+
+
+@pytest.mark.parametrize("keys, error, match", [
+    ([[0], [2**64]], ValueError, r"keys\[1\].*\[-2\*\*63, 2\*\*64\)"),
+    ([[0], [-(2**63) - 1]], ValueError, r"keys\[1\].*\[-2\*\*63, 2\*\*64\)"),
+    ([[0], [True]], TypeError, r"keys\[1\]"),
+    ([[0], [1.0]], TypeError, r"keys\[1\]"),
+    ([[0], "ab"], TypeError, r"keys\[1\]"),
+], ids=["past 2**64", "below -2**63", "bool", "float", "str chain"])
+def test_a_batch_of_int_keys_with_one_bad_key_names_it_and_changes_nothing(keys, error, match):
+    p = Pair("core", "held")
+    p.feed(0, 0, massive_rows(np.random.default_rng(1), BT, D))
+    p.feed(1, 0, massive_rows(np.random.default_rng(2), BT, D))
+    before = p.everything()
+    with pytest.raises(error, match=match):
+        p.publish_many([0, 1], keys, [0, 0], [BT, BT])
+    with pytest.raises(error, match=match):
+        p.hit_many([2, 3], keys, [BT, BT])
+    assert p.everything() == before
+    # numpy integers and bools are keys the slow path converts (or refuses) as before.
+    p.publish_many([0, 1], [[np.int64(5)], [np.uint64(2**64 - 1)]], [0, 0], [BT, BT])
+    assert sorted(map(bytes, p.store.keys())) == sorted([(5).to_bytes(8, "little"), b"\xff" * 8])

@@ -8,7 +8,27 @@
 
 #include "row_format_kernels.hpp"
 
+#include <string>
+
 namespace dspark {
+
+void copy_slot_rows(const SlotMove* moves, std::size_t n, const std::uint8_t* src, std::int64_t src_rows,
+                    std::uint8_t* dst, std::int64_t dst_rows, std::size_t row_bytes) {
+    for (std::size_t i = 0; i < n; ++i) {
+        const SlotMove& m = moves[i];
+        // Written so that no sum overflows: count > 0, so src <= src_rows - count keeps src + count in range.
+        if (!(m.count > 0 && m.src >= 0 && m.count <= src_rows && m.src <= src_rows - m.count && m.dst >= 0 &&
+              m.count <= dst_rows && m.dst <= dst_rows - m.count))
+            throw std::invalid_argument("move " + std::to_string(i) + " [" + std::to_string(m.src) + ", " +
+                                        std::to_string(m.dst) + ", " + std::to_string(m.count) +
+                                        "] is outside the tables");
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+        const SlotMove& m = moves[i];
+        std::memmove(dst + static_cast<std::size_t>(m.dst) * row_bytes, src + static_cast<std::size_t>(m.src) * row_bytes,
+                     static_cast<std::size_t>(m.count) * row_bytes);
+    }
+}
 
 void FeatureBuffer::reset(std::int64_t pos) noexcept {
     head_pos_ = pos;

@@ -3,6 +3,7 @@
 // Each row holds its own position, so a row copied from the wrong slot shows.
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 #include "check.hpp"
@@ -201,6 +202,30 @@ TEST_CASE(long_chunks_trim_before_append_and_skip_rows_below_the_horizon) {
     feed(t, 521, 10);  // the held rows all lie below the new horizon 521: one trim, then the append
     check_counts(t, W, 1, 521, 521);
     CHECK(snapshot_positions(t, 0) == iota(521, 531));
+}
+
+// -- copy_slot_rows: an owner's table copies, in order, all checked first -----
+
+TEST_CASE(copy_slot_rows_applies_moves_in_order) {
+    // One table, 4-byte rows holding their slot: [0,3) -> [2,5) overlaps (memmove), then a move
+    // reads a row the first one wrote.
+    std::vector<std::uint32_t> t(8);
+    for (std::uint32_t i = 0; i < 8; ++i) t[i] = i;
+    auto* bytes = reinterpret_cast<std::uint8_t*>(t.data());
+    const SlotMove moves[] = {{0, 2, 3}, {4, 7, 1}};
+    copy_slot_rows(moves, 2, bytes, 8, bytes, 8, 4);
+    const std::uint32_t want[] = {0, 1, 0, 1, 2, 5, 6, 2};
+    for (int i = 0; i < 8; ++i) CHECK_EQ(t[i], want[i]);
+}
+
+TEST_CASE(copy_slot_rows_refuses_any_move_outside_a_table_before_copying) {
+    std::vector<std::uint8_t> src(10 * 2, 7), dst(4 * 2, 0);
+    const SlotMove bad[][2] = {{{0, 0, 1}, {0, 0, 0}}, {{0, 0, 1}, {-1, 0, 1}}, {{0, 0, 1}, {0, 3, 2}},
+                               {{0, 0, 1}, {9, 0, 2}}, {{0, 0, 1}, {INT64_MAX, 0, 2}}};
+    for (const auto& m : bad) {
+        CHECK_THROWS(copy_slot_rows(m, 2, src.data(), 10, dst.data(), 4, 2), std::invalid_argument);
+        for (std::uint8_t b : dst) CHECK_EQ(b, 0);  // the good first move was not applied either
+    }
 }
 
 TEST_MAIN()

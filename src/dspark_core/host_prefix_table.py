@@ -29,12 +29,10 @@ from typing import Any
 
 import numpy as np
 
+from ._ext._stager import copy_slot_rows
 from .prefix_table_owner import PrefixTableOwner
 
 __all__ = ["HostPrefixTable"]
-
-#: Up to this many moves, one slice copy each; more (a batch's), one gather and one scatter.
-_FEW_MOVES = 8
 
 
 class HostPrefixTable(PrefixTableOwner):
@@ -57,18 +55,10 @@ class HostPrefixTable(PrefixTableOwner):
     def __repr__(self) -> str:
         return f"HostPrefixTable(storage={self.storage!r}, rows={self.rows} x {self.row_bytes} B)"
 
-    def _copy_rows(self, moves: list[list[int]], to_store: bool, ring: Any) -> None:
+    def _copy_rows(self, moves: np.ndarray, to_store: bool, ring: Any) -> None:
+        # One core call for a batch's moves (publish_many / hit_many: a few rows each, many of them).
         src, dst = (ring.table, self.table) if to_store else (self.table, ring.table)
-        if len(moves) <= _FEW_MOVES:
-            for s, d, m in moves:
-                dst[d : d + m] = src[s : s + m]
-            return
-        # A batch's moves (publish_many / hit_many: a few rows each, many of them): one gather and
-        # one scatter. The two tables are distinct arrays, so no move reads a row another wrote.
-        arr = np.asarray(moves, np.int64)
-        counts = arr[:, 2]
-        within = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
-        dst[np.repeat(arr[:, 1], counts) + within] = src[np.repeat(arr[:, 0], counts) + within]
+        copy_slot_rows(src, dst, moves)
 
     def _read_rows(self, slots: np.ndarray) -> np.ndarray:
         return self.table[slots]

@@ -89,17 +89,6 @@ class PrefixHit:
     blocks_found: int
     moves: PrefixMoves
 
-    @classmethod
-    def _of(cls, n_tokens: int, need_first: int, first_row: int, replay_from: int, rows: int, origin: int,
-            exact: bool, blocks_found: int, moves: PrefixMoves) -> PrefixHit:
-        """The binding's constructor: a frozen dataclass's ``__init__`` sets each field through
-        ``object.__setattr__`` (about 2 us: a batch of 64 hits spent half its time there); the
-        fields go into the instance's ``__dict__`` at once instead. The same object."""
-        hit = object.__new__(cls)
-        hit.__dict__.update(n_tokens=n_tokens, need_first=need_first, first_row=first_row, replay_from=replay_from,
-                            rows=rows, origin=origin, exact=exact, blocks_found=blocks_found, moves=moves)
-        return hit
-
     @property
     def replay_tokens(self) -> int:
         """Positions the server must prefill again: ``n_tokens - replay_from`` (at most ``K``)."""

@@ -146,7 +146,7 @@ class PrefixTableOwner:
         if len(bad):
             s, d, k = arr[bad[0]].tolist()
             raise ValueError(f"{self._name}: move [{s}, {d}, {k}] is outside the tables")
-        self._copy_rows(arr.tolist(), to_store, ring)
+        self._copy_rows(arr, to_store, ring)
 
     # -- other processes ----------------------------------------------------
     def publish_rows(self, keys: Any, start: int, end: int, rows: Any, *, in_dtype: Any = None) -> np.ndarray:
@@ -213,9 +213,10 @@ class PrefixTableOwner:
     def _check_place(self, ring: Any, fn: str) -> None:
         """Refuse a ring whose table this one cannot reach (a device owner: another device)."""
 
-    def _copy_rows(self, moves: list[list[int]], to_store: bool, ring: Any) -> None:
-        """Copy rows ``[src, src + m)`` to ``[dst, dst + m)`` of each move, in order: from ``ring``'s
-        table into this one when ``to_store``, else the other way (the moves are checked)."""
+    def _copy_rows(self, moves: np.ndarray, to_store: bool, ring: Any) -> None:
+        """Copy rows ``[src, src + m)`` to ``[dst, dst + m)`` of each move (``(n, 3)`` int64), in
+        order: from ``ring``'s table into this one when ``to_store``, else the other way (the moves
+        are checked)."""
         raise NotImplementedError
 
     def _host_rows(self, rows: Any, fn: str) -> np.ndarray:

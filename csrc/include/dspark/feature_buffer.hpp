@@ -47,6 +47,15 @@ struct SlotMove {
     std::int64_t count = 0;
 };
 
+// The row copies of `n` moves, in order (a later move reads what an earlier
+// one wrote, as applying fork / shift moves one by one does), from the table
+// `src` (src_rows rows of row_bytes) to the table `dst` (dst_rows rows; the
+// same table for fork / shift moves). An owner applies a batch's moves in one
+// call instead of one copy per move. Every move is checked before any row is
+// copied (std::invalid_argument names the first one outside a table).
+void copy_slot_rows(const SlotMove* moves, std::size_t n, const std::uint8_t* src, std::int64_t src_rows,
+                    std::uint8_t* dst, std::int64_t dst_rows, std::size_t row_bytes);
+
 class FeatureBuffer {
 public:
     // A writable run of free slots for rows about to be appended: `rows`

@@ -71,6 +71,9 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t dst
         int64_t count
 
+    void copy_slot_rows(const SlotMove* moves, size_t n, const uint8_t* src, int64_t src_rows, uint8_t* dst,
+                        int64_t dst_rows, size_t row_bytes) except +dspark_translate_exception
+
     cdef cppclass StagerOptions:
         int64_t feature_dim
         int64_t block_size

@@ -16,6 +16,13 @@ from dspark_core import prefix_hit as _prefix_hit
 from dspark_core._args import as_rows
 from dspark_core.prefix_hit import PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
 from dspark_core.prefix_keys import as_block_rows, as_block_data, as_key, as_key_chain, as_key_chains
+from dspark_core.prefix_keys import KeyBatch
+from cpython.long cimport PyLong_AsUnsignedLongLong
+
+# An int key's bytes (prefix_keys.as_key: 64-bit two's complement) and where int keys end.
+cdef enum:
+    KEY_INT_BYTES = 8
+_KEY_INT_END = 1 << 64
 
 # A non-NULL pointer for rows given as an empty buffer (the core tells "no
 # rows" from "empty rows").
@@ -33,9 +40,22 @@ cdef object _chain(object converted, KeyChain* out):
     return converted
 
 
+cdef extern from "Python.h":
+    int PyObject_GenericSetDict(object o, object value, void* context) except -1
+
+_new_object = object.__new__
+
+
 cdef object _hit(CPrefixHit& h, object moves):
-    return PrefixHit._of(h.n_tokens, h.need_first, h.first_row, h.replay_from, h.rows, h.origin, h.exact,
-                         h.blocks_found, moves)
+    # A PrefixHit (a frozen dataclass) given its instance dict at once: its
+    # __init__ sets each field through object.__setattr__, and hit_many's 64
+    # results cost more than its core call that way.
+    hit = _new_object(PrefixHit)
+    PyObject_GenericSetDict(hit, {
+        "n_tokens": h.n_tokens, "need_first": h.need_first, "first_row": h.first_row,
+        "replay_from": h.replay_from, "rows": h.rows, "origin": h.origin, "exact": h.exact,
+        "blocks_found": h.blocks_found, "moves": moves}, NULL)
+    return hit
 
 
 cdef void _chains(object batch, vector[KeyChain]& out):
@@ -54,6 +74,53 @@ cdef void _chains(object batch, vector[KeyChain]& out):
         out[i].n = cnt[i]
         out[i].bytes = base + bs[i] if base != NULL else NULL
         out[i].offsets = op + os[i] if cnt[i] else NULL
+
+
+cdef object _int_key_batch(object keys, size_t n):
+    """A batch of chains of plain ``int`` keys (the common case: hashes) as a
+    ``prefix_keys.KeyBatch``, converted here without a Python object per key
+    (a batch call's conversion cost as much as its core call). None when
+    anything is not that, or a key is outside [-2**63, 2**64): then
+    ``as_key_chains`` converts, and names what is wrong."""
+    if (type(keys) is not list and type(keys) is not tuple) or <size_t>len(keys) != n:
+        return None
+    cdef size_t i, total = 0, width = 0, m, at = 0, b
+    for c in keys:
+        if type(c) is not list and type(c) is not tuple:
+            return None
+        m = len(c)
+        total += m
+        width = max(width, m)
+    cdef cnp.ndarray count = np.empty(n, np.uintp), byte_start = np.empty(n, np.uintp)
+    cdef size_t* cp = <size_t*>cnp.PyArray_DATA(count)
+    cdef size_t* bp = <size_t*>cnp.PyArray_DATA(byte_start)
+    data = PyBytes_FromStringAndSize(NULL, <Py_ssize_t>(total * KEY_INT_BYTES))
+    cdef uint8_t* out = <uint8_t*>PyBytes_AS_STRING(data)
+    cdef int overflow = 0
+    cdef long long v
+    cdef uint64_t u
+    i = 0
+    for c in keys:
+        bp[i] = at * KEY_INT_BYTES
+        cp[i] = len(c)
+        for k in c:
+            if type(k) is not int:
+                return None
+            v = PyLong_AsLongLongAndOverflow(k, &overflow)
+            if overflow < 0:
+                return None
+            if overflow > 0:  # [2**63, 2**64): the same 64-bit hash as its negative twin
+                if k >= _KEY_INT_END:
+                    return None
+                u = PyLong_AsUnsignedLongLong(k)
+            else:
+                u = <uint64_t>v
+            for b in range(KEY_INT_BYTES):  # little-endian on every host
+                out[at * KEY_INT_BYTES + b] = <uint8_t>(u >> (8 * b))
+            at += 1
+        i += 1
+    return KeyBatch(data, np.arange(width + 1, dtype=np.uintp) * KEY_INT_BYTES, byte_start,
+                    np.zeros(n, np.uintp), count)
 
 
 cdef Stager _stager_arg(stager):
@@ -216,7 +283,9 @@ cdef class PrefixStore:
         cdef Stager st = _stager_arg(stager)
         sv = st._ids("publish_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        conv = st._batch_converted("publish_many", sv, Need.Ready, as_key_chains, ("publish_many", keys, n))
+        conv = _int_key_batch(keys, n)
+        if conv is None:
+            conv = st._batch_converted("publish_many", sv, Need.Ready, as_key_chains, ("publish_many", keys, n))
         a = st._per_seq("publish_many", sv, Need.Ready, "starts", starts)
         b = st._per_seq("publish_many", sv, Need.Ready, "ends", ends)
         cdef vector[KeyChain] chains
@@ -245,7 +314,9 @@ cdef class PrefixStore:
         cdef Stager st = _stager_arg(stager)
         sv = st._ids("hit_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        conv = st._batch_converted("hit_many", sv, Need.Ready, as_key_chains, ("hit_many", keys, n))
+        conv = _int_key_batch(keys, n)
+        if conv is None:
+            conv = st._batch_converted("hit_many", sv, Need.Ready, as_key_chains, ("hit_many", keys, n))
         h = st._per_seq("hit_many", sv, Need.Ready, "n_tokens", n_tokens)
         cdef vector[KeyChain] chains
         _chains(conv, chains)

@@ -31,6 +31,7 @@ from dspark_core._ext._lib_stager cimport (
     RowMode, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, plan_rows, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
     crc32c as c_crc32c, pad_rows as c_pad_rows, batch_context as c_batch_context,
+    copy_slot_rows as copy_slot_rows_core,
 )
 
 from dspark_core._args import (
@@ -163,6 +164,32 @@ def crc32c(data, crc=0):
     with nogil:
         c = c_crc32c(c, p, n)
     return c
+
+
+def copy_slot_rows(src, dst, moves):
+    """The row copies of ``moves`` (``(n, 3)`` int64 ``[src, dst, count]``, applied in order) from
+    the table ``src`` to the table ``dst`` (C-contiguous uint8 ``(rows, row_bytes)`` of one width;
+    ``dst`` may be ``src``). Every move is checked first (ValueError: nothing copied). An owner's
+    copies of one table change in one call, the GIL released."""
+    cdef cnp.ndarray s, d, m
+    for name, t in (("src", src), ("dst", dst)):
+        if not (isinstance(t, np.ndarray) and t.dtype == np.uint8 and t.ndim == 2 and t.flags.c_contiguous):
+            raise TypeError(f"copy_slot_rows: {name} must be a C-contiguous 2-D uint8 table")
+    s, d = src, dst
+    if s.shape[1] != d.shape[1]:
+        raise ValueError(f"copy_slot_rows: rows of {s.shape[1]} and {d.shape[1]} bytes")
+    if not d.flags.writeable:
+        raise ValueError("copy_slot_rows: dst is read-only")
+    m = np.ascontiguousarray(moves, np.int64)
+    if m.ndim != 2 or m.shape[1] != 3:
+        raise ValueError(f"copy_slot_rows: moves must be (n, 3), got shape {np.shape(m)}")
+    cdef const SlotMove* mp = <const SlotMove*>cnp.PyArray_DATA(m)
+    cdef size_t n = m.shape[0], row_bytes = s.shape[1]
+    cdef const uint8_t* sp = <const uint8_t*>cnp.PyArray_DATA(s)
+    cdef uint8_t* dp = <uint8_t*>cnp.PyArray_DATA(d)
+    cdef int64_t src_rows = s.shape[0], dst_rows = d.shape[0]
+    with nogil:
+        copy_slot_rows_core(mp, n, sp, src_rows, dp, dst_rows, row_bytes)
 
 
 def pad_rows(seqs, row_offsets, values, max_rows, out):

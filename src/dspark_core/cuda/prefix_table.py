@@ -74,11 +74,11 @@ class PrefixTable(PrefixTableOwner):
         if ring.device != self.device:
             raise ValueError(f"{fn}: the PrefixTable lives on device {self.device}, the ring on device {ring.device}")
 
-    def _copy_rows(self, moves: list[list[int]], to_store: bool, ring: Any) -> None:
+    def _copy_rows(self, moves: np.ndarray, to_store: bool, ring: Any) -> None:
         """Device to device, on the table's stream; the written table is marked on the ring's."""
         rb = self.row_bytes
         src_ptr, dst_ptr = (ring._table_ptr, self._table_ptr) if to_store else (self._table_ptr, ring._table_ptr)
-        for src, dst, m in moves:
+        for src, dst, m in moves.tolist():
             self._cu.copy_device(dst_ptr + dst * rb, src_ptr + src * rb, m * rb, self.stream)
         interop._mark_written(self.table if to_store else ring.table, ring.stream, ring._stream_obj)
 
