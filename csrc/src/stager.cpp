@@ -94,10 +94,12 @@ void check_options(const StagerOptions& o) {
     require_code("nonfinite", o.nonfinite, NONFINITE_COUNT, nonfinite_name);
     require_code("stage_dtype", o.stage, ELEM_TYPE_COUNT, elem_name);
     require_code("rows", o.rows, ROW_MODE_COUNT, row_mode_name);
-    // A rebase keeps W / 2 rows and must still fit a block: W > 2B (never an abort).
-    if (o.window <= 2 * o.block_size)
+    // A rebase keeps W / 2 rows and must still fit a block: W > 2B (never an abort). Written as
+    // B > (W - 1) / 2 (W >= 1 here): 2B overflows int64 for B >= 2**62, which once let any W pass.
+    if (o.block_size > (o.window - 1) / 2)
         throw ConfigError("window (" + std::to_string(o.window) + ") must be greater than 2 * block_size (2 * " +
-                          std::to_string(o.block_size) + " = " + std::to_string(2 * o.block_size) + ")");
+                          std::to_string(o.block_size) + " = " +
+                          std::to_string(2 * static_cast<std::uint64_t>(o.block_size)) + ")");
     if (o.window > MAX_WINDOW) throw ConfigError("window (" + std::to_string(o.window) + ") must be <= 2**30");
     if (o.feature_dim > MAX_FEATURE_DIM)
         throw ConfigError("feature_dim (" + std::to_string(o.feature_dim) + ") must be <= 2**28");

@@ -111,6 +111,12 @@ TEST_CASE(config_errors_are_exceptions_not_aborts) {
     StagerOptions m = opts(4, 20);
     m.max_seqs = 0;
     CHECK_THROWS(Stager(m), ConfigError);
+    // 2 * block_size past int64: refused, not wrapped to a negative bound every window exceeds.
+    for (std::int64_t b : {std::int64_t(1) << 62, INT64_MAX}) {
+        StagerOptions big = opts(4, 20);
+        big.block_size = b;
+        CHECK_THROWS(Stager(big), ConfigError);
+    }
 }
 
 TEST_CASE(rejected_calls_change_nothing) {

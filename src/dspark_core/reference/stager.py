@@ -77,6 +77,7 @@ from ..config import StagerConfig
 from ..errors import StateError
 from ..slot_moves import RestoredSlots, SlotMoves, no_moves
 from ..stage_plan import BatchPlan, StagePlan
+from .config import check_config
 from .arguments import DISABLED_WARNING, FAIL_STAGES, MISMATCH_WARNING, TRIM_CHUNK
 from .batch_plan import batch_plan
 from .device_step import DeviceStepMixin, on_device_error
@@ -154,6 +155,7 @@ class ReferenceStager(DeviceStepMixin):
     def __init__(self, config: StagerConfig) -> None:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
+        check_config(config)  # the twin's own rules (a StagerConfig met the core's)
         self.config = config
         self._external = config.rows == "external"
         self._strict = config.strict
