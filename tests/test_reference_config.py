@@ -35,9 +35,9 @@ CHOICES = {
 }
 
 
-def outcome(make):
+def outcome(make, kw):
     try:
-        make()
+        make(kw)
     except ConfigError as exc:
         return str(exc)
     return None
@@ -59,8 +59,8 @@ def configs(n: int, seed: int):
 def test_every_configuration_is_refused_or_taken_alike():
     refused = 0
     for kw in configs(3000, 7):
-        core = outcome(lambda: StagerConfig(**kw))
-        twin = outcome(lambda: check_config(SimpleNamespace(**kw)))
+        core = outcome(lambda k: StagerConfig(**k), kw)
+        twin = outcome(lambda k: check_config(SimpleNamespace(**k)), kw)
         assert twin == core, kw
         refused += core is not None
     assert 1000 < refused < 2900  # the grid reaches both outcomes, often
