@@ -24,6 +24,7 @@ from dspark_core._ext import _stager
 from dspark_core import kernels
 from dspark_core import snapshot_format as sf
 from dspark_core.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
+from dspark_core.errors import StateError
 from dspark_core.reference import ReferenceStager
 
 DATA = Path(__file__).parent / "data"
@@ -508,3 +509,62 @@ def test_environment_picks_the_crc32c_kernel(env, want, warning):
         assert "Warning" not in r.stderr, r.stderr
     else:
         assert warning in r.stderr, r.stderr
+
+
+# -- check_restore: restore's checks, nothing changed ---------------------------
+
+
+def primed_any(cls, cfg: StagerConfig, seq: int = 0, n: int = 40):
+    """``primed`` in either row mode (external: the positions only)."""
+    if cfg.rows == "held":
+        return primed(cls, cfg, seq, n)
+    st = cls(cfg)
+    st.begin(seq)
+    st.process(seq, np.arange(n))
+    if not st.draft(seq, n).skip:
+        st.commit(seq)
+    st.process(seq, np.arange(n, n + cfg.block_size + 1))
+    st.accept(seq, 1)
+    return st
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_check_restore_says_what_restore_says_and_changes_nothing(rows):
+    """On good data: the rows restore brings back (external: as many as its slots); on damaged,
+    truncated, foreign or other-mode data: restore's own error, word for word; neither form of
+    the call changes the sequence. Core and reference alike."""
+    cfg = StagerConfig(feature_dim=64, block_size=4, window=24, max_seqs=3, storage="q8_0", rows=rows)
+    other = cfg.replace(rows="held" if rows == "external" else "external")
+    fresh = ReferenceStager(cfg).snapshot(0)
+    for cls in (Stager, ReferenceStager):
+        good = primed_any(cls, cfg).snapshot(0)
+        flipped = bytearray(good)
+        flipped[len(good) // 2] ^= 0x10
+        cases = [good, fresh, flipped, good[:-1], good + b"\0", primed_any(cls, other).snapshot(0),
+                 primed_any(cls, cfg.replace(window=32)).snapshot(0)]
+        for data in cases:
+            st = primed_any(cls, cfg, seq=1, n=13)
+            before = _full_state(st, 1)
+            try:
+                n = st.check_restore(1, data)
+            except ValueError as exc:
+                assert _full_state(st, 1) == before
+                with pytest.raises(ValueError) as restored:
+                    st.restore(1, data)
+                assert str(restored.value) == str(exc)
+                continue
+            assert _full_state(st, 1) == before
+            slots = st.restore(1, data)
+            state = st.state(1)
+            assert n == (state["end"] - state["horizon"] if state["started"] else 0)
+            if rows == "external":
+                assert len(slots) == n
+    # The sequence's own state comes first, as in restore: an open round is a StateError.
+    st = primed_any(Stager, cfg, seq=1, n=13)
+    st.draft(1, st.state(1)["end"])
+    assert st.state(1)["open_round"]
+    with pytest.raises(StateError) as checked:
+        st.check_restore(1, fresh)
+    with pytest.raises(StateError) as restored:
+        st.restore(1, fresh)
+    assert str(checked.value) == str(restored.value)

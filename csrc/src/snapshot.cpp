@@ -164,11 +164,18 @@ std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {
     return out;
 }
 
-void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out,
-                     std::uint64_t* serial) {
-    auto lock = lock_seq(seq);
-    Seq& target = mut(ready(seq));
-    if (serial) *serial = 0;
+// A snapshot's fields, every check of its header made (the rows' checksum
+// aside: v2 checks it while copying them).
+struct Stager::SnapshotFields {
+    bool v1 = false;
+    std::size_t header = 0;
+    std::uint64_t n_rows = 0;
+    std::int64_t end = 0, horizon = 0, n_cache = 0, pos_base = 0, tentative = 0;
+    std::uint32_t failures = 0, flags = 0;
+    bool started = false;
+};
+
+Stager::SnapshotFields Stager::read_snapshot(const std::uint8_t* d, std::size_t n) const {
     if (n < PREAMBLE_BYTES)
         bad("snapshot is truncated: " + std::to_string(n) + " bytes, a header needs " + std::to_string(HEADER_BYTES));
     if (std::memcmp(d, MAGIC, 4) != 0) bad("not a dspark_core snapshot (bad magic)");
@@ -240,6 +247,44 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
              flags == FLAG_FIRST_ROUND && failures == 0;  // a fresh sequence
     }
     if (!ok) bad("snapshot fields are inconsistent");
+    SnapshotFields f;
+    f.v1 = v1;
+    f.header = header;
+    f.n_rows = n_rows;
+    f.end = end;
+    f.horizon = horizon;
+    f.n_cache = n_cache;
+    f.pos_base = pos_base;
+    f.tentative = tentative;
+    f.failures = failures;
+    f.flags = flags;
+    f.started = started;
+    return f;
+}
+
+std::int64_t Stager::check_restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) const {
+    auto lock = lock_seq(seq);
+    (void)ready(seq);
+    const SnapshotFields f = read_snapshot(d, n);
+    if (!f.v1 && !external() && crc32c(0, d + f.header, static_cast<std::size_t>(f.n_rows) * row_bytes_) !=
+                                    take<std::uint32_t>(d + OFF_ROWS_CRC))
+        bad("snapshot rows checksum mismatch (damaged data)");
+    return static_cast<std::int64_t>(f.n_rows);
+}
+
+void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, SlotRun* runs_out,
+                     std::uint64_t* serial) {
+    auto lock = lock_seq(seq);
+    Seq& target = mut(ready(seq));
+    if (serial) *serial = 0;
+    const SnapshotFields fields = read_snapshot(d, n);
+    const bool v1 = fields.v1;
+    const std::size_t header = fields.header;
+    const std::uint64_t n_rows = fields.n_rows;
+    const std::int64_t end = fields.end, horizon = fields.horizon, n_cache = fields.n_cache,
+                       pos_base = fields.pos_base, tentative = fields.tentative;
+    const std::uint32_t failures = fields.failures, flags = fields.flags;
+    const bool started = fields.started;
 
     // Rows of v2 are checksummed while they are copied (one pass), always
     // into slots that hold no stageable row of this sequence, so damaged data

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _bf16, formats, snapshot_format
+from . import _bf16, formats
 from ._args import as_positions
 from .prefix_hit import PrefixMoves
 from .prefix_table_owner import PrefixTableOwner
@@ -527,10 +527,7 @@ class RingOwner:
     def restore(self, seq: int, data: Any, rows: Any) -> np.ndarray:
         """``stager.restore(seq, data)`` and copy ``rows`` (from :meth:`snapshot`) into the
         slots it returns. Bad data, or rows of the wrong shape, raise before anything changes."""
-        cfg = self.stager.config
-        state = snapshot_format.unpack(data, cfg.snapshot_fingerprint(), external=True)
-        n = state.end - state.horizon if state.started else 0
-        r = self._snapshot_rows(rows, n)
+        r = self._snapshot_rows(rows, self.stager.check_restore(seq, data))  # the core's reading of the data
         with self._lock:  # the restore and its copies, in serial order among the table changes
             self._require_applied("restore")
             slots = self.stager.restore(seq, data)

@@ -374,6 +374,11 @@ public:
     std::vector<std::uint8_t> snapshot(std::int64_t seq) const;
     void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes, SlotRun* runs_out = nullptr,
                  std::uint64_t* serial = nullptr);
+    // Every check restore makes (the sequence, the data; held mode: the rows'
+    // checksum too), nothing changed: the rows the snapshot brings back
+    // (end - horizon of a started sequence, else 0). An owner of external rows
+    // checks the rows it was given against this before restore changes anything.
+    std::int64_t check_restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes) const;
 
     SeqState state(std::int64_t seq) const;
     // The slots of the stageable rows [horizon, end), oldest first, as at most
@@ -507,6 +512,9 @@ public:
     bool on_device(std::int64_t seq) const;
 
 private:
+    struct SnapshotFields;  // snapshot.cpp
+    // A snapshot's header read and checked against this Stager (std::invalid_argument).
+    SnapshotFields read_snapshot(const std::uint8_t* data, std::size_t nbytes) const;
     // A sequence's fields (what a cancelled reservation puts back).
     struct SeqFields {
         bool started = false;

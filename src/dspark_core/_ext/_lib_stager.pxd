@@ -201,6 +201,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         vector[uint8_t] snapshot(int64_t seq) except +dspark_translate_exception
         void restore(int64_t seq, const uint8_t* data, size_t nbytes, SlotRun* runs_out,
                      uint64_t* serial) except +dspark_translate_exception
+        int64_t check_restore(int64_t seq, const uint8_t* data, size_t nbytes) except +dspark_translate_exception
         SeqState state(int64_t seq) except +dspark_translate_exception
         void live_slots(int64_t seq, SlotRun* out) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception

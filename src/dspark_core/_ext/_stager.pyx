@@ -1114,6 +1114,19 @@ cdef class Stager:
             self._core.restore(s, dp, n, p.slot_runs, &serial)
         return RestoredSlots.wrap(_plan_slots(p), self, serial) if self._external else None
 
+    def check_restore(self, seq, data):
+        """Every check ``restore(seq, data)`` makes, changing nothing: the number of rows the
+        snapshot brings back (in external-row mode, the rows the owner passes back with it).
+        The same errors as ``restore``."""
+        cdef int64_t s = _i64("seq", seq)
+        cdef const uint8_t[::1] raw = self._converted(s, False, readable_bytes, (data,))
+        cdef size_t n = raw.shape[0]
+        cdef const uint8_t* dp = &raw[0] if n else NULL
+        cdef int64_t rows
+        with nogil:
+            rows = self._core.check_restore(s, dp, n)
+        return rows
+
     # -- introspection ------------------------------------------------------
     def state(self, seq):
         """The sequence's protocol state as a dict (the same keys as the reference's)."""

@@ -979,6 +979,13 @@ class ReferenceStager(DeviceStepMixin):
             serial = self._number_change("restore", i)
         return RestoredSlots.wrap(slots, self, serial)
 
+    def check_restore(self, seq: int, data: Any) -> int:
+        """Every check ``restore`` makes, nothing changed: the rows the snapshot brings back."""
+        self._closed(seq)
+        s = snapshot_format.unpack(arg.readable(data), self._fingerprint, rf.STORAGES, arg.NONFINITE_POLICIES,
+                                   external=self._external, stage_dtypes=arg.STAGE_DTYPES)
+        return s.end - s.horizon
+
     # -- introspection --------------------------------------------------
     def state(self, seq: int) -> dict[str, Any]:
         """The sequence's protocol state (the same dict the core returns)."""
