@@ -10,16 +10,20 @@ already in the drafter's cache) would repeat every round, so the C++ core
 reports it: with ``StagerConfig(strict=True)`` it raises
 :class:`~dspark_core.errors.StateError` before anything changes; otherwise the
 plan carries the facts and a flag set on the sequence's first mismatch since
-its last ``begin()``. The binding logs that one with :func:`log_mismatch`:
-deciding *how* to tell is this module's only job; *what* is out of protocol,
-and the cause in words, are the core's. See docs/protocol.md section 3.
+its last ``begin()``. The binding logs that one with :func:`log_mismatch`, and a
+sequence that ``fail`` disabled with :func:`log_disabled`: deciding *how* to
+tell is this module's only job (the binding holds no logging policy); *what*
+is out of protocol, and the cause in words, are the core's. See
+docs/protocol.md section 3.
 """
 
 from __future__ import annotations
 
 import logging
 
-__all__ = ["MISMATCH_WARNING", "log_mismatch"]
+from .stage_plan import DISABLED_WARNING
+
+__all__ = ["MISMATCH_WARNING", "log_mismatch", "log_disabled"]
 
 logger = logging.getLogger("dspark_core")
 
@@ -30,3 +34,9 @@ MISMATCH_WARNING = "sequence %d: draft(n_past=%d) skipped (%s): the newest buffe
 def log_mismatch(seq: int, n_past: int, skip: str, newest: int, cause: str) -> None:
     """Log a protocol mismatch the core reported (once per sequence until ``begin``)."""
     logger.warning(MISMATCH_WARNING, seq, n_past, skip, newest, cause)
+
+
+def log_disabled(seq: int, failures: int, stage: str) -> None:
+    """Log a sequence's drafting disabled by ``failures`` consecutive drafter failures (the
+    core's report: ``fail`` returns the count that disabled it), ``stage`` the last one's."""
+    logger.warning(DISABLED_WARNING, seq, failures, stage)

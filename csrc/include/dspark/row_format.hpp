@@ -27,6 +27,14 @@ inline constexpr int STORAGE_COUNT = 5;
 enum class ElemType : std::uint8_t { F32 = 0, F16 = 1, BF16 = 2 };
 inline constexpr int ELEM_TYPE_COUNT = 3;
 
+// True when a stored row's bytes are already its staged values (f32 rows
+// staged as float32, f16 as float16, bf16 as bfloat16): staging is then a
+// view of the stored bytes, no decode.
+inline constexpr bool staged_as_stored(Storage s, ElemType t) noexcept {
+    return (s == Storage::F32 && t == ElemType::F32) || (s == Storage::F16 && t == ElemType::F16) ||
+           (s == Storage::BF16 && t == ElemType::BF16);
+}
+
 // What encoding does with values it cannot encode as finite values: NaN,
 // +-Inf, and finite values whose encoding overflows (|x| >= the bounds'
 // limit, see EncodeBounds). Overflow is non-finite too: real models have

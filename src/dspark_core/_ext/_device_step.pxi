@@ -53,7 +53,7 @@ def _step_to_host(Stager st, seqs, outcomes):
     with nogil:
         st._core.to_host(sp, n, op, dp)
     for i in np.flatnonzero(disabled).tolist():
-        logger.warning(DISABLED_WARNING, int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
+        log_disabled(int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
     return disabled
 
 

@@ -35,6 +35,8 @@ cdef extern from "dspark/row_format.hpp" namespace "dspark" nogil:
         F16
         BF16
 
+    bool staged_as_stored(Storage s, ElemType t) noexcept
+
     enum class NonFinite(uint8_t):
         Error
         Zero

@@ -9,7 +9,6 @@ speak first (``_sequence_errors_first``: docs/design.md 2.1). The core
 locks each call's sequences (one mutex per sequence), so calls on different
 sequences from different threads run in parallel (docs/design.md 2.9).
 """
-import logging
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport (
     Storage, ElemType, NonFinite, dspark_set_error_types, decode_rows, KernelFamily, active_kernel_path, set_kernel_path,
+    staged_as_stored,
 )
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, RowView, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
@@ -40,7 +40,7 @@ from dspark_core._args import (
 )
 from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
-from dspark_core.protocol_mismatch import log_mismatch
+from dspark_core.protocol_mismatch import log_disabled, log_mismatch
 from dspark_core.slot_moves import RestoredSlots, SlotMoves, no_moves
 from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchContext, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
@@ -53,7 +53,6 @@ dspark_set_error_types(ConfigError, StateError)
 TRIM_CHUNK = C_TRIM_CHUNK
 MAX_POSITION = C_MAX_POSITION
 
-logger = logging.getLogger("dspark_core")
 
 # Core enum order: Skip::None, then SKIP_REASONS; FailStage follows FAIL_STAGES.
 _SKIPS = (None, *SKIP_REASONS)
@@ -418,9 +417,8 @@ cdef class Stager:
         self._B = o.block_size
         self._row_bytes = self._core.row_bytes()
         self._stage_dtype = config.numpy_stage_dtype
-        # Staged rows are a free view of the encoded bytes when formats agree.
-        self._view_rows = (config.storage, config.stage_dtype) in (
-            ("f32", "float32"), ("f16", "float16"), ("bf16", "bfloat16"))
+        # Staged rows are a free view of the encoded bytes when formats agree (the core's rule).
+        self._view_rows = staged_as_stored(o.storage, o.stage)
         # Otherwise plan.rows decodes lazily, into a buffer of the Stager's pool.
         self._storage = o.storage
         self._stage = o.stage
@@ -882,7 +880,7 @@ cdef class Stager:
         with nogil:
             self._core.fail_many(sp, fp, n, dp)
         for i in np.flatnonzero(disabled).tolist():
-            logger.warning(DISABLED_WARNING, int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
+            log_disabled(int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
 
     def end(self, seq):
         """The request on ``seq`` is over (finished or aborted): drop its state, whatever it
@@ -997,7 +995,7 @@ cdef class Stager:
         with nogil:
             disabled_after = self._core.fail(s, fs)
         if disabled_after:
-            logger.warning(DISABLED_WARNING, s, disabled_after, FAIL_STAGES[<int>fs])
+            log_disabled(s, disabled_after, FAIL_STAGES[<int>fs])
 
     def accept(self, seq, n_accepted):
         """Keep the rows of the accepted tokens (``n_accepted + 1``) of the last verify batch."""
