@@ -41,7 +41,7 @@ import _common  # bench/ is on sys.path when a script here runs
 import ggml_cpu
 
 from dspark_core import formats
-from dspark_core.core_tables import STORAGE_FORMATS
+from dspark_core.stager.core_tables import STORAGE_FORMATS
 
 #: Target: conversion throughput / memcpy throughput measured at the same moment.
 MIN_VS_MEMCPY = 0.8

@@ -48,7 +48,7 @@ import numpy as np
 import _common as C
 
 ds = C.import_dspark()
-from dspark_core.device_step import STEP_OK, StepOutputs  # noqa: E402  (after the dev-build fallback)
+from dspark_core.stager.device_step import STEP_OK, StepOutputs  # noqa: E402  (after the dev-build fallback)
 
 D, STORAGE = 8192, "q8_0"
 #: B and W (--block / --window change them: the emulated device wants a small W).

@@ -49,7 +49,7 @@ import _common as C
 
 ds = C.import_dspark()
 from dspark_core import Stager, StagerConfig  # noqa: E402
-from dspark_core.config import STORAGES, storage_row_bytes  # noqa: E402
+from dspark_core.stager.config import STORAGES, storage_row_bytes  # noqa: E402
 
 
 def steady_rounds(cfg: StagerConfig, prompt: int, rounds: int, n_acc: int, verify: np.ndarray | None

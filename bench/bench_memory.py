@@ -39,7 +39,7 @@ import _common as C
 
 ds = C.import_dspark()
 from dspark_core import Stager, StagerConfig, formats  # noqa: E402
-from dspark_core.config import TRIM_CHUNK  # noqa: E402
+from dspark_core.stager.config import TRIM_CHUNK  # noqa: E402
 
 
 def run_one(cfg: StagerConfig, prompt: int, chunk_rows: np.ndarray, verify: np.ndarray, rounds: int,

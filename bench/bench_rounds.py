@@ -90,7 +90,7 @@ import _common as C
 
 ds = C.import_dspark()
 from dspark_core import Stager, StagerConfig, formats  # noqa: E402
-from dspark_core.config import TRIM_CHUNK  # noqa: E402
+from dspark_core.stager.config import TRIM_CHUNK  # noqa: E402
 from dspark_core.reference import ReferenceStager  # noqa: E402
 
 ns = time.perf_counter_ns

@@ -48,7 +48,7 @@ import _common as C
 ds = C.import_dspark()
 from dspark_core import Stager, StagerConfig  # noqa: E402
 from dspark_core import kernels  # noqa: E402
-from dspark_core import snapshot_format as sf  # noqa: E402
+from dspark_core.stager import snapshot_format as sf  # noqa: E402
 
 GOAL = 0.8  # snapshot_into and restore-from-buffer, as a fraction of memcpy throughput
 

@@ -75,7 +75,7 @@ import _common as C
 ds = C.import_dspark()
 from bench_step import build_c_program  # noqa: E402
 from dspark_core import Stager, StagerConfig  # noqa: E402
-from dspark_core.config import STORAGES  # noqa: E402
+from dspark_core.stager.config import STORAGES  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 D, B, W = 25600, 16, 4096

@@ -3,7 +3,7 @@
 
 A server whose KV blocks live in a shared cache (LMCache, Mooncake, Redis) keeps the drafter's
 rows next to them: each published block goes out as the bytes ``PrefixStore.export_block``
-writes (a versioned, CRC-32C checksummed block: ``dspark_core.prefix_block_format``), under a
+writes (a versioned, CRC-32C checksummed block: ``dspark_core.prefix.block_format``), under a
 Redis key made of the block's own key, and any process whose store has the same configuration
 imports it. Two commands, run as two processes:
 

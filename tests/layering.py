@@ -4,20 +4,27 @@ Each module of ``src/dspark_core`` belongs to one layer; a module imports
 only modules of its own or a lower layer, lazy (function-level) imports
 included. Layers, bottom up:
 
-0 base       errors, _version, _bf16 (bfloat16, loaded when first used): no import from the package
+0 base       errors, _version, rows._bf16 (bfloat16, loaded when first used), prefix.keys,
+             the concept packages' ``__init__`` (stager, rows, prefix: they import nothing):
+             no import from the package
 1 binding    _ext._row_format: the C++ row formats and the core's name tables and limits
-2 contract   core_tables, _args, config, stage_plan, slot_moves, snapshot_format,
-             protocol_mismatch, stager_copy, device_step: the tables, the binding's argument
-             conversions, the value types the Stager binding takes and returns, how a
-             protocol mismatch is logged, and how a Stager is pickled (config plus snapshots)
-3 binding    _ext._stager, _ext._cuda: the C++ Stager and CUDA conversions
-4 api        formats, kernels, cuda, gguf, context_plan, ring_owner, host_ring, prefix_table_owner,
-             host_prefix_table: the Python API over the core
+2 contract   stager (core_tables, _args, config, stage_plan, device_step, snapshot_format,
+             protocol_mismatch, pickling), rows.slot_moves, prefix.hit, prefix.block_format:
+             the tables, the binding's argument conversions, the value types the Stager
+             binding takes and returns, how a protocol mismatch is logged, and how a Stager
+             is pickled (config plus snapshots)
+3 binding    _ext._stager (with its .pxi includes), _ext._cuda: the C++ Stager, PrefixStore
+             and CUDA conversions
+4 api        formats, kernels, cuda, gguf, context_plan, sdk, rows.ring_owner, rows.host_ring,
+             prefix.table_owner, prefix.host_table: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
 6 tools      testing, sim, engines: differential runner, fuzzing, the loop, toy models,
              real-engine adapters (optional engines, imported lazily)
 7 cli        cli: commands and all table / text presentation
 8 root       the package's ``__init__`` (the embedding API)
+
+No module imports itself back at import time: :func:`cycles` of
+``graph(lazy=False)`` (module-level imports) is empty.
 
 ``_old_paths`` (the deprecated-path finder) imports modules by name only.
 """
@@ -35,32 +42,27 @@ ROOT = pathlib.Path(__file__).resolve().parents[1] / "src" / PACKAGE
 #: Module (or subpackage) -> layer. A module not listed inherits its subpackage's layer.
 LAYERS: dict[str, int] = {
     "errors": 0,
-    "_args": 2,
     "_old_paths": 0,
     "_version": 0,
-    "_bf16": 0,
     "_ext": 1,
     "_ext._row_format": 1,
-    "core_tables": 2,
-    "config": 2,
-    "stage_plan": 2,
-    "device_step": 2,
-    "slot_moves": 2,
-    "prefix_keys": 0,
-    "prefix_hit": 2,
-    "prefix_block_format": 2,
-    "snapshot_format": 2,
-    "protocol_mismatch": 2,
-    "stager_copy": 2,
+    "stager": 2,
+    "rows": 0,
+    "rows._bf16": 0,
+    "rows.slot_moves": 2,
+    "rows.ring_owner": 4,
+    "rows.host_ring": 4,
+    "prefix": 0,
+    "prefix.keys": 0,
+    "prefix.hit": 2,
+    "prefix.block_format": 2,
+    "prefix.table_owner": 4,
+    "prefix.host_table": 4,
     "_ext._stager": 3,
     "_ext._cuda": 3,
     "formats": 4,
     "kernels": 4,
     "cuda": 4,
-    "ring_owner": 4,
-    "host_ring": 4,
-    "prefix_table_owner": 4,
-    "host_prefix_table": 4,
     "gguf": 4,
     "context_plan": 4,
     "sdk": 4,
@@ -73,7 +75,8 @@ LAYERS: dict[str, int] = {
 }
 LAYER_NAMES = ("base", "binding", "contract", "binding", "api", "reference", "tools", "cli", "root")
 
-_PYX_IMPORT = re.compile(r"^\s*(?:from\s+([\w.]+)\s+c?import\s+([\w, ()*]+)|c?import\s+([\w.]+))", re.M)
+_PYX_IMPORT = re.compile(r"^(\s*)(?:from\s+([\w.]+)\s+c?import\s+([\w, ()*]+)|c?import\s+([\w.]+))", re.M)
+_PYX_INCLUDE = re.compile(r'^include\s+"([\w.]+)"', re.M)
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -117,21 +120,50 @@ def _exists(module: str) -> bool:
     return p.is_dir() or any(p.with_suffix(s).exists() for s in (".py", ".pyx"))
 
 
-def imports_of(path: pathlib.Path) -> set[str]:
-    """Package modules ``path`` imports (lazy imports included)."""
+def _pyx_text(path: pathlib.Path) -> str:
+    """A Cython module's source with the ``.pxi`` files it includes (they are the same module)."""
+    text = path.read_text()
+    return text + "".join("\n" + (path.parent / name).read_text() for name in _PYX_INCLUDE.findall(text))
+
+
+def _import_nodes(tree: ast.Module, lazy: bool) -> list[ast.stmt]:
+    """The import statements of a module; without ``lazy``, only those run when it is imported
+    (not in a function, not under ``if TYPE_CHECKING``)."""
+    if lazy:
+        return [n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))]
+    found: list[ast.stmt] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.Import, ast.ImportFrom)):
+                found.append(child)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                continue
+            elif isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+                todo.extend(child.orelse)
+            else:
+                todo.append(child)
+    return found
+
+
+def imports_of(path: pathlib.Path, lazy: bool = True) -> set[str]:
+    """Package modules ``path`` imports (lazy imports included unless ``lazy`` is false)."""
     module = module_name(path)
     is_pkg = path.stem == "__init__"
     found: set[str] = set()
     prefix = PACKAGE + "."
     if path.suffix == ".pyx":
-        for m in _PYX_IMPORT.finditer(path.read_text()):
-            name = m.group(1) or m.group(3)
+        for m in _PYX_IMPORT.finditer(_pyx_text(path)):
+            if m.group(1) and not lazy:
+                continue  # indented: inside a function
+            name = m.group(2) or m.group(4)
             if name == PACKAGE or name.startswith(prefix):
                 rel = name[len(prefix):] if name != PACKAGE else ""
-                items = [s.strip(" ()") for s in (m.group(2) or "").split(",")]
+                items = [s.strip(" ()") for s in (m.group(3) or "").split(",")]
                 found.update(_internal(rel, [i.split(" as ")[0] for i in items if i]))
         return found
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in _import_nodes(ast.parse(path.read_text()), lazy):
         if isinstance(node, ast.ImportFrom):
             if node.level:
                 rel = _resolve(module, is_pkg, node.level, node.module)
@@ -148,9 +180,44 @@ def imports_of(path: pathlib.Path) -> set[str]:
     return found
 
 
-def graph() -> dict[str, set[str]]:
+def graph(lazy: bool = True) -> dict[str, set[str]]:
+    """Module -> the package modules it imports (at import time only, without ``lazy``)."""
     files = sorted(p for p in ROOT.rglob("*") if p.suffix in (".py", ".pyx") and "__pycache__" not in p.parts)
-    return {module_name(p): imports_of(p) for p in files}
+    return {module_name(p): imports_of(p, lazy) for p in files}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of ``g``: each strongly connected set of two or more modules, sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's algorithm (the graph is a few hundred edges deep at most)
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(g.get(v, ())):
+            if w not in g:
+                continue
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            members = []
+            while True:
+                w = stack.pop()
+                members.append(w)
+                if w == v:
+                    break
+            if len(members) > 1:
+                found.append(sorted(members))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return sorted(found)
 
 
 def violations(g: dict[str, set[str]] | None = None) -> list[str]:
@@ -178,7 +245,12 @@ def main() -> int:
     print("\nupward imports:", "none" if not bad else "")
     for b in bad:
         print("  " + b)
-    return 1 if bad else 0
+    circles = cycles(graph(lazy=False))
+    print("import circles (module level):", "none" if not circles else "")
+    for c in circles:
+        print("  " + " <-> ".join(c))
+    print("import circles through lazy imports:", ", ".join(" <-> ".join(c) for c in cycles(g)) or "none")
+    return 1 if bad or circles else 0
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from conftest import massive_rows
 from dspark_core import Stager, StagerConfig, StateError
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
-from dspark_core.stage_plan import BATCH_ARRAYS, SKIP_REASONS
+from dspark_core.stager.stage_plan import BATCH_ARRAYS, SKIP_REASONS
 
 N_SEQS = 4
 #: A batch's ids: mostly valid, sometimes unknown (-1, N_SEQS) or repeated.
@@ -408,7 +408,7 @@ def test_stage_plan_positions_are_made_once_on_first_access():
         assert got is getattr(plan, name), name
         assert (got.dtype, got.shape, got.tobytes()) == (exp.dtype, exp.shape, exp.tobytes()), name
     assert plan.positions[-1] + 1 == plan.crop_from == plan.block_positions[0]
-    from dspark_core.stage_plan import StagePlan
+    from dspark_core.stager.stage_plan import StagePlan
     common = dict(seq=0, start=1, skip=None, rebase=False, clear_cache=False, crop_from=1, pos_base=0,
                   encoded_rows=None, external=True)
     for bad in ({}, {"n_rows": 1}, {"positions": np.zeros(1, np.int32), "n_rows": 1, "block_size": 4}):

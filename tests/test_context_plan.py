@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_core.config import StagerConfig
+from dspark_core.stager.config import StagerConfig
 from dspark_core.context_plan import ContextPlan, plan_context, row_bytes
 from dspark_core.gguf.drafter_info import DrafterInfo
 from dspark_core.errors import ConfigError

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import dspark_core
-from dspark_core import Stager, StagerConfig, core_tables, formats
-from dspark_core import config as config_mod
-from dspark_core import stage_plan
+from dspark_core import Stager, StagerConfig, formats
+from dspark_core.stager import core_tables
+from dspark_core.stager import config as config_mod
+from dspark_core.stager import stage_plan
 from dspark_core.reference import ReferenceStager
 from dspark_core.reference import formats as ref_formats
 

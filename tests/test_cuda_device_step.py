@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig, cuda
-from dspark_core.device_step import STEP_OK
+from dspark_core.stager.device_step import STEP_OK
 
 gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
 

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 from conftest import at_once, massive_rows
 
-from dspark_core import HostPrefixTable, HostRing, PrefixStore, Stager, StagerConfig, cuda, formats, snapshot_format
-from dspark_core.config import STORAGES
-from dspark_core.prefix_hit import HIT, PUBLISH, PrefixMoves
-from dspark_core.prefix_table_owner import PrefixTableOwner
+from dspark_core import HostPrefixTable, HostRing, PrefixStore, Stager, StagerConfig, cuda, formats
+from dspark_core.stager import snapshot_format
+from dspark_core.stager.config import STORAGES
+from dspark_core.prefix.hit import HIT, PUBLISH, PrefixMoves
+from dspark_core.prefix.table_owner import PrefixTableOwner
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
 from test_device_ring import Launches as BindingCalls
 

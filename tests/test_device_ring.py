@@ -21,8 +21,9 @@ import pytest
 
 from conftest import at_once
 
-from dspark_core import HostRing, Stager, StagerConfig, cuda, formats, snapshot_format
-from dspark_core.config import STORAGES
+from dspark_core import HostRing, Stager, StagerConfig, cuda, formats
+from dspark_core.stager import snapshot_format
+from dspark_core.stager.config import STORAGES
 from dspark_core.errors import StateError
 
 BF16 = np.dtype(ml_dtypes.bfloat16)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig
-from dspark_core.device_step import (
+from dspark_core.stager.device_step import (
     NOT_STEPPED, STEP_BAD_COUNT, STEP_CLEAR_CACHE, STEP_DUPLICATE, STEP_NOT_IN_STEP, STEP_NOT_ON_DEVICE, STEP_OK,
     STEP_REBASE, StepOutputs,
 )

@@ -24,8 +24,9 @@ from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 from conftest import at_once
 
-from dspark_core import Stager, StagerConfig, snapshot_format
-from dspark_core.config import STORAGES
+from dspark_core import Stager, StagerConfig
+from dspark_core.stager import snapshot_format
+from dspark_core.stager.config import STORAGES
 from dspark_core.errors import StateError
 from dspark_core.formats import encode_bounds, quantize_rows
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager

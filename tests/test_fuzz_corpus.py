@@ -20,7 +20,7 @@ import pytest
 from dspark_core import Stager, StagerConfig
 from dspark_core.testing.fuzz import TARGETS
 from dspark_core.reference import ReferenceStager
-from dspark_core.stage_plan import StagePlan
+from dspark_core.stager.stage_plan import StagePlan
 from dspark_core.testing import (
     Desync, InvariantChecker, InvariantViolation, Op, check_invariants, decode_ops, encode_ops, run_differential,
 )

@@ -26,9 +26,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from conftest import massive_rows
 from dspark_core import Stager, StagerConfig
-from dspark_core.config import STORAGES
+from dspark_core.stager.config import STORAGES
 from dspark_core.reference import ReferenceStager
-from dspark_core.slot_moves import SlotMoves
+from dspark_core.rows.slot_moves import SlotMoves
 from dspark_core.testing import InvariantChecker, InvariantViolation
 from dspark_core.testing.invariants import UNWRITTEN, check_slots
 

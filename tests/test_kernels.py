@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig, formats, kernels
-from dspark_core import snapshot_format as sf
+from dspark_core.stager import snapshot_format as sf
 from dspark_core._ext import _stager
 from dspark_core.cli import main as cli_main
 

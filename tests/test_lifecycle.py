@@ -13,8 +13,8 @@ import pytest
 from conftest import feature_rows
 
 from dspark_core import StagerConfig, StateError
-from dspark_core.config import STORAGES
-from dspark_core.stage_plan import SKIP_REASONS
+from dspark_core.stager.config import STORAGES
+from dspark_core.stager.stage_plan import SKIP_REASONS
 
 D, B, W = 32, 4, 16  # K = 8
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_core.config import StagerConfig
+from dspark_core.stager.config import StagerConfig
 from dspark_core.sim.loop import RecomputeMismatch, SpeculativeLoop
 from dspark_core.reference import ReferenceStager
 from dspark_core.sim.toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference

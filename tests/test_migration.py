@@ -26,7 +26,7 @@ import pytest
 
 from dspark_core import Stager, StagerConfig
 from dspark_core.reference import formats as rf
-from dspark_core import snapshot_format as sf
+from dspark_core.stager import snapshot_format as sf
 from dspark_core.reference import ReferenceStager
 
 D, B, W = 256, 4, 32

@@ -255,12 +255,12 @@ def test_hit_many_on_the_table_applies_one_change_and_gathers_the_published_rows
 
 # Int keys of every kind the fast conversion meets: small, negative, at and past 2**63 (the same
 # 64-bit hash as its negative twin), the extremes. The oracle: the same chains as bytes keys
-# (prefix_keys.as_key, the documented meaning of an int key).
+# (prefix.keys.as_key, the documented meaning of an int key).
 
 
 @pytest.mark.parametrize("rows", ["held", "external"])
 def test_int_key_batches_equal_the_same_chains_as_bytes(rows):
-    from dspark_core.prefix_keys import as_key
+    from dspark_core.prefix.keys import as_key
 
     rng = np.random.default_rng(5)
     ints, raw = Pair("core", rows), Pair("core", rows)

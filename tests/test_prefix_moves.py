@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 from conftest import at_once, massive_rows
 
-from dspark_core import PrefixStore, Stager, StagerConfig, snapshot_format
-from dspark_core.config import STORAGES
+from dspark_core import PrefixStore, Stager, StagerConfig
+from dspark_core.stager import snapshot_format
+from dspark_core.stager.config import STORAGES
 from dspark_core.formats import quantize_rows
-from dspark_core.prefix_hit import HIT, PUBLISH
+from dspark_core.prefix.hit import HIT, PUBLISH
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
 
 CFG = StagerConfig(32, 4, 96, max_seqs=6, storage="q8_0")

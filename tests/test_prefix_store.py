@@ -22,8 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from dspark_core import ConfigError, PrefixStore, StateError, Stager, StagerConfig
-from dspark_core.config import STORAGES
-from dspark_core.prefix_keys import as_key, as_key_chain
+from dspark_core.stager.config import STORAGES
+from dspark_core.prefix.keys import as_key, as_key_chain
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
 from conftest import massive_rows
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from conftest import massive_rows
 
-from dspark_core import ConfigError, PrefixStore, StateError, Stager, StagerConfig, prefix_block_format
+from dspark_core import ConfigError, PrefixStore, StateError, Stager, StagerConfig
+from dspark_core.prefix import block_format as prefix_block_format
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
 
 D, B, W, BT = 64, 4, 64, 8

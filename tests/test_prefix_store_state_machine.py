@@ -28,8 +28,9 @@ from hypothesis import event, settings
 from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from dspark_core import PrefixStore, Stager, StagerConfig, prefix_block_format
-from dspark_core.config import STORAGES
+from dspark_core import PrefixStore, Stager, StagerConfig
+from dspark_core.prefix import block_format as prefix_block_format
+from dspark_core.stager.config import STORAGES
 from dspark_core.formats import quantize_rows
 from dspark_core.reference import SEMANTIC_PREFIX_STATS, SEMANTIC_STATS, ReferencePrefixStore, ReferenceStager
 from conftest import massive_rows

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig, cuda, formats
-from dspark_core.config import STORAGES
+from dspark_core.stager.config import STORAGES
 from test_device_ring import OWNER_PARAMS, OWNERS, empty, gpu, host as host_bytes
 from test_device_ring import Launches as BindingCalls
 

@@ -120,7 +120,7 @@ def test_external_rows_give_held_rows_figures(seqs):
 
 
 def test_batches_hit_and_publish_with_one_call_each(monkeypatch):
-    from dspark_core.host_prefix_table import HostPrefixTable
+    from dspark_core.prefix.host_table import HostPrefixTable
 
     calls = {"hit_many": 0, "publish_many": 0}
     for name in calls:

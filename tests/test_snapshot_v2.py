@@ -22,9 +22,9 @@ from hypothesis import strategies as hs
 from dspark_core import Stager, StagerConfig
 from dspark_core._ext import _stager
 from dspark_core import kernels
-from dspark_core import snapshot_format as sf
-from dspark_core.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
 from dspark_core.errors import StateError
+from dspark_core.stager import snapshot_format as sf
+from dspark_core.stager.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
 from dspark_core.reference import ReferenceStager
 
 DATA = Path(__file__).parent / "data"

@@ -374,7 +374,8 @@ def test_every_array_layout_stages_the_same_rows(make_stager, variant):
 def test_the_cores_limits_reach_python_at_their_boundary():
     """Python reads its limits from the core and leaves the checks to it: the boundary is
     exact (a stale copy of a limit on either side breaks one of the two sides)."""
-    from dspark_core import Stager, core_tables
+    from dspark_core import Stager
+    from dspark_core.stager import core_tables
 
     assert StagerConfig(32, 4, 20, max_seqs=core_tables.MAX_SEQS_LIMIT).max_seqs == core_tables.MAX_SEQS_LIMIT
     with pytest.raises(ConfigError, match=rf"max_seqs \({core_tables.MAX_SEQS_LIMIT + 1}\) exceeds the limit"):

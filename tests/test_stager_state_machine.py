@@ -21,9 +21,9 @@ from hypothesis import strategies as hs
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from dspark_core import Stager, StagerConfig
-from dspark_core.config import STORAGES, TRIM_CHUNK
+from dspark_core.stager.config import STORAGES, TRIM_CHUNK
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
-from dspark_core.stage_plan import BATCH_ARRAYS
+from dspark_core.stager.stage_plan import BATCH_ARRAYS
 from conftest import massive_rows
 
 DIMS = (32, 64)

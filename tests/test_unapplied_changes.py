@@ -22,10 +22,10 @@ import pytest
 
 from conftest import massive_rows
 from dspark_core import PrefixStore, Stager, StagerConfig
-from dspark_core.host_prefix_table import HostPrefixTable
-from dspark_core.host_ring import HostRing
+from dspark_core.prefix.host_table import HostPrefixTable
+from dspark_core.rows.host_ring import HostRing
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
-from dspark_core.ring_owner import STATUS_NONE
+from dspark_core.rows.ring_owner import STATUS_NONE
 
 D, B, W, BT = 64, 4, 96, 8
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from dspark_core import Stager, StagerConfig
-from dspark_core.config import TRIM_CHUNK
+from dspark_core.stager.config import TRIM_CHUNK
 from dspark_core.formats import quantize_rows
 from dspark_core.reference import ReferenceStager
 

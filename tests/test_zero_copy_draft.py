@@ -22,9 +22,9 @@ import pytest
 
 from conftest import massive_rows
 from dspark_core import Stager, StagerConfig
-from dspark_core.config import STORAGES, storage_row_bytes
+from dspark_core.stager.config import STORAGES, storage_row_bytes
 from dspark_core.reference import ReferenceStager
-from dspark_core.stage_plan import BATCH_ARRAYS
+from dspark_core.stager.stage_plan import BATCH_ARRAYS
 from dspark_core.testing import InvariantChecker, check_plan
 
 D, B, W = 64, 4, 24

@@ -59,7 +59,7 @@ constexpr std::int64_t D = 32;         // one q8_0 / q4_0 block per row
 constexpr std::int64_t MAX_LEN = 400;  // positions per conversation
 constexpr int N_CONV = 3;
 constexpr int MAX_OPS = 96;
-// The block export format's offsets (src/dspark_core/prefix_block_format.py).
+// The block export format's offsets (src/dspark_core/prefix/block_format.py).
 constexpr std::size_t BLOCK_HEADER = 64, BODY_CRC_AT = 56, HEADER_CRC_AT = 60;
 
 // How a call ended: 0 returned, 1 std::invalid_argument (and its subclasses),

@@ -2,7 +2,7 @@
 // hit planning, export / import. The Stager side (publish from a ring, a hit
 // into a ring) is in stager_prefix.cpp. The pure-Python twin is
 // src/dspark_core/reference/prefix_store.py; the export byte layout is
-// documented in src/dspark_core/prefix_block_format.py.
+// documented in src/dspark_core/prefix/block_format.py.
 #include "dspark/prefix_store.hpp"
 
 #include <algorithm>
@@ -26,7 +26,7 @@ namespace {
 // Page memory is allocated this much at a time (a chunk holds at least one page).
 constexpr std::size_t CHUNK_BYTES = std::size_t(4) << 20;
 
-// Export format v1 (prefix_block_format.py).
+// Export format v1 (prefix/block_format.py).
 constexpr char BLOCK_MAGIC[4] = {'D', 'S', 'P', 'B'};
 constexpr std::uint16_t BLOCK_VERSION = 1;
 constexpr std::size_t BLOCK_HEADER_BYTES = 64;

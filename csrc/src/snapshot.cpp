@@ -1,5 +1,5 @@
 // Snapshots of one sequence: format v2 written, versions 1 and 2 read. The
-// byte layout is documented in src/dspark_core/snapshot_format.py, which the
+// byte layout is documented in src/dspark_core/stager/snapshot_format.py, which the
 // reference twin implements; tests compare the bytes of both.
 //
 // v2 layout in short: a 96-byte header (fields at v1's offsets; the

@@ -16,17 +16,17 @@ from __future__ import annotations
 
 from . import _old_paths
 from ._ext._stager import PrefixStore, Stager
-from .config import TRIM_CHUNK, StagerConfig
-from .core_tables import FAIL_STAGES, NONFINITE_POLICIES, SKIP_REASONS, STORAGE_FORMATS, STORAGES, StorageFormat
+from .stager.config import TRIM_CHUNK, StagerConfig
+from .stager.core_tables import FAIL_STAGES, NONFINITE_POLICIES, SKIP_REASONS, STORAGE_FORMATS, STORAGES, StorageFormat
 from .context_plan import ContextPlan, plan_context
 from .gguf.drafter_info import DrafterInfo, DrafterMetadataError
 from .errors import ConfigError, StateError
 from .formats import dequantize_rows, quantize_rows, row_bytes
-from .host_prefix_table import HostPrefixTable
-from .host_ring import HostRing
+from .prefix.host_table import HostPrefixTable
+from .rows.host_ring import HostRing
 from .sdk import get_cmake_dir, get_include, get_library_dir
-from .stage_plan import BatchPlan, StagePlan
-from .prefix_hit import PrefixHit, PrefixMoves
+from .stager.stage_plan import BatchPlan, StagePlan
+from .prefix.hit import PrefixHit, PrefixMoves
 from ._version import __version__
 
 _old_paths.install()  # dspark_core.loop & co. (the flat layout's paths) still import, with a warning

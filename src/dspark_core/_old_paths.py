@@ -1,4 +1,4 @@
-"""Old module paths of the flat layout, kept importable with a DeprecationWarning.
+"""Old module paths (the flat layout's, then the top level's), kept importable with a DeprecationWarning.
 
 ``import dspark_core.loop`` (and every other path in :data:`MOVED`) returns the
 module at its new path, after a DeprecationWarning that names it. The aliases
@@ -28,6 +28,24 @@ MOVED = {
     "dspark_core._stager": "dspark_core._ext._stager",
     "dspark_core._row_format": "dspark_core._ext._row_format",
     "dspark_core._cuda": "dspark_core._ext._cuda",
+    # Grouped by concept (stager/, rows/, prefix/): the top level keeps the public face.
+    "dspark_core.config": "dspark_core.stager.config",
+    "dspark_core.core_tables": "dspark_core.stager.core_tables",
+    "dspark_core._args": "dspark_core.stager._args",
+    "dspark_core.stage_plan": "dspark_core.stager.stage_plan",
+    "dspark_core.snapshot_format": "dspark_core.stager.snapshot_format",
+    "dspark_core.protocol_mismatch": "dspark_core.stager.protocol_mismatch",
+    "dspark_core.stager_copy": "dspark_core.stager.pickling",
+    "dspark_core.device_step": "dspark_core.stager.device_step",
+    "dspark_core.ring_owner": "dspark_core.rows.ring_owner",
+    "dspark_core.host_ring": "dspark_core.rows.host_ring",
+    "dspark_core.slot_moves": "dspark_core.rows.slot_moves",
+    "dspark_core._bf16": "dspark_core.rows._bf16",
+    "dspark_core.prefix_hit": "dspark_core.prefix.hit",
+    "dspark_core.prefix_keys": "dspark_core.prefix.keys",
+    "dspark_core.prefix_block_format": "dspark_core.prefix.block_format",
+    "dspark_core.prefix_table_owner": "dspark_core.prefix.table_owner",
+    "dspark_core.host_prefix_table": "dspark_core.prefix.host_table",
 }
 
 

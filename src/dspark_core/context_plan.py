@@ -41,7 +41,7 @@ import warnings as _warnings
 from dataclasses import dataclass
 from typing import Any
 
-from .config import STORAGES, TRIM_CHUNK, positive_int, storage_row_bytes, window_for
+from .stager.config import STORAGES, TRIM_CHUNK, positive_int, storage_row_bytes, window_for
 from .gguf.drafter_info import DrafterInfo, DrafterMetadataError, inherited_context_warning
 from .errors import ConfigError
 

@@ -22,8 +22,10 @@ from typing import Iterator, NamedTuple
 
 import numpy as np
 
-from . import _bf16, core_tables, kernels
-from ._args import as_index
+from .rows import _bf16
+from .stager import core_tables
+from . import kernels
+from .stager._args import as_index
 from ._ext import _row_format
 
 __all__ = [
@@ -52,7 +54,7 @@ NONFINITE_POLICIES = (*core_tables.NONFINITE_POLICIES, "keep")
 
 _FAMILY = "row_format"
 
-#: Input / output element dtypes besides bfloat16 (ml_dtypes', loaded when first used: dspark_core._bf16).
+#: Input / output element dtypes besides bfloat16 (ml_dtypes', loaded when first used: dspark_core.rows._bf16).
 _FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 

@@ -23,7 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "src"))
 
-from dspark_core.config import STORAGES, StagerConfig  # noqa: E402
+from dspark_core.stager.config import STORAGES, StagerConfig  # noqa: E402
 from dspark_core.testing import encode_ops  # noqa: E402
 
 

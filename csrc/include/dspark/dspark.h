@@ -427,7 +427,7 @@ DSPARK_API dspark_status dspark_last_moves(const dspark_slot_move** moves, size_
  * with a snapshot (which then carries the bookkeeping only). */
 DSPARK_API dspark_status dspark_live_slots(const dspark_stager* st, int64_t seq, int64_t first[2],
                                            int64_t count[2]);
-/* Snapshot bytes of one sequence (format of dspark_core.snapshot_format). */
+/* Snapshot bytes of one sequence (format of dspark_core.stager.snapshot_format). */
 DSPARK_API dspark_status dspark_snapshot_size(const dspark_stager* st, int64_t seq, size_t* bytes);
 /* Writes the snapshot to out[0 .. *written). Too small: DSPARK_E_BUFFER_TOO_SMALL,
  * *written = the bytes needed. */
@@ -598,7 +598,7 @@ DSPARK_API dspark_status dspark_prefix_stats_get(const dspark_prefix_store* stor
 DSPARK_API dspark_status dspark_prefix_block_slots(const dspark_prefix_store* store, const uint8_t* key,
                                                    size_t key_len, int64_t* slots, size_t capacity, size_t* n);
 /* The block as checksummed bytes another process imports (layout:
- * dspark_core.prefix_block_format). EXTERNAL: rows are the block's rows as
+ * dspark_core.prefix.block_format). EXTERNAL: rows are the block's rows as
  * read from its slots (HELD: NULL, 0). Too small: DSPARK_E_BUFFER_TOO_SMALL,
  * *written = the bytes needed. */
 DSPARK_API dspark_status dspark_prefix_export(const dspark_prefix_store* store, const uint8_t* key, size_t key_len,

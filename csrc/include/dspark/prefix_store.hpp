@@ -208,7 +208,7 @@ public:
     // What a hit at n_tokens would find; changes nothing (no refresh).
     PrefixHit lookup(const KeyChain& keys, std::int64_t n_tokens) const;
 
-    // Export format v1 (layout in src/dspark_core/prefix_block_format.py):
+    // Export format v1 (layout in src/dspark_core/prefix/block_format.py):
     // a 64-byte header (fingerprint, key length, block_tokens, positions,
     // kept rows, CRC-32C of the key and rows, CRC-32C of the header), the
     // key, the kept rows. Held mode writes its rows; external mode takes them

@@ -6,7 +6,7 @@
 # calls once; every rule and message is the core's.
 from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_COUNT
 
-from dspark_core import device_step as _device_step
+from dspark_core.stager import device_step as _device_step
 
 
 cdef object _outcome_codes(str call, object outcomes, cnp.ndarray sv):

@@ -1,7 +1,7 @@
 # The prefix store's binding (dspark/prefix_store.hpp), part of the _stager
 # module (included at the end of _stager.pyx) because its Stager-side calls
 # need the Stager's C++ object. Thin, as the Stager's: it converts (keys with
-# prefix_keys, integers and rows with _args), releases the GIL and calls;
+# prefix.keys, integers and rows with stager._args), releases the GIL and calls;
 # every rule and message is the core's. A conversion that fails on a call
 # that names a sequence lets the core's sequence checks speak first
 # (Stager._converted: docs/design.md 2.1).
@@ -12,14 +12,14 @@ from dspark_core._ext._lib_prefix_store cimport (
 from libc.string cimport memcpy
 from libcpp.string cimport string
 
-from dspark_core import prefix_hit as _prefix_hit
-from dspark_core._args import as_rows
-from dspark_core.prefix_hit import PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
-from dspark_core.prefix_keys import as_block_rows, as_block_data, as_key, as_key_chain, as_key_chains
-from dspark_core.prefix_keys import KeyBatch
+from dspark_core.prefix import hit as _prefix_hit
+from dspark_core.stager._args import as_rows
+from dspark_core.prefix.hit import PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
+from dspark_core.prefix.keys import as_block_rows, as_block_data, as_key, as_key_chain, as_key_chains
+from dspark_core.prefix.keys import KeyBatch
 from cpython.long cimport PyLong_AsUnsignedLongLong
 
-# An int key's bytes (prefix_keys.as_key: 64-bit two's complement) and where int keys end.
+# An int key's bytes (prefix.keys.as_key: 64-bit two's complement) and where int keys end.
 cdef enum:
     KEY_INT_BYTES = 8
 _KEY_INT_END = 1 << 64
@@ -59,7 +59,7 @@ cdef object _hit(CPrefixHit& h, object moves):
 
 
 cdef void _chains(object batch, vector[KeyChain]& out):
-    """Views of a converted batch of chains (prefix_keys.KeyBatch), one KeyChain each."""
+    """Views of a converted batch of chains (prefix.keys.KeyBatch), one KeyChain each."""
     data, offsets, byte_start, off_start, count = batch
     cdef const uint8_t[::1] d = data
     cdef const uint8_t* base = &d[0] if d.shape[0] else NULL
@@ -428,7 +428,7 @@ cdef class PrefixStore:
         }
 
     def export_block(self, key, rows=None):
-        """The block as checksummed bytes another process's store imports (``prefix_block_format``).
+        """The block as checksummed bytes another process's store imports (``prefix.block_format``).
 
         External-row mode: ``rows`` are the block's rows as the owner read
         them from ``block_slots(key)`` (uint8 ``(rows, row_bytes)`` or bytes);

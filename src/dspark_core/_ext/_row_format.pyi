@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-# The core's name tables (index == the C++ enum value); see dspark_core.core_tables.
+# The core's name tables (index == the C++ enum value); see dspark_core.stager.core_tables.
 STORAGES: tuple[str, ...]
 STORAGE_BLOCKS: tuple[tuple[int, int], ...]
 NONFINITE_POLICIES: tuple[str, ...]

@@ -7,7 +7,7 @@ releases the GIL around the C++ conversion.
 """
 import numpy as np
 
-from dspark_core import _bf16
+from dspark_core.rows import _bf16
 
 cimport numpy as cnp
 from libc.stdint cimport int64_t, uint8_t
@@ -38,10 +38,10 @@ dspark_set_error_types(ConfigError, StateError)
 
 _F32 = np.dtype(np.float32)
 _F16 = np.dtype(np.float16)
-# bfloat16 (ml_dtypes) is loaded when first used (dspark_core._bf16).
+# bfloat16 (ml_dtypes) is loaded when first used (dspark_core.rows._bf16).
 _U8 = np.dtype(np.uint8)
 
-# The core's name tables, enumerated from its enums (dspark_core.core_tables
+# The core's name tables, enumerated from its enums (dspark_core.stager.core_tables
 # publishes and checks them): index == the C++ enum value.
 STORAGES = tuple(storage_name(<Storage><uint8_t>i).decode() for i in range(STORAGE_COUNT))
 #: (elements, bytes) of one block of each storage.

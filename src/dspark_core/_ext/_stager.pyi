@@ -6,18 +6,18 @@ import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer, Self, disjoint_base
 
-from ..config import NONFINITE_POLICIES as NONFINITE_POLICIES
-from ..config import ROW_MODES as ROW_MODES
-from ..config import STORAGES as STORAGES
-from ..config import STAGE_DTYPES as STAGE_DTYPES
-from ..config import StagerConfig
-from ..stage_plan import DISABLED_WARNING as DISABLED_WARNING
-from ..stage_plan import FAIL_STAGES as FAIL_STAGES
-from ..stage_plan import SKIP_REASONS as SKIP_REASONS
-from ..slot_moves import RestoredSlots, SlotMoves
-from ..prefix_hit import PrefixHit, PrefixHits, PrefixMoves
-from ..stage_plan import BatchPlan, StagePlan
-from ..device_step import StepOutputs
+from ..stager.config import NONFINITE_POLICIES as NONFINITE_POLICIES
+from ..stager.config import ROW_MODES as ROW_MODES
+from ..stager.config import STORAGES as STORAGES
+from ..stager.config import STAGE_DTYPES as STAGE_DTYPES
+from ..stager.config import StagerConfig
+from ..stager.stage_plan import DISABLED_WARNING as DISABLED_WARNING
+from ..stager.stage_plan import FAIL_STAGES as FAIL_STAGES
+from ..stager.stage_plan import SKIP_REASONS as SKIP_REASONS
+from ..rows.slot_moves import RestoredSlots, SlotMoves
+from ..prefix.hit import PrefixHit, PrefixHits, PrefixMoves
+from ..stager.stage_plan import BatchPlan, StagePlan
+from ..stager.device_step import StepOutputs
 
 TRIM_CHUNK: int
 MAX_POSITION: int

@@ -34,17 +34,17 @@ from dspark_core._ext._lib_stager cimport (
     copy_slot_rows as copy_slot_rows_core,
 )
 
-from dspark_core._args import (
+from dspark_core.stager._args import (
     as_choice, as_index, as_int64, as_positions, as_seq_ids, batch_ints, batch_rows_args, encoded_args,
     fail_stage_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
-from dspark_core.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
+from dspark_core.stager.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
-from dspark_core.protocol_mismatch import log_disabled, log_mismatch
-from dspark_core.slot_moves import RestoredSlots, SlotMoves, no_moves
-from dspark_core.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchContext, BatchPlan, StagePlan
+from dspark_core.stager.protocol_mismatch import log_disabled, log_mismatch
+from dspark_core.rows.slot_moves import RestoredSlots, SlotMoves, no_moves
+from dspark_core.stager.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchContext, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
-from dspark_core.stager_copy import reduce_stager
+from dspark_core.stager.pickling import reduce_stager
 
 cnp.import_array()
 dspark_set_error_types(ConfigError, StateError)
@@ -451,7 +451,7 @@ cdef class Stager:
         return np.frombuffer(out, _U8).view(self._stage_dtype).reshape(n, self._D)
 
     def __reduce__(self):
-        """Pickle / deepcopy: the config plus every sequence's snapshot (``stager_copy``)."""
+        """Pickle / deepcopy: the config plus every sequence's snapshot (``stager.pickling``)."""
         return reduce_stager(self)
 
     def __repr__(self):
@@ -1015,7 +1015,7 @@ cdef class Stager:
         """Mirror the target's context shift: drop ``[n_keep, n_keep + n_discard)``, move later rows down.
 
         Returns the copies the owner of external rows applies, a
-        :class:`~dspark_core.slot_moves.SlotMoves` ((n, 3) int64
+        :class:`~dspark_core.rows.slot_moves.SlotMoves` ((n, 3) int64
         ``[src_slot, dst_slot, count]`` rows, in order; each a plain copy:
         source and destination never overlap); empty when nothing moves.
         Held mode: the core has applied them itself.
@@ -1094,7 +1094,7 @@ cdef class Stager:
         External-row mode: the snapshot carries the bookkeeping only; returns
         the int64 slots where the owner puts the saved rows back (the rows of
         ``live_slots(seq)`` at snapshot time, oldest first), a
-        :class:`~dspark_core.slot_moves.RestoredSlots` numbered among the
+        :class:`~dspark_core.rows.slot_moves.RestoredSlots` numbered among the
         table changes (``serial``) like the moves of ``fork`` / ``shift``. A
         snapshot of the other row mode is a ValueError. Held mode: returns None.
 

@@ -215,7 +215,7 @@ def _first_divergence(a: np.ndarray, b: np.ndarray) -> int | None:
 
 def _policies() -> tuple[str, ...]:
     """The Stager's non-finite policies, the ones that keep the most of a row first."""
-    from ..config import NONFINITE_POLICIES
+    from ..stager.config import NONFINITE_POLICIES
 
     first = [p for p in ("error", "clamp") if p in NONFINITE_POLICIES]
     return (*first, *(p for p in NONFINITE_POLICIES if p not in first))
@@ -258,14 +258,14 @@ def capture_session(
         EngineCrash: the engine build crashes in its first decode (:func:`check_engine`).
         StagingMismatch: a staged row or plan is wrong (a bug).
     """
-    from ..config import STORAGES, StagerConfig
+    from ..stager.config import STORAGES, StagerConfig
     from ..gguf.drafter_info import DrafterInfo
     from ..engines.activations import massive_activations, storage_outcomes
     from ..engines.checked_stager import CheckedStager, replay
     from ..engines.llama_cpp import LlamaCppCapture, default_tap_layers, load_llama, tap_layers_from
     from ..engines.standin_drafter import LookupDrafter
     from ..sim.loop import SpeculativeLoop
-    from .simulate import make_stager
+    from .simulate_setup import make_stager
 
     if context < 2 or generate < 1:
         raise ValueError("--context must be >= 2 and --generate >= 1")

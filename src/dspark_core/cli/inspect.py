@@ -25,7 +25,7 @@ _DEFAULT_N_BATCH = 2048  # llama.cpp's default -b
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``inspect`` subcommand on ``subparsers``."""
-    from ..config import STORAGES
+    from ..stager.config import STORAGES
 
     p = subparsers.add_parser(
         "inspect",

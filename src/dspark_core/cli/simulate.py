@@ -46,27 +46,12 @@ from typing import Any, Callable, TextIO
 
 import numpy as np
 
-from ..core_tables import ROW_MODES
+from ..stager.core_tables import ROW_MODES
+from .simulate_setup import DEFAULTS, make_stager, ring_owner
 
 __all__ = ["add_parser", "run", "simulate", "DEFAULTS", "MEASURED"]
 
 logger = logging.getLogger("dspark_core")
-
-#: Embedded defaults: ``dspark-core simulate`` needs no arguments.
-DEFAULTS: dict[str, Any] = {
-    "context": 24000,
-    "generate": 4000,
-    "block": 8,
-    "window": 512,
-    "storage": "f32",
-    "seqs": 1,
-    "seed": 0,
-    "feature_dim": 128,
-    "deviation": 0.03,
-    "prefill_chunk": 2048,
-    "trained": None,  # the toy drafter's trained range; None: the window W
-    "absolute_tokens": 64,
-}
 
 #: What the toy models, as measured in a llama.cpp server (27B target, drafter trained on 4,096 positions).
 MEASURED = (
@@ -78,7 +63,7 @@ MEASURED = (
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``simulate`` subcommand on ``subparsers``."""
-    from ..config import STORAGES
+    from ..stager.config import STORAGES
 
     d = DEFAULTS
     p = subparsers.add_parser(
@@ -176,28 +161,6 @@ class _Progress:
             self.stream.flush()
 
 
-_warned_fallback = False
-
-
-def make_stager(kind: str, config: Any) -> tuple[Any, str]:
-    """A Stager for ``config``: ``("core" | "reference")``; ``auto`` prefers the C++ core."""
-    from ..reference import ReferenceStager
-
-    if kind in ("auto", "core"):
-        try:
-            from .._ext._stager import Stager
-        except ImportError as exc:
-            if kind == "core":
-                raise RuntimeError(f"the C++ core is not available ({exc})") from exc
-            global _warned_fallback
-            if not _warned_fallback:
-                _warned_fallback = True
-                logger.warning("C++ core not available (%s): using the pure-Python reference Stager", exc)
-        else:
-            return Stager(config), "core"
-    return ReferenceStager(config), "reference"
-
-
 def _fmt_bytes(n: float) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if abs(n) < 1024 or unit == "GiB":
@@ -276,7 +239,7 @@ def _simulate(
     device_step: bool, trained: int,
     absolute_tokens: int, modes: tuple[str, ...], progress: Callable[[str], Callable[[int, int], None]] | None,
 ) -> dict[str, Any]:
-    from ..config import StagerConfig
+    from ..stager.config import StagerConfig
     from ..sim.loop import SpeculativeLoop
     from ..sim.toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference
 
@@ -331,7 +294,7 @@ def _simulate(
         owner = None
         if rows == "external":
             from ..cuda import DeviceRing
-            from ..host_ring import HostRing
+            from ..rows.host_ring import HostRing
 
             # DeviceRing: RuntimeError without a CUDA device
             owner = DeviceRing(st) if out["config"]["ring"] == "device" else HostRing(st)
@@ -397,17 +360,6 @@ _ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
 #: How the table's header names each owner of external rows.
 _EXTERNAL = {"device": "rows on the device (external-row mode, DeviceRing)",
              "host": "rows in host memory (external-row mode, HostRing)"}
-
-
-def ring_owner(ring: str) -> str:
-    """The owner ``--ring`` picks: ``"device"`` or ``"host"`` (``"auto"``: device when one is usable)."""
-    if ring not in ("auto", "device", "host"):
-        raise ValueError(f"ring must be 'auto', 'device' or 'host', got {ring!r}")
-    if ring == "auto":
-        from .. import cuda
-
-        return "device" if cuda.available() else "host"
-    return ring
 
 
 def format_table(result: dict[str, Any]) -> str:

@@ -68,7 +68,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _long_only() -> list[tuple[str, str, Any]]:
     """(option, dest, default) of the long workload's options that the multi-turn workload has no use for."""
-    from .simulate import DEFAULTS
+    from .simulate_setup import DEFAULTS
 
     return [("--context", "context", DEFAULTS["context"]), ("--generate", "generate", DEFAULTS["generate"]),
             ("--deviation", "deviation", DEFAULTS["deviation"]),
@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     """``simulate --workload multiturn``; returns the exit status."""
     from ..errors import ConfigError
     from ..sim.multiturn import MultiTurnConfig, run_multiturn
-    from .simulate import make_stager, ring_owner
+    from .simulate_setup import make_stager, ring_owner
 
     refused = refused_options(args)
     if refused:
@@ -195,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
                 from ..cuda import DeviceRing
 
                 return DeviceRing(st)  # RuntimeError without a usable CUDA device
-            from ..host_ring import HostRing
+            from ..rows.host_ring import HostRing
 
             return HostRing(st)
 

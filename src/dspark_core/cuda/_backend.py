@@ -13,7 +13,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .. import core_tables, formats
+from ..stager import core_tables
+from .. import formats
 
 
 

@@ -6,7 +6,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import core_tables, formats
+from ..stager import core_tables
+from .. import formats
 from ._backend import _BF16, _ELEM, _NAMES, _POLICY, _STORAGE, _U8, _U16, _require
 from .interop import (
     _alloc, _array_stream, _current_device, _dev_array, _lib_of, _mark_written,

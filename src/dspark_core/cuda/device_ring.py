@@ -43,11 +43,11 @@ construction; default: the table library's current stream, or the legacy
 default stream). The caller orders its producers and consumers with it.
 
 Threads, and the identity and order checks of moves and plans: the shared
-owner's (:mod:`dspark_core.ring_owner`).
+owner's (:mod:`dspark_core.rows.ring_owner`).
 
 A prefix store's rows (docs/prefix_cache.md): a :class:`~dspark_core.cuda.PrefixTable`
 keeps them on the same device; the moves of its ``publish`` / ``hit``
-(:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the Stager's
+(:class:`~dspark_core.prefix.hit.PrefixMoves`, numbered among the Stager's
 table changes) copy between the two tables, device to device. Lock order: a
 ring's lock, then a ``PrefixTable``'s, then (inside the core) the sequences'
 and the store's mutexes; nothing takes a ring's lock while holding a table's,
@@ -60,7 +60,7 @@ from typing import Any, Iterable, NamedTuple
 
 import numpy as np
 
-from ..ring_owner import STATUS_NONE, RingOwner
+from ..rows.ring_owner import STATUS_NONE, RingOwner
 from . import _backend, interop
 from .prefix_table import PrefixTable
 

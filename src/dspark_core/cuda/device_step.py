@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _backend
-from ..device_step import StepOutputs
+from ..stager.device_step import StepOutputs
 from .interop import DeviceArray
 
 #: The step's outputs as laid out on the device: name, dtype, columns (per entry).

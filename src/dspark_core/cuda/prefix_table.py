@@ -27,7 +27,7 @@ later publish reuses that page). :meth:`export_block` / :meth:`import_block`
 hold the table's lock. The lock order is ring, table, then the core's
 Stager and store mutexes; nothing takes a ring's lock while holding a
 table's. These rules, the checks and the export / import flow are the
-shared owner's (:mod:`dspark_core.prefix_table_owner`), the same for the
+shared owner's (:mod:`dspark_core.prefix.table_owner`), the same for the
 host twin :class:`dspark_core.HostPrefixTable`.
 """
 
@@ -37,8 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from ..prefix_table_owner import PrefixTableOwner
-from ..stage_plan import consecutive_runs
+from ..prefix.table_owner import PrefixTableOwner
+from ..stager.stage_plan import consecutive_runs
 from . import _backend, interop
 
 __all__ = ["PrefixTable"]
@@ -57,7 +57,7 @@ class PrefixTable(PrefixTableOwner):
         table: the device array ``(store.table_rows, row_bytes)`` uint8.
 
     The checks, locks and the export / import flow are the shared owner's
-    (:mod:`dspark_core.prefix_table_owner`); this class moves the bytes.
+    (:mod:`dspark_core.prefix.table_owner`); this class moves the bytes.
     """
 
     def __init__(self, store: Any, ring: Any) -> None:

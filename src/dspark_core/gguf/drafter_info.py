@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ..config import positive_int
+from ..stager.config import positive_int
 from .reader import DrafterMetadataError, _feature_dim_from_tensors, _Fields, _open_reader, _spellings
 
 __all__ = [

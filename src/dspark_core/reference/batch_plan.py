@@ -1,4 +1,4 @@
-"""The reference's :class:`~dspark_core.stage_plan.BatchPlan`: its per-sequence plans as arrays.
+"""The reference's :class:`~dspark_core.stager.stage_plan.BatchPlan`: its per-sequence plans as arrays.
 
 ``ReferenceStager.draft_many`` plans each sequence as ``draft`` does (one
 :class:`StagePlan` each) and lays the plans out here, field by field, in the
@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..stage_plan import BatchPlan, StagePlan
+from ..stager.stage_plan import BatchPlan, StagePlan
 from .arguments import SKIP_REASONS, batch_context
 
 __all__ = ["batch_plan", "pad_rows"]

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import arguments as arg
-from ..device_step import StepOutputs
+from ..stager.device_step import StepOutputs
 from ..errors import StateError
 from .arguments import FAIL_STAGES, MAX_POSITION
 

@@ -50,9 +50,9 @@ import numpy as np
 from . import arguments as arg
 from . import formats as rf
 from . import prefix_arguments as parg
-from .. import prefix_block_format
-from ..config import StagerConfig
-from ..prefix_hit import HIT, PUBLISH, PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
+from ..prefix import block_format as prefix_block_format
+from ..stager.config import StagerConfig
+from ..prefix.hit import HIT, PUBLISH, PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
 from .stager import READY, ReferenceStager, _moves, _Seq
 
 __all__ = ["ReferencePrefixStore", "SEMANTIC_PREFIX_STATS"]
@@ -515,7 +515,7 @@ class ReferencePrefixStore:
         return out
 
     def export_block(self, key: Any, rows: Any = None) -> bytes:
-        """The block as bytes (``prefix_block_format``); external mode takes the owner's ``rows``."""
+        """The block as bytes (``prefix.block_format``); external mode takes the owner's ``rows``."""
         k = parg.key(key)
         data = None if rows is None else parg.block_rows(rows)
         b = self._block(k)

@@ -72,17 +72,17 @@ import numpy as np
 
 from . import arguments as arg
 from . import formats as rf
-from .. import snapshot_format
-from ..config import StagerConfig
+from ..stager import snapshot_format
+from ..stager.config import StagerConfig
 from ..errors import StateError
-from ..slot_moves import RestoredSlots, SlotMoves, no_moves
-from ..stage_plan import BatchPlan, StagePlan
+from ..rows.slot_moves import RestoredSlots, SlotMoves, no_moves
+from ..stager.stage_plan import BatchPlan, StagePlan
 from .config import check_config
 from .arguments import DISABLED_WARNING, FAIL_STAGES, MISMATCH_WARNING, TRIM_CHUNK
 from .batch_plan import batch_plan
 from .device_step import DeviceStepMixin, on_device_error
 from .ring import RingModel
-from ..stager_copy import reduce_stager
+from ..stager.pickling import reduce_stager
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..device_step import STEP_CLEAR_CACHE, STEP_REBASE, StepOutputs
+from ..stager.device_step import STEP_CLEAR_CACHE, STEP_REBASE, StepOutputs
 from .loop import DrafterError, LoopResult, SpeculativeLoop, Tokens, _SeqState
 
 logger = logging.getLogger("dspark_core")

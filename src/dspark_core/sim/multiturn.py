@@ -330,15 +330,15 @@ def _store_for(stager: Any, config: Any, block_tokens: int, budget_bytes: int) -
 def _ring_for(stager: Any, make_ring: Callable[[Any], Any] | None) -> Any:
     if make_ring is not None:
         return make_ring(stager)
-    from ..host_ring import HostRing
+    from ..rows.host_ring import HostRing
 
     return HostRing(stager)
 
 
 def _table_for(store: Any, ring: Any) -> Any:
     """The store's table beside ``ring``: a ``cuda.PrefixTable`` for a ``DeviceRing``, else a ``HostPrefixTable``."""
-    from ..host_prefix_table import HostPrefixTable
-    from ..host_ring import HostRing
+    from ..prefix.host_table import HostPrefixTable
+    from ..rows.host_ring import HostRing
 
     if isinstance(ring, HostRing):
         return HostPrefixTable(store, ring)
@@ -370,7 +370,7 @@ def run_multiturn(
     beside a ``DeviceRing``), whose ``hit_many`` / ``publish`` /
     ``publish_many`` apply their copies.
     """
-    from ..config import StagerConfig
+    from ..stager.config import StagerConfig
     from .toy import ToyDrafter, ToyTarget, greedy_reference
 
     if cfg.lookahead >= cfg.window // 2:

@@ -19,12 +19,12 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .. import snapshot_format
-from ..config import TRIM_CHUNK, StagerConfig
+from ..stager import snapshot_format
+from ..stager.config import TRIM_CHUNK, StagerConfig
 from ..errors import StateError
 from ..reference import SEMANTIC_STATS, ReferenceStager
 from ..reference import formats as rf
-from ..stage_plan import BATCH_ARRAYS, PaddedRows
+from ..stager.stage_plan import BATCH_ARRAYS, PaddedRows
 from .data import _as_dtype, _fmt_arr, _fmt_pos, _hash_u32, make_rows
 from .invariants import InvariantViolation, check_invariants, check_plan
 from .ops import _MAX_POS, _PATCH_DELTAS, _PATCH_FIELDS, Call, Op

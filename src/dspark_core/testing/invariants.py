@@ -8,11 +8,11 @@ from typing import Any, Iterable, NoReturn, Sequence
 
 import numpy as np
 
-from .. import snapshot_format
-from .._args import as_encoded, as_positions, as_rows
-from ..config import NONFINITE_POLICIES, STORAGES, StagerConfig
+from ..stager import snapshot_format
+from ..stager._args import as_encoded, as_positions, as_rows
+from ..stager.config import NONFINITE_POLICIES, STORAGES, StagerConfig
 from ..reference import formats as rf
-from ..stage_plan import SKIP_REASONS
+from ..stager.stage_plan import SKIP_REASONS
 
 
 class InvariantViolation(AssertionError):

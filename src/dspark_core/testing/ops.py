@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from ..config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, StagerConfig
+from ..stager.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, StagerConfig
 
 #: Bytes the config takes at the start of the input, and bytes per op record.
 CONFIG_BYTES = 5

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping
 
-from ._ext import _row_format as _core
+from .._ext import _row_format as _core
 
 __all__ = [
     "STORAGES",

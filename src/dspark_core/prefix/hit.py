@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .slot_moves import SlotMoves
+from ..rows.slot_moves import SlotMoves
 
 __all__ = ["PrefixHit", "PrefixHits", "PrefixMoves", "no_prefix_moves", "PUBLISH", "HIT"]
 

@@ -1,7 +1,7 @@
 """HostRing: the rows of an external-row Stager in host memory, on any machine.
 
 The same owner as :class:`dspark_core.cuda.DeviceRing` (the same calls, checks
-and bytes: both are :class:`~dspark_core.ring_owner.RingOwner`), with the
+and bytes: both are :class:`~dspark_core.rows.ring_owner.RingOwner`), with the
 table in a numpy array and the core's CPU conversions. So external-row mode
 runs without a GPU: a CPU server, a test of a server's loop, the examples,
 ``dspark-core simulate --rows external``::
@@ -31,9 +31,9 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import formats
-from ._ext import _row_format
-from .host_prefix_table import HostPrefixTable
+from .. import formats
+from .._ext import _row_format
+from ..prefix.host_table import HostPrefixTable
 from .ring_owner import STATUS_NONE, RingOwner
 
 __all__ = ["HostRing"]

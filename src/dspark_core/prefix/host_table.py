@@ -1,7 +1,7 @@
 """HostPrefixTable: the rows of an external-row PrefixStore in host memory, beside the HostRings.
 
 The host twin of :class:`dspark_core.cuda.PrefixTable` (the same calls, checks,
-locks and errors: both are :class:`~dspark_core.prefix_table_owner.PrefixTableOwner`),
+locks and errors: both are :class:`~dspark_core.prefix.table_owner.PrefixTableOwner`),
 with the store's table in a numpy array (``store.table_rows`` rows of
 ``row_bytes`` uint8, in the store's storage), shared by every
 :class:`~dspark_core.HostRing` whose Stager uses the store. So external-row
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ext._stager import copy_slot_rows
-from .prefix_table_owner import PrefixTableOwner
+from .._ext._stager import copy_slot_rows
+from .table_owner import PrefixTableOwner
 
 __all__ = ["HostPrefixTable"]
 

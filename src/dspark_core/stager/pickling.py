@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .errors import StateError
+from ..errors import StateError
 
 __all__ = ["reduce_stager", "restore_stager"]
 

@@ -2,7 +2,7 @@
 
 An external-row Stager (``StagerConfig(rows="external")``) hands out slots and
 holds no row bytes; an *owner* keeps the table the slots index and moves the
-rows. Two owners exist: :class:`dspark_core.host_ring.HostRing` (numpy, any
+rows. Two owners exist: :class:`dspark_core.rows.host_ring.HostRing` (numpy, any
 machine) and :class:`dspark_core.cuda.DeviceRing` (a CUDA device). They
 differ only in where the table lives and how rows are converted; everything
 a caller can get wrong is checked here, the same way for both:
@@ -39,12 +39,13 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _bf16, formats
-from ._args import as_positions
-from .prefix_hit import PrefixMoves
-from .prefix_table_owner import PrefixTableOwner
+from . import _bf16
+from .. import formats
+from ..stager._args import as_positions
+from ..prefix.hit import PrefixMoves
+from ..prefix.table_owner import PrefixTableOwner
 from .slot_moves import RestoredSlots, SlotMoves
-from .stage_plan import BatchPlan, StagePlan
+from ..stager.stage_plan import BatchPlan, StagePlan
 
 __all__ = ["RingOwner", "BatchStatus", "STATUS_NONE"]
 
@@ -61,7 +62,7 @@ _CHANGE_CALLS = {
 STATUS_NONE = np.iinfo(np.uint64).max
 
 #: Row dtypes the owners read and write, besides bfloat16 (ml_dtypes', loaded when first used:
-#: dspark_core._bf16).
+#: dspark_core.rows._bf16).
 ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
 
 
@@ -458,7 +459,7 @@ class RingOwner:
         or after skipping one), or not the array the Stager returned (a view,
         slice, reversal, copy or edit of it) raise ``ValueError`` and copy
         nothing. The moves of a prefix store's publish / hit
-        (:class:`~dspark_core.prefix_hit.PrefixMoves`, numbered among the same
+        (:class:`~dspark_core.prefix.hit.PrefixMoves`, numbered among the same
         table changes) copy between this table and the store's: pass the
         store's table as ``prefix_table`` (a ``HostPrefixTable`` for a
         HostRing, a ``cuda.PrefixTable`` for a DeviceRing; their ``publish`` /

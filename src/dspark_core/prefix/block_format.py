@@ -43,8 +43,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any
 
-from .config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, StagerConfig
-from .snapshot_format import crc32c
+from ..stager.config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES, StagerConfig
+from ..stager.snapshot_format import crc32c
 
 __all__ = ["MAGIC", "VERSION", "HEADER_BYTES", "Fingerprint", "PrefixBlock", "fingerprint", "pack", "unpack",
            "refresh_checksums"]

@@ -3,7 +3,7 @@
 An external-row :class:`~dspark_core.PrefixStore` holds no row bytes: it
 hands out slots of a table (``store.table_rows`` rows of ``row_bytes``) that
 its owner allocates next to the Stagers' ring tables. Two owners exist, one
-per ring owner (:mod:`dspark_core.ring_owner`):
+per ring owner (:mod:`dspark_core.rows.ring_owner`):
 :class:`dspark_core.HostPrefixTable` (a numpy array, beside a ``HostRing``)
 and :class:`dspark_core.cuda.PrefixTable` (a CUDA device, beside the
 ``DeviceRing`` s). They differ only in where the table lives and how rows
@@ -36,10 +36,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import formats
-from ._ext import _row_format
-from .prefix_keys import as_block_data
-from .prefix_hit import PUBLISH, PrefixHit, PrefixHits, PrefixMoves
+from .. import formats
+from .._ext import _row_format
+from .keys import as_block_data
+from .hit import PUBLISH, PrefixHit, PrefixHits, PrefixMoves
 
 __all__ = ["PrefixTableOwner"]
 
@@ -165,7 +165,7 @@ class PrefixTableOwner:
         changes."""
         fn = f"{self._name}.publish_rows"
         cfg = self.store.config
-        from .ring_owner import input_row_dtype  # (ring_owner imports this module)
+        from ..rows.ring_owner import input_row_dtype  # (ring_owner imports this module)
 
         a = self._host_rows(rows, fn)
         a = a.view(input_row_dtype(a.dtype, in_dtype, fn))

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _bf16
+from ..rows import _bf16
 from .core_tables import (
     ELEM_TYPES,
     MAX_FEATURE_DIM,
@@ -30,7 +30,7 @@ from .core_tables import (
     TRIM_CHUNK,
     check_stager_options,
 )
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "TRIM_CHUNK",
@@ -91,7 +91,7 @@ def storage_row_bytes(storage: str, feature_dim: int) -> int:
 
     ``f32``: ``4 D``; ``f16`` / ``bf16``: ``2 D``; ``q8_0``: ``D / 32 * 34``;
     ``q4_0``: ``D / 32 * 18`` (GGML block layouts; q formats need ``D % 32 == 0``).
-    From the core's block table (:data:`dspark_core.core_tables.STORAGE_FORMATS`);
+    From the core's block table (:data:`dspark_core.stager.core_tables.STORAGE_FORMATS`);
     equals ``formats.row_bytes``.
     """
     if storage not in STORAGE_FORMATS:

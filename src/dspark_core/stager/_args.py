@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import _bf16, core_tables
+from ..rows import _bf16
+from . import core_tables
 
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
