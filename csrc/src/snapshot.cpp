@@ -247,19 +247,7 @@ Stager::SnapshotFields Stager::read_snapshot(const std::uint8_t* d, std::size_t 
              flags == FLAG_FIRST_ROUND && failures == 0;  // a fresh sequence
     }
     if (!ok) bad("snapshot fields are inconsistent");
-    SnapshotFields f;
-    f.v1 = v1;
-    f.header = header;
-    f.n_rows = n_rows;
-    f.end = end;
-    f.horizon = horizon;
-    f.n_cache = n_cache;
-    f.pos_base = pos_base;
-    f.tentative = tentative;
-    f.failures = failures;
-    f.flags = flags;
-    f.started = started;
-    return f;
+    return SnapshotFields{v1, header, n_rows, end, horizon, n_cache, pos_base, tentative, failures, flags, started};
 }
 
 std::int64_t Stager::check_restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) const {
