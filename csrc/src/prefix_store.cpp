@@ -62,6 +62,14 @@ std::string fingerprint_text(std::int64_t dim, Storage st, NonFinite nf, ElemTyp
 
 }  // namespace
 
+#define DSPARK_HIT_FIELD_INFO(type, name) DSPARK_FIELD_INFO(PrefixHit, type, name)
+#define DSPARK_PREFIX_STATS_FIELD_INFO(type, name) DSPARK_FIELD_INFO(PrefixStats, type, name)
+const FieldInfo PREFIX_HIT_FIELDS[] = {DSPARK_PREFIX_HIT_FIELDS(DSPARK_HIT_FIELD_INFO){nullptr, 0, false}};
+const FieldInfo PREFIX_STATS_FIELDS[] = {
+    DSPARK_PREFIX_STATS_FIELDS(DSPARK_PREFIX_STATS_FIELD_INFO){nullptr, 0, false}};
+#undef DSPARK_PREFIX_STATS_FIELD_INFO
+#undef DSPARK_HIT_FIELD_INFO
+
 PrefixStoreOptions prefix_store_options(const StagerOptions& s, std::int64_t block_tokens,
                                         std::int64_t budget_bytes) noexcept {
     PrefixStoreOptions o;

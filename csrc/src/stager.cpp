@@ -65,14 +65,12 @@ const char* row_mode_name(RowMode m) noexcept {
     return nullptr;
 }
 
-#define DSPARK_FIELD_INFO(T, type, name) {#name, offsetof(T, name), std::is_same<type, bool>::value},
 #define DSPARK_STATE_FIELD_INFO(type, name) DSPARK_FIELD_INFO(SeqState, type, name)
 #define DSPARK_STATS_FIELD_INFO(type, name) DSPARK_FIELD_INFO(SeqStats, type, name)
 const FieldInfo SEQ_STATE_FIELDS[] = {DSPARK_SEQ_STATE_FIELDS(DSPARK_STATE_FIELD_INFO){nullptr, 0, false}};
 const FieldInfo SEQ_STATS_FIELDS[] = {DSPARK_SEQ_STATS_FIELDS(DSPARK_STATS_FIELD_INFO){nullptr, 0, false}};
 #undef DSPARK_STATS_FIELD_INFO
 #undef DSPARK_STATE_FIELD_INFO
-#undef DSPARK_FIELD_INFO
 
 std::string mismatch_cause(std::int64_t n_past, std::int64_t end) {
     if (end > n_past)

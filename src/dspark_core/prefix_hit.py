@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ._ext._row_format import PREFIX_HIT_FIELDS
 from .slot_moves import SlotMoves
 
 __all__ = ["PrefixHit", "PrefixHits", "PrefixMoves", "no_prefix_moves", "PUBLISH", "HIT"]
@@ -90,14 +91,14 @@ class PrefixHit:
     moves: PrefixMoves
 
     @classmethod
-    def _of(cls, n_tokens: int, need_first: int, first_row: int, replay_from: int, rows: int, origin: int,
-            exact: bool, blocks_found: int, moves: PrefixMoves) -> PrefixHit:
-        """The binding's constructor: a frozen dataclass's ``__init__`` sets each field through
-        ``object.__setattr__`` (about 2 us: a batch of 64 hits spent half its time there); the
-        fields go into the instance's ``__dict__`` at once instead. The same object."""
+    def _of(cls, fields: dict[str, Any], moves: PrefixMoves) -> PrefixHit:
+        """The binding's constructor, from the core's fields (``PREFIX_HIT_FIELDS``) and the moves:
+        a frozen dataclass's ``__init__`` sets each field through ``object.__setattr__`` (about
+        2 us: a batch of 64 hits spent half its time there); the fields go into the instance's
+        ``__dict__`` at once instead. The same object."""
         hit = object.__new__(cls)
-        hit.__dict__.update(n_tokens=n_tokens, need_first=need_first, first_row=first_row, replay_from=replay_from,
-                            rows=rows, origin=origin, exact=exact, blocks_found=blocks_found, moves=moves)
+        hit.__dict__.update(fields)
+        hit.__dict__["moves"] = moves
         return hit
 
     @property
@@ -112,8 +113,7 @@ class PrefixHit:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields but ``moves`` (for comparisons and JSON)."""
-        return {k: getattr(self, k) for k in (
-            "n_tokens", "need_first", "first_row", "replay_from", "rows", "origin", "exact", "blocks_found")}
+        return {k: getattr(self, k) for k in PREFIX_HIT_FIELDS}
 
 
 class PrefixHits(list[PrefixHit]):

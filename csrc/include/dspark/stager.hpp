@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "dspark/byte_buffer.hpp"
+#include "dspark/field_list.hpp"
 #include "dspark/feature_buffer.hpp"
 #include "dspark/row_format.hpp"
 #include "dspark/step_math.hpp"
@@ -103,13 +104,24 @@ enum class FailStage : std::uint8_t { Decode = 0, Crop = 1 };
 // positions [first_row, start), staged at drafter positions
 // [first_row - pos_base, start - pos_base); the block follows at
 // [start - pos_base, start - pos_base + B); crop_from == start - pos_base.
+// The fields the C ABI's dspark_plan mirrors (copied through this list;
+// dspark_plan adds rows_mode and the slot runs as arrays).
+#define DSPARK_ROUND_PLAN_FIELDS(X)  \
+    X(std::int64_t, seq)             \
+    X(std::uint64_t, round)          \
+    X(Skip, skip)                    \
+    X(bool, rebase)                  \
+    X(bool, clear_cache)             \
+    X(std::int64_t, start)           \
+    X(std::int64_t, pos_base)        \
+    X(std::int64_t, first_row)       \
+    X(std::int64_t, n_rows)          \
+    X(std::int64_t, crop_from)
 struct RoundPlan {
-    std::int64_t seq = 0;
-    // The round this plan opened: unique within its Stager (from 1), 0 for a
-    // skip. An owner of external rows reads plan.slot_runs only while
+    // round: the round this plan opened, unique within its Stager (from 1),
+    // 0 for a skip. An owner of external rows reads plan.slot_runs only while
     // open_round_id(seq) is this round (later writes may reuse the slots).
-    std::uint64_t round = 0;
-    Skip skip = Skip::None;
+    DSPARK_ROUND_PLAN_FIELDS(DSPARK_DECLARE_FIELD)
     // A protocol mismatch (docs/protocol.md section 3): the sequence holds rows
     // and is not disabled, but start is not its buffered end `end` (newest row
     // + 1). Only a non-strict Stager returns such a plan (a skip); report is
@@ -117,16 +129,11 @@ struct RoundPlan {
     bool mismatch = false;
     bool report_mismatch = false;
     std::int64_t end = 0;
-    bool rebase = false;
-    bool clear_cache = false;
-    std::int64_t start = 0;
-    std::int64_t pos_base = -1;
-    std::int64_t first_row = 0;
-    std::int64_t n_rows = 0;
-    std::int64_t crop_from = -1;
     // The slots of the n_rows staged rows, in plan order (both modes): at
     // most two runs, the second starting at the sequence's first slot.
     SlotRun slot_runs[2];
+    // A skip's: no drafter positions (the list's defaults are zero).
+    RoundPlan() noexcept : pos_base(-1), crop_from(-1) {}
 };
 
 // A round's staged rows where they lie in the sequence's ring (draft_view):
@@ -189,22 +196,14 @@ struct RowView {
     X(std::int64_t, peak_bytes)     \
     X(std::int64_t, reserved_bytes)
 
-#define DSPARK_DECLARE_FIELD(type, name) type name{};
 struct SeqState {
     DSPARK_SEQ_STATE_FIELDS(DSPARK_DECLARE_FIELD)
 };
 struct SeqStats {
     DSPARK_SEQ_STATS_FIELDS(DSPARK_DECLARE_FIELD)
 };
-#undef DSPARK_DECLARE_FIELD
 
-// One field of SeqState / SeqStats: its name, byte offset and whether it is a
-// bool (else std::int64_t). The tables end with a {nullptr, 0, false} row.
-struct FieldInfo {
-    const char* name;
-    std::size_t offset;
-    bool is_bool;
-};
+// The tables of SeqState / SeqStats (field_list.hpp).
 extern const FieldInfo SEQ_STATE_FIELDS[];
 extern const FieldInfo SEQ_STATS_FIELDS[];
 

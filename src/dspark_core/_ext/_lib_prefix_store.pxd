@@ -7,7 +7,7 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
-from dspark_core._ext._lib_stager cimport RowMode, SlotMove, SlotRun
+from dspark_core._ext._lib_stager cimport FieldInfo, RowMode, SlotMove, SlotRun
 
 
 cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
@@ -46,10 +46,12 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
         int64_t rows
         int64_t pages
 
+    # Read field by field through PREFIX_STATS_FIELDS (the core's list).
     cdef cppclass PrefixStats:
-        int64_t blocks, pages, bytes, resident_bytes, key_bytes
-        int64_t published, republished, evicted_lru, evicted_by_key
-        int64_t hits, full_hits, hit_rows, replayed_tokens
+        pass
+
+    const FieldInfo* PREFIX_HIT_FIELDS
+    const FieldInfo* PREFIX_STATS_FIELDS
 
     cdef cppclass PrefixStore:
         PrefixStore(const PrefixStoreOptions& options) except +dspark_translate_exception

@@ -7,7 +7,7 @@
 # (Stager._converted: docs/design.md 2.1).
 from dspark_core._ext._lib_prefix_store cimport (
     PrefixStore as CPrefixStore, PrefixStoreOptions, KeyChain, PrefixHit as CPrefixHit, PrefixBlockInfo,
-    PrefixStats, StagerPrefixSide,
+    PrefixStats, StagerPrefixSide, PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS,
 )
 from libc.string cimport memcpy
 from libcpp.string cimport string
@@ -20,6 +20,9 @@ from dspark_core.prefix_keys import as_block_rows, as_block_data, as_key, as_key
 # A non-NULL pointer for rows given as an empty buffer (the core tells "no
 # rows" from "empty rows").
 cdef uint8_t _NO_BYTES = 0
+# PrefixHit's fields and stats()' keys: the core's field lists (prefix_store.hpp), in order.
+_PREFIX_HIT_FIELDS = _row_format.PREFIX_HIT_FIELDS
+_PREFIX_STATS_FIELDS = _row_format.PREFIX_STATS_FIELDS
 
 
 cdef object _chain(object converted, KeyChain* out):
@@ -34,8 +37,7 @@ cdef object _chain(object converted, KeyChain* out):
 
 
 cdef object _hit(CPrefixHit& h, object moves):
-    return PrefixHit._of(h.n_tokens, h.need_first, h.first_row, h.replay_from, h.rows, h.origin, h.exact,
-                         h.blocks_found, moves)
+    return PrefixHit._of(_fields_dict(&h, PREFIX_HIT_FIELDS, _PREFIX_HIT_FIELDS), moves)
 
 
 cdef void _chains(object batch, vector[KeyChain]& out):
@@ -345,16 +347,10 @@ cdef class PrefixStore:
         return _slots_array(v)
 
     def stats(self):
-        """Counters: ``blocks``, ``pages``, ``bytes`` (held now, <= budget_bytes), ``resident_bytes``,
-        ``key_bytes``, ``published``, ``republished``, ``evicted_lru``, ``evicted_by_key``, ``hits``,
-        ``full_hits``, ``hit_rows``, ``replayed_tokens`` (see dspark/prefix_store.hpp)."""
+        """The counters, keyed by the core's list (``_row_format.PREFIX_STATS_FIELDS``; each is
+        described at ``PrefixStats`` in dspark/prefix_store.hpp)."""
         cdef PrefixStats t = self._core.stats()
-        return {
-            "blocks": t.blocks, "pages": t.pages, "bytes": t.bytes, "resident_bytes": t.resident_bytes,
-            "key_bytes": t.key_bytes, "published": t.published, "republished": t.republished,
-            "evicted_lru": t.evicted_lru, "evicted_by_key": t.evicted_by_key, "hits": t.hits,
-            "full_hits": t.full_hits, "hit_rows": t.hit_rows, "replayed_tokens": t.replayed_tokens,
-        }
+        return _fields_dict(&t, PREFIX_STATS_FIELDS, _PREFIX_STATS_FIELDS)
 
     def export_block(self, key, rows=None):
         """The block as checksummed bytes another process's store imports (``prefix_block_format``).

@@ -16,6 +16,11 @@ SKIP_REASONS: tuple[str, ...]
 FAIL_STAGES: tuple[str, ...]
 ROW_MODES: tuple[str, ...]
 ELEM_TYPES: tuple[str, ...]
+# The fields of the core's listed records (state() / stats() keys, PrefixHit fields).
+SEQ_STATE_FIELDS: tuple[str, ...]
+SEQ_STATS_FIELDS: tuple[str, ...]
+PREFIX_HIT_FIELDS: tuple[str, ...]
+PREFIX_STATS_FIELDS: tuple[str, ...]
 TRIM_CHUNK: int
 MAX_POSITION: int
 MAX_WINDOW: int

@@ -30,6 +30,10 @@ from dspark_core._ext._lib_stager cimport (
     Skip, FailStage, RowMode, StagerOptions, skip_name, fail_stage_name, row_mode_name, check_options,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION, MAX_WINDOW as C_MAX_WINDOW,
     MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT,
+    FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
+)
+from dspark_core._ext._lib_prefix_store cimport (
+    PREFIX_HIT_FIELDS as C_PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS as C_PREFIX_STATS_FIELDS,
 )
 from dspark_core.errors import ConfigError, StateError
 
@@ -84,6 +88,23 @@ FAIL_STAGES = _names(_fail_stage_name, 0)
 ROW_MODES = _names(_row_mode_name, 0)
 #: Element types rows come in and are staged out in (numpy names; dspark::ElemType).
 ELEM_TYPES = tuple(elem_name(<ElemType><uint8_t>i).decode() for i in range(ELEM_TYPE_COUNT))
+
+cdef tuple _field_names(const FieldInfo* f):
+    out = []
+    cdef size_t i = 0
+    while f[i].name != NULL:
+        out.append(f[i].name.decode())
+        i += 1
+    return tuple(out)
+
+
+# The fields of the core's listed records, in order (their X-macro lists:
+# dspark/stager.hpp, dspark/prefix_store.hpp): the keys of Stager.state() /
+# stats() and PrefixStore.stats(), the fields of PrefixHit.
+SEQ_STATE_FIELDS = _field_names(C_SEQ_STATE_FIELDS)
+SEQ_STATS_FIELDS = _field_names(C_SEQ_STATS_FIELDS)
+PREFIX_HIT_FIELDS = _field_names(C_PREFIX_HIT_FIELDS)
+PREFIX_STATS_FIELDS = _field_names(C_PREFIX_STATS_FIELDS)
 
 # The core's limits (dspark/stager.hpp).
 TRIM_CHUNK = C_TRIM_CHUNK

@@ -68,22 +68,13 @@ cdef enum _SeqsCall:
     _END_MANY
 
 
-cdef tuple _field_names(const FieldInfo* f):
-    out = []
-    cdef size_t i = 0
-    while f[i].name != NULL:
-        out.append(f[i].name.decode())
-        i += 1
-    return tuple(out)
-
-
 # The keys of state() / stats(): the core's field lists (stager.hpp), in order.
-_STATE_FIELDS = _field_names(SEQ_STATE_FIELDS)
-_STATS_FIELDS = _field_names(SEQ_STATS_FIELDS)
+_STATE_FIELDS = _row_format.SEQ_STATE_FIELDS
+_STATS_FIELDS = _row_format.SEQ_STATS_FIELDS
 
 
 cdef dict _fields_dict(const void* record, const FieldInfo* f, tuple names):
-    """A SeqState / SeqStats as a dict, field by field from the core's table."""
+    """A listed record (SeqState, SeqStats, PrefixHit, PrefixStats) as a dict, field by field from the core's table."""
     cdef dict out = {}
     cdef const char* base = <const char*>record
     cdef size_t i = 0
