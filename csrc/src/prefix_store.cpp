@@ -73,13 +73,7 @@ const FieldInfo PREFIX_STATS_FIELDS[] = {
 PrefixStoreOptions prefix_store_options(const StagerOptions& s, std::int64_t block_tokens,
                                         std::int64_t budget_bytes) noexcept {
     PrefixStoreOptions o;
-    o.feature_dim = s.feature_dim;
-    o.block_size = s.block_size;
-    o.window = s.window;
-    o.storage = s.storage;
-    o.nonfinite = s.nonfinite;
-    o.stage = s.stage;
-    o.rows = s.rows;
+    static_cast<RowOptions&>(o) = s;
     o.block_tokens = block_tokens;
     o.budget_bytes = budget_bytes;
     return o;
@@ -87,13 +81,7 @@ PrefixStoreOptions prefix_store_options(const StagerOptions& s, std::int64_t blo
 
 StagerOptions stager_options(const PrefixStoreOptions& o) noexcept {
     StagerOptions s;
-    s.feature_dim = o.feature_dim;
-    s.block_size = o.block_size;
-    s.window = o.window;
-    s.storage = o.storage;
-    s.nonfinite = o.nonfinite;
-    s.stage = o.stage;
-    s.rows = o.rows;
+    static_cast<RowOptions&>(s) = o;
     s.max_seqs = 1;
     return s;
 }

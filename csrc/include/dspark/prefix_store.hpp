@@ -60,18 +60,11 @@ namespace dspark {
 // Keys are 1..64 bytes: a 32-byte SHA-256 block hash fits, so does an int64.
 inline constexpr std::size_t PREFIX_MAX_KEY_BYTES = 64;
 
-struct PrefixStoreOptions {
-    // The rows' configuration: every Stager that publishes into or hits from
-    // the store must have these values (the snapshot fingerprint: the keep
-    // rule depends on window and block size; what a row may hold, on the
-    // storage, the non-finite policy and the staged type).
-    std::int64_t feature_dim = 0;
-    std::int64_t block_size = 0;
-    std::int64_t window = 0;
-    Storage storage = Storage::F32;
-    NonFinite nonfinite = NonFinite::Error;
-    ElemType stage = ElemType::F32;
-    RowMode rows = RowMode::Held;
+// The rows' configuration (RowOptions): every Stager that publishes into or
+// hits from the store must have these values (the snapshot fingerprint: the
+// keep rule depends on window and block size; what a row may hold, on the
+// storage, the non-finite policy and the staged type).
+struct PrefixStoreOptions : RowOptions {
     // Tokens per prefix block (the server's KV block size).
     std::int64_t block_tokens = 16;
     // Upper bound on the row memory held (held mode) or on the owner's table
@@ -79,10 +72,9 @@ struct PrefixStoreOptions {
     std::int64_t budget_bytes = 0;
 };
 
-// The store options for the rows of Stagers configured as `stager` (the row
-// fields above; max_seqs, max_failures and strict are each Stager's own), and
-// back: the options of a one-sequence Stager of the store's rows. The one
-// place the two structs' shared fields are mapped.
+// The store options for the rows of Stagers configured as `stager` (its
+// RowOptions; max_seqs, max_failures and strict are each Stager's own), and
+// back: the options of a one-sequence Stager of the store's rows.
 PrefixStoreOptions prefix_store_options(const StagerOptions& stager, std::int64_t block_tokens,
                                         std::int64_t budget_bytes) noexcept;
 StagerOptions stager_options(const PrefixStoreOptions& store) noexcept;

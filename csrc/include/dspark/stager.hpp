@@ -72,18 +72,24 @@ inline constexpr int ROW_MODE_COUNT = 2;
 // "held", "external"; nullptr past the last mode (the binding enumerates them).
 const char* row_mode_name(RowMode m) noexcept;
 
-struct StagerOptions {
+// The rows' configuration: what a row holds and which rows a round stages.
+// A Stager has these and its own fields below; a PrefixStore has these of
+// the Stagers it serves (prefix_store.hpp), and only those Stagers share it.
+struct RowOptions {
     std::int64_t feature_dim = 0;
     std::int64_t block_size = 0;
     std::int64_t window = 0;
-    std::int64_t max_seqs = 1;
     Storage storage = Storage::F32;
-    std::int64_t max_failures = 3;
     NonFinite nonfinite = NonFinite::Error;
     // The element type plans are staged out in: rows must stay finite after
     // that last narrowing too (an f32-stored 9e4 staged as f16 is +inf).
     ElemType stage = ElemType::F32;
     RowMode rows = RowMode::Held;
+};
+
+struct StagerOptions : RowOptions {
+    std::int64_t max_seqs = 1;
+    std::int64_t max_failures = 3;
     // A draft whose n_past disagrees with the buffered rows (an out-of-protocol
     // call, docs/protocol.md section 3) throws StateError instead of skipping.
     bool strict = false;

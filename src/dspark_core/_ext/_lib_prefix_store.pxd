@@ -7,20 +7,13 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
-from dspark_core._ext._lib_stager cimport FieldInfo, RowMode, SlotMove, SlotRun
+from dspark_core._ext._lib_stager cimport FieldInfo, RowMode, RowOptions, SlotMove, SlotRun
 
 
 cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
     size_t PREFIX_MAX_KEY_BYTES
 
-    cdef cppclass PrefixStoreOptions:
-        int64_t feature_dim
-        int64_t block_size
-        int64_t window
-        Storage storage
-        NonFinite nonfinite
-        ElemType stage
-        RowMode rows
+    cdef cppclass PrefixStoreOptions(RowOptions):
         int64_t block_tokens
         int64_t budget_bytes
 

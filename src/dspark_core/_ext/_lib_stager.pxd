@@ -71,16 +71,18 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t dst
         int64_t count
 
-    cdef cppclass StagerOptions:
+    cdef cppclass RowOptions:
         int64_t feature_dim
         int64_t block_size
         int64_t window
-        int64_t max_seqs
         Storage storage
-        int64_t max_failures
         NonFinite nonfinite
         ElemType stage
         RowMode rows
+
+    cdef cppclass StagerOptions(RowOptions):
+        int64_t max_seqs
+        int64_t max_failures
         bool strict
 
     void check_options(const StagerOptions& options) except +dspark_translate_exception

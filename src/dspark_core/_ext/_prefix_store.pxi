@@ -101,13 +101,7 @@ cdef class PrefixStore:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         cdef PrefixStoreOptions o
-        o.feature_dim = config.feature_dim
-        o.block_size = config.block_size
-        o.window = config.window
-        o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
-        o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
-        o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
-        o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
+        _set_row_options(&o, config)
         o.block_tokens = _i64("block_tokens", block_tokens)
         o.budget_bytes = _i64("budget_bytes", budget_bytes)
         self._core = new CPrefixStore(o)  # checks every value (ConfigError)
