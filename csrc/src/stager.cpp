@@ -110,8 +110,8 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     check_options(o);
     row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));
     bounds_ = encode_bounds(o.storage, o.stage);
-    w_keep_ = std::min(o.window / 2, o.window - o.block_size);
-    max_rows_ = static_cast<std::size_t>(o.window + TRIM_CHUNK + o.block_size + 1);
+    w_keep_ = dspark::w_keep(o.block_size, o.window);
+    max_rows_ = static_cast<std::size_t>(dspark::ring_rows(o.block_size, o.window));
     // The ring reserves max_rows_ rows: that size must be representable.
     if (max_rows_ > (SIZE_MAX >> 1) / row_bytes_)
         throw ConfigError("window x feature_dim is too large: one sequence's buffer would exceed the address space");

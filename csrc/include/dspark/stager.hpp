@@ -60,6 +60,18 @@ inline constexpr std::int64_t MAX_FEATURE_DIM = std::int64_t(1) << 28;
 // overflow.
 inline constexpr std::int64_t MAX_SEQS_LIMIT = std::int64_t(1) << 16;
 
+// K: the rows a rebase keeps (== W / 2, since W > 2B). The binding publishes
+// it (StagerConfig.w_keep, plan_context); the Stager and the prefix store's
+// keep rule use it.
+inline constexpr std::int64_t w_keep(std::int64_t block_size, std::int64_t window) noexcept {
+    return window / 2 < window - block_size ? window / 2 : window - block_size;
+}
+// The rows a sequence ever holds, the slots of its ring: W + TRIM_CHUNK + B + 1
+// (live rows stay <= W + B; dead head rows go once TRIM_CHUNK pile up).
+inline constexpr std::int64_t ring_rows(std::int64_t block_size, std::int64_t window) noexcept {
+    return window + TRIM_CHUNK + block_size + 1;
+}
+
 // Who holds the row bytes. Held: the Stager keeps every row in its own ring
 // and plans carry the rows. External: the Stager runs the same state machine
 // over the same ring bookkeeping but holds no bytes; process() returns the

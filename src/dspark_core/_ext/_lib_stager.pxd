@@ -42,6 +42,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     int64_t MAX_WINDOW
     int64_t MAX_FEATURE_DIM
     int64_t MAX_SEQS_LIMIT
+    int64_t w_keep(int64_t block_size, int64_t window)
+    int64_t ring_rows(int64_t block_size, int64_t window)
     int ROW_MODE_COUNT
     int FAIL_STAGE_COUNT
 

@@ -27,6 +27,12 @@ MAX_WINDOW: int
 MAX_FEATURE_DIM: int
 MAX_SEQS_LIMIT: int
 
+def w_keep(block_size: int, window: int) -> int:
+    """K, the rows a rebase keeps, of a configuration."""
+
+def ring_rows(block_size: int, window: int) -> int:
+    """The rows a sequence ever holds, its ring's slots, of a configuration."""
+
 def check_stager_options(
     feature_dim: int,
     block_size: int,

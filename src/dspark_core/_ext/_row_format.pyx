@@ -29,7 +29,8 @@ from dspark_core._ext._lib_row_format cimport ELEM_TYPE_COUNT, elem_name
 from dspark_core._ext._lib_stager cimport (
     Skip, FailStage, RowMode, StagerOptions, skip_name, fail_stage_name, row_mode_name, check_options,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION, MAX_WINDOW as C_MAX_WINDOW,
-    MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT,
+    MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT, w_keep as c_w_keep,
+    ring_rows as c_ring_rows,
     FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
 )
 from dspark_core._ext._lib_prefix_store cimport (
@@ -112,6 +113,16 @@ MAX_POSITION = C_MAX_POSITION
 MAX_WINDOW = C_MAX_WINDOW
 MAX_FEATURE_DIM = C_MAX_FEATURE_DIM
 MAX_SEQS_LIMIT = C_MAX_SEQS_LIMIT
+
+
+def w_keep(int64_t block_size, int64_t window):
+    """K, the rows a rebase keeps, of a configuration (``dspark::w_keep``)."""
+    return c_w_keep(block_size, window)
+
+
+def ring_rows(int64_t block_size, int64_t window):
+    """The rows a sequence ever holds, its ring's slots, of a configuration (``dspark::ring_rows``)."""
+    return c_ring_rows(block_size, window)
 
 
 def check_stager_options(int64_t feature_dim, int64_t block_size, int64_t window, int64_t max_seqs, int storage,
