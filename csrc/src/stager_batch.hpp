@@ -1,10 +1,11 @@
-// What a batch call of the Stager shares, in stager.cpp and stager_prefix.cpp:
-// its locks, its per-sequence errors and its argument copies. Internal to
+// What the Stager's batch calls share (stager*.cpp): their locks, their
+// per-sequence errors and their argument copies. Internal to
 // the core (not installed).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dspark/errors.hpp"
@@ -70,6 +71,9 @@ private:
 };
 
 namespace detail {
+
+// How an error names one sequence: "sequence <id>".
+inline std::string seq_msg(std::int64_t seq) { return "sequence " + std::to_string(seq); }
 
 // Runs one sequence's check (or step) of a batch call; an error it throws
 // comes out as the same kind of error, prefixed "<call>: seqs[i] (sequence s): "

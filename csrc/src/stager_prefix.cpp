@@ -50,7 +50,7 @@ std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, c
                                                              std::int64_t end) const {
     store.check_compatible(opt_);
     std::vector<PrefixPlannedBlock> plan = store.plan_publish(keys, start, end);
-    const std::string who = "sequence " + std::to_string(seq);
+    const std::string who = detail::seq_msg(seq);
     if (!s.started) throw std::invalid_argument(who + " holds no rows (nothing was processed since begin())");
     // Rows an accept() may still drop are not final (the first one is).
     const std::int64_t final_end = firm_end(s);

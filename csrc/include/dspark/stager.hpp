@@ -709,21 +709,18 @@ private:
     void refuse_on_device(std::int64_t seq, const Seq& s) const;
 };
 
-// A batch of plans as flat arrays (docs/design.md 2.5). plan_rows: CSR, the
-// context rows of plans[i] are rows [row_offsets[i], row_offsets[i + 1]) of
-// `positions` (drafter positions) and `slots` (global slots); row_offsets has
-// n + 1 entries, the other two sum(n_rows). plan_rows_padded: a fixed shape,
-// row r of plans[i] at [i * max_rows + r], every other entry -1 (padding);
-// std::invalid_argument naming the sequence when a plan stages more than
-// max_rows rows. Either output array may be null (not written).
+// A batch of plans as flat arrays (docs/design.md 2.9; batch_layout.cpp).
+// plan_rows: CSR, the context rows of plans[i] are rows [row_offsets[i],
+// row_offsets[i + 1]) of `positions` (drafter positions) and `slots` (global
+// slots); row_offsets has n + 1 entries, the other two sum(n_rows). Any
+// output array may be null (not written).
 void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets, std::int32_t* positions,
                std::int64_t* slots) noexcept;
-void plan_rows_padded(const RoundPlan* plans, std::size_t n, std::size_t max_rows, std::int32_t* positions,
-                      std::int64_t* slots);
 // The padded layout from CSR rows: rows [row_offsets[i], row_offsets[i + 1])
 // of `values` (`total` entries) into row i of the [n, max_rows] array `out`,
-// the rest -1 (seqs: the batch's ids, for the error of a sequence with too
-// many rows). row_offsets must rise from 0 to total (std::invalid_argument).
+// the rest -1 (seqs: the batch's ids, for the std::invalid_argument naming a
+// sequence with more than max_rows rows). row_offsets must rise from 0 to
+// total (std::invalid_argument).
 void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int32_t* values,
               std::size_t total, std::size_t max_rows, std::int32_t* out);
 void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,

@@ -225,8 +225,6 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const char* row_mode_name(RowMode m)
     string mismatch_cause(int64_t n_past, int64_t end) except +dspark_translate_exception
     void plan_rows(const RoundPlan* plans, size_t n, int64_t* row_offsets, int32_t* positions, int64_t* slots)
-    void plan_rows_padded(const RoundPlan* plans, size_t n, size_t max_rows, int32_t* positions,
-                          int64_t* slots) except +dspark_translate_exception
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int32_t* values, size_t total,
                   size_t max_rows, int32_t* out) except +dspark_translate_exception
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int64_t* values, size_t total,
