@@ -108,9 +108,9 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));
     bounds_ = encode_bounds(o.storage, o.stage);
     w_keep_ = dspark::w_keep(o.block_size, o.window);
-    max_rows_ = static_cast<std::size_t>(dspark::ring_rows(o.block_size, o.window));
-    // The ring reserves max_rows_ rows: that size must be representable.
-    if (max_rows_ > (SIZE_MAX >> 1) / row_bytes_)
+    ring_rows_ = static_cast<std::size_t>(dspark::ring_rows(o.block_size, o.window));
+    // The ring reserves ring_rows_ rows: that size must be representable.
+    if (ring_rows_ > (SIZE_MAX >> 1) / row_bytes_)
         throw ConfigError("window x feature_dim is too large: one sequence's buffer would exceed the address space");
     seqs_.resize(static_cast<std::size_t>(o.max_seqs));
     for (auto& s : seqs_) fresh_seq(s);
@@ -767,7 +767,7 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint
 FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const {
     if (reuse.capacity() == 0 || reuse.capacity() < n) {
         FeatureBuffer fresh = new_ring();
-        fresh.reserve_back(n, max_rows_);
+        fresh.reserve_back(n, ring_rows_);
         fresh.reset(pos);
         return fresh;
     }
@@ -779,7 +779,7 @@ FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size
 // Appends n contiguous rows (room must exist: ring_for / a reserved ring).
 void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n, std::uint32_t* crc) const {
     if (n == 0) return;
-    ring.reserve_back(n, max_rows_);
+    ring.reserve_back(n, ring_rows_);
     FeatureBuffer::Span x, y;
     ring.back_spans(n, x, y);
     const std::uint8_t* second = rows + x.rows * row_bytes_;

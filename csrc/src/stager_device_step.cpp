@@ -262,7 +262,7 @@ device_step::Config Stager::step_config() const noexcept {
     c.block = opt_.block_size;
     c.window = opt_.window;
     c.w_keep = w_keep_;
-    c.ring_rows = static_cast<i64>(max_rows_);
+    c.ring_rows = static_cast<i64>(ring_rows_);
     c.max_seqs = opt_.max_seqs;
     c.max_rows = max_plan_rows();
     c.trim_chunk = TRIM_CHUNK;

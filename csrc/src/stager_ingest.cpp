@@ -111,7 +111,7 @@ Stager::Append Stager::prepare_append(std::int64_t seq_id, Seq& s, std::int64_t 
     g.keep = n - g.skip;
     // The ring reserves its whole bound up front (address space only): the
     // one step that can fail here for a reason other than the rows.
-    if (s.buf.capacity() == 0) s.buf.reserve_back(g.keep, max_rows_);
+    if (s.buf.capacity() == 0) s.buf.reserve_back(g.keep, ring_rows_);
     g.marked = true;
     g.before = s.buf.marks();
     g.clean = g.skip == 0 && s.buf.size() + g.keep <= s.buf.capacity();
@@ -149,7 +149,7 @@ void Stager::commit_append(std::int64_t seq_id, Seq& s, Append& g, Encode&& enco
         if (s.started) trim_head(s, std::min(g.horizon, s.end));
         if (!s.started || s.buf.size() == 0) s.buf.reset(g.p0 + static_cast<std::int64_t>(g.skip));
         if (g.keep) {
-            s.buf.reserve_back(g.keep, max_rows_);  // no-op unless the ring must grow past its bound
+            s.buf.reserve_back(g.keep, ring_rows_);  // no-op unless the ring must grow past its bound
             s.buf.back_spans(g.keep, g.a, g.b);
             (void)encode(g.skip, g.a.rows, g.a.data);
             if (g.b.rows) (void)encode(g.skip + g.a.rows, g.b.rows, g.b.data);

@@ -126,7 +126,7 @@ struct Stager::PrefixOps {
         const auto n = static_cast<std::size_t>(h.plan.hit.rows);
         if (h.plan.hit.replay_from != 0 && (target.buf.capacity() == 0 || target.buf.capacity() < n)) {
             h.fresh = st.new_ring();
-            h.fresh.reserve_back(n, st.max_rows_);
+            h.fresh.reserve_back(n, st.ring_rows_);
         }
         return h;
     }

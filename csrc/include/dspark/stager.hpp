@@ -10,8 +10,10 @@
 //
 // Every rule of the contract lives here once: the limits, the argument checks
 // and their order (design.md 2.1), strict mode and the protocol-mismatch
-// report. The Python binding and the C ABI only convert their callers'
-// arguments and call.
+// report. The Python binding and the C ABI add no rule: they convert their
+// callers' arguments and the results, turn errors into their callers' kind
+// (exceptions, status codes), and the binding logs the mismatch reports the
+// core makes.
 //
 // Thread safety: each sequence has its own mutex. A call takes the locks of
 // the sequences it touches (fork: two; a batch: every sequence of it) in
@@ -236,7 +238,7 @@ public:
     bool external() const noexcept { return opt_.rows == RowMode::External; }
     // Slots per sequence (W + TRIM_CHUNK + B + 1): sequence s owns global
     // slots [s * ring_rows(), (s + 1) * ring_rows()).
-    std::int64_t ring_rows() const noexcept { return static_cast<std::int64_t>(max_rows_); }
+    std::int64_t ring_rows() const noexcept { return static_cast<std::int64_t>(ring_rows_); }
     // The most context rows one plan stages: W - B (a round that does not
     // rebase has start - pos_base + B <= W; a rebase stages w_keep <= W - B).
     std::int64_t max_plan_rows() const noexcept { return opt_.window - opt_.block_size; }
@@ -665,7 +667,7 @@ private:
     void accept_seq(Seq& s, std::int64_t n_accepted) noexcept;
     static void end_reservation(Seq& s, bool keep) noexcept;
     std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
-    std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(max_rows_); }
+    std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(ring_rows_); }
     FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
     void open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept;
@@ -681,7 +683,7 @@ private:
     std::int64_t w_keep_;
     std::size_t row_bytes_;
     EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
-    std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
+    std::size_t ring_rows_;  // dspark::ring_rows(B, W)
     std::vector<Seq> seqs_;
     // Held mode: the ring a restore over a busy slot checksums and copies the
     // snapshot's rows into before swapping it in (snapshot.cpp); the replaced

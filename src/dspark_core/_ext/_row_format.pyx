@@ -384,7 +384,9 @@ def kernel_env_deprecated():
     return c_kernel_env_deprecated()
 
 
-# The row-format family under its first names (dspark_core.formats uses these).
+# The row-format family under its first names: the old module path
+# dspark_core._row_format (0.1.0) had these and still serves them
+# (tests/test_public_api.py); dspark_core.formats goes through kernels.
 
 def simd_paths():
     """Names of the row-format paths this CPU and build support, scalar first."""
