@@ -653,24 +653,18 @@ dspark_status dspark_open_round_ids(const dspark_stager* st, const int64_t* seqs
 dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
-        require(out, "out");
-        const dspark::SeqState from = core.state(seq);
-        dspark_state to;
-        std::memset(&to, 0, sizeof to);
-        DSPARK_SEQ_STATE_FIELDS(DSPARK_COPY_FIELD)
-        write_sized(out, to);
+        get_record(out, [&] { return core.state(seq); }, [](const dspark::SeqState& from, dspark_state& to) {
+            DSPARK_SEQ_STATE_FIELDS(DSPARK_COPY_FIELD)
+        });
     });
 }
 
 dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stats* out) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
-        require(out, "out");
-        const dspark::SeqStats from = core.stats(seq);
-        dspark_stats to;
-        std::memset(&to, 0, sizeof to);
-        DSPARK_SEQ_STATS_FIELDS(DSPARK_COPY_FIELD)
-        write_sized(out, to);
+        get_record(out, [&] { return core.stats(seq); }, [](const dspark::SeqStats& from, dspark_stats& to) {
+            DSPARK_SEQ_STATS_FIELDS(DSPARK_COPY_FIELD)
+        });
     });
 }
 

@@ -284,12 +284,9 @@ dspark_status dspark_prefix_keys(const dspark_prefix_store* store, uint8_t* byte
 dspark_status dspark_prefix_stats_get(const dspark_prefix_store* store, dspark_prefix_stats* out) {
     return guarded([&] {
         const dspark::PrefixStore& s = store_of(store);
-        require(out, "out");
-        const dspark::PrefixStats from = s.stats();
-        dspark_prefix_stats to;
-        std::memset(&to, 0, sizeof to);
-        DSPARK_PREFIX_STATS_FIELDS(DSPARK_COPY_FIELD)
-        write_sized(out, to);
+        get_record(out, [&] { return s.stats(); }, [](const dspark::PrefixStats& from, dspark_prefix_stats& to) {
+            DSPARK_PREFIX_STATS_FIELDS(DSPARK_COPY_FIELD)
+        });
     });
 }
 

@@ -280,11 +280,9 @@ void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std:
 void Stager::check_process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
                                 const std::int64_t* positions, std::size_t total) const {
     const char* call = "process_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    const std::vector<std::int64_t> cu = copy_of(cu_in, n + 1);
     check_offsets(call, cu.data(), n, total);
     for (std::size_t i = 0; i < n; ++i)
         in_batch(call, i, seqs[i], [&] {
@@ -594,22 +592,16 @@ void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
 
 void Stager::commit_many(const std::int64_t* seqs_in, std::size_t n) {
     const char* call = "commit_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Open);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Open);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
     for (std::int64_t q : seqs) commit_seq(mut(get(q)));
 }
 
 void Stager::fail_many(const std::int64_t* seqs_in, const FailStage* stages_in, std::size_t n,
                        std::int64_t* disabled_after) {
     const char* call = "fail_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Open);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Open);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
     std::vector<FailStage> stages(stages_in, stages_in + n);
     for (std::size_t i = 0; i < n; ++i)
         in_batch(call, i, seqs[i], [&] {
@@ -624,11 +616,9 @@ void Stager::fail_many(const std::int64_t* seqs_in, const FailStage* stages_in, 
 
 void Stager::accept_many(const std::int64_t* seqs_in, const std::int64_t* n_accepted_in, std::size_t n) {
     const char* call = "accept_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_accepted = copy_of(n_accepted_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    const std::vector<std::int64_t> n_accepted = copy_of(n_accepted_in, n);
     for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { check_accept(n_accepted[i]); });
     for (std::size_t i = 0; i < n; ++i) accept_seq(mut(get(seqs[i])), n_accepted[i]);
 }

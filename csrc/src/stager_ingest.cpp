@@ -342,11 +342,9 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
 
 void Stager::external_many(const char* call, const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
                            const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve) {
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    const std::vector<std::int64_t> cu = copy_of(cu_in, n + 1);
     append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, reserve);
 }
 
@@ -390,21 +388,15 @@ void Stager::cancel(std::int64_t seq) {
 
 void Stager::confirm_many(const std::int64_t* seqs_in, std::size_t n) {
     const char* call = "confirm_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Reserved);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Reserved);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
     for (std::int64_t q : seqs) end_reservation(mut(get(q)), true);
 }
 
 void Stager::cancel_many(const std::int64_t* seqs_in, std::size_t n) {
     const char* call = "cancel_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Reserved);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Reserved);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
     for (std::int64_t q : seqs) end_reservation(mut(get(q)), false);
 }
 

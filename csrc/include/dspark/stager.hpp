@@ -564,7 +564,8 @@ private:
     struct alignas(64) SeqMutex {
         std::mutex m;
     };
-    class BatchLock;  // the locks of a batch's sequences (stager_batch.hpp)
+    class BatchLock;     // the locks of a batch's sequences (stager_batch.hpp)
+    class CheckedBatch;  // a batch's sequences, checked and locked (stager_batch.hpp)
     struct PrefixOps;  // the prefix store's changes of a sequence (stager_prefix.cpp)
     struct Append;    // one sequence's rows, checked and not yet committed
 
