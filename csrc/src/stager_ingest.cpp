@@ -257,11 +257,16 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
     commit_append(seq, s, g, encode, nullptr);
 }
 
-void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
+void Stager::external_one(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
+                          bool reserve) {
     const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
     auto lock = lock_seq(seq);
     needs(seq, Need::Ready);
-    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, false);
+    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, reserve);
+}
+
+void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
+    external_one(seq, positions, n, slots_out, false);
 }
 
 void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
@@ -356,10 +361,7 @@ void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, cons
 // -- reservations --------------------------------------------------------------
 
 void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
-    const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
-    auto lock = lock_seq(seq);
-    needs(seq, Need::Ready);
-    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, true);
+    external_one(seq, positions, n, slots_out, true);
 }
 
 void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,

@@ -656,6 +656,9 @@ private:
     // positions, then append them all (reserve: remembering each state first).
     void append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                          const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
+    // process_external and reserve: the sequence's lock and check, then append_external.
+    void external_one(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
+                      bool reserve);
     // process_external_many and reserve_many: the batch's checks and locks, then append_external.
     void external_many(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                        const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
