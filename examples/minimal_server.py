@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{a.generate} more; first restage after it: {c.first_restage_rows} rows (K = {cfg.w_keep})")
 
     stats = srv.stager.stats(srv.seq)
-    bound = cfg.max_buffered_rows
+    bound = cfg.ring_rows
     within = srv.drafter.max_position < WINDOW and stats["peak_rows"] <= bound
     print(f"largest drafter position: {srv.drafter.max_position} (W = {WINDOW})")
     print(f"peak rows held: {stats['peak_rows']} (bound W + 512 + B + 1 = {bound})")

@@ -118,7 +118,7 @@ def test_stager_config_from_plan_matches() -> None:
     cfg = StagerConfig.from_plan(plan)
     assert cfg == StagerConfig(25600, 16, 2048, max_seqs=4, storage="q8_0")
     assert cfg.w_keep == plan.w_keep
-    assert cfg.max_buffered_rows == plan.peak_rows_per_seq
+    assert cfg.ring_rows == plan.peak_rows_per_seq
     assert cfg.row_bytes == plan.row_bytes
 
 

@@ -97,3 +97,18 @@ def test_the_fuzz_codec_reaches_every_policy():
     from dspark_core.testing import ops
 
     assert set(ops._NONFINITE_BY_BYTE) == set(core_tables.NONFINITE_POLICIES)
+
+
+@pytest.mark.parametrize("block, window", [(1, 3), (4, 9), (7, 20), (16, 2048), (3, 1 << 30)])
+def test_derived_sizes_are_the_cores(block, window):
+    """w_keep and ring_rows come from the core: StagerConfig's equal a Stager's and the
+    documented formulas (K = min(W // 2, W - B); W + TRIM_CHUNK + B + 1), and the old name
+    of ring_rows still answers, with a DeprecationWarning."""
+    cfg = StagerConfig(32, block, window)
+    assert cfg.w_keep == core_tables.w_keep(block, window) == min(window // 2, window - block)
+    assert cfg.ring_rows == core_tables.ring_rows(block, window) == window + core_tables.TRIM_CHUNK + block + 1
+    if window < 1 << 20:  # a Stager of one sequence reserves its ring's address space only
+        st = Stager(cfg)
+        assert (st.w_keep, st.ring_rows) == (cfg.w_keep, cfg.ring_rows)
+    with pytest.warns(DeprecationWarning, match="ring_rows"):
+        assert cfg.max_buffered_rows == cfg.ring_rows

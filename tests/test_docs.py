@@ -144,3 +144,25 @@ def test_paths_named_in_comments_and_docs_exist() -> None:
             if not any(n == path or n.endswith("/" + path) for n in names):
                 missing.append(f"{f}: {path}")
     assert not missing, "paths that do not exist:\n" + "\n".join(sorted(set(missing)))
+
+
+#: A design.md section cited by number: ``design.md §2``, ``design.md 2.1``, ``design.md section 8``.
+_DESIGN_SECTION = re.compile(r"design\.md`?\)?,?\s+(?:§\s*|sections?\s+)?(\d+(?:\.\d+)?)(?![\d.]*\d)")
+
+
+def test_design_sections_named_in_comments_and_docs_exist() -> None:
+    """A comment or document citing a numbered section of design.md cites one it has
+    (a comment named 2.5, lifecycle, for the batch arrays of 2.9 after a renumbering)."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    sections = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", design, flags=re.MULTILINE))
+    assert {"2", "2.1", "2.9", "8"} <= sections  # the headings parse
+    cited, missing = 0, []
+    for f in _repository_files():
+        if not f.startswith(("csrc/", "src/", "docs/")) or not f.endswith(_TEXT_SUFFIXES):
+            continue
+        for m in _DESIGN_SECTION.finditer((ROOT / f).read_text(errors="replace")):
+            cited += 1
+            if m.group(1) not in sections:
+                missing.append(f"{f}: design.md {m.group(1)}")
+    assert cited > 20  # the pattern still finds the citations
+    assert not missing, "design.md sections that do not exist:\n" + "\n".join(sorted(set(missing)))

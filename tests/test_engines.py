@@ -115,7 +115,7 @@ def test_replay_on_other_storages_follows_the_recorded_plans():
     r32[ReferenceStager] = replay(checked.trace, ReferenceStager(checked.config))
     # the reference trims eagerly; the replay also sees the verify rows held before accept
     assert res.sequences[0].peak_rows <= r32[ReferenceStager].peak_rows <= r32[Stager].peak_rows
-    assert r32[Stager].peak_rows <= checked.config.max_buffered_rows
+    assert r32[Stager].peak_rows <= checked.config.ring_rows
     for storage in ("bf16", "q8_0", "q4_0"):
         for make in (Stager, ReferenceStager):
             r = replay(checked.trace, make(checked.config.replace(storage=storage)))

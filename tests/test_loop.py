@@ -67,7 +67,7 @@ def test_lossless_over_thousands_of_tokens(stager_cls):
     assert s.stats["rebases"] > 10
     assert s.max_drafter_pos < cfg.window
     assert s.max_drafter_batch <= cfg.window
-    assert s.peak_rows <= cfg.max_buffered_rows
+    assert s.peak_rows <= cfg.ring_rows
     # ~ one restaged row per generated token (K rows per W/2 - B tokens of headroom)
     assert 0.7 < s.restaged_per_token < 1.4
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import numpy as np
@@ -22,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as hs
 
 from dspark_core import ConfigError, PrefixStore, StateError, Stager, StagerConfig
+from dspark_core._ext._row_format import PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS
 from dspark_core.stager.config import STORAGES
 from dspark_core.prefix.keys import as_key, as_key_chain
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
@@ -104,6 +106,23 @@ def test_rounds_after_a_hit_equal_a_full_prefill(impl, storage, block, extra, bt
         full.accept(0, k)
         hit.accept(0, k)
         at += k + 1
+
+
+@pytest.mark.parametrize("impl", IMPLS, ids=IDS)
+def test_hits_and_stats_have_the_cores_fields(impl):
+    """PrefixHit's fields and stats()' keys are the core's lists (PREFIX_HIT_FIELDS,
+    PREFIX_STATS_FIELDS), in order, for the core and the reference twin alike."""
+    Stg, Store = impl
+    cfg = StagerConfig(64, 4, 64, max_seqs=2)
+    store = Store(cfg, 8, 1 << 20)
+    st = Stg(cfg)
+    prefill(st, store, 0, rows_of(40, 64), 8, 16)
+    hit = store.hit(st, 1, chain(40, 8), 40)
+    assert tuple(f.name for f in dataclasses.fields(hit)) == (*PREFIX_HIT_FIELDS, "moves")
+    assert tuple(hit.as_dict()) == PREFIX_HIT_FIELDS
+    assert hit.as_dict() == store.lookup(chain(40, 8), 40).as_dict()
+    core_only = () if Store is PrefixStore else ("resident_bytes",)  # the core's allocation
+    assert tuple(store.stats()) == tuple(k for k in PREFIX_STATS_FIELDS if k not in core_only)
 
 
 @pytest.mark.parametrize("impl", IMPLS, ids=IDS)

@@ -164,7 +164,7 @@ class CoreMatchesReference(RuleBasedStateMachine):
         bounded-ingest path; rows, trims and peak_rows are compared exactly.
         """
         seq = self.pick(seq)
-        total = max(1, self.cfg.max_buffered_rows + extra)
+        total = max(1, self.cfg.ring_rows + extra)
         done, k = 0, 0
         while done < total:
             n = min(chunk, total - done)

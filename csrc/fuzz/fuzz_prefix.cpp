@@ -146,9 +146,9 @@ std::vector<std::uint8_t> export_of(const PrefixStore& store, const std::string&
 std::string store_image(const PrefixStore& store) {
     std::string img;
     const PrefixStats s = store.stats();
-    for (std::int64_t v : {s.blocks, s.pages, s.bytes, s.resident_bytes, s.key_bytes, s.published, s.republished,
-                           s.evicted_lru, s.evicted_by_key, s.hits, s.full_hits, s.hit_rows, s.replayed_tokens})
-        img += std::to_string(v) + ",";
+#define DSPARK_STATS_VALUE(type, name) s.name,
+    for (std::int64_t v : {DSPARK_PREFIX_STATS_FIELDS(DSPARK_STATS_VALUE)}) img += std::to_string(v) + ",";
+#undef DSPARK_STATS_VALUE
     for (const std::string& k : store.keys()) {
         img += "|" + k + ":";
         for (std::int64_t slot : store.block_slots(k)) img += std::to_string(slot) + ",";
@@ -355,9 +355,9 @@ struct Harness {
         FUZZ_CHECK(out == looked && got_what == seen_what);
         if (out != OK) return;
         FUZZ_CHECK(moves.empty());  // held rows: the core copies them itself
-        FUZZ_CHECK(got.n_tokens == seen.n_tokens && got.need_first == seen.need_first &&
-                   got.first_row == seen.first_row && got.replay_from == seen.replay_from && got.rows == seen.rows &&
-                   got.origin == seen.origin && got.exact == seen.exact && got.blocks_found == seen.blocks_found);
+#define DSPARK_SAME_FIELD(type, name) && got.name == seen.name
+        FUZZ_CHECK(true DSPARK_PREFIX_HIT_FIELDS(DSPARK_SAME_FIELD));
+#undef DSPARK_SAME_FIELD
         const std::int64_t K = store.w_keep();
         FUZZ_CHECK(got.n_tokens == h && got.replay_from <= h && got.replay_from >= std::max<std::int64_t>(0, h - K));
         FUZZ_CHECK(got.rows == got.replay_from - got.first_row && got.rows >= 0 && got.first_row >= got.need_first);

@@ -125,25 +125,16 @@ std::size_t out_row_bytes(const dspark_stager& st, std::int32_t dtype) {
     return mul_size(static_cast<std::size_t>(st.config.feature_dim), dspark::elem_bytes(elem_of(dtype)), "row size");
 }
 
-dspark_plan to_c(const dspark::RoundPlan& p, bool external) {
-    dspark_plan c;
-    std::memset(&c, 0, sizeof c);
-    c.seq = p.seq;
-    c.start = p.start;
-    c.pos_base = p.pos_base;
-    c.first_row = p.first_row;
-    c.n_rows = p.n_rows;
-    c.crop_from = p.crop_from;
-    c.skip = static_cast<std::int32_t>(p.skip);
-    c.rebase = p.rebase;
-    c.clear_cache = p.clear_cache;
-    c.rows_mode = external ? DSPARK_ROWS_EXTERNAL : DSPARK_ROWS_HELD;
-    c.round = p.round;
+dspark_plan to_c(const dspark::RoundPlan& from, bool external) {
+    dspark_plan to;
+    std::memset(&to, 0, sizeof to);
+    DSPARK_ROUND_PLAN_FIELDS(DSPARK_COPY_FIELD)
+    to.rows_mode = external ? DSPARK_ROWS_EXTERNAL : DSPARK_ROWS_HELD;
     for (int k = 0; k < 2; ++k) {
-        c.slot_first[k] = p.slot_runs[k].first;
-        c.slot_count[k] = p.slot_runs[k].count;
+        to.slot_first[k] = from.slot_runs[k].first;
+        to.slot_count[k] = from.slot_runs[k].count;
     }
-    return c;
+    return to;
 }
 
 // Drafts through the core's RowSink: storage bytes go straight into the
@@ -662,26 +653,18 @@ dspark_status dspark_open_round_ids(const dspark_stager* st, const int64_t* seqs
 dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
-        require(out, "out");
-        const dspark::SeqState s = core.state(seq);
-        dspark_state c;
-        std::memset(&c, 0, sizeof c);
-#define DSPARK_COPY_FIELD(type, name) c.name = static_cast<decltype(c.name)>(s.name);
-        DSPARK_SEQ_STATE_FIELDS(DSPARK_COPY_FIELD)
-        write_sized(out, c);
+        get_record(out, [&] { return core.state(seq); }, [](const dspark::SeqState& from, dspark_state& to) {
+            DSPARK_SEQ_STATE_FIELDS(DSPARK_COPY_FIELD)
+        });
     });
 }
 
 dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stats* out) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
-        require(out, "out");
-        const dspark::SeqStats s = core.stats(seq);
-        dspark_stats c;
-        std::memset(&c, 0, sizeof c);
-        DSPARK_SEQ_STATS_FIELDS(DSPARK_COPY_FIELD)
-#undef DSPARK_COPY_FIELD
-        write_sized(out, c);
+        get_record(out, [&] { return core.stats(seq); }, [](const dspark::SeqStats& from, dspark_stats& to) {
+            DSPARK_SEQ_STATS_FIELDS(DSPARK_COPY_FIELD)
+        });
     });
 }
 

@@ -139,6 +139,18 @@ void write_sized(T* out, const T& value) {
     std::memcpy(static_cast<void*>(out), &v, std::min<std::size_t>(size, sizeof(T)));
 }
 
+// A record get (dspark_state_get, ...): the NULL check of out (after the
+// caller's handle check), then `from()`, the core's record, copied field by
+// field by `copy(from, to)` into zeroed bytes and written as write_sized does.
+template <class C, class From, class Copy>
+void get_record(C* out, From&& from, Copy&& copy) {
+    require(out, "out");
+    C to;
+    std::memset(&to, 0, sizeof to);
+    copy(from(), to);
+    write_sized(out, to);
+}
+
 inline dspark::Stager& core_of(dspark_stager* st) {
     require(st, "stager");
     return st->core;

@@ -76,18 +76,11 @@ std::string_view key_of(const uint8_t* key, size_t len) {
     return std::string_view(reinterpret_cast<const char*>(key), len);
 }
 
-dspark_prefix_hit_result to_c(const dspark::PrefixHit& h) {
-    dspark_prefix_hit_result c;
-    std::memset(&c, 0, sizeof c);
-    c.n_tokens = h.n_tokens;
-    c.need_first = h.need_first;
-    c.first_row = h.first_row;
-    c.replay_from = h.replay_from;
-    c.rows = h.rows;
-    c.origin = h.origin;
-    c.blocks_found = h.blocks_found;
-    c.exact = h.exact ? 1 : 0;
-    return c;
+dspark_prefix_hit_result to_c(const dspark::PrefixHit& from) {
+    dspark_prefix_hit_result to;
+    std::memset(&to, 0, sizeof to);
+    DSPARK_PREFIX_HIT_FIELDS(DSPARK_COPY_FIELD)
+    return to;
 }
 
 // The slots a call hands out go to the caller's buffer of `capacity`
@@ -291,24 +284,9 @@ dspark_status dspark_prefix_keys(const dspark_prefix_store* store, uint8_t* byte
 dspark_status dspark_prefix_stats_get(const dspark_prefix_store* store, dspark_prefix_stats* out) {
     return guarded([&] {
         const dspark::PrefixStore& s = store_of(store);
-        require(out, "out");
-        const dspark::PrefixStats t = s.stats();
-        dspark_prefix_stats c;
-        std::memset(&c, 0, sizeof c);
-        c.blocks = t.blocks;
-        c.pages = t.pages;
-        c.bytes = t.bytes;
-        c.resident_bytes = t.resident_bytes;
-        c.key_bytes = t.key_bytes;
-        c.published = t.published;
-        c.republished = t.republished;
-        c.evicted_lru = t.evicted_lru;
-        c.evicted_by_key = t.evicted_by_key;
-        c.hits = t.hits;
-        c.full_hits = t.full_hits;
-        c.hit_rows = t.hit_rows;
-        c.replayed_tokens = t.replayed_tokens;
-        write_sized(out, c);
+        get_record(out, [&] { return s.stats(); }, [](const dspark::PrefixStats& from, dspark_prefix_stats& to) {
+            DSPARK_PREFIX_STATS_FIELDS(DSPARK_COPY_FIELD)
+        });
     });
 }
 

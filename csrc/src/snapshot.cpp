@@ -296,7 +296,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
         std::unique_lock<std::mutex> spare_lock(spare_mu_, std::defer_lock);  // after the sequence's lock
         if (target.buf.capacity() < count) {  // never used: a ring of its own (dropped if the data is bad)
             fresh = new_ring();
-            fresh.reserve_back(count, max_rows_);
+            fresh.reserve_back(count, ring_rows_);
             into = &fresh;
         } else if (target.started) {
             // Stageable rows [max(horizon, head), end) in slots [0, count)?
@@ -310,7 +310,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
                 spare_lock.lock();
                 if (spare_.capacity() < count) {
                     spare_ = new_ring();
-                    spare_.reserve_back(count, max_rows_);
+                    spare_.reserve_back(count, ring_rows_);
                 }
                 into = &spare_;
             }

@@ -1,9 +1,7 @@
 #include "dspark/stager.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
-#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -20,10 +18,9 @@ namespace dspark {
 
 using detail::copy_of;
 using detail::in_batch;
+using detail::seq_msg;
 
 namespace {
-
-std::string seq_msg(std::int64_t seq) { return "sequence " + std::to_string(seq); }
 
 // A position-like count (n_past, n_keep, ...): [0, MAX_POSITION).
 void require_count(const char* name, std::int64_t v) {
@@ -65,14 +62,12 @@ const char* row_mode_name(RowMode m) noexcept {
     return nullptr;
 }
 
-#define DSPARK_FIELD_INFO(T, type, name) {#name, offsetof(T, name), std::is_same<type, bool>::value},
 #define DSPARK_STATE_FIELD_INFO(type, name) DSPARK_FIELD_INFO(SeqState, type, name)
 #define DSPARK_STATS_FIELD_INFO(type, name) DSPARK_FIELD_INFO(SeqStats, type, name)
 const FieldInfo SEQ_STATE_FIELDS[] = {DSPARK_SEQ_STATE_FIELDS(DSPARK_STATE_FIELD_INFO){nullptr, 0, false}};
 const FieldInfo SEQ_STATS_FIELDS[] = {DSPARK_SEQ_STATS_FIELDS(DSPARK_STATS_FIELD_INFO){nullptr, 0, false}};
 #undef DSPARK_STATS_FIELD_INFO
 #undef DSPARK_STATE_FIELD_INFO
-#undef DSPARK_FIELD_INFO
 
 std::string mismatch_cause(std::int64_t n_past, std::int64_t end) {
     if (end > n_past)
@@ -114,10 +109,10 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     check_options(o);
     row_bytes_ = dspark::row_bytes(o.storage, static_cast<std::size_t>(o.feature_dim));
     bounds_ = encode_bounds(o.storage, o.stage);
-    w_keep_ = std::min(o.window / 2, o.window - o.block_size);
-    max_rows_ = static_cast<std::size_t>(o.window + TRIM_CHUNK + o.block_size + 1);
-    // The ring reserves max_rows_ rows: that size must be representable.
-    if (max_rows_ > (SIZE_MAX >> 1) / row_bytes_)
+    w_keep_ = dspark::w_keep(o.block_size, o.window);
+    ring_rows_ = static_cast<std::size_t>(dspark::ring_rows(o.block_size, o.window));
+    // The ring reserves ring_rows_ rows: that size must be representable.
+    if (ring_rows_ > (SIZE_MAX >> 1) / row_bytes_)
         throw ConfigError("window x feature_dim is too large: one sequence's buffer would exceed the address space");
     seqs_.resize(static_cast<std::size_t>(o.max_seqs));
     for (auto& s : seqs_) fresh_seq(s);
@@ -287,11 +282,9 @@ void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std:
 void Stager::check_process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
                                 const std::int64_t* positions, std::size_t total) const {
     const char* call = "process_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    const std::vector<std::int64_t> cu = copy_of(cu_in, n + 1);
     check_offsets(call, cu.data(), n, total);
     for (std::size_t i = 0; i < n; ++i)
         in_batch(call, i, seqs[i], [&] {
@@ -363,394 +356,6 @@ void Stager::trim_head(Seq& s, std::int64_t new_head) noexcept {
         s.stats.trims += 1;
         s.stats.trimmed_rows += k;
     }
-}
-
-// -- ingest -------------------------------------------------------------------
-
-// One sequence's rows between their checks and their commit (prepare_append
-// -> commit_append): where they go, and the state after them.
-struct Stager::Append {
-    std::int64_t p0 = 0;
-    std::size_t n = 0;
-    std::size_t skip = 0;  // leading input rows below the new horizon: never stored
-    std::size_t keep = 0;
-    // The rows fit in free slots beside every row held now: they were
-    // converted there already (spans a, b), and committing only counts them.
-    bool clean = false;
-    std::int64_t end = 0, horizon = 0, tentative = 0;
-    bool accept_open = false;
-    FeatureBuffer::Span a, b;
-    // The ring's bookkeeping before the rows were converted into its free
-    // slots (its first allocation kept): a rejection puts it back, so that
-    // not even the resident-bytes count (stats().bytes) moves.
-    bool marked = false;
-    FeatureBuffer::Marks before;
-};
-
-namespace {
-
-// process(): rows of a float type, encoded into the storage. The call
-// operator is the `encode` of prepare_append (converts input rows
-// [first, first + count) into dst, or only checks them when dst is null;
-// returns the flat index, from row `first`, of the first value that cannot
-// be staged, or -1); value(i) is input element i (flat from row 0) as f32.
-struct FloatRows {
-    const std::uint8_t* src;
-    ElemType type;
-    std::size_t dim, in_row;
-    Storage storage;
-    NonFinite policy;
-    EncodeBounds bounds;
-    std::int64_t operator()(std::size_t first, std::size_t count, std::uint8_t* dst) const {
-        const std::uint8_t* from = src + first * in_row;
-        return dst ? encode_rows(from, type, dst, storage, count, dim, policy, bounds)
-                   : find_unencodable(from, type, count * dim, bounds.limit);
-    }
-    float value(std::int64_t flat) const { return element_value(src, type, static_cast<std::size_t>(flat)); }
-};
-
-// process_external(): no bytes to convert or check (the owner writes them).
-struct NoRows {
-    std::int64_t operator()(std::size_t, std::size_t, std::uint8_t*) const { return -1; }
-    float value(std::int64_t) const { return 0.0f; }  // never asked: nothing is checked
-};
-
-}  // namespace
-
-// Checks a sequence's n rows from position p0 (their positions checked
-// already) and, in the common case (every round) where they fit in free
-// slots beside every row held now, converts them straight into those slots
-// (check fused into the conversion): a rejection then leaves every row as it
-// was. Otherwise (a prefill chunk longer than the window) only checks the
-// whole input; commit_append drops the dead rows and converts after that.
-// Changes nothing observable; may throw (the rows' contents, or the ring's
-// first allocation: address space only).
-template <class Encode, class Value>
-Stager::Append Stager::prepare_append(std::int64_t seq_id, Seq& s, std::int64_t p0, std::size_t n, Encode&& encode,
-                                      Value&& value, bool fallible) {
-    Append g;
-    g.p0 = p0;
-    g.n = n;
-    if (n == 0) return g;
-    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
-    auto reject = [&](std::int64_t flat) {
-        throw std::invalid_argument(unstageable_message(seq_id, p0, flat, value(flat)));
-    };
-    // The state after a successful append, to know which input rows survive.
-    SeqFields after;
-    after.started = true;
-    after.end = p0 + static_cast<std::int64_t>(n);
-    after.horizon = s.started ? s.horizon : p0;
-    after.accept_open = s.accept_open;
-    after.tentative = s.tentative;
-    if (after.accept_open) {
-        after.tentative += static_cast<std::int64_t>(n);
-        if (after.tentative > opt_.block_size + 1) after.accept_open = false, after.tentative = 0;
-    }
-    g.end = after.end;
-    g.accept_open = after.accept_open;
-    g.tentative = after.tentative;
-    g.horizon = horizon_after(after);
-    // Input rows below the new horizon are never stored (bounded ingest).
-    g.skip = static_cast<std::size_t>(std::clamp<std::int64_t>(g.horizon - p0, 0, std::int64_t(n)));
-    g.keep = n - g.skip;
-    // The ring reserves its whole bound up front (address space only): the
-    // one step that can fail here for a reason other than the rows.
-    if (s.buf.capacity() == 0) s.buf.reserve_back(g.keep, max_rows_);
-    g.marked = true;
-    g.before = s.buf.marks();
-    g.clean = g.skip == 0 && s.buf.size() + g.keep <= s.buf.capacity();
-    if (!g.clean) {
-        if (fallible) {
-            const std::int64_t bad = encode(0, n, nullptr);
-            if (bad >= 0) reject(bad);
-        }
-        return g;
-    }
-    if (!s.started || s.buf.size() == 0) s.buf.reset(p0);
-    s.buf.back_spans(g.keep, g.a, g.b);
-    std::int64_t bad = encode(0, g.a.rows, g.a.data);
-    if (g.b.rows) {
-        const std::int64_t bad2 = encode(g.a.rows, g.b.rows, g.b.data);
-        if (bad < 0 && bad2 >= 0) bad = static_cast<std::int64_t>(g.a.rows) * dim + bad2;
-    }
-    // Only free slots were written: rejecting here leaves every row as it was.
-    if (fallible && bad >= 0) {
-        s.buf.set_marks(g.before);
-        reject(bad);
-    }
-    return g;
-}
-
-// Makes a prepared append the sequence's rows (nothing here can fail but a
-// broken invariant: the horizon rule keeps every append inside the ring).
-// slots_out (external mode): the global slot of every input row, -1 for the
-// rows below the new horizon that are never stored.
-template <class Encode>
-void Stager::commit_append(std::int64_t seq_id, Seq& s, Append& g, Encode&& encode, std::int64_t* slots_out) {
-    if (g.n == 0) return;
-    if (!g.clean) {
-        // Checked already: dead rows can go before converting.
-        if (s.started) trim_head(s, std::min(g.horizon, s.end));
-        if (!s.started || s.buf.size() == 0) s.buf.reset(g.p0 + static_cast<std::int64_t>(g.skip));
-        if (g.keep) {
-            s.buf.reserve_back(g.keep, max_rows_);  // no-op unless the ring must grow past its bound
-            s.buf.back_spans(g.keep, g.a, g.b);
-            (void)encode(g.skip, g.a.rows, g.a.data);
-            if (g.b.rows) (void)encode(g.skip + g.a.rows, g.b.rows, g.b.data);
-        }
-    }
-    if (g.keep) s.buf.commit_back(g.keep);
-    if (slots_out) {
-        const std::int64_t base = slot_base(seq_id);
-        for (std::size_t i = 0; i < g.skip; ++i) slots_out[i] = -1;
-        std::int64_t* out = slots_out + g.skip;
-        if (g.keep) {
-            for (std::size_t i = 0; i < g.a.rows; ++i) *out++ = base + static_cast<std::int64_t>(g.a.slot + i);
-            for (std::size_t i = 0; i < g.b.rows; ++i) *out++ = base + static_cast<std::int64_t>(g.b.slot + i);
-        }
-    }
-    // Publish the new state.
-    if (!s.started) {
-        s.started = true;
-        s.horizon = s.n_cache = s.pos_base = g.p0;
-    }
-    s.end = g.end;
-    s.accept_open = g.accept_open;
-    s.tentative = g.tentative;
-    s.horizon = g.horizon;
-    advance_horizon(s);
-}
-
-const std::uint8_t* Stager::unaliased_input(const void* rows, std::size_t nbytes, const std::int64_t* seqs,
-                                            std::size_t n, std::vector<std::uint8_t>& copy) const {
-    const auto* src = static_cast<const std::uint8_t*>(rows);
-    for (std::size_t i = 0; i < n; ++i)
-        if (get(seqs[i]).buf.overlaps(src, nbytes)) {
-            copy.assign(src, src + nbytes);
-            return copy.data();
-        }
-    return src;
-}
-
-void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
-    auto lock = lock_seq(seq);
-    Seq& s = mut(ready(seq));
-    require_mode(RowMode::Held, "process");
-    const std::int64_t p0 = validate_positions(seq, s, positions, n);
-    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
-    std::vector<std::uint8_t> copy;
-    const FloatRows src{unaliased_input(rows, n * in_row, &seq, 1, copy), type, dim, in_row, opt_.storage,
-                        opt_.nonfinite, bounds_};
-    auto value = [&](std::int64_t flat) { return src.value(flat); };
-    Append g = prepare_append(seq, s, p0, n, src, value, opt_.nonfinite == NonFinite::Error);
-    commit_append(seq, s, g, src, nullptr);
-}
-
-std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float v) const {
-    const auto dim = static_cast<std::int64_t>(opt_.feature_dim);
-    const std::int64_t row = flat / dim;
-    char val[32];
-    // NaN prints as "nan" whatever its sign bit (as Python formats it).
-    if (std::isnan(v)) std::snprintf(val, sizeof val, "nan");
-    else std::snprintf(val, sizeof val, "%.9g", static_cast<double>(v));
-    std::string what;
-    if (std::isfinite(v)) {
-        char lim[32];
-        std::snprintf(lim, sizeof lim, "%.9g", static_cast<double>(bounds_.limit));
-        what = std::string(", which overflows ") + storage_name(opt_.storage) + " storage" +
-               (opt_.stage == ElemType::F32 ? std::string()
-                                            : std::string(" staged as ") + elem_name(opt_.stage)) +
-               " (|x| must stay below " + lim + ")";
-    } else {
-        what = ", a non-finite value";
-    }
-    return seq_msg(seq) + ": row " + std::to_string(row) + " (position " + std::to_string(p0 + row) +
-           "), channel " + std::to_string(flat % dim) + " holds " + val + what +
-           "; nothing was appended. Models with massive activations need storage=\"bf16\" (or f32), or "
-           "nonfinite=\"clamp\" to clamp to the largest value the storage can hold";
-}
-
-
-void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n, const std::uint8_t* data,
-                             std::size_t nbytes) {
-    auto lock = lock_seq(seq);
-    Seq& s = mut(ready(seq));
-    require_mode(RowMode::Held, "process_encoded");
-    if (nbytes != n * row_bytes_)
-        throw std::invalid_argument("encoded rows must be " + std::to_string(n) + " x " + std::to_string(row_bytes_) +
-                                    " bytes (" + storage_name(opt_.storage) + "), got " + std::to_string(nbytes));
-    const std::int64_t p0 = validate_positions(seq, s, positions, n);
-    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
-    const bool fallible = opt_.nonfinite == NonFinite::Error;
-    std::vector<std::uint8_t> copy;
-    data = unaliased_input(data, nbytes, &seq, 1, copy);
-    // Stored bytes are staged as they are, so only the staged type bounds them.
-    const float limit = encode_bounds(Storage::F32, opt_.stage).limit;
-    auto encode = [&](std::size_t first, std::size_t count, std::uint8_t* dst) -> std::int64_t {
-        const std::uint8_t* from = data + first * row_bytes_;
-        if (dst) detail::copy_bytes(dst, from, count * row_bytes_);
-        return fallible ? find_unstageable_encoded(from, opt_.storage, count, dim, limit) : -1;
-    };
-    auto value = [&](std::int64_t flat) {  // the stored value, decoded
-        std::vector<float> row(dim);
-        decode_rows(data + static_cast<std::size_t>(flat) / dim * row_bytes_, opt_.storage, row.data(), ElemType::F32,
-                    1, dim);
-        return row[static_cast<std::size_t>(flat) % dim];
-    };
-    Append g = prepare_append(seq, s, p0, n, encode, value, fallible);
-    commit_append(seq, s, g, encode, nullptr);
-}
-
-void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
-    const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
-    auto lock = lock_seq(seq);
-    needs(seq, Need::Ready);
-    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, false);
-}
-
-void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
-                          const std::int64_t* positions, std::size_t total, const void* rows, ElemType type) {
-    const char* call = "process_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    require_mode(RowMode::Held, call);
-    check_unique(call, lock, seqs.data(), n);
-    check_offsets(call, cu.data(), n, total);
-    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
-    const bool fallible = opt_.nonfinite == NonFinite::Error;
-    std::vector<std::int64_t> p0(n);
-    for (std::size_t i = 0; i < n; ++i)
-        p0[i] = in_batch(call, i, seqs[i], [&] {
-            return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
-        });
-    std::vector<std::uint8_t> copy;
-    const std::uint8_t* input = unaliased_input(rows, total * in_row, seqs.data(), n, copy);
-    std::vector<FloatRows> src;
-    src.reserve(n);
-    for (std::size_t i = 0; i < n; ++i)
-        src.push_back(FloatRows{input + static_cast<std::size_t>(cu[i]) * in_row, type, dim, in_row, opt_.storage,
-                                opt_.nonfinite, bounds_});
-    std::vector<Append> g(n);
-    std::size_t i = 0;
-    try {
-        for (; i < n; ++i) {
-            auto value = [&](std::int64_t flat) { return src[i].value(flat); };
-            g[i] = in_batch(call, i, seqs[i], [&] {
-                return prepare_append(seqs[i], mut(get(seqs[i])), p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]),
-                                      src[i], value, fallible);
-            });
-        }
-    } catch (...) {
-        // Sequence i rejected its rows (and put its ring back): so do the ones before it.
-        while (i--)
-            if (g[i].marked) mut(get(seqs[i])).buf.set_marks(g[i].before);
-        throw;
-    }
-    for (std::size_t i = 0; i < n; ++i) commit_append(seqs[i], mut(get(seqs[i])), g[i], src[i], nullptr);
-}
-
-// process_external (call == nullptr: one sequence, checked and locked by the
-// caller), process_external_many, reserve and reserve_many: every sequence's
-// positions checked, then all appended; a reservation remembers the state
-// before it first (cancel puts it back).
-void Stager::append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
-                             const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
-                             bool reserve) {
-    const char* name = call ? call : reserve ? "reserve" : "process_external";
-    require_mode(RowMode::External, name);
-    if (call) check_offsets(call, cu, n, total);
-    std::vector<std::int64_t> p0(n);
-    auto check = [&](std::size_t i) {
-        return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
-    };
-    for (std::size_t i = 0; i < n; ++i) p0[i] = call ? in_batch(call, i, seqs[i], [&] { return check(i); }) : check(i);
-    const NoRows none;
-    auto value = [&](std::int64_t flat) { return none.value(flat); };
-    std::vector<Append> g(n);
-    for (std::size_t i = 0; i < n; ++i) {
-        Seq& s = mut(get(seqs[i]));
-        if (reserve) {  // the fields and the ring before the rows (cancel puts them back)
-            s.before = static_cast<const SeqFields&>(s);
-            s.before_marks = s.buf.marks();
-        }
-        g[i] = prepare_append(seqs[i], s, p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]), none, value, false);
-    }
-    for (std::size_t i = 0; i < n; ++i) {
-        Seq& s = mut(get(seqs[i]));
-        commit_append(seqs[i], s, g[i], none, slots_out + cu[i]);
-        if (reserve) s.reserved = true;
-    }
-}
-
-void Stager::external_many(const char* call, const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
-                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve) {
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
-    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, reserve);
-}
-
-void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
-                                   const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    external_many("process_external_many", seqs, n, cu, positions, total, slots_out, false);
-}
-
-// -- reservations --------------------------------------------------------------
-
-void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
-    const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
-    auto lock = lock_seq(seq);
-    needs(seq, Need::Ready);
-    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, true);
-}
-
-void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
-                          const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true);
-}
-
-// The rows are in the owner's table: the state the reservation made stands.
-void Stager::end_reservation(Seq& s, bool keep) noexcept {
-    if (!keep) {  // the fields and the ring as before reserve: nothing happened
-        static_cast<SeqFields&>(s) = s.before;
-        s.buf.set_marks(s.before_marks);
-    }
-    s.reserved = false;
-}
-
-void Stager::confirm(std::int64_t seq) {
-    auto lock = lock_seq(seq);
-    end_reservation(mut(needs(seq, Need::Reserved)), true);
-}
-
-void Stager::cancel(std::int64_t seq) {
-    auto lock = lock_seq(seq);
-    end_reservation(mut(needs(seq, Need::Reserved)), false);
-}
-
-void Stager::confirm_many(const std::int64_t* seqs_in, std::size_t n) {
-    const char* call = "confirm_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Reserved);
-    check_unique(call, lock, seqs.data(), n);
-    for (std::int64_t q : seqs) end_reservation(mut(get(q)), true);
-}
-
-void Stager::cancel_many(const std::int64_t* seqs_in, std::size_t n) {
-    const char* call = "cancel_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Reserved);
-    check_unique(call, lock, seqs.data(), n);
-    for (std::int64_t q : seqs) end_reservation(mut(get(q)), false);
 }
 
 // -- rounds -------------------------------------------------------------------
@@ -989,22 +594,16 @@ void Stager::accept(std::int64_t seq, std::int64_t n_accepted) {
 
 void Stager::commit_many(const std::int64_t* seqs_in, std::size_t n) {
     const char* call = "commit_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Open);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Open);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
     for (std::int64_t q : seqs) commit_seq(mut(get(q)));
 }
 
 void Stager::fail_many(const std::int64_t* seqs_in, const FailStage* stages_in, std::size_t n,
                        std::int64_t* disabled_after) {
     const char* call = "fail_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Open);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Open);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
     std::vector<FailStage> stages(stages_in, stages_in + n);
     for (std::size_t i = 0; i < n; ++i)
         in_batch(call, i, seqs[i], [&] {
@@ -1019,11 +618,9 @@ void Stager::fail_many(const std::int64_t* seqs_in, const FailStage* stages_in, 
 
 void Stager::accept_many(const std::int64_t* seqs_in, const std::int64_t* n_accepted_in, std::size_t n) {
     const char* call = "accept_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_accepted = copy_of(n_accepted_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    const std::vector<std::int64_t> n_accepted = copy_of(n_accepted_in, n);
     for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { check_accept(n_accepted[i]); });
     for (std::size_t i = 0; i < n; ++i) accept_seq(mut(get(seqs[i])), n_accepted[i]);
 }
@@ -1162,7 +759,7 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint
 FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size_t n) const {
     if (reuse.capacity() == 0 || reuse.capacity() < n) {
         FeatureBuffer fresh = new_ring();
-        fresh.reserve_back(n, max_rows_);
+        fresh.reserve_back(n, ring_rows_);
         fresh.reset(pos);
         return fresh;
     }
@@ -1174,7 +771,7 @@ FeatureBuffer Stager::ring_for(FeatureBuffer& reuse, std::int64_t pos, std::size
 // Appends n contiguous rows (room must exist: ring_for / a reserved ring).
 void Stager::append_rows(FeatureBuffer& ring, const std::uint8_t* rows, std::size_t n, std::uint32_t* crc) const {
     if (n == 0) return;
-    ring.reserve_back(n, max_rows_);
+    ring.reserve_back(n, ring_rows_);
     FeatureBuffer::Span x, y;
     ring.back_spans(n, x, y);
     const std::uint8_t* second = rows + x.rows * row_bytes_;
@@ -1255,83 +852,6 @@ SeqStats Stager::stats(std::int64_t seq) const {
     SeqStats out = s.stats;
     out.live_rows = s.started ? s.end - s.horizon : 0;
     return out;
-}
-
-// -- batch plans as arrays -------------------------------------------------------
-
-namespace {
-
-// The context rows of one plan: drafter positions and global slots, in plan order.
-void plan_row_values(const RoundPlan& p, std::int32_t* positions, std::int64_t* slots) noexcept {
-    if (positions) {
-        const std::int64_t lo = p.first_row - p.pos_base;
-        for (std::int64_t r = 0; r < p.n_rows; ++r) positions[r] = static_cast<std::int32_t>(lo + r);
-    }
-    if (slots)
-        for (const SlotRun& run : p.slot_runs)
-            for (std::int64_t r = 0; r < run.count; ++r) *slots++ = run.first + r;
-}
-
-}  // namespace
-
-void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets, std::int32_t* positions,
-               std::int64_t* slots) noexcept {
-    std::int64_t at = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        if (row_offsets) row_offsets[i] = at;
-        plan_row_values(plans[i], positions ? positions + at : nullptr, slots ? slots + at : nullptr);
-        at += plans[i].n_rows;
-    }
-    if (row_offsets) row_offsets[n] = at;
-}
-
-namespace {
-
-// The padded layout's one rule: a sequence's rows fit in max_rows.
-void check_padded(std::int64_t seq, std::size_t i, std::int64_t n_rows, std::size_t max_rows) {
-    if (n_rows < 0 || static_cast<std::uint64_t>(n_rows) > max_rows)
-        throw std::invalid_argument(batch_context("padded", i, seq) + std::to_string(n_rows) +
-                                    " context rows do not fit max_rows (" + std::to_string(max_rows) + ")");
-}
-
-template <class T>
-void pad_rows_impl(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu, const T* values,
-                   std::size_t total, std::size_t max_rows, T* out) {
-    bool ok = cu[0] == 0 && static_cast<std::uint64_t>(cu[n]) == total;
-    for (std::size_t i = 0; ok && i < n; ++i) ok = cu[i + 1] >= cu[i];
-    if (!ok) throw std::invalid_argument("padded: row_offsets must rise from 0 to the " + std::to_string(total) + " rows");
-    for (std::size_t i = 0; i < n; ++i) check_padded(seqs[i], i, cu[i + 1] - cu[i], max_rows);
-    for (std::size_t i = 0; i < n; ++i) {
-        const auto k = static_cast<std::size_t>(cu[i + 1] - cu[i]);
-        T* row = out + i * max_rows;
-        std::copy(values + cu[i], values + cu[i] + static_cast<std::int64_t>(k), row);
-        std::fill(row + k, row + max_rows, T(-1));
-    }
-}
-
-}  // namespace
-
-void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int32_t* values,
-              std::size_t total, std::size_t max_rows, std::int32_t* out) {
-    pad_rows_impl(seqs, n, row_offsets, values, total, max_rows, out);
-}
-
-void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,
-              std::size_t total, std::size_t max_rows, std::int64_t* out) {
-    pad_rows_impl(seqs, n, row_offsets, values, total, max_rows, out);
-}
-
-void plan_rows_padded(const RoundPlan* plans, std::size_t n, std::size_t max_rows, std::int32_t* positions,
-                      std::int64_t* slots) {
-    for (std::size_t i = 0; i < n; ++i) check_padded(plans[i].seq, i, plans[i].n_rows, max_rows);
-    for (std::size_t i = 0; i < n; ++i) {
-        const auto k = static_cast<std::size_t>(plans[i].n_rows);
-        std::int32_t* pos = positions ? positions + i * max_rows : nullptr;
-        std::int64_t* sl = slots ? slots + i * max_rows : nullptr;
-        plan_row_values(plans[i], pos, sl);
-        if (pos) std::fill(pos + k, pos + max_rows, std::int32_t(-1));
-        if (sl) std::fill(sl + k, sl + max_rows, std::int64_t(-1));
-    }
 }
 
 }  // namespace dspark

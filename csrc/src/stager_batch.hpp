@@ -1,10 +1,11 @@
-// What a batch call of the Stager shares, in stager.cpp and stager_prefix.cpp:
-// its locks, its per-sequence errors and its argument copies. Internal to
+// What the Stager's batch calls share (stager*.cpp): their locks, their
+// per-sequence errors and their argument copies. Internal to
 // the core (not installed).
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "dspark/errors.hpp"
@@ -71,6 +72,9 @@ private:
 
 namespace detail {
 
+// How an error names one sequence: "sequence <id>".
+inline std::string seq_msg(std::int64_t seq) { return "sequence " + std::to_string(seq); }
+
 // Runs one sequence's check (or step) of a batch call; an error it throws
 // comes out as the same kind of error, prefixed "<call>: seqs[i] (sequence s): "
 // (the per-sequence call's error, named).
@@ -90,5 +94,31 @@ inline std::vector<std::int64_t> copy_of(const std::int64_t* p, std::size_t n) {
 }
 
 }  // namespace detail
+
+// A batch call's sequences through the checks every batch call makes, in
+// their order: the ids (a copy: the caller's array may be an output of the
+// call), then, under the batch's locks (held while this lives), each
+// sequence's state and no id named twice.
+class Stager::CheckedBatch {
+public:
+    CheckedBatch(const Stager& st, const char* call, const std::int64_t* seqs, std::size_t n, Need need)
+        : seqs_(checked_ids(st, call, seqs, n)), lock_(st, seqs_.data(), n) {
+        st.check_states(call, seqs_.data(), n, need);
+        st.check_unique(call, lock_, seqs_.data(), n);
+    }
+    const std::vector<std::int64_t>& seqs() const noexcept { return seqs_; }
+    const BatchLock& lock() const noexcept { return lock_; }
+
+private:
+    static std::vector<std::int64_t> checked_ids(const Stager& st, const char* call, const std::int64_t* seqs,
+                                                 std::size_t n) {
+        std::vector<std::int64_t> v = detail::copy_of(seqs, n);
+        st.check_ids(call, v.data(), n);
+        return v;
+    }
+
+    std::vector<std::int64_t> seqs_;
+    BatchLock lock_;
+};
 
 }  // namespace dspark

@@ -16,6 +16,7 @@
 
 #include "dspark/errors.hpp"
 #include "dspark/stager.hpp"
+#include "stager_batch.hpp"
 
 namespace dspark {
 
@@ -24,7 +25,7 @@ namespace {
 using device_step::i64;
 using device_step::Regs;
 
-std::string seq_name(i64 seq) { return "sequence " + std::to_string(seq); }
+using detail::seq_msg;
 
 std::string where(const char* call, std::size_t i, i64 seq) { return batch_context(call, i, seq); }
 
@@ -102,10 +103,10 @@ std::string damage(const device_step::Config& c, const Regs& r, i64 max_failures
             if (seq < 0 || seq >= c.max_seqs)
                 throw std::invalid_argument(prefix + "unknown sequence " + std::to_string(seq) +
                                             " (this Stager has sequences 0.." + std::to_string(c.max_seqs - 1) + ")");
-            throw StateError(prefix + seq_name(seq) + " is not on the device: call to_device([" +
+            throw StateError(prefix + seq_msg(seq) + " is not on the device: call to_device([" +
                              std::to_string(seq) + "]) before its steps");
         case device_step::STATUS_DUPLICATE:
-            throw std::invalid_argument(prefix + seq_name(seq) +
+            throw std::invalid_argument(prefix + seq_msg(seq) +
                                         " appears earlier in the same step: a step names each sequence once");
         case device_step::STATUS_BAD_COUNT:
             throw std::invalid_argument(prefix + "n_accepted must be in [0, " + b + "] (or -1: not in this step), got " +
@@ -252,7 +253,7 @@ struct StepIO {
 
 void Stager::refuse_on_device(std::int64_t seq, const Seq& s) const {
     if (s.on_device)
-        throw StateError(seq_name(seq) + " is on the device (to_device): call to_host([" + std::to_string(seq) +
+        throw StateError(seq_msg(seq) + " is on the device (to_device): call to_host([" + std::to_string(seq) +
                          "]) first, which brings it back with its step state");
 }
 
@@ -261,7 +262,7 @@ device_step::Config Stager::step_config() const noexcept {
     c.block = opt_.block_size;
     c.window = opt_.window;
     c.w_keep = w_keep_;
-    c.ring_rows = static_cast<i64>(max_rows_);
+    c.ring_rows = static_cast<i64>(ring_rows_);
     c.max_seqs = opt_.max_seqs;
     c.max_rows = max_plan_rows();
     c.trim_chunk = TRIM_CHUNK;
@@ -301,12 +302,12 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
     for (std::size_t i = 0; i < n; ++i) {
         const Seq& s = get(seqs[i]);
         const std::string at = where(call, i, seqs[i]);
-        if (s.on_device) throw StateError(at + seq_name(seqs[i]) + " is on the device already");
+        if (s.on_device) throw StateError(at + seq_msg(seqs[i]) + " is on the device already");
         if (!s.started)
-            throw StateError(at + seq_name(seqs[i]) +
+            throw StateError(at + seq_msg(seqs[i]) +
                              " holds no rows: process its prompt (process_external) before to_device");
         if (s.disabled)
-            throw StateError(at + seq_name(seqs[i]) +
+            throw StateError(at + seq_msg(seqs[i]) +
                              " is disabled (drafting is off until begin()): decode it without drafts on the host");
     }
     check_unique_ids(call, seqs, order.size());
@@ -344,7 +345,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
     // the outcomes, then the step state's consistency.
     for (std::size_t i = 0; i < n; ++i)
         if (!get(seqs[i]).on_device)
-            throw StateError(where(call, i, seqs[i]) + seq_name(seqs[i]) + " is not on the device (to_device)");
+            throw StateError(where(call, i, seqs[i]) + seq_msg(seqs[i]) + " is not on the device (to_device)");
     check_unique_ids(call, seqs, order.size());
     std::vector<Regs> regs(n);
     for (std::size_t i = 0; i < n; ++i) {
@@ -355,7 +356,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
             throw std::invalid_argument(at + "outcome must be -1 (the drafter ran: commit) or a fail stage code (0: "
                                              "decode, 1: crop), got " + std::to_string(o));
         if (o != -1 && !regs[i].open)
-            throw StateError(at + seq_name(seqs[i]) +
+            throw StateError(at + seq_msg(seqs[i]) +
                              " has no open round to fail (its last step skipped, or it was never stepped)");
     }
     for (std::size_t i = 0; i < n; ++i) {
@@ -401,7 +402,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
     }
     if (faulted != n) {
         const Regs& r = regs[faulted];
-        raise_status(where(call, faulted, seqs[faulted]) + seq_name(seqs[faulted]) +
+        raise_status(where(call, faulted, seqs[faulted]) + seq_msg(seqs[faulted]) +
                          " is back on the host, but one of its device steps failed: ",
                      c, static_cast<std::int32_t>(r.fault), seqs[faulted], true, r.fault_arg);
     }

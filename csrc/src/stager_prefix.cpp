@@ -50,7 +50,7 @@ std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, c
                                                              std::int64_t end) const {
     store.check_compatible(opt_);
     std::vector<PrefixPlannedBlock> plan = store.plan_publish(keys, start, end);
-    const std::string who = "sequence " + std::to_string(seq);
+    const std::string who = detail::seq_msg(seq);
     if (!s.started) throw std::invalid_argument(who + " holds no rows (nothing was processed since begin())");
     // Rows an accept() may still drop are not final (the first one is).
     const std::int64_t final_end = firm_end(s);
@@ -126,7 +126,7 @@ struct Stager::PrefixOps {
         const auto n = static_cast<std::size_t>(h.plan.hit.rows);
         if (h.plan.hit.replay_from != 0 && (target.buf.capacity() == 0 || target.buf.capacity() < n)) {
             h.fresh = st.new_ring();
-            h.fresh.reserve_back(n, st.max_rows_);
+            h.fresh.reserve_back(n, st.ring_rows_);
         }
         return h;
     }
@@ -208,12 +208,9 @@ std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, s
                                                   const KeyChain* keys, const std::int64_t* starts_in,
                                                   const std::int64_t* ends_in, std::uint64_t* serial) {
     const char* call = "publish_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), starts = copy_of(starts_in, n),
-                                    ends = copy_of(ends_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    const std::vector<std::int64_t> starts = copy_of(starts_in, n), ends = copy_of(ends_in, n);
     if (serial) *serial = 0;
     std::lock_guard<std::mutex> store_lock(store.mu_);
     // Every entry against the store as the call found it.
@@ -301,11 +298,9 @@ void Stager::start_from_prefix_many(const std::int64_t* seqs_in, std::size_t n, 
                                     std::vector<PrefixHit>& hits, std::vector<SlotMove>* moves,
                                     std::uint64_t* serial) {
     const char* call = "hit_many";
-    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_tokens = copy_of(n_tokens_in, n);
-    check_ids(call, seqs.data(), n);
-    BatchLock lock(*this, seqs.data(), n);
-    check_states(call, seqs.data(), n, Need::Ready);
-    check_unique(call, lock, seqs.data(), n);
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    const std::vector<std::int64_t> n_tokens = copy_of(n_tokens_in, n);
     if (serial) *serial = 0;
     store.check_compatible(opt_);
     if (external() && !moves) throw std::invalid_argument("an external-row hit needs somewhere to put its moves");

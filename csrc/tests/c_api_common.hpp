@@ -12,6 +12,18 @@ namespace c_api_test {
 
 constexpr std::int64_t D = 32;
 
+// A listed record as the C ABI filled it (the core's DSPARK_*_FIELDS lists),
+// after the test set its bytes to 0xAB: its listed fields, the bytes they
+// take, and how many were written. DSPARK_COUNT_FIELD expands with `rec` (the
+// C struct) and `count` in scope.
+struct FieldCount {
+    std::size_t fields = 0, bytes = 0, set = 0;
+};
+#define DSPARK_COUNT_FIELD(type, name) \
+    ++count.fields;                    \
+    count.bytes += sizeof(rec.name);   \
+    count.set += rec.name != static_cast<decltype(rec.name)>(0xABABABABABABABABull);
+
 struct Handle {
     dspark_stager* st = nullptr;
     explicit Handle(const dspark_config& c) {

@@ -20,7 +20,7 @@
 
 namespace {
 
-using c_api_test::D, c_api_test::Handle, c_api_test::rows_for, c_api_test::snap, c_api_test::span;
+using c_api_test::D, c_api_test::FieldCount, c_api_test::Handle, c_api_test::rows_for, c_api_test::snap, c_api_test::span;
 constexpr std::int64_t B = 7, W = 20;
 
 dspark_config config(std::int32_t storage = DSPARK_STORAGE_F32, std::int64_t seqs = 2) {
@@ -420,27 +420,40 @@ TEST_CASE(state_and_stats_fill_every_field) {
     CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
     CHECK_EQ(dspark_stats_get(h.st, 0, &t), DSPARK_OK);
     // Per struct: its fields, the bytes they and the header take, how many were written.
-    std::size_t fields = 0, bytes = 0, set = 0;
-#define DSPARK_COUNT_FIELD(type, name) \
-    ++fields;                          \
-    bytes += sizeof(rec.name);         \
-    set += rec.name != static_cast<decltype(rec.name)>(0xABABABABABABABABull);
     {
         const dspark_state& rec = s;
-        bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
+        FieldCount count;
+        count.bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
         DSPARK_SEQ_STATE_FIELDS(DSPARK_COUNT_FIELD)
-        CHECK_EQ(set, fields);
-        CHECK_EQ(sizeof(dspark_state), bytes);
+        CHECK_EQ(count.set, count.fields);
+        CHECK_EQ(sizeof(dspark_state), count.bytes);
     }
-    fields = set = 0;
     {
         const dspark_stats& rec = t;
-        bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
+        FieldCount count;
+        count.bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
         DSPARK_SEQ_STATS_FIELDS(DSPARK_COUNT_FIELD)
-        CHECK_EQ(set, fields);
-        CHECK_EQ(sizeof(dspark_stats), bytes);
+        CHECK_EQ(count.set, count.fields);
+        CHECK_EQ(sizeof(dspark_stats), count.bytes);
     }
-#undef DSPARK_COUNT_FIELD
+}
+
+// dspark_plan is filled from the core's list of the fields it mirrors
+// (DSPARK_ROUND_PLAN_FIELDS) plus rows_mode and the slot runs: a listed field
+// the header lacks does not compile, an unlisted one breaks the size check,
+// and every listed field is set (no 0xAB byte pattern left).
+TEST_CASE(plan_fills_every_listed_field) {
+    Handle h(config());
+    CHECK_EQ(process(h.st, 0, 0, 40), DSPARK_OK);
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    dspark_plan rec;
+    std::memset(&rec, 0xAB, sizeof rec);
+    CHECK_EQ(dspark_draft(h.st, 0, 40, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &rec, nullptr), DSPARK_OK);
+    FieldCount count;
+    count.bytes = sizeof(rec.rows_mode) + sizeof(rec.slot_first) + sizeof(rec.slot_count) + sizeof(rec.reserved);
+    DSPARK_ROUND_PLAN_FIELDS(DSPARK_COUNT_FIELD)
+    CHECK_EQ(count.set, count.fields);
+    CHECK_EQ(sizeof(dspark_plan), count.bytes);
 }
 
 #if defined(__linux__)

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "c_api_common.hpp"
 #include "check.hpp"
 #include "dspark/dspark.h"
+#include "dspark/prefix_store.hpp"
 
 namespace {
 
@@ -168,6 +170,44 @@ TEST_CASE(c_hit_restages_what_a_full_prefill_stages) {
     dspark_prefix_store_destroy(store);
     dspark_stager_destroy(st);
     dspark_stager_destroy(full);
+}
+
+// dspark_prefix_hit_result / dspark_prefix_stats are filled from the core's
+// field lists (DSPARK_PREFIX_HIT_FIELDS / DSPARK_PREFIX_STATS_FIELDS): a field
+// the header lacks does not compile, a field only the header has breaks the
+// size check, and every field is set (no 0xAB byte pattern left).
+TEST_CASE(c_hit_and_stats_fill_every_field) {
+    dspark_stager* st = make_stager();
+    dspark_prefix_store* store = nullptr;
+    CHECK_EQ(dspark_prefix_store_create(st, BT, 1 << 20, &store), DSPARK_OK);
+    const std::int64_t h = 100;
+    prefill_publish(st, store, 0, h);
+    Chain c(0, h);
+    dspark_prefix_hit_result r;
+    dspark_prefix_stats s;
+    std::memset(&r, 0xAB, sizeof r);
+    std::memset(&s, 0xAB, sizeof s);
+    s.struct_size = sizeof s;
+    CHECK_EQ(dspark_prefix_hit(st, 1, store, c.bytes(), c.offsets.data(), c.n(), h, &r), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_stats_get(store, &s), DSPARK_OK);
+    {
+        const dspark_prefix_hit_result& rec = r;
+        c_api_test::FieldCount count;
+        count.bytes = sizeof(rec.reserved0);
+        DSPARK_PREFIX_HIT_FIELDS(DSPARK_COUNT_FIELD)
+        CHECK_EQ(count.set, count.fields);
+        CHECK_EQ(sizeof(dspark_prefix_hit_result), count.bytes);
+    }
+    {
+        const dspark_prefix_stats& rec = s;
+        c_api_test::FieldCount count;
+        count.bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
+        DSPARK_PREFIX_STATS_FIELDS(DSPARK_COUNT_FIELD)
+        CHECK_EQ(count.set, count.fields);
+        CHECK_EQ(sizeof(dspark_prefix_stats), count.bytes);
+    }
+    dspark_prefix_store_destroy(store);
+    dspark_stager_destroy(st);
 }
 
 TEST_CASE(c_external_moves_fill_the_callers_tables) {

@@ -108,9 +108,13 @@ bool same_entry(const Stager& st, const StepOut& o, std::size_t i, const Expecte
               o.flags[i] == ((p.rebase ? device_step::PLAN_REBASE : 0) | (p.clear_cache ? device_step::PLAN_CLEAR_CACHE : 0)) &&
               o.start[i] == p.start && o.pos_base[i] == p.pos_base && o.crop_from[i] == p.crop_from &&
               o.n_rows[i] == p.n_rows;
-    std::vector<std::int32_t> pos(mr);
-    std::vector<i64> slots(mr);
-    plan_rows_padded(&p, 1, mr, pos.data(), slots.data());
+    // The plan's rows, padded as the step lays them out (plan_rows, then pad_rows).
+    const std::size_t n = static_cast<std::size_t>(p.n_rows);
+    std::vector<std::int32_t> csr_pos(n), pos(mr);
+    std::vector<i64> csr_slots(n), slots(mr), offsets(2);
+    plan_rows(&p, 1, offsets.data(), csr_pos.data(), csr_slots.data());
+    pad_rows(&p.seq, 1, offsets.data(), csr_pos.data(), n, mr, pos.data());
+    pad_rows(&p.seq, 1, offsets.data(), csr_slots.data(), n, mr, slots.data());
     for (std::size_t k = 0; k < mr; ++k)
         ok = ok && o.row_pos[i * mr + k] == pos[k] && o.row_slots[i * mr + k] == slots[k];
     for (std::size_t k = 0; k < b; ++k)

@@ -42,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .stager.config import STORAGES, TRIM_CHUNK, positive_int, storage_row_bytes, window_for
+from .stager.core_tables import ring_rows as core_ring_rows
+from .stager.core_tables import w_keep as core_w_keep
 from .gguf.drafter_info import DrafterInfo, DrafterMetadataError, inherited_context_warning
 from .errors import ConfigError
 
@@ -114,7 +116,8 @@ class ContextPlan:
         n_batch_draft_many: ``W * n_parallel``: ``n_batch`` (and ``n_ubatch``) for
             decoding every sequence's round in one ``draft_many`` batch.
         n_outputs_max: ``n_parallel * (1 + B)``.
-        peak_rows_per_seq: ``W + TRIM_CHUNK + B + 1``.
+        peak_rows_per_seq: ``W + TRIM_CHUNK + B + 1``, the rows a sequence ever
+            holds (``StagerConfig.ring_rows``, the core's).
         row_bytes: bytes per stored row, or ``None``.
         peak_feature_bytes_per_seq: ``peak_rows_per_seq * row_bytes``, or ``None``.
         peak_feature_bytes: ``peak_feature_bytes_per_seq * n_parallel``, or ``None``.
@@ -297,8 +300,8 @@ def plan_context(
 
     D = info.feature_dim
     rb = None if D is None else row_bytes(storage, D)
-    peak_rows = window + TRIM_CHUNK + B + 1
-    per_seq = None if rb is None else peak_rows * rb
+    ring = core_ring_rows(B, window)
+    per_seq = None if rb is None else ring * rb
     return ContextPlan(
         path=info.path,
         block_size=B,
@@ -312,14 +315,14 @@ def plan_context(
         window_source=window_source,
         window_cap=cap,
         window_cap_source=cap_src,
-        w_keep=min(window // 2, window - B),
+        w_keep=core_w_keep(B, window),
         n_ctx_seq=window,
         n_ctx=window * n_parallel,
         n_batch=window,
         n_ubatch=window,
         n_batch_draft_many=window * n_parallel,
         n_outputs_max=n_parallel * (1 + B),
-        peak_rows_per_seq=peak_rows,
+        peak_rows_per_seq=ring,
         row_bytes=rb,
         peak_feature_bytes_per_seq=per_seq,
         peak_feature_bytes=None if per_seq is None else per_seq * n_parallel,

@@ -60,18 +60,11 @@ namespace dspark {
 // Keys are 1..64 bytes: a 32-byte SHA-256 block hash fits, so does an int64.
 inline constexpr std::size_t PREFIX_MAX_KEY_BYTES = 64;
 
-struct PrefixStoreOptions {
-    // The rows' configuration: every Stager that publishes into or hits from
-    // the store must have these values (the snapshot fingerprint: the keep
-    // rule depends on window and block size; what a row may hold, on the
-    // storage, the non-finite policy and the staged type).
-    std::int64_t feature_dim = 0;
-    std::int64_t block_size = 0;
-    std::int64_t window = 0;
-    Storage storage = Storage::F32;
-    NonFinite nonfinite = NonFinite::Error;
-    ElemType stage = ElemType::F32;
-    RowMode rows = RowMode::Held;
+// The rows' configuration (RowOptions): every Stager that publishes into or
+// hits from the store must have these values (the snapshot fingerprint: the
+// keep rule depends on window and block size; what a row may hold, on the
+// storage, the non-finite policy and the staged type).
+struct PrefixStoreOptions : RowOptions {
     // Tokens per prefix block (the server's KV block size).
     std::int64_t block_tokens = 16;
     // Upper bound on the row memory held (held mode) or on the owner's table
@@ -79,10 +72,9 @@ struct PrefixStoreOptions {
     std::int64_t budget_bytes = 0;
 };
 
-// The store options for the rows of Stagers configured as `stager` (the row
-// fields above; max_seqs, max_failures and strict are each Stager's own), and
-// back: the options of a one-sequence Stager of the store's rows. The one
-// place the two structs' shared fields are mapped.
+// The store options for the rows of Stagers configured as `stager` (its
+// RowOptions; max_seqs, max_failures and strict are each Stager's own), and
+// back: the options of a one-sequence Stager of the store's rows.
 PrefixStoreOptions prefix_store_options(const StagerOptions& stager, std::int64_t block_tokens,
                                         std::int64_t budget_bytes) noexcept;
 StagerOptions stager_options(const PrefixStoreOptions& store) noexcept;
@@ -107,15 +99,20 @@ struct KeyChain {
 //    then first_row, see docs/prefix_cache.md);
 //  exact: the first round equals a full prefill's (false only in that case);
 //  blocks_found: blocks of the chain the rows came from.
+#define DSPARK_PREFIX_HIT_FIELDS(X)   \
+    X(std::int64_t, n_tokens)         \
+    X(std::int64_t, need_first)       \
+    X(std::int64_t, first_row)        \
+    X(std::int64_t, replay_from)      \
+    X(std::int64_t, rows)             \
+    X(std::int64_t, origin)           \
+    X(bool, exact)                    \
+    X(std::int64_t, blocks_found)
 struct PrefixHit {
-    std::int64_t n_tokens = 0;
-    std::int64_t need_first = 0;
-    std::int64_t first_row = 0;
-    std::int64_t replay_from = 0;
-    std::int64_t rows = 0;
-    std::int64_t origin = 0;
-    bool exact = true;
-    std::int64_t blocks_found = 0;
+    DSPARK_PREFIX_HIT_FIELDS(DSPARK_DECLARE_FIELD)
+    // Exact unless the store lacked rows deep in a short prompt (the list's
+    // defaults are zero).
+    PrefixHit() noexcept : exact(true) {}
 };
 
 // One block as the store holds it.
@@ -138,11 +135,28 @@ struct PrefixBlockInfo {
 //  were exact (PrefixHit::exact; named exact_hits before, which read as if
 //  it counted PrefixHit::exact alone); hit_rows: rows placed in rings;
 //  replayed_tokens: sum of n_tokens - replay_from over hits.
+#define DSPARK_PREFIX_STATS_FIELDS(X)  \
+    X(std::int64_t, blocks)            \
+    X(std::int64_t, pages)             \
+    X(std::int64_t, bytes)             \
+    X(std::int64_t, resident_bytes)    \
+    X(std::int64_t, key_bytes)         \
+    X(std::int64_t, published)         \
+    X(std::int64_t, republished)       \
+    X(std::int64_t, evicted_lru)       \
+    X(std::int64_t, evicted_by_key)    \
+    X(std::int64_t, hits)              \
+    X(std::int64_t, full_hits)         \
+    X(std::int64_t, hit_rows)          \
+    X(std::int64_t, replayed_tokens)
 struct PrefixStats {
-    std::int64_t blocks = 0, pages = 0, bytes = 0, resident_bytes = 0, key_bytes = 0;
-    std::int64_t published = 0, republished = 0, evicted_lru = 0, evicted_by_key = 0;
-    std::int64_t hits = 0, full_hits = 0, hit_rows = 0, replayed_tokens = 0;
+    DSPARK_PREFIX_STATS_FIELDS(DSPARK_DECLARE_FIELD)
 };
+
+// The tables of PrefixHit / PrefixStats (field_list.hpp): the binding's
+// PrefixHit fields and stats() keys; the C ABI copies through the lists.
+extern const FieldInfo PREFIX_HIT_FIELDS[];
+extern const FieldInfo PREFIX_STATS_FIELDS[];
 
 // Where a call that hands out slots writes them: called once, after every
 // check and before anything changes, with the number of slots; returns room

@@ -10,8 +10,10 @@
 //
 // Every rule of the contract lives here once: the limits, the argument checks
 // and their order (design.md 2.1), strict mode and the protocol-mismatch
-// report. The Python binding and the C ABI only convert their callers'
-// arguments and call.
+// report. The Python binding and the C ABI add no rule: they convert their
+// callers' arguments and the results, turn errors into their callers' kind
+// (exceptions, status codes), and the binding logs the mismatch reports the
+// core makes.
 //
 // Thread safety: each sequence has its own mutex. A call takes the locks of
 // the sequences it touches (fork: two; a batch: every sequence of it) in
@@ -35,6 +37,7 @@
 #include <vector>
 
 #include "dspark/byte_buffer.hpp"
+#include "dspark/field_list.hpp"
 #include "dspark/feature_buffer.hpp"
 #include "dspark/row_format.hpp"
 #include "dspark/step_math.hpp"
@@ -59,6 +62,18 @@ inline constexpr std::int64_t MAX_FEATURE_DIM = std::int64_t(1) << 28;
 // overflow.
 inline constexpr std::int64_t MAX_SEQS_LIMIT = std::int64_t(1) << 16;
 
+// K: the rows a rebase keeps (== W / 2, since W > 2B). The binding publishes
+// it (StagerConfig.w_keep, plan_context); the Stager and the prefix store's
+// keep rule use it.
+inline constexpr std::int64_t w_keep(std::int64_t block_size, std::int64_t window) noexcept {
+    return window / 2 < window - block_size ? window / 2 : window - block_size;
+}
+// The rows a sequence ever holds, the slots of its ring: W + TRIM_CHUNK + B + 1
+// (live rows stay <= W + B; dead head rows go once TRIM_CHUNK pile up).
+inline constexpr std::int64_t ring_rows(std::int64_t block_size, std::int64_t window) noexcept {
+    return window + TRIM_CHUNK + block_size + 1;
+}
+
 // Who holds the row bytes. Held: the Stager keeps every row in its own ring
 // and plans carry the rows. External: the Stager runs the same state machine
 // over the same ring bookkeeping but holds no bytes; process() returns the
@@ -71,18 +86,24 @@ inline constexpr int ROW_MODE_COUNT = 2;
 // "held", "external"; nullptr past the last mode (the binding enumerates them).
 const char* row_mode_name(RowMode m) noexcept;
 
-struct StagerOptions {
+// The rows' configuration: what a row holds and which rows a round stages.
+// A Stager has these and its own fields below; a PrefixStore has these of
+// the Stagers it serves (prefix_store.hpp), and only those Stagers share it.
+struct RowOptions {
     std::int64_t feature_dim = 0;
     std::int64_t block_size = 0;
     std::int64_t window = 0;
-    std::int64_t max_seqs = 1;
     Storage storage = Storage::F32;
-    std::int64_t max_failures = 3;
     NonFinite nonfinite = NonFinite::Error;
     // The element type plans are staged out in: rows must stay finite after
     // that last narrowing too (an f32-stored 9e4 staged as f16 is +inf).
     ElemType stage = ElemType::F32;
     RowMode rows = RowMode::Held;
+};
+
+struct StagerOptions : RowOptions {
+    std::int64_t max_seqs = 1;
+    std::int64_t max_failures = 3;
     // A draft whose n_past disagrees with the buffered rows (an out-of-protocol
     // call, docs/protocol.md section 3) throws StateError instead of skipping.
     bool strict = false;
@@ -103,13 +124,24 @@ enum class FailStage : std::uint8_t { Decode = 0, Crop = 1 };
 // positions [first_row, start), staged at drafter positions
 // [first_row - pos_base, start - pos_base); the block follows at
 // [start - pos_base, start - pos_base + B); crop_from == start - pos_base.
+// The fields the C ABI's dspark_plan mirrors (copied through this list;
+// dspark_plan adds rows_mode and the slot runs as arrays).
+#define DSPARK_ROUND_PLAN_FIELDS(X)  \
+    X(std::int64_t, seq)             \
+    X(std::uint64_t, round)          \
+    X(Skip, skip)                    \
+    X(bool, rebase)                  \
+    X(bool, clear_cache)             \
+    X(std::int64_t, start)           \
+    X(std::int64_t, pos_base)        \
+    X(std::int64_t, first_row)       \
+    X(std::int64_t, n_rows)          \
+    X(std::int64_t, crop_from)
 struct RoundPlan {
-    std::int64_t seq = 0;
-    // The round this plan opened: unique within its Stager (from 1), 0 for a
-    // skip. An owner of external rows reads plan.slot_runs only while
+    // round: the round this plan opened, unique within its Stager (from 1),
+    // 0 for a skip. An owner of external rows reads plan.slot_runs only while
     // open_round_id(seq) is this round (later writes may reuse the slots).
-    std::uint64_t round = 0;
-    Skip skip = Skip::None;
+    DSPARK_ROUND_PLAN_FIELDS(DSPARK_DECLARE_FIELD)
     // A protocol mismatch (docs/protocol.md section 3): the sequence holds rows
     // and is not disabled, but start is not its buffered end `end` (newest row
     // + 1). Only a non-strict Stager returns such a plan (a skip); report is
@@ -117,16 +149,11 @@ struct RoundPlan {
     bool mismatch = false;
     bool report_mismatch = false;
     std::int64_t end = 0;
-    bool rebase = false;
-    bool clear_cache = false;
-    std::int64_t start = 0;
-    std::int64_t pos_base = -1;
-    std::int64_t first_row = 0;
-    std::int64_t n_rows = 0;
-    std::int64_t crop_from = -1;
     // The slots of the n_rows staged rows, in plan order (both modes): at
     // most two runs, the second starting at the sequence's first slot.
     SlotRun slot_runs[2];
+    // A skip's: no drafter positions (the list's defaults are zero).
+    RoundPlan() noexcept : pos_base(-1), crop_from(-1) {}
 };
 
 // A round's staged rows where they lie in the sequence's ring (draft_view):
@@ -189,22 +216,14 @@ struct RowView {
     X(std::int64_t, peak_bytes)     \
     X(std::int64_t, reserved_bytes)
 
-#define DSPARK_DECLARE_FIELD(type, name) type name{};
 struct SeqState {
     DSPARK_SEQ_STATE_FIELDS(DSPARK_DECLARE_FIELD)
 };
 struct SeqStats {
     DSPARK_SEQ_STATS_FIELDS(DSPARK_DECLARE_FIELD)
 };
-#undef DSPARK_DECLARE_FIELD
 
-// One field of SeqState / SeqStats: its name, byte offset and whether it is a
-// bool (else std::int64_t). The tables end with a {nullptr, 0, false} row.
-struct FieldInfo {
-    const char* name;
-    std::size_t offset;
-    bool is_bool;
-};
+// The tables of SeqState / SeqStats (field_list.hpp).
 extern const FieldInfo SEQ_STATE_FIELDS[];
 extern const FieldInfo SEQ_STATS_FIELDS[];
 
@@ -219,7 +238,7 @@ public:
     bool external() const noexcept { return opt_.rows == RowMode::External; }
     // Slots per sequence (W + TRIM_CHUNK + B + 1): sequence s owns global
     // slots [s * ring_rows(), (s + 1) * ring_rows()).
-    std::int64_t ring_rows() const noexcept { return static_cast<std::int64_t>(max_rows_); }
+    std::int64_t ring_rows() const noexcept { return static_cast<std::int64_t>(ring_rows_); }
     // The most context rows one plan stages: W - B (a round that does not
     // rebase has start - pos_base + B <= W; a rebase stages w_keep <= W - B).
     std::int64_t max_plan_rows() const noexcept { return opt_.window - opt_.block_size; }
@@ -553,7 +572,8 @@ private:
     struct alignas(64) SeqMutex {
         std::mutex m;
     };
-    class BatchLock;  // the locks of a batch's sequences (stager_batch.hpp)
+    class BatchLock;     // the locks of a batch's sequences (stager_batch.hpp)
+    class CheckedBatch;  // a batch's sequences, checked and locked (stager_batch.hpp)
     struct PrefixOps;  // the prefix store's changes of a sequence (stager_prefix.cpp)
     struct Append;    // one sequence's rows, checked and not yet committed
 
@@ -644,6 +664,9 @@ private:
     // positions, then append them all (reserve: remembering each state first).
     void append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                          const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
+    // process_external and reserve: the sequence's lock and check, then append_external.
+    void external_one(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
+                      bool reserve);
     // process_external_many and reserve_many: the batch's checks and locks, then append_external.
     void external_many(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                        const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
@@ -656,7 +679,7 @@ private:
     void accept_seq(Seq& s, std::int64_t n_accepted) noexcept;
     static void end_reservation(Seq& s, bool keep) noexcept;
     std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
-    std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(max_rows_); }
+    std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(ring_rows_); }
     FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
     void open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept;
@@ -672,7 +695,7 @@ private:
     std::int64_t w_keep_;
     std::size_t row_bytes_;
     EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
-    std::size_t max_rows_;  // W + TRIM_CHUNK + B + 1
+    std::size_t ring_rows_;  // dspark::ring_rows(B, W)
     std::vector<Seq> seqs_;
     // Held mode: the ring a restore over a busy slot checksums and copies the
     // snapshot's rows into before swapping it in (snapshot.cpp); the replaced
@@ -700,21 +723,18 @@ private:
     void refuse_on_device(std::int64_t seq, const Seq& s) const;
 };
 
-// A batch of plans as flat arrays (docs/design.md 2.5). plan_rows: CSR, the
-// context rows of plans[i] are rows [row_offsets[i], row_offsets[i + 1]) of
-// `positions` (drafter positions) and `slots` (global slots); row_offsets has
-// n + 1 entries, the other two sum(n_rows). plan_rows_padded: a fixed shape,
-// row r of plans[i] at [i * max_rows + r], every other entry -1 (padding);
-// std::invalid_argument naming the sequence when a plan stages more than
-// max_rows rows. Either output array may be null (not written).
+// A batch of plans as flat arrays (docs/design.md 2.9; batch_layout.cpp).
+// plan_rows: CSR, the context rows of plans[i] are rows [row_offsets[i],
+// row_offsets[i + 1]) of `positions` (drafter positions) and `slots` (global
+// slots); row_offsets has n + 1 entries, the other two sum(n_rows). Any
+// output array may be null (not written).
 void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets, std::int32_t* positions,
                std::int64_t* slots) noexcept;
-void plan_rows_padded(const RoundPlan* plans, std::size_t n, std::size_t max_rows, std::int32_t* positions,
-                      std::int64_t* slots);
 // The padded layout from CSR rows: rows [row_offsets[i], row_offsets[i + 1])
 // of `values` (`total` entries) into row i of the [n, max_rows] array `out`,
-// the rest -1 (seqs: the batch's ids, for the error of a sequence with too
-// many rows). row_offsets must rise from 0 to total (std::invalid_argument).
+// the rest -1 (seqs: the batch's ids, for the std::invalid_argument naming a
+// sequence with more than max_rows rows). row_offsets must rise from 0 to
+// total (std::invalid_argument).
 void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int32_t* values,
               std::size_t total, std::size_t max_rows, std::int32_t* out);
 void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,

@@ -3,7 +3,7 @@
 // that runs one sequence's step over it. The CPU twin (Stager::step_many,
 // csrc/src/stager_device_step.cpp) and the CUDA kernel both call step_one, so the
 // two cannot disagree; the differential tests hold both to the per-sequence
-// core (stager.cpp), whose rules this file restates op for op for
+// core (stager.cpp, stager_ingest.cpp), whose rules this file restates op for op for
 // external-row mode. Plain integer math: it compiles as C++17 and as CUDA
 // (__host__ __device__, the DSPARK_HD convention of csrc/cuda/block_math.cuh).
 //
@@ -291,8 +291,8 @@ DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
     return true;
 }
 
-// reserve of n rows at [end, end + n) (prepare_append + commit_append for
-// external rows), remembering the fields before it; slots_out[k] is row k's
+// reserve of n rows at [end, end + n) (stager_ingest.cpp's prepare_append +
+// commit_append for external rows), remembering the fields before it; slots_out[k] is row k's
 // global slot or -1 (below the horizon). false where the host would throw on
 // a broken invariant.
 DSPARK_HD bool reserve(const Config& c, Regs& r, i64 seq, i64 n, i64* slots_out) {

@@ -7,20 +7,13 @@ from libcpp.string cimport string
 from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
-from dspark_core._ext._lib_stager cimport RowMode, SlotMove, SlotRun
+from dspark_core._ext._lib_stager cimport FieldInfo, RowMode, RowOptions, SlotMove, SlotRun
 
 
 cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
     size_t PREFIX_MAX_KEY_BYTES
 
-    cdef cppclass PrefixStoreOptions:
-        int64_t feature_dim
-        int64_t block_size
-        int64_t window
-        Storage storage
-        NonFinite nonfinite
-        ElemType stage
-        RowMode rows
+    cdef cppclass PrefixStoreOptions(RowOptions):
         int64_t block_tokens
         int64_t budget_bytes
 
@@ -46,10 +39,12 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
         int64_t rows
         int64_t pages
 
+    # Read field by field through PREFIX_STATS_FIELDS (the core's list).
     cdef cppclass PrefixStats:
-        int64_t blocks, pages, bytes, resident_bytes, key_bytes
-        int64_t published, republished, evicted_lru, evicted_by_key
-        int64_t hits, full_hits, hit_rows, replayed_tokens
+        pass
+
+    const FieldInfo* PREFIX_HIT_FIELDS
+    const FieldInfo* PREFIX_STATS_FIELDS
 
     cdef cppclass PrefixStore:
         PrefixStore(const PrefixStoreOptions& options) except +dspark_translate_exception

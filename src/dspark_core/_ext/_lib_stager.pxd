@@ -42,6 +42,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     int64_t MAX_WINDOW
     int64_t MAX_FEATURE_DIM
     int64_t MAX_SEQS_LIMIT
+    int64_t w_keep(int64_t block_size, int64_t window)
+    int64_t ring_rows(int64_t block_size, int64_t window)
     int ROW_MODE_COUNT
     int FAIL_STAGE_COUNT
 
@@ -74,16 +76,18 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     void copy_slot_rows(const SlotMove* moves, size_t n, const uint8_t* src, int64_t src_rows, uint8_t* dst,
                         int64_t dst_rows, size_t row_bytes) except +dspark_translate_exception
 
-    cdef cppclass StagerOptions:
+    cdef cppclass RowOptions:
         int64_t feature_dim
         int64_t block_size
         int64_t window
-        int64_t max_seqs
         Storage storage
-        int64_t max_failures
         NonFinite nonfinite
         ElemType stage
         RowMode rows
+
+    cdef cppclass StagerOptions(RowOptions):
+        int64_t max_seqs
+        int64_t max_failures
         bool strict
 
     void check_options(const StagerOptions& options) except +dspark_translate_exception
@@ -225,8 +229,6 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const char* row_mode_name(RowMode m)
     string mismatch_cause(int64_t n_past, int64_t end) except +dspark_translate_exception
     void plan_rows(const RoundPlan* plans, size_t n, int64_t* row_offsets, int32_t* positions, int64_t* slots)
-    void plan_rows_padded(const RoundPlan* plans, size_t n, size_t max_rows, int32_t* positions,
-                          int64_t* slots) except +dspark_translate_exception
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int32_t* values, size_t total,
                   size_t max_rows, int32_t* out) except +dspark_translate_exception
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int64_t* values, size_t total,

@@ -7,7 +7,7 @@
 # (Stager._converted: docs/design.md 2.1).
 from dspark_core._ext._lib_prefix_store cimport (
     PrefixStore as CPrefixStore, PrefixStoreOptions, KeyChain, PrefixHit as CPrefixHit, PrefixBlockInfo,
-    PrefixStats, StagerPrefixSide,
+    PrefixStats, StagerPrefixSide, PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS,
 )
 from libc.string cimport memcpy
 from libcpp.string cimport string
@@ -27,6 +27,9 @@ _KEY_INT_END = 1 << 64
 # A non-NULL pointer for rows given as an empty buffer (the core tells "no
 # rows" from "empty rows").
 cdef uint8_t _NO_BYTES = 0
+# PrefixHit's fields and stats()' keys: the core's field lists (prefix_store.hpp), in order.
+_PREFIX_HIT_FIELDS = _row_format.PREFIX_HIT_FIELDS
+_PREFIX_STATS_FIELDS = _row_format.PREFIX_STATS_FIELDS
 
 
 cdef object _chain(object converted, KeyChain* out):
@@ -47,14 +50,13 @@ _new_object = object.__new__
 
 
 cdef object _hit(CPrefixHit& h, object moves):
-    # A PrefixHit (a frozen dataclass) given its instance dict at once: its
-    # __init__ sets each field through object.__setattr__, and hit_many's 64
-    # results cost more than its core call that way.
+    # A PrefixHit (a frozen dataclass) given its instance dict at once, the core's fields and the
+    # moves: its __init__ sets each field through object.__setattr__, and hit_many's 64 results
+    # cost more than its core call that way.
+    cdef dict fields = _fields_dict(&h, PREFIX_HIT_FIELDS, _PREFIX_HIT_FIELDS)
+    fields["moves"] = moves
     hit = _new_object(PrefixHit)
-    PyObject_GenericSetDict(hit, {
-        "n_tokens": h.n_tokens, "need_first": h.need_first, "first_row": h.first_row,
-        "replay_from": h.replay_from, "rows": h.rows, "origin": h.origin, "exact": h.exact,
-        "blocks_found": h.blocks_found, "moves": moves}, NULL)
+    PyObject_GenericSetDict(hit, fields, NULL)
     return hit
 
 
@@ -166,13 +168,7 @@ cdef class PrefixStore:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         cdef PrefixStoreOptions o
-        o.feature_dim = config.feature_dim
-        o.block_size = config.block_size
-        o.window = config.window
-        o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
-        o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
-        o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
-        o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
+        _set_row_options(&o, config)
         o.block_tokens = _i64("block_tokens", block_tokens)
         o.budget_bytes = _i64("budget_bytes", budget_bytes)
         self._core = new CPrefixStore(o)  # checks every value (ConfigError)
@@ -416,16 +412,10 @@ cdef class PrefixStore:
         return _slots_array(v)
 
     def stats(self):
-        """Counters: ``blocks``, ``pages``, ``bytes`` (held now, <= budget_bytes), ``resident_bytes``,
-        ``key_bytes``, ``published``, ``republished``, ``evicted_lru``, ``evicted_by_key``, ``hits``,
-        ``full_hits``, ``hit_rows``, ``replayed_tokens`` (see dspark/prefix_store.hpp)."""
+        """The counters, keyed by the core's list (``_row_format.PREFIX_STATS_FIELDS``; each is
+        described at ``PrefixStats`` in dspark/prefix_store.hpp)."""
         cdef PrefixStats t = self._core.stats()
-        return {
-            "blocks": t.blocks, "pages": t.pages, "bytes": t.bytes, "resident_bytes": t.resident_bytes,
-            "key_bytes": t.key_bytes, "published": t.published, "republished": t.republished,
-            "evicted_lru": t.evicted_lru, "evicted_by_key": t.evicted_by_key, "hits": t.hits,
-            "full_hits": t.full_hits, "hit_rows": t.hit_rows, "replayed_tokens": t.replayed_tokens,
-        }
+        return _fields_dict(&t, PREFIX_STATS_FIELDS, _PREFIX_STATS_FIELDS)
 
     def export_block(self, key, rows=None):
         """The block as checksummed bytes another process's store imports (``prefix.block_format``).

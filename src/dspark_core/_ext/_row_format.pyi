@@ -16,11 +16,22 @@ SKIP_REASONS: tuple[str, ...]
 FAIL_STAGES: tuple[str, ...]
 ROW_MODES: tuple[str, ...]
 ELEM_TYPES: tuple[str, ...]
+# The fields of the core's listed records (state() / stats() keys, PrefixHit fields).
+SEQ_STATE_FIELDS: tuple[str, ...]
+SEQ_STATS_FIELDS: tuple[str, ...]
+PREFIX_HIT_FIELDS: tuple[str, ...]
+PREFIX_STATS_FIELDS: tuple[str, ...]
 TRIM_CHUNK: int
 MAX_POSITION: int
 MAX_WINDOW: int
 MAX_FEATURE_DIM: int
 MAX_SEQS_LIMIT: int
+
+def w_keep(block_size: int, window: int) -> int:
+    """K, the rows a rebase keeps, of a configuration."""
+
+def ring_rows(block_size: int, window: int) -> int:
+    """The rows a sequence ever holds, its ring's slots, of a configuration."""
 
 def check_stager_options(
     feature_dim: int,

@@ -29,7 +29,12 @@ from dspark_core._ext._lib_row_format cimport ELEM_TYPE_COUNT, elem_name
 from dspark_core._ext._lib_stager cimport (
     Skip, FailStage, RowMode, StagerOptions, skip_name, fail_stage_name, row_mode_name, check_options,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION, MAX_WINDOW as C_MAX_WINDOW,
-    MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT,
+    MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT, w_keep as c_w_keep,
+    ring_rows as c_ring_rows,
+    FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
+)
+from dspark_core._ext._lib_prefix_store cimport (
+    PREFIX_HIT_FIELDS as C_PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS as C_PREFIX_STATS_FIELDS,
 )
 from dspark_core.errors import ConfigError, StateError
 
@@ -85,12 +90,39 @@ ROW_MODES = _names(_row_mode_name, 0)
 #: Element types rows come in and are staged out in (numpy names; dspark::ElemType).
 ELEM_TYPES = tuple(elem_name(<ElemType><uint8_t>i).decode() for i in range(ELEM_TYPE_COUNT))
 
+cdef tuple _field_names(const FieldInfo* f):
+    out = []
+    cdef size_t i = 0
+    while f[i].name != NULL:
+        out.append(f[i].name.decode())
+        i += 1
+    return tuple(out)
+
+
+# The fields of the core's listed records, in order (their X-macro lists:
+# dspark/stager.hpp, dspark/prefix_store.hpp): the keys of Stager.state() /
+# stats() and PrefixStore.stats(), the fields of PrefixHit.
+SEQ_STATE_FIELDS = _field_names(C_SEQ_STATE_FIELDS)
+SEQ_STATS_FIELDS = _field_names(C_SEQ_STATS_FIELDS)
+PREFIX_HIT_FIELDS = _field_names(C_PREFIX_HIT_FIELDS)
+PREFIX_STATS_FIELDS = _field_names(C_PREFIX_STATS_FIELDS)
+
 # The core's limits (dspark/stager.hpp).
 TRIM_CHUNK = C_TRIM_CHUNK
 MAX_POSITION = C_MAX_POSITION
 MAX_WINDOW = C_MAX_WINDOW
 MAX_FEATURE_DIM = C_MAX_FEATURE_DIM
 MAX_SEQS_LIMIT = C_MAX_SEQS_LIMIT
+
+
+def w_keep(int64_t block_size, int64_t window):
+    """K, the rows a rebase keeps, of a configuration (``dspark::w_keep``)."""
+    return c_w_keep(block_size, window)
+
+
+def ring_rows(int64_t block_size, int64_t window):
+    """The rows a sequence ever holds, its ring's slots, of a configuration (``dspark::ring_rows``)."""
+    return c_ring_rows(block_size, window)
 
 
 def check_stager_options(int64_t feature_dim, int64_t block_size, int64_t window, int64_t max_seqs, int storage,
@@ -352,7 +384,9 @@ def kernel_env_deprecated():
     return c_kernel_env_deprecated()
 
 
-# The row-format family under its first names (dspark_core.formats uses these).
+# The row-format family under its first names: the old module path
+# dspark_core._row_format (0.1.0) had these and still serves them
+# (tests/test_public_api.py); dspark_core.formats goes through kernels.
 
 def simd_paths():
     """Names of the row-format paths this CPU and build support, scalar first."""

@@ -28,7 +28,7 @@ from dspark_core._ext._lib_row_format cimport (
 )
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, RowView, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    RowMode, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, plan_rows, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
+    RowMode, RowOptions, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, plan_rows, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
     crc32c as c_crc32c, pad_rows as c_pad_rows, batch_context as c_batch_context,
     copy_slot_rows as copy_slot_rows_core,
@@ -68,22 +68,13 @@ cdef enum _SeqsCall:
     _END_MANY
 
 
-cdef tuple _field_names(const FieldInfo* f):
-    out = []
-    cdef size_t i = 0
-    while f[i].name != NULL:
-        out.append(f[i].name.decode())
-        i += 1
-    return tuple(out)
-
-
 # The keys of state() / stats(): the core's field lists (stager.hpp), in order.
-_STATE_FIELDS = _field_names(SEQ_STATE_FIELDS)
-_STATS_FIELDS = _field_names(SEQ_STATS_FIELDS)
+_STATE_FIELDS = _row_format.SEQ_STATE_FIELDS
+_STATS_FIELDS = _row_format.SEQ_STATS_FIELDS
 
 
 cdef dict _fields_dict(const void* record, const FieldInfo* f, tuple names):
-    """A SeqState / SeqStats as a dict, field by field from the core's table."""
+    """A listed record (SeqState, SeqStats, PrefixHit, PrefixStats) as a dict, field by field from the core's table."""
     cdef dict out = {}
     cdef const char* base = <const char*>record
     cdef size_t i = 0
@@ -105,6 +96,18 @@ cdef inline int64_t _i64(name, value) except? -1:
         if not overflow:
             return v
     return as_int64(name, value)
+
+
+cdef int _set_row_options(RowOptions* o, object config) except -1:
+    """The rows' configuration of a StagerConfig (a Stager's and its prefix store's)."""
+    o.feature_dim = _i64("feature_dim", config.feature_dim)
+    o.block_size = _i64("block_size", config.block_size)
+    o.window = _i64("window", config.window)
+    o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
+    o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
+    o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
+    o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
+    return 0
 
 
 cdef object _moves_array(vector[SlotMove]& v):
@@ -400,15 +403,9 @@ cdef class Stager:
         if not isinstance(config, StagerConfig):
             raise TypeError(f"config must be a StagerConfig, got {type(config).__name__}")
         cdef StagerOptions o
-        o.feature_dim = _i64("feature_dim", config.feature_dim)
-        o.block_size = _i64("block_size", config.block_size)
-        o.window = _i64("window", config.window)
+        _set_row_options(&o, config)
         o.max_seqs = _i64("max_seqs", config.max_seqs)
-        o.storage = <Storage><uint8_t>STORAGES.index(config.storage)
         o.max_failures = _i64("max_failures", config.max_failures)
-        o.nonfinite = <NonFinite><uint8_t>NONFINITE_POLICIES.index(config.nonfinite)
-        o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
-        o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
         o.strict = config.strict is True
         self._core = new CStager(o)  # checks every value (ConfigError), a tampered config's too
         self._external = o.rows == RowMode.External

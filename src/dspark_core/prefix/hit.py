@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from .._ext._row_format import PREFIX_HIT_FIELDS
 from ..rows.slot_moves import SlotMoves
 
 __all__ = ["PrefixHit", "PrefixHits", "PrefixMoves", "no_prefix_moves", "PUBLISH", "HIT"]
@@ -101,8 +102,7 @@ class PrefixHit:
 
     def as_dict(self) -> dict[str, Any]:
         """The fields but ``moves`` (for comparisons and JSON)."""
-        return {k: getattr(self, k) for k in (
-            "n_tokens", "need_first", "first_row", "replay_from", "rows", "origin", "exact", "blocks_found")}
+        return {k: getattr(self, k) for k in PREFIX_HIT_FIELDS}
 
 
 class PrefixHits(list[PrefixHit]):

@@ -5,13 +5,16 @@ Every rule a configuration must follow is the C++ core's
 construction, as the Stager's constructor does again (it never trusts its
 caller): each count ``>= 1``, ``window > 2 * block_size`` (a rebase keeps
 ``w_keep = window // 2`` rows and still has room for a block), the limits
-below, and whole GGML blocks of 32 for the q formats. This module only
-converts what a Python caller passes (integers, names, dtypes).
+below, and whole GGML blocks of 32 for the q formats; so is every size
+derived from a configuration (``w_keep``, ``ring_rows``, ``row_bytes``).
+This module converts what a Python caller passes (integers, names, dtypes),
+and picks a window from a server's settings (:func:`window_for`).
 """
 
 from __future__ import annotations
 
 import operator
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -31,6 +34,8 @@ from .core_tables import (
     check_stager_options,
 )
 from ..errors import ConfigError
+from .core_tables import ring_rows as core_ring_rows
+from .core_tables import w_keep as core_w_keep
 
 __all__ = [
     "TRIM_CHUNK",
@@ -175,19 +180,21 @@ class StagerConfig:
     # -- derived values -------------------------------------------------
     @property
     def w_keep(self) -> int:
-        """``K``: rows kept on a rebase, ``min(W // 2, W - B)`` (== ``W // 2`` since ``W > 2B``)."""
-        return min(self.window // 2, self.window - self.block_size)
-
-    @property
-    def max_buffered_rows(self) -> int:
-        """Upper bound on rows a sequence ever holds: ``W + TRIM_CHUNK + B + 1``."""
-        return self.window + TRIM_CHUNK + self.block_size + 1
+        """``K``: rows kept on a rebase, ``min(W // 2, W - B)`` (== ``W // 2`` since ``W > 2B``; the core's)."""
+        return core_w_keep(self.block_size, self.window)
 
     @property
     def ring_rows(self) -> int:
-        """Ring slots per sequence (``max_buffered_rows``): sequence ``s`` owns
-        the global slots ``[s * ring_rows, (s + 1) * ring_rows)``."""
-        return self.max_buffered_rows
+        """Upper bound on rows a sequence ever holds, ``W + TRIM_CHUNK + B + 1`` (the core's):
+        its ring's slots. Sequence ``s`` owns the global slots ``[s * ring_rows, (s + 1) * ring_rows)``."""
+        return core_ring_rows(self.block_size, self.window)
+
+    @property
+    def max_buffered_rows(self) -> int:
+        """Deprecated name of :attr:`ring_rows`."""
+        warnings.warn("StagerConfig.max_buffered_rows is deprecated; use StagerConfig.ring_rows",
+                      DeprecationWarning, stacklevel=2)
+        return self.ring_rows
 
     @property
     def external_rows(self) -> bool:

@@ -36,6 +36,8 @@ __all__ = [
     "MAX_FEATURE_DIM",
     "MAX_SEQS_LIMIT",
     "check_stager_options",
+    "w_keep",
+    "ring_rows",
 ]
 
 
@@ -99,6 +101,11 @@ MAX_WINDOW: int = _core.MAX_WINDOW
 MAX_FEATURE_DIM: int = _core.MAX_FEATURE_DIM
 #: Upper bound on ``max_seqs`` (a sanity limit, not a memory reservation).
 MAX_SEQS_LIMIT: int = _core.MAX_SEQS_LIMIT
+
+#: The core's derived sizes of a configuration ``(block_size, window)``: ``K``, the rows
+#: a rebase keeps, and the rows a sequence ever holds (its ring's slots).
+w_keep = _core.w_keep
+ring_rows = _core.ring_rows
 
 #: The core's check of a configuration: ConfigError naming the first unusable
 #: value (codes are indices into the tables above).

@@ -69,6 +69,7 @@ from typing import Any
 import numpy as np
 
 from .config import NONFINITE_POLICIES, STAGE_DTYPES, STORAGES
+from .core_tables import MAX_POSITION
 
 __all__ = [
     "MAGIC", "VERSION", "HEADER_BYTES", "V1_HEADER_BYTES", "SnapshotState", "pack", "unpack", "FLAG_BITS",
@@ -105,7 +106,6 @@ FLAG_OWED = 4
 FLAG_FIRST_ROUND = 8
 FLAG_ACCEPT_OPEN = 16
 FLAG_BITS = FLAG_STARTED | FLAG_DISABLED | FLAG_OWED | FLAG_FIRST_ROUND | FLAG_ACCEPT_OPEN
-_MAX_POSITION = 1 << 62
 
 Fingerprint = tuple[int, int, int, int, int, int, int]
 
@@ -369,7 +369,7 @@ def unpack(
             and (tentative == 0 or flags & FLAG_ACCEPT_OPEN)
             # an accept may leave end as low as this: the horizon must not pass it
             and horizon <= (end - tentative + 1 if tentative else end)
-            and end < _MAX_POSITION
+            and end < MAX_POSITION
         )
     else:
         # a fresh sequence: nothing but the first-round flag

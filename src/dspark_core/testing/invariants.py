@@ -163,8 +163,8 @@ def check_invariants(
         if st["tentative_rows"] < 0 or st["tentative_rows"] > c.block_size + 1:
             _violation(f"{tag}: {st['tentative_rows']} tentative rows (at most B + 1 = {c.block_size + 1})")
         peak = stats.get("peak_rows", stats.get("rows", 0))
-        if peak > c.max_buffered_rows or stats.get("rows", 0) > c.max_buffered_rows:
-            _violation(f"{tag}: {peak} rows buffered, over the bound W + TRIM_CHUNK + B + 1 = {c.max_buffered_rows}")
+        if peak > c.ring_rows or stats.get("rows", 0) > c.ring_rows:
+            _violation(f"{tag}: {peak} rows buffered, over the bound W + TRIM_CHUNK + B + 1 = {c.ring_rows}")
         if not st["started"]:
             if st["open_round"] or st["n_retained"] or st["n_pending"]:
                 _violation(f"{tag}: a sequence that never received rows has state {st}")

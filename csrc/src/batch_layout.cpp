@@ -1,0 +1,75 @@
+// A batch of plans as flat arrays (dspark/stager.hpp, plan_rows / pad_rows):
+// the CSR layout of their context rows, and the padded one from it.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "dspark/stager.hpp"
+
+namespace dspark {
+
+namespace {
+
+// The context rows of one plan: drafter positions and global slots, in plan order.
+void plan_row_values(const RoundPlan& p, std::int32_t* positions, std::int64_t* slots) noexcept {
+    if (positions) {
+        const std::int64_t lo = p.first_row - p.pos_base;
+        for (std::int64_t r = 0; r < p.n_rows; ++r) positions[r] = static_cast<std::int32_t>(lo + r);
+    }
+    if (slots)
+        for (const SlotRun& run : p.slot_runs)
+            for (std::int64_t r = 0; r < run.count; ++r) *slots++ = run.first + r;
+}
+
+}  // namespace
+
+void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets, std::int32_t* positions,
+               std::int64_t* slots) noexcept {
+    std::int64_t at = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        if (row_offsets) row_offsets[i] = at;
+        plan_row_values(plans[i], positions ? positions + at : nullptr, slots ? slots + at : nullptr);
+        at += plans[i].n_rows;
+    }
+    if (row_offsets) row_offsets[n] = at;
+}
+
+namespace {
+
+// The padded layout's one rule: a sequence's rows fit in max_rows.
+void check_padded(std::int64_t seq, std::size_t i, std::int64_t n_rows, std::size_t max_rows) {
+    if (n_rows < 0 || static_cast<std::uint64_t>(n_rows) > max_rows)
+        throw std::invalid_argument(batch_context("padded", i, seq) + std::to_string(n_rows) +
+                                    " context rows do not fit max_rows (" + std::to_string(max_rows) + ")");
+}
+
+template <class T>
+void pad_rows_impl(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu, const T* values,
+                   std::size_t total, std::size_t max_rows, T* out) {
+    bool ok = cu[0] == 0 && static_cast<std::uint64_t>(cu[n]) == total;
+    for (std::size_t i = 0; ok && i < n; ++i) ok = cu[i + 1] >= cu[i];
+    if (!ok) throw std::invalid_argument("padded: row_offsets must rise from 0 to the " + std::to_string(total) + " rows");
+    for (std::size_t i = 0; i < n; ++i) check_padded(seqs[i], i, cu[i + 1] - cu[i], max_rows);
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto k = static_cast<std::size_t>(cu[i + 1] - cu[i]);
+        T* row = out + i * max_rows;
+        std::copy(values + cu[i], values + cu[i] + static_cast<std::int64_t>(k), row);
+        std::fill(row + k, row + max_rows, T(-1));
+    }
+}
+
+}  // namespace
+
+void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int32_t* values,
+              std::size_t total, std::size_t max_rows, std::int32_t* out) {
+    pad_rows_impl(seqs, n, row_offsets, values, total, max_rows, out);
+}
+
+void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,
+              std::size_t total, std::size_t max_rows, std::int64_t* out) {
+    pad_rows_impl(seqs, n, row_offsets, values, total, max_rows, out);
+}
+
+}  // namespace dspark
