@@ -124,7 +124,7 @@ lap "aarch64 wheel: differential tests vs gguf-py, dispatch, Stager loop, CRC-32
 INC="$SITE/dspark_core/include"
 LIB="$SITE/dspark_core/lib"
 aarch64-linux-gnu-gcc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror examples/sdk/window_loop_c.c -I"$INC" -L"$LIB" \
-  -ldspark_core -lstdc++ -lm -lpthread -o "$WORK/window_loop_c"
+  -ldspark_core -Wl,-rpath,"$LIB" -lstdc++ -lm -lpthread -o "$WORK/window_loop_c"
 QEMU_CPU=max "${QEMU[@]}" "$WORK/window_loop_c" >"$WORK/c.out"
 a64py examples/sdk/window_loop.py >"$WORK/python.out"
 diff -u "$WORK/python.out" "$WORK/c.out"
