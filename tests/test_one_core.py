@@ -120,7 +120,7 @@ def test_cuda_module_shares_the_registry_where_built():
     assert NEEDED in data and REGISTRY_MARKER not in data
 
 
-def test_dspark_simd_reaches_every_surface_through_one_read():
+def test_env_dspark_simd_reaches_every_surface_through_one_read():
     env = dict(os.environ, DSPARK_SIMD="scalar")
     code = textwrap.dedent(f"""
         import ctypes, json
