@@ -11,7 +11,7 @@
 #     zig targeting glibc 2.28, checked by auditwheel show);
 #  4. the aarch64 wheel installed into an arm64 Debian root (.ci/arm64_root.sh)
 #     and run under qemu: the formats' differential tests against gguf-py's
-#     numpy quantizers (every path), the dispatch tests, a Stager loop, the
+#     numpy quantizers (every path), the dispatch tests (one registry: test_one_core), a Stager loop, the
 #     CRC-32C kernels, and the C program of examples/sdk through dspark.h
 #     (cross-compiled against the wheel's SDK), compared with the Python output;
 #  5. bench/aarch64_insns.sh: instructions per element, scalar vs NEON.
@@ -119,12 +119,12 @@ print('aarch64 wheel:', dspark_core.__version__, kernels.dispatch_table())"
 # check DSPARK_SIMD on aarch64.
 a64py -m pytest -q -p no:cacheprovider tests/test_formats.py tests/test_overflow.py tests/test_kernels.py \
   tests/test_window_loop.py "tests/test_snapshot_v2.py::test_crc32c_check_values" \
-  "tests/test_snapshot_v2.py::test_crc32c_long_buffers_on_every_path" -k "not test_env_ and not test_deprecated_"
+  "tests/test_snapshot_v2.py::test_crc32c_long_buffers_on_every_path" tests/test_one_core.py -k "not test_env_ and not test_deprecated_"
 lap "aarch64 wheel: differential tests vs gguf-py, dispatch, Stager loop, CRC-32C (qemu)"
 INC="$SITE/dspark_core/include"
 LIB="$SITE/dspark_core/lib"
 aarch64-linux-gnu-gcc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror examples/sdk/window_loop_c.c -I"$INC" -L"$LIB" \
-  -ldspark_core -lstdc++ -lm -lpthread -o "$WORK/window_loop_c"
+  -ldspark_core -Wl,-rpath,"$LIB" -lstdc++ -lm -lpthread -o "$WORK/window_loop_c"
 QEMU_CPU=max "${QEMU[@]}" "$WORK/window_loop_c" >"$WORK/c.out"
 a64py examples/sdk/window_loop.py >"$WORK/python.out"
 diff -u "$WORK/python.out" "$WORK/c.out"

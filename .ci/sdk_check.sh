@@ -64,7 +64,7 @@ print(f"  {sum(i.file_size for i in infos):>9}  ({len(infos)} entries, uncompres
 bad = [n for n in names if n.endswith(("CMakeLists.txt", ".pyx", ".cmake.in")) or "/tests/" in n or "/test_" in n
        or (n.endswith(".hpp") and "/include/" not in n)]
 sdk = ["dspark_core/include/dspark/dspark.h", "dspark_core/include/dspark/stager.hpp", "dspark_core/include/_errors.hpp",
-       "dspark_core/lib/libdspark_core.a", "dspark_core/lib/cmake/dspark_core/dspark_coreConfig.cmake",
+       "dspark_core/lib/libdspark_core.so", "dspark_core/lib/cmake/dspark_core/dspark_coreConfig.cmake",
        "dspark_core/lib/cmake/dspark_core/dspark_coreConfigVersion.cmake",
        "dspark_core/_ext/_lib_stager.pxd", "dspark_core/_ext/_lib_row_format.pxd"]
 missing = [n for n in sdk if n not in names]
@@ -93,9 +93,9 @@ TESTS=${SDK_CHECK_TESTS:-"tests/test_window_loop.py tests/test_formats.py tests/
 cp -r "$ROOT/examples/sdk" "$WORK/sdk"
 "$VPY" "$WORK/sdk/window_loop.py" >"$WORK/python.out"
 
-say "(a) C through dspark.h (cc -I get_include() -L get_library_dir())"
+say "(a) C through dspark.h (cc -I get_include() -L get_library_dir() -Wl,-rpath,get_library_dir())"
 cc -std=c99 -O2 -Wall -Wextra -Wpedantic -Werror "$WORK/sdk/window_loop_c.c" -I"$INC" -L"$LIB" \
-  -ldspark_core -lstdc++ -lm -lpthread -o "$WORK/window_loop_c"
+  -ldspark_core -Wl,-rpath,"$LIB" -lstdc++ -lm -lpthread -o "$WORK/window_loop_c"
 "$WORK/window_loop_c" >"$WORK/c.out"
 diff -u "$WORK/python.out" "$WORK/c.out"
 echo "C output == Python output ($(wc -l <"$WORK/c.out") lines)"
@@ -117,7 +117,7 @@ cp "$WORK/sdk/cimport_check.pyx" "$WORK/cy/"
 PYINC=$("$VPY" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 EXT=$("$VPY" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
 c++ -std=c++17 -O1 -shared -fPIC "$WORK/cy/cimport_check.cpp" -I"$PYINC" -I"$INC" -L"$LIB" -ldspark_core \
-  -o "$WORK/cy/cimport_check$EXT"
+  -Wl,-rpath,"$LIB" -o "$WORK/cy/cimport_check$EXT"
 (cd "$WORK/cy" && "$VPY" - <<'EOF'
 import pytest
 import cimport_check

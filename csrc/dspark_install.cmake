@@ -1,13 +1,15 @@
 # Install + export rules of the core (included by csrc/CMakeLists.txt when
-# DSPARK_INSTALL is on): the public headers, the static library and a CMake
-# package config, so that find_package(dspark_core CONFIG) gives the target
-# dspark_core::core. The destinations are DSPARK_INSTALL_{INCLUDE,LIB,CMAKE}DIR
-# (relative to the install prefix): the GNU layout for `cmake --install`, the
-# package folder for the wheel (set by the top-level CMakeLists).
+# DSPARK_INSTALL is on): the public headers, the library (static, or shared
+# with DSPARK_SHARED) and a CMake package config, so that
+# find_package(dspark_core CONFIG) gives the target dspark_core::core. The
+# destinations are DSPARK_INSTALL_{INCLUDE,LIB,CMAKE}DIR (relative to the
+# install prefix): the GNU layout for `cmake --install`, the package folder for
+# the wheel (set by the top-level CMakeLists).
 include(CMakePackageConfigHelpers)
 
 install(TARGETS dspark_core_lib EXPORT dspark_core_targets
         ARCHIVE DESTINATION ${DSPARK_INSTALL_LIBDIR} COMPONENT sdk
+        LIBRARY DESTINATION ${DSPARK_INSTALL_LIBDIR} COMPONENT sdk
         INCLUDES DESTINATION ${DSPARK_INSTALL_INCLUDEDIR})
 # Public headers only: dspark/*.hpp and dspark/dspark.h (src/ keeps the private ones).
 install(DIRECTORY ${CMAKE_CURRENT_SOURCE_DIR}/include/dspark DESTINATION ${DSPARK_INSTALL_INCLUDEDIR}

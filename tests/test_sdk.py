@@ -1,7 +1,7 @@
 """The C/C++ SDK inside the installed package: headers, library, CMake package, C ABI.
 
 The package must carry exactly the core's public headers (those of this
-checkout), the static library and a CMake package of its own version; a C
+checkout), the shared library and a CMake package of its own version; a C
 program built against those paths alone (examples/sdk/window_loop_c.c, through the
 C ABI dspark/dspark.h) must print what the Python API prints for the same
 window loop and q4_0 round trip (examples/sdk/window_loop.py, which checks itself
@@ -37,7 +37,8 @@ def test_headers_are_the_public_ones_of_this_checkout():
 
 
 def test_library_and_cmake_package_match_the_package_version():
-    assert (Path(dspark_core.get_library_dir()) / "libdspark_core.a").is_file()
+    # The shared core: the one copy the extension modules load too (tests/test_one_core.py).
+    assert (Path(dspark_core.get_library_dir()) / "libdspark_core.so").is_file()
     cmake_dir = Path(dspark_core.get_cmake_dir())
     for name in ("dspark_coreConfig.cmake", "dspark_coreConfigVersion.cmake", "dspark_coreTargets.cmake"):
         assert (cmake_dir / name).is_file(), name
@@ -65,7 +66,8 @@ def test_c_program_through_the_c_abi_prints_what_python_prints(tmp_path):
     build = subprocess.run(
         ["cc", "-std=c99", "-O1", "-Wall", "-Wextra", "-Wpedantic", "-Werror", str(ROOT / "examples/sdk/window_loop_c.c"),
          f"-I{dspark_core.get_include()}", f"-L{dspark_core.get_library_dir()}",
-         "-ldspark_core", "-lstdc++", "-lm", "-lpthread", *_interface_link_options(), "-o", str(exe)],
+         "-ldspark_core", f"-Wl,-rpath,{dspark_core.get_library_dir()}", "-lstdc++", "-lm", "-lpthread",
+         *_interface_link_options(), "-o", str(exe)],
         capture_output=True, text=True,
     )
     assert build.returncode == 0, build.stderr

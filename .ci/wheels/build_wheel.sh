@@ -2,8 +2,9 @@
 # Builds a manylinux_2_28 wheel of dspark_core for x86_64 or aarch64 on any
 # x86-64 Linux, without a container runtime: zig's clang (the `ziglang` PyPI
 # package) targets glibc 2.28 and links GCC 12's libstdc++ statically
-# (zig-c++), so the extensions need glibc >= 2.28 and nothing else, and the
-# SDK archive inside keeps GCC's C++ ABI. The CUDA kernels are built for every
+# (zig-c++), so the extensions need glibc >= 2.28 and libgcc_s.so.1, and the
+# SDK library inside (libdspark_core.so, the one copy of the core that the
+# extensions load) keeps GCC's C++ ABI. The CUDA kernels are built for every
 # release architecture (DSPARK_CUDA_ARCHITECTURES=release; a plain `pip install .`
 # builds only the visible GPU's). aarch64 is a cross build: Python's
 # headers come from an arm64 Debian root (ARM64_ROOT, made by
@@ -15,7 +16,7 @@
 #   .ci/wheels/build_wheel.sh x86_64|aarch64 OUTDIR
 #
 # Then `auditwheel show` must find it consistent with manylinux_2_28 or
-# older and needing no library outside glibc, and `wheel tags` tags it
+# older and needing no library outside glibc (and libgcc_s), and `wheel tags` tags it
 # manylinux_2_28_<arch>. Prints the wheel's path last. Environment: PYTHON (a
 # Python 3.11 with the build requirements: scikit-build-core, cython,
 # cython-cmake, numpy, ziglang, auditwheel, wheel), ARM64_ROOT and

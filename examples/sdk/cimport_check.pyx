@@ -6,8 +6,9 @@ Build it against the installed wheel (.ci/sdk_check.sh does):
   cython --cplus cimport_check.pyx
   c++ -std=c++17 -shared -fPIC cimport_check.cpp -I<Python include> \
       -I"$(python -c 'import dspark_core; print(dspark_core.get_include())')" \
-      -L"$(python -c 'import dspark_core; print(dspark_core.get_library_dir())')" -ldspark_core \
-      -o cimport_check$(python3-config --extension-suffix)
+      -L"$LIB" -ldspark_core -Wl,-rpath,"$LIB" -o cimport_check$(python3-config --extension-suffix)
+  (LIB=$(python -c 'import dspark_core; print(dspark_core.get_library_dir())'): the package's own
+  libdspark_core.so, so this extension shares the package's core and its dispatch registry)
 """
 from libc.stdint cimport int64_t
 

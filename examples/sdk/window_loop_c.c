@@ -3,7 +3,7 @@
  * Build against an installed wheel (nothing from the source tree):
  *   INC=$(python -c 'import dspark_core; print(dspark_core.get_include())')
  *   LIB=$(python -c 'import dspark_core; print(dspark_core.get_library_dir())')
- *   cc -std=c99 -O2 window_loop_c.c -I"$INC" -L"$LIB" -ldspark_core -lstdc++ -lm -lpthread -o window_loop_c
+ *   cc -std=c99 -O2 window_loop_c.c -I"$INC" -L"$LIB" -ldspark_core -Wl,-rpath,"$LIB" -lstdc++ -lm -lpthread -o window_loop_c
  * Prints the same lines as window_loop.py (the Python API) and window_loop_cpp.cpp. */
 #include <math.h>
 #include <stdio.h>

@@ -21,11 +21,12 @@ warns that it is deprecated (a ``FutureWarning``; use ``DSPARK_SIMD``).
 From Python, :func:`set_path` / :func:`use` switch a family process-wide;
 ``dspark-core kernels`` prints this machine's dispatch table.
 
-Each of this package's extension modules links its own copy of the core, and
-with it its own registry: the format conversions run on ``_row_format``'s, the
-Stager's conversions and snapshot checksums on ``_stager``'s. :func:`set_path`
-switches every copy (all or none); ``DSPARK_SIMD`` reaches every copy, also
-that of an extension built elsewhere against the C++ SDK.
+There is one registry per process: this package's extension modules
+(``_row_format``, ``_stager``, ``_cuda``) share one copy of the core, the
+shared library ``dspark_core/lib/libdspark_core.so`` that the C/C++ SDK's users
+link too. A switch here is a switch for the format conversions, the Stager's
+conversions and snapshot checksums, the CUDA module's host side and a C or C++
+caller of that library in the same process alike.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ import warnings
 from typing import Iterator
 
 from ._ext import _row_format as _core
-from ._ext import _stager
 
 __all__ = ["ENV", "FAMILIES", "paths", "supported", "best", "active", "set_path", "use", "dispatch_table"]
 
@@ -79,10 +79,7 @@ def set_path(family: str, name: str) -> None:
     ``ValueError`` for an unknown family or name, or a path this CPU / build
     does not support (nothing changes then).
     """
-    _core.kernel_set(_as_str("family", family), _as_str("name", name))  # checks, and names the path
-    # The other copies are the same build: a path _row_format's accepts, they accept.
-    f = FAMILIES.index(family)
-    _stager.kernel_set_index(f, paths(family).index(active(family)))
+    _core.kernel_set(_as_str("family", family), _as_str("name", name))
 
 
 @contextlib.contextmanager

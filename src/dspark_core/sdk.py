@@ -2,8 +2,9 @@
 
 The wheel ships the core for other build systems, next to its Python
 extensions: the public headers (``dspark/*.hpp`` and the C ABI
-``dspark/dspark.h``), the static library ``libdspark_core.a`` (position
-independent, C++17) and a CMake package config::
+``dspark/dspark.h``), the shared library ``libdspark_core.so`` (C++17; the
+package's extension modules load this same file, so a process holds one copy
+of the core) and a CMake package config::
 
     cmake -DCMAKE_PREFIX_PATH="$(python -c 'import dspark_core; print(dspark_core.get_cmake_dir())')" ...
     # CMakeLists.txt: find_package(dspark_core CONFIG REQUIRED)
@@ -11,11 +12,11 @@ independent, C++17) and a CMake package config::
 
     cc app.c -I"$(python -c 'import dspark_core; print(dspark_core.get_include())')" \\
        -L"$(python -c 'import dspark_core; print(dspark_core.get_library_dir())')" \\
-       -ldspark_core -lstdc++ -lm -lpthread
+       -ldspark_core -Wl,-rpath,<that folder> -lstdc++ -lm -lpthread
 
 A Cython extension can ``cimport dspark_core._ext._lib_stager`` (or
 ``_lib_row_format``) with ``get_include()`` on its include path and
-``libdspark_core.a`` linked. See docs/c_api.md.
+``libdspark_core.so`` linked. See docs/c_api.md.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def get_include() -> str:
 
 
 def get_library_dir() -> str:
-    """The folder holding ``libdspark_core.a`` (link with ``-ldspark_core`` plus the C++ runtime)."""
+    """The folder holding ``libdspark_core.so`` (link with ``-ldspark_core``, this folder as the run path)."""
     return _existing(_install_root() / "lib", "library")
 
 

@@ -23,8 +23,7 @@ from libcpp.utility cimport move
 from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport (
-    Storage, ElemType, NonFinite, dspark_set_error_types, decode_rows, KernelFamily, active_kernel_path, set_kernel_path,
-    staged_as_stored,
+    Storage, ElemType, NonFinite, dspark_set_error_types, decode_rows, staged_as_stored,
 )
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, RowView, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
@@ -133,24 +132,6 @@ cdef object _plan_slots(RoundPlan& p):
     for i in range(b):
         q[a + i] = f1 + i
     return out
-
-
-# -- This module's copy of the dispatch registry ---------------------------------
-# Each extension module links its own copy of the core, and with it its own
-# registry (dspark/dispatch.hpp): the Stager's conversions and CRC-32C run on
-# this one. dspark_core.kernels names paths through _row_format's copy and
-# switches every copy at once with these (family and path by index).
-
-
-def kernel_active_index(int family):
-    """The index of the path ``family`` (an index) runs now in this module."""
-    return active_kernel_path(<KernelFamily><uint8_t>family)
-
-
-def kernel_set_index(int family, int path):
-    """Make path ``path`` of ``family`` (indices) the active one in this module
-    (ValueError for an unknown family or path, or one this CPU lacks)."""
-    set_kernel_path(<KernelFamily><uint8_t>family, path)
 
 
 # -- CRC-32C of snapshot format v2 (the core's dispatched kernels; the path
