@@ -105,3 +105,17 @@ def test_the_reference_spells_out_its_own_rules():
             if allowed is None or not names <= allowed:
                 borrowed.append(f"{path.name}: from {'.' * node.level}{node.module or ''} import {sorted(names)}")
     assert borrowed == []
+
+
+def test_the_binding_holds_no_policy():
+    """The extension modules convert and call: no logger of their own (the Python layer's
+    stager.protocol_mismatch decides how an event is told) and no rewriting of the core's
+    messages (the core names each call as its caller knows it)."""
+    import re
+
+    found = []
+    for path in sorted((layering.ROOT / "_ext").glob("*.p[yx][xi]")):
+        text = path.read_text()
+        for pattern in (r"^\s*import logging", r"getLogger\(", r"\blogger\.", r"str\(exc\)\s*$", r"_renamed\("):
+            found += [f"{path.name}: {m.group(0).strip()}" for m in re.finditer(pattern, text, re.M)]
+    assert found == []

@@ -516,8 +516,7 @@ void Stager::draft_many_into(const std::int64_t* seqs_in, const std::int64_t* n_
 }
 
 void Stager::draft_many_view(const std::int64_t* seqs_in, const std::int64_t* n_pasts_in, std::size_t n,
-                             std::vector<RoundPlan>& plans, std::vector<RowView>& views) {
-    const char* call = "draft_many_view";
+                             std::vector<RoundPlan>& plans, std::vector<RowView>& views, const char* call) {
     const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), n_pasts = copy_of(n_pasts_in, n);
     check_ids(call, seqs.data(), n);
     BatchLock lock(*this, seqs.data(), n);

@@ -358,6 +358,12 @@ void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, cons
     external_many("process_external_many", seqs, n, cu, positions, total, slots_out, false);
 }
 
+void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
+                                   const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
+                                   const char* call) {
+    external_many(call, seqs, n, cu, positions, total, slots_out, false);
+}
+
 // -- reservations --------------------------------------------------------------
 
 void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {

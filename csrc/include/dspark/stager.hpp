@@ -310,9 +310,11 @@ public:
     RoundPlan draft_view(std::int64_t seq, std::int64_t n_past, RowView& view);
     // draft_many without the copy (held mode): one plan per sequence, and in
     // views[i] the rows of plans[i] where they lie in the ring (as draft_view;
-    // empty for a skipped plan). Checked whole, as draft_many.
+    // empty for a skipped plan). Checked whole, as draft_many. `call` names
+    // the call in error messages (a binding that serves it as draft_many says so).
     void draft_many_view(const std::int64_t* seqs, const std::int64_t* n_pasts, std::size_t n,
-                         std::vector<RoundPlan>& plans, std::vector<RowView>& views);
+                         std::vector<RoundPlan>& plans, std::vector<RowView>& views,
+                         const char* call = "draft_many_view");
     // The plan draft() would make now; changes nothing (the same checks as
     // draft, strict mode's included).
     RoundPlan peek(std::int64_t seq, std::int64_t n_past) const;
@@ -334,8 +336,12 @@ public:
     // (offsets: n + 1 entries rising from 0 to `total`, cu_seqlens style).
     void process_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                       const std::int64_t* positions, std::size_t total, const void* rows, ElemType type);
+    // `call`: as draft_many_view's (a binding serves this as process_many).
     void process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                                const std::int64_t* positions, std::size_t total, std::int64_t* slots_out);
+    void process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                               const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
+                               const char* call);
     void accept_many(const std::int64_t* seqs, const std::int64_t* n_accepted, std::size_t n);
     void commit_many(const std::int64_t* seqs, std::size_t n);
     // disabled_after (optional, n entries): what fail() returns, per sequence.

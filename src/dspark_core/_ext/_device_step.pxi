@@ -9,29 +9,6 @@ from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_CO
 from dspark_core.stager import device_step as _device_step
 
 
-cdef object _outcome_codes(str call, object outcomes, cnp.ndarray sv):
-    """``to_host``'s outcomes as int32 codes: None (all committed), or one per sequence:
-    None or -1 (the drafter ran), a fail stage name or its code."""
-    cdef Py_ssize_t n = cnp.PyArray_DIM(sv, 0)
-    if outcomes is None:
-        return None
-    items = list(outcomes)
-    if len(items) != n:
-        raise ValueError(f"{call}: {n} sequences for {len(items)} outcomes")
-    codes = np.empty(n, _I32)
-    for i, o in enumerate(items):
-        if o is None:
-            codes[i] = -1
-        elif isinstance(o, str):
-            try:
-                codes[i] = as_choice("outcome", o, FAIL_STAGES)
-            except ValueError as exc:
-                raise ValueError(batch_context(call, i, int(sv[i])) + str(exc)) from None
-        else:
-            codes[i] = as_index("outcome", o)
-    return codes
-
-
 def _step_to_device(Stager st, seqs):
     sv = st._ids("to_device", seqs)
     cdef size_t n = cnp.PyArray_DIM(sv, 0)
@@ -43,7 +20,7 @@ def _step_to_device(Stager st, seqs):
 def _step_to_host(Stager st, seqs, outcomes):
     sv = st._ids("to_host", seqs)
     cdef size_t n = cnp.PyArray_DIM(sv, 0)
-    codes = _outcome_codes("to_host", outcomes, sv)
+    codes = outcome_codes("to_host", outcomes, sv, FAIL_STAGES, batch_context)
     cdef cnp.ndarray disabled = np.zeros(n, _I64)
     cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
     cdef const int32_t* op = NULL

@@ -173,15 +173,15 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void draft_many(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
                         ByteVec& rows_out) except +dspark_translate_exception
         void draft_many_view(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
-                             vector[RowView]& views) except +dspark_translate_exception
+                             vector[RowView]& views, const char* call) except +dspark_translate_exception
         void commit(int64_t seq) except +dspark_translate_exception
         int64_t fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception
         void process_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* positions,
                           size_t total, const void* rows, ElemType type) except +dspark_translate_exception
         void process_external_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens,
-                                   const int64_t* positions, size_t total,
-                                   int64_t* slots_out) except +dspark_translate_exception
+                                   const int64_t* positions, size_t total, int64_t* slots_out,
+                                   const char* call) except +dspark_translate_exception
         void accept_many(const int64_t* seqs, const int64_t* n_accepted, size_t n) except +dspark_translate_exception
         void commit_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
         void fail_many(const int64_t* seqs, const FailStage* stages, size_t n,

@@ -35,7 +35,7 @@ from dspark_core._ext._lib_stager cimport (
 
 from dspark_core.stager._args import (
     as_choice, as_index, as_int64, as_positions, as_seq_ids, batch_ints, batch_rows_args, encoded_args,
-    fail_stage_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
+    fail_stage_codes, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
 from dspark_core.stager.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
@@ -201,15 +201,6 @@ def pad_rows(seqs, row_offsets, values, max_rows, out):
 def batch_context(call, i, seq):
     """What a batch call's error about ``seqs[i]`` starts with (the core's words)."""
     return c_batch_context(call.encode(), i, seq).decode()
-
-
-cdef int _renamed(exc, str core_call, str call) except -1:
-    """Re-raise the core's error about ``core_call`` under the name the caller used
-    (``process_many`` runs the core's ``process_external_many`` in external-row mode)."""
-    msg = str(exc)
-    if msg.startswith(core_call):
-        raise type(exc)(call + msg[len(core_call):]) from None
-    raise exc
 
 
 cdef inline bint _plain_positions(x):
@@ -714,11 +705,8 @@ cdef class Stager:
                                                           (self._external, copy, "draft_many")):
             views = _BatchViews.__new__(_BatchViews)
             views.row_bytes = self._row_bytes
-            try:
-                with nogil:
-                    self._core.draft_many_view(sp, pp, n, plans, views.views)
-            except (ValueError, TypeError, StateError) as exc:
-                _renamed(exc, "draft_many_view", "draft_many")
+            with nogil:  # the core names the call as the caller knows it
+                self._core.draft_many_view(sp, pp, n, plans, views.views, b"draft_many")
             return self._batch_plan(plans, None, views)
         cdef _Bytes out = _Bytes()
         out.pool = self._core.pool()
@@ -804,11 +792,8 @@ cdef class Stager:
         if self._external:
             slots = np.empty(total, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
-            try:
-                with nogil:
-                    self._core.process_external_many(sp, n, cp, pp, total, op)
-            except (ValueError, TypeError, StateError) as exc:
-                _renamed(exc, "process_external_many", "process_many")
+            with nogil:  # the core names the call as the caller knows it
+                self._core.process_external_many(sp, n, cp, pp, total, op, b"process_many")
             return slots
         rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:

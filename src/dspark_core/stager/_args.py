@@ -23,7 +23,7 @@ from . import core_tables
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
     "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
-    "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "fail_stage_codes",
+    "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "fail_stage_codes", "outcome_codes",
     "as_flag", "view_args",
 ]
 
@@ -313,4 +313,29 @@ def fail_stage_codes(call: str, stages: Any, seqs: np.ndarray, choices: Sequence
             codes[i] = as_choice("stage", name, choices)
         except ValueError as exc:
             raise ValueError(context(call, i, int(seqs[i])) + str(exc)) from None
+    return codes
+
+
+def outcome_codes(call: str, outcomes: Any, seqs: np.ndarray, choices: Sequence[str],
+                  context: Callable[[str, int, int], str]) -> np.ndarray | None:
+    """``to_host``'s outcomes as int32 codes: None (every sequence's round committed), or one per
+    sequence: None or -1 (the drafter ran), a fail stage's name or code. A bad name is the
+    stage's error, after ``context(call, i, seq)``."""
+    n = seqs.shape[0]
+    if outcomes is None:
+        return None
+    items = list(outcomes)
+    if len(items) != n:
+        raise ValueError(f"{call}: {n} sequences for {len(items)} outcomes")
+    codes = np.empty(n, np.int32)
+    for i, o in enumerate(items):
+        if o is None:
+            codes[i] = -1
+        elif isinstance(o, str):
+            try:
+                codes[i] = as_choice("outcome", o, choices)
+            except ValueError as exc:
+                raise ValueError(context(call, i, int(seqs[i])) + str(exc)) from None
+        else:
+            codes[i] = as_index("outcome", o)
     return codes
