@@ -9,7 +9,7 @@ included. Layers, bottom up:
              no import from the package
 1 binding    _ext._row_format: the C++ row formats and the core's name tables and limits
 2 contract   stager (core_tables, _args, config, stage_plan, device_step, snapshot_format,
-             protocol_mismatch, pickling), rows.slot_moves, prefix.hit, prefix.block_format:
+             protocol_mismatch, pickling), rows.slot_moves, rows.row_dtypes, prefix.hit, prefix.block_format:
              the tables, the binding's argument conversions, the value types the Stager
              binding takes and returns, how a protocol mismatch is logged, and how a Stager
              is pickled (config plus snapshots)
@@ -50,6 +50,7 @@ LAYERS: dict[str, int] = {
     "rows": 0,
     "rows._bf16": 0,
     "rows.slot_moves": 2,
+    "rows.row_dtypes": 2,
     "rows.ring_owner": 4,
     "rows.host_ring": 4,
     "prefix": 0,

@@ -39,6 +39,7 @@ import numpy as np
 from .. import formats
 from .._ext import _row_format
 from .keys import as_block_data
+from ..rows.row_dtypes import input_row_dtype
 from .hit import PUBLISH, PrefixHit, PrefixHits, PrefixMoves
 
 __all__ = ["PrefixTableOwner"]
@@ -165,7 +166,6 @@ class PrefixTableOwner:
         changes."""
         fn = f"{self._name}.publish_rows"
         cfg = self.store.config
-        from ..rows.ring_owner import input_row_dtype  # (ring_owner imports this module)
 
         a = self._host_rows(rows, fn)
         a = a.view(input_row_dtype(a.dtype, in_dtype, fn))

@@ -39,11 +39,11 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from . import _bf16
 from .. import formats
 from ..stager._args import as_positions
 from ..prefix.hit import PrefixMoves
 from ..prefix.table_owner import PrefixTableOwner
+from .row_dtypes import input_row_dtype, is_row_dtype, row_dtype
 from .slot_moves import RestoredSlots, SlotMoves
 from ..stager.stage_plan import BatchPlan, StagePlan
 
@@ -60,15 +60,6 @@ _CHANGE_CALLS = {
 
 #: A status word's value while nothing was reported (the device kernels' ``~0``).
 STATUS_NONE = np.iinfo(np.uint64).max
-
-#: Row dtypes the owners read and write, besides bfloat16 (ml_dtypes', loaded when first used:
-#: dspark_core.rows._bf16).
-ROW_DTYPES = (np.dtype(np.float32), np.dtype(np.float16))
-
-
-def _is_row_dtype(dt: np.dtype) -> bool:
-    return dt in ROW_DTYPES or _bf16.is_bf16(dt)
-
 
 def _process_many_order(seqs: Any, second: Any, third: Any) -> tuple[Any, Any]:
     """``write_many``'s ``(cu_seqlens, positions)``; the arguments of its first form,
@@ -109,27 +100,6 @@ class BatchStatus(NamedTuple):
         return self.bad_row is None and self.bad_slot_row is None
 
 
-def _row_dtype(dtype: Any) -> np.dtype:
-    """A row dtype given as a name or a dtype (``"bfloat16"``: ml_dtypes' bfloat16)."""
-    if isinstance(dtype, str):
-        return _bf16.as_dtype(dtype)
-    return np.dtype(dtype)
-
-
-def input_row_dtype(dt: np.dtype, in_dtype: Any, fn: str) -> np.dtype:
-    """The row dtype of an input of dtype ``dt`` read as ``in_dtype`` (``"bfloat16"`` reads uint16
-    as bfloat16 bits); TypeError naming ``fn`` for anything else."""
-    if in_dtype is not None:
-        want = _row_dtype(in_dtype)
-        if _bf16.is_bf16(want) and dt == np.dtype(np.uint16):
-            dt = want
-        elif want != dt:
-            raise TypeError(f"{fn}: in_dtype {want} does not match the array's dtype {dt}")
-    if not _is_row_dtype(dt):
-        raise TypeError(f"{fn}: rows dtype {dt} is not supported; expected float32, float16 or bfloat16")
-    return dt
-
-
 class RingOwner:
     """The shared part of an external-row Stager's row owner (see the module docstring).
 
@@ -162,7 +132,7 @@ class RingOwner:
         self.row_bytes = formats.row_bytes(self.storage, self.feature_dim)  # ConfigError for q + D % 32
         self.ring_rows = int(stager.ring_rows)
         self.rows = int(cfg.max_seqs) * self.ring_rows
-        self.stage_dtype = _row_dtype(cfg.stage_dtype)
+        self.stage_dtype = row_dtype(cfg.stage_dtype)
         # Rows are held to encode_bounds(storage, stage_dtype), as a held Stager's
         # process() does: rows staged in a narrower type than the storage decodes to
         # (f32 rows staged as float16) must stay below that type's limit.
@@ -333,8 +303,8 @@ class RingOwner:
             self._check_round(int(plan.seqs[i]), int(plan.round[i]), int(open_rounds[stale[0]]))
 
     def _out_dtype(self, dtype: Any, fn: str) -> np.dtype:
-        odt = self.stage_dtype if dtype is None else _row_dtype(dtype)
-        if not _is_row_dtype(odt):
+        odt = self.stage_dtype if dtype is None else row_dtype(dtype)
+        if not is_row_dtype(odt):
             raise TypeError(f"{fn}: dtype {odt} is not supported; expected float32, float16 or bfloat16")
         return odt
 
