@@ -95,7 +95,8 @@ def build_c_program(source: Path, out_dir: Path) -> Path:
     """Compiles a C program of bench/ against the installed package's C SDK (as docs/c_api.md builds one)."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or "cc"
     exe = out_dir / source.stem
-    cmd = [cc, "-O2", "-std=c99", str(source), f"-I{ds.get_include()}", f"-L{ds.get_library_dir()}",
+    lib = ds.get_library_dir()  # the shared core: found at run time through the run path
+    cmd = [cc, "-O2", "-std=c99", str(source), f"-I{ds.get_include()}", f"-L{lib}", f"-Wl,-rpath,{lib}",
            "-ldspark_core", "-lstdc++", "-lm", "-lpthread", "-o", str(exe)]
     subprocess.run(cmd, check=True)
     return exe
