@@ -241,6 +241,48 @@ def test_pad_rows_checks_the_offsets():
     assert out.tolist() == [[0, 1, -1], [2, -1, -1]]
 
 
+@settings(max_examples=150, deadline=None, phases=[Phase.generate])
+@given(counts=hst.lists(hst.integers(0, 9), min_size=0, max_size=8), width=hst.integers(0, 9),
+       wide=hst.booleans())
+def test_the_twins_padded_layout_is_the_cores(counts: list[int], width: int, wide: bool) -> None:
+    """BatchPlan.padded lays rows out with the core's pad_rows; the twin's pad_rows,
+    written independently, gives the same arrays and the same refusal on the same input."""
+    from dspark_core._ext import _row_format
+
+    dtype = np.int64 if wide else np.int32
+    seqs = np.arange(100, 100 + len(counts), dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    values = np.arange(7, 7 + int(offsets[-1]), dtype=dtype)
+    got = [np.full((len(counts), width), 5, dtype) for _ in range(2)]
+    errors = []
+    for fn, out in zip((_row_format.pad_rows, pad_rows), got):
+        try:
+            fn(seqs, offsets, values, width, out)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    assert errors[0] == errors[1]
+    assert (errors[0] is None) == all(c <= width for c in counts)
+    assert got[0].tolist() == got[1].tolist()  # also both untouched when refused
+
+
+def test_a_batch_plan_holds_values_only():
+    """A BatchPlan (core and twin) holds arrays and values and calls nothing of its maker:
+    no attribute of it or of its shared context is a function or bound method."""
+    import types
+
+    for make in (Stager, ReferenceStager):
+        for copy in (True, False):
+            stg = make(StagerConfig(feature_dim=64, block_size=4, window=24, max_seqs=2, storage="q8_0"))
+            stg.process(0, list(range(30)), massive_rows(np.random.default_rng(5), 30, 64))
+            bp = stg.draft_many([0], [30], copy=copy)
+            bp.rows, bp.row_runs, bp.padded(), bp.plans  # noqa: B018 - everything derived
+            held = [*vars(bp).values(), *bp._ctx]
+            kinds = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
+            assert not [v for v in held if isinstance(v, kinds)], (make, copy)
+            assert bp.rows.shape == (int(bp.row_offsets[-1]), 64) and bp.rows.dtype == np.float32
+
+
 # -- reservations ---------------------------------------------------------------------------
 
 

@@ -36,6 +36,29 @@ void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets,
     if (row_offsets) row_offsets[n] = at;
 }
 
+#define DSPARK_BATCH_ROW_NAME(column, field) #column,
+const char* const BATCH_META_ROWS[] = {DSPARK_BATCH_META_ROWS(DSPARK_BATCH_ROW_NAME) "row_offsets", nullptr};
+const char* const BATCH_FLAG_ROWS[] = {DSPARK_BATCH_FLAG_ROWS(DSPARK_BATCH_ROW_NAME) nullptr};
+#undef DSPARK_BATCH_ROW_NAME
+
+void pack_plans(const RoundPlan* plans, std::size_t n, std::int64_t* meta, std::uint8_t* flags,
+                std::int32_t* positions, std::int64_t* slots) noexcept {
+    const std::size_t w = n + 1;  // meta's row length
+    std::int64_t* m = meta;
+#define DSPARK_PACK_META(column, field)                                                         \
+    for (std::size_t i = 0; i < n; ++i) m[i] = static_cast<std::int64_t>(plans[i].field); \
+    m += w;
+    DSPARK_BATCH_META_ROWS(DSPARK_PACK_META)
+#undef DSPARK_PACK_META
+    std::uint8_t* f = flags;
+#define DSPARK_PACK_FLAG(column, field)                                                         \
+    for (std::size_t i = 0; i < n; ++i) f[i] = static_cast<std::uint8_t>(plans[i].field); \
+    f += n;
+    DSPARK_BATCH_FLAG_ROWS(DSPARK_PACK_FLAG)
+#undef DSPARK_PACK_FLAG
+    plan_rows(plans, n, m, positions, slots);  // m: the row_offsets row
+}
+
 namespace {
 
 // The padded layout's one rule: a sequence's rows fit in max_rows.

@@ -10,6 +10,7 @@
 // checksummed while they are copied, in one pass (crc32c_copy).
 #include <array>
 #include <cstring>
+#include <new>
 #include <string>
 
 #include "dspark/byte_buffer.hpp"
@@ -151,6 +152,19 @@ std::size_t Stager::snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size
                              std::to_string(need), need);
     write_snapshot(s, dst);
     return need;
+}
+
+std::size_t Stager::snapshot_alloc(std::int64_t seq, SnapshotAlloc alloc, void* ctx) const {
+    for (;;) {
+        const std::size_t n = snapshot_size(seq);
+        std::uint8_t* dst = alloc(n, ctx);  // no lock held: see stager.hpp
+        if (!dst) throw std::bad_alloc();
+        auto lock = lock_seq(seq);
+        const Seq& s = ready(seq);
+        if (snapshot_bytes(s) != n) continue;  // changed in between: size it again
+        write_snapshot(s, dst);
+        return n;
+    }
 }
 
 std::vector<std::uint8_t> Stager::snapshot(std::int64_t seq) const {

@@ -644,3 +644,51 @@ TEST_CASE(crossing_forks_and_batches_never_deadlock) {
 }
 
 TEST_MAIN()
+
+// pack_plans lays each plan's fields into the rows its name lists give
+// (seqs, start, pos_base, crop_from, round, row_offsets; skip_code, rebase,
+// clear_cache), and its positions and slots as plan_rows does.
+TEST_CASE(pack_plans_writes_each_field_in_its_named_row) {
+    Stager s(opts(RowMode::Held));
+    auto feed = [&](std::int64_t q, std::int64_t n) {
+        auto p = span(0, n);
+        auto r = rows_for(0, n, float(q));
+        s.process(q, p.data(), std::size_t(n), r.data(), ElemType::F32);
+    };
+    feed(0, 9);
+    feed(2, 30);  // past the window: a rebase
+    s.begin(3);   // empty: a skip
+    const std::int64_t seqs[] = {2, 3, 0}, pasts[] = {30, 0, 9};
+    std::vector<RoundPlan> plans;
+    ByteVec rows;
+    s.draft_many(seqs, pasts, 3, plans, rows);
+    const std::vector<std::string> meta_names = {"seqs", "start", "pos_base", "crop_from", "round", "row_offsets"};
+    const std::vector<std::string> flag_names = {"skip_code", "rebase", "clear_cache"};
+    for (std::size_t k = 0; k <= meta_names.size(); ++k)
+        CHECK(k < meta_names.size() ? BATCH_META_ROWS[k] == meta_names[k] : BATCH_META_ROWS[k] == nullptr);
+    for (std::size_t k = 0; k <= flag_names.size(); ++k)
+        CHECK(k < flag_names.size() ? BATCH_FLAG_ROWS[k] == flag_names[k] : BATCH_FLAG_ROWS[k] == nullptr);
+    const std::size_t n = plans.size(), w = n + 1;
+    std::int64_t total = 0;
+    for (auto& p : plans) total += p.n_rows;
+    const auto rows_n = static_cast<std::size_t>(total);
+    std::vector<std::int64_t> meta(6 * w, -7), slots(rows_n), ref_off(w), ref_slots(rows_n);
+    std::vector<std::uint8_t> flags(3 * n, 0xEE);
+    std::vector<std::int32_t> pos(rows_n), ref_pos(rows_n);
+    pack_plans(plans.data(), n, meta.data(), flags.data(), pos.data(), slots.data());
+    plan_rows(plans.data(), n, ref_off.data(), ref_pos.data(), ref_slots.data());
+    CHECK(plans[0].rebase && plans[1].skip != Skip::None && plans[2].skip == Skip::None);
+    for (std::size_t i = 0; i < n; ++i) {
+        const RoundPlan& p = plans[i];
+        CHECK_EQ(meta[0 * w + i], p.seq);
+        CHECK_EQ(meta[1 * w + i], p.start);
+        CHECK_EQ(meta[2 * w + i], p.pos_base);
+        CHECK_EQ(meta[3 * w + i], p.crop_from);
+        CHECK_EQ(meta[4 * w + i], std::int64_t(p.round));
+        CHECK_EQ(int(flags[0 * n + i]), int(p.skip));
+        CHECK_EQ(int(flags[1 * n + i]), int(p.rebase));
+        CHECK_EQ(int(flags[2 * n + i]), int(p.clear_cache));
+    }
+    for (std::size_t i = 0; i < w; ++i) CHECK_EQ(meta[5 * w + i], ref_off[i]);
+    CHECK(pos == ref_pos && slots == ref_slots);
+}

@@ -229,6 +229,35 @@ TEST_CASE(snapshot_into_a_buffer_and_restore_from_it) {
     }
 }
 
+// snapshot_alloc sizes, allocates with no lock held, and sizes again when the
+// sequence changed in between (here: the allocator itself appends rows, as
+// another thread could); the bytes equal snapshot()'s, and a failed
+// allocation is std::bad_alloc with nothing else changed.
+TEST_CASE(snapshot_alloc_sizes_again_when_the_sequence_grew_in_between) {
+    Stager s(opts(4, 12, Storage::Q8_0, 3));
+    process(s, 0, 0, 5);  // fewer rows than the window keeps: 3 more grow the snapshot
+    struct Ctx {
+        Stager* st;
+        int calls = 0;
+        std::vector<std::uint8_t> buf;
+    } ctx{&s};
+    auto alloc = [](std::size_t n, void* c) -> std::uint8_t* {
+        auto* x = static_cast<Ctx*>(c);
+        if (x->calls++ == 0) process(*x->st, 0, 5, 3, 0.75f);  // the sequence grows before the write
+        x->buf.assign(n, 0xEE);
+        return x->buf.data();
+    };
+    const std::size_t before = s.snapshot_size(0);
+    const std::size_t n = s.snapshot_alloc(0, alloc, &ctx);
+    CHECK_EQ(ctx.calls, 2);
+    CHECK(n > before);
+    CHECK_EQ(n, ctx.buf.size());
+    CHECK(ctx.buf == s.snapshot(0));
+    auto refuse = [](std::size_t, void*) -> std::uint8_t* { return nullptr; };
+    CHECK_THROWS(s.snapshot_alloc(0, refuse, nullptr), std::bad_alloc);
+    CHECK_EQ(s.state(0).end, 8);
+}
+
 TEST_CASE(damaged_rows_leave_the_slot_untouched) {
     Stager s(opts(4, 12, Storage::F16, 3));
     process(s, 0, 0, 30);

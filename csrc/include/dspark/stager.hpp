@@ -396,6 +396,15 @@ public:
     // (std::invalid_argument, nothing changed).
     std::size_t snapshot_size(std::int64_t seq) const;
     std::size_t snapshot_into(std::int64_t seq, std::uint8_t* dst, std::size_t cap) const;
+    // A snapshot into memory the caller allocates: alloc(bytes, ctx) returns
+    // `bytes` writable bytes (null: std::bad_alloc) and runs with no lock of
+    // this Stager held, so it may take the caller's own locks (a GIL) without
+    // deadlocking a thread that holds those and waits for the sequence. If
+    // another thread changed the sequence's size in between, the core sizes
+    // and allocates again (the retry lives here, once). Returns the bytes
+    // written, all of the last allocation.
+    using SnapshotAlloc = std::uint8_t* (*)(std::size_t bytes, void* ctx);
+    std::size_t snapshot_alloc(std::int64_t seq, SnapshotAlloc alloc, void* ctx) const;
     std::vector<std::uint8_t> snapshot(std::int64_t seq) const;
     void restore(std::int64_t seq, const std::uint8_t* data, std::size_t nbytes, SlotRun* runs_out = nullptr,
                  std::uint64_t* serial = nullptr);
@@ -736,6 +745,28 @@ private:
 // output array may be null (not written).
 void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets, std::int32_t* positions,
                std::int64_t* slots) noexcept;
+// The per-sequence columns of a batch plan (the Python BatchPlan's arrays),
+// one list each so the binding and BatchPlan name rows through it: int64 rows
+// of `meta` (n + 1 columns; the last row, row_offsets, fills all of them, the
+// others their first n) and uint8 rows of `flags` (n columns). X(column, field).
+#define DSPARK_BATCH_META_ROWS(X) \
+    X(seqs, seq)                  \
+    X(start, start)               \
+    X(pos_base, pos_base)         \
+    X(crop_from, crop_from)       \
+    X(round, round)
+#define DSPARK_BATCH_FLAG_ROWS(X) \
+    X(skip_code, skip)            \
+    X(rebase, rebase)             \
+    X(clear_cache, clear_cache)
+// The row names, in order, null-terminated; BATCH_META_ROWS ends with
+// "row_offsets" (plan_rows' offsets, the last row of meta).
+extern const char* const BATCH_META_ROWS[];
+extern const char* const BATCH_FLAG_ROWS[];
+// plans as a batch: meta int64 [meta rows][n + 1], flags uint8 [flag rows][n],
+// and plan_rows' positions and slots (the plans' n_rows summed).
+void pack_plans(const RoundPlan* plans, std::size_t n, std::int64_t* meta, std::uint8_t* flags,
+                std::int32_t* positions, std::int64_t* slots) noexcept;
 // The padded layout from CSR rows: rows [row_offsets[i], row_offsets[i + 1])
 // of `values` (`total` entries) into row i of the [n, max_rows] array `out`,
 // the rest -1 (seqs: the batch's ids, for the std::invalid_argument naming a

@@ -36,6 +36,9 @@ cdef extern from "dspark/step_math.hpp" nogil:
     int STEP_FIELD_COUNT "dspark::device_step::FIELD_COUNT"
 
 
+# Stager::snapshot_alloc's allocator: runs with no core lock held (it may take the GIL).
+ctypedef uint8_t* (*SnapshotAlloc)(size_t bytes, void* ctx) noexcept nogil
+
 cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     int64_t TRIM_CHUNK
     int64_t MAX_POSITION
@@ -203,6 +206,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         size_t snapshot_size(int64_t seq) except +dspark_translate_exception
         size_t snapshot_into(int64_t seq, uint8_t* dst, size_t cap) except +dspark_translate_exception
         vector[uint8_t] snapshot(int64_t seq) except +dspark_translate_exception
+        size_t snapshot_alloc(int64_t seq, SnapshotAlloc alloc, void* ctx) except +dspark_translate_exception
         void restore(int64_t seq, const uint8_t* data, size_t nbytes, SlotRun* runs_out,
                      uint64_t* serial) except +dspark_translate_exception
         int64_t check_restore(int64_t seq, const uint8_t* data, size_t nbytes) except +dspark_translate_exception
@@ -229,6 +233,11 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const char* row_mode_name(RowMode m)
     string mismatch_cause(int64_t n_past, int64_t end) except +dspark_translate_exception
     void plan_rows(const RoundPlan* plans, size_t n, int64_t* row_offsets, int32_t* positions, int64_t* slots)
+    # The batch plan's rows (names null-terminated) and its one packer.
+    const char* const* BATCH_META_ROWS
+    const char* const* BATCH_FLAG_ROWS
+    void pack_plans(const RoundPlan* plans, size_t n, int64_t* meta, uint8_t* flags, int32_t* positions,
+                    int64_t* slots)
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int32_t* values, size_t total,
                   size_t max_rows, int32_t* out) except +dspark_translate_exception
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int64_t* values, size_t total,

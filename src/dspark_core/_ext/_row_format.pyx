@@ -10,7 +10,7 @@ import numpy as np
 from dspark_core.rows import _bf16
 
 cimport numpy as cnp
-from libc.stdint cimport int64_t, uint8_t
+from libc.stdint cimport int32_t, int64_t, uint8_t
 from libc.string cimport memcpy
 from libcpp.string_view cimport string_view
 
@@ -18,7 +18,7 @@ from dspark_core._ext._lib_row_format cimport (
     Storage, ElemType, NonFinite, EncodeBounds, encode_bounds as c_encode_bounds,
     row_bytes as c_row_bytes, elem_bytes as c_elem_bytes, storage_from_name, storage_name,
     storage_block_elems, nonfinite_name, STORAGE_COUNT,
-    encode_rows, decode_rows, find_nonfinite as c_find_nonfinite,
+    encode_rows, decode_rows, find_nonfinite as c_find_nonfinite, staged_as_stored as c_staged_as_stored,
     dspark_set_error_types, find_unencodable,
     KernelFamily, KERNEL_ENV as C_KERNEL_ENV, KERNEL_ENV_DEPRECATED as C_KERNEL_ENV_DEPRECATED,
     kernel_family_name, kernel_path_name, kernel_path_count, kernel_path_from_name, kernel_path_supported,
@@ -32,6 +32,7 @@ from dspark_core._ext._lib_stager cimport (
     MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT, w_keep as c_w_keep,
     ring_rows as c_ring_rows,
     FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
+    BATCH_META_ROWS as C_BATCH_META_ROWS, BATCH_FLAG_ROWS as C_BATCH_FLAG_ROWS, pad_rows as c_pad_rows,
 )
 from dspark_core._ext._lib_prefix_store cimport (
     PREFIX_HIT_FIELDS as C_PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS as C_PREFIX_STATS_FIELDS,
@@ -90,6 +91,15 @@ ROW_MODES = _names(_row_mode_name, 0)
 #: Element types rows come in and are staged out in (numpy names; dspark::ElemType).
 ELEM_TYPES = tuple(elem_name(<ElemType><uint8_t>i).decode() for i in range(ELEM_TYPE_COUNT))
 
+cdef tuple _name_list(const char* const* names):
+    out = []
+    cdef size_t i = 0
+    while names[i] != NULL:
+        out.append(names[i].decode())
+        i += 1
+    return tuple(out)
+
+
 cdef tuple _field_names(const FieldInfo* f):
     out = []
     cdef size_t i = 0
@@ -106,6 +116,11 @@ SEQ_STATE_FIELDS = _field_names(C_SEQ_STATE_FIELDS)
 SEQ_STATS_FIELDS = _field_names(C_SEQ_STATS_FIELDS)
 PREFIX_HIT_FIELDS = _field_names(C_PREFIX_HIT_FIELDS)
 PREFIX_STATS_FIELDS = _field_names(C_PREFIX_STATS_FIELDS)
+
+# The rows of a batch plan's two packed arrays, in order (dspark/stager.hpp,
+# pack_plans): int64 ``meta`` (the last row row_offsets) and uint8 ``flags``.
+BATCH_META_ROWS = _name_list(C_BATCH_META_ROWS)
+BATCH_FLAG_ROWS = _name_list(C_BATCH_FLAG_ROWS)
 
 # The core's limits (dspark/stager.hpp).
 TRIM_CHUNK = C_TRIM_CHUNK
@@ -285,6 +300,41 @@ def decode(cnp.ndarray data not None, str storage, size_t dim, out_dtype=np.floa
     with nogil:
         decode_rows(sp, s, dp, et, n, dim)
     return out
+
+
+def staged_as_stored(str storage, stage_dtype):
+    """The core's rule: rows of ``storage`` staged as ``stage_dtype`` are their stored
+    bytes viewed as that dtype (nothing to decode)."""
+    return c_staged_as_stored(_storage(storage), _elem_of_dtype(stage_dtype, "staged_as_stored"))
+
+
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+
+
+def pad_rows(seqs, row_offsets, values, max_rows, out):
+    """The core's padded layout (``BatchPlan.padded``): CSR rows of ``values`` (int32 or
+    int64) into the rows of ``out`` (``(len(seqs), max_rows)``, the same dtype), the rest -1;
+    ValueError (naming the sequence) when one has more than ``max_rows`` rows, ``out``
+    then unwritten."""
+    cdef cnp.ndarray sv = np.ascontiguousarray(seqs, _I64)
+    cdef cnp.ndarray cu = np.ascontiguousarray(row_offsets, _I64)
+    cdef cnp.ndarray v = np.ascontiguousarray(values)
+    cdef cnp.ndarray o = out
+    cdef size_t n = sv.shape[0], m = max_rows, total = v.shape[0]
+    if cu.ndim != 1 or cu.shape[0] != n + 1 or v.ndim != 1 or o.dtype != v.dtype or not o.flags.c_contiguous \
+            or o.ndim != 2 or o.shape[0] != n or o.shape[1] != m or not o.flags.writeable:
+        raise ValueError("pad_rows: inconsistent shapes")
+    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(cu)
+    if v.dtype == _I32:
+        with nogil:
+            c_pad_rows(sp, n, cp, <const int32_t*>cnp.PyArray_DATA(v), total, m, <int32_t*>cnp.PyArray_DATA(o))
+    elif v.dtype == _I64:
+        with nogil:
+            c_pad_rows(sp, n, cp, <const int64_t*>cnp.PyArray_DATA(v), total, m, <int64_t*>cnp.PyArray_DATA(o))
+    else:
+        raise TypeError(f"pad_rows: values must be int32 or int64, got {v.dtype}")
 
 
 def find_nonfinite(cnp.ndarray src not None):

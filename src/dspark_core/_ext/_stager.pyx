@@ -27,9 +27,9 @@ from dspark_core._ext._lib_row_format cimport (
 )
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, RowView, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    RowMode, RowOptions, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, plan_rows, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
+    RowMode, RowOptions, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, pack_plans, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
-    crc32c as c_crc32c, pad_rows as c_pad_rows, batch_context as c_batch_context,
+    crc32c as c_crc32c, batch_context as c_batch_context,
     copy_slot_rows as copy_slot_rows_core,
 )
 
@@ -58,6 +58,9 @@ _SKIPS = (None, *SKIP_REASONS)
 _FAIL_STAGES = {name: <FailStage><uint8_t>i for i, name in enumerate(FAIL_STAGES)}
 _U8 = np.dtype(np.uint8)
 _I32 = np.dtype(np.int32)
+# Rows of the core's batch layout (pack_plans).
+cdef size_t _META_ROWS = len(_row_format.BATCH_META_ROWS)
+cdef size_t _FLAG_ROWS = len(_row_format.BATCH_FLAG_ROWS)
 _I64 = np.dtype(np.int64)
 # The batch calls that take only sequence ids (Stager._on_seqs).
 cdef enum _SeqsCall:
@@ -173,29 +176,6 @@ def copy_slot_rows(src, dst, moves):
     cdef int64_t src_rows = s.shape[0], dst_rows = d.shape[0]
     with nogil:
         copy_slot_rows_core(mp, n, sp, src_rows, dp, dst_rows, row_bytes)
-
-
-def pad_rows(seqs, row_offsets, values, max_rows, out):
-    """The core's padded layout (``BatchPlan.padded``): CSR rows of ``values`` (int32 or
-    int64) into the rows of ``out`` (``(len(seqs), max_rows)``, the same dtype), the rest -1."""
-    cdef cnp.ndarray sv = np.ascontiguousarray(seqs, _I64)
-    cdef cnp.ndarray cu = np.ascontiguousarray(row_offsets, _I64)
-    cdef cnp.ndarray v = np.ascontiguousarray(values)
-    cdef cnp.ndarray o = out
-    cdef size_t n = sv.shape[0], m = max_rows, total = v.shape[0]
-    if cu.ndim != 1 or cu.shape[0] != n + 1 or v.ndim != 1 or o.dtype != v.dtype or not o.flags.c_contiguous \
-            or o.ndim != 2 or o.shape[0] != n or o.shape[1] != m or not o.flags.writeable:
-        raise ValueError("pad_rows: inconsistent shapes")
-    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-    cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(cu)
-    if v.dtype == _I32:
-        with nogil:
-            c_pad_rows(sp, n, cp, <const int32_t*>cnp.PyArray_DATA(v), total, m, <int32_t*>cnp.PyArray_DATA(o))
-    elif v.dtype == _I64:
-        with nogil:
-            c_pad_rows(sp, n, cp, <const int64_t*>cnp.PyArray_DATA(v), total, m, <int64_t*>cnp.PyArray_DATA(o))
-    else:
-        raise TypeError(f"pad_rows: values must be int32 or int64, got {v.dtype}")
 
 
 def batch_context(call, i, seq):
@@ -316,14 +296,38 @@ cdef tuple _view_runs(RowView& v, size_t row_bytes):
     return tuple(out)
 
 
+cdef class _SnapshotBytes:
+    """The bytes object ``snapshot`` returns, made by the core's allocator call."""
+    cdef object data
+
+
+cdef uint8_t* _snapshot_bytes(size_t n, void* ctx) noexcept with gil:
+    """Stager::snapshot_alloc's allocator: a bytes object written in place (no second
+    copy). The core calls it with none of its locks held, so taking the GIL here
+    cannot deadlock; it calls again if the sequence changed size in between."""
+    cdef _SnapshotBytes out = <_SnapshotBytes>ctx
+    try:
+        out.data = PyBytes_FromStringAndSize(NULL, n)
+    except MemoryError:
+        out.data = None
+        return NULL  # the core raises std::bad_alloc: MemoryError
+    cdef char* dp = PyBytes_AS_STRING(out.data)
+    advise_huge_pages(dp, n)  # fresh memory: fault it in 2 MiB at a time
+    return <uint8_t*>dp
+
+
 cdef class _BatchViews:
     """The rows of ``draft_many(..., copy=False)``: each sequence's runs where they lie in
-    its ring (the core's RowViews, which share the rings' storage); ``views(i)`` gives
-    the ``i``-th sequence's as read-only arrays (``_view_runs``)."""
+    its ring (the core's RowViews, which share the rings' storage). A sequence of
+    values: ``views[i]`` is the ``i``-th sequence's runs as read-only arrays
+    (``_view_runs``), made when read."""
     cdef vector[RowView] views
     cdef size_t row_bytes
 
-    def __call__(self, Py_ssize_t i):
+    def __len__(self):
+        return self.views.size()
+
+    def __getitem__(self, Py_ssize_t i):
         if i < 0 or <size_t>i >= self.views.size():
             raise IndexError(i)
         return _view_runs(self.views[i], self.row_bytes)
@@ -723,26 +727,14 @@ cdef class Stager:
         for i in range(n):
             total += plans[i].n_rows
             reports += plans[i].report_mismatch
-        # int64 rows: seq, start, pos_base, crop_from, round, row_offsets (n + 1 columns)
-        cdef cnp.ndarray meta = np.empty((6, n + 1), _I64)
-        cdef cnp.ndarray flags = np.empty((3, n), _U8)  # skip code, rebase, clear_cache
+        # The core's batch layout (pack_plans; its rows named by BATCH_META_ROWS / BATCH_FLAG_ROWS).
+        cdef cnp.ndarray meta = np.empty((_META_ROWS, n + 1), _I64)
+        cdef cnp.ndarray flags = np.empty((_FLAG_ROWS, n), _U8)
         cdef cnp.ndarray positions = np.empty(total, _I32)
         cdef cnp.ndarray slots = np.empty(total, _I64)
-        cdef int64_t* m = <int64_t*>cnp.PyArray_DATA(meta)
-        cdef uint8_t* f = <uint8_t*>cnp.PyArray_DATA(flags)
-        cdef size_t w = n + 1
         with nogil:
-            for i in range(n):
-                m[i] = plans[i].seq
-                m[w + i] = plans[i].start
-                m[2 * w + i] = plans[i].pos_base
-                m[3 * w + i] = plans[i].crop_from
-                m[4 * w + i] = <int64_t>plans[i].round
-                f[i] = <uint8_t>plans[i].skip
-                f[n + i] = plans[i].rebase
-                f[2 * n + i] = plans[i].clear_cache
-            plan_rows(plans.data(), n, m + 5 * w, <int32_t*>cnp.PyArray_DATA(positions),
-                      <int64_t*>cnp.PyArray_DATA(slots))
+            pack_plans(plans.data(), n, <int64_t*>cnp.PyArray_DATA(meta), <uint8_t*>cnp.PyArray_DATA(flags),
+                       <int32_t*>cnp.PyArray_DATA(positions), <int64_t*>cnp.PyArray_DATA(slots))
         if reports:  # the core's reports, once per sequence: this layer only logs them
             for i in range(n):
                 if plans[i].report_mismatch:
@@ -751,8 +743,8 @@ cdef class Stager:
         enc = None if self._external or out is None else np.frombuffer(out, _U8).reshape(total, self._row_bytes)
         if self._batch_ctx is None:
             self._batch_ctx = BatchContext(self._B, self._D, self._row_bytes, self._stage_dtype,
-                                           self._core.max_plan_rows(), pad_rows, self._decoder, self._external,
-                                           self if self._external else None)
+                                           self._core.max_plan_rows(), self.config.storage, self._view_rows,
+                                           self._external, self if self._external else None)
         return BatchPlan.packed(self._batch_ctx, meta, flags, positions, slots, enc, views)
 
     # -- batches: one call for many sequences (docs/design.md 2.9) ------------
@@ -1034,22 +1026,10 @@ cdef class Stager:
     def snapshot(self, seq):
         """The sequence's state as versioned, checksummed bytes (``snapshot_format``)."""
         cdef int64_t s = _i64("seq", seq)
-        cdef size_t n, written
-        cdef char* dp
-        while True:
-            with nogil:
-                n = self._core.snapshot_size(s)
-            out = PyBytes_FromStringAndSize(NULL, n)  # written in place, no second copy
-            dp = PyBytes_AS_STRING(out)
-            advise_huge_pages(dp, n)  # fresh memory: fault it in 2 MiB at a time
-            try:
-                with nogil:
-                    written = self._core.snapshot_into(s, <uint8_t*>dp, n)
-            except ValueError:
-                if self.snapshot_size(s) != n:
-                    continue  # another thread changed the sequence in between
-                raise
-            return out if written == n else out[:written]
+        cdef _SnapshotBytes out = _SnapshotBytes()
+        with nogil:
+            self._core.snapshot_alloc(s, _snapshot_bytes, <void*>out)
+        return out.data
 
     def restore(self, seq, data):
         """Replace the sequence's state with a snapshot; bad data raises ValueError and changes nothing.

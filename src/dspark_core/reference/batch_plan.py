@@ -2,9 +2,11 @@
 
 ``ReferenceStager.draft_many`` plans each sequence as ``draft`` does (one
 :class:`StagePlan` each) and lays the plans out here, field by field, in the
-array form the core's batch plan has (CSR rows, per-sequence columns); the
-padded form of :meth:`BatchPlan.padded` is :func:`pad_rows`, spelled out
-again so that the differential tests compare two independent layouts.
+array form the core's batch plan has (CSR rows, per-sequence columns).
+:meth:`BatchPlan.padded` lays a plan out with the core's ``pad_rows`` (a
+BatchPlan is a value that computes what it derives itself); :func:`pad_rows`
+is that layout spelled out again, and the differential tests compare the two
+on the same arrays.
 """
 
 from __future__ import annotations
@@ -44,13 +46,27 @@ def _column(plans: Sequence[StagePlan], field: str, dtype: Any) -> np.ndarray:
     return np.array([getattr(p, field) for p in plans], dtype).reshape(len(plans))
 
 
+#: The storages whose bytes are a float dtype's (the twin's own statement of the
+#: core's ``staged_as_stored``): rows staged in that dtype are a view of them.
+_STORED_AS = {"f32": "float32", "f16": "float16", "bf16": "bfloat16"}
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view (a zero-copy plan's runs are, as the core's views of its rings)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
 def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int, row_bytes: int, stage_dtype: Any,
-               max_plan_rows: int, external: bool, source: Any,
+               max_plan_rows: int, storage: str, external: bool, source: Any,
                decode: Callable[[np.ndarray], np.ndarray] | None = None, zero_copy: bool = False) -> BatchPlan:
     """The plans (one per sequence, in request order) as one :class:`BatchPlan`.
 
-    ``decode`` (held mode): the encoded rows of all plans, concatenated, to the stage dtype.
-    ``zero_copy``: the plans are ``copy=False`` plans; the batch hands out their runs.
+    ``decode`` (held mode): the encoded rows of all plans, concatenated, to
+    the stage dtype (decoded here, by the twin). ``zero_copy``: the plans are
+    ``copy=False`` plans; the batch hands out their runs (and decodes them
+    itself when read).
     """
     n_rows = [p.n_rows for p in plans]
     row_offsets = np.zeros(len(plans) + 1, np.int64)
@@ -59,8 +75,7 @@ def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int,
     slots = np.concatenate([np.zeros(0, np.int64), *(p.slots for p in plans)]).astype(np.int64)
     enc = decoded = views = None
     if zero_copy:
-        runs = [p.encoded_runs for p in plans]
-        views = runs.__getitem__
+        views = [tuple(_read_only(r) for r in p.encoded_runs) for p in plans]
     elif not external:
         enc = np.concatenate([np.zeros((0, row_bytes), np.uint8), *(p.encoded_rows for p in plans)])
         decoded = decode(enc) if decode is not None else None
@@ -72,5 +87,6 @@ def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int,
         crop_from=_column(plans, "crop_from", np.int64), round=_column(plans, "round", np.int64),
         row_offsets=row_offsets, positions=positions, slots=slots, block_size=block_size,
         feature_dim=feature_dim, row_bytes=row_bytes, stage_dtype=stage_dtype, max_plan_rows=max_plan_rows,
-        pad=pad_rows, encoded_rows=enc, rows=decoded, decode=decode, external=external, source=source, views=views,
+        storage=storage, view_rows=_STORED_AS.get(storage) == np.dtype(stage_dtype).name, encoded_rows=enc,
+        rows=decoded, external=external, source=source, views=views,
     )

@@ -669,8 +669,9 @@ class ReferenceStager(DeviceStepMixin):
         c = self.config
         return batch_plan(
             plans, block_size=c.block_size, feature_dim=c.feature_dim, row_bytes=self._row_bytes,
-            stage_dtype=c.numpy_stage_dtype, max_plan_rows=c.window - c.block_size, external=self._external,
-            source=self if self._external else None, decode=None if self._external else self._decode,
+            stage_dtype=c.numpy_stage_dtype, max_plan_rows=c.window - c.block_size, storage=c.storage,
+            external=self._external, source=self if self._external else None,
+            decode=None if self._external else self._decode,
             zero_copy=views,
         )
 

@@ -24,10 +24,11 @@ reads them from its own table at ``plan.slots`` (``DeviceRing.gather``), and
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
+from .._ext import _row_format
 from .core_tables import FAIL_STAGES, SKIP_REASONS
 
 __all__ = ["StagePlan", "split_runs", "BatchPlan", "BatchContext", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
@@ -306,11 +307,13 @@ class PaddedRows(NamedTuple):
     slots: np.ndarray  # int64 global slots
 
 
-#: Pads CSR rows into ``(N, max_rows)``: ``pad(seqs, row_offsets, values, max_rows, out)``.
-_Padder = Callable[[np.ndarray, np.ndarray, np.ndarray, int, np.ndarray], None]
+#: A zero-copy batch's rows: ``views[i]``, the runs of its ``i``-th sequence.
+_Runs = Sequence["tuple[np.ndarray, ...]"]
 
-#: A zero-copy batch's views: ``views(i)``, the runs of its ``i``-th sequence.
-_RunsOf = Callable[[int], "tuple[np.ndarray, ...]"]
+#: Where each per-sequence array lies in a packed plan's two arrays (the core's
+#: batch layout, pack_plans): row of ``meta`` (int64) / of ``flags`` (uint8).
+_META_ROW = {name: k for k, name in enumerate(_row_format.BATCH_META_ROWS)}
+_FLAG_ROW = {name: k for k, name in enumerate(_row_format.BATCH_FLAG_ROWS)}
 
 
 #: A :class:`BatchPlan`'s arrays (per sequence, then per context row): what two
@@ -320,15 +323,15 @@ BATCH_ARRAYS = ("seqs", "skip_code", "active", "rebase", "clear_cache", "start",
 
 
 class BatchContext(NamedTuple):
-    """What every :class:`BatchPlan` of one Stager shares (its maker builds it once)."""
+    """What every :class:`BatchPlan` of one Stager shares (its maker builds it once): values only."""
 
     block_size: int
     feature_dim: int
     row_bytes: int
     stage_dtype: Any
     max_plan_rows: int
-    pad: _Padder
-    decode: _Decoder | None
+    storage: str  #: how the rows are stored (held mode: what ``rows`` decodes from)
+    view_rows: bool  #: the stored bytes are the stage dtype's (the core's ``staged_as_stored``)
     external: bool
     source: Any
 
@@ -372,6 +375,10 @@ class BatchPlan:
     CUDA graphs. For scripting, :attr:`plans` (one :class:`StagePlan` per
     sequence, what ``draft`` would have returned), :meth:`plan` (by sequence
     id) and :attr:`skips` (``{seq: reason}``) are built on first use and kept.
+
+    A value: it holds arrays and calls nothing of its maker. What it derives
+    (the padded layout, decoded rows) it computes from its own arrays with the
+    core's layout and format kernels (``_ext._row_format``), as it uses numpy.
     """
 
     # No __slots__: an attribute a plan never set reads the class default
@@ -397,7 +404,7 @@ class BatchPlan:
     _row_seq: np.ndarray | None = None
     _active: np.ndarray | None = None
     _n_rows: np.ndarray | None = None
-    _views: "_RunsOf | None" = None  # zero-copy: the runs of sequence i, by index
+    _views: "_Runs | None" = None  # zero-copy: the runs of sequence i, by index
     _runs: tuple[np.ndarray, ...] | None = None
     _row_runs: tuple[np.ndarray, ...] | None = None
     _run_offsets: np.ndarray | None = None
@@ -421,26 +428,25 @@ class BatchPlan:
         row_bytes: int,
         stage_dtype: Any,
         max_plan_rows: int,
-        pad: _Padder,
+        storage: str,
+        view_rows: bool,
         encoded_rows: np.ndarray | None = None,
         rows: np.ndarray | None = None,
-        decode: _Decoder | None = None,
         external: bool = False,
         source: Any = None,
-        views: _RunsOf | None = None,
+        views: _Runs | None = None,
     ) -> None:
         """Arrays as the class docstring names them (what the reference twin makes).
 
-        ``encoded_rows`` (held mode): the rows in storage format; ``rows``: the
-        same rows decoded, or None to decode them with ``decode`` on first
-        access (None too: ``encoded_rows`` viewed as the stage dtype).
+        ``encoded_rows`` (held mode): the rows in storage format (``storage``);
+        ``rows``: the same rows decoded, or None to decode them on first access
+        (a view when ``view_rows``: the stored bytes are the stage dtype's).
         ``views`` (a zero-copy plan, held mode; ``encoded_rows`` then None):
-        ``views(i)`` gives the runs of the ``i``-th sequence.
-        ``pad``: how :meth:`padded` lays the rows out (its maker's function).
+        ``views[i]`` is the runs of the ``i``-th sequence.
         ``max_plan_rows``: the most context rows one plan stages (``W - B``),
         :meth:`padded`'s default width.
         """
-        self._ctx = BatchContext(block_size, feature_dim, row_bytes, stage_dtype, max_plan_rows, pad, decode,
+        self._ctx = BatchContext(block_size, feature_dim, row_bytes, stage_dtype, max_plan_rows, storage, view_rows,
                                  external, source)
         self._seqs = seqs
         self._skip_code = skip_code
@@ -459,14 +465,17 @@ class BatchPlan:
 
     @classmethod
     def packed(cls, ctx: BatchContext, meta: np.ndarray, flags: np.ndarray, positions: np.ndarray,
-               slots: np.ndarray, encoded_rows: np.ndarray | None, views: _RunsOf | None = None) -> "BatchPlan":
-        """A plan over the arrays the core filled in one pass (``draft_many``).
+               slots: np.ndarray, encoded_rows: np.ndarray | None, views: _Runs | None = None) -> "BatchPlan":
+        """A plan over the arrays the core filled in one pass (``draft_many``, the core's
+        ``pack_plans``).
 
-        ``meta``: int64 ``(6, N + 1)``, rows ``seqs``, ``start``, ``pos_base``,
-        ``crop_from``, ``round`` (first ``N`` columns) and ``row_offsets``;
-        ``flags``: uint8 ``(3, N)``, rows ``skip_code``, ``rebase``,
-        ``clear_cache``. The per-sequence arrays are views of these rows,
-        taken on first access. ``views``: as for the constructor.
+        ``meta``: int64 ``(len(BATCH_META_ROWS), N + 1)``, rows named by the
+        core's ``BATCH_META_ROWS`` (``seqs``, ``start``, ``pos_base``,
+        ``crop_from``, ``round`` in the first ``N`` columns, then
+        ``row_offsets``); ``flags``: uint8 ``(len(BATCH_FLAG_ROWS), N)``, rows
+        ``skip_code``, ``rebase``, ``clear_cache``. The per-sequence arrays are
+        views of these rows, taken on first access. ``views``: as for the
+        constructor.
         """
         self = cls.__new__(cls)
         self._ctx = ctx
@@ -508,65 +517,67 @@ class BatchPlan:
         return self._ctx.source
 
     # -- the per-sequence arrays (views of a packed plan's rows, taken once) --
-    def _meta_row(self, k: int) -> np.ndarray:
+    def _meta_row(self, name: str) -> np.ndarray:
         assert self._meta is not None
-        return self._meta[k] if k == 5 else self._meta[k, :self._meta.shape[1] - 1]
+        k = _META_ROW[name]
+        return self._meta[k] if name == "row_offsets" else self._meta[k, :self._meta.shape[1] - 1]
+
+    def _flag_row(self, name: str) -> np.ndarray:
+        assert self._flags is not None
+        return self._flags[_FLAG_ROW[name]]
 
     @property
     def seqs(self) -> np.ndarray:
         if self._seqs is None:
-            self._seqs = self._meta_row(0)
+            self._seqs = self._meta_row("seqs")
         return self._seqs
 
     @property
     def start(self) -> np.ndarray:
         if self._start is None:
-            self._start = self._meta_row(1)
+            self._start = self._meta_row("start")
         return self._start
 
     @property
     def pos_base(self) -> np.ndarray:
         if self._pos_base is None:
-            self._pos_base = self._meta_row(2)
+            self._pos_base = self._meta_row("pos_base")
         return self._pos_base
 
     @property
     def crop_from(self) -> np.ndarray:
         if self._crop_from is None:
-            self._crop_from = self._meta_row(3)
+            self._crop_from = self._meta_row("crop_from")
         return self._crop_from
 
     @property
     def round(self) -> np.ndarray:
         if self._round is None:
-            self._round = self._meta_row(4)
+            self._round = self._meta_row("round")
         return self._round
 
     @property
     def row_offsets(self) -> np.ndarray:
         if self._row_offsets is None:
-            self._row_offsets = self._meta_row(5)
+            self._row_offsets = self._meta_row("row_offsets")
         return self._row_offsets
 
     @property
     def skip_code(self) -> np.ndarray:
         if self._skip_code is None:
-            assert self._flags is not None
-            self._skip_code = self._flags[0]
+            self._skip_code = self._flag_row("skip_code")
         return self._skip_code
 
     @property
     def rebase(self) -> np.ndarray:
         if self._rebase is None:
-            assert self._flags is not None
-            self._rebase = self._flags[1].view(np.bool_)
+            self._rebase = self._flag_row("rebase").view(np.bool_)
         return self._rebase
 
     @property
     def clear_cache(self) -> np.ndarray:
         if self._clear_cache is None:
-            assert self._flags is not None
-            self._clear_cache = self._flags[2].view(np.bool_)
+            self._clear_cache = self._flag_row("clear_cache").view(np.bool_)
         return self._clear_cache
 
     # -- derived arrays (computed once) -------------------------------------
@@ -629,15 +640,21 @@ class BatchPlan:
         return self._rows
 
     def _as_rows(self, enc: np.ndarray) -> np.ndarray:
-        """Encoded rows in the stage dtype: a view when the storage format is the stage dtype."""
-        if self._ctx.decode is None:
-            return enc.view(self.stage_dtype).reshape(len(enc), self.feature_dim)
-        return self._ctx.decode(enc)
+        """Encoded rows in the stage dtype, read-only (a plan's rows are what was staged, never
+        a buffer to write in): a view when the storage format is the stage dtype, else decoded
+        by the core's format kernel."""
+        if self._ctx.view_rows:
+            rows = enc.view(self.stage_dtype).reshape(len(enc), self.feature_dim)
+        else:
+            rows = _row_format.decode(np.ascontiguousarray(enc), self._ctx.storage, self.feature_dim,
+                                      self.stage_dtype)
+        rows.flags.writeable = False
+        return rows
 
     def _runs_at(self, i: int) -> tuple[np.ndarray, ...]:
         """The runs of the ``i``-th sequence: its views, or its rows cut where its slots break."""
         if self._views is not None:
-            return self._views(i)
+            return self._views[i]
         a, b = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
         return split_runs(self.encoded_rows[a:b], self.slots[a:b])
 
@@ -689,8 +706,8 @@ class BatchPlan:
         shape = (len(self.seqs), int(m))
         pos = _padded_out(positions_out, shape, np.int32, "positions_out")
         slots = _padded_out(slots_out, shape, np.int64, "slots_out")
-        self._ctx.pad(self.seqs, self.row_offsets, self.positions, int(m), pos)
-        self._ctx.pad(self.seqs, self.row_offsets, self.slots, int(m), slots)
+        _row_format.pad_rows(self.seqs, self.row_offsets, self.positions, int(m), pos)
+        _row_format.pad_rows(self.seqs, self.row_offsets, self.slots, int(m), slots)
         return PaddedRows(pos, slots)
 
     # -- the per-sequence view (scripting) ----------------------------------
@@ -726,7 +743,7 @@ class BatchPlan:
         enc = rows = runs = None
         decode: _Decoder | None = None
         if self._views is not None:  # zero-copy: the sequence's own views
-            runs = self._views(i)
+            runs = self._views[i]
             decode = self._as_rows
             if not runs:  # nothing staged: no run to view
                 enc = _no_encoded(self.row_bytes)
@@ -734,10 +751,10 @@ class BatchPlan:
             enc = self.encoded_rows[a:b]
             if self._rows is not None:
                 rows = self._rows[a:b]
-            elif self._ctx.decode is None:
+            elif self._ctx.view_rows:
                 rows = self._as_rows(enc)  # a view: nothing to decode
             else:
-                decode = self._ctx.decode
+                decode = self._as_rows
         return StagePlan(
             seq=seq, start=start, skip=None, rebase=bool(self.rebase[i]), clear_cache=bool(self.clear_cache[i]),
             positions=self.positions[a:b], block_size=self.block_size,
