@@ -170,26 +170,54 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
 
 
 #: Host-only calls on sequence 0 (sequence 1 idle).
+#: Every host-only call on sequence 0, handed over (sequence 1 holds rows and stays on the
+#: host; a batch naming both, 1 first where 1 passes the call's checks, refuses as a whole).
 HOST_CALLS = (
     lambda s: s.accept(0, 0), lambda s: s.draft(0, 5), lambda s: s.process(0, [5]), lambda s: s.reserve(0, [5]),
     lambda s: s.begin(0), lambda s: s.end(0), lambda s: s.rollback(0, 1), lambda s: s.fork(0, 1),
     lambda s: s.fork(1, 0), lambda s: s.shift(0, 1, 1), lambda s: s.snapshot(0), lambda s: s.state(0),
     lambda s: s.stats(0), lambda s: s.live_slots(0), lambda s: s.accept_many([0], [0]),
+    lambda s: s.commit(0), lambda s: s.fail(0, "decode"), lambda s: s.confirm(0), lambda s: s.cancel(0),
+    lambda s: s.snapshot_size(0), lambda s: s.snapshot_into(0, bytearray(4096)),
+    lambda s: s.restore(0, s.snapshot(1)), lambda s: s.check_restore(0, s.snapshot(1)),
+    lambda s: s.open_round_id(0),
+    lambda s: s.accept_many([1, 0], [0, 0]), lambda s: s.commit_many([0, 1]), lambda s: s.fail_many([0, 1]),
+    lambda s: s.confirm_many([0, 1]), lambda s: s.cancel_many([0, 1]), lambda s: s.end_many([1, 0]),
+    lambda s: s.draft_many([1, 0], [4, 5]), lambda s: s.process_many([1, 0], [0, 1, 2], [4, 5]),
+    lambda s: s.reserve_many([1, 0], [0, 1, 2], [4, 5]),
 )
 
 
-def test_host_calls_refuse_a_handed_over_sequence():
-    st, ref = Stager(config(2, 2, 9)), ReferenceStager(config(2, 2, 9))
-    for s in (st, ref):
-        prompt(s, 0, 0, 5)
-        s.to_device([0])
-        assert s.on_device(0)
-        for call in HOST_CALLS:
-            with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
-                call(s)
-        s.to_host([0])
-        assert not s.on_device(0)
-        assert s.state(0)["end"] == 5
+def _prefix_calls(store):
+    """The prefix store's calls on sequence 0 through its Stager (publish / hit, single and batched)."""
+    keys = [1, 2]
+    return (
+        lambda s: store.publish(s, 0, keys, 0, 4), lambda s: store.hit(s, 0, keys, 4),
+        lambda s: store.publish_many(s, [1, 0], [keys, keys], [0, 0], [4, 4]),
+        lambda s: store.hit_many(s, [0], [keys], [4]),
+    )
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["core", "reference"])
+def test_host_calls_refuse_a_handed_over_sequence(twin):
+    from dspark_core import PrefixStore
+    from dspark_core.reference import ReferencePrefixStore
+
+    cfg = config(2, 2, 9)
+    s = (ReferenceStager if twin else Stager)(cfg)
+    store = (ReferencePrefixStore if twin else PrefixStore)(cfg, 2, 1 << 20)
+    prompt(s, 0, 0, 5)
+    prompt(s, 1, 0, 4)
+    s.to_device([0])
+    assert s.on_device(0)
+    other = (s.state(1), s.stats(1), s.snapshot(1))
+    for k, call in enumerate(HOST_CALLS + _prefix_calls(store)):
+        with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
+            call(s)
+        assert (s.state(1), s.stats(1), s.snapshot(1)) == other, k  # nothing half-applied
+    s.to_host([0])
+    assert not s.on_device(0)
+    assert s.state(0)["end"] == 5
 
 
 def test_faults_and_statuses_raise_the_cores_errors():

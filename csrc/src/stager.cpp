@@ -651,6 +651,10 @@ void Stager::end_many(const std::int64_t* seqs_in, std::size_t n) {
     rings.reserve(n);
     BatchLock lock(*this, seqs.data(), n);
     check_unique(call, lock, seqs.data(), n);
+    // end ends any state but one: a sequence on the device step is refused, as
+    // end() refuses it, before any sequence of the batch ends.
+    for (std::size_t i = 0; i < n; ++i)
+        in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], get(seqs[i])); });
     for (std::int64_t q : seqs) rings.push_back(end_seq(mut(get(q))));
 }
 

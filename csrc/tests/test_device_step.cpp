@@ -456,6 +456,40 @@ TEST_CASE(rebase_boundary) {
     CHECK(same_seq(dev, orc, 0));
 }
 
+// A sequence restored from a snapshot owes its drafter a restage (the new
+// slot's cache is unknown): the next step rebases although its rows fit the
+// window (the rebase condition's restage_owed term; without it the step would
+// plan an ordinary round on a cache that is not there).
+TEST_CASE(restage_owed_rebases_the_next_step) {
+    Stager dev(options(1, 2, 32, Storage::F32)), orc(options(1, 2, 32, Storage::F32));
+    start(dev, 10);
+    start(orc, 10);
+    const i64 seq = 0;
+    dev.to_device(&seq, 1);
+    for (int t = 0; t < 3; ++t) {
+        StepOut o(dev, 1);
+        CHECK(step_both(dev, orc, 1, &o));
+        CHECK((o.flags[0] & device_step::PLAN_REBASE) == 0);
+    }
+    dev.to_host(&seq, 1);
+    for (Stager* s : {&dev, &orc}) {
+        if (s->state(0).reservation_open) s->confirm(0);
+        const auto snap = s->snapshot(0);
+        s->restore(0, snap.data(), snap.size());
+        CHECK(s->state(0).restage_owed);
+    }
+    dev.to_device(&seq, 1);
+    StepOut o(dev, 1);
+    CHECK(step_both(dev, orc, 1, &o));
+    CHECK_EQ(o.skip[0], 0);
+    CHECK((o.flags[0] & device_step::PLAN_REBASE) != 0);
+    dev.to_host(&seq, 1);
+    CHECK(!dev.state(0).restage_owed);
+    if (orc.state(0).reservation_open) orc.confirm(0);
+    if (dev.state(0).reservation_open) dev.confirm(0);
+    CHECK(same_seq(dev, orc, 0));
+}
+
 // accept keeps n_accepted + 1 of the verify rows: every count 0..B, each
 // checked by the next plan's start and, after a hand-back, the state.
 TEST_CASE(accept_arithmetic) {
@@ -514,6 +548,34 @@ TEST_CASE(host_calls_refused_on_device) {
         SlotRun r[2];
         st.live_slots(0, r);
     }));
+    // Every other host call, single and batched (a batch naming 0 among others
+    // refuses as a whole: sequence 1, started, is left as it was).
+    const auto snap_other = st.snapshot(1);
+    // both: sequence 1 first (it passes every check of the call); zero_first where 1 has no
+    // open round or reservation to act on, so that 0's refusal comes first.
+    const i64 both[] = {1, 0}, zero_first[] = {0, 1}, counts[] = {0, 0}, offsets[] = {0, 0, 1}, past[] = {0, 5};
+    const FailStage stages[] = {FailStage::Decode, FailStage::Decode};
+    i64 slots2[2] = {0, 0}, disabled[2] = {0, 0};
+    std::vector<RoundPlan> plans;
+    CHECK(refused([&] { st.commit(0); }));
+    CHECK(refused([&] { (void)st.fail(0, FailStage::Decode); }));
+    CHECK(refused([&] { st.confirm(0); }));
+    CHECK(refused([&] { st.cancel(0); }));
+    CHECK(refused([&] { (void)st.snapshot_size(0); }));
+    CHECK(refused([&] { (void)st.snapshot_into(0, nullptr, 0); }));
+    CHECK(refused([&] { st.restore(0, snap_other.data(), snap_other.size()); }));
+    CHECK(refused([&] { (void)st.check_restore(0, snap_other.data(), snap_other.size()); }));
+    CHECK(refused([&] { st.accept_many(both, counts, 2); }));
+    CHECK(refused([&] { st.commit_many(zero_first, 2); }));
+    CHECK(refused([&] { st.fail_many(zero_first, stages, 2, disabled); }));
+    CHECK(refused([&] { st.confirm_many(zero_first, 2); }));
+    CHECK(refused([&] { st.cancel_many(zero_first, 2); }));
+    CHECK(refused([&] { st.end_many(both, 2); }));
+    CHECK(refused([&] { st.draft_many(both, past, 2, plans, rows); }));
+    CHECK(refused([&] { st.process_external_many(both, 2, offsets, &pos, 1, slots2); }));
+    CHECK(refused([&] { st.reserve_many(both, 2, offsets, &pos, 1, slots2); }));
+    CHECK(refused([&] { st.check_process_many(both, 2, offsets, &pos, 1); }));
+    CHECK(st.snapshot(1) == snap_other);
     // Sequence 1 is untouched by it.
     prompt(st, 1, 0, 4, nullptr);
     CHECK(!st.on_device(1));
