@@ -15,7 +15,9 @@
 #         package's .pxd files;
 #     (d) examples/sdk/c_project: the C example built by a C-only CMake project
 #         (project(x C), find_package(dspark_core), dspark_core::core; no C++
-#         compiler enabled: the imported target brings the C++ runtime);
+#         compiler enabled: against the wheel the target is the shared core, which
+#         carries its own C++ runtime; against a static install the target adds
+#         the C++ runtime and threads to the link);
 #     (a), (b) and (d) must print exactly what examples/sdk/window_loop.py prints through
 #     the Python API (which checks itself against a hand-worked table and gguf-py);
 #  4. the same C++ example against the core installed system-style
@@ -138,7 +140,7 @@ if grep -q '^CMAKE_CXX_COMPILER:' "$WORK/sdk-c/CMakeCache.txt"; then
   echo "the C-only project enabled a C++ compiler" >&2; exit 1
 fi
 cmake --build "$WORK/sdk-c" -j"$JOBS" -v >"$WORK/build-c.log" 2>&1 || { cat "$WORK/build-c.log"; exit 1; }
-grep -E ' -o window_loop_c ' "$WORK/build-c.log"  # the link line: the C driver, the archive, its C++ runtime
+grep -E ' -o window_loop_c ' "$WORK/build-c.log"  # the link line: the C driver and the shared core
 "$WORK/sdk-c/window_loop_c" >"$WORK/c-cmake.out"
 diff -u "$WORK/python.out" "$WORK/c-cmake.out"
 echo "C-only CMake project: links and its output == Python output"

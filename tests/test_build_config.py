@@ -25,14 +25,15 @@ pytestmark = pytest.mark.skipif(CMAKE is None, reason="cmake is not on PATH (the
 
 
 def configure(tmp_path: pathlib.Path, *args: str, smi_lines: list[str] | None = None,
-              env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Configure the core (no tests) in a fresh build dir; returns (exit status, output, DSPARK_HAVE_CUDA)."""
-    smi = tmp_path / "nvidia-smi"
+              env: dict[str, str] | None = None, smi: bool = True) -> tuple[int, str, str]:
+    """Configure the core (no tests) in a fresh build dir; returns (exit status, output, DSPARK_HAVE_CUDA).
+    ``smi=False``: no stand-in nvidia-smi (the build looks for one on PATH)."""
+    smi_path = tmp_path / "nvidia-smi"
     if smi_lines is None:
-        smi.write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")  # what nvidia-smi does without a GPU
+        smi_path.write_text("#!/bin/sh\necho 'No devices were found' >&2\nexit 6\n")  # nvidia-smi without a GPU
     else:
-        smi.write_text("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in smi_lines))
-    smi.chmod(0o755)
+        smi_path.write_text("#!/bin/sh\n" + "".join(f"echo '{line}'\n" for line in smi_lines))
+    smi_path.chmod(0o755)
     # CMake and nvcc are tools here, not code under test: a sanitizer's LD_PRELOAD (the fuzz step
     # runs this suite against an ASan build) would fail nvcc's compiler check and turn CUDA off.
     full_env = {k: v for k, v in os.environ.items()
@@ -40,7 +41,8 @@ def configure(tmp_path: pathlib.Path, *args: str, smi_lines: list[str] | None = 
     full_env.update(env or {})
     build = tmp_path / "build"
     r = subprocess.run(
-        [CMAKE, "-S", str(ROOT), "-B", str(build), "-DDSPARK_BUILD_TESTS=OFF", f"-DDSPARK_NVIDIA_SMI={smi}", *args],
+        [CMAKE, "-S", str(ROOT), "-B", str(build), "-DDSPARK_BUILD_TESTS=OFF",
+         *([f"-DDSPARK_NVIDIA_SMI={smi_path}"] if smi else []), *args],
         capture_output=True, text=True, env=full_env, timeout=600,
     )
     have = ""
@@ -101,3 +103,27 @@ def test_off_builds_nothing(tmp_path):
     rc, out, have = configure(tmp_path, "-DDSPARK_CUDA=OFF", smi_lines=["9.0"])
     assert rc == 0, out
     assert have == "OFF" and "CUDA kernels: none (DSPARK_CUDA=OFF)" in note(out)
+
+
+@pytest.mark.skipif(NVCC is None, reason="needs nvcc (DSPARK_CUDA=ON requires a CUDA compiler)")
+def test_on_without_gpu_builds_every_release_architecture(tmp_path):
+    rc, out, have = configure(tmp_path, "-DDSPARK_CUDA=ON")
+    assert rc == 0, out
+    assert have == "ON"
+    assert f"architectures {RELEASE}: DSPARK_CUDA=ON and no GPU visible: every release architecture" in note(out)
+
+
+def test_auto_without_nvidia_smi_says_so(tmp_path):
+    """No stand-in and no nvidia-smi on PATH: the line names that cause (and nvcc when it is there)."""
+    dirs = {str(pathlib.Path(p).parent) for p in (CMAKE, NVCC, shutil.which("cc"), shutil.which("c++")) if p}
+    path = os.pathsep.join(sorted(dirs))
+    if shutil.which("nvidia-smi", path=path):
+        pytest.skip("nvidia-smi lies beside cmake / nvcc / cc here")
+    rc, out, have = configure(tmp_path, "-DDSPARK_CUDA=AUTO", smi=False, env={"PATH": path})
+    assert rc == 0, out
+    assert have == "OFF"
+    line = note(out)
+    assert "CUDA kernels: none" in line and "no nvidia-smi on PATH" in line
+    if NVCC:
+        assert "nvcc at " in line
+        assert "DSPARK_CUDA=ON for pip install, -DDSPARK_CUDA=ON for cmake" in line
