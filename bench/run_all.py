@@ -13,6 +13,7 @@ Runs, each as a subprocess of this interpreter (same environment, so
 * bench/bench_prefix_batch.py   publish_many / hit_many vs loops, write_many vs process_many + write_slots
 * bench/bench_step.py     one server step for N sequences: per-sequence vs batched Python calls vs the C floor
 * bench/bench_threads.py  2 threads on distinct sequences vs 1 (held rounds, D = 25,600)
+* bench/bench_device_step.py   the device step's CPU twin vs the host path's batch calls (syncs, launches)
 * bench/bench_import.py   CPU time of `import dspark_core` vs `import numpy` (fresh interpreters)
 
 then writes the report (machine, date, command, a summary of the docs/design.md
@@ -48,7 +49,8 @@ import _common as C
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "<!-- bench-results:begin -->", "<!-- bench-results:end -->"
-SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external", "prefix", "prefix_batch", "step", "threads", "import")
+SCRIPTS = ("convert", "rounds", "memory", "snapshot", "external", "prefix", "prefix_batch", "step", "threads",
+           "device_step", "import")
 
 
 def run_script(name: str, args: list[str], timeout: float | None) -> tuple[int, str, str, float]:
@@ -136,7 +138,7 @@ def summary_rows(data: dict[str, Any]) -> list[list[str]]:
     if snap:
         for t in snap["targets"]:
             rows.append([t["target"], f"D = {t['D']:,}, {t['storage']}", C.fmt_x(t["value"], 2), C.verdict(t["pass"])])
-    for name in ("prefix_batch", "step", "threads", "import"):  # targets that carry their own text
+    for name in ("prefix_batch", "step", "threads", "device_step", "import"):  # targets that carry their own text
         for t in (data.get(name) or {}).get("targets", []):
             rows.append([t["target"], t["where"], t["text"], C.verdict(t["pass"])])
     ext = data.get("external")
@@ -243,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="extra arguments for bench_step.py, one string (use the = form, as above)")
     ap.add_argument("--threads-args", default="",
                     help="extra arguments for bench_threads.py, one string (use the = form, as above)")
+    ap.add_argument("--device_step-args", dest="device_step_args", default="",
+                    help="extra arguments for bench_device_step.py, one string (use the = form, as above)")
     ap.add_argument("--import-args", default="",
                     help="extra arguments for bench_import.py, one string (use the = form, as above)")
     a = ap.parse_args(argv)

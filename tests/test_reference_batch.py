@@ -276,7 +276,7 @@ def test_a_batch_plan_holds_values_only():
             stg = make(StagerConfig(feature_dim=64, block_size=4, window=24, max_seqs=2, storage="q8_0"))
             stg.process(0, list(range(30)), massive_rows(np.random.default_rng(5), 30, 64))
             bp = stg.draft_many([0], [30], copy=copy)
-            bp.rows, bp.row_runs, bp.padded(), bp.plans  # noqa: B018 - everything derived
+            _ = (bp.rows, bp.row_runs, bp.padded(), bp.plans)  # everything derived
             held = [*vars(bp).values(), *bp._ctx]
             kinds = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType)
             assert not [v for v in held if isinstance(v, kinds)], (make, copy)

@@ -47,6 +47,23 @@ step::Outputs outputs_of(const dspark_step_out& o) {
 
 extern "C" {
 
+dspark_status dspark_step_config_get(const dspark_stager* st, dspark_step_config* out) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        get_record(out, [&] { return core.step_config(); }, [](const step::Config& from, dspark_step_config& to) {
+            DSPARK_STEP_CONFIG_FIELDS(DSPARK_COPY_FIELD)
+        });
+    });
+}
+
+dspark_status dspark_on_device(const dspark_stager* st, int64_t seq, int32_t* on) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require(on, "on");
+        *on = core.on_device(seq) ? 1 : 0;
+    });
+}
+
 dspark_status dspark_step_layout(const dspark_stager* st, int64_t* fields, int64_t* max_rows) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);

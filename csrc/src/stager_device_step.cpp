@@ -20,6 +20,10 @@
 
 namespace dspark {
 
+#define DSPARK_STEP_CONFIG_FIELD_INFO(type, name) DSPARK_FIELD_INFO(device_step::Config, type, name)
+const FieldInfo STEP_CONFIG_FIELDS[] = {DSPARK_STEP_CONFIG_FIELDS(DSPARK_STEP_CONFIG_FIELD_INFO){nullptr, 0, false}};
+#undef DSPARK_STEP_CONFIG_FIELD_INFO
+
 namespace {
 
 using device_step::i64;

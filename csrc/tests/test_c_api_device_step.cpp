@@ -109,10 +109,33 @@ TEST_CASE(c_steps_equal_cpp_steps) {
     CHECK_EQ(dspark_step_layout(h.st, &fields, &max_rows), DSPARK_OK);
     CHECK_EQ(fields, dspark::device_step::FIELD_COUNT);
     CHECK_EQ(max_rows, W - B);
+    // The step's constants: the core's, field by field (and the C struct's tail
+    // past a smaller struct_size untouched, as for the other records).
+    dspark_step_config cfg;
+    dspark_step_config_init(&cfg);
+    CHECK_EQ(dspark_step_config_get(h.st, &cfg), DSPARK_OK);
+    const dspark::device_step::Config want = core.step_config();
+    CHECK(cfg.block == want.block && cfg.window == want.window && cfg.w_keep == want.w_keep &&
+          cfg.ring_rows == want.ring_rows && cfg.max_seqs == want.max_seqs && cfg.max_rows == want.max_rows &&
+          cfg.trim_chunk == want.trim_chunk && cfg.max_position == want.max_position);
+    CHECK(cfg.block == B && cfg.window == W && cfg.max_rows == W - B);
+    dspark_step_config small;
+    std::memset(&small, 0x5A, sizeof small);
+    small.struct_size = static_cast<std::uint32_t>(offsetof(dspark_step_config, window));
+    CHECK_EQ(dspark_step_config_get(h.st, &small), DSPARK_OK);
+    CHECK(small.block == B && small.window == 0x5A5A5A5A5A5A5A5A);
+    CHECK_EQ(dspark_step_config_get(h.st, nullptr), DSPARK_E_NULL_POINTER);
     const std::vector<std::int64_t> seqs = {3, 0, 1};
     for (std::int64_t q : seqs) prompt(h.st, core, q, 4 + q);
+    std::int32_t on = 7;
+    CHECK_EQ(dspark_on_device(h.st, 3, &on), DSPARK_OK);
+    CHECK_EQ(on, 0);
     CHECK_EQ(dspark_to_device(h.st, seqs.data(), seqs.size()), DSPARK_OK);
     core.to_device(seqs.data(), seqs.size());
+    CHECK_EQ(dspark_on_device(h.st, 3, &on), DSPARK_OK);
+    CHECK_EQ(on, 1);
+    CHECK_EQ(dspark_on_device(h.st, 3, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_on_device(h.st, 99, &on), DSPARK_E_INVALID_ARGUMENT);
     std::int64_t* state = nullptr;
     CHECK_EQ(dspark_step_state(h.st, &state), DSPARK_OK);
     CHECK(state != nullptr);

@@ -378,6 +378,22 @@ typedef struct dspark_step_out {
     int64_t* verify_slots;    /* [n * (B + 1)] the next verify rows' slots, -1 unused */
 } dspark_step_out;
 
+/* The Stager's constants the step's math needs, which a device owner passes
+ * to its kernel (Python: Stager.step_config). Set struct_size
+ * (dspark_step_config_init); the library fills at most struct_size bytes. */
+typedef struct dspark_step_config {
+    uint32_t struct_size;
+    uint32_t reserved0;
+    int64_t block, window, w_keep, ring_rows, max_seqs, max_rows, trim_chunk, max_position;
+} dspark_step_config;
+static inline void dspark_step_config_init(dspark_step_config* c) {
+    memset(c, 0, sizeof *c);
+    c->struct_size = (uint32_t)sizeof(dspark_step_config);
+}
+DSPARK_API dspark_status dspark_step_config_get(const dspark_stager* st, dspark_step_config* out);
+/* Whether seq is handed over (between dspark_to_device and dspark_to_host):
+ * *on is 1 or 0 (Python: Stager.on_device). */
+DSPARK_API dspark_status dspark_on_device(const dspark_stager* st, int64_t seq, int32_t* on);
 /* The step state's shape: *fields int64 columns of max_seqs entries each
  * (field-major), and the padded plan width (W - B). Either pointer may be NULL. */
 DSPARK_API dspark_status dspark_step_layout(const dspark_stager* st, int64_t* fields, int64_t* max_rows);

@@ -226,6 +226,8 @@ struct SeqStats {
 // The tables of SeqState / SeqStats (field_list.hpp).
 extern const FieldInfo SEQ_STATE_FIELDS[];
 extern const FieldInfo SEQ_STATS_FIELDS[];
+// device_step::Config's fields (DSPARK_STEP_CONFIG_FIELDS, step_math.hpp).
+extern const FieldInfo STEP_CONFIG_FIELDS[];
 
 class Stager {
 public:

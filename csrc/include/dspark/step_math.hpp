@@ -28,6 +28,8 @@
 #pragma once
 #include <cstdint>
 
+#include "dspark/field_list.hpp"
+
 #if !defined(DSPARK_HD)
 #if defined(__CUDACC__)
 #define DSPARK_HD __host__ __device__ __forceinline__
@@ -94,16 +96,23 @@ enum : std::int32_t { PLAN_REBASE = 1, PLAN_CLEAR_CACHE = 2 };
 // The skip codes of dspark::Skip; the only one a step can make is no_context.
 enum : std::int32_t { SKIP_NONE = 0, SKIP_DISABLED = 1, SKIP_NO_CONTEXT = 3, NOT_STEPPED = -1 };
 
-// The Stager's constants the step needs.
+// The Stager's constants the step needs, listed once (Config, the C ABI's
+// dspark_step_config, Stager.step_config()'s keys and the CUDA binding's
+// argument order all expand this list): block B, window W, w_keep (rows a
+// rebase restages at most), ring_rows (slots per sequence: W + TRIM_CHUNK +
+// B + 1), max_seqs, max_rows (the padded plan width W - B: the most rows a
+// plan stages), trim_chunk (TRIM_CHUNK), max_position (MAX_POSITION).
+#define DSPARK_STEP_CONFIG_FIELDS(X) \
+    X(std::int64_t, block)           \
+    X(std::int64_t, window)          \
+    X(std::int64_t, w_keep)          \
+    X(std::int64_t, ring_rows)       \
+    X(std::int64_t, max_seqs)        \
+    X(std::int64_t, max_rows)        \
+    X(std::int64_t, trim_chunk)      \
+    X(std::int64_t, max_position)
 struct Config {
-    i64 block = 0;         // B
-    i64 window = 0;        // W
-    i64 w_keep = 0;        // rows a rebase restages at most
-    i64 ring_rows = 0;     // slots per sequence: W + TRIM_CHUNK + B + 1
-    i64 max_seqs = 0;
-    i64 max_rows = 0;      // padded plan width: W - B (the most rows a plan stages)
-    i64 trim_chunk = 0;    // TRIM_CHUNK
-    i64 max_position = 0;  // MAX_POSITION
+    DSPARK_STEP_CONFIG_FIELDS(DSPARK_DECLARE_FIELD)
 };
 
 // Where a step writes entry i's answers; every pointer but status may be

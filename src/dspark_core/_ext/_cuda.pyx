@@ -13,7 +13,7 @@ from libcpp cimport bool as cbool
 from libcpp.string cimport string
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
-from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs
+from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs, STEP_CONFIG_FIELDS
 from dspark_core._ext._lib_cuda cimport device_step_cuda
 from dspark_core._ext._lib_cuda cimport (
     cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
@@ -24,6 +24,7 @@ from dspark_core._ext._lib_cuda cimport (
     cuda_stream_create, cuda_stream_destroy, cuda_graph_begin_capture, cuda_graph_end_capture,
     cuda_graph_launch, cuda_graph_destroy, cuda_emulated_launches,
 )
+from dspark_core._ext import _row_format
 from dspark_core.errors import ConfigError, StateError
 
 dspark_set_error_types(ConfigError, StateError)
@@ -304,8 +305,9 @@ def capture_end(uintptr_t stream, int device=0):
 
 # ------------------------------------------------------------- device step ---
 
-#: The order of ``device_step``'s ``config`` (Stager.step_config's keys) and ``outputs``.
-STEP_CONFIG_KEYS = ("block", "window", "w_keep", "ring_rows", "max_seqs", "max_rows", "trim_chunk", "max_position")
+#: The order of ``device_step``'s ``config`` (Stager.step_config's keys: the core's
+#: DSPARK_STEP_CONFIG_FIELDS) and ``outputs``.
+STEP_CONFIG_KEYS = _row_format.STEP_CONFIG_FIELDS
 STEP_OUTPUT_KEYS = ("status", "skip", "flags", "start", "pos_base", "crop_from", "n_rows", "row_slots",
                     "row_positions", "block_positions", "verify_slots")
 
@@ -317,7 +319,11 @@ def device_step(tuple config, uintptr_t state, uintptr_t seqs, uintptr_t counts,
     if len(config) != len(STEP_CONFIG_KEYS) or len(outputs) != len(STEP_OUTPUT_KEYS):
         raise ValueError("device_step: config and outputs must follow STEP_CONFIG_KEYS / STEP_OUTPUT_KEYS")
     cdef StepConfig c
-    c.block, c.window, c.w_keep, c.ring_rows, c.max_seqs, c.max_rows, c.trim_chunk, c.max_position = config
+    cdef char* base = <char*>&c
+    cdef size_t k = 0
+    while STEP_CONFIG_FIELDS[k].name != NULL:  # field by field from the core's table (all int64)
+        (<int64_t*>(base + STEP_CONFIG_FIELDS[k].offset))[0] = config[k]
+        k += 1
     cdef uintptr_t p[11]
     for i in range(11):
         p[i] = outputs[i]

@@ -4,7 +4,7 @@
 # check_step call these). Thin, as the Stager's: it converts, checks the
 # output arrays the core writes through raw pointers, releases the GIL and
 # calls once; every rule and message is the core's.
-from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_COUNT
+from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_COUNT, STEP_CONFIG_FIELDS
 
 from dspark_core.stager import device_step as _device_step
 
@@ -87,9 +87,7 @@ def _step_check(Stager st, seqs, statuses):
 
 def _step_config(Stager st):
     cdef StepConfig c = st._core.step_config()
-    return {"block": c.block, "window": c.window, "w_keep": c.w_keep, "ring_rows": c.ring_rows,
-            "max_seqs": c.max_seqs, "max_rows": c.max_rows, "trim_chunk": c.trim_chunk,
-            "max_position": c.max_position}
+    return _fields_dict(&c, STEP_CONFIG_FIELDS, _row_format.STEP_CONFIG_FIELDS)
 
 
 def _step_state(Stager st):

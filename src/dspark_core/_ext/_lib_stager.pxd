@@ -142,6 +142,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
 
     const FieldInfo* SEQ_STATE_FIELDS
     const FieldInfo* SEQ_STATS_FIELDS
+    const FieldInfo* STEP_CONFIG_FIELDS
 
     # What a call needs of a sequence's state (Stager::Need).
     enum class Need "dspark::Stager::Need"(uint8_t):

@@ -21,6 +21,7 @@ SEQ_STATE_FIELDS: tuple[str, ...]
 SEQ_STATS_FIELDS: tuple[str, ...]
 PREFIX_HIT_FIELDS: tuple[str, ...]
 PREFIX_STATS_FIELDS: tuple[str, ...]
+STEP_CONFIG_FIELDS: tuple[str, ...]
 # The rows of a batch plan's packed arrays (pack_plans): int64 meta, uint8 flags.
 BATCH_META_ROWS: tuple[str, ...]
 BATCH_FLAG_ROWS: tuple[str, ...]
@@ -76,6 +77,13 @@ def decode(
 
 def bounds(storage: str, staged: Any = ...) -> tuple[float, float]:
     """``(limit, clamp_to)`` of ``storage`` decoded to ``staged``."""
+
+def staged_as_stored(storage: str, stage_dtype: Any) -> bool:
+    """The core's rule: rows of ``storage`` staged as ``stage_dtype`` are their stored bytes."""
+
+def pad_rows(seqs: npt.ArrayLike, row_offsets: npt.ArrayLike, values: npt.ArrayLike, max_rows: int,
+             out: np.ndarray) -> None:
+    """The core's padded layout (``BatchPlan.padded``)."""
 
 def find_nonfinite(src: npt.NDArray[Any]) -> int:
     """Flat index of the first NaN/Inf, or -1."""

@@ -32,6 +32,7 @@ from dspark_core._ext._lib_stager cimport (
     MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT, w_keep as c_w_keep,
     ring_rows as c_ring_rows,
     FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
+    STEP_CONFIG_FIELDS as C_STEP_CONFIG_FIELDS,
     BATCH_META_ROWS as C_BATCH_META_ROWS, BATCH_FLAG_ROWS as C_BATCH_FLAG_ROWS, pad_rows as c_pad_rows,
 )
 from dspark_core._ext._lib_prefix_store cimport (
@@ -116,6 +117,8 @@ SEQ_STATE_FIELDS = _field_names(C_SEQ_STATE_FIELDS)
 SEQ_STATS_FIELDS = _field_names(C_SEQ_STATS_FIELDS)
 PREFIX_HIT_FIELDS = _field_names(C_PREFIX_HIT_FIELDS)
 PREFIX_STATS_FIELDS = _field_names(C_PREFIX_STATS_FIELDS)
+# The device step's constants (Stager.step_config()'s keys, the CUDA binding's order).
+STEP_CONFIG_FIELDS = _field_names(C_STEP_CONFIG_FIELDS)
 
 # The rows of a batch plan's two packed arrays, in order (dspark/stager.hpp,
 # pack_plans): int64 ``meta`` (the last row row_offsets) and uint8 ``flags``.

@@ -2,7 +2,8 @@
 
 :class:`DeviceStep` owns the device copy of one Stager's step state and fixed
 device buffers for a batch of up to ``capacity`` entries: the sequence ids,
-the sampler's accept counts (int32) and every output of a step. :meth:`launch`
+the sampler's accept counts (int32, or the sampler's own int32 / int64 buffer:
+:meth:`read_counts_from`) and every output of a step. :meth:`launch`
 enqueues one step (one kernel launch; nothing synchronises, allocates or
 copies), so it can be captured into a CUDA graph with the drafter and the
 verify forward; between replays the sampler writes new counts into
@@ -47,6 +48,8 @@ class DeviceStep:
         cu.copy_to_device(self._state.ptr, np.ascontiguousarray(host).view(np.uint8).reshape(-1), 0)
         self._seqs = cu.Allocation(8 * max(1, self.capacity), device)
         self._counts = cu.Allocation(4 * max(1, self.capacity), device)
+        # Where the step reads the accept counts: this step's own int32 buffer, or the sampler's.
+        self._counts_at, self._counts_dtype = int(self._counts.ptr), np.dtype(np.int32)
         # The outputs as DeviceArrays of fixed shape (capacity rows, -1 until written): a ring's
         # gather_slots / write_slots take .arrays["row_slots"] / ["verify_slots"] in the same graph.
         self.arrays: dict[str, DeviceArray] = {}
@@ -64,8 +67,35 @@ class DeviceStep:
 
     @property
     def counts_ptr(self) -> int:
-        """Device int32 [capacity]: the accept counts the next step reads (the sampler's output)."""
-        return int(self._counts.ptr)
+        """The device buffer the next step reads its accept counts from (``counts_dtype``, one
+        per batch entry, -1: not in this step): this step's own int32 buffer unless
+        :meth:`read_counts_from` named the sampler's."""
+        return self._counts_at
+
+    @property
+    def counts_dtype(self) -> np.dtype:
+        """int32 or int64: the element type of :attr:`counts_ptr`."""
+        return self._counts_dtype
+
+    def read_counts_from(self, counts: Any, dtype: Any = None) -> None:
+        """Read the accept counts from the sampler's own device buffer from now on: a
+        :class:`~dspark_core.cuda.DeviceArray` of int32 / int64, or a device pointer with
+        ``dtype``. Nothing is copied: each launch (a graph replay too) reads what the
+        sampler last wrote there. Call it before capturing a graph; the buffer must hold
+        one count per batch entry and outlive the launches that read it."""
+        if isinstance(counts, DeviceArray):
+            ptr, dt = int(counts.ptr), np.dtype(counts.dtype if dtype is None else dtype)
+            if counts.size < self.capacity:
+                raise ValueError(f"DeviceStep.read_counts_from: {counts.size} counts, the capacity is {self.capacity}")
+        else:
+            if dtype is None:
+                raise ValueError("DeviceStep.read_counts_from: a raw pointer needs its dtype (int32 or int64)")
+            ptr, dt = int(counts), np.dtype(dtype)
+        if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
+            raise ValueError(f"DeviceStep.read_counts_from: counts must be int32 or int64, got {dt}")
+        if ptr == 0:
+            raise ValueError("DeviceStep.read_counts_from: a null pointer")
+        self._counts_at, self._counts_dtype = ptr, dt
 
     def set_batch(self, seqs: Sequence[int], counts: Sequence[int] | None = None) -> None:
         """The batch's sequence ids (and counts), copied to the device (outside a graph)."""
@@ -82,17 +112,17 @@ class DeviceStep:
     def set_counts(self, counts: Sequence[int]) -> None:
         """Write the accept counts (what a sampler kernel does on the device), outside a graph."""
         cu = self._cu
-        c = np.ascontiguousarray(counts, np.int32)
+        c = np.ascontiguousarray(counts, self._counts_dtype)
         if c.shape != (self.n,):
             raise ValueError(f"DeviceStep: {self.n} accept counts expected, got shape {c.shape}")
-        cu.copy_to_device(self._counts.ptr, c.view(np.uint8), 0)
+        cu.copy_to_device(self._counts_at, c.view(np.uint8), 0)
         cu.synchronize(0, self.device)
 
     def launch(self, stream: int = 0) -> None:
         """Enqueue one step of the current batch on ``stream``: one kernel launch, capturable."""
         outs = tuple(int(self._out[name][0].ptr) for name, _, _ in _OUTPUTS)
-        self._cu.device_step(self._config, self._state.ptr, self._seqs.ptr, self._counts.ptr, 4, self.n,
-                                   outs, stream)
+        self._cu.device_step(self._config, self._state.ptr, self._seqs.ptr, self._counts_at,
+                             self._counts_dtype.itemsize, self.n, outs, stream)
 
     def outputs(self) -> StepOutputs:
         """The last step's answers, copied to the host (synchronous: tests and logs)."""
