@@ -40,6 +40,9 @@ void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets,
 const char* const BATCH_META_ROWS[] = {DSPARK_BATCH_META_ROWS(DSPARK_BATCH_ROW_NAME) "row_offsets", nullptr};
 const char* const BATCH_FLAG_ROWS[] = {DSPARK_BATCH_FLAG_ROWS(DSPARK_BATCH_ROW_NAME) nullptr};
 #undef DSPARK_BATCH_ROW_NAME
+#define DSPARK_PLAN_FIELD_NAME(type, name) #name,
+const char* const ROUND_PLAN_FIELDS[] = {DSPARK_ROUND_PLAN_FIELDS(DSPARK_PLAN_FIELD_NAME) nullptr};
+#undef DSPARK_PLAN_FIELD_NAME
 
 void pack_plans(const RoundPlan* plans, std::size_t n, std::int64_t* meta, std::uint8_t* flags,
                 std::int32_t* positions, std::int64_t* slots) noexcept {

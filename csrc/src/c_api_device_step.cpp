@@ -27,20 +27,12 @@ static_assert(eq(DSPARK_STEP_OK, step::STATUS_OK) && eq(DSPARK_STEP_NOT_IN_STEP,
 static_assert(eq(DSPARK_STEP_REBASE, step::PLAN_REBASE) && eq(DSPARK_STEP_CLEAR_CACHE, step::PLAN_CLEAR_CACHE),
               "the C plan flags are step_math.hpp's");
 
-step::Outputs outputs_of(const dspark_step_out& o) {
-    step::Outputs x;
-    x.status = o.status;
-    x.skip = o.skip;
-    x.flags = o.flags;
-    x.start = o.start;
-    x.pos_base = o.pos_base;
-    x.crop_from = o.crop_from;
-    x.n_rows = o.n_rows;
-    x.row_slots = o.row_slots;
-    x.row_positions = o.row_positions;
-    x.block_positions = o.block_positions;
-    x.verify_slots = o.verify_slots;
-    return x;
+step::Outputs outputs_of(const dspark_step_out& from) {
+    step::Outputs to;
+#define DSPARK_COPY_OUTPUT(type, name, shape) to.name = from.name;
+    DSPARK_STEP_OUTPUT_FIELDS(DSPARK_COPY_OUTPUT)
+#undef DSPARK_COPY_OUTPUT
+    return to;
 }
 
 }  // namespace

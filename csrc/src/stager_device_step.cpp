@@ -23,6 +23,9 @@ namespace dspark {
 #define DSPARK_STEP_CONFIG_FIELD_INFO(type, name) DSPARK_FIELD_INFO(device_step::Config, type, name)
 const FieldInfo STEP_CONFIG_FIELDS[] = {DSPARK_STEP_CONFIG_FIELDS(DSPARK_STEP_CONFIG_FIELD_INFO){nullptr, 0, false}};
 #undef DSPARK_STEP_CONFIG_FIELD_INFO
+#define DSPARK_STEP_OUTPUT_INFO(type, name, shape) {#name, offsetof(device_step::Outputs, name), sizeof(type), shape},
+const device_step::OutputInfo STEP_OUTPUTS[] = {DSPARK_STEP_OUTPUT_FIELDS(DSPARK_STEP_OUTPUT_INFO){nullptr, 0, 0, nullptr}};
+#undef DSPARK_STEP_OUTPUT_INFO
 
 namespace {
 

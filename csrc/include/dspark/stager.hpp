@@ -226,8 +226,10 @@ struct SeqStats {
 // The tables of SeqState / SeqStats (field_list.hpp).
 extern const FieldInfo SEQ_STATE_FIELDS[];
 extern const FieldInfo SEQ_STATS_FIELDS[];
-// device_step::Config's fields (DSPARK_STEP_CONFIG_FIELDS, step_math.hpp).
+// device_step::Config's fields (DSPARK_STEP_CONFIG_FIELDS, step_math.hpp)
+// and device_step::Outputs' (DSPARK_STEP_OUTPUT_FIELDS).
 extern const FieldInfo STEP_CONFIG_FIELDS[];
+extern const device_step::OutputInfo STEP_OUTPUTS[];
 
 class Stager {
 public:
@@ -764,6 +766,9 @@ void plan_rows(const RoundPlan* plans, std::size_t n, std::int64_t* row_offsets,
 // The row names, in order, null-terminated; BATCH_META_ROWS ends with
 // "row_offsets" (plan_rows' offsets, the last row of meta).
 extern const char* const BATCH_META_ROWS[];
+// The names of DSPARK_ROUND_PLAN_FIELDS, in order, null-terminated: a binding
+// checks that its plan type carries each of them.
+extern const char* const ROUND_PLAN_FIELDS[];
 extern const char* const BATCH_FLAG_ROWS[];
 // plans as a batch: meta int64 [meta rows][n + 1], flags uint8 [flag rows][n],
 // and plan_rows' positions and slots (the plans' n_rows summed).

@@ -115,21 +115,44 @@ struct Config {
     DSPARK_STEP_CONFIG_FIELDS(DSPARK_DECLARE_FIELD)
 };
 
-// Where a step writes entry i's answers; every pointer but status may be
-// null (not written). Entries that were not stepped (status != OK) read as
-// "nothing": skip NOT_STEPPED and -1 everywhere else.
+// Where a step writes entry i's answers, listed once as X(element type,
+// name, shape): Outputs, the C ABI's dspark_step_out, the bindings' output
+// arrays (their names, dtypes and shapes) all expand this list. The shape is
+// in units of the batch ("n": one per entry; "n,max_rows": the padded
+// context rows; "n,block": the block; "n,block+1": the verify rows):
+// status (STATUS_*), skip (Skip code, NOT_STEPPED), flags (PLAN_* bits),
+// start (the round's n_past: end after accept), pos_base and crop_from (-1
+// for a skip), n_rows (context rows staged), row_slots / row_positions (the
+// context rows' global slots / drafter positions, -1 padding), block_positions
+// (the block's drafter positions), verify_slots (the next verify rows' slots,
+// -1 unused). Every pointer but status may be null (not written). Entries
+// that were not stepped (status != OK) read as "nothing": skip NOT_STEPPED and
+// -1 everywhere else.
+#define DSPARK_STEP_OUTPUT_FIELDS(X)                   \
+    X(std::int32_t, status, "n")                       \
+    X(std::int32_t, skip, "n")                         \
+    X(std::int32_t, flags, "n")                        \
+    X(std::int64_t, start, "n")                        \
+    X(std::int64_t, pos_base, "n")                     \
+    X(std::int64_t, crop_from, "n")                    \
+    X(std::int64_t, n_rows, "n")                       \
+    X(std::int64_t, row_slots, "n,max_rows")           \
+    X(std::int32_t, row_positions, "n,max_rows")       \
+    X(std::int32_t, block_positions, "n,block")        \
+    X(std::int64_t, verify_slots, "n,block+1")
+#define DSPARK_DECLARE_OUTPUT(type, name, shape) type* name = nullptr;
 struct Outputs {
-    std::int32_t* status = nullptr;           // [n]
-    std::int32_t* skip = nullptr;             // [n] Skip code, NOT_STEPPED
-    std::int32_t* flags = nullptr;            // [n] PLAN_* bits
-    std::int64_t* start = nullptr;            // [n] the round's n_past (end after accept)
-    std::int64_t* pos_base = nullptr;         // [n] -1 for a skip
-    std::int64_t* crop_from = nullptr;        // [n] -1 for a skip
-    std::int64_t* n_rows = nullptr;           // [n] context rows staged
-    std::int64_t* row_slots = nullptr;        // [n, max_rows] global slots, -1 padding
-    std::int32_t* row_positions = nullptr;    // [n, max_rows] drafter positions, -1 padding
-    std::int32_t* block_positions = nullptr;  // [n, B] the block's drafter positions
-    std::int64_t* verify_slots = nullptr;     // [n, B + 1] the verify rows' slots, -1 unused
+    DSPARK_STEP_OUTPUT_FIELDS(DSPARK_DECLARE_OUTPUT)
+};
+#undef DSPARK_DECLARE_OUTPUT
+
+// One output of the list: its name, where its pointer lies in Outputs, its
+// element size and shape. The table ends with a null name.
+struct OutputInfo {
+    const char* name;
+    std::size_t offset;
+    std::size_t elem_bytes;
+    const char* shape;
 };
 
 DSPARK_HD i64 imin(i64 a, i64 b) { return a < b ? a : b; }

@@ -13,7 +13,7 @@ from libcpp cimport bool as cbool
 from libcpp.string cimport string
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
-from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs, STEP_CONFIG_FIELDS
+from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs, STEP_CONFIG_FIELDS, STEP_OUTPUTS
 from dspark_core._ext._lib_cuda cimport device_step_cuda
 from dspark_core._ext._lib_cuda cimport (
     cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
@@ -308,8 +308,7 @@ def capture_end(uintptr_t stream, int device=0):
 #: The order of ``device_step``'s ``config`` (Stager.step_config's keys: the core's
 #: DSPARK_STEP_CONFIG_FIELDS) and ``outputs``.
 STEP_CONFIG_KEYS = _row_format.STEP_CONFIG_FIELDS
-STEP_OUTPUT_KEYS = ("status", "skip", "flags", "start", "pos_base", "crop_from", "n_rows", "row_slots",
-                    "row_positions", "block_positions", "verify_slots")
+STEP_OUTPUT_KEYS = tuple(name for name, _, _ in _row_format.STEP_OUTPUTS)
 
 
 def device_step(tuple config, uintptr_t state, uintptr_t seqs, uintptr_t counts, int count_bytes, size_t n,
@@ -324,21 +323,12 @@ def device_step(tuple config, uintptr_t state, uintptr_t seqs, uintptr_t counts,
     while STEP_CONFIG_FIELDS[k].name != NULL:  # field by field from the core's table (all int64)
         (<int64_t*>(base + STEP_CONFIG_FIELDS[k].offset))[0] = config[k]
         k += 1
-    cdef uintptr_t p[11]
-    for i in range(11):
-        p[i] = outputs[i]
-    cdef StepOutputs o
-    o.status = <int32_t*>p[0]
-    o.skip = <int32_t*>p[1]
-    o.flags = <int32_t*>p[2]
-    o.start = <int64_t*>p[3]
-    o.pos_base = <int64_t*>p[4]
-    o.crop_from = <int64_t*>p[5]
-    o.n_rows = <int64_t*>p[6]
-    o.row_slots = <int64_t*>p[7]
-    o.row_positions = <int32_t*>p[8]
-    o.block_positions = <int32_t*>p[9]
-    o.verify_slots = <int64_t*>p[10]
+    cdef StepOutputs o  # every pointer by the core's output list (STEP_OUTPUTS: offsets in Outputs)
+    cdef char* obase = <char*>&o
+    k = 0
+    while STEP_OUTPUTS[k].name != NULL:
+        (<void**>(obase + STEP_OUTPUTS[k].offset))[0] = <void*><uintptr_t>outputs[k]
+        k += 1
     with nogil:
         device_step_cuda(c, <int64_t*>state, <const int64_t*>seqs, <const void*>counts, count_bytes, n, o,
                          <void*>stream)

@@ -4,9 +4,11 @@
 # check_step call these). Thin, as the Stager's: it converts, checks the
 # output arrays the core writes through raw pointers, releases the GIL and
 # calls once; every rule and message is the core's.
-from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_COUNT, STEP_CONFIG_FIELDS
+from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_COUNT, STEP_CONFIG_FIELDS, STEP_OUTPUTS
 
 from dspark_core.stager import device_step as _device_step
+
+_STEP_OUTPUT_NAMES = tuple(name for name, _, _ in _row_format.STEP_OUTPUTS)
 
 
 def _step_to_device(Stager st, seqs):
@@ -50,22 +52,13 @@ def _step_many(Stager st, seqs, n_accepted, out):
         raise TypeError(f"step_many: out must be a StepOutputs, got {type(out).__name__}")
     else:
         out.check(n, c.max_rows, c.block)
-    cdef StepOutputs o
-    o.status = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.status)
-    o.skip = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.skip)
-    o.flags = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.flags)
-    o.start = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.start)
-    o.pos_base = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.pos_base)
-    o.crop_from = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.crop_from)
-    o.n_rows = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.n_rows)
-    o.row_slots = NULL  # padded rows not asked for: not written
-    o.row_positions = NULL
-    if out.row_slots is not None:
-        o.row_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_slots)
-    if out.row_positions is not None:
-        o.row_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.row_positions)
-    o.block_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>out.block_positions)
-    o.verify_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>out.verify_slots)
+    cdef StepOutputs o  # every pointer from the core's output list (None: NULL, not written)
+    cdef char* base = <char*>&o
+    cdef size_t k = 0
+    while STEP_OUTPUTS[k].name != NULL:
+        arr = getattr(out, _STEP_OUTPUT_NAMES[k])
+        (<void**>(base + STEP_OUTPUTS[k].offset))[0] = NULL if arr is None else cnp.PyArray_DATA(<cnp.ndarray>arr)
+        k += 1
     cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
     cdef const int64_t* ap = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>av)
     with nogil:

@@ -11,6 +11,12 @@ from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspa
 
 
 cdef extern from "dspark/step_math.hpp" nogil:
+    # One entry of the step's output list (STEP_OUTPUTS): name, pointer offset in Outputs, element bytes, shape.
+    cdef cppclass StepOutputInfo "dspark::device_step::OutputInfo":
+        const char* name
+        size_t offset
+        size_t elem_bytes
+        const char* shape
     # Where a device step writes its answers (any pointer but status may be NULL).
     cdef cppclass StepOutputs "dspark::device_step::Outputs":
         int32_t* status
@@ -143,6 +149,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const FieldInfo* SEQ_STATE_FIELDS
     const FieldInfo* SEQ_STATS_FIELDS
     const FieldInfo* STEP_CONFIG_FIELDS
+    const StepOutputInfo* STEP_OUTPUTS
 
     # What a call needs of a sequence's state (Stager::Need).
     enum class Need "dspark::Stager::Need"(uint8_t):
@@ -237,6 +244,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     # The batch plan's rows (names null-terminated) and its one packer.
     const char* const* BATCH_META_ROWS
     const char* const* BATCH_FLAG_ROWS
+    const char* const* ROUND_PLAN_FIELDS
     void pack_plans(const RoundPlan* plans, size_t n, int64_t* meta, uint8_t* flags, int32_t* positions,
                     int64_t* slots)
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int32_t* values, size_t total,

@@ -32,8 +32,9 @@ from dspark_core._ext._lib_stager cimport (
     MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT, w_keep as c_w_keep,
     ring_rows as c_ring_rows,
     FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
-    STEP_CONFIG_FIELDS as C_STEP_CONFIG_FIELDS,
+    STEP_CONFIG_FIELDS as C_STEP_CONFIG_FIELDS, STEP_OUTPUTS as C_STEP_OUTPUTS,
     BATCH_META_ROWS as C_BATCH_META_ROWS, BATCH_FLAG_ROWS as C_BATCH_FLAG_ROWS, pad_rows as c_pad_rows,
+    ROUND_PLAN_FIELDS as C_ROUND_PLAN_FIELDS,
 )
 from dspark_core._ext._lib_prefix_store cimport (
     PREFIX_HIT_FIELDS as C_PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS as C_PREFIX_STATS_FIELDS,
@@ -120,10 +121,26 @@ PREFIX_STATS_FIELDS = _field_names(C_PREFIX_STATS_FIELDS)
 # The device step's constants (Stager.step_config()'s keys, the CUDA binding's order).
 STEP_CONFIG_FIELDS = _field_names(C_STEP_CONFIG_FIELDS)
 
+
+cdef tuple _step_outputs():
+    out = []
+    cdef size_t i = 0
+    while C_STEP_OUTPUTS[i].name != NULL:
+        out.append((C_STEP_OUTPUTS[i].name.decode(), C_STEP_OUTPUTS[i].elem_bytes, C_STEP_OUTPUTS[i].shape.decode()))
+        i += 1
+    return tuple(out)
+
+
+# The device step's outputs, in order: (name, element bytes, shape) (DSPARK_STEP_OUTPUT_FIELDS;
+# the shape in units "n", "max_rows", "block", "block+1").
+STEP_OUTPUTS = _step_outputs()
+
 # The rows of a batch plan's two packed arrays, in order (dspark/stager.hpp,
 # pack_plans): int64 ``meta`` (the last row row_offsets) and uint8 ``flags``.
 BATCH_META_ROWS = _name_list(C_BATCH_META_ROWS)
 BATCH_FLAG_ROWS = _name_list(C_BATCH_FLAG_ROWS)
+# The fields of the core's round plan (DSPARK_ROUND_PLAN_FIELDS), which StagePlan carries.
+ROUND_PLAN_FIELDS = _name_list(C_ROUND_PLAN_FIELDS)
 
 # The core's limits (dspark/stager.hpp).
 TRIM_CHUNK = C_TRIM_CHUNK

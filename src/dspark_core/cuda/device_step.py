@@ -19,14 +19,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _backend
-from ..stager.device_step import StepOutputs
+from ..stager.device_step import _LAYOUT, StepOutputs
 from .interop import DeviceArray
 
-#: The step's outputs as laid out on the device: name, dtype, columns (per entry).
-_OUTPUTS = (("status", np.int32, 1), ("skip", np.int32, 1), ("flags", np.int32, 1), ("start", np.int64, 1),
-            ("pos_base", np.int64, 1), ("crop_from", np.int64, 1), ("n_rows", np.int64, 1),
-            ("row_slots", np.int64, "max_rows"), ("row_positions", np.int32, "max_rows"),
-            ("block_positions", np.int32, "block"), ("verify_slots", np.int64, "block+1"))
+#: The step's outputs as laid out on the device: name, dtype, columns (per entry), from the
+#: core's output list (the host twin's StepOutputs layout).
+_OUTPUTS = tuple((name, dtype, 1 if shape == "n" else shape.split(",", 1)[1]) for name, dtype, shape in _LAYOUT)
 
 
 class DeviceStep:

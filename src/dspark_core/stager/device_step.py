@@ -16,9 +16,11 @@ is one, and the step changed nothing for that entry.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
+
+from .._ext import _row_format
 
 STEP_OK = 0
 STEP_NOT_IN_STEP = 1
@@ -44,20 +46,11 @@ STEP_CLEAR_CACHE = 2
 #: ``skip`` of an entry that was not stepped (else the core's skip code: 0 none, 3 no_context).
 NOT_STEPPED = -1
 
-#: Each array's name, dtype and shape in units of (n, max_rows, block).
-_LAYOUT: tuple[tuple[str, type, str], ...] = (
-    ("status", np.int32, "n"),
-    ("skip", np.int32, "n"),
-    ("flags", np.int32, "n"),
-    ("start", np.int64, "n"),
-    ("pos_base", np.int64, "n"),
-    ("crop_from", np.int64, "n"),
-    ("n_rows", np.int64, "n"),
-    ("row_slots", np.int64, "n,max_rows"),
-    ("row_positions", np.int32, "n,max_rows"),
-    ("block_positions", np.int32, "n,block"),
-    ("verify_slots", np.int64, "n,block+1"),
-)
+_INT = {4: np.int32, 8: np.int64}
+#: Each array's name, dtype and shape in units of (n, max_rows, block): the core's list
+#: (DSPARK_STEP_OUTPUT_FIELDS), read through the binding.
+_LAYOUT: tuple[tuple[str, type, str], ...] = tuple(
+    (name, _INT[nbytes], shape) for name, nbytes, shape in _row_format.STEP_OUTPUTS)
 
 
 #: The padded arrays, which may be None (not written).
@@ -115,3 +108,16 @@ class StepOutputs:
     def errors(self) -> np.ndarray:
         """The indices of the entries whose status is an error."""
         return np.flatnonzero(self.status >= STEP_FIRST_ERROR)
+
+
+def _check() -> None:
+    """StepOutputs names the core's outputs, in its order (checked at import: an output the
+    core gains fails ``import dspark_core`` until it is named here, not a step later)."""
+    ours = tuple(f.name for f in fields(StepOutputs))
+    core = tuple(name for name, _, _ in _LAYOUT)
+    if ours != core:
+        raise ImportError(f"dspark_core.stager.device_step.StepOutputs has fields {ours}; the core's step "
+                          f"writes {core}: the package and its core disagree")
+
+
+_check()

@@ -281,6 +281,12 @@ class StagePlan:
         """Number of context rows staged (excluding the block)."""
         return self._n_rows
 
+    @property
+    def first_row(self) -> int:
+        """Absolute position of the first staged context row (``start - n_rows``; ``start``
+        when nothing is staged): the core plan's ``first_row``."""
+        return self.start - self._n_rows
+
     def __repr__(self) -> str:
         if self.skip is not None:
             return f"StagePlan(seq={self.seq}, start={self.start}, skip={self.skip!r})"
