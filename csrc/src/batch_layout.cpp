@@ -44,20 +44,26 @@ const char* const BATCH_FLAG_ROWS[] = {DSPARK_BATCH_FLAG_ROWS(DSPARK_BATCH_ROW_N
 const char* const ROUND_PLAN_FIELDS[] = {DSPARK_ROUND_PLAN_FIELDS(DSPARK_PLAN_FIELD_NAME) nullptr};
 #undef DSPARK_PLAN_FIELD_NAME
 
+namespace {
+
+// One row of a batch plan: get(plans[i]) for each plan, as T; returns where the next row starts.
+template <class T, class Get>
+T* pack_row(const RoundPlan* plans, std::size_t n, T* row, std::size_t row_length, Get get) noexcept {
+    for (std::size_t i = 0; i < n; ++i) row[i] = static_cast<T>(get(plans[i]));
+    return row + row_length;
+}
+
+}  // namespace
+
 void pack_plans(const RoundPlan* plans, std::size_t n, std::int64_t* meta, std::uint8_t* flags,
                 std::int32_t* positions, std::int64_t* slots) noexcept {
-    const std::size_t w = n + 1;  // meta's row length
-    std::int64_t* m = meta;
-#define DSPARK_PACK_META(column, field)                                                         \
-    for (std::size_t i = 0; i < n; ++i) m[i] = static_cast<std::int64_t>(plans[i].field); \
-    m += w;
+    std::int64_t* m = meta;  // rows of n + 1 (the last, row_offsets, fills all of them)
+    std::uint8_t* f = flags;  // rows of n
+#define DSPARK_PACK_META(column, field) m = pack_row(plans, n, m, n + 1, [](const RoundPlan& p) { return p.field; });
+#define DSPARK_PACK_FLAG(column, field) f = pack_row(plans, n, f, n, [](const RoundPlan& p) { return p.field; });
     DSPARK_BATCH_META_ROWS(DSPARK_PACK_META)
-#undef DSPARK_PACK_META
-    std::uint8_t* f = flags;
-#define DSPARK_PACK_FLAG(column, field)                                                         \
-    for (std::size_t i = 0; i < n; ++i) f[i] = static_cast<std::uint8_t>(plans[i].field); \
-    f += n;
     DSPARK_BATCH_FLAG_ROWS(DSPARK_PACK_FLAG)
+#undef DSPARK_PACK_META
 #undef DSPARK_PACK_FLAG
     plan_rows(plans, n, m, positions, slots);  // m: the row_offsets row
 }

@@ -410,6 +410,15 @@ void differential(i64 n, i64 b, i64 w, Storage s, std::uint64_t seed, int n_step
 void start(Stager& st, i64 len) { prompt(st, 0, 0, len, nullptr); }
 
 // Runs one step of sequence 0 with count a on `dev`, and its oracle on `orc`.
+// Sequence 0 started with n rows on both Stagers, handed over on dev; returns its id.
+i64 start_pair(Stager& dev, Stager& orc, i64 n) {
+    start(dev, n);
+    start(orc, n);
+    const i64 seq = 0;
+    dev.to_device(&seq, 1);
+    return seq;
+}
+
 bool step_both(Stager& dev, Stager& orc, i64 a, StepOut* keep = nullptr) {
     const i64 seq = 0;
     StepOut o(dev, 1);
@@ -435,10 +444,7 @@ TEST_CASE(differential_all_storages) {
 // step accepting 0 adds one row; the rounds at start 5 and 6 straddle it.
 TEST_CASE(rebase_boundary) {
     Stager dev(options(1, 2, 7, Storage::F32)), orc(options(1, 2, 7, Storage::F32));
-    start(dev, 3);
-    start(orc, 3);
-    const i64 seq = 0;
-    dev.to_device(&seq, 1);
+    const i64 seq = start_pair(dev, orc, 3);
     std::vector<bool> rebased;
     for (int t = 0; t < 6; ++t) {
         StepOut o(dev, 1);
@@ -462,10 +468,7 @@ TEST_CASE(rebase_boundary) {
 // plan an ordinary round on a cache that is not there).
 TEST_CASE(restage_owed_rebases_the_next_step) {
     Stager dev(options(1, 2, 32, Storage::F32)), orc(options(1, 2, 32, Storage::F32));
-    start(dev, 10);
-    start(orc, 10);
-    const i64 seq = 0;
-    dev.to_device(&seq, 1);
+    const i64 seq = start_pair(dev, orc, 10);
     for (int t = 0; t < 3; ++t) {
         StepOut o(dev, 1);
         CHECK(step_both(dev, orc, 1, &o));
