@@ -268,6 +268,15 @@ class CoreMatchesReference(RuleBasedStateMachine):
     def shift(self, seq, n_keep, n_discard):
         self.both("shift", self.pick(seq), n_keep, n_discard)
 
+    @rule(seq=SEQ, on=hs.booleans())
+    def switch_drafting(self, seq, on):
+        """disable / enable: a skip of its own while rows keep flowing, drafts at once when back on."""
+        self.both("enable" if on else "disable", self.pick(seq))
+
+    @rule(seqs=hs.lists(SEQ, max_size=3), on=hs.booleans())
+    def switch_drafting_many(self, seqs, on):
+        self.both("enable_many" if on else "disable_many", [self.pick(q) for q in seqs])
+
     @rule(src=SEQ, dst=SEQ)
     def fork(self, src, dst):
         self.both("fork", self.pick(src), self.pick(dst))

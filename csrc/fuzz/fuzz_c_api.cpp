@@ -803,7 +803,7 @@ void op_batch(Reader& r, Fixture& fx) {
     dspark_status s = DSPARK_OK;
     std::pair<dspark_status, std::string> w;
     const char* name = "";
-    switch (kind % 11) {
+    switch (kind % 12) {
         case 0:
             name = "process_many";
             s = dspark_process_many(fx.st, seqs.data(), k, cu.data(), pos.data(), total, x.data(), DSPARK_DTYPE_F32,
@@ -858,6 +858,30 @@ void op_batch(Reader& r, Fixture& fx) {
             w = outcome_of([&] { fx.cpp->reserve(seq, pos.data(), n, want.data()); });
             break;
         }
+        case 10:  // drafting per request: one sequence or the batch, off or on
+            switch (mode % 4) {
+                case 0:
+                    name = "disable";
+                    s = dspark_disable(fx.st, seq);
+                    w = outcome_of([&] { fx.cpp->disable(seq); });
+                    break;
+                case 1:
+                    name = "enable";
+                    s = dspark_enable(fx.st, seq);
+                    w = outcome_of([&] { fx.cpp->enable(seq); });
+                    break;
+                case 2:
+                    name = "disable_many";
+                    s = dspark_disable_many(fx.st, seqs.data(), k);
+                    w = outcome_of([&] { fx.cpp->disable_many(seqs.data(), k); });
+                    break;
+                default:
+                    name = "enable_many";
+                    s = dspark_enable_many(fx.st, seqs.data(), k);
+                    w = outcome_of([&] { fx.cpp->enable_many(seqs.data(), k); });
+                    break;
+            }
+            break;
         default:
             switch (mode % 3) {
                 case 0:

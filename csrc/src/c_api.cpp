@@ -531,6 +531,22 @@ dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs, size_t n) 
     return on_seqs(st, seqs, n, &dspark::Stager::end_many);
 }
 
+dspark_status dspark_disable(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).disable(seq); });
+}
+
+dspark_status dspark_enable(dspark_stager* st, int64_t seq) {
+    return guarded([&] { core_of(st).enable(seq); });
+}
+
+dspark_status dspark_disable_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return on_seqs(st, seqs, n, &dspark::Stager::disable_many);
+}
+
+dspark_status dspark_enable_many(dspark_stager* st, const int64_t* seqs, size_t n) {
+    return on_seqs(st, seqs, n, &dspark::Stager::enable_many);
+}
+
 dspark_status dspark_commit(dspark_stager* st, int64_t seq) {
     return guarded([&] { core_of(st).commit(seq); });
 }

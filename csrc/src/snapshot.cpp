@@ -32,9 +32,12 @@ constexpr std::size_t V1_TRAILER_BYTES = 4;  // v1: CRC-32 (zlib) of everything 
 // Enough to read magic, version and header size.
 constexpr std::size_t PREAMBLE_BYTES = 8;
 constexpr std::size_t OFF_ROWS_CRC = 88, OFF_HEADER_CRC = 92;
+// FLAG_DRAFTING_OFF (the request's switch, disable): a reader that predates it
+// rejects the snapshot as having reserved bits set, rather than drafting for a
+// request that asked for none.
 constexpr std::uint32_t FLAG_STARTED = 1, FLAG_DISABLED = 2, FLAG_OWED = 4, FLAG_FIRST_ROUND = 8,
-                        FLAG_ACCEPT_OPEN = 16;
-constexpr std::uint32_t FLAG_BITS = 31;
+                        FLAG_ACCEPT_OPEN = 16, FLAG_DRAFTING_OFF = 32;
+constexpr std::uint32_t FLAG_BITS = 63;
 // Content flags (v2, offset 14): which parts the snapshot carries. Bit 0:
 // the rows are held outside the snapshot (external-row mode: bookkeeping
 // only, n_rows still says how many rows the owner keeps). A reader rejects
@@ -115,7 +118,7 @@ void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
     put<std::uint32_t>(h + 24, static_cast<std::uint32_t>(row_bytes_));
     const std::uint32_t flags = (s.started ? FLAG_STARTED : 0) | (s.disabled ? FLAG_DISABLED : 0) |
                                 (s.restage_owed ? FLAG_OWED : 0) | (s.first_round ? FLAG_FIRST_ROUND : 0) |
-                                (s.accept_open ? FLAG_ACCEPT_OPEN : 0);
+                                (s.accept_open ? FLAG_ACCEPT_OPEN : 0) | (s.drafting_off ? FLAG_DRAFTING_OFF : 0);
     put<std::uint32_t>(h + 28, flags);
     put<std::int64_t>(h + 32, s.end);
     put<std::int64_t>(h + 40, s.horizon);
@@ -258,7 +261,7 @@ Stager::SnapshotFields Stager::read_snapshot(const std::uint8_t* d, std::size_t 
              horizon <= (tentative ? end - tentative + 1 : end) && end < MAX_POSITION;
     } else {
         ok = end == 0 && horizon == 0 && n_cache == 0 && pos_base == 0 && tentative == 0 && n_rows == 0 &&
-             flags == FLAG_FIRST_ROUND && failures == 0;  // a fresh sequence
+             (flags & ~FLAG_DRAFTING_OFF) == FLAG_FIRST_ROUND && failures == 0;  // a fresh sequence
     }
     if (!ok) bad("snapshot fields are inconsistent");
     return SnapshotFields{v1, header, n_rows, end, horizon, n_cache, pos_base, tentative, failures, flags, started};
@@ -345,6 +348,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     s.restage_owed = started;  // the drafter cache of this slot is unknown
     s.first_round = flags & FLAG_FIRST_ROUND;
     s.accept_open = flags & FLAG_ACCEPT_OPEN;
+    s.drafting_off = flags & FLAG_DRAFTING_OFF;
     s.end = end;
     s.horizon = horizon;
     s.n_cache = n_cache;

@@ -42,6 +42,7 @@ const char* skip_name(Skip s) noexcept {
         case Skip::Empty: return "empty";
         case Skip::NoContext: return "no_context";
         case Skip::MissingRows: return "missing_rows";
+        case Skip::DraftingOff: return "drafting_off";
         default: return "";
     }
 }
@@ -373,6 +374,7 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, const Seq& s, std::int64_t sta
     p.mismatch = s.started && !s.disabled && start != s.end;
     p.report_mismatch = p.mismatch && !s.mismatch_reported;
     if (s.disabled) p.skip = Skip::Disabled;
+    else if (s.drafting_off) p.skip = Skip::DraftingOff;
     else if (!s.started) p.skip = Skip::Empty;
     else if (start <= s.n_cache) p.skip = Skip::NoContext;
     else if (s.end != start) p.skip = Skip::MissingRows;
@@ -650,13 +652,36 @@ void Stager::end_many(const std::int64_t* seqs_in, std::size_t n) {
     check_ids(call, seqs.data(), n);
     rings.reserve(n);
     BatchLock lock(*this, seqs.data(), n);
-    check_unique(call, lock, seqs.data(), n);
     // end ends any state but one: a sequence on the device step is refused, as
     // end() refuses it, before any sequence of the batch ends.
     for (std::size_t i = 0; i < n; ++i)
         in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], get(seqs[i])); });
+    check_unique(call, lock, seqs.data(), n);
     for (std::int64_t q : seqs) rings.push_back(end_seq(mut(get(q))));
 }
+
+void Stager::set_drafting(const char* call, const std::int64_t* seqs_in, std::size_t n, bool off) {
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);  // a repeated id sets the same switch twice: allowed
+    for (std::size_t i = 0; i < n; ++i)
+        in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], get(seqs[i])); });
+    for (std::int64_t q : seqs) mut(get(q)).drafting_off = off;
+}
+
+void Stager::disable(std::int64_t seq) {
+    auto lock = lock_seq(seq);
+    mut(needs(seq, Need::Any)).drafting_off = true;
+}
+
+void Stager::enable(std::int64_t seq) {
+    auto lock = lock_seq(seq);
+    mut(needs(seq, Need::Any)).drafting_off = false;
+}
+
+void Stager::disable_many(const std::int64_t* seqs, std::size_t n) { set_drafting("disable_many", seqs, n, true); }
+
+void Stager::enable_many(const std::int64_t* seqs, std::size_t n) { set_drafting("enable_many", seqs, n, false); }
 
 void Stager::rollback(std::int64_t seq, std::int64_t n_past) {
     auto lock = lock_seq(seq);
@@ -724,6 +749,7 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint
     c.restage_owed = a.started;  // the child's drafter cache is empty
     c.first_round = a.first_round;
     c.disabled = a.disabled;
+    c.drafting_off = a.drafting_off;
     c.failures = a.failures;
     c.accept_open = a.accept_open;
     c.tentative = a.tentative;
@@ -810,6 +836,7 @@ SeqState Stager::state(std::int64_t seq) const {
     o.first_round = s.first_round;
     o.tentative_rows = s.accept_open ? s.tentative : 0;
     o.reservation_open = s.reserved;
+    o.drafting_off = s.drafting_off;
     return o;
 }
 

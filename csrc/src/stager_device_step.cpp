@@ -316,6 +316,10 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
         if (s.disabled)
             throw StateError(at + seq_msg(seqs[i]) +
                              " is disabled (drafting is off until begin()): decode it without drafts on the host");
+        if (s.drafting_off)
+            throw StateError(at + seq_msg(seqs[i]) +
+                             " has drafting turned off (disable): decode it without drafts on the host, or "
+                             "enable it before to_device");
     }
     check_unique_ids(call, seqs, order.size());
     for (i64 q : seqs) {

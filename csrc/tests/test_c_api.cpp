@@ -423,7 +423,7 @@ TEST_CASE(state_and_stats_fill_every_field) {
     {
         const dspark_state& rec = s;
         FieldCount count;
-        count.bytes = sizeof(rec.struct_size) + sizeof(rec.reserved0);
+        count.bytes = sizeof(rec.struct_size);  // its last int32 is drafting_off (was reserved0)
         DSPARK_SEQ_STATE_FIELDS(DSPARK_COUNT_FIELD)
         CHECK_EQ(count.set, count.fields);
         CHECK_EQ(sizeof(dspark_state), count.bytes);
@@ -543,6 +543,38 @@ TEST_CASE(disabled_after_max_failures) {
     CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
     CHECK_EQ(plan.skip, DSPARK_SKIP_DISABLED);
     CHECK_EQ(plan.n_rows, 0);
+}
+
+// dspark_disable / dspark_enable (and their _many forms): the core's switch,
+// its skip code and state field, its errors as status codes.
+TEST_CASE(drafting_off_per_request) {
+    Handle h(config());
+    CHECK_EQ(process(h.st, 0, 0, 5), DSPARK_OK);
+    CHECK_EQ(process(h.st, 1, 0, 5), DSPARK_OK);
+    dspark_plan plan;
+    std::vector<float> out(static_cast<std::size_t>(W * D));
+    CHECK_EQ(dspark_disable(h.st, 0), DSPARK_OK);
+    dspark_state st;
+    dspark_state_init(&st);
+    CHECK_EQ(dspark_state_get(h.st, 0, &st), DSPARK_OK);
+    CHECK_EQ(st.drafting_off, 1);
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_DRAFTING_OFF);
+    CHECK_EQ(plan.skip, static_cast<int>(dspark::Skip::DraftingOff));
+    CHECK_EQ(process(h.st, 0, 5, 3), DSPARK_OK);  // rows keep flowing
+    const std::int64_t bad[] = {1, 99}, both[] = {0, 1};
+    CHECK_EQ(dspark_disable_many(h.st, bad, 2), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_state_get(h.st, 1, &st), DSPARK_OK);
+    CHECK_EQ(st.drafting_off, 0);  // nothing changed
+    CHECK_EQ(dspark_disable_many(h.st, nullptr, 2), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_enable(h.st, 99), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_disable_many(h.st, both, 2), DSPARK_OK);
+    CHECK_EQ(dspark_enable_many(h.st, both, 2), DSPARK_OK);
+    CHECK_EQ(dspark_state_get(h.st, 0, &st), DSPARK_OK);
+    CHECK_EQ(st.drafting_off, 0);
+    CHECK_EQ(dspark_draft(h.st, 0, 8, DSPARK_DTYPE_F32, out.data(), out.size() * 4, &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(plan.skip, DSPARK_SKIP_NONE);
+    CHECK_EQ(dspark_disable(nullptr, 0), DSPARK_E_NULL_POINTER);
 }
 
 TEST_CASE(draft_too_small_reports_the_size_and_changes_nothing) {

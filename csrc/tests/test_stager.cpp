@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "check.hpp"
@@ -504,3 +505,73 @@ TEST_CASE(a_row_view_keeps_its_bytes_alive_past_end_and_destruction) {
 }
 
 TEST_MAIN()
+
+// Drafting per request: disable skips every draft with DraftingOff while rows
+// keep flowing (and trimming); enable drafts at once, rebasing when the rows
+// outgrew the window meanwhile. The switch survives a cancelled reservation,
+// is copied by fork, carried by snapshots, cleared by begin; a batch with a
+// bad id changes nothing.
+TEST_CASE(drafting_off_skips_while_rows_flow_and_enable_drafts_at_once) {
+    Stager s(opts(4, 12, Storage::Q8_0, 3));
+    process(s, 0, 0, 10);
+    ByteVec rows;
+    RoundPlan p = s.draft(0, 10, rows);
+    CHECK(p.skip == Skip::None);
+    s.commit(0);
+    s.disable(0);
+    s.disable(0);  // idempotent
+    CHECK(s.state(0).drafting_off);
+    const std::int64_t skips = s.stats(0).skips;
+    p = s.draft(0, 10, rows);
+    CHECK(p.skip == Skip::DraftingOff);
+    CHECK(std::string(skip_name(Skip::DraftingOff)) == "drafting_off");
+    CHECK_EQ(s.stats(0).skips, skips + 1);
+    process(s, 0, 10, 200);  // rows keep flowing, the ring keeps its bound
+    CHECK_EQ(s.state(0).end, 210);
+    CHECK(s.stats(0).peak_rows <= 12 + TRIM_CHUNK + 4 + 1);
+    // Snapshots carry it; fork copies it.
+    const auto snap = s.snapshot(0);
+    s.restore(1, snap.data(), snap.size());
+    CHECK(s.state(1).drafting_off);
+    s.fork(0, 2);
+    CHECK(s.state(2).drafting_off);
+    // A batch naming an unknown id changes nothing.
+    const std::int64_t bad[] = {1, 7};
+    CHECK_THROWS(s.enable_many(bad, 2), std::invalid_argument);
+    CHECK(s.state(1).drafting_off);
+    const std::int64_t both[] = {1, 2};
+    s.enable_many(both, 2);
+    CHECK(!s.state(1).drafting_off && !s.state(2).drafting_off);
+    // enable: the next draft plans at once, a rebase onto the newest rows.
+    s.enable(0);
+    p = s.draft(0, 210, rows);
+    CHECK(p.skip == Skip::None);
+    CHECK(p.rebase && p.clear_cache);
+    CHECK_EQ(p.start - p.first_row, w_keep(4, 12));
+    s.commit(0);
+    // begin clears it (the switch is the request's).
+    s.disable(0);
+    s.begin(0);
+    CHECK(!s.state(0).drafting_off);
+}
+
+TEST_CASE(drafting_off_survives_a_cancelled_reservation) {
+    StagerOptions o = opts(4, 12, Storage::F32, 1);
+    o.rows = RowMode::External;
+    Stager s(o);
+    std::int64_t pos[5] = {0, 1, 2, 3, 4}, slots[5];
+    s.process_external(0, pos, 5, slots);
+    std::int64_t more[2] = {5, 6};
+    s.reserve(0, more, 2, slots);
+    s.disable(0);
+    s.cancel(0);
+    CHECK(s.state(0).drafting_off);
+    ByteVec rows;
+    CHECK(s.draft(0, 5, rows).skip == Skip::DraftingOff);
+    // A fresh sequence's snapshot with the switch on restores as such.
+    Stager t(o);
+    t.disable(0);
+    const auto snap = t.snapshot(0);
+    s.restore(0, snap.data(), snap.size());
+    CHECK(s.state(0).drafting_off && !s.state(0).started);
+}

@@ -94,7 +94,8 @@ enum {
     DSPARK_SKIP_DISABLED = 1,
     DSPARK_SKIP_EMPTY = 2,
     DSPARK_SKIP_NO_CONTEXT = 3,
-    DSPARK_SKIP_MISSING_ROWS = 4
+    DSPARK_SKIP_MISSING_ROWS = 4,
+    DSPARK_SKIP_DRAFTING_OFF = 5 /* the request's drafting is turned off (dspark_disable) */
 };
 /* Who holds the staged rows. HELD: the stager holds them, process takes the
  * rows and draft copies them into a caller buffer. EXTERNAL: the caller owns
@@ -172,7 +173,7 @@ typedef struct dspark_state {
     int64_t end, horizon, n_cache, pos_base, n_retained, n_pending;
     int64_t consecutive_failures, tentative_rows;
     int32_t reservation_open; /* 1 between dspark_reserve and dspark_confirm / dspark_cancel */
-    int32_t reserved0;        /* zero */
+    int32_t drafting_off;     /* 1 between dspark_disable and dspark_enable (or the next begin) */
 } dspark_state;
 
 /* Counters since the sequence's last begin (Python: Stager.stats()). Set
@@ -424,6 +425,19 @@ DSPARK_API dspark_status dspark_check_step(const dspark_stager* st, const int64_
  * next request): the sequence is as a new Stager's. */
 DSPARK_API dspark_status dspark_end(dspark_stager* st, int64_t seq);
 DSPARK_API dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs, size_t n);
+
+/* ---- drafting per request -------------------------------------------------
+ * dspark_disable turns drafting off for seq's request: every dspark_draft then
+ * skips with DSPARK_SKIP_DRAFTING_OFF while its rows keep being processed;
+ * dspark_enable turns it back on (the next draft plans at once, rebasing if the
+ * rows outgrew the window meanwhile). Any state but handed over to the device
+ * step; idempotent. Cleared by dspark_begin / dspark_end and a prefix start,
+ * copied by dspark_fork, carried by snapshots. The _many forms check every id
+ * first and change nothing on an error. */
+DSPARK_API dspark_status dspark_disable(dspark_stager* st, int64_t seq);
+DSPARK_API dspark_status dspark_enable(dspark_stager* st, int64_t seq);
+DSPARK_API dspark_status dspark_disable_many(dspark_stager* st, const int64_t* seqs, size_t n);
+DSPARK_API dspark_status dspark_enable_many(dspark_stager* st, const int64_t* seqs, size_t n);
 
 /* ---- lifecycle ----------------------------------------------------------- */
 DSPARK_API dspark_status dspark_rollback(dspark_stager* st, int64_t seq, int64_t n_past);

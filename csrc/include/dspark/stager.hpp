@@ -116,7 +116,9 @@ struct StagerOptions : RowOptions {
 void check_options(const StagerOptions& options);
 
 // Why draft() staged nothing, in the order the reasons are checked.
-enum class Skip : std::uint8_t { None = 0, Disabled = 1, Empty = 2, NoContext = 3, MissingRows = 4 };
+// Why draft opened no round. DraftingOff: the server turned drafting off for
+// the request (disable); rows keep flowing, and enable drafts at once.
+enum class Skip : std::uint8_t { None = 0, Disabled = 1, Empty = 2, NoContext = 3, MissingRows = 4, DraftingOff = 5 };
 
 enum class FailStage : std::uint8_t { Decode = 0, Crop = 1 };
 
@@ -188,7 +190,8 @@ struct RowView {
     X(bool, restage_owed)                  \
     X(bool, first_round)                   \
     X(std::int64_t, tentative_rows)        \
-    X(bool, reservation_open)
+    X(bool, reservation_open)              \
+    X(bool, drafting_off)
 
 // Counters since the sequence's last begin().
 //  rounds / commits / failures / rebases / skips: calls that opened a round,
@@ -373,6 +376,19 @@ public:
     // it for the next request): the sequence is as a new Stager's.
     void end(std::int64_t seq);
     void end_many(const std::int64_t* seqs, std::size_t n);
+
+    // Drafting per request: disable turns it off (every draft then skips with
+    // Skip::DraftingOff, the round's rows still processed and trimmed as
+    // always), enable turns it back on (the next draft plans at once: a rebase
+    // when the rows outgrew the window meanwhile). Any state but handed over
+    // to the device step; idempotent. The switch belongs to the request:
+    // begin, end and a prefix start clear it; fork copies it; snapshots carry
+    // it. The batched forms check every id first and change nothing on an
+    // error.
+    void disable(std::int64_t seq);
+    void enable(std::int64_t seq);
+    void disable_many(const std::int64_t* seqs, std::size_t n);
+    void enable_many(const std::int64_t* seqs, std::size_t n);
 
     void rollback(std::int64_t seq, std::int64_t n_past);
     // shift and fork return the copies an owner of external rows applies, in
@@ -586,6 +602,9 @@ private:
         FeatureBuffer::Marks before_marks;
         // Handed over to the device step: its fields live in the step state.
         bool on_device = false;
+        // The request's drafting switch (disable / enable): outside SeqFields,
+        // so a cancelled reservation does not undo a switch made after it.
+        bool drafting_off = false;
     };
     // Each sequence's mutex, on a line of its own.
     struct alignas(64) SeqMutex {
@@ -740,6 +759,8 @@ private:
     friend struct StepIO;
     // StateError for a sequence handed over to the device step (call under its lock).
     void refuse_on_device(std::int64_t seq, const Seq& s) const;
+    // disable_many / enable_many: every id checked (and not on the device) before any switch changes.
+    void set_drafting(const char* call, const std::int64_t* seqs, std::size_t n, bool off);
 };
 
 // A batch of plans as flat arrays (docs/design.md 2.9; batch_layout.cpp).

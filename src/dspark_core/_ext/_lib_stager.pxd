@@ -207,6 +207,10 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void cancel_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
         void end(int64_t seq) except +dspark_translate_exception
         void end_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
+        void disable(int64_t seq) except +dspark_translate_exception
+        void enable(int64_t seq) except +dspark_translate_exception
+        void disable_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
+        void enable_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
         void rollback(int64_t seq, int64_t n_past) except +dspark_translate_exception
         vector[SlotMove] shift(int64_t seq, int64_t n_keep, int64_t n_discard,
                                uint64_t* serial) except +dspark_translate_exception

@@ -68,6 +68,8 @@ cdef enum _SeqsCall:
     _CONFIRM_MANY
     _CANCEL_MANY
     _END_MANY
+    _DISABLE_MANY
+    _ENABLE_MANY
 
 
 # The keys of state() / stats(): the core's field lists (stager.hpp), in order.
@@ -817,6 +819,10 @@ cdef class Stager:
                 self._core.confirm_many(sp, n)
             elif which == _CANCEL_MANY:
                 self._core.cancel_many(sp, n)
+            elif which == _DISABLE_MANY:
+                self._core.disable_many(sp, n)
+            elif which == _ENABLE_MANY:
+                self._core.enable_many(sp, n)
             else:
                 self._core.end_many(sp, n)
         return 0
@@ -848,6 +854,31 @@ cdef class Stager:
     def end_many(self, seqs):
         """``end`` for several sequences (one call)."""
         self._on_seqs(_END_MANY, "end_many", seqs)
+
+    # -- drafting per request -------------------------------------------------
+    def disable(self, seq):
+        """Turn drafting off for the request on ``seq``: every ``draft`` then skips with
+        ``"drafting_off"`` while its rows keep being processed (and trimmed) as always.
+        Any state but handed over to the device step; idempotent. ``begin`` / ``end``
+        and a prefix start clear it, ``fork`` copies it, snapshots carry it."""
+        cdef int64_t s = _i64("seq", seq)
+        with nogil:
+            self._core.disable(s)
+
+    def enable(self, seq):
+        """Turn drafting back on for ``seq``: the next ``draft`` plans at once, with the
+        context the rows give (a rebase when they outgrew the window meanwhile)."""
+        cdef int64_t s = _i64("seq", seq)
+        with nogil:
+            self._core.enable(s)
+
+    def disable_many(self, seqs):
+        """``disable`` for several sequences: every id checked first, nothing changed on an error."""
+        self._on_seqs(_DISABLE_MANY, "disable_many", seqs)
+
+    def enable_many(self, seqs):
+        """``enable`` for several sequences: every id checked first, nothing changed on an error."""
+        self._on_seqs(_ENABLE_MANY, "enable_many", seqs)
 
     # -- slots before the rows (external-row mode) ----------------------------
     def reserve(self, seq, positions):

@@ -30,7 +30,7 @@ TRIM_CHUNK = 512
 FAIL_STAGES = ("decode", "crop")
 #: Why a draft staged nothing, in the order the reasons are checked (a batch plan's
 #: ``skip_code`` is 1 + the index here, 0 for a round that opened).
-SKIP_REASONS = ("disabled", "empty", "no_context", "missing_rows")
+SKIP_REASONS = ("disabled", "empty", "no_context", "missing_rows", "drafting_off")
 #: The snapshot header's codes of the non-finite policies and staged types (format v2).
 NONFINITE_POLICIES = ("error", "zero", "clamp_f16", "clamp")
 STAGE_DTYPES = ("float32", "float16", "bfloat16")

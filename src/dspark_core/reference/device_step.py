@@ -33,7 +33,7 @@ STEP_NOT_ON_DEVICE, STEP_DUPLICATE, STEP_BAD_COUNT, STEP_POSITION_LIMIT, STEP_IN
 STEP_REBASE, STEP_CLEAR_CACHE = 1, 2
 NOT_STEPPED = -1
 #: A plan's skip reason -> its code in ``StepOutputs.skip``.
-SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4}
+SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4, "drafting_off": 5}
 
 #: The fields ``commit`` changes, which a ``fail`` reported at ``to_host`` puts back first.
 _COMMIT_FIELDS = ("n_cache", "pos_base", "restage_owed", "first_round", "failures")
@@ -109,6 +109,9 @@ class DeviceStepMixin:
             if st.disabled:
                 raise StateError(at + f"sequence {q} is disabled (drafting is off until begin()): decode it without "
                                  "drafts on the host")
+            if st.drafting_off:
+                raise StateError(at + f"sequence {q} has drafting turned off (disable): decode it without drafts on "
+                                      "the host, or enable it before to_device")
         arg.unique(call, ids)
         for q in ids.tolist():
             st = ref._seqs[q]

@@ -119,6 +119,8 @@ class _Seq:
     # A reservation (reserve .. confirm / cancel): the whole sequence as it was
     # before it, which cancel puts back; None when there is none.
     reservation: _Seq | None = None
+    # The request's drafting switch (disable / enable); cancel keeps the current one.
+    drafting_off: bool = False
 
 
 #: What a call needs of its sequence's state: no open round and no reservation
@@ -410,6 +412,8 @@ class ReferenceStager(DeviceStepMixin):
     def _skip_reason(self, st: _Seq, start: int) -> str | None:
         if st.disabled:
             return "disabled"
+        if st.drafting_off:
+            return "drafting_off"
         if not st.started:
             return "empty"
         if start <= st.n_cache:
@@ -741,6 +745,28 @@ class ReferenceStager(DeviceStepMixin):
         self._seqs[i] = _Seq(ring=RingModel(self._ring_rows))
         self._warned.discard(i)
 
+    # -- drafting per request ---------------------------------------------
+    def disable(self, seq: int) -> None:
+        """Drafting off for the request on ``seq``: every draft skips with ``"drafting_off"``."""
+        self._get(seq).drafting_off = True
+
+    def enable(self, seq: int) -> None:
+        """Drafting back on for ``seq``: the next draft plans at once."""
+        self._get(seq).drafting_off = False
+
+    def disable_many(self, seqs: Any) -> None:
+        """``disable`` for several sequences (every id checked first)."""
+        self._set_drafting("disable_many", seqs, True)
+
+    def enable_many(self, seqs: Any) -> None:
+        """``enable`` for several sequences (every id checked first)."""
+        self._set_drafting("enable_many", seqs, False)
+
+    def _set_drafting(self, call: str, seqs: Any, off: bool) -> None:
+        ids = arg.seq_ids(call, seqs)
+        for st in self._check_batch(call, ids, ANY):  # a repeated id: the same switch twice
+            st.drafting_off = off
+
     # -- slots before the rows (external-row mode) ------------------------
     # reserve is process in external-row mode, with the sequence then held
     # until confirm (the rows were written: nothing more to do) or cancel (the
@@ -792,6 +818,7 @@ class ReferenceStager(DeviceStepMixin):
     def _cancel_checked(self, i: int) -> None:
         before = self._seqs[i].reservation
         assert before is not None
+        before.drafting_off = self._seqs[i].drafting_off  # a switch made since the reservation stays
         self._seqs[i] = before
 
     def confirm_many(self, seqs: Any) -> None:
@@ -890,6 +917,7 @@ class ReferenceStager(DeviceStepMixin):
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
             accept_open=a.accept_open, tentative=a.tentative,
             rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0, ring=ring,
+            drafting_off=a.drafting_off,
         )
         self._seqs[d] = b
         self._advance_horizon(b)
@@ -918,7 +946,7 @@ class ReferenceStager(DeviceStepMixin):
             started=st.started, disabled=st.disabled, restage_owed=st.restage_owed,
             first_round=st.first_round, accept_open=st.accept_open, end=st.end, horizon=st.horizon,
             n_cache=st.n_cache, pos_base=st.pos_base, tentative=st.tentative, failures=st.failures,
-            rows=rows, external=self._external,
+            rows=rows, external=self._external, drafting_off=st.drafting_off,
         )
 
     def snapshot(self, seq: int) -> bytes:
@@ -961,7 +989,7 @@ class ReferenceStager(DeviceStepMixin):
         st = _Seq(
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
             restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
-            accept_open=s.accept_open, tentative=s.tentative, head=s.horizon,
+            accept_open=s.accept_open, tentative=s.tentative, head=s.horizon, drafting_off=s.drafting_off,
         )
         for k in range(0 if self._external else s.end - s.horizon):
             st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
@@ -1006,6 +1034,7 @@ class ReferenceStager(DeviceStepMixin):
             "first_round": st.first_round,
             "tentative_rows": st.tentative if st.accept_open else 0,
             "reservation_open": st.reservation is not None,
+            "drafting_off": st.drafting_off,
         }
 
     def stats(self, seq: int) -> dict[str, int]:

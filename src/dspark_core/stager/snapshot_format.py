@@ -24,7 +24,9 @@ Version 2 (written); "fingerprint" fields must match the restoring Stager::
     20     4     block_size (u32)                           fingerprint
     24     4     row_bytes (u32)                            fingerprint
     28     4     flags (u32): 1 started, 2 disabled, 4 restage owed,
-                 8 first round, 16 accept window open
+                 8 first round, 16 accept window open, 32 drafting
+                 turned off by the server (disable; a reader that
+                 predates it rejects the snapshot: reserved bits)
     32     8     end: next expected position (i64)
     40     8     horizon: oldest available position (i64)
     48     8     n_cache (i64)
@@ -105,7 +107,8 @@ FLAG_DISABLED = 2
 FLAG_OWED = 4
 FLAG_FIRST_ROUND = 8
 FLAG_ACCEPT_OPEN = 16
-FLAG_BITS = FLAG_STARTED | FLAG_DISABLED | FLAG_OWED | FLAG_FIRST_ROUND | FLAG_ACCEPT_OPEN
+FLAG_DRAFTING_OFF = 32
+FLAG_BITS = FLAG_STARTED | FLAG_DISABLED | FLAG_OWED | FLAG_FIRST_ROUND | FLAG_ACCEPT_OPEN | FLAG_DRAFTING_OFF
 
 Fingerprint = tuple[int, int, int, int, int, int, int]
 
@@ -232,6 +235,7 @@ class SnapshotState:
     failures: int
     rows: bytes
     external: bool = False  # taken in external-row mode: ``rows`` is empty, the owner keeps them
+    drafting_off: bool = False  # the request's drafting switch (disable)
 
 
 def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
@@ -249,6 +253,7 @@ def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
         | FLAG_OWED * state.restage_owed
         | FLAG_FIRST_ROUND * state.first_round
         | FLAG_ACCEPT_OPEN * state.accept_open
+        | FLAG_DRAFTING_OFF * state.drafting_off
     )
     fields = _FIELDS.pack(
         MAGIC, VERSION, HEADER_BYTES, feature_dim, storage_code, nonfinite_code,
@@ -372,8 +377,9 @@ def unpack(
             and end < MAX_POSITION
         )
     else:
-        # a fresh sequence: nothing but the first-round flag
-        ok = end == horizon == n_cache == pos_base == tentative == n_rows == 0 and flags == FLAG_FIRST_ROUND and failures == 0
+        # a fresh sequence: nothing but the first-round flag (and the request's drafting switch)
+        ok = (end == horizon == n_cache == pos_base == tentative == n_rows == 0
+              and flags & ~FLAG_DRAFTING_OFF == FLAG_FIRST_ROUND and failures == 0)
     if not ok:
         raise ValueError("snapshot fields are inconsistent")
     rows = data[header: header + (0 if external else n_rows * row_bytes)]
@@ -393,4 +399,5 @@ def unpack(
         failures=failures,
         rows=rows.tobytes(),
         external=snap_external,
+        drafting_off=bool(flags & FLAG_DRAFTING_OFF),
     )

@@ -33,7 +33,7 @@ from .ops import _MAX_POS, _PATCH_DELTAS, _PATCH_FIELDS, Call, Op
 ALLOWED_ERRORS = (ValueError, TypeError, StateError)
 
 #: Calls that act on one sequence and return nothing to compare but their outcome.
-_PLAIN_CALLS = ("begin", "commit", "fail", "accept", "rollback")
+_PLAIN_CALLS = ("begin", "commit", "fail", "accept", "rollback", "disable", "enable", "disable_many", "enable_many")
 
 
 class Desync(AssertionError):
@@ -600,6 +600,12 @@ class _Runner:
         if name == "fork":
             src, dst = self.seq_of(op.get("src")), self.seq_of(op.get("dst"))
             return [Call("fork", (src, dst), f"fork({src!r}, {dst!r})")]
+        if name == "drafting":
+            call = "enable" if op.get("on") else "disable"
+            seqs = [self.seq_of(b) for b in op.get("seqs")]
+            if op.get("many"):
+                return [Call(call + "_many", (seqs,), f"{call}_many({seqs!r})")]
+            return [Call(call, (seqs[0],), f"{call}({seqs[0]!r})")]
         if name == "restore":
             seq = self.seq_of(op.get("seq"))
             data, desc = self.restore_data(op)
@@ -794,7 +800,7 @@ class _Capture(logging.Handler):
 # ---------------------------------------------------------------------------
 
 #: Calls that involve two or more sequences (not replayed from several threads).
-_MULTI_SEQ_CALLS = ("fork", "draft_many")
+_MULTI_SEQ_CALLS = ("fork", "draft_many", "disable_many", "enable_many")
 # Calls on a sequence that leave its rows where a zero-copy plan's views see them.
 _KEEPS_VIEWS = ("commit", "fail", "snapshot", "state", "stats")
 

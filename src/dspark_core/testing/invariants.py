@@ -625,6 +625,19 @@ class InvariantChecker:
         self._call("end_many", seqs)
         self._after_end(self._batch_ids(seqs))
 
+    # The drafting switch changes no row and no drafter cache: a skip of its own follows.
+    def disable(self, seq: int) -> None:
+        self._call("disable", seq)
+
+    def enable(self, seq: int) -> None:
+        self._call("enable", seq)
+
+    def disable_many(self, seqs: Any) -> None:
+        self._call("disable_many", seqs)
+
+    def enable_many(self, seqs: Any) -> None:
+        self._call("enable_many", seqs)
+
     def _after_end(self, ids: list[int]) -> None:
         for s in ids:
             self._models[s] = _Model()

@@ -128,7 +128,7 @@ OPS = (
     "begin", "process", "process", "process", "process", "process_encoded", "draft", "draft",
     "draft", "draft_many", "commit", "commit", "fail", "accept", "accept", "rollback",
     "shift", "fork", "snapshot", "restore", "round", "round", "round", "round",
-    "round", "long_prefill", "introspect", "process", "round", "draft", "commit", "long_decode",
+    "round", "long_prefill", "introspect", "process", "drafting", "draft", "commit", "long_decode",
 )
 
 _POS_MODES = ("end",) * 10 + ("end+1", "end-1", "zero", "neg", "gap", "far")
@@ -207,6 +207,10 @@ def _decode_op(code: int, a: bytes) -> Op:
         return Op(name, (seq, ("extra", a1 % 4), ("seed", a2)))
     if name == "introspect":
         return Op(name, (seq, ("what", _INTROSPECT[a1 % 4])))
+    if name == "drafting":  # disable / enable of one sequence, or of a batch (a4: which ones)
+        k = a2 % 4  # 0: one sequence, else a batch of k
+        seqs = (a0,) if k == 0 else tuple(b for b in (a0, a3, a4, a3 ^ 0x55)[:k])
+        return Op(name, (("seqs", seqs), ("on", bool(a1 & 1)), ("many", k != 0)))
     raise AssertionError(name)
 
 

@@ -1,0 +1,178 @@
+"""Drafting per request (``disable`` / ``enable``): the core against its twin.
+
+While drafting is off every draft skips with ``"drafting_off"`` (its own skip
+code, in ``draft_many`` too) and the rows keep flowing: the ring stays bounded
+and the sequence's end moves on. ``enable`` drafts at once with a full context
+(a rebase onto the newest rows when they outgrew the window). The switch is the
+request's: begin / end / a prefix start clear it, fork copies it, snapshots
+carry it, a cancelled reservation does not undo it, a sequence handed over to
+the device step refuses it and cannot be handed over with drafting off. Batched
+forms check every id first and change nothing on an error.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import massive_rows
+
+from dspark_core import PrefixStore, Stager, StagerConfig
+from dspark_core.errors import StateError
+from dspark_core.reference import ReferencePrefixStore, ReferenceStager
+from dspark_core.stager import snapshot_format
+from dspark_core.stager.core_tables import SKIP_REASONS, TRIM_CHUNK
+
+B, W, D = 4, 16, 64
+KINDS = [(Stager, "core"), (ReferenceStager, "reference")]
+
+
+def make(kind, rows: str = "held", storage: str = "q8_0", seqs: int = 3):
+    return kind(StagerConfig(feature_dim=D, block_size=B, window=W, max_seqs=seqs, storage=storage, rows=rows))
+
+
+def feed(st, seq: int, start: int, n: int, seed: int = 0) -> None:
+    pos = np.arange(start, start + n)
+    if st.config.rows == "external":
+        st.process(seq, pos)
+    else:
+        st.process(seq, pos, massive_rows(np.random.default_rng(seed + start), n, D))
+
+
+def test_drafting_off_is_its_own_skip_reason():
+    assert SKIP_REASONS[-1] == "drafting_off"
+    from dspark_core.reference import arguments
+
+    assert arguments.SKIP_REASONS == SKIP_REASONS
+
+
+@pytest.mark.parametrize("storage", ["f32", "q8_0", "q4_0"])
+def test_a_paused_request_keeps_its_rows_flowing_and_drafts_at_once_when_enabled(storage):
+    runs = []
+    for kind, _ in KINDS:
+        st = make(kind, storage=storage)
+        feed(st, 0, 0, 12)
+        p = st.draft(0, 12)
+        st.commit(0)
+        st.disable(0)
+        trace = [st.state(0)]
+        for k in range(40):  # decode steps with drafting off: one row each, as a server without drafts
+            end = st.state(0)["end"]
+            p = st.draft(0, end)
+            assert p.skip == "drafting_off" and p.n_rows == 0
+            feed(st, 0, end, 1, seed=k)
+            trace.append(st.state(0))
+        assert st.state(0)["end"] == 52
+        assert st.stats(0)["peak_rows"] <= W + TRIM_CHUNK + B + 1
+        st.enable(0)
+        p = st.draft(0, 52)
+        assert p.skip is None and p.rebase and p.clear_cache
+        assert p.n_rows == st.config.w_keep and p.start == 52
+        rows = p.rows.tobytes()
+        st.commit(0)
+        runs.append((trace, st.stats(0), rows, st.snapshot(0)))
+    assert runs[0][0] == runs[1][0]
+    assert {k: runs[0][1][k] for k in SEMANTIC} == {k: runs[1][1][k] for k in SEMANTIC}
+    assert runs[0][2] == runs[1][2] and runs[0][3] == runs[1][3]
+
+
+SEMANTIC = ("rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips", "rows", "live_rows")
+
+
+@pytest.mark.parametrize("kind", [k for k, _ in KINDS], ids=[n for _, n in KINDS])
+def test_the_switch_belongs_to_the_request(kind):
+    st = make(kind)
+    feed(st, 0, 0, 10)
+    st.disable(0)
+    st.disable(0)  # idempotent
+    snap = st.snapshot(0)
+    assert snapshot_format.unpack(snap, st.config.snapshot_fingerprint()).drafting_off
+    st.restore(1, snap)  # snapshots carry it
+    assert st.state(1)["drafting_off"]
+    st.fork(0, 2)  # fork copies it
+    assert st.state(2)["drafting_off"]
+    st.begin(1)  # begin clears it
+    assert not st.state(1)["drafting_off"]
+    st.end(2)  # end too
+    assert not st.state(2)["drafting_off"]
+    st.enable(0)
+    assert not st.state(0)["drafting_off"]
+    st.disable(0)
+    bp = st.draft_many([0, 1], [10, 0])
+    assert bp.skip_code.tolist() == [1 + SKIP_REASONS.index("drafting_off"), 1 + SKIP_REASONS.index("empty")]
+    # a fresh sequence with the switch on: its snapshot restores as such
+    st.disable(1)
+    st.restore(2, st.snapshot(1))
+    assert st.state(2)["drafting_off"] and not st.state(2)["started"]
+
+
+@pytest.mark.parametrize("kind", [k for k, _ in KINDS], ids=[n for _, n in KINDS])
+def test_batches_check_every_id_first(kind):
+    st = make(kind)
+    with pytest.raises(ValueError, match=r"disable_many: seqs\[1\] \(sequence 7\)"):
+        st.disable_many([0, 7])
+    assert not st.state(0)["drafting_off"]
+    st.disable_many([0, 1, 0])  # a repeated id: the same switch twice
+    assert st.state(0)["drafting_off"] and st.state(1)["drafting_off"] and not st.state(2)["drafting_off"]
+    st.enable_many([1])
+    assert st.state(0)["drafting_off"] and not st.state(1)["drafting_off"]
+    with pytest.raises(ValueError):
+        st.enable(-1)
+
+
+def test_the_cores_errors_are_the_twins():
+    outs = []
+    for kind, _ in KINDS:
+        st = make(kind)
+        got = []
+        for call in (lambda: st.disable_many([0, 9]), lambda: st.enable(3), lambda: st.disable("x"),
+                     lambda: st.enable_many([[0]])):
+            try:
+                call()
+                got.append(None)
+            except Exception as exc:  # noqa: BLE001 - compared word for word
+                got.append((type(exc).__name__, str(exc)))
+        outs.append(got)
+    assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("kind", [k for k, _ in KINDS], ids=[n for _, n in KINDS])
+def test_a_cancelled_reservation_keeps_the_switch(kind):
+    st = make(kind, rows="external", storage="f32")
+    feed(st, 0, 0, 6)
+    st.reserve(0, [6, 7])
+    st.disable(0)
+    st.cancel(0)
+    assert st.state(0)["drafting_off"]
+    assert st.draft(0, 6).skip == "drafting_off"
+
+
+@pytest.mark.parametrize("kind", [k for k, _ in KINDS], ids=[n for _, n in KINDS])
+def test_the_device_step_and_the_switch_exclude_each_other(kind):
+    st = make(kind, rows="external", storage="f32")
+    for q in (0, 1):
+        feed(st, q, 0, 6)
+    st.disable(1)
+    with pytest.raises(StateError, match=r"sequence 1 has drafting turned off \(disable\)"):
+        st.to_device([0, 1])
+    assert not st.on_device(0)  # checked whole
+    st.to_device([0])
+    with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
+        st.disable(0)
+    with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
+        st.enable_many([1, 0])
+    assert st.state(1)["drafting_off"]  # nothing changed
+    st.to_host([0])
+
+
+@pytest.mark.parametrize("kinds", [(Stager, PrefixStore), (ReferenceStager, ReferencePrefixStore)],
+                         ids=["core", "reference"])
+def test_a_prefix_start_clears_it(kinds):
+    kind, store_kind = kinds
+    st = make(kind)
+    store = store_kind(st.config, 4, 1 << 20)
+    feed(st, 0, 0, 12)
+    store.publish(st, 0, [11, 12, 13], 0, 12)
+    st.disable(1)
+    hit = store.hit(st, 1, [11, 12, 13], 12)
+    assert hit.rows > 0
+    assert not st.state(1)["drafting_off"]
