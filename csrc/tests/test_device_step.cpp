@@ -578,6 +578,10 @@ TEST_CASE(host_calls_refused_on_device) {
     CHECK(refused([&] { st.process_external_many(both, 2, offsets, &pos, 1, slots2); }));
     CHECK(refused([&] { st.reserve_many(both, 2, offsets, &pos, 1, slots2); }));
     CHECK(refused([&] { st.check_process_many(both, 2, offsets, &pos, 1); }));
+    CHECK(refused([&] { st.disable(0); }));
+    CHECK(refused([&] { st.enable(0); }));
+    CHECK(refused([&] { st.disable_many(both, 2); }));
+    CHECK(refused([&] { st.enable_many(both, 2); }));
     CHECK(st.snapshot(1) == snap_other);
     // Sequence 1 is untouched by it.
     prompt(st, 1, 0, 4, nullptr);
