@@ -60,7 +60,7 @@ def test_json(drafter: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert p["w_keep"] == 2048
     assert p["n_ctx"] == 4096 and p["n_batch"] == 4096 and p["n_ubatch"] == 4096
     assert p["n_outputs_max"] == 17  # 1 * (1 + 16)
-    assert p["peak_rows_per_seq"] == 4625  # 4096 + 512 + 16 + 1
+    assert p["ring_rows"] == 4625  # 4096 + 512 + 16 + 1
     assert p["row_bytes"] == 51200  # 2 * 25600
     assert p["peak_feature_bytes_per_seq"] == 236_800_000  # 4625 * 51200
     assert p["warnings"] == []

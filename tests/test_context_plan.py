@@ -46,7 +46,7 @@ def test_27b_target_four_slots_q8_0() -> None:
     assert plan.n_ubatch == 2048
     assert plan.n_batch_draft_many == 8192  # 2048 * 4: every slot's round in one batch
     assert plan.n_outputs_max == 68  # 4 * (1 + 16)
-    assert plan.peak_rows_per_seq == 2577  # 2048 + 512 + 16 + 1
+    assert plan.ring_rows == 2577  # 2048 + 512 + 16 + 1
     assert plan.row_bytes == 27200  # 25600 / 32 = 800 blocks * 34 bytes
     assert plan.peak_feature_bytes_per_seq == 70_094_400  # 2577 * 27200
     assert plan.peak_feature_bytes == 280_377_600  # 70,094,400 * 4
@@ -66,7 +66,7 @@ def test_window_bound_by_trained_range_f32() -> None:
     assert plan.w_keep == 2048  # min(2048, 4092)
     assert plan.n_ctx == 4096 and plan.n_batch == 4096 and plan.n_ubatch == 4096
     assert plan.n_outputs_max == 5  # 1 * (1 + 4)
-    assert plan.peak_rows_per_seq == 4613  # 4096 + 512 + 4 + 1
+    assert plan.ring_rows == 4613  # 4096 + 512 + 4 + 1
     assert plan.row_bytes == 16384  # 4 * 4096
     assert plan.peak_feature_bytes_per_seq == 75_579_392  # 4613 * 16384
     assert plan.peak_feature_bytes == 75_579_392
@@ -100,7 +100,7 @@ def test_storage_row_bytes(storage: str, rb: int, per_seq: int) -> None:
 def test_unknown_feature_dim_gives_no_bytes() -> None:
     plan = plan_context(_info(feature_dim=None), None, 2048, n_parallel=2, storage="q4_0")
     assert plan.row_bytes is None and plan.peak_feature_bytes_per_seq is None and plan.peak_feature_bytes is None
-    assert plan.peak_rows_per_seq == 2577
+    assert plan.ring_rows == 2577
     with pytest.raises(ConfigError, match="feature_dim is unknown"):
         StagerConfig.from_plan(plan)
     cfg = StagerConfig.from_plan(plan, feature_dim=4096)
@@ -118,7 +118,7 @@ def test_stager_config_from_plan_matches() -> None:
     cfg = StagerConfig.from_plan(plan)
     assert cfg == StagerConfig(25600, 16, 2048, max_seqs=4, storage="q8_0")
     assert cfg.w_keep == plan.w_keep
-    assert cfg.ring_rows == plan.peak_rows_per_seq
+    assert cfg.ring_rows == plan.ring_rows
     assert cfg.row_bytes == plan.row_bytes
 
 
@@ -132,7 +132,7 @@ def test_cap_argument_lowers() -> None:
     assert plan.window == 1000 and plan.window_source == "cap"
     assert (plan.window_cap, plan.window_cap_source) == (1000, "window_cap")
     assert plan.w_keep == 500  # min(500, 984)
-    assert plan.peak_rows_per_seq == 1529  # 1000 + 512 + 16 + 1
+    assert plan.ring_rows == 1529  # 1000 + 512 + 16 + 1
     assert plan.n_ctx == 1000 and plan.n_batch == 1000 and plan.n_ubatch == 1000
 
 
@@ -190,7 +190,7 @@ def test_window_must_exceed_twice_the_block() -> None:
     assert "n_batch 20" in str(ei.value)
     # W = 21 is the smallest that works: w_keep = min(10, 11) = 10
     plan = plan_context(_info(block_size=10), None, 21)
-    assert plan.window == 21 and plan.w_keep == 10 and plan.peak_rows_per_seq == 544  # 21 + 512 + 10 + 1
+    assert plan.window == 21 and plan.w_keep == 10 and plan.ring_rows == 544  # 21 + 512 + 10 + 1
     # a cap can cause it too
     with pytest.raises(ConfigError, match=r"window \(32\) must be greater than 2 \* block_size \(2 \* 16 = 32\).*cap 32"):
         plan_context(_info(), None, 2048, window_cap=32)
@@ -232,7 +232,7 @@ def test_plan_from_gguf(tmp_path: Path) -> None:
     assert plan.w_keep == 2048
     assert plan.n_ctx == 8192  # 4096 * 2
     assert plan.n_outputs_max == 34  # 2 * 17
-    assert plan.peak_rows_per_seq == 4625  # 4096 + 512 + 16 + 1
+    assert plan.ring_rows == 4625  # 4096 + 512 + 16 + 1
     assert plan.row_bytes == 51200  # 2 * 25600
     assert plan.peak_feature_bytes_per_seq == 236_800_000  # 4625 * 51200
     assert plan.peak_feature_bytes == 473_600_000
@@ -274,3 +274,12 @@ def test_anchor_names_are_deprecated_aliases() -> None:
         assert plan.anchor_n_batch == plan.unwindowed_n_batch
     assert not any("anchor" in k for k in plan.to_dict())
     assert not any("anchor" in label for label, _ in plan.table_rows())
+
+
+def test_peak_rows_per_seq_is_a_deprecated_alias_of_ring_rows() -> None:
+    """One name per quantity: the rows a sequence ever holds are ``ring_rows`` everywhere
+    (StagerConfig, the core, the plan, its JSON)."""
+    plan = plan_context(_info(), 4096, 512)
+    with pytest.warns(DeprecationWarning, match=r"ContextPlan\.peak_rows_per_seq is deprecated; use ContextPlan\.ring_rows"):
+        assert plan.peak_rows_per_seq == plan.ring_rows
+    assert "ring_rows" in plan.to_dict() and "peak_rows_per_seq" not in plan.to_dict()

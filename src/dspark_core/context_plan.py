@@ -116,10 +116,11 @@ class ContextPlan:
         n_batch_draft_many: ``W * n_parallel``: ``n_batch`` (and ``n_ubatch``) for
             decoding every sequence's round in one ``draft_many`` batch.
         n_outputs_max: ``n_parallel * (1 + B)``.
-        peak_rows_per_seq: ``W + TRIM_CHUNK + B + 1``, the rows a sequence ever
-            holds (``StagerConfig.ring_rows``, the core's).
+        ring_rows: ``W + TRIM_CHUNK + B + 1``, the rows a sequence ever holds
+            (``StagerConfig.ring_rows``, the core's). Formerly
+            ``peak_rows_per_seq`` (deprecated alias; the JSON key is ``ring_rows``).
         row_bytes: bytes per stored row, or ``None``.
-        peak_feature_bytes_per_seq: ``peak_rows_per_seq * row_bytes``, or ``None``.
+        peak_feature_bytes_per_seq: ``ring_rows * row_bytes``, or ``None``.
         peak_feature_bytes: ``peak_feature_bytes_per_seq * n_parallel``, or ``None``.
         unwindowed_n_ctx: the drafter context a drafter without a window
             needs (the target's ``n_ctx``), for comparison; ``None`` without
@@ -148,7 +149,7 @@ class ContextPlan:
     n_ubatch: int
     n_batch_draft_many: int
     n_outputs_max: int
-    peak_rows_per_seq: int
+    ring_rows: int
     row_bytes: int | None
     peak_feature_bytes_per_seq: int | None
     peak_feature_bytes: int | None
@@ -182,8 +183,8 @@ class ContextPlan:
             ("n_batch, draft_many", f"{self.n_batch_draft_many}  = {self.window} * {self.n_parallel} (all slots in one batch)"),
             ("n_outputs_max", f"{self.n_outputs_max}  = {self.n_parallel} * (1 + {self.block_size})"),
             (
-                "peak rows / seq",
-                f"{self.peak_rows_per_seq}  = W + {TRIM_CHUNK} + B + 1",
+                "ring rows / seq",
+                f"{self.ring_rows}  = W + {TRIM_CHUNK} + B + 1 (the most a sequence holds)",
             ),
             ("row bytes", "-" if self.row_bytes is None else f"{self.row_bytes:,}"),
             ("peak buffer / seq", _fmt_bytes(self.peak_feature_bytes_per_seq)),
@@ -199,6 +200,12 @@ class ContextPlan:
         """Deprecated name of :attr:`unwindowed_n_ctx`."""
         _renamed("anchor_n_ctx", "unwindowed_n_ctx")
         return self.unwindowed_n_ctx
+
+    @property
+    def peak_rows_per_seq(self) -> int:
+        """Deprecated name of :attr:`ring_rows`."""
+        _renamed("peak_rows_per_seq", "ring_rows")
+        return self.ring_rows
 
     @property
     def anchor_n_batch(self) -> int | None:
@@ -322,7 +329,7 @@ def plan_context(
         n_ubatch=window,
         n_batch_draft_many=window * n_parallel,
         n_outputs_max=n_parallel * (1 + B),
-        peak_rows_per_seq=ring,
+        ring_rows=ring,
         row_bytes=rb,
         peak_feature_bytes_per_seq=per_seq,
         peak_feature_bytes=None if per_seq is None else per_seq * n_parallel,
