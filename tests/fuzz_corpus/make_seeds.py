@@ -72,6 +72,12 @@ def ops_seeds() -> None:
                            ("restore", b"\0\0\x0a\0\0")],
         "nonfinite": [("process", b"\0\x04\0\0\x07"), ("process", b"\0\x04\0\x01\x0f"),
                       ("process_encoded", b"\0\x03\0\x60\0"), ("round", b"\0\0\0\x02\0")],
+        # drafting off (one sequence, a1 bit 0 clear), a skip of its own while rows flow past the
+        # window, a snapshot round trip with the switch, then on again for a batch of two (a2 % 4 == 2)
+        "drafting_off": [("process", b"\0\x0c\0\0\0"), ("round", b"\0\0\0\x03\0"), ("drafting", b"\0\0\0\0\0"),
+                         ("draft", b"\0\0"), ("long_decode", b"\0\x01\x03"), ("snapshot", b"\0"),
+                         ("restore", b"\x01\0\0\0\0"), ("drafting", b"\0\x01\x02\x01\0"),
+                         ("round", b"\0\0\0\x02\0"), ("round", b"\x01\0\0\x02\0")],
     }
     i = 0
     for name, recs in scripts.items():
