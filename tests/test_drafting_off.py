@@ -108,9 +108,11 @@ def test_the_switch_belongs_to_the_request(kind):
 @pytest.mark.parametrize("kind", [k for k, _ in KINDS], ids=[n for _, n in KINDS])
 def test_batches_check_every_id_first(kind):
     st = make(kind)
+    feed(st, 0, 0, 10)
+    before = [(st.state(q), st.stats(q), st.snapshot(q)) for q in range(3)]
     with pytest.raises(ValueError, match=r"disable_many: seqs\[1\] \(sequence 7\)"):
-        st.disable_many([0, 7])
-    assert not st.state(0)["drafting_off"]
+        st.disable_many([0, 7])  # sequence 0, valid, comes first: nothing of it changes either
+    assert [(st.state(q), st.stats(q), st.snapshot(q)) for q in range(3)] == before
     st.disable_many([0, 1, 0])  # a repeated id: the same switch twice
     assert st.state(0)["drafting_off"] and st.state(1)["drafting_off"] and not st.state(2)["drafting_off"]
     st.enable_many([1])
@@ -157,9 +159,10 @@ def test_the_device_step_and_the_switch_exclude_each_other(kind):
     st.to_device([0])
     with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
         st.disable(0)
+    other = (st.state(1), st.stats(1), st.snapshot(1))
     with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
-        st.enable_many([1, 0])
-    assert st.state(1)["drafting_off"]  # nothing changed
+        st.enable_many([1, 0])  # sequence 1, valid, comes first: it keeps its switch off
+    assert (st.state(1), st.stats(1), st.snapshot(1)) == other and st.state(1)["drafting_off"]
     st.to_host([0])
 
 

@@ -657,11 +657,12 @@ TEST_CASE(pack_plans_writes_each_field_in_its_named_row) {
     };
     feed(0, 9);
     feed(2, 30);  // past the window: a rebase
+    feed(1, 6);   // drafted at a stale n_past: a missing_rows skip whose start (4) is not its end (6)
     s.begin(3);   // empty: a skip
-    const std::int64_t seqs[] = {2, 3, 0}, pasts[] = {30, 0, 9};
+    const std::int64_t seqs[] = {2, 3, 0, 1}, pasts[] = {30, 0, 9, 4};
     std::vector<RoundPlan> plans;
     ByteVec rows;
-    s.draft_many(seqs, pasts, 3, plans, rows);
+    s.draft_many(seqs, pasts, 4, plans, rows);
     const std::vector<std::string> meta_names = {"seqs", "start", "pos_base", "crop_from", "round", "row_offsets"};
     const std::vector<std::string> flag_names = {"skip_code", "rebase", "clear_cache"};
     for (std::size_t k = 0; k <= meta_names.size(); ++k)
@@ -678,6 +679,7 @@ TEST_CASE(pack_plans_writes_each_field_in_its_named_row) {
     pack_plans(plans.data(), n, meta.data(), flags.data(), pos.data(), slots.data());
     plan_rows(plans.data(), n, ref_off.data(), ref_pos.data(), ref_slots.data());
     CHECK(plans[0].rebase && plans[1].skip != Skip::None && plans[2].skip == Skip::None);
+    CHECK(plans[3].skip == Skip::MissingRows && plans[3].start == 4 && plans[3].end == 6);
     for (std::size_t i = 0; i < n; ++i) {
         const RoundPlan& p = plans[i];
         CHECK_EQ(meta[0 * w + i], p.seq);
