@@ -324,11 +324,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{c.forks} fork, {c.aborted} aborted with a round open, {c.finished} requests finished "
           f"({c.lossless} equal to the target's greedy decoding)")
     print(f"staged rows vs the target's rows: max relative error {c.max_rel_err:.3g}")
+    # The Stager's own metrics (totals over every request it served) against this loop's counts.
+    t = srv.st.totals()
+    counted = t.stats["verified_rounds"] == c.drafted // BLOCK and t.stats["accepted_tokens"] == c.accepted
+    hist = " ".join(f"{k}:{n}" for k, n in enumerate(t.accepted.tolist()))
+    print(f"metrics: {t.stats['verified_rounds']} verified rounds, accepted drafts per round {hist}; "
+          f"equal to this loop's counts: {'yes' if counted else 'NO'}")
     freed = all(srv.st.stats(s)["reserved_bytes"] == 0 for s in range(SLOTS))
     print(f"every slot's rows freed at the end: {'yes' if freed else 'NO'}")
     # External rows sit in this loop's float32 table and f32 storage keeps them as they are: exact.
     exact = a.rows == "external" or a.storage == "f32"
-    ok = ok and freed and c.forks == 1 and c.aborted == 1 and c.failures > 0 and (c.max_rel_err == 0 or not exact)
+    ok = ok and counted and freed and c.forks == 1 and c.aborted == 1 and c.failures > 0 and (c.max_rel_err == 0 or not exact)
     print(f"lossless: {'yes' if ok else 'NO'}")
     return 0 if ok else 1
 

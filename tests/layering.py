@@ -66,6 +66,7 @@ LAYERS: dict[str, int] = {
     "cuda": 4,
     "gguf": 4,
     "context_plan": 4,
+    "metrics": 4,
     "sdk": 4,
     "reference": 5,
     "testing": 6,

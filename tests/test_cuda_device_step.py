@@ -48,6 +48,7 @@ def test_device_steps_equal_the_cpu_twin():
             on[back] = False
             for q in back:
                 assert cpu.state(q) == dev.state(q) and cpu.stats(q) == dev.stats(q)
+                np.testing.assert_array_equal(cpu.accepted(q), dev.accepted(q))
         go = [q for q in range(n) if not on[q] and rng.random() < 0.2]
         if go:
             cpu.to_device(go)
@@ -61,8 +62,11 @@ def test_device_steps_equal_the_cpu_twin():
     held = list(np.flatnonzero(on))
     cpu.to_host(held)
     step.to_host(held)
+    assert cpu.totals().stats["verified_rounds"] > 0  # the kernel counted the rounds its steps verified
+    assert cpu.totals() == dev.totals()
     for q in range(n):
         assert cpu.state(q) == dev.state(q) and cpu.stats(q) == dev.stats(q)
+        np.testing.assert_array_equal(cpu.accepted(q), dev.accepted(q))
         if cpu.state(q)["reservation_open"]:  # settled alike, so that the snapshots compare too
             for s in (cpu, dev):
                 (s.confirm if q % 2 else s.cancel)(q)
@@ -216,3 +220,4 @@ def test_a_graph_of_step_gather_and_capture_write_equals_a_held_stager(storage):
     for q in seqs:  # the counters both row modes keep (bytes are held rows' only)
         assert ext.state(q) == held.state(q)
         assert {k: ext.stats(q)[k] for k in SEMANTIC_STATS} == {k: held.stats(q)[k] for k in SEMANTIC_STATS}
+        np.testing.assert_array_equal(ext.accepted(q), held.accepted(q))

@@ -387,3 +387,6 @@ def test_gathered_rows_equal_a_held_stagers_plans(storage, n, steps):
             ext.confirm(q)  # its verify rows were written, as held.process wrote them
         assert ext.state(q) == held.state(q), q
         assert {k: ext.stats(q)[k] for k in SEMANTIC_STATS} == {k: held.stats(q)[k] for k in SEMANTIC_STATS}, q
+        assert np.array_equal(ext.accepted(q), held.accepted(q)), q
+    assert held.totals().stats["verified_rounds"] > 0
+    assert np.array_equal(ext.totals().accepted, held.totals().accepted)

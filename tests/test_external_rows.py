@@ -303,6 +303,8 @@ class ExternalMatchesHeld(RuleBasedStateMachine):
             sa, sb, sc = self.held.stats(s), self.ext.stats(s), self.ref.stats(s)
             assert {k: sa[k] for k in SEMANTIC_STATS} == {k: sb[k] for k in SEMANTIC_STATS} == \
                 {k: sc[k] for k in SEMANTIC_STATS}
+            assert np.array_equal(self.held.accepted(s), self.ext.accepted(s))
+            assert np.array_equal(self.held.accepted(s), self.ref.accepted(s))
             # The same ring: the same rows held, trims and peaks; no host bytes in external mode.
             for k in ("rows", "peak_rows", "trims", "trimmed_rows"):
                 assert sa[k] == sb[k], (k, sa, sb)

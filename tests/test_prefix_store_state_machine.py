@@ -401,6 +401,13 @@ class PrefixStoreMachine(RuleBasedStateMachine):
             for p in self.pairs[1:]:
                 assert p.st.state(s) == state, (p.name, s)
                 assert {k: p.st.stats(s)[k] for k in SEMANTIC_STATS} == counters, (p.name, s)
+                assert np.array_equal(p.st.accepted(s), self.held.st.accepted(s)), (p.name, s)
+        # The Stagers' totals: a prefix start keeps the replaced request's counters in them.
+        totals = self.held.st.totals()
+        for p in self.pairs[1:]:
+            t = p.st.totals()
+            assert {k: t.stats[k] for k in SEMANTIC_STATS} == {k: totals.stats[k] for k in SEMANTIC_STATS}, p.name
+            assert np.array_equal(t.accepted, totals.accepted), p.name
         # The mirror of the store's table holds the held store's rows.
         for k in keys:
             slots = self.xcore.store.block_slots(k)

@@ -75,4 +75,6 @@ def test_c_program_through_the_c_abi_prints_what_python_prints(tmp_path):
     py_out = subprocess.run([sys.executable, str(ROOT / "examples/sdk/window_loop.py")], check=True, capture_output=True,
                             text=True).stdout
     assert c_out == py_out
-    assert c_out.count("\n") == 20 and "loop q4_0 stats rounds=8 commits=8 rebases=4" in c_out
+    assert c_out.count("\n") == 22 and "loop q4_0 stats rounds=8 commits=8 rebases=4" in c_out
+    # DEMO_ACCEPTS (7 3 0 7 5 1 4, block 7): each accept verified its round.
+    assert "loop q4_0 accepted 1 1 0 1 1 1 0 2 verified_rounds=7" in c_out

@@ -34,6 +34,8 @@ def test_simulate_json_windowed_vs_absolute(capsys):
                     "restaged_per_token", "rebases", "ms_per_round", "lossless", "acceptance"):
             assert key in m
         assert m["lossless"] is True
+        # The Stager's metrics equal the loop's own counts of the rounds it verified.
+        assert m["metrics_match"] is True and m["verified_rounds"] == sum(m["accepted_histogram"]) > 0
     W = data["config"]["window"]
     assert data["config"]["trained"] == W == 64  # the toy drafter's trained range defaults to the window
     assert w["tokens_per_seq"] == 300 and a["tokens_per_seq"] == sim.DEFAULTS["absolute_tokens"] == 64

@@ -13,7 +13,7 @@ from dspark_core.cli.simulate import simulate
 
 SMALL = dict(context=500, generate=240, window=48, block=4, feature_dim=64, rows="external", ring="host")
 SAME = ("lossless", "acceptance", "drafter_rounds", "failures", "skips", "rebases", "restaged_rows", "peak_rows",
-        "generated_tokens", "max_drafter_pos")
+        "generated_tokens", "max_drafter_pos", "verified_rounds", "accepted_histogram", "metrics_match")
 
 
 @pytest.mark.parametrize("stager,seqs,fail_every", [("core", 1, 0), ("core", 3, 6), ("reference", 2, 5)])

@@ -23,6 +23,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from dspark_core import Stager, StagerConfig
 from dspark_core.stager.config import STORAGES, TRIM_CHUNK
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
+from dspark_core.stager.totals import COUNTERS
 from dspark_core.stager.stage_plan import BATCH_ARRAYS
 from conftest import massive_rows
 
@@ -332,8 +333,19 @@ class CoreMatchesReference(RuleBasedStateMachine):
             sa, sb = self.core.stats(s), self.ref.stats(s)
             assert {k: sa[k] for k in SEMANTIC_STATS} == {k: sb[k] for k in SEMANTIC_STATS}
             assert sa["peak_rows"] <= bound
+            assert np.array_equal(self.core.accepted(s), self.ref.accepted(s)), s
             if not a["open_round"]:
                 assert self.core.snapshot(s) == self.ref.snapshot(s)
+        # The Stager's metrics: the same, and no counter ever goes back.
+        ta, tb = self.core.totals(), self.ref.totals()
+        assert {k: ta.stats[k] for k in SEMANTIC_STATS} == tb.stats, (ta, tb)
+        assert np.array_equal(ta.accepted, tb.accepted) and ta.started == tb.started
+        last = getattr(self, "last_totals", None)
+        if last is not None:
+            for k in COUNTERS:
+                assert ta.stats[k] >= last.stats[k], k
+            assert (ta.accepted >= last.accepted).all()
+        self.last_totals = ta
 
 
 TestCoreMatchesReference = CoreMatchesReference.TestCase

@@ -115,6 +115,14 @@ struct Fixture {
             FUZZ_CHECK(dspark_state_get(st, s, &x) == DSPARK_OK);
             out.insert(out.end(), reinterpret_cast<const std::uint8_t*>(&x),
                        reinterpret_cast<const std::uint8_t*>(&x) + sizeof x);
+            dspark_stats t;
+            dspark_stats_init(&t);
+            FUZZ_CHECK(dspark_stats_get(st, s, &t) == DSPARK_OK);
+            out.insert(out.end(), reinterpret_cast<const std::uint8_t*>(&t),
+                       reinterpret_cast<const std::uint8_t*>(&t) + sizeof t);
+            for (std::int64_t v : accepted_of(s))
+                out.insert(out.end(), reinterpret_cast<const std::uint8_t*>(&v),
+                           reinterpret_cast<const std::uint8_t*>(&v) + sizeof v);
             std::size_t n = 0;
             if (x.open_round || x.reservation_open) continue;
             FUZZ_CHECK(dspark_snapshot_size(st, s, &n) == DSPARK_OK);
@@ -123,6 +131,26 @@ struct Fixture {
             FUZZ_CHECK(dspark_snapshot(st, s, snap.data(), n, &w) == DSPARK_OK && w == n);
             out.insert(out.end(), snap.begin(), snap.end());
         }
+        return out;
+    }
+    // The sequence's acceptance histogram through the C ABI.
+    std::vector<std::int64_t> accepted_of(std::int64_t s) const {
+        std::vector<std::int64_t> h(static_cast<std::size_t>(c.block_size) + 1, -1);
+        FUZZ_CHECK(dspark_accepted_get(st, s, h.data(), h.size()) == DSPARK_OK);
+        return h;
+    }
+    // The Stager's totals through the C ABI: the stats record's bytes and the histogram.
+    std::vector<std::int64_t> totals_of() const {
+        dspark_stats t;
+        dspark_stats_init(&t);
+        std::vector<std::int64_t> h(static_cast<std::size_t>(c.block_size) + 1, -1);
+        std::int64_t started = -1;
+        FUZZ_CHECK(dspark_totals_get(st, &t, h.data(), h.size(), &started) == DSPARK_OK);
+        std::vector<std::int64_t> out = h;
+#define DSPARK_PUSH_STAT(type, name) out.push_back(t.name);
+        DSPARK_SEQ_STATS_FIELDS(DSPARK_PUSH_STAT)
+#undef DSPARK_PUSH_STAT
+        out.push_back(started);
         return out;
     }
     // The C ABI's and the C++ oracle's sequences agree.
@@ -141,9 +169,12 @@ struct Fixture {
             dspark_stats_init(&t);
             FUZZ_CHECK(dspark_stats_get(st, s, &t) == DSPARK_OK);
             const SeqStats u = cpp->stats(s);
-            FUZZ_CHECK(t.rounds == u.rounds && t.commits == u.commits && t.failures == u.failures &&
-                       t.rebases == u.rebases && t.staged_rows == u.staged_rows && t.rows == u.rows &&
-                       t.live_rows == u.live_rows && t.bytes == u.bytes && t.reserved_bytes == u.reserved_bytes);
+            bool same = true;
+#define DSPARK_SAME_STAT(type, name) same = same && t.name == u.name;
+            DSPARK_SEQ_STATS_FIELDS(DSPARK_SAME_STAT)
+#undef DSPARK_SAME_STAT
+            FUZZ_CHECK(same);
+            FUZZ_CHECK(accepted_of(s) == cpp->accepted(s));
             std::int64_t first[2], count[2];
             FUZZ_CHECK(dspark_live_slots(st, s, first, count) == DSPARK_OK);
             SlotRun runs[2];
@@ -1037,9 +1068,41 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         FUZZ_CHECK((std::strcmp(name, "DSPARK_E_UNKNOWN") == 0) == (code < DSPARK_OK || code > DSPARK_E_INTERNAL));
     }
     int ops = 0;
+    std::vector<std::int64_t> last = run.fx.totals_of();
     while (r.more() && ops++ < 64) {
         step(r, run.fx);
         run.fx.check_twins();
+        if (ops % 16 == 0 || !r.more()) {  // the Stager's metrics: every counter only grows
+            // The batched histogram: every checked sequence at once, as one by one.
+            std::vector<std::int64_t> ids(static_cast<std::size_t>(run.fx.checked()));
+            for (std::size_t q = 0; q < ids.size(); ++q) ids[q] = static_cast<std::int64_t>(q);
+            const std::size_t buckets = static_cast<std::size_t>(run.fx.c.block_size) + 1;
+            std::vector<std::int64_t> many(ids.size() * buckets, -1);
+            FUZZ_CHECK(dspark_accepted_many(run.fx.st, ids.data(), ids.size(), many.data(), many.size()) == DSPARK_OK);
+            for (std::size_t q = 0; q < ids.size(); ++q)
+                FUZZ_CHECK(std::equal(many.begin() + static_cast<std::ptrdiff_t>(q * buckets),
+                                      many.begin() + static_cast<std::ptrdiff_t>((q + 1) * buckets),
+                                      run.fx.accepted_of(ids[q]).begin()));
+            const std::vector<std::int64_t> now = run.fx.totals_of();
+            const StagerTotals want = run.fx.cpp->totals();
+            FUZZ_CHECK(std::equal(want.accepted.begin(), want.accepted.end(), now.begin()));
+            FUZZ_CHECK(now.back() == want.started);
+            std::size_t at = want.accepted.size();
+            for (std::size_t k = 0; k < at; ++k) FUZZ_CHECK(now[k] >= last[k]);
+            // Every stats field equals the C++ API's; every one but a gauge never goes back.
+            auto is_gauge = [](const char* name) {
+                for (const char* const* g = SEQ_STATS_GAUGES; *g; ++g)
+                    if (std::strcmp(*g, name) == 0) return true;
+                return false;
+            };
+#define DSPARK_GROWS(type, name)                                     \
+    FUZZ_CHECK(now[at] == want.stats.name);                          \
+    FUZZ_CHECK(is_gauge(#name) || now[at] >= last[at]);              \
+    ++at;
+            DSPARK_SEQ_STATS_FIELDS(DSPARK_GROWS)
+#undef DSPARK_GROWS
+            last = now;
+        }
     }
     return 0;
 }

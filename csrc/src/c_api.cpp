@@ -684,6 +684,56 @@ dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stat
     });
 }
 
+namespace {
+// A histogram of block_size + 1 buckets needs that much room (std::invalid_argument).
+void check_buckets(const dspark::Stager& core, size_t n) {
+    const auto buckets = static_cast<size_t>(core.options().block_size) + 1;
+    if (n < buckets)
+        throw std::invalid_argument("the histogram has " + std::to_string(buckets) +
+                                    " buckets (block_size + 1), got room for " + std::to_string(n));
+}
+}  // namespace
+
+dspark_status dspark_accepted_get(const dspark_stager* st, int64_t seq, int64_t* out, size_t n) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require(out, "out");
+        check_buckets(core, n);
+        const std::vector<int64_t> h = core.accepted(seq);
+        std::copy(h.begin(), h.end(), out);
+    });
+}
+
+dspark_status dspark_accepted_many(const dspark_stager* st, const int64_t* seqs, size_t n, int64_t* out,
+                                   size_t out_n) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        const auto buckets = static_cast<size_t>(core.options().block_size) + 1;
+        require_buffer(out, out_n, "out");
+        if (n && out_n / n < buckets)
+            throw std::invalid_argument("accepted_many: " + std::to_string(n) + " histograms of " +
+                                        std::to_string(buckets) + " buckets need " + std::to_string(n * buckets) +
+                                        " entries, got room for " + std::to_string(out_n));
+        core.accepted_many(seqs, n, out);
+    });
+}
+
+dspark_status dspark_totals_get(const dspark_stager* st, dspark_stats* out, int64_t* accepted, size_t n,
+                                int64_t* started) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        require(out, "out");
+        if (accepted) check_buckets(core, n);
+        const dspark::StagerTotals t = core.totals();
+        get_record(out, [&] { return t.stats; }, [](const dspark::SeqStats& from, dspark_stats& to) {
+            DSPARK_SEQ_STATS_FIELDS(DSPARK_COPY_FIELD)
+        });
+        if (accepted) std::copy(t.accepted.begin(), t.accepted.end(), accepted);
+        if (started) *started = t.started;
+    });
+}
+
 dspark_status dspark_row_bytes(int32_t storage, size_t dim, size_t* out) {
     return guarded([&] {
         require(out, "out");

@@ -59,7 +59,7 @@ dspark_status dspark_on_device(const dspark_stager* st, int64_t seq, int32_t* on
 dspark_status dspark_step_layout(const dspark_stager* st, int64_t* fields, int64_t* max_rows) {
     return guarded([&] {
         const dspark::Stager& core = core_of(st);
-        if (fields) *fields = step::FIELD_COUNT;
+        if (fields) *fields = step::columns(core.step_config());
         if (max_rows) *max_rows = core.step_config().max_rows;
     });
 }

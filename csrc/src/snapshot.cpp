@@ -369,6 +369,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
         s.buf.commit_back(count);
     }
     if (runs_out) s.buf.runs(horizon, end, slot_base(seq), runs_out);
+    retire_stats(target);  // the restored sequence's counters start afresh
     target = std::move(s);
     advance_horizon(target);
     // The owner writes the rows back at those slots: a table change, in order.

@@ -69,6 +69,10 @@ const FieldInfo SEQ_STATE_FIELDS[] = {DSPARK_SEQ_STATE_FIELDS(DSPARK_STATE_FIELD
 const FieldInfo SEQ_STATS_FIELDS[] = {DSPARK_SEQ_STATS_FIELDS(DSPARK_STATS_FIELD_INFO){nullptr, 0, false}};
 #undef DSPARK_STATS_FIELD_INFO
 #undef DSPARK_STATE_FIELD_INFO
+#define DSPARK_STATS_NAME(name) #name,
+const char* const SEQ_STATS_GAUGES[] = {DSPARK_SEQ_STATS_GAUGES(DSPARK_STATS_NAME) nullptr};
+const char* const SEQ_STATS_PEAKS[] = {DSPARK_SEQ_STATS_PEAKS(DSPARK_STATS_NAME) nullptr};
+#undef DSPARK_STATS_NAME
 
 std::string mismatch_cause(std::int64_t n_past, std::int64_t end) {
     if (end > n_past)
@@ -116,12 +120,16 @@ Stager::Stager(const StagerOptions& o) : opt_(o) {
     if (ring_rows_ > (SIZE_MAX >> 1) / row_bytes_)
         throw ConfigError("window x feature_dim is too large: one sequence's buffer would exceed the address space");
     seqs_.resize(static_cast<std::size_t>(o.max_seqs));
+    const auto buckets = static_cast<std::size_t>(o.block_size) + 1;
+    accepted_.assign(static_cast<std::size_t>(o.max_seqs) * buckets, 0);
+    retired_.accepted.assign(buckets, 0);
     for (auto& s : seqs_) fresh_seq(s);
     locks_ = std::make_unique<SeqMutex[]>(static_cast<std::size_t>(o.max_seqs));
     changed_ = std::make_unique<std::atomic<std::uint64_t>[]>(static_cast<std::size_t>(o.max_seqs));
 }
 
 void Stager::fresh_seq(Seq& s) const {
+    retire_stats(s);
     FeatureBuffer buf = std::move(s.buf);
     s = Seq{};
     s.buf = std::move(buf);
@@ -130,6 +138,60 @@ void Stager::fresh_seq(Seq& s) const {
     note_size(s);
 }
 
+
+// -- metrics -------------------------------------------------------------------
+// Invariant: totals() == retired_ + the settled stats of every sequence (as
+// before an open reservation), so a sequence's counters are folded into
+// retired_ exactly when they reset, and no counter of totals() goes back.
+
+namespace {
+
+// to += from, as totals combine two sequences' stats: every field adds up
+// but the peaks, which take the larger.
+void add_stats(SeqStats& to, const SeqStats& from) noexcept {
+#define DSPARK_PEAK_SAVE(name) const std::int64_t name = std::max(to.name, from.name);
+    DSPARK_SEQ_STATS_PEAKS(DSPARK_PEAK_SAVE)
+#undef DSPARK_PEAK_SAVE
+#define DSPARK_ADD_FIELD(type, name) to.name += from.name;
+    DSPARK_SEQ_STATS_FIELDS(DSPARK_ADD_FIELD)
+#undef DSPARK_ADD_FIELD
+#define DSPARK_PEAK_SET(name) to.name = name;
+    DSPARK_SEQ_STATS_PEAKS(DSPARK_PEAK_SET)
+#undef DSPARK_PEAK_SET
+}
+
+}  // namespace
+
+std::int64_t* Stager::accepted_row(const Seq& s) const noexcept {
+    const auto i = static_cast<std::size_t>(&s - seqs_.data());
+    return accepted_.data() + i * (static_cast<std::size_t>(opt_.block_size) + 1);
+}
+
+void Stager::retire_stats(const Seq& s) const {
+    std::int64_t* row = accepted_row(s);
+    std::lock_guard<std::mutex> lock(retired_.m);
+    SeqStats& to = retired_.stats;
+    add_stats(to, stats_of(s, true));
+#define DSPARK_DROP_GAUGE(name) to.name = 0;
+    DSPARK_SEQ_STATS_GAUGES(DSPARK_DROP_GAUGE)  // an ended sequence holds nothing
+#undef DSPARK_DROP_GAUGE
+    for (std::size_t k = 0; k < retired_.accepted.size(); ++k) {
+        retired_.accepted[k] += row[k];
+        row[k] = 0;
+    }
+}
+
+SeqStats Stager::stats_of(const Seq& s, bool settled) const {
+    const SeqFields& f = settled && s.reserved ? s.before : s;
+    SeqStats out = f.stats;
+    out.live_rows = f.started ? f.end - f.horizon : 0;
+    const std::int64_t* row = accepted_row(s);
+    for (std::int64_t k = 0; k <= opt_.block_size; ++k) {
+        out.verified_rounds += row[k];
+        out.accepted_tokens += k * row[k];
+    }
+    return out;
+}
 
 std::string batch_context(const char* call, std::size_t i, std::int64_t seq) {
     return std::string(call) + ": seqs[" + std::to_string(i) + "] (sequence " + std::to_string(seq) + "): ";
@@ -409,6 +471,14 @@ void Stager::open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept {
     if (p.skip != Skip::None) {
         // A skip changes no protocol state and opens no round.
         s.stats.skips += 1;
+        switch (p.skip) {
+            case Skip::Disabled: s.stats.skips_disabled += 1; break;
+            case Skip::Empty: s.stats.skips_empty += 1; break;
+            case Skip::NoContext: s.stats.skips_no_context += 1; break;
+            case Skip::MissingRows: s.stats.skips_missing_rows += 1; break;
+            case Skip::DraftingOff: s.stats.skips_drafting_off += 1; break;
+            case Skip::None: break;
+        }
         if (p.report_mismatch) s.mismatch_reported = true;
         return;
     }
@@ -419,6 +489,7 @@ void Stager::open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept {
     s.open_base = p.pos_base;
     s.accept_open = true;
     s.tentative = 0;
+    s.verify_owed = false;  // a new round: the last one's verify is over
     s.stats.rounds += 1;
     s.stats.staged_rows += p.n_rows;
     if (p.rebase) {
@@ -541,6 +612,7 @@ void Stager::commit_seq(Seq& s) noexcept {
     s.restage_owed = false;
     s.first_round = false;
     s.failures = 0;
+    s.verify_owed = true;
     s.stats.commits += 1;
     advance_horizon(s);
 }
@@ -564,6 +636,10 @@ std::int64_t Stager::fail_seq(Seq& s) noexcept {
 
 void Stager::accept_seq(Seq& s, std::int64_t n_accepted) noexcept {
     if (!s.accept_open || s.tentative == 0) return;
+    if (s.verify_owed) {  // the committed round's verify count (checked: in [0, B])
+        accepted_row(s)[n_accepted] += 1;
+        s.verify_owed = false;
+    }
     // Only rows appended since the last draft can go: never the retained head.
     const std::int64_t keep = std::min(s.tentative, n_accepted + 1);
     const std::int64_t new_end = s.end - s.tentative + keep;
@@ -774,6 +850,7 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint
                 to += r.count;
             }
     }
+    retire_stats(b);  // the child's counters start afresh
     b = std::move(c);
     advance_horizon(b);
     if (!moves.empty()) {
@@ -879,9 +956,48 @@ SeqStats Stager::stats(std::int64_t seq) const {
     auto lock = lock_seq(seq);
     const Seq& s = get(seq);
     refuse_on_device(seq, s);
-    SeqStats out = s.stats;
-    out.live_rows = s.started ? s.end - s.horizon : 0;
-    return out;
+    return stats_of(s);
+}
+
+std::vector<std::int64_t> Stager::accepted(std::int64_t seq) const {
+    auto lock = lock_seq(seq);
+    const Seq& s = get(seq);
+    refuse_on_device(seq, s);
+    const std::int64_t* row = accepted_row(s);
+    return std::vector<std::int64_t>(row, row + opt_.block_size + 1);
+}
+
+void Stager::accepted_many(const std::int64_t* seqs_in, std::size_t n, std::int64_t* out) const {
+    const char* call = "accepted_many";
+    const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
+    check_ids(call, seqs.data(), n);
+    BatchLock lock(*this, seqs.data(), n);  // a question: a repeated id is answered twice
+    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], get(seqs[i])); });
+    const auto buckets = static_cast<std::size_t>(opt_.block_size) + 1;
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t* row = accepted_row(get(seqs[i]));
+        std::copy(row, row + buckets, out + i * buckets);
+    }
+}
+
+StagerTotals Stager::totals() const {
+    StagerTotals t;
+    // Every sequence locked (in id order, the lock order) and then retired_:
+    // no sequence retires while its counters are read, so the sum is one
+    // moment's and never goes back.
+    std::vector<std::unique_lock<std::mutex>> locks;
+    locks.reserve(seqs_.size());
+    for (std::size_t i = 0; i < seqs_.size(); ++i) locks.emplace_back(locks_[i].m);
+    std::lock_guard<std::mutex> lock(retired_.m);
+    t.stats = retired_.stats;
+    t.accepted = retired_.accepted;
+    for (const Seq& s : seqs_) {
+        add_stats(t.stats, stats_of(s, true));
+        const std::int64_t* row = accepted_row(s);
+        for (std::size_t k = 0; k < t.accepted.size(); ++k) t.accepted[k] += row[k];
+        if ((s.reserved ? s.before : s).started) t.started += 1;
+    }
+    return t;
 }
 
 }  // namespace dspark

@@ -69,7 +69,7 @@ i64 fail_regs(const device_step::Config& c, Regs& r, i64 max_failures) {
 std::string damage(const device_step::Config& c, const Regs& r, i64 max_failures) {
     auto flag = [](i64 v) { return v == 0 || v == 1; };
     if (!flag(r.restage_owed) || !flag(r.first_round) || !flag(r.disabled) || !flag(r.accept_open) ||
-        !flag(r.open) || !flag(r.reserved) || !flag(r.pre_accept_open))
+        !flag(r.open) || !flag(r.reserved) || !flag(r.pre_accept_open) || !flag(r.verify_owed))
         return "a flag is neither 0 nor 1";
     auto ring_ok = [&](i64 cap, i64 touched, i64 head_slot, i64 count, i64 head_pos, i64 end, i64 horizon) {
         if (cap != 0 && cap != c.ring_rows) return false;
@@ -89,13 +89,21 @@ std::string damage(const device_step::Config& c, const Regs& r, i64 max_failures
     if (r.failures < 0 || r.failures > max_failures) return "the failure count is out of range";
     if (r.open && (r.open_start > r.end || r.open_base < 0 || r.open_base > r.open_start))
         return "the open round is inconsistent";
-    const i64 stats[] = {r.rounds, r.commits, r.rebases, r.staged_rows, r.restaged_rows, r.skips,
-                         r.trims, r.trimmed_rows, r.peak_rows, r.pre_trims, r.pre_trimmed_rows, r.pre_peak_rows};
+    const i64 stats[] = {r.rounds,    r.commits,     r.rebases,        r.staged_rows,      r.restaged_rows,
+                         r.skips,     r.trims,       r.trimmed_rows,   r.peak_rows,        r.skips_disabled,
+                         r.skips_no_context, r.pre_trims, r.pre_trimmed_rows, r.pre_peak_rows};
     for (i64 v : stats)
         if (v < 0) return "a counter is negative";
     if (r.fault != 0 && r.fault != device_step::STATUS_BAD_COUNT && r.fault != device_step::STATUS_POSITION_LIMIT &&
         r.fault != device_step::STATUS_INTERNAL)
         return "the fault code is unknown";
+    return "";
+}
+
+// The histogram columns of sequence q hold counts ("" when they do).
+std::string histogram_damage(const device_step::Config& c, const i64* state, i64 q) {
+    for (i64 k = 0; k <= c.block; ++k)
+        if (state[(device_step::FIELD_COUNT + k) * c.max_seqs + q] < 0) return "a histogram count is negative";
     return "";
 }
 
@@ -174,6 +182,7 @@ struct StepIO {
         r.failures = s.failures;
         r.accept_open = s.accept_open;
         r.tentative = s.tentative;
+        r.verify_owed = s.verify_owed;
         r.open = s.open;
         r.open_start = s.open_start;
         r.open_base = s.open_base;
@@ -188,6 +197,8 @@ struct StepIO {
         r.staged_rows = s.stats.staged_rows;
         r.restaged_rows = s.stats.restaged_rows;
         r.skips = s.stats.skips;
+        r.skips_disabled = s.stats.skips_disabled;
+        r.skips_no_context = s.stats.skips_no_context;
         r.trims = s.stats.trims;
         r.trimmed_rows = s.stats.trimmed_rows;
         r.peak_rows = s.stats.peak_rows;
@@ -241,6 +252,7 @@ struct StepIO {
         s.failures = r.failures;
         s.accept_open = r.accept_open != 0;
         s.tentative = r.tentative;
+        s.verify_owed = r.verify_owed != 0;
         s.open = r.open != 0;
         s.open_start = r.open_start;
         s.open_base = r.open_base;
@@ -250,6 +262,8 @@ struct StepIO {
         s.stats.staged_rows = r.staged_rows;
         s.stats.restaged_rows = r.restaged_rows;
         s.stats.skips = r.skips;
+        s.stats.skips_disabled = r.skips_disabled;
+        s.stats.skips_no_context = r.skips_no_context;
         s.stats.trims = r.trims;
         s.stats.trimmed_rows = r.trimmed_rows;
         s.stats.rows = r.count;  // note_size: rows held == the ring's count
@@ -279,7 +293,8 @@ device_step::Config Stager::step_config() const noexcept {
 
 std::int64_t* Stager::step_state() {
     std::call_once(step_once_, [&] {
-        const auto k = static_cast<std::size_t>(device_step::FIELD_COUNT) * static_cast<std::size_t>(opt_.max_seqs);
+        const auto k = static_cast<std::size_t>(device_step::columns(step_config())) *
+                       static_cast<std::size_t>(opt_.max_seqs);
         step_state_.reset(new std::int64_t[k]());  // zero: no sequence is live
     });
     return step_state_.get();
@@ -330,6 +345,8 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
         else StepIO::set_pre(r, s, s.buf.marks());
         r.fault = r.fault_arg = 0;
         device_step::store(state, c.max_seqs, q, r);
+        const i64* hist = accepted_row(s);
+        for (i64 k = 0; k <= c.block; ++k) state[(device_step::FIELD_COUNT + k) * c.max_seqs + q] = hist[k];
         s.on_device = true;
     }
 }
@@ -373,8 +390,9 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
     for (std::size_t i = 0; i < n; ++i) {
         const std::string bad = regs[i].live == 1 ? damage(c, regs[i], opt_.max_failures)
                                                   : std::string("the sequence is not live in it");
-        if (!bad.empty())
-            throw std::invalid_argument(where(call, i, seqs[i]) + "the step state is damaged (" + bad +
+        const std::string damaged = !bad.empty() ? bad : histogram_damage(c, state, seqs[i]);
+        if (!damaged.empty())
+            throw std::invalid_argument(where(call, i, seqs[i]) + "the step state is damaged (" + damaged +
                                         "); nothing was brought back");
     }
     // Bring each back: its round resolved by its outcome, on the live fields
@@ -398,6 +416,8 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         }
         if (disabled_after) disabled_after[i] = d;
         StepIO::put_fields(r, s);
+        i64* hist = accepted_row(s);
+        for (i64 k = 0; k <= c.block; ++k) hist[k] = state[(device_step::FIELD_COUNT + k) * c.max_seqs + seqs[i]];
         s.buf.set_marks(marks_of(r.cap, r.touched, r.head_slot, r.count, r.head_pos));
         s.round = 0;
         if (failed) s.stats.failures += 1;

@@ -170,6 +170,7 @@ struct Stager::PrefixOps {
                 }
                 s.buf.commit_back(n);
             }
+            st.retire_stats(target);  // the new request's counters start afresh
             target = std::move(s);
             st.advance_horizon(target);
         }

@@ -682,6 +682,52 @@ TEST_CASE(c_calls_match_the_cpp_stager_in_lock_step) {
     CHECK_EQ(s.rebases, 4);
     CHECK_EQ(s.restaged_rows, 40);
     CHECK(snap(h.st, 0) == ref.snapshot(0));
+    // The acceptance histogram: each accept above verified its round.
+    const std::vector<std::int64_t> want = {1, 1, 0, 1, 1, 1, 0, 2};
+    CHECK(ref.accepted(0) == want);
+    CHECK_EQ(s.verified_rounds, 7);
+    CHECK_EQ(s.accepted_tokens, 27);
+    std::vector<std::int64_t> hist(B + 2, -1);
+    CHECK_EQ(dspark_accepted_get(h.st, 0, hist.data(), B), DSPARK_E_INVALID_ARGUMENT);  // no room: nothing written
+    CHECK(error_mentions("8 buckets"));
+    CHECK(hist == std::vector<std::int64_t>(B + 2, -1));
+    CHECK_EQ(dspark_accepted_get(h.st, 0, hist.data(), B + 2), DSPARK_OK);
+    CHECK(std::vector<std::int64_t>(hist.begin(), hist.begin() + B + 1) == want);
+    CHECK_EQ(hist[B + 1], -1);
+    CHECK_EQ(dspark_accepted_get(h.st, 5, hist.data(), B + 1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_accepted_get(h.st, 0, nullptr, B + 1), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_accepted_get(nullptr, 0, hist.data(), B + 1), DSPARK_E_NULL_POINTER);
+    // The batched form: sequence 0 twice (a question may repeat), and too little room.
+    const std::int64_t twice[] = {0, 0};
+    std::vector<std::int64_t> both(2 * (B + 1), -1);
+    CHECK_EQ(dspark_accepted_many(h.st, twice, 2, both.data(), both.size() - 1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(both == std::vector<std::int64_t>(2 * (B + 1), -1));
+    const std::int64_t unknown[] = {0, 4};
+    CHECK_EQ(dspark_accepted_many(h.st, unknown, 2, both.data(), both.size()), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("accepted_many: seqs[1] (sequence 4)"));
+    CHECK(both == std::vector<std::int64_t>(2 * (B + 1), -1));
+    CHECK_EQ(dspark_accepted_many(h.st, twice, 2, both.data(), both.size()), DSPARK_OK);
+    CHECK(std::vector<std::int64_t>(both.begin(), both.begin() + B + 1) == want);
+    CHECK(std::vector<std::int64_t>(both.begin() + B + 1, both.end()) == want);
+    CHECK_EQ(dspark_accepted_many(h.st, nullptr, 0, nullptr, 0), DSPARK_OK);
+    // The Stager's totals, after the sequence ended: its counters stay.
+    CHECK_EQ(dspark_end(h.st, 0), DSPARK_OK);
+    dspark_stats t;
+    dspark_stats_init(&t);
+    std::int64_t started = -1;
+    std::fill(hist.begin(), hist.end(), -1);
+    CHECK_EQ(dspark_totals_get(h.st, &t, hist.data(), B, &started), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(started, -1);
+    CHECK_EQ(dspark_totals_get(h.st, &t, hist.data(), B + 1, &started), DSPARK_OK);
+    CHECK(std::vector<std::int64_t>(hist.begin(), hist.begin() + B + 1) == want);
+    CHECK_EQ(started, 0);
+    CHECK_EQ(t.rounds, 8);
+    CHECK_EQ(t.verified_rounds, 7);
+    CHECK_EQ(t.rows, 0);
+    CHECK_EQ(t.peak_rows, s.peak_rows);
+    CHECK_EQ(dspark_totals_get(h.st, &t, nullptr, 0, nullptr), DSPARK_OK);
+    CHECK_EQ(dspark_totals_get(h.st, nullptr, nullptr, 0, nullptr), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_totals_get(nullptr, &t, nullptr, 0, nullptr), DSPARK_E_NULL_POINTER);
 }
 
 TEST_CASE(draft_many_is_all_or_nothing) {

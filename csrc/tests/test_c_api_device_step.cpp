@@ -107,7 +107,7 @@ TEST_CASE(c_steps_equal_cpp_steps) {
     dspark::Stager core(options());
     std::int64_t fields = 0, max_rows = 0;
     CHECK_EQ(dspark_step_layout(h.st, &fields, &max_rows), DSPARK_OK);
-    CHECK_EQ(fields, dspark::device_step::FIELD_COUNT);
+    CHECK_EQ(fields, dspark::device_step::FIELD_COUNT + B + 1);  // the fields, then the histogram
     CHECK_EQ(max_rows, W - B);
     // The step's constants: the core's, field by field (and the C struct's tail
     // past a smaller struct_size untouched, as for the other records).

@@ -117,27 +117,27 @@ void prompt(Stager& st, i64 seq, i64 p0, i64 len) {
 void upload(Stager& st, i64* dev_state, const std::vector<i64>& seqs) {
     const i64* h = st.step_state();
     const i64 m = st.step_config().max_seqs;
-    for (int f = 0; f < device_step::FIELD_COUNT; ++f)
+    for (i64 f = 0; f < device_step::columns(st.step_config()); ++f)
         for (i64 q : seqs) dev_state[f * m + q] = h[f * m + q];
 }
 void download(Stager& st, const i64* dev_state, const std::vector<i64>& seqs) {
     i64* h = st.step_state();
     const i64 m = st.step_config().max_seqs;
-    for (int f = 0; f < device_step::FIELD_COUNT; ++f)
+    for (i64 f = 0; f < device_step::columns(st.step_config()); ++f)
         for (i64 q : seqs) h[f * m + q] = dev_state[f * m + q];
 }
 
 // Snapshots compared by same_seq (a test checks that some were).
 int snapshots_compared = 0;
 
-// A sequence back on the host: the same state and stats, and the same
+// A sequence back on the host: the same state, stats and histogram, and the same
 // snapshot bytes. A snapshot needs no reservation open, so one open on both is
 // settled alike first (confirmed, or cancelled for an odd end), as a server
 // settles it before it moves a sequence.
 bool same_seq(Stager& a, Stager& b, i64 q) {
     const SeqState x = a.state(q), y = b.state(q);
     const SeqStats u = a.stats(q), v = b.stats(q);
-    bool ok = std::memcmp(&u, &v, sizeof u) == 0 && x.end == y.end && x.horizon == y.horizon &&
+    bool ok = std::memcmp(&u, &v, sizeof u) == 0 && a.accepted(q) == b.accepted(q) && x.end == y.end && x.horizon == y.horizon &&
               x.n_cache == y.n_cache && x.pos_base == y.pos_base && x.reservation_open == y.reservation_open &&
               x.tentative_rows == y.tentative_rows && x.restage_owed == y.restage_owed &&
               x.consecutive_failures == y.consecutive_failures && x.disabled == y.disabled;
@@ -164,7 +164,7 @@ void kernel_equals_cpu_twin(i64 n, i64 b, i64 w, Storage storage, std::uint64_t 
     Stager cpu(o), gpu(o);
     const auto c = gpu.step_config();
     const auto mr = static_cast<std::size_t>(c.max_rows);
-    DevArray<i64> state(static_cast<std::size_t>(device_step::FIELD_COUNT * n));
+    DevArray<i64> state(static_cast<std::size_t>(device_step::columns(c) * n));
     std::mt19937_64 rng(seed);
     auto pick = [&](i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); };
     for (i64 q = 0; q < n; ++q) {
@@ -288,7 +288,7 @@ TEST_CASE(captured_step_replays) {
     }
     cpu.to_device(seqs.data(), seqs.size());
     gpu.to_device(seqs.data(), seqs.size());
-    DevArray<i64> state(static_cast<std::size_t>(device_step::FIELD_COUNT * n)), d_seqs(seqs.size());
+    DevArray<i64> state(static_cast<std::size_t>(device_step::columns(c) * n)), d_seqs(seqs.size());
     DevArray<std::int32_t> d_counts(seqs.size(), 0);
     upload(gpu, state.p, seqs);
     d_seqs.set(seqs);
@@ -326,7 +326,7 @@ TEST_CASE(captured_step_replays) {
 TEST_CASE(bad_arguments_throw_before_any_launch) {
     Stager gpu(options(2, 2, 9));
     const auto c = gpu.step_config();
-    DevArray<i64> state(static_cast<std::size_t>(device_step::FIELD_COUNT * 2)), seqs(1), counts(1);
+    DevArray<i64> state(static_cast<std::size_t>(device_step::columns(c) * 2)), seqs(1), counts(1);
     DevArray<std::int32_t> status(1);
     device_step::Outputs out;
     out.status = status.p;

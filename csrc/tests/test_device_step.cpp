@@ -158,7 +158,8 @@ bool same_fields(const T& x, const T& y, const FieldInfo* table, const char* wha
 // state(), stats(), live_slots() and (when ready) the snapshot bytes of seq.
 bool same_seq(const Stager& a, const Stager& b, i64 seq) {
     bool ok = same_fields(a.state(seq), b.state(seq), SEQ_STATE_FIELDS, "state", seq) &&
-              same_fields(a.stats(seq), b.stats(seq), SEQ_STATS_FIELDS, "stats", seq);
+              same_fields(a.stats(seq), b.stats(seq), SEQ_STATS_FIELDS, "stats", seq) &&
+              a.accepted(seq) == b.accepted(seq);
     SlotRun ra[2], rb[2];
     a.live_slots(seq, ra);
     b.live_slots(seq, rb);
@@ -392,6 +393,12 @@ struct Differential {
                 if (st->state(q).reservation_open) st->confirm(q);
         for (i64 q = 0; q < n; ++q)
             if (!same_seq(dev, orc, q)) ++mismatches;
+        // The Stagers' metrics: the histograms the steps counted on the
+        // device equal the host calls' (and they counted some).
+        const StagerTotals td = dev.totals(), to = orc.totals();
+        if (td.accepted != to.accepted || !same_fields(td.stats, to.stats, SEQ_STATS_FIELDS, "totals", -1))
+            ++mismatches;
+        if (to.stats.verified_rounds == 0) ++mismatches;
     }
 };
 
@@ -591,6 +598,17 @@ TEST_CASE(host_calls_refused_on_device) {
     CHECK_EQ(st.state(0).end, 5);
 }
 
+// Whether f throws std::invalid_argument whose message holds `what`.
+template <class F>
+bool throws_with(F&& f, const char* what) {
+    try {
+        f();
+    } catch (const std::invalid_argument& e) {
+        return std::string(e.what()).find(what) != std::string::npos;
+    }
+    return false;
+}
+
 // to_device and to_host check everything before they change anything.
 TEST_CASE(rejected_hand_overs_change_nothing) {
     Stager st(options(4, 2, 9, Storage::F32)), held([] {
@@ -629,6 +647,17 @@ TEST_CASE(rejected_hand_overs_change_nothing) {
     CHECK_THROWS(st.to_host(two, 2), std::invalid_argument);
     CHECK(st.on_device(0) && st.on_device(1));
     state[device_step::F_count * c.max_seqs + 1] = saved;
+    // So is a negative histogram count, or a flag that is neither 0 nor 1.
+    i64& bucket = state[(device_step::FIELD_COUNT + 2) * c.max_seqs + 1];
+    bucket = -1;
+    CHECK(throws_with([&] { st.to_host(two, 2); }, "a histogram count is negative"));
+    CHECK(st.on_device(0) && st.on_device(1));
+    bucket = 0;
+    i64& owed = state[device_step::F_verify_owed * c.max_seqs + 0];
+    owed = 2;
+    CHECK(throws_with([&] { st.to_host(two, 2); }, "a flag is neither 0 nor 1"));
+    CHECK(st.on_device(0) && st.on_device(1));
+    owed = 0;
     st.to_host(two, 2);
     CHECK(st.snapshot(0) == snap0);
     // step_many in held mode, and without a status array.

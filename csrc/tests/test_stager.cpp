@@ -2,6 +2,7 @@
 // scenario with window crossing, the memory bound, atomic rejection, and the
 // lifecycle operations. The Python suite compares the core with the reference
 // twin op for op; these tests keep the core testable on its own.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -574,4 +575,96 @@ TEST_CASE(drafting_off_survives_a_cancelled_reservation) {
     const auto snap = t.snapshot(0);
     s.restore(0, snap.data(), snap.size());
     CHECK(s.state(0).drafting_off && !s.state(0).started);
+}
+
+// The acceptance metrics: a round counts in the histogram once, at the first
+// accept after its commit that acts; plain decodes, failed rounds and
+// rollbacks count nothing. The Stager's totals keep the counters of
+// sequences whose stats reset (begin, fork into, restore) and never go back.
+TEST_CASE(accepted_histogram_counts_verified_rounds_and_totals_stay_monotonic) {
+    const std::int64_t B = 4;
+    Stager s(opts(B, 12, Storage::F16, 2));
+    ByteVec rows;
+    process(s, 0, 0, 6);
+    auto round = [&](std::int64_t n_past, std::int64_t accepted) {  // draft, commit, verify, accept
+        CHECK(s.draft(0, n_past, rows).skip == Skip::None);
+        s.commit(0);
+        process(s, 0, n_past, B + 1);
+        s.accept(0, accepted);
+        return n_past + accepted + 1;
+    };
+    std::int64_t n = round(6, 2);
+    n = round(n, 0);
+    n = round(n, 2);
+    s.accept(0, 3);  // no new rows since: acts on nothing, counts nothing
+    process(s, 0, n, 1);  // a plain decode: the accept after it counts nothing
+    s.accept(0, 0);
+    n += 1;
+    CHECK(s.draft(0, n, rows).skip == Skip::None);
+    s.fail(0, FailStage::Decode);  // a failed round is never verified
+    process(s, 0, n, B + 1);
+    s.accept(0, B);
+    n += B + 1;
+    CHECK(s.draft(0, n, rows).skip == Skip::None);
+    s.commit(0);
+    s.rollback(0, n - 1);  // the round's verify is gone with its rows
+    process(s, 0, n - 1, B + 1);
+    s.accept(0, 1);
+    // A committed round whose verify never came, then a new round that fails:
+    // the accept after it verifies neither.
+    n = s.state(0).end;
+    CHECK(s.draft(0, n, rows).skip == Skip::None);
+    s.commit(0);
+    process(s, 0, n, 1);
+    CHECK(s.draft(0, n + 1, rows).skip == Skip::None);
+    s.fail(0, FailStage::Crop);
+    process(s, 0, n + 1, B + 1);
+    s.accept(0, 2);
+    // A shift drops the verify of the round committed before it.
+    n = s.state(0).end;
+    CHECK(s.draft(0, n, rows).skip == Skip::None);
+    s.commit(0);
+    s.shift(0, 1, 2);
+    process(s, 0, n - 2, B + 1);
+    s.accept(0, 3);
+    const std::vector<std::int64_t> want = {1, 0, 2, 0, 0};
+    CHECK(s.accepted(0) == want);
+    SeqStats st = s.stats(0);
+    CHECK_EQ(st.verified_rounds, 3);
+    CHECK_EQ(st.accepted_tokens, 4);
+    // Skips by reason: missing_rows (n_past behind the rows), drafting_off.
+    CHECK(s.draft(0, 3, rows).skip != Skip::None);
+    s.disable(0);
+    CHECK(s.draft(0, s.state(0).end, rows).skip == Skip::DraftingOff);
+    st = s.stats(0);
+    CHECK_EQ(st.skips_drafting_off, 1);
+    CHECK_EQ(st.skips, st.skips_disabled + st.skips_empty + st.skips_no_context + st.skips_missing_rows +
+                           st.skips_drafting_off);
+    // Totals: sequence 0's counters, then kept across fork (into 1), begin and end.
+    StagerTotals t0 = s.totals();
+    CHECK(t0.accepted == want);
+    CHECK_EQ(t0.started, 1);
+    CHECK_EQ(t0.stats.rounds, st.rounds);
+    CHECK_EQ(t0.stats.rows, st.rows);
+    // A fork between a commit and its verify: the child's first accept counts nothing.
+    s.enable(0);
+    n = s.state(0).end;
+    CHECK(s.draft(0, n, rows).skip == Skip::None);
+    s.commit(0);
+    s.fork(0, 1);
+    process(s, 1, n, B + 1);
+    s.accept(1, 2);
+    CHECK(s.accepted(1) == std::vector<std::int64_t>(B + 1, 0));
+    const std::int64_t peak0 = s.stats(0).peak_rows;
+    s.begin(0);
+    CHECK(s.accepted(0) == std::vector<std::int64_t>(B + 1, 0));
+    const StagerTotals t1 = s.totals();
+    CHECK(t1.accepted == want);
+    CHECK_EQ(t1.stats.rounds, st.rounds + 1);
+    CHECK_EQ(t1.stats.skips_drafting_off, 1);
+    CHECK_EQ(t1.stats.peak_rows, std::max(peak0, s.stats(1).peak_rows));  // the largest any sequence held
+    CHECK_EQ(t1.stats.rows, s.stats(1).rows);           // gauges: the live sequences only
+    s.end(1);
+    CHECK_EQ(s.totals().stats.rows, 0);
+    CHECK_EQ(s.totals().stats.restaged_rows, t1.stats.restaged_rows);
 }

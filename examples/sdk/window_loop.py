@@ -76,6 +76,9 @@ def window_loop(name: str, storage: str, dim: int) -> None:
         f"loop {name} stats rounds={s['rounds']} commits={s['commits']} rebases={s['rebases']} "
         f"staged_rows={s['staged_rows']} restaged_rows={s['restaged_rows']}"
     )
+    # Accepted drafts per verified round (the commit of the last round has no verify yet).
+    print(f"loop {name} accepted " + " ".join(str(int(n)) for n in st.accepted(0)) +
+          f" verified_rounds={s['verified_rounds']}")
 
 
 def q4_0_round_trip() -> None:

@@ -27,7 +27,7 @@ static void window_loop(const char* name, int32_t storage, int64_t dim) {
     dspark_stager* st = NULL;
     dspark_plan plan;
     dspark_stats stats;
-    int64_t max_rows = 0, n_past = DEMO_PROMPT, positions[DEMO_BLOCK + 1], i;
+    int64_t max_rows = 0, n_past = DEMO_PROMPT, positions[DEMO_BLOCK + 1], accepted[DEMO_BLOCK + 1], i;
     float *rows, *staged;
     size_t written = 0;
     int rnd;
@@ -72,6 +72,11 @@ static void window_loop(const char* name, int32_t storage, int64_t dim) {
     printf("loop %s stats rounds=%lld commits=%lld rebases=%lld staged_rows=%lld restaged_rows=%lld\n", name,
            (long long)stats.rounds, (long long)stats.commits, (long long)stats.rebases, (long long)stats.staged_rows,
            (long long)stats.restaged_rows);
+    /* Accepted drafts per verified round (the commit of the last round has no verify yet). */
+    CHECK(dspark_accepted_get(st, 0, accepted, DEMO_BLOCK + 1));
+    printf("loop %s accepted", name);
+    for (i = 0; i <= DEMO_BLOCK; ++i) printf(" %lld", (long long)accepted[i]);
+    printf(" verified_rounds=%lld\n", (long long)stats.verified_rounds);
     free(rows);
     free(staged);
     dspark_stager_destroy(st);

@@ -52,6 +52,10 @@ void window_loop(const char* name, dspark::Storage storage, std::int64_t dim) {
     std::printf("loop %s stats rounds=%" PRId64 " commits=%" PRId64 " rebases=%" PRId64 " staged_rows=%" PRId64
                 " restaged_rows=%" PRId64 "\n",
                 name, s.rounds, s.commits, s.rebases, s.staged_rows, s.restaged_rows);
+    // Accepted drafts per verified round (the commit of the last round has no verify yet).
+    std::printf("loop %s accepted", name);
+    for (const std::int64_t n : st.accepted(0)) std::printf(" %" PRId64, n);
+    std::printf(" verified_rounds=%" PRId64 "\n", s.verified_rounds);
 }
 
 void q4_0_round_trip() {

@@ -177,12 +177,17 @@ typedef struct dspark_state {
 } dspark_state;
 
 /* Counters since the sequence's last begin (Python: Stager.stats()). Set
- * struct_size (dspark_stats_init); the library fills at most struct_size bytes. */
+ * struct_size (dspark_stats_init); the library fills at most struct_size bytes.
+ * skips_<reason>: the skips of each reason (sum: skips); verified_rounds /
+ * accepted_tokens: the rounds whose verify count arrived and their accepted
+ * drafts summed (dspark_accepted_get's histogram's total and sum). */
 typedef struct dspark_stats {
     uint32_t struct_size;
     uint32_t reserved0;
     int64_t rounds, commits, failures, rebases, staged_rows, restaged_rows, skips;
     int64_t trims, trimmed_rows, live_rows, rows, peak_rows, bytes, peak_bytes, reserved_bytes;
+    int64_t skips_disabled, skips_empty, skips_no_context, skips_missing_rows, skips_drafting_off;
+    int64_t verified_rounds, accepted_tokens;
 } dspark_stats;
 
 /* The defaults, with struct_size = sizeof as compiled by the caller. */
@@ -396,7 +401,8 @@ DSPARK_API dspark_status dspark_step_config_get(const dspark_stager* st, dspark_
  * *on is 1 or 0 (Python: Stager.on_device). */
 DSPARK_API dspark_status dspark_on_device(const dspark_stager* st, int64_t seq, int32_t* on);
 /* The step state's shape: *fields int64 columns of max_seqs entries each
- * (field-major), and the padded plan width (W - B). Either pointer may be NULL. */
+ * (field-major: the step's fields, then the acceptance histogram's B + 1
+ * buckets), and the padded plan width (W - B). Either pointer may be NULL. */
 DSPARK_API dspark_status dspark_step_layout(const dspark_stager* st, int64_t* fields, int64_t* max_rows);
 /* The host step state (fields * max_seqs int64): a device owner copies the
  * columns of handed-over sequences to its device copy after dspark_to_device
@@ -476,6 +482,25 @@ DSPARK_API dspark_status dspark_last_restore_runs(int64_t first[2], int64_t coun
 /* ---- introspection ------------------------------------------------------- */
 DSPARK_API dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, dspark_state* out);
 DSPARK_API dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stats* out);
+/* The sequence's accepted drafts per verified round since its last begin
+ * (Python: Stager.accepted()): out[k] = the rounds with k accepted, for k in
+ * [0, block_size]; n must be at least block_size + 1 (DSPARK_E_INVALID
+ * otherwise, nothing written). */
+DSPARK_API dspark_status dspark_accepted_get(const dspark_stager* st, int64_t seq, int64_t* out, size_t n);
+/* dspark_accepted_get of seqs[0..n) at one moment (Python: Stager.accepted_many()):
+ * sequence i's histogram at out[i * (block_size + 1)]; out_n (int64 entries)
+ * must be at least n * (block_size + 1). Every id is checked before anything
+ * is written. */
+DSPARK_API dspark_status dspark_accepted_many(const dspark_stager* st, const int64_t* seqs, size_t n, int64_t* out,
+                                              size_t out_n);
+/* The Stager's metrics at one moment (Python: Stager.totals()): counters over
+ * every sequence since the Stager was made (monotonic), the gauges (live_rows,
+ * rows, bytes, reserved_bytes) over the sequences holding rows now, the peaks
+ * the largest any sequence reached; accepted (NULL: not written, else n >=
+ * block_size + 1) the histogram over every sequence; started (NULL: not
+ * written) the sequences holding rows now. */
+DSPARK_API dspark_status dspark_totals_get(const dspark_stager* st, dspark_stats* out, int64_t* accepted, size_t n,
+                                           int64_t* started);
 /* The round open on each of seqs[0..n) (dspark_plan.round), or 0 where none
  * is, into out[0..n), read at one moment under the sequences' locks. */
 DSPARK_API dspark_status dspark_open_round_ids(const dspark_stager* st, const int64_t* seqs, size_t n,

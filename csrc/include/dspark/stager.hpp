@@ -201,23 +201,40 @@ struct RowView {
 //  live_rows: rows that can still be staged (end - horizon);
 //  rows / peak_rows: rows physically held (live + untrimmed dead head);
 //  bytes / peak_bytes: ring memory written so far (resident);
-//  reserved_bytes: ring address space reserved (the bound, untouched until used).
-#define DSPARK_SEQ_STATS_FIELDS(X)  \
-    X(std::int64_t, rounds)         \
-    X(std::int64_t, commits)        \
-    X(std::int64_t, failures)       \
-    X(std::int64_t, rebases)        \
-    X(std::int64_t, staged_rows)    \
-    X(std::int64_t, restaged_rows)  \
-    X(std::int64_t, skips)          \
-    X(std::int64_t, trims)          \
-    X(std::int64_t, trimmed_rows)   \
-    X(std::int64_t, live_rows)      \
-    X(std::int64_t, rows)           \
-    X(std::int64_t, peak_rows)      \
-    X(std::int64_t, bytes)          \
-    X(std::int64_t, peak_bytes)     \
-    X(std::int64_t, reserved_bytes)
+//  reserved_bytes: ring address space reserved (the bound, untouched until used);
+//  skips_<reason>: the skips of each reason (Skip), summing to skips;
+//  verified_rounds / accepted_tokens: the rounds whose verify count arrived
+//    (an accept after a committed round's verify rows) and their counts
+//    summed: the histogram's total and sum (Stager::accepted; filled on read).
+#define DSPARK_SEQ_STATS_FIELDS(X)      \
+    X(std::int64_t, rounds)             \
+    X(std::int64_t, commits)            \
+    X(std::int64_t, failures)           \
+    X(std::int64_t, rebases)            \
+    X(std::int64_t, staged_rows)        \
+    X(std::int64_t, restaged_rows)      \
+    X(std::int64_t, skips)              \
+    X(std::int64_t, trims)              \
+    X(std::int64_t, trimmed_rows)       \
+    X(std::int64_t, live_rows)          \
+    X(std::int64_t, rows)               \
+    X(std::int64_t, peak_rows)          \
+    X(std::int64_t, bytes)              \
+    X(std::int64_t, peak_bytes)         \
+    X(std::int64_t, reserved_bytes)     \
+    X(std::int64_t, skips_disabled)     \
+    X(std::int64_t, skips_empty)        \
+    X(std::int64_t, skips_no_context)   \
+    X(std::int64_t, skips_missing_rows) \
+    X(std::int64_t, skips_drafting_off) \
+    X(std::int64_t, verified_rounds)    \
+    X(std::int64_t, accepted_tokens)
+// The fields of the list that are levels, not counters, as X(name): a
+// Stager's totals add the gauges over the sequences holding rows now and take
+// the peaks' maximum over every sequence since the Stager began; every other
+// field is a counter, added over every sequence since then (monotonic).
+#define DSPARK_SEQ_STATS_GAUGES(X) X(live_rows) X(rows) X(bytes) X(reserved_bytes)
+#define DSPARK_SEQ_STATS_PEAKS(X) X(peak_rows) X(peak_bytes)
 
 struct SeqState {
     DSPARK_SEQ_STATE_FIELDS(DSPARK_DECLARE_FIELD)
@@ -226,9 +243,24 @@ struct SeqStats {
     DSPARK_SEQ_STATS_FIELDS(DSPARK_DECLARE_FIELD)
 };
 
+// A Stager's metrics (Stager::totals), all read at one moment: stats as
+// DSPARK_SEQ_STATS_GAUGES / _PEAKS say; accepted[k]: the verified rounds
+// with k accepted drafts (block_size + 1 buckets), over every sequence since
+// the Stager began; started: the sequences holding rows now. A sequence with
+// a reservation open counts as before it (cancel puts those fields back).
+struct StagerTotals {
+    SeqStats stats;
+    std::vector<std::int64_t> accepted;
+    std::int64_t started = 0;
+};
+
 // The tables of SeqState / SeqStats (field_list.hpp).
 extern const FieldInfo SEQ_STATE_FIELDS[];
 extern const FieldInfo SEQ_STATS_FIELDS[];
+// The names of DSPARK_SEQ_STATS_GAUGES / _PEAKS, null-terminated (an exporter
+// types every other stats field as a counter).
+extern const char* const SEQ_STATS_GAUGES[];
+extern const char* const SEQ_STATS_PEAKS[];
 // device_step::Config's fields (DSPARK_STEP_CONFIG_FIELDS, step_math.hpp)
 // and device_step::Outputs' (DSPARK_STEP_OUTPUT_FIELDS).
 extern const FieldInfo STEP_CONFIG_FIELDS[];
@@ -440,6 +472,20 @@ public:
     // snapshot of the sequence.
     void live_slots(std::int64_t seq, SlotRun out[2]) const;
     SeqStats stats(std::int64_t seq) const;
+    // The sequence's histogram of accepted drafts per verified round since
+    // its last begin (stats' verified_rounds): block_size + 1 counts, k
+    // accepted drafts at [k]. A round is verified by the first accept that
+    // acts (its verify rows arrived) after its commit; the count the server
+    // passed picks the bucket.
+    std::vector<std::int64_t> accepted(std::int64_t seq) const;
+    // accepted of seqs[0..n) into out[i * (block_size + 1) + k], all read at
+    // one moment (a batch's: every id checked, and none on the device,
+    // before anything is written; "accepted_many: seqs[i] ...").
+    void accepted_many(const std::int64_t* seqs, std::size_t n, std::int64_t* out) const;
+    // The Stager's metrics (StagerTotals), read at one moment: each sequence
+    // locked in turn. Sequences on the device count as of their handover
+    // until to_host brings their steps back.
+    StagerTotals totals() const;
     // The round open on `seq` (RoundPlan::round), or 0 when none is.
     std::uint64_t open_round_id(std::int64_t seq) const;
     // open_round_id of seqs[0..n) into out[0..n), all read at one moment (a
@@ -557,8 +603,9 @@ public:
     void check_step(const std::int64_t* seqs, const std::int32_t* statuses, std::size_t n) const;
     // The constants the step's math needs (device_step::Config).
     device_step::Config step_config() const noexcept;
-    // The host step state: device_step::FIELD_COUNT * max_seqs int64, field-major
-    // (field f of sequence s at [f * max_seqs + s]). A device owner copies
+    // The host step state: device_step::columns() * max_seqs int64, field-major
+    // (column f of sequence s at [f * max_seqs + s]: the fields, then the
+    // acceptance histogram's block_size + 1 buckets). A device owner copies
     // the columns of handed-over sequences to its device copy after
     // to_device and back before to_host.
     std::int64_t* step_state();
@@ -588,6 +635,12 @@ private:
         // A protocol mismatch was reported since begin() (report it once);
         // kept by fork (of the child), shift and restore, as by the slot.
         bool mismatch_reported = false;
+        // A committed round whose verify count has not arrived: the next
+        // accept that acts counts in the histogram (Stager::accepted).
+        // Invariant: it counts only while accept_open; whatever closes that
+        // (rollback, shift, too many rows) needs no clear of its own, since
+        // only open_round reopens it, and open_round clears this.
+        bool verify_owed = false;
         SeqStats stats;
     };
     // One per cache line: threads working on different sequences never
@@ -665,6 +718,17 @@ private:
     static void trim_head(Seq& s, std::int64_t new_head) noexcept;
     static void note_size(Seq& s) noexcept;
     void fresh_seq(Seq& s) const;
+    // Folds the counters of a sequence of this Stager into the totals of the
+    // ended ones and zeroes its histogram: before anything resets its stats
+    // (begin, end, fork into it, restore, a prefix start).
+    void retire_stats(const Seq& s) const;
+    // The sequence's histogram row in accepted_ (block_size + 1 counts).
+    std::int64_t* accepted_row(const Seq& s) const noexcept;
+    // stats with the fields filled on read (live_rows and the histogram's);
+    // `settled`: as before an open reservation (what totals count: a
+    // reservation's trims and peaks become theirs when it is confirmed, and
+    // a cancel takes back nothing they counted, so they never go back).
+    SeqStats stats_of(const Seq& s, bool settled = false) const;
     // The next serial of a table change (call under the lock of every
     // sequence the change touches, so that serial order is execution order).
     // `call`: the change's call (a string literal), for last_change();
@@ -735,6 +799,20 @@ private:
     EncodeBounds bounds_;  // what process() accepts: encode_bounds(storage, stage)
     std::size_t ring_rows_;  // dspark::ring_rows(B, W)
     std::vector<Seq> seqs_;
+    // accepted_[s * (block_size + 1) + k]: sequence s's verified rounds with
+    // k accepted drafts (Stager::accepted). Beside the sequences, not in
+    // them: a Seq's fields are copied whole (a reservation's `before`), and
+    // this row is guarded by the sequence's lock as its fields are.
+    mutable std::vector<std::int64_t> accepted_;
+    // The counters and histogram of the sequences whose stats were reset
+    // (retire_stats), so totals() stay monotonic. Its mutex is taken after
+    // sequence locks (totals() holds all of them while reading).
+    struct Retired {
+        std::mutex m;
+        SeqStats stats;
+        std::vector<std::int64_t> accepted;
+    };
+    mutable Retired retired_;
     // Held mode: the ring a restore over a busy slot checksums and copies the
     // snapshot's rows into before swapping it in (snapshot.cpp); the replaced
     // ring becomes the spare. Empty until the first such restore.

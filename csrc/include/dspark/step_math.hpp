@@ -45,18 +45,20 @@ using i64 = std::int64_t;
 
 // Every field of a handed-over sequence, as X(name). The state is
 // structure-of-arrays: field f of sequence s is state[f * max_seqs + s]
-// (int64), one contiguous array per field, FIELD_COUNT * max_seqs in all.
+// (int64), one contiguous array per field, FIELD_COUNT * max_seqs in all,
+// followed by the acceptance histogram: block + 1 more columns, bucket k of
+// sequence s at state[(FIELD_COUNT + k) * max_seqs + s] (columns()).
 // The names are the host Seq's fields (stager.hpp) they carry.
 #define DSPARK_STEP_FIELDS(X)                                                              \
     X(live)          /* 1 while handed over (to_device .. to_host) */                      \
     X(end) X(horizon) X(n_cache) X(pos_base)                                               \
     X(restage_owed) X(first_round) X(disabled) X(failures)                                 \
-    X(accept_open) X(tentative)                                                            \
+    X(accept_open) X(tentative) X(verify_owed)                                             \
     X(open) X(open_start) X(open_base) /* the round the last step opened */                \
     X(reserved)      /* the verify rows the last step reserved */                          \
     X(cap) X(touched) X(head_slot) X(head_pos) X(count) /* the ring (FeatureBuffer::Marks) */ \
     X(rounds) X(commits) X(rebases) X(staged_rows) X(restaged_rows) X(skips) X(trims)      \
-    X(trimmed_rows) X(peak_rows) /* the stats a step changes */                            \
+    X(trimmed_rows) X(peak_rows) X(skips_disabled) X(skips_no_context) /* the stats a step changes */ \
     /* before the reservation (what cancel puts back): the fields reserve changes */       \
     X(pre_end) X(pre_horizon) X(pre_accept_open) X(pre_tentative) X(pre_cap) X(pre_touched) \
     X(pre_head_slot) X(pre_head_pos) X(pre_count) X(pre_trims) X(pre_trimmed_rows)         \
@@ -155,6 +157,9 @@ struct OutputInfo {
     const char* shape;
 };
 
+// The step state's columns: the fields, then the histogram's block + 1.
+DSPARK_HD i64 columns(const Config& c) { return FIELD_COUNT + c.block + 1; }
+
 DSPARK_HD i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 DSPARK_HD i64 imax(i64 a, i64 b) { return a > b ? a : b; }
 DSPARK_HD i64 iclamp(i64 v, i64 lo, i64 hi) { return v < lo ? lo : (v > hi ? hi : v); }
@@ -251,12 +256,17 @@ DSPARK_HD void commit(const Config& c, Regs& r) {
     r.restage_owed = 0;
     r.first_round = 0;
     r.failures = 0;
+    r.verify_owed = 1;
     r.commits += 1;
     advance_horizon(c, r);
 }
 
-DSPARK_HD void accept(const Config& c, Regs& r, i64 n_accepted) {
-    if (!r.accept_open || r.tentative == 0) return;
+// Returns whether the accept verified a committed round (the histogram's
+// bucket n_accepted then counts it: the caller's, on success).
+DSPARK_HD bool accept(const Config& c, Regs& r, i64 n_accepted) {
+    if (!r.accept_open || r.tentative == 0) return false;
+    const bool verified = r.verify_owed != 0;
+    r.verify_owed = 0;
     // Only rows appended since the last draft can go: never the retained head.
     const i64 keep = imin(r.tentative, n_accepted + 1);
     const i64 new_end = r.end - r.tentative + keep;
@@ -264,6 +274,7 @@ DSPARK_HD void accept(const Config& c, Regs& r, i64 n_accepted) {
     r.end = new_end;
     r.tentative = 0;
     advance_horizon(c, r);
+    return verified;
 }
 
 // A round's plan (RoundPlan's fields that a step hands out).
@@ -282,6 +293,8 @@ DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
     else if (p.start <= r.n_cache) p.skip = SKIP_NO_CONTEXT;
     if (p.skip != SKIP_NONE) {
         r.skips += 1;
+        if (p.skip == SKIP_DISABLED) r.skips_disabled += 1;
+        else r.skips_no_context += 1;
         return true;
     }
     // The window rule: the block must end inside the drafter's W positions.
@@ -314,6 +327,7 @@ DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
     r.open_base = base;
     r.accept_open = 1;
     r.tentative = 0;
+    r.verify_owed = 0;
     r.rounds += 1;
     r.staged_rows += p.n_rows;
     if (rebase) {
@@ -480,7 +494,7 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
     const i64 end_before = r.end;
     if (r.open) commit(c, r);
     r.reserved = 0;  // confirm: the target wrote the verify rows
-    accept(c, r, count);
+    const bool verified = accept(c, r, count);
     i64 fault_arg = 0;
     if (!draft(c, r, seq, p)) {
         status = STATUS_INTERNAL;
@@ -503,6 +517,7 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
         return status;
     }
     store(state, c.max_seqs, seq, r);
+    if (verified) state[(FIELD_COUNT + count) * c.max_seqs + seq] += 1;
     write_plan(c, o, i, p);
     o.status[i] = STATUS_OK;
     return STATUS_OK;

@@ -4,7 +4,7 @@
 # check_step call these). Thin, as the Stager's: it converts, checks the
 # output arrays the core writes through raw pointers, releases the GIL and
 # calls once; every rule and message is the core's.
-from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, STEP_FIELD_COUNT, STEP_CONFIG_FIELDS, STEP_OUTPUTS
+from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, step_columns, STEP_CONFIG_FIELDS, STEP_OUTPUTS
 
 from dspark_core.stager import device_step as _device_step
 
@@ -38,7 +38,7 @@ def _step_to_host(Stager st, seqs, outcomes):
 
 def _step_layout(Stager st):
     cdef StepConfig c = st._core.step_config()
-    return STEP_FIELD_COUNT, c.max_rows
+    return step_columns(c), c.max_rows
 
 
 def _step_many(Stager st, seqs, n_accepted, out):
@@ -84,12 +84,12 @@ def _step_config(Stager st):
 
 
 def _step_state(Stager st):
-    """The host step state as an int64 (fields, max_seqs) array over the Stager's own memory
+    """The host step state as an int64 (columns, max_seqs) array over the Stager's own memory
     (the array keeps the Stager alive)."""
     cdef int64_t* p = st._core.step_state()
     cdef StepConfig c = st._core.step_config()
     cdef cnp.npy_intp dims[2]
-    dims[0] = STEP_FIELD_COUNT
+    dims[0] = step_columns(c)
     dims[1] = c.max_seqs
     arr = cnp.PyArray_SimpleNewFromData(2, dims, cnp.NPY_INT64, <void*>p)
     cnp.set_array_base(arr, st)

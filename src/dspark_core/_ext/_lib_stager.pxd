@@ -40,6 +40,7 @@ cdef extern from "dspark/step_math.hpp" nogil:
         int64_t trim_chunk
         int64_t max_position
     int STEP_FIELD_COUNT "dspark::device_step::FIELD_COUNT"
+    int64_t step_columns "dspark::device_step::columns"(const StepConfig& c)
 
 
 # Stager::snapshot_alloc's allocator: runs with no core lock held (it may take the GIL).
@@ -141,6 +142,11 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     cdef cppclass SeqStats:
         pass
 
+    cdef cppclass StagerTotals:
+        SeqStats stats
+        vector[int64_t] accepted
+        int64_t started
+
     cdef cppclass FieldInfo:
         const char* name
         size_t offset
@@ -148,6 +154,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
 
     const FieldInfo* SEQ_STATE_FIELDS
     const FieldInfo* SEQ_STATS_FIELDS
+    const char* const* SEQ_STATS_GAUGES
+    const char* const* SEQ_STATS_PEAKS
     const FieldInfo* STEP_CONFIG_FIELDS
     const StepOutputInfo* STEP_OUTPUTS
 
@@ -225,6 +233,9 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         SeqState state(int64_t seq) except +dspark_translate_exception
         void live_slots(int64_t seq, SlotRun* out) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
+        vector[int64_t] accepted(int64_t seq) except +dspark_translate_exception
+        void accepted_many(const int64_t* seqs, size_t n, int64_t* out) except +dspark_translate_exception
+        StagerTotals totals() except +dspark_translate_exception
         uint64_t open_round_id(int64_t seq) except +dspark_translate_exception
         void open_round_ids(const int64_t* seqs, size_t n, uint64_t* out) except +dspark_translate_exception
         # the device step (stager_device_step.cpp)

@@ -27,6 +27,9 @@ STEP_OUTPUTS: tuple[tuple[str, int, str], ...]
 BATCH_META_ROWS: tuple[str, ...]
 BATCH_FLAG_ROWS: tuple[str, ...]
 ROUND_PLAN_FIELDS: tuple[str, ...]
+# The stats fields that are gauges / peaks; every other stats field is a counter.
+SEQ_STATS_GAUGES: tuple[str, ...]
+SEQ_STATS_PEAKS: tuple[str, ...]
 TRIM_CHUNK: int
 MAX_POSITION: int
 MAX_WINDOW: int

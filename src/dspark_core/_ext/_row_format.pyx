@@ -32,6 +32,7 @@ from dspark_core._ext._lib_stager cimport (
     MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT, w_keep as c_w_keep,
     ring_rows as c_ring_rows,
     FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
+    SEQ_STATS_GAUGES as C_SEQ_STATS_GAUGES, SEQ_STATS_PEAKS as C_SEQ_STATS_PEAKS,
     STEP_CONFIG_FIELDS as C_STEP_CONFIG_FIELDS, STEP_OUTPUTS as C_STEP_OUTPUTS,
     BATCH_META_ROWS as C_BATCH_META_ROWS, BATCH_FLAG_ROWS as C_BATCH_FLAG_ROWS, pad_rows as c_pad_rows,
     ROUND_PLAN_FIELDS as C_ROUND_PLAN_FIELDS,
@@ -141,6 +142,10 @@ BATCH_META_ROWS = _name_list(C_BATCH_META_ROWS)
 BATCH_FLAG_ROWS = _name_list(C_BATCH_FLAG_ROWS)
 # The fields of the core's round plan (DSPARK_ROUND_PLAN_FIELDS), which StagePlan carries.
 ROUND_PLAN_FIELDS = _name_list(C_ROUND_PLAN_FIELDS)
+# The stats fields that are levels (DSPARK_SEQ_STATS_GAUGES / _PEAKS); every other one is a
+# counter (Stager.totals() adds it up over every sequence since the Stager began).
+SEQ_STATS_GAUGES = _name_list(C_SEQ_STATS_GAUGES)
+SEQ_STATS_PEAKS = _name_list(C_SEQ_STATS_PEAKS)
 
 # The core's limits (dspark/stager.hpp).
 TRIM_CHUNK = C_TRIM_CHUNK

@@ -27,7 +27,7 @@ from dspark_core._ext._lib_row_format cimport (
 )
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, RowView, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    RowMode, RowOptions, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, pack_plans, SEQ_STATS_FIELDS, advise_huge_pages, mismatch_cause,
+    RowMode, RowOptions, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, pack_plans, SEQ_STATS_FIELDS, StagerTotals, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
     crc32c as c_crc32c, batch_context as c_batch_context,
     copy_slot_rows as copy_slot_rows_core,
@@ -43,6 +43,7 @@ from dspark_core.stager.protocol_mismatch import log_disabled, log_mismatch
 from dspark_core.rows.slot_moves import RestoredSlots, SlotMoves, no_moves
 from dspark_core.stager.stage_plan import DISABLED_WARNING, FAIL_STAGES, SKIP_REASONS, BatchContext, BatchPlan, StagePlan
 from dspark_core._ext import _row_format
+from dspark_core.stager import totals as _totals
 from dspark_core.stager.pickling import reduce_stager
 
 cnp.import_array()
@@ -1119,15 +1120,58 @@ cdef class Stager:
         head, < TRIM_CHUNK). bytes / peak_bytes:
         ring memory written so far (resident). reserved_bytes: ring address
         space reserved up front (W + TRIM_CHUNK + B + 1 rows; pages become
-        resident only when written). The reference twin keeps every counter
-        but the three byte counts with the same values (it models the ring's
-        lazy trims as bookkeeping).
+        resident only when written). skips_<reason>: the skips of each
+        reason (``SKIP_REASONS``), summing to skips. verified_rounds /
+        accepted_tokens: the rounds whose verify count arrived and their
+        accepted drafts summed (``accepted(seq)``'s total and weighted sum).
+        The reference twin keeps every counter but the three byte counts with
+        the same values (it models the ring's lazy trims as bookkeeping).
         """
         cdef int64_t s = _i64("seq", seq)
         cdef SeqStats t
         with nogil:
             t = self._core.stats(s)
         return _fields_dict(&t, SEQ_STATS_FIELDS, _STATS_FIELDS)
+
+    def accepted(self, seq):
+        """The sequence's histogram of accepted drafts per verified round since its last
+        ``begin``: int64 ``[block_size + 1]``, the rounds with ``k`` accepted at ``[k]``.
+
+        A round is verified by the first ``accept`` after its ``commit`` that acts (its
+        verify rows arrived); the count passed to that ``accept`` picks the bucket. Plain
+        decodes, failed rounds and rounds whose rows a ``rollback`` / ``shift`` dropped
+        count nothing. ``stats(seq)["verified_rounds"]`` is the sum.
+        """
+        cdef int64_t s = _i64("seq", seq)
+        cdef vector[int64_t] h
+        with nogil:
+            h = self._core.accepted(s)
+        return np.asarray(<int64_t[:h.size()]>h.data(), dtype=_I64).copy()
+
+    def accepted_many(self, seqs):
+        """``accepted`` of several sequences at one moment: int64 ``[len(seqs), block_size + 1]``
+        (every id checked, and none handed over to the device step, before anything is read)."""
+        sv = self._ids("accepted_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cdef cnp.ndarray out = np.empty((n, self.config.block_size + 1), _I64)
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(out)
+        with nogil:
+            self._core.accepted_many(sp, n, op)
+        return out
+
+    def totals(self):
+        """The Stager's metrics at one moment (:class:`~dspark_core.stager.totals.StagerTotals`):
+        counters over every sequence since the Stager was made (they never go back), gauges
+        over the sequences holding rows now, peaks the largest reached, and the histogram of
+        accepted drafts over every sequence. ``dspark_core.metrics.prometheus_text`` serves them.
+        """
+        cdef StagerTotals t
+        with nogil:
+            t = self._core.totals()
+        accepted = np.asarray(<int64_t[:t.accepted.size()]>t.accepted.data(), dtype=_I64).copy()
+        return _totals.StagerTotals(_fields_dict(&t.stats, SEQ_STATS_FIELDS, _STATS_FIELDS), accepted,
+                                    int(t.started))
 
     # -- the device step (_device_step.pxi; docs/protocol.md "The device step") --
     def to_device(self, seqs):
@@ -1169,14 +1213,16 @@ cdef class Stager:
 
     @property
     def step_state(self):
-        """The host step state: int64 ``(fields, max_seqs)``, a view of the Stager's own memory.
+        """The host step state: int64 ``(columns, max_seqs)``, a view of the Stager's own memory
+        (the step's fields, then the acceptance histogram's ``block_size + 1`` buckets).
         A device owner copies the columns of handed-over sequences to its device copy after
         ``to_device`` and back before ``to_host`` (docs/protocol.md 2.10)."""
         return _step_state(self)
 
     @property
     def step_layout(self):
-        """``(fields, max_rows)``: the step state's int64 columns per sequence and the padded plan width."""
+        """``(columns, max_rows)``: the step state's int64 columns per sequence (fields and
+        histogram buckets) and the padded plan width."""
         return _step_layout(self)
 
     def live_slots(self, seq):

@@ -311,6 +311,17 @@ def _simulate(
         if bar is not None and hasattr(bar, "close"):
             bar.close()
         summ = res.summary()
+        # The Stager's own metrics (totals over the run's requests) against the loop's counts of
+        # the rounds it committed and verified: a staging bug in the counters fails --check.
+        totals = st.totals()
+        summ["verified_rounds"] = totals.stats["verified_rounds"]
+        summ["accepted_histogram"] = totals.accepted.tolist()
+        summ["metrics_match"] = (
+            totals.stats["accepted_tokens"] == sum(s.accepted for s in res.sequences)
+            and totals.stats["verified_rounds"] * block == sum(s.drafted for s in res.sequences)
+        )
+        if check and not summ["metrics_match"]:
+            raise AssertionError(f"{mode}: the Stager's acceptance metrics differ from the loop's counts")
         summ["lossless"] = all(np.array_equal(s.tokens, g[:n_gen]) for s, g in zip(res.sequences, greedy))
         summ["window"] = cfg.window
         summ["rounds_outside_window"] = sum(
@@ -349,6 +360,7 @@ _ROWS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("rebases", "rebases", lambda v: f"{v:,}"),
     ("restaged rows / generated token", "restaged_per_token", lambda v: f"{v:.3f}"),
     ("draft acceptance", "acceptance", lambda v: f"{100 * v:.1f}%"),
+    ("verified rounds (Stager metrics)", "verified_rounds", lambda v: f"{v:,}"),
     ("tokens / drafter round", "tokens_per_round", lambda v: f"{v:.2f}"),
     ("time / round (ms)", "ms_per_round", lambda v: f"{v:.3f}"),
     ("  of which Stager (ms)", "stager_ms_per_round", lambda v: f"{v:.3f}"),

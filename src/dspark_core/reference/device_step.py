@@ -36,7 +36,7 @@ NOT_STEPPED = -1
 SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4, "drafting_off": 5}
 
 #: The fields ``commit`` changes, which a ``fail`` reported at ``to_host`` puts back first.
-_COMMIT_FIELDS = ("n_cache", "pos_base", "restage_owed", "first_round", "failures")
+_COMMIT_FIELDS = ("n_cache", "pos_base", "restage_owed", "first_round", "failures", "verify_owed")
 _MODE_HINT = 'the device step plans slots: run the Stager with rows="external"'
 
 
@@ -72,6 +72,14 @@ class DeviceStepMixin:
     def _device(self) -> dict[int, _Seq | None]:
         """Handed-over sequences -> the state before their last step's commit (None: no open round)."""
         return self.__dict__.setdefault("_device_pending", {})
+
+    def _handovers(self) -> dict[int, _Seq]:
+        """Handed-over sequences -> the sequence as handed over (what totals() counts until to_host)."""
+        return self.__dict__.setdefault("_device_handovers", {})
+
+    def _handed_over(self, i: int) -> _Seq | None:
+        """Sequence ``i`` as it was handed over, or None when it is on the host."""
+        return self._handovers().get(i)
 
     def _faults(self) -> dict[int, tuple[int, int]]:
         """Sticky faults of handed-over sequences: (status, value)."""
@@ -115,6 +123,7 @@ class DeviceStepMixin:
         arg.unique(call, ids)
         for q in ids.tolist():
             st = ref._seqs[q]
+            self._handovers()[q] = copy.deepcopy(st)
             pending = None
             if st.open_round is not None:  # the next step commits it: now, keeping the state before
                 pending = copy.deepcopy(st)
@@ -160,6 +169,7 @@ class DeviceStepMixin:
         faulted: tuple[int, int, tuple[int, int]] | None = None
         for k, q in enumerate(ids.tolist()):
             pending = device.pop(q)
+            self._handovers().pop(q)
             if codes[k] != -1 and pending is not None:
                 st = ref._seqs[q]
                 for x in (st, st.reservation):

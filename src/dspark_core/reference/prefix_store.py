@@ -53,6 +53,7 @@ from . import prefix_arguments as parg
 from ..prefix import block_format as prefix_block_format
 from ..stager.config import StagerConfig
 from ..prefix.hit import HIT, PUBLISH, PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
+from .ring import RingModel
 from .stager import READY, ReferenceStager, _moves, _Seq
 
 __all__ = ["ReferencePrefixStore", "SEMANTIC_PREFIX_STATS"]
@@ -390,11 +391,11 @@ class ReferencePrefixStore:
         base = i * stager.ring_rows
         if to == 0:
             old.ring.reset(0)
-            stager._seqs[i] = _Seq(ring=old.ring)  # begin()
+            stager._reset_seq(i, stager._new_seq(old.ring))  # begin()
         else:
             n = to - a
-            st = _Seq(started=True, end=to, horizon=a, n_cache=plan["origin"], pos_base=plan["origin"],
-                      restage_owed=plan["owed"], first_round=True, head=a)
+            st = stager._new_seq(RingModel(0), started=True, end=to, horizon=a, n_cache=plan["origin"],
+                                 pos_base=plan["origin"], restage_owed=plan["owed"], first_round=True, head=a)
             st.ring = stager._ring_for(old.ring, a, n)
             if n:
                 st.ring.reserve(n)
@@ -405,7 +406,7 @@ class ReferencePrefixStore:
                 dst += st.ring.slots(a, to, base)
             else:
                 st.rows = {p: np.frombuffer(where[p][0].rows[p], np.uint8).copy() for p in range(a, to)}
-            stager._seqs[i] = st
+            stager._reset_seq(i, st)
             stager._advance_horizon(st)
         stager._warned.discard(i)  # a new request on the slot, as begin()
         for b in used:

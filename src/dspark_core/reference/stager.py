@@ -83,6 +83,7 @@ from .batch_plan import batch_plan
 from .device_step import DeviceStepMixin, on_device_error
 from .ring import RingModel
 from ..stager.pickling import reduce_stager
+from ..stager.totals import StagerTotals
 
 __all__ = ["ReferenceStager", "FAIL_STAGES"]
 
@@ -93,8 +94,14 @@ logger = logging.getLogger("dspark_core")
 #: Counters both the core and the reference keep (``stats``), equal after every call.
 SEMANTIC_STATS = (
     "rounds", "commits", "failures", "rebases", "staged_rows", "restaged_rows", "skips",
-    "trims", "trimmed_rows", "rows", "peak_rows", "live_rows",
+    "skips_disabled", "skips_empty", "skips_no_context", "skips_missing_rows", "skips_drafting_off",
+    "verified_rounds", "accepted_tokens", "trims", "trimmed_rows", "rows", "peak_rows", "live_rows",
 )
+#: How ``totals()`` combines the fields over sequences (spelled out here, not
+#: read from the core): gauges over the sequences now, peaks as the largest;
+#: every other field is a counter over every sequence since the Stager was made.
+_TOTAL_GAUGES = ("rows", "live_rows")
+_TOTAL_PEAKS = ("peak_rows",)
 
 
 @dataclass
@@ -121,6 +128,10 @@ class _Seq:
     reservation: _Seq | None = None
     # The request's drafting switch (disable / enable); cancel keeps the current one.
     drafting_off: bool = False
+    # A committed round whose verify count has not come: the next accept that acts
+    # counts it in ``accepted`` (k accepted drafts at [k]; sized by the Stager).
+    verify_owed: bool = False
+    accepted: list[int] = field(default_factory=list)
 
 
 #: What a call needs of its sequence's state: no open round and no reservation
@@ -174,7 +185,10 @@ class ReferenceStager(DeviceStepMixin):
         self.moves_issued = 0  # table changes numbered: moves of fork / shift, external restores
         self.last_change = ""  # the call that issued the newest one
         self._changed = [0] * int(config.max_seqs)  # per sequence: the newest change into or out of its slots
-        self._seqs = [_Seq(ring=RingModel(self._ring_rows)) for _ in range(config.max_seqs)]
+        self._seqs = [self._new_seq(RingModel(self._ring_rows)) for _ in range(config.max_seqs)]
+        # The counters and histogram of the sequences whose stats were reset (totals()).
+        self._retired: dict[str, int] = dict.fromkeys(SEMANTIC_STATS, 0)
+        self._retired_accepted = [0] * (config.block_size + 1)
 
     @property
     def w_keep(self) -> int:
@@ -196,6 +210,27 @@ class ReferenceStager(DeviceStepMixin):
                 f"max_seqs={c.max_seqs}, storage={c.storage!r})")
 
     # -- helpers --------------------------------------------------------
+    def _new_seq(self, ring: RingModel, **fields: Any) -> _Seq:
+        """A sequence as begin() leaves it (or with ``fields``), on ``ring``."""
+        return _Seq(ring=ring, accepted=[0] * (self.config.block_size + 1), **fields)
+
+    @staticmethod
+    def _settled(st: _Seq) -> _Seq:
+        """What totals() count of a sequence: itself, or as before its open reservation
+        (cancel puts those counters back; confirm makes them the sequence's)."""
+        return st.reservation if st.reservation is not None else st
+
+    def _reset_seq(self, i: int, new: _Seq) -> None:
+        """Put ``new`` in slot ``i``, keeping the old sequence's counters for totals()."""
+        old = self._stats_of(self._settled(self._seqs[i]))
+        for name in SEMANTIC_STATS:
+            if name in _TOTAL_PEAKS:
+                self._retired[name] = max(self._retired[name], old[name])
+            elif name not in _TOTAL_GAUGES:
+                self._retired[name] += old[name]
+        self._retired_accepted = [a + b for a, b in zip(self._retired_accepted, self._seqs[i].accepted)]
+        self._seqs[i] = new
+
     def _get(self, seq: Any) -> _Seq:
         i = arg.integer("seq", seq)
         if not 0 <= i < len(self._seqs):
@@ -295,7 +330,7 @@ class ReferenceStager(DeviceStepMixin):
         """Reset ``seq`` for a new request (re-enables a disabled sequence)."""
         i, old = self._closed(seq)
         old.ring.reset(0)  # the core keeps the ring (and its capacity) of a reused slot
-        self._seqs[i] = _Seq(ring=old.ring)
+        self._reset_seq(i, self._new_seq(old.ring))
         self._warned.discard(i)  # the next mismatch of this sequence is logged again
 
     def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
@@ -437,6 +472,7 @@ class ReferenceStager(DeviceStepMixin):
         reason = self._skip_reason(st, start)
         if reason is not None:
             st.stats["skips"] += 1
+            st.stats["skips_" + reason] += 1
             if self._out_of_protocol(st, start) and i not in self._warned:
                 self._warned.add(i)
                 logger.warning(MISMATCH_WARNING, i, start, reason, st.end - 1, arg.mismatch_cause(start, st.end))
@@ -470,6 +506,7 @@ class ReferenceStager(DeviceStepMixin):
         st.open_round = (start, base)
         st.round = self._rounds
         st.accept_open, st.tentative = True, 0
+        st.verify_owed = False
         st.stats["rounds"] += 1
         st.stats["staged_rows"] += start - lo
         if rebase:
@@ -506,6 +543,7 @@ class ReferenceStager(DeviceStepMixin):
         st.n_cache, st.pos_base = start, base
         st.restage_owed = st.first_round = False
         st.failures = 0
+        st.verify_owed = True
         st.stats["commits"] += 1
         self._advance_horizon(st)
 
@@ -542,6 +580,11 @@ class ReferenceStager(DeviceStepMixin):
     def _accept_checked(self, st: _Seq, n: int) -> None:
         if not st.accept_open or st.tentative == 0:
             return
+        if st.verify_owed:  # the committed round's verify count
+            st.verify_owed = False
+            st.accepted[n] += 1
+            st.stats["verified_rounds"] += 1
+            st.stats["accepted_tokens"] += n
         keep = min(st.tentative, n + 1)
         new_end = st.end - st.tentative + keep
         for p in range(new_end, st.end):
@@ -742,7 +785,7 @@ class ReferenceStager(DeviceStepMixin):
             self._end_checked(s)
 
     def _end_checked(self, i: int) -> None:
-        self._seqs[i] = _Seq(ring=RingModel(self._ring_rows))
+        self._reset_seq(i, self._new_seq(RingModel(self._ring_rows)))
         self._warned.discard(i)
 
     # -- drafting per request ---------------------------------------------
@@ -912,14 +955,15 @@ class ReferenceStager(DeviceStepMixin):
         src_slots = a.ring.slots(frm, frm + k, s * self._ring_rows)
         ring = self._ring_for(self._seqs[d].ring, frm, k)
         dst_slots = [d * self._ring_rows + x for x in ring.append(k)]
-        b = _Seq(
+        b = self._new_seq(
+            ring,
             started=a.started, end=a.end, horizon=a.horizon, n_cache=a.n_cache, pos_base=a.pos_base,
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
             accept_open=a.accept_open, tentative=a.tentative,
-            rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0, ring=ring,
+            rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0,
             drafting_off=a.drafting_off,
         )
-        self._seqs[d] = b
+        self._reset_seq(d, b)
         self._advance_horizon(b)
         return self._issue(_moves(src_slots, dst_slots), "fork", d, s)
 
@@ -986,7 +1030,8 @@ class ReferenceStager(DeviceStepMixin):
         s = snapshot_format.unpack(raw, self._fingerprint, rf.STORAGES, arg.NONFINITE_POLICIES, external=self._external,
                                    stage_dtypes=arg.STAGE_DTYPES)
         rb = self._row_bytes
-        st = _Seq(
+        st = self._new_seq(
+            RingModel(0),  # replaced below
             started=s.started, end=s.end, horizon=s.horizon, n_cache=s.n_cache, pos_base=s.pos_base,
             restage_owed=s.started, first_round=s.first_round, disabled=s.disabled, failures=s.failures,
             accept_open=s.accept_open, tentative=s.tentative, head=s.horizon, drafting_off=s.drafting_off,
@@ -999,7 +1044,7 @@ class ReferenceStager(DeviceStepMixin):
             st.ring.reserve(n)
             st.ring.append(n)
         slots = np.array(st.ring.slots(s.horizon, s.end, i * self._ring_rows), np.int64)
-        self._seqs[i] = st
+        self._reset_seq(i, st)
         self._advance_horizon(st)
         if not self._external:
             return None
@@ -1039,10 +1084,39 @@ class ReferenceStager(DeviceStepMixin):
 
     def stats(self, seq: int) -> dict[str, int]:
         """Counters of the sequence since its last ``begin``."""
-        st = self._get(seq)
+        return self._stats_of(self._get(seq))
+
+    @staticmethod
+    def _stats_of(st: _Seq) -> dict[str, int]:
         out = dict(st.stats)
         out["live_rows"] = st.end - st.horizon if st.started else 0
         return out
+
+    def accepted(self, seq: int) -> np.ndarray:
+        """The sequence's accepted drafts per verified round since its last ``begin`` (``[k]``: k accepted)."""
+        return np.array(self._get(seq).accepted, np.int64)
+
+    def accepted_many(self, seqs: Any) -> np.ndarray:
+        """``accepted`` of several sequences: int64 ``[len(seqs), block_size + 1]``, every id checked first."""
+        ids = arg.seq_ids("accepted_many", seqs)
+        self._check_batch("accepted_many", ids, ANY)
+        return np.array([self._seqs[s].accepted for s in ids.tolist()], np.int64).reshape(
+            len(ids), self.config.block_size + 1)
+
+    def totals(self) -> StagerTotals:
+        """The Stager's metrics: the counters of every sequence since it was made, the gauges
+        of the sequences now, the peaks' largest; handed-over sequences as of their handover."""
+        out = dict(self._retired)
+        accepted = list(self._retired_accepted)
+        started = 0
+        for i, live in enumerate(self._seqs):
+            st = self._settled(self._handed_over(i) or live)
+            now = self._stats_of(st)
+            for name in SEMANTIC_STATS:
+                out[name] = max(out[name], now[name]) if name in _TOTAL_PEAKS else out[name] + now[name]
+            accepted = [a + b for a, b in zip(accepted, st.accepted)]
+            started += st.started
+        return StagerTotals(out, np.array(accepted, np.int64), started)
 
     def open_round_id(self, seq: int) -> int:
         """The round open on ``seq`` (``plan.round``), or 0 when none is."""

@@ -262,6 +262,8 @@ class ExternalShadow:
             hs, xs = self.held.stats(s), self.ext.stats(s)
             if {k: hs[k] for k in SEMANTIC_STATS} != {k: xs[k] for k in SEMANTIC_STATS}:
                 runner.fail(f"after {c.text}: external stats({s}) differ from the held core's")
+            if not np.array_equal(self.held.accepted(s), self.ext.accepted(s)):
+                runner.fail(f"after {c.text}: external accepted({s}) differs from the held core's")
             slots = np.asarray(self.ext.live_slots(s), np.int64)
             if not np.array_equal(slots, self.held.live_slots(s)):
                 runner.fail(f"after {c.text}: external live_slots({s}) differ from the held core's")
@@ -318,7 +320,8 @@ class _Runner:
         out = []
         for s in range(self.cfg.max_seqs):
             stats = stager.stats(s)
-            out.append((stager.state(s), {k: stats[k] for k in SEMANTIC_STATS}, self.snapshot_of(stager, s)))
+            out.append((stager.state(s), {k: stats[k] for k in SEMANTIC_STATS}, stager.accepted(s).tolist(),
+                        self.snapshot_of(stager, s)))
         return out
 
     # -- one call on both ------------------------------------------------------
@@ -451,6 +454,10 @@ class _Runner:
             self.fail(f"{c.text}: plan invariant: {exc}")
 
     def compare_state(self, c: Call) -> None:
+        ta, tb = self.core.totals(), self.ref.totals()
+        if {k: ta.stats[k] for k in SEMANTIC_STATS} != tb.stats or not np.array_equal(ta.accepted, tb.accepted) \
+                or ta.started != tb.started:
+            self.fail(f"after {c.text}: totals() differ (core, reference): {ta} != {tb}")
         for s in range(self.cfg.max_seqs):
             a, b = self.core.state(s), self.ref.state(s)
             if a != b:
@@ -462,6 +469,9 @@ class _Runner:
             if da != db:
                 diff = {k: (da[k], db[k]) for k in da if da[k] != db[k]}
                 self.fail(f"after {c.text}: stats({s}) differ (core, reference): {diff}")
+            if not np.array_equal(self.core.accepted(s), self.ref.accepted(s)):
+                self.fail(f"after {c.text}: accepted({s}) differs (core, reference): "
+                          f"{self.core.accepted(s).tolist()} != {self.ref.accepted(s).tolist()}")
             if sa.get("rows", 0) < sb.get("rows", 0):
                 self.fail(f"after {c.text}: core holds {sa['rows']} rows, fewer than the reference's {sb['rows']}")
             if not a["open_round"]:

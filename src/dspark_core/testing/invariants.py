@@ -146,8 +146,10 @@ def check_invariants(
     drafter cache inside the window (``n_cache - pos_base <= W - B`` unless a
     clean restage is owed), at most ``B + 1`` tentative rows, the buffer bound
     (``peak_rows <= W + TRIM_CHUNK + B + 1``, rows held >= ``end - horizon``),
-    and no open round on the sequences in ``closed`` (those just committed or
-    failed). ``plan`` (a StagePlan or BatchPlan) is checked with :func:`check_plan`.
+    no open round on the sequences in ``closed`` (those just committed or
+    failed), the skips per reason summing to ``skips``, and every verified
+    round a committed one (``verified_rounds <= commits``, at most ``B``
+    accepted drafts each). ``plan`` (a StagePlan or BatchPlan) is checked with :func:`check_plan`.
 
     Raises:
         InvariantViolation: naming the sequence and the broken rule.
@@ -162,6 +164,15 @@ def check_invariants(
             _violation(f"{tag}: a round is still open after commit/fail")
         if st["tentative_rows"] < 0 or st["tentative_rows"] > c.block_size + 1:
             _violation(f"{tag}: {st['tentative_rows']} tentative rows (at most B + 1 = {c.block_size + 1})")
+        reasons = [k for k in stats if k.startswith("skips_")]
+        if reasons and sum(stats[k] for k in reasons) != stats["skips"]:
+            _violation(f"{tag}: the skips per reason sum to {sum(stats[k] for k in reasons)}, not skips "
+                       f"= {stats['skips']}")
+        if "verified_rounds" in stats and not (
+                0 <= stats["verified_rounds"] <= stats["commits"]
+                and 0 <= stats["accepted_tokens"] <= c.block_size * stats["verified_rounds"]):
+            _violation(f"{tag}: {stats['verified_rounds']} verified rounds with {stats['accepted_tokens']} accepted "
+                       f"drafts for {stats['commits']} commits (each verified round was committed, B = {c.block_size})")
         peak = stats.get("peak_rows", stats.get("rows", 0))
         if peak > c.ring_rows or stats.get("rows", 0) > c.ring_rows:
             _violation(f"{tag}: {peak} rows buffered, over the bound W + TRIM_CHUNK + B + 1 = {c.ring_rows}")

@@ -1,0 +1,171 @@
+"""The Stager's metrics in the Prometheus text format (exposition format 0.0.4).
+
+``prometheus_text(stager)`` renders ``Stager.totals()`` as text a server can
+return as is from its ``/metrics`` endpoint, with ``CONTENT_TYPE`` as the
+response's content type::
+
+    from dspark_core.metrics import CONTENT_TYPE, prometheus_text
+
+    body = prometheus_text(stager, labels={"model": "llama-3-8b"})
+
+What it exports (``namespace`` ``dspark`` by default):
+
+* a counter ``<ns>_<field>_total`` for every counter of ``stats()`` (rounds,
+  commits, failures, rebases, staged and restaged rows, trims, trimmed rows);
+  skips as one counter ``<ns>_skips_total`` with a ``reason`` label (the
+  reasons sum to ``stats()["skips"]``);
+* a histogram ``<ns>_accepted_drafts`` of accepted drafts per verified round,
+  one bucket per count ``0..block_size`` (``_count`` and ``_sum`` are
+  ``verified_rounds`` and ``accepted_tokens``);
+* gauges for the rows and bytes the sequences hold now (``rows``,
+  ``live_rows``, ``bytes``, ``reserved_bytes``), the peaks any sequence
+  reached (``peak_rows``, ``peak_bytes``) and ``<ns>_sequences_started``.
+
+``per_sequence=True`` adds the same counters and histogram per started
+sequence (``<ns>_sequence_*`` with a ``seq`` label, from ``stats(seq)`` and
+``accepted(seq)``); sequences handed over to the device step are left out
+until ``to_host``. The counters never go back: the Stager keeps the counts of
+sequences whose stats reset (``StagerTotals``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from .stager.totals import COUNTERS, GAUGES, PEAKS
+
+__all__ = ["CONTENT_TYPE", "prometheus_text", "METRIC_HELP"]
+
+#: The content type of ``prometheus_text``'s answer (exposition format 0.0.4).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+#: What each exported stats field means (its HELP line).
+METRIC_HELP: dict[str, str] = {
+    "rounds": "Drafting rounds opened.",
+    "commits": "Rounds whose drafter decode and crop succeeded.",
+    "failures": "Rounds whose drafter decode or crop failed.",
+    "rebases": "Rounds that restaged the window onto the newest rows.",
+    "staged_rows": "Context rows staged into the drafter.",
+    "restaged_rows": "Context rows staged by rebases.",
+    "skips": "Drafts skipped, by reason.",
+    "trims": "Head drops of rows below the horizon.",
+    "trimmed_rows": "Rows dropped below the horizon.",
+    "live_rows": "Rows that can still be staged, over the sequences holding rows.",
+    "rows": "Rows held, over the sequences holding rows.",
+    "peak_rows": "The most rows one sequence has held.",
+    "bytes": "Ring memory written, over the sequences holding rows.",
+    "peak_bytes": "The most ring memory one sequence has written.",
+    "reserved_bytes": "Ring address space reserved, over the sequences holding rows.",
+    "accepted_drafts": "Accepted drafts per verified round.",
+    "sequences_started": "Sequences holding rows.",
+}
+
+#: The stats fields the exporter folds into others: the per-reason skips into
+#: ``skips_total{reason}``, the histogram's count and sum into ``accepted_drafts``.
+_FOLDED = ("skips", "verified_rounds", "accepted_tokens")
+_SKIP_PREFIX = "skips_"
+
+_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*\Z")
+_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
+
+
+def _escape(value: str) -> str:
+    """A label value as the text format writes it: backslash, quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _label_text(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items()) + "}"
+
+
+def _check_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for key, value in (labels or {}).items():
+        if not isinstance(key, str) or not _LABEL.match(key) or key.startswith("__"):
+            raise ValueError(f"label name {key!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, "
+                             "not starting with '__')")
+        if key in ("le", "reason", "seq"):
+            raise ValueError(f"label name {key!r} is the exporter's own: choose another")
+        out[key] = str(value)
+    return out
+
+
+class _Writer:
+    """One exposition: its metric families in order of first use, each with its HELP and
+    TYPE once and all its samples together (the format forbids interleaving families)."""
+
+    def __init__(self, namespace: str, labels: dict[str, str]) -> None:
+        self.ns = namespace
+        self.labels = labels
+        self.families: dict[str, list[str]] = {}
+        self.current: list[str] = []
+
+    def family(self, name: str, kind: str, help_key: str) -> str:
+        full = f"{self.ns}_{name}"
+        if full not in self.families:
+            self.families[full] = [f"# HELP {full} {METRIC_HELP.get(help_key, help_key)}", f"# TYPE {full} {kind}"]
+        self.current = self.families[full]
+        return full
+
+    def text(self) -> str:
+        return "".join(line + "\n" for lines in self.families.values() for line in lines)
+
+    def sample(self, name: str, value: int, **extra: str) -> None:
+        self.current.append(f"{name}{_label_text({**self.labels, **extra})} {int(value)}")
+
+    def histogram(self, name: str, accepted: np.ndarray, **extra: str) -> None:
+        full = self.family(name, "histogram", "accepted_drafts")
+        cumulative = np.cumsum(np.asarray(accepted, np.int64))
+        for k, c in enumerate(cumulative.tolist()):
+            self.sample(full + "_bucket", c, **extra, le=str(k))
+        total = int(cumulative[-1]) if len(cumulative) else 0
+        self.sample(full + "_bucket", total, **extra, le="+Inf")
+        self.sample(full + "_sum", int(np.dot(np.arange(len(accepted)), accepted)), **extra)
+        self.sample(full + "_count", total, **extra)
+
+    def counters(self, prefix: str, stats: Mapping[str, int], **extra: str) -> None:
+        for field in COUNTERS:
+            if field in _FOLDED or field.startswith(_SKIP_PREFIX):
+                continue
+            self.sample(self.family(f"{prefix}{field}_total", "counter", field), stats[field], **extra)
+        skips = self.family(f"{prefix}skips_total", "counter", "skips")
+        for field in COUNTERS:
+            if field.startswith(_SKIP_PREFIX):
+                self.sample(skips, stats[field], **extra, reason=field[len(_SKIP_PREFIX):])
+
+
+def prometheus_text(stager: Any, *, namespace: str = "dspark", labels: Mapping[str, Any] | None = None,
+                    per_sequence: bool = False, seqs: Iterable[int] | None = None) -> str:
+    """The Stager's metrics in the Prometheus text format (see the module).
+
+    stager: a ``Stager`` or ``ReferenceStager``. namespace: the metric names'
+    prefix. labels: constant labels on every sample (``{"model": ...}``).
+    per_sequence: also each started sequence's counters and histogram (those
+    in ``seqs`` when given, else every one), ``<namespace>_sequence_*`` with a
+    ``seq`` label. Raises ValueError for a bad namespace or label name.
+    """
+    if not isinstance(namespace, str) or not _NAME.match(namespace):
+        raise ValueError(f"namespace {namespace!r} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)")
+    w = _Writer(namespace, _check_labels(labels))
+    totals = stager.totals()
+    w.counters("", totals.stats)
+    w.histogram("accepted_drafts", totals.accepted)
+    for field in GAUGES + PEAKS:
+        if field in totals.stats:  # the reference twin keeps no byte counts
+            w.sample(w.family(field, "gauge", field), totals.stats[field])
+    w.sample(w.family("sequences_started", "gauge", "sequences_started"), totals.started)
+    if per_sequence:
+        ids = range(stager.config.max_seqs) if seqs is None else seqs
+        for seq in ids:
+            if stager.on_device(seq) or not stager.state(seq)["started"]:
+                continue
+            label = str(int(seq))
+            w.counters("sequence_", stager.stats(seq), seq=label)
+            w.histogram("sequence_accepted_drafts", stager.accepted(seq), seq=label)
+    return w.text()
