@@ -90,7 +90,11 @@ class DrafterInfo:
 
     Attributes:
         path: the file read.
-        architecture: ``general.architecture`` (e.g. ``"dspark"``, ``"dflash"``).
+        architecture: ``general.architecture`` (e.g. ``"dspark"``, ``"dflash"``; a
+            ``config.json``'s first architecture).
+        kind: ``"block"`` (DSpark / DFlash: a block of B queries per round) or
+            ``"chain"`` (EAGLE, EAGLE-3, MTP: one token per step, read from a
+            ``config.json`` by :meth:`from_hf_config`).
         block_size: ``B``, query rows per round (= the draft length).
         mask_token_id: the mask token filling the block after the last token, if stated.
         target_layers: target layer ids whose features the drafter reads, as stored
@@ -113,6 +117,7 @@ class DrafterInfo:
     path: str
     architecture: str
     block_size: int
+    kind: str = "block"
     mask_token_id: int | None = None
     target_layers: tuple[int, ...] = ()
     n_ctx_train: int | None = None
@@ -189,6 +194,41 @@ class DrafterInfo:
             raise error
         for w in info.warnings:
             logger.warning("%s: %s", spath, w)
+        return info
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        block_size: int | None = None,
+        n_ctx_train: int | None = None,
+        target_n_ctx: int | None = None,
+    ) -> "DrafterInfo":
+        """Read a drafter's Hugging Face ``config.json`` (or the directory holding it):
+        EAGLE-3, EAGLE and MTP chain drafters, DFlash / DSpark block drafters
+        (:mod:`dspark_core.gguf.hf_config` lists the keys).
+
+        Args:
+            path: the ``config.json`` file or its directory.
+            block_size: the tokens a round drafts; required for chain drafters (the
+                server's ``num_speculative_tokens``), an override for block drafters.
+            n_ctx_train: the drafter's trained range, overriding ``max_position_embeddings``.
+            target_n_ctx: the target's context, if known: a ``max_position_embeddings``
+                equal to it looks inherited and draws a warning.
+
+        Raises:
+            DrafterMetadataError: the file is missing or not a JSON object; its kind
+                is not one this package knows; a key has the wrong type; the trained
+                range or the block size is known neither from the file nor from the
+                caller; or ``n_ctx_train <= 2 * block_size``. The message names the file.
+            ConfigError: ``block_size`` / ``n_ctx_train`` is not a positive integer.
+        """
+        from .hf_config import read_hf_config
+
+        info = cls(**read_hf_config(path, block_size=block_size, n_ctx_train=n_ctx_train, target_n_ctx=target_n_ctx))
+        for w in info.warnings:
+            logger.warning("%s: %s", info.path, w)
         return info
 
     @classmethod
@@ -301,6 +341,7 @@ class DrafterInfo:
         return {
             "path": self.path,
             "architecture": self.architecture,
+            "kind": self.kind,
             "name": self.name,
             "block_size": self.block_size,
             "mask_token_id": self.mask_token_id,
@@ -332,6 +373,7 @@ class DrafterInfo:
         rows = [
             ("file", self.path),
             ("architecture", self.architecture + (f"  ({self.name})" if self.name else "")),
+            ("kind", self.kind),
             ("block_size", f"{self.block_size}{src('block_size')}"),
             ("mask_token_id", f"{opt(self.mask_token_id)}{src('mask_token_id')}"),
             ("target_layers", f"[{layers}]{src('target_layers')}" if self.target_layers else "-"),

@@ -1,0 +1,212 @@
+"""Drafter metadata from a Hugging Face ``config.json`` (EAGLE, EAGLE-3, MTP, DFlash, DSpark).
+
+Drafters that are not GGUF files ship a ``config.json`` beside their weights.
+What the staging needs of one is what :class:`DrafterInfo` holds for a GGUF:
+the drafter's kind, its trained range (which bounds the window), the target
+layers it reads (the tap layers), the feature width, and the block size.
+
+Keys read (the first present wins)::
+
+    kind            "block": a ``dflash_config`` / ``dspark_config`` object, or a
+                    DFlash / DSpark architecture; "chain": an EAGLE-3 architecture
+                    or ``eagle_aux_hidden_state_layer_ids`` (EAGLE-3), an EAGLE
+                    architecture or ``model_type`` "eagle" (EAGLE), or
+                    ``num_nextn_predict_layers`` > 0 (MTP)
+    n_ctx_train     the caller's override, else ``max_position_embeddings``
+    block_size      block kinds: ``<kind>_config.block_size``, else ``block_size``;
+                    chain kinds draft one token per step, as many as the server
+                    asks (vLLM's ``num_speculative_tokens``): the caller's
+                    ``block_size=``, which wins for block kinds too
+    target_layers   ``eagle_aux_hidden_state_layer_ids``,
+                    ``<kind>_config.target_layer_ids``, ``dspark_target_layer_ids``,
+                    ``target_layer_ids`` (as stored: DFlash ids count from 0 and
+                    vLLM adds 1; this module does not reinterpret them)
+    feature_dim     taps * ``target_hidden_size`` (else ``hidden_size``); taps is
+                    the number of target layers when the file names them, else
+                    the kind's own (EAGLE-3: 3; EAGLE, MTP: 1; a block drafter
+                    that names none: unknown)
+    mask_token_id   ``<kind>_config.mask_token_id``, else ``mask_token_id``
+
+Every problem is a :class:`DrafterMetadataError` (``"<path>: <problem>"``): a
+missing or unreadable file, JSON that is not an object, a key of the wrong
+type, a kind the file does not show, and a trained range or block size that
+neither the file nor the caller gives.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ..stager.config import positive_int
+from .reader import DrafterMetadataError
+
+__all__ = ["read_hf_config", "CHAIN_TAPS", "CONFIG_NAME"]
+
+#: The file a model directory holds its configuration in.
+CONFIG_NAME = "config.json"
+
+#: Target layers a chain drafter reads when its file does not list them
+#: (EAGLE-3 concatenates three: low, middle, high; EAGLE and MTP read the last).
+CHAIN_TAPS = {"eagle3": 3, "eagle": 1, "mtp": 1}
+
+_BLOCK_FAMILIES = ("dflash", "dspark")
+_NAMES = {"dflash": "DFlash", "dspark": "DSpark", "eagle3": "EAGLE-3", "eagle": "EAGLE", "mtp": "MTP"}
+
+
+def _config_path(path: str) -> str:
+    return os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
+
+
+def _load(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise DrafterMetadataError(path, f"cannot read the file ({exc.strerror or exc})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise DrafterMetadataError(path, f"not a JSON config ({exc})") from None
+    if not isinstance(data, dict):
+        raise DrafterMetadataError(path, f"a config.json holds a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _int(path: str, key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise DrafterMetadataError(path, f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _int_list(path: str, key: str, value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise DrafterMetadataError(path, f"{key} must be a list of integers, got {value!r}")
+    return tuple(value)
+
+
+def _architecture(data: dict[str, Any]) -> str:
+    archs = data.get("architectures")
+    if isinstance(archs, list) and archs and isinstance(archs[0], str):
+        return archs[0]
+    model_type = data.get("model_type")
+    return model_type if isinstance(model_type, str) else ""
+
+
+def _kind(path: str, data: dict[str, Any], arch: str) -> tuple[str, str]:
+    """``(kind, family)``: "block" or "chain", and the family (dflash, dspark, eagle3, eagle, mtp)."""
+    low = arch.lower()
+    for family in _BLOCK_FAMILIES:
+        if isinstance(data.get(f"{family}_config"), dict) or family in low:
+            return "block", family
+    if "eagle3" in low or "eagle_aux_hidden_state_layer_ids" in data:
+        return "chain", "eagle3"
+    if "eagle" in low or data.get("model_type") == "eagle":
+        return "chain", "eagle"
+    nextn = data.get("num_nextn_predict_layers")
+    if nextn is not None and _int(path, "num_nextn_predict_layers", nextn, 0) > 0:
+        return "chain", "mtp"
+    raise DrafterMetadataError(
+        path, f"architecture {arch or '(none)'!r}: not a drafter this package knows (DFlash / DSpark block "
+              "drafters: a dflash_config or dspark_config; EAGLE-3, EAGLE and MTP chain drafters: an Eagle3 or "
+              "Eagle architecture, eagle_aux_hidden_state_layer_ids, or num_nextn_predict_layers)")
+
+
+def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = None,
+                   n_ctx_train: int | None = None, target_n_ctx: int | None = None) -> dict[str, Any]:
+    """The metadata of a drafter's ``config.json`` (or of the directory holding it), as
+    :class:`~dspark_core.gguf.drafter_info.DrafterInfo`'s fields (see the module for the keys).
+    A ``max_position_embeddings`` equal to ``target_n_ctx`` looks inherited from the target
+    (an MTP head's config is its target's) and draws a warning, as a GGUF's ``context_length``.
+
+    Raises:
+        DrafterMetadataError: see the module.
+        ConfigError: ``block_size`` / ``n_ctx_train`` is not a positive integer.
+    """
+    override_b = None if block_size is None else positive_int("block_size", block_size)
+    override_n = None if n_ctx_train is None else positive_int("n_ctx_train", n_ctx_train)
+    target = None if target_n_ctx is None else positive_int("target_n_ctx", target_n_ctx)
+    spath = _config_path(os.fspath(path))
+    data = _load(spath)
+    arch = _architecture(data)
+    kind, family = _kind(spath, data, arch)
+    sub = data.get(f"{family}_config") if kind == "block" else None
+    sub = sub if isinstance(sub, dict) else {}
+    sources: dict[str, str] = {}
+    warnings: list[str] = []
+
+    def first(*keys: str) -> tuple[str | None, Any]:
+        for key in keys:
+            owner, _, name = key.rpartition(".")
+            value = (sub if owner else data).get(name)
+            if value is not None:
+                return key, value
+        return None, None
+
+    prefix = f"{family}_config."
+    # block size: the caller's, else (block drafters) the file's
+    key, value = first(prefix + "block_size", "block_size")
+    if override_b is not None:
+        b, sources["block_size"] = override_b, "override"
+    elif kind == "block" and key is not None:
+        b, sources["block_size"] = _int(spath, key, value, 1), key
+    elif kind == "block":
+        raise DrafterMetadataError(spath, f"missing block_size (looked for {prefix}block_size, block_size): "
+                                          "pass block_size=")
+    else:
+        raise DrafterMetadataError(
+            spath, f"{_NAMES[family]} is a chain drafter: it drafts one token per step, as many as the server asks; "
+                   "pass block_size= (the server's num_speculative_tokens; inspect --block-size)")
+    # trained range
+    if override_n is not None:
+        n_train, sources["n_ctx_train"] = override_n, "override"
+    elif data.get("max_position_embeddings") is not None:
+        n_train = _int(spath, "max_position_embeddings", data["max_position_embeddings"], 1)
+        sources["n_ctx_train"] = "max_position_embeddings"
+        if target is not None and n_train == target:
+            warnings.append(f"drafter max_position_embeddings = {n_train} equals the target's context ({target}): it "
+                            "looks inherited from the target model, not the drafter's trained range, and it decides "
+                            "the drafter window; pass n_ctx_train= (dspark-core inspect --n-ctx-train)")
+    else:
+        raise DrafterMetadataError(spath, "the drafter's trained range is unknown (no max_position_embeddings): "
+                                          "pass n_ctx_train= (inspect --n-ctx-train)")
+    if n_train <= 2 * b:
+        src = "the override" if sources["n_ctx_train"] == "override" else sources["n_ctx_train"]
+        raise DrafterMetadataError(spath, f"n_ctx_train ({n_train}, from {src}) must be greater than 2 * block_size "
+                                          f"(2 * {b} = {2 * b}): no drafter window could hold a rebase")
+    # tap layers and the feature width
+    key, value = first("eagle_aux_hidden_state_layer_ids", prefix + "target_layer_ids", "dspark_target_layer_ids",
+                       "target_layer_ids")
+    layers: tuple[int, ...] = ()
+    if key is not None:
+        layers, sources["target_layers"] = _int_list(spath, key, value), key
+    hkey, hidden = first("target_hidden_size", "hidden_size")
+    taps = len(layers) if layers else CHAIN_TAPS.get(family)
+    feature_dim = None
+    if hkey is not None and taps:
+        width = _int(spath, hkey, hidden, 1)
+        feature_dim = taps * width
+        sources["feature_dim"] = f"{len(layers)} target layers * {hkey}" if layers else f"{taps} taps ({family}) * {hkey}"
+    mkey, mask = first(prefix + "mask_token_id", "mask_token_id")
+    mask_token_id = None
+    if mkey is not None:
+        mask_token_id, sources["mask_token_id"] = _int(spath, mkey, mask, 0), mkey
+    name = data.get("_name_or_path")
+    return {
+        "path": spath,
+        "architecture": arch or family,
+        "kind": kind,
+        "block_size": b,
+        "mask_token_id": mask_token_id,
+        "target_layers": layers,
+        "n_ctx_train": n_train,
+        "n_ctx_train_source": sources["n_ctx_train"],
+        "context_length": data.get("max_position_embeddings") if isinstance(data.get("max_position_embeddings"), int)
+        else None,
+        "feature_dim": feature_dim,
+        "feature_dim_source": sources.get("feature_dim"),
+        "embedding_length": data.get("hidden_size") if isinstance(data.get("hidden_size"), int) else None,
+        "name": name if isinstance(name, str) else None,
+        "file_size": os.path.getsize(spath),
+        "warnings": tuple(warnings),
+        "sources": sources,
+    }
