@@ -74,6 +74,7 @@ def same_seq(a, b, q: int) -> None:
     sa, sb = a.stats(q), b.stats(q)
     common = sa.keys() & sb.keys()  # the reference keeps the semantic counters only
     assert {k: sa[k] for k in common} == {k: sb[k] for k in common}
+    np.testing.assert_array_equal(a.accepted(q), b.accepted(q))
     np.testing.assert_array_equal(a.live_slots(q), b.live_slots(q))
     s = a.state(q)
     if not s["reservation_open"] and not s["open_round"]:
@@ -132,6 +133,11 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
         x = dev.step_many(seqs, counts)
         y = ref.step_many(seqs, counts)
         same_outputs(x, y)
+        # The metrics, handed-over sequences as of their handover: the core's and the twin's.
+        td, tr = dev.totals(), ref.totals()
+        assert {k: td.stats[k] for k in tr.stats} == tr.stats
+        np.testing.assert_array_equal(td.accepted, tr.accepted)
+        assert td.started == tr.started
         failed = []
         for k, (q, a) in enumerate(zip(seqs, counts)):
             if k > 0 and q in seqs[:k]:
@@ -167,6 +173,8 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
     for q in range(n):
         same_seq(dev, orc, q)
         same_seq(ref, orc, q)
+    assert orc.totals().stats["verified_rounds"] > 0
+    np.testing.assert_array_equal(dev.totals().accepted, orc.totals().accepted)
 
 
 #: Host-only calls on sequence 0 (sequence 1 idle).

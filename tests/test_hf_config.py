@@ -82,6 +82,18 @@ def test_dflash_is_a_block_drafter_with_its_own_block_and_layers(tmp_path):
     assert plan.window == 2048
 
 
+def test_a_block_config_decides_before_the_names_and_an_eagle_key(tmp_path):
+    """A DFlash config carrying eagle_aux_hidden_state_layer_ids too (for engines that read only
+    that key) is a block drafter; a model_type names the family when the architecture does not."""
+    info = DrafterInfo.from_hf_config(_write(tmp_path, {**DFLASH, "eagle_aux_hidden_state_layer_ids": [2, 10]}))
+    assert info.kind == "block" and info.target_layers == (1, 9, 17, 25, 33)  # its own key, as stored
+    data = {"architectures": ["Qwen3Model"], "model_type": "dspark", "hidden_size": 1024,
+            "max_position_embeddings": 4096, "block_size": 8, "target_layer_ids": []}
+    info = DrafterInfo.from_hf_config(_write(tmp_path, data))
+    assert info.kind == "block" and info.block_size == 8 and info.sources["block_size"] == "block_size"
+    assert info.target_layers == () and "target_layers" not in info.sources and info.feature_dim is None
+
+
 def test_a_block_drafter_without_a_block_size_says_so(tmp_path):
     data = {**DFLASH, "dflash_config": {"target_layer_ids": [1, 2]}}
     with pytest.raises(DrafterMetadataError, match="missing block_size"):
@@ -98,6 +110,8 @@ def test_a_block_drafter_without_a_block_size_says_so(tmp_path):
     ({**EAGLE3, "eagle_aux_hidden_state_layer_ids": ["1"]}, "eagle_aux_hidden_state_layer_ids must be a list"),
     ({**EAGLE3, "max_position_embeddings": 8}, r"n_ctx_train \(8, from max_position_embeddings\) must be greater"),
     ({**MTP, "num_nextn_predict_layers": -1}, "num_nextn_predict_layers must be an integer >= 0"),
+    ({**EAGLE3, "hidden_size": True, "target_hidden_size": 4096}, "hidden_size must be an integer"),
+    ({**EAGLE3, "architectures": ["LlamaForCausalLM"], "eagle_aux_hidden_state_layer_ids": None}, "not a drafter"),
     ([1, 2], "holds a JSON object, got list"),
     ("{not json", "not a JSON config"),
 ])

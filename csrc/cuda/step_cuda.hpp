@@ -7,7 +7,8 @@
 // Made for a captured CUDA graph: the call is asynchronous on `stream`,
 // allocates nothing, copies nothing to or from the host and never
 // synchronizes. The state is the host state's layout (Stager::step_state():
-// device_step::FIELD_COUNT columns of c.max_seqs int64, zero = not handed over); the
+// device_step::columns(c) columns of c.max_seqs int64: the fields, then the
+// acceptance histogram's c.block + 1 buckets; zero = not handed over); the
 // caller copies the columns of the sequences it hands over to the device
 // after Stager::to_device, and back before Stager::to_host and to the device
 // again after it (their `live` column is 0 then: a later step names them

@@ -685,12 +685,13 @@ dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stat
 }
 
 namespace {
-// A histogram of block_size + 1 buckets needs that much room (std::invalid_argument).
+// A histogram of block_size + 1 buckets needs that much room (BufferTooSmall).
 void check_buckets(const dspark::Stager& core, size_t n) {
     const auto buckets = static_cast<size_t>(core.options().block_size) + 1;
     if (n < buckets)
-        throw std::invalid_argument("the histogram has " + std::to_string(buckets) +
-                                    " buckets (block_size + 1), got room for " + std::to_string(n));
+        throw dspark::BufferTooSmall("the histogram has " + std::to_string(buckets) +
+                                         " buckets (block_size + 1), got room for " + std::to_string(n),
+                                     buckets);
 }
 }  // namespace
 
@@ -712,9 +713,11 @@ dspark_status dspark_accepted_many(const dspark_stager* st, const int64_t* seqs,
         const auto buckets = static_cast<size_t>(core.options().block_size) + 1;
         require_buffer(out, out_n, "out");
         if (n && out_n / n < buckets)
-            throw std::invalid_argument("accepted_many: " + std::to_string(n) + " histograms of " +
-                                        std::to_string(buckets) + " buckets need " + std::to_string(n * buckets) +
-                                        " entries, got room for " + std::to_string(out_n));
+            throw dspark::BufferTooSmall("accepted_many: " + std::to_string(n) + " histograms of " +
+                                             std::to_string(buckets) + " buckets need " +
+                                             std::to_string(n * buckets) + " entries, got room for " +
+                                             std::to_string(out_n),
+                                         n * buckets);
         core.accepted_many(seqs, n, out);
     });
 }

@@ -468,6 +468,7 @@ RoundPlan Stager::plan_round(std::int64_t seq_id, const Seq& s, std::int64_t sta
 // rows, or a draft_view) and opens the round, naming it (p.round). Cannot
 // throw: `out` already holds the room.
 void Stager::open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept {
+    s.verify_owed = false;  // a draft, skipped or not: the last round's verify is over
     if (p.skip != Skip::None) {
         // A skip changes no protocol state and opens no round.
         s.stats.skips += 1;
@@ -489,7 +490,6 @@ void Stager::open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept {
     s.open_base = p.pos_base;
     s.accept_open = true;
     s.tentative = 0;
-    s.verify_owed = false;  // a new round: the last one's verify is over
     s.stats.rounds += 1;
     s.stats.staged_rows += p.n_rows;
     if (p.rebase) {
@@ -636,12 +636,12 @@ std::int64_t Stager::fail_seq(Seq& s) noexcept {
 
 void Stager::accept_seq(Seq& s, std::int64_t n_accepted) noexcept {
     if (!s.accept_open || s.tentative == 0) return;
-    if (s.verify_owed) {  // the committed round's verify count (checked: in [0, B])
-        accepted_row(s)[n_accepted] += 1;
-        s.verify_owed = false;
-    }
     // Only rows appended since the last draft can go: never the retained head.
     const std::int64_t keep = std::min(s.tentative, n_accepted + 1);
+    if (s.verify_owed) {  // the committed round's verify: the drafts it keeps (<= B)
+        accepted_row(s)[keep - 1] += 1;
+        s.verify_owed = false;
+    }
     const std::int64_t new_end = s.end - s.tentative + keep;
     s.buf.drop_back(new_end);
     s.end = new_end;

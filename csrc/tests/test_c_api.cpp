@@ -688,7 +688,7 @@ TEST_CASE(c_calls_match_the_cpp_stager_in_lock_step) {
     CHECK_EQ(s.verified_rounds, 7);
     CHECK_EQ(s.accepted_tokens, 27);
     std::vector<std::int64_t> hist(B + 2, -1);
-    CHECK_EQ(dspark_accepted_get(h.st, 0, hist.data(), B), DSPARK_E_INVALID_ARGUMENT);  // no room: nothing written
+    CHECK_EQ(dspark_accepted_get(h.st, 0, hist.data(), B), DSPARK_E_BUFFER_TOO_SMALL);  // no room: nothing written
     CHECK(error_mentions("8 buckets"));
     CHECK(hist == std::vector<std::int64_t>(B + 2, -1));
     CHECK_EQ(dspark_accepted_get(h.st, 0, hist.data(), B + 2), DSPARK_OK);
@@ -700,7 +700,7 @@ TEST_CASE(c_calls_match_the_cpp_stager_in_lock_step) {
     // The batched form: sequence 0 twice (a question may repeat), and too little room.
     const std::int64_t twice[] = {0, 0};
     std::vector<std::int64_t> both(2 * (B + 1), -1);
-    CHECK_EQ(dspark_accepted_many(h.st, twice, 2, both.data(), both.size() - 1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_accepted_many(h.st, twice, 2, both.data(), both.size() - 1), DSPARK_E_BUFFER_TOO_SMALL);
     CHECK(both == std::vector<std::int64_t>(2 * (B + 1), -1));
     const std::int64_t unknown[] = {0, 4};
     CHECK_EQ(dspark_accepted_many(h.st, unknown, 2, both.data(), both.size()), DSPARK_E_INVALID_ARGUMENT);
@@ -716,7 +716,7 @@ TEST_CASE(c_calls_match_the_cpp_stager_in_lock_step) {
     dspark_stats_init(&t);
     std::int64_t started = -1;
     std::fill(hist.begin(), hist.end(), -1);
-    CHECK_EQ(dspark_totals_get(h.st, &t, hist.data(), B, &started), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_totals_get(h.st, &t, hist.data(), B, &started), DSPARK_E_BUFFER_TOO_SMALL);
     CHECK_EQ(started, -1);
     CHECK_EQ(dspark_totals_get(h.st, &t, hist.data(), B + 1, &started), DSPARK_OK);
     CHECK(std::vector<std::int64_t>(hist.begin(), hist.begin() + B + 1) == want);

@@ -620,6 +620,16 @@ TEST_CASE(accepted_histogram_counts_verified_rounds_and_totals_stay_monotonic) {
     s.fail(0, FailStage::Crop);
     process(s, 0, n + 1, B + 1);
     s.accept(0, 2);
+    // A committed round whose verify never came, then a skipped draft and a
+    // plain decode: its accept is the decode's, not the round's.
+    n = s.state(0).end;
+    CHECK(s.draft(0, n, rows).skip == Skip::None);
+    s.commit(0);
+    s.disable(0);
+    CHECK(s.draft(0, n, rows).skip == Skip::DraftingOff);
+    s.enable(0);
+    process(s, 0, n, 1);
+    s.accept(0, 0);
     // A shift drops the verify of the round committed before it.
     n = s.state(0).end;
     CHECK(s.draft(0, n, rows).skip == Skip::None);
@@ -637,7 +647,7 @@ TEST_CASE(accepted_histogram_counts_verified_rounds_and_totals_stay_monotonic) {
     s.disable(0);
     CHECK(s.draft(0, s.state(0).end, rows).skip == Skip::DraftingOff);
     st = s.stats(0);
-    CHECK_EQ(st.skips_drafting_off, 1);
+    CHECK_EQ(st.skips_drafting_off, 2);
     CHECK_EQ(st.skips, st.skips_disabled + st.skips_empty + st.skips_no_context + st.skips_missing_rows +
                            st.skips_drafting_off);
     // Totals: sequence 0's counters, then kept across fork (into 1), begin and end.
@@ -661,7 +671,7 @@ TEST_CASE(accepted_histogram_counts_verified_rounds_and_totals_stay_monotonic) {
     const StagerTotals t1 = s.totals();
     CHECK(t1.accepted == want);
     CHECK_EQ(t1.stats.rounds, st.rounds + 1);
-    CHECK_EQ(t1.stats.skips_drafting_off, 1);
+    CHECK_EQ(t1.stats.skips_drafting_off, 2);
     CHECK_EQ(t1.stats.peak_rows, std::max(peak0, s.stats(1).peak_rows));  // the largest any sequence held
     CHECK_EQ(t1.stats.rows, s.stats(1).rows);           // gauges: the live sequences only
     s.end(1);

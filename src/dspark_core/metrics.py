@@ -24,8 +24,10 @@ What it exports (``namespace`` ``dspark`` by default):
 ``per_sequence=True`` adds the same counters and histogram per started
 sequence (``<ns>_sequence_*`` with a ``seq`` label, from ``stats(seq)`` and
 ``accepted(seq)``); sequences handed over to the device step are left out
-until ``to_host``. The counters never go back: the Stager keeps the counts of
-sequences whose stats reset (``StagerTotals``).
+until ``to_host``. The Stager-wide counters never go back: the Stager keeps
+the counts of sequences whose stats reset (``StagerTotals``). A per-sequence
+series counts the request on that slot since its ``begin``: it restarts when a
+new request takes the slot (Prometheus reads a drop as a counter reset).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import StateError
 from .stager.totals import COUNTERS, GAUGES, PEAKS
 
 __all__ = ["CONTENT_TYPE", "prometheus_text", "METRIC_HELP"]
@@ -161,11 +164,15 @@ def prometheus_text(stager: Any, *, namespace: str = "dspark", labels: Mapping[s
             w.sample(w.family(field, "gauge", field), totals.stats[field])
     w.sample(w.family("sequences_started", "gauge", "sequences_started"), totals.started)
     if per_sequence:
-        ids = range(stager.config.max_seqs) if seqs is None else seqs
-        for seq in ids:
-            if stager.on_device(seq) or not stager.state(seq)["started"]:
+        ids = range(stager.config.max_seqs) if seqs is None else dict.fromkeys(int(q) for q in seqs)
+        for seq in ids:  # each once: a series appears once in an exposition
+            try:
+                if not stager.state(seq)["started"]:
+                    continue
+                stats, accepted = stager.stats(seq), stager.accepted(seq)
+            except StateError:  # handed over to the device step (perhaps just now): left out
                 continue
-            label = str(int(seq))
-            w.counters("sequence_", stager.stats(seq), seq=label)
-            w.histogram("sequence_accepted_drafts", stager.accepted(seq), seq=label)
+            label = str(seq)
+            w.counters("sequence_", stats, seq=label)
+            w.histogram("sequence_accepted_drafts", accepted, seq=label)
     return w.text()

@@ -484,21 +484,22 @@ DSPARK_API dspark_status dspark_state_get(const dspark_stager* st, int64_t seq, 
 DSPARK_API dspark_status dspark_stats_get(const dspark_stager* st, int64_t seq, dspark_stats* out);
 /* The sequence's accepted drafts per verified round since its last begin
  * (Python: Stager.accepted()): out[k] = the rounds with k accepted, for k in
- * [0, block_size]; n must be at least block_size + 1 (DSPARK_E_INVALID
- * otherwise, nothing written). */
+ * [0, block_size]; n must be at least block_size + 1
+ * (DSPARK_E_BUFFER_TOO_SMALL otherwise, nothing written). */
 DSPARK_API dspark_status dspark_accepted_get(const dspark_stager* st, int64_t seq, int64_t* out, size_t n);
 /* dspark_accepted_get of seqs[0..n) at one moment (Python: Stager.accepted_many()):
  * sequence i's histogram at out[i * (block_size + 1)]; out_n (int64 entries)
- * must be at least n * (block_size + 1). Every id is checked before anything
- * is written. */
+ * must be at least n * (block_size + 1) (DSPARK_E_BUFFER_TOO_SMALL otherwise).
+ * Every id is checked before anything is written. */
 DSPARK_API dspark_status dspark_accepted_many(const dspark_stager* st, const int64_t* seqs, size_t n, int64_t* out,
                                               size_t out_n);
 /* The Stager's metrics at one moment (Python: Stager.totals()): counters over
  * every sequence since the Stager was made (monotonic), the gauges (live_rows,
  * rows, bytes, reserved_bytes) over the sequences holding rows now, the peaks
  * the largest any sequence reached; accepted (NULL: not written, else n >=
- * block_size + 1) the histogram over every sequence; started (NULL: not
- * written) the sequences holding rows now. */
+ * block_size + 1, DSPARK_E_BUFFER_TOO_SMALL otherwise) the histogram over
+ * every sequence; started (NULL: not written) the sequences holding rows now.
+ * A sequence with a reservation open counts as before it. */
 DSPARK_API dspark_status dspark_totals_get(const dspark_stager* st, dspark_stats* out, int64_t* accepted, size_t n,
                                            int64_t* started);
 /* The round open on each of seqs[0..n) (dspark_plan.round), or 0 where none

@@ -475,8 +475,9 @@ public:
     // The sequence's histogram of accepted drafts per verified round since
     // its last begin (stats' verified_rounds): block_size + 1 counts, k
     // accepted drafts at [k]. A round is verified by the first accept that
-    // acts (its verify rows arrived) after its commit; the count the server
-    // passed picks the bucket.
+    // acts (its verify rows arrived) after its commit and before the next
+    // draft; the drafts that accept keeps pick the bucket (the count the
+    // server passed, or fewer when fewer verify rows arrived).
     std::vector<std::int64_t> accepted(std::int64_t seq) const;
     // accepted of seqs[0..n) into out[i * (block_size + 1) + k], all read at
     // one moment (a batch's: every id checked, and none on the device,
@@ -636,10 +637,11 @@ private:
         // kept by fork (of the child), shift and restore, as by the slot.
         bool mismatch_reported = false;
         // A committed round whose verify count has not arrived: the next
-        // accept that acts counts in the histogram (Stager::accepted).
-        // Invariant: it counts only while accept_open; whatever closes that
-        // (rollback, shift, too many rows) needs no clear of its own, since
-        // only open_round reopens it, and open_round clears this.
+        // accept that acts counts in the histogram (Stager::accepted); the
+        // next draft (skipped or not) ends it. Invariant: it counts only
+        // while accept_open; whatever closes that (rollback, shift, too many
+        // rows) needs no clear of its own, since only open_round reopens it,
+        // and every draft clears this.
         bool verify_owed = false;
         SeqStats stats;
     };

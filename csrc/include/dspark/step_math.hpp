@@ -261,14 +261,14 @@ DSPARK_HD void commit(const Config& c, Regs& r) {
     advance_horizon(c, r);
 }
 
-// Returns whether the accept verified a committed round (the histogram's
-// bucket n_accepted then counts it: the caller's, on success).
-DSPARK_HD bool accept(const Config& c, Regs& r, i64 n_accepted) {
-    if (!r.accept_open || r.tentative == 0) return false;
-    const bool verified = r.verify_owed != 0;
-    r.verify_owed = 0;
+// Returns the drafts the accept kept when it verified a committed round (the
+// histogram's bucket, counted by the caller on success), else -1.
+DSPARK_HD i64 accept(const Config& c, Regs& r, i64 n_accepted) {
+    if (!r.accept_open || r.tentative == 0) return -1;
     // Only rows appended since the last draft can go: never the retained head.
     const i64 keep = imin(r.tentative, n_accepted + 1);
+    const i64 verified = r.verify_owed != 0 ? keep - 1 : -1;
+    r.verify_owed = 0;
     const i64 new_end = r.end - r.tentative + keep;
     drop_back(r, new_end);
     r.end = new_end;
@@ -289,6 +289,7 @@ struct Plan {
 // false on a broken invariant (the host's "staged rows are not buffered").
 DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
     p.start = r.end;
+    r.verify_owed = 0;  // a draft, skipped or not: the last round's verify is over
     if (r.disabled) p.skip = SKIP_DISABLED;
     else if (p.start <= r.n_cache) p.skip = SKIP_NO_CONTEXT;
     if (p.skip != SKIP_NONE) {
@@ -327,7 +328,6 @@ DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
     r.open_base = base;
     r.accept_open = 1;
     r.tentative = 0;
-    r.verify_owed = 0;
     r.rounds += 1;
     r.staged_rows += p.n_rows;
     if (rebase) {
@@ -494,7 +494,7 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
     const i64 end_before = r.end;
     if (r.open) commit(c, r);
     r.reserved = 0;  // confirm: the target wrote the verify rows
-    const bool verified = accept(c, r, count);
+    const i64 verified = accept(c, r, count);
     i64 fault_arg = 0;
     if (!draft(c, r, seq, p)) {
         status = STATUS_INTERNAL;
@@ -517,7 +517,7 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
         return status;
     }
     store(state, c.max_seqs, seq, r);
-    if (verified) state[(FIELD_COUNT + count) * c.max_seqs + seq] += 1;
+    if (verified >= 0) state[(FIELD_COUNT + verified) * c.max_seqs + seq] += 1;
     write_plan(c, o, i, p);
     o.status[i] = STATUS_OK;
     return STATUS_OK;

@@ -1138,9 +1138,9 @@ cdef class Stager:
         ``begin``: int64 ``[block_size + 1]``, the rounds with ``k`` accepted at ``[k]``.
 
         A round is verified by the first ``accept`` after its ``commit`` that acts (its
-        verify rows arrived); the count passed to that ``accept`` picks the bucket. Plain
-        decodes, failed rounds and rounds whose rows a ``rollback`` / ``shift`` dropped
-        count nothing. ``stats(seq)["verified_rounds"]`` is the sum.
+        verify rows arrived), before the next ``draft``; the drafts that ``accept`` keeps pick
+        the bucket (its count, or fewer when fewer verify rows arrived). Plain decodes (their ``draft`` skipped), failed rounds and rounds
+        whose rows a ``rollback`` / ``shift`` dropped count nothing. ``stats(seq)["verified_rounds"]`` is the sum.
         """
         cdef int64_t s = _i64("seq", seq)
         cdef vector[int64_t] h

@@ -17,10 +17,11 @@ Keys read (the first present wins)::
                     chain kinds draft one token per step, as many as the server
                     asks (vLLM's ``num_speculative_tokens``): the caller's
                     ``block_size=``, which wins for block kinds too
-    target_layers   ``eagle_aux_hidden_state_layer_ids``,
-                    ``<kind>_config.target_layer_ids``, ``dspark_target_layer_ids``,
-                    ``target_layer_ids`` (as stored: DFlash ids count from 0 and
-                    vLLM adds 1; this module does not reinterpret them)
+    target_layers   ``<kind>_config.target_layer_ids``, ``dspark_target_layer_ids``,
+                    ``target_layer_ids``, ``eagle_aux_hidden_state_layer_ids`` (a chain
+                    drafter's first); as stored (DFlash ids count from 0 and vLLM
+                    adds 1; this module does not reinterpret them); an empty list
+                    names none
     feature_dim     taps * ``target_hidden_size`` (else ``hidden_size``); taps is
                     the number of target layers when the file names them, else
                     the kind's own (EAGLE-3: 3; EAGLE, MTP: 1; a block drafter
@@ -93,14 +94,22 @@ def _architecture(data: dict[str, Any]) -> str:
 
 
 def _kind(path: str, data: dict[str, Any], arch: str) -> tuple[str, str]:
-    """``(kind, family)``: "block" or "chain", and the family (dflash, dspark, eagle3, eagle, mtp)."""
-    low = arch.lower()
+    """``(kind, family)``: "block" or "chain", and the family (dflash, dspark, eagle3, eagle, mtp).
+
+    A family's own config object decides first (a DFlash config may also carry
+    ``eagle_aux_hidden_state_layer_ids`` for engines that read only that key), then
+    the names: the first architecture and ``model_type``."""
     for family in _BLOCK_FAMILIES:
-        if isinstance(data.get(f"{family}_config"), dict) or family in low:
+        if isinstance(data.get(f"{family}_config"), dict):
             return "block", family
-    if "eagle3" in low or "eagle_aux_hidden_state_layer_ids" in data:
+    model_type = data.get("model_type")
+    names = " ".join(n.lower() for n in (arch, model_type) if isinstance(n, str))
+    for family in _BLOCK_FAMILIES:
+        if family in names:
+            return "block", family
+    if "eagle3" in names or data.get("eagle_aux_hidden_state_layer_ids") is not None:
         return "chain", "eagle3"
-    if "eagle" in low or data.get("model_type") == "eagle":
+    if "eagle" in names:
         return "chain", "eagle"
     nextn = data.get("num_nextn_predict_layers")
     if nextn is not None and _int(path, "num_nextn_predict_layers", nextn, 0) > 0:
@@ -174,11 +183,16 @@ def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = Non
         raise DrafterMetadataError(spath, f"n_ctx_train ({n_train}, from {src}) must be greater than 2 * block_size "
                                           f"(2 * {b} = {2 * b}): no drafter window could hold a rebase")
     # tap layers and the feature width
-    key, value = first("eagle_aux_hidden_state_layer_ids", prefix + "target_layer_ids", "dspark_target_layer_ids",
-                       "target_layer_ids")
+    # A block drafter's own key first (a DFlash config may also carry the EAGLE-3 key,
+    # shifted for engines that read only that one); a chain drafter's is the EAGLE-3 key.
+    own = (prefix + "target_layer_ids", "dspark_target_layer_ids", "target_layer_ids")
+    aux = ("eagle_aux_hidden_state_layer_ids",)
+    key, value = first(*(own + aux if kind == "block" else aux + own))
     layers: tuple[int, ...] = ()
     if key is not None:
-        layers, sources["target_layers"] = _int_list(spath, key, value), key
+        layers = _int_list(spath, key, value)
+        if layers:  # an empty list names no layer: the kind's own taps below
+            sources["target_layers"] = key
     hkey, hidden = first("target_hidden_size", "hidden_size")
     taps = len(layers) if layers else CHAIN_TAPS.get(family)
     feature_dim = None
@@ -191,6 +205,8 @@ def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = Non
     if mkey is not None:
         mask_token_id, sources["mask_token_id"] = _int(spath, mkey, mask, 0), mkey
     name = data.get("_name_or_path")
+    max_pos = data.get("max_position_embeddings")
+    hidden_size = data.get("hidden_size")
     return {
         "path": spath,
         "architecture": arch or family,
@@ -200,11 +216,10 @@ def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = Non
         "target_layers": layers,
         "n_ctx_train": n_train,
         "n_ctx_train_source": sources["n_ctx_train"],
-        "context_length": data.get("max_position_embeddings") if isinstance(data.get("max_position_embeddings"), int)
-        else None,
+        "context_length": None if max_pos is None else _int(spath, "max_position_embeddings", max_pos, 1),
         "feature_dim": feature_dim,
         "feature_dim_source": sources.get("feature_dim"),
-        "embedding_length": data.get("hidden_size") if isinstance(data.get("hidden_size"), int) else None,
+        "embedding_length": None if hidden_size is None else _int(spath, "hidden_size", hidden_size, 1),
         "name": name if isinstance(name, str) else None,
         "file_size": os.path.getsize(spath),
         "warnings": tuple(warnings),

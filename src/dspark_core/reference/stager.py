@@ -469,6 +469,7 @@ class ReferenceStager(DeviceStepMixin):
 
     def _draft_checked(self, i: int, st: _Seq, start: int, views: bool = False) -> StagePlan:
         c = self.config
+        st.verify_owed = False  # a draft, skipped or not: the last round's verify is over
         reason = self._skip_reason(st, start)
         if reason is not None:
             st.stats["skips"] += 1
@@ -506,7 +507,6 @@ class ReferenceStager(DeviceStepMixin):
         st.open_round = (start, base)
         st.round = self._rounds
         st.accept_open, st.tentative = True, 0
-        st.verify_owed = False
         st.stats["rounds"] += 1
         st.stats["staged_rows"] += start - lo
         if rebase:
@@ -580,12 +580,12 @@ class ReferenceStager(DeviceStepMixin):
     def _accept_checked(self, st: _Seq, n: int) -> None:
         if not st.accept_open or st.tentative == 0:
             return
-        if st.verify_owed:  # the committed round's verify count
-            st.verify_owed = False
-            st.accepted[n] += 1
-            st.stats["verified_rounds"] += 1
-            st.stats["accepted_tokens"] += n
         keep = min(st.tentative, n + 1)
+        if st.verify_owed:  # the committed round's verify: the drafts it keeps
+            st.verify_owed = False
+            st.accepted[keep - 1] += 1
+            st.stats["verified_rounds"] += 1
+            st.stats["accepted_tokens"] += keep - 1
         new_end = st.end - st.tentative + keep
         for p in range(new_end, st.end):
             st.rows.pop(p, None)
