@@ -66,7 +66,7 @@ if ! (cd "$WORK/san" && ctest --output-on-failure -j"$JOBS"); then status=1; fi
 say "ASan + UBSan: pytest against a sanitized build of the extension"
 ASAN_VENV="$WORK/asan-venv"
 "$PYTHON" -m venv "$ASAN_VENV"
-"$ASAN_VENV/bin/python" -m pip install -q scikit-build-core cython cython-cmake numpy ninja pytest hypothesis ml_dtypes gguf \
+"$ASAN_VENV/bin/python" -m pip install -q scikit-build-core cython cython-cmake numpy ninja pytest hypothesis ml_dtypes gguf prometheus-client \
   </dev/null >"$WORK/asan-pip.log" 2>&1 || { tail -20 "$WORK/asan-pip.log"; exit 1; }
 "$ASAN_VENV/bin/python" -m pip install -q --no-build-isolation --no-deps -C build-dir="$WORK/asan-build" \
   -C cmake.define.DSPARK_SANITIZE=ON -C cmake.define.DSPARK_CUDA=OFF -C cmake.build-type=RelWithDebInfo "$ROOT" \
