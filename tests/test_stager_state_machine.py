@@ -81,7 +81,7 @@ class CoreMatchesReference(RuleBasedStateMachine):
         assert a[0] == b[0], (name, args, a, b)
         if a[0] == "raise":  # the same exception, word for word
             assert a[1][0] is b[1][0] and a[1][1] == b[1][1], (name, args, a, b)
-        elif name in ("fork", "shift"):  # the moves an owner of external rows would apply
+        elif name in ("fork", "shift", "accept_path", "accept_path_many"):  # the moves an owner of external rows would apply
             assert a[1].dtype == b[1].dtype == np.int64 and np.array_equal(a[1], b[1]), (name, args, a, b)
         return a, b
 
@@ -248,6 +248,87 @@ class CoreMatchesReference(RuleBasedStateMachine):
             self.both("process", seq, np.arange(end, end + n), self.rows(n, "float32", 1.0, None))
             self.both("accept", seq, min(n_accepted, b))
 
+    # -- tree verification (docs/design.md 2.11) -------------------------
+    def tree(self, n, bad):
+        """Random parents of an n-node tree (parents[i] < i), or a bad one."""
+        par = ([-1] + [int(self.rng.integers(0, i)) for i in range(1, n)])[:n]
+        if bad == "cycle" and n > 1:
+            par[-1] = n - 1  # its own parent
+        elif bad == "later" and n > 2:
+            par[1] = 2  # a parent after its child
+        elif bad == "root" and n:
+            par[0] = 0
+        elif bad == "range" and n > 1:
+            par[-1] = -5
+        return par
+
+    def path(self, par, depth, bad):
+        """A root-to-node path of the tree (at most depth + 1 nodes), or a bad one."""
+        node = int(self.rng.integers(0, len(par)))
+        path = [node]
+        while par[path[-1]] >= 0:
+            path.append(par[path[-1]])
+        path = path[::-1][: depth + 1]
+        if bad == "skip" and len(path) > 2:
+            del path[1]
+        elif bad == "start":
+            path[0] = len(par) - 1
+        elif bad == "range":
+            path.append(len(par))
+        elif bad == "empty":
+            path = []
+        return path
+
+    @rule(
+        seq=SEQ,
+        n=hs.integers(0, 8),
+        tree_bad=hs.sampled_from([None, None, None, None, "cycle", "later", "root", "range", "n_past"]),
+        path_bad=hs.sampled_from([None, None, None, None, "skip", "start", "range", "empty"]),
+        depth=hs.integers(0, 8),
+        scale=hs.sampled_from([1.0, "massive", 7e4]),
+        rounds=hs.integers(1, 4),
+    )
+    def tree_rounds(self, seq, n, tree_bad, path_bad, depth, scale, rounds):
+        """Rounds verified as trees: draft, commit, process_tree, accept_path (bad trees and paths too)."""
+        seq = self.pick(seq)
+        if 0 <= seq < self.cfg.max_seqs and not self.ref.state(seq)["started"]:  # a prompt to draft from
+            n_prompt = 2 * self.cfg.block_size + 3
+            self.both("process", seq, np.arange(n_prompt), self.rows(n_prompt, "float32", 1.0, None))
+        for _ in range(rounds):
+            end = self.end(seq)
+            a, b = self.both("draft", seq, end)
+            if a[0] == "ok" and a[1].skip is None:
+                self.both("commit", seq)
+            nodes = min(n, self.cfg.block_size + 2)
+            par = self.tree(nodes, tree_bad)
+            self.both("process_tree", seq, end + (tree_bad == "n_past"), np.array(par, np.int64),
+                      self.rows(nodes, "float32", scale, None))
+            if 0 <= seq and self.ref.state(seq)["tree_nodes"]:
+                self.both("accept_path", seq, self.path(self.ref._seqs[seq].tree, depth, path_bad))
+                if self.ref.state(seq)["tree_nodes"]:
+                    self.both("accept_path", seq, [0])
+
+    @rule(seq=SEQ, n=hs.integers(0, 4))
+    def process_tree_anytime(self, seq, n):
+        """A tree verify batch whenever: after rows, before any draft, over an open round or tree."""
+        seq = self.pick(seq)
+        self.both("process_tree", seq, self.end(seq), self.tree(n, None), self.rows(n, "float32", 1.0, None))
+
+    @rule(seq=SEQ, nodes=hs.lists(hs.integers(-1, 6), max_size=5))
+    def accept_path_anytime(self, seq, nodes):
+        self.both("accept_path", self.pick(seq), nodes)
+
+    @rule(seqs=hs.lists(SEQ, max_size=3), depth=hs.integers(0, 6), path_bad=hs.sampled_from([None, None, "skip"]))
+    def accept_path_many(self, seqs, depth, path_bad):
+        ids = [self.pick(s) for s in seqs]
+        paths = []
+        for s in ids:
+            tree = self.ref._seqs[s].tree if 0 <= s < self.cfg.max_seqs else None
+            paths.append(self.path(tree, depth, path_bad) if tree else [0])
+        cu = np.cumsum([0] + [len(p) for p in paths])
+        flat = np.array([v for p in paths for v in p], np.int64)
+        self.both("accept_path_many", np.array(ids, np.int64), cu, flat)
+
     @rule(seq=SEQ)
     def commit(self, seq):
         self.both("commit", self.pick(seq))
@@ -334,7 +415,7 @@ class CoreMatchesReference(RuleBasedStateMachine):
             assert {k: sa[k] for k in SEMANTIC_STATS} == {k: sb[k] for k in SEMANTIC_STATS}
             assert sa["peak_rows"] <= bound
             assert np.array_equal(self.core.accepted(s), self.ref.accepted(s)), s
-            if not a["open_round"]:
+            if not a["open_round"] and not a["tree_nodes"]:
                 assert self.core.snapshot(s) == self.ref.snapshot(s)
         # The Stager's metrics: the same, and no counter ever goes back.
         ta, tb = self.core.totals(), self.ref.totals()

@@ -164,7 +164,8 @@ struct Fixture {
                        x.pos_base == y.pos_base && x.open_round == y.open_round && x.disabled == y.disabled &&
                        x.restage_owed == y.restage_owed && x.first_round == y.first_round &&
                        x.n_retained == y.n_retained && x.n_pending == y.n_pending &&
-                       x.consecutive_failures == y.consecutive_failures && x.tentative_rows == y.tentative_rows);
+                       x.consecutive_failures == y.consecutive_failures && x.tentative_rows == y.tentative_rows &&
+                       x.tree_nodes == y.tree_nodes);
             dspark_stats t;
             dspark_stats_init(&t);
             FUZZ_CHECK(dspark_stats_get(st, s, &t) == DSPARK_OK);
@@ -788,6 +789,68 @@ void round_of(Fixture& fx, std::int64_t seq, std::uint8_t acc, std::uint8_t seed
     check_same(dspark_accept(fx.st, seq, a), expect_of([&] { fx.cpp->accept(seq, a); }), "round accept");
 }
 
+// A round verified as a tree (docs/design.md 2.11): draft, commit, a tree of
+// fuzzed parents (mostly valid), a fuzzed path (mostly root-to-node), each
+// call through the C ABI and the C++ oracle, statuses, slots and moves alike.
+void tree_round_of(Reader& r, Fixture& fx, std::int64_t seq) {
+    const std::uint8_t size = r.u8(), shape = r.u8(), pick_node = r.u8(), damage = r.u8(), seed = r.u8();
+    if (!fx.valid(seq)) return;
+    const std::int64_t end = fx.end_of(seq);
+    dspark_plan plan;
+    std::size_t need = 0, written = 0;
+    if (dspark_draft_size(fx.st, seq, end, DSPARK_DTYPE_STORAGE, &need) == DSPARK_OK) {
+        std::vector<std::uint8_t> buf(need);
+        RoundPlan p;
+        ByteVec rows;
+        const dspark_status s = dspark_draft(fx.st, seq, end, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &plan, &written);
+        check_same(s, oracle_draft(fx, seq, end, p, rows), "tree draft");
+        if (s == DSPARK_OK && plan.skip == DSPARK_SKIP_NONE)
+            check_same(dspark_commit(fx.st, seq), expect_of([&] { fx.cpp->commit(seq); }), "tree commit");
+    }
+    const std::size_t n = size % static_cast<std::size_t>(fx.c.block_size + 3), D = static_cast<std::size_t>(fx.c.feature_dim);
+    std::vector<std::int64_t> parents(n);
+    for (std::size_t i = 0; i < n; ++i)
+        parents[i] = i == 0 ? -1 : static_cast<std::int64_t>((shape + 31 * i) % i);
+    if (n && damage % 8 == 1) parents[(damage >> 3) % n] = static_cast<std::int64_t>(n);  // a parent after its child
+    const std::int64_t root = damage % 8 == 2 ? end + 1 : end;
+    const auto x = rows_of(n, D, seed, 0);
+    std::vector<std::int64_t> slots(n, -9), want(n, -9);
+    if (fx.external)
+        check_same(dspark_process_tree_external(fx.st, seq, root, parents.data(), n, slots.data()),
+                   expect_of([&] { fx.cpp->process_tree_external(seq, root, parents.data(), n, want.data()); }),
+                   "process_tree_external");
+    else
+        check_same(dspark_process_tree(fx.st, seq, root, parents.data(), n, x.data(), DSPARK_DTYPE_F32, x.size() * 4),
+                   expect_of([&] { fx.cpp->process_tree(seq, root, parents.data(), n, x.data(), ElemType::F32); }),
+                   "process_tree");
+    FUZZ_CHECK(slots == want);
+    // The path from a node up to the root, reversed; sometimes spoiled.
+    std::vector<std::int64_t> path;
+    if (n) {
+        for (std::int64_t v = static_cast<std::int64_t>(pick_node % n); v >= 0; v = parents[static_cast<std::size_t>(v)]) {
+            path.insert(path.begin(), v);
+            if (v >= static_cast<std::int64_t>(n) || path.size() > n) break;  // a damaged tree
+        }
+    }
+    if (damage % 8 == 3 && path.size() > 1) path.erase(path.begin() + 1);
+    if (damage % 8 == 4) path.push_back(static_cast<std::int64_t>(n));
+    std::vector<SlotMove> moved;
+    if (damage & 0x40) {  // the batched form, one sequence
+        const std::int64_t cu[2] = {0, static_cast<std::int64_t>(path.size())};
+        const dspark_status w = expect_of([&] { moved = fx.cpp->accept_path_many(&seq, 1, cu, path.data(), path.size()); });
+        check_same(dspark_accept_path_many(fx.st, &seq, 1, cu, path.data(), path.size()), w, "accept_path_many");
+    } else {
+        const dspark_status w = expect_of([&] { moved = fx.cpp->accept_path(seq, path.data(), path.size()); });
+        check_same(dspark_accept_path(fx.st, seq, path.data(), path.size()), w, "accept_path");
+    }
+    check_moves(moved);
+    if (fx.cpp->state(seq).tree_nodes) {  // a bad path left the tree: keep the root alone
+        const std::int64_t just_root = 0;
+        check_same(dspark_accept_path(fx.st, seq, &just_root, 1), expect_of([&] { fx.cpp->accept_path(seq, &just_root, 1); }),
+                   "accept_path(root)");
+    }
+}
+
 // The C++ outcome of fn as the C ABI reports it: its status and message.
 template <class Fn>
 std::pair<dspark_status, std::string> outcome_of(Fn&& fn) {
@@ -945,6 +1008,10 @@ void op_batch(Reader& r, Fixture& fx) {
     FUZZ_CHECK(slots == want && dis == want_dis);
 }
 
+// The op code of a round verified as a tree: one that no recorded finding
+// uses (it was another rounds code), so the findings replay as written.
+constexpr std::uint8_t TREE_CODE = 239;
+
 void step(Reader& r, Fixture& fx) {
     const std::uint8_t code = r.u8();
     const std::int64_t seq = fx.seq_of(r.u8());
@@ -952,6 +1019,10 @@ void step(Reader& r, Fixture& fx) {
     // recorded findings (no code >= 240 in them) replay as they were written.
     if (code >= 240) {
         op_batch(r, fx);
+        return;
+    }
+    if (code == TREE_CODE) {
+        tree_round_of(r, fx, seq);
         return;
     }
     switch (code % 20) {

@@ -567,6 +567,51 @@ dspark_status dspark_accept(dspark_stager* st, int64_t seq, int64_t n_accepted) 
     return guarded([&] { core_of(st).accept(seq, n_accepted); });
 }
 
+dspark_status dspark_process_tree(dspark_stager* st, int64_t seq, int64_t n_past, const int64_t* parents, size_t n,
+                                  const void* rows, int32_t dtype, size_t rows_bytes) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        const ElemType t = converted(core, seq, false, [&] {
+            const ElemType type = checked_rows_type(*st, dtype, n, rows_bytes, "");
+            require_buffer(parents, n, "parents");
+            require_buffer(rows, rows_bytes, "rows");
+            return type;
+        });
+        core.process_tree(seq, n_past, parents, n, rows, t);
+    });
+}
+
+dspark_status dspark_process_tree_external(dspark_stager* st, int64_t seq, int64_t n_past, const int64_t* parents,
+                                           size_t n, int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        converted(core, seq, false, [&] {
+            require_buffer(parents, n, "parents");
+            require_buffer(slots_out, n, "slots_out");
+        });
+        core.process_tree_external(seq, n_past, parents, n, slots_out);
+    });
+}
+
+dspark_status dspark_accept_path(dspark_stager* st, int64_t seq, const int64_t* nodes, size_t n) {
+    return with_moves(st, [&](dspark::Stager& core) {
+        converted(core, seq, Need::Tree, [&] { require_buffer(nodes, n, "nodes"); });
+        return core.accept_path(seq, nodes, n);
+    });
+}
+
+dspark_status dspark_accept_path_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                      const int64_t* nodes, size_t total) {
+    return with_moves(st, [&](dspark::Stager& core) {
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "accept_path_many", seqs, n, Need::Tree, [&] {
+            require(offsets, "offsets");
+            require_buffer(nodes, total, "nodes");
+        });
+        return core.accept_path_many(seqs, n, offsets, nodes, total);
+    });
+}
+
 dspark_status dspark_rollback(dspark_stager* st, int64_t seq, int64_t n_past) {
     return guarded([&] { core_of(st).rollback(seq, n_past); });
 }

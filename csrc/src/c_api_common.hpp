@@ -76,13 +76,18 @@ dspark_status guarded(Body&& body, std::size_t* needed = nullptr) noexcept {
 // checks (an unknown sequence, the round state: design.md 2.1) come first,
 // then the conversion's error. The one place this layer orders errors.
 template <class Convert>
-auto converted(const dspark::Stager& core, std::int64_t seq, bool open_round, Convert&& convert) {
+auto converted(const dspark::Stager& core, std::int64_t seq, dspark::Stager::Need need, Convert&& convert) {
     try {
         return convert();
     } catch (...) {
-        core.check_sequence(seq, open_round);
+        core.check_sequence(seq, need);
         throw;
     }
+}
+template <class Convert>
+auto converted(const dspark::Stager& core, std::int64_t seq, bool open_round, Convert&& convert) {
+    return converted(core, seq, open_round ? dspark::Stager::Need::Open : dspark::Stager::Need::Ready,
+                     static_cast<Convert&&>(convert));
 }
 
 // The same for a batch call named `call` (the core's name, "process_many"):

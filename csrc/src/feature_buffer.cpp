@@ -93,6 +93,11 @@ void FeatureBuffer::copy_out(std::int64_t from, std::int64_t to, std::uint8_t* d
     if (run < n) detail::copy_bytes(dst + run * row_bytes_, bytes(), (n - run) * row_bytes_);
 }
 
+void FeatureBuffer::copy_row(std::int64_t from, std::int64_t to) noexcept {
+    if (external_) return;
+    std::memcpy(bytes() + slot(to) * row_bytes_, bytes() + slot(from) * row_bytes_, row_bytes_);
+}
+
 void FeatureBuffer::runs(std::int64_t from, std::int64_t to, std::int64_t base, SlotRun out[2]) const noexcept {
     out[0] = out[1] = SlotRun{};
     if (to <= from) return;

@@ -242,6 +242,12 @@ const Stager::Seq& Stager::needs(std::int64_t seq, Need need) const {
     switch (need) {
         case Need::Ready:
             if (s.open) throw StateError(seq_msg(seq) + " has an open round: call commit() or fail() first");
+            if (!s.tree.empty())
+                throw StateError(seq_msg(seq) + " holds a tree verify batch: call accept_path() first");
+            break;
+        case Need::Tree:
+            if (s.tree.empty())
+                throw StateError(seq_msg(seq) + " holds no tree verify batch (call process_tree() first)");
             break;
         case Need::Open:
             if (!s.open) throw StateError(seq_msg(seq) + " has no open round (call draft() first)");
@@ -637,7 +643,10 @@ std::int64_t Stager::fail_seq(Seq& s) noexcept {
 void Stager::accept_seq(Seq& s, std::int64_t n_accepted) noexcept {
     if (!s.accept_open || s.tentative == 0) return;
     // Only rows appended since the last draft can go: never the retained head.
-    const std::int64_t keep = std::min(s.tentative, n_accepted + 1);
+    keep_tentative(s, std::min(s.tentative, n_accepted + 1));
+}
+
+void Stager::keep_tentative(Seq& s, std::int64_t keep) noexcept {
     if (s.verify_owed) {  // the committed round's verify: the drafts it keeps (<= B)
         accepted_row(s)[keep - 1] += 1;
         s.verify_owed = false;
@@ -914,6 +923,7 @@ SeqState Stager::state(std::int64_t seq) const {
     o.tentative_rows = s.accept_open ? s.tentative : 0;
     o.reservation_open = s.reserved;
     o.drafting_off = s.drafting_off;
+    o.tree_nodes = static_cast<std::int64_t>(s.tree.size());
     return o;
 }
 

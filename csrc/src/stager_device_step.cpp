@@ -335,6 +335,10 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
             throw StateError(at + seq_msg(seqs[i]) +
                              " has drafting turned off (disable): decode it without drafts on the host, or "
                              "enable it before to_device");
+        if (!s.tree.empty())
+            throw StateError(at + seq_msg(seqs[i]) +
+                             " holds a tree verify batch (the device step verifies linear batches): call "
+                             "accept_path before to_device");
     }
     check_unique_ids(call, seqs, order.size());
     for (i64 q : seqs) {

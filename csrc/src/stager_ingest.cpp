@@ -192,7 +192,10 @@ void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process");
-    const std::int64_t p0 = validate_positions(seq, s, positions, n);
+    append_held(seq, s, validate_positions(seq, s, positions, n), n, rows, type);
+}
+
+void Stager::append_held(std::int64_t seq, Seq& s, std::int64_t p0, std::size_t n, const void* rows, ElemType type) {
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
     std::vector<std::uint8_t> copy;
     const FloatRows src{unaliased_input(rows, n * in_row, &seq, 1, copy), type, dim, in_row, opt_.storage,

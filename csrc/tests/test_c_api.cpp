@@ -1329,3 +1329,83 @@ TEST_CASE(draft_view_refusals_change_nothing) {
 }
 
 TEST_MAIN()
+
+TEST_CASE(tree_verify_batches_through_the_c_abi) {
+    // A tree of 5 nodes (parents -1 0 0 1 2) and the path 0 2 4, against the
+    // C++ Stager verifying the same tokens linearly: process + accept(2).
+    Handle h(config(DSPARK_STORAGE_F32, 2));
+    dspark::StagerOptions o;
+    o.feature_dim = D;
+    o.block_size = B;
+    o.window = W;
+    dspark::Stager line(o);
+    CHECK_EQ(process(h.st, 0, 0, 9), DSPARK_OK);
+    line.process(0, span(0, 9).data(), 9, rows_for(0, 9).data(), dspark::ElemType::F32);
+    dspark_plan plan;
+    std::vector<std::uint8_t> buf(static_cast<std::size_t>(W * D * 4));
+    CHECK_EQ(dspark_draft(h.st, 0, 9, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(dspark_commit(h.st, 0), DSPARK_OK);
+    dspark::ByteVec out;
+    line.draft(0, 9, out);
+    line.commit(0);
+    const std::int64_t parents[] = {-1, 0, 0, 1, 2};
+    const auto rows = rows_for(9, 5, 1);
+    const std::size_t nbytes = rows.size() * sizeof(float);
+    // Bad trees: each its status, nothing changed.
+    const auto before = snap(h.st, 0);
+    const std::int64_t cycle[] = {-1, 0, 2, 1, 2};
+    CHECK_EQ(dspark_process_tree(h.st, 0, 9, cycle, 5, rows.data(), DSPARK_DTYPE_F32, nbytes), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("parents[2] = 2"));
+    CHECK_EQ(dspark_process_tree(h.st, 0, 8, parents, 5, rows.data(), DSPARK_DTYPE_F32, nbytes), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("root must stand at the sequence's end 9"));
+    CHECK_EQ(dspark_process_tree(h.st, 0, 9, nullptr, 5, rows.data(), DSPARK_DTYPE_F32, nbytes), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_process_tree(h.st, 1, 0, parents, 1, rows.data(), DSPARK_DTYPE_F32, D * 4), DSPARK_E_STATE);
+    CHECK_EQ(dspark_process_tree_external(h.st, 0, 9, parents, 5, nullptr), DSPARK_E_NULL_POINTER);
+    std::int64_t slots[5];
+    CHECK_EQ(dspark_process_tree_external(h.st, 0, 9, parents, 5, slots), DSPARK_E_INVALID_ARGUMENT);  // held mode
+    CHECK(snap(h.st, 0) == before);
+    CHECK_EQ(dspark_process_tree(h.st, 0, 9, parents, 5, rows.data(), DSPARK_DTYPE_F32, nbytes), DSPARK_OK);
+    dspark_state s;
+    dspark_state_init(&s);
+    CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.tree_nodes, 5);
+    CHECK_EQ(dspark_accept(h.st, 0, 2), DSPARK_E_STATE);  // the tree wants its path
+    CHECK(error_mentions("holds a tree verify batch"));
+    const std::int64_t sibling[] = {0, 1, 4};
+    CHECK_EQ(dspark_accept_path(h.st, 0, sibling, 3), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("nodes[2] = 4 is not a child of nodes[1] = 1"));
+    CHECK_EQ(dspark_accept_path(h.st, 0, nullptr, 3), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_accept_path(h.st, 1, sibling, 3), DSPARK_E_STATE);  // sequence 1 holds no tree
+    const std::int64_t path[] = {0, 2, 4};
+    CHECK_EQ(dspark_accept_path(h.st, 0, path, 3), DSPARK_OK);
+    const dspark_slot_move* moves = nullptr;
+    std::size_t n_moves = 0;
+    CHECK_EQ(dspark_last_moves(&moves, &n_moves), DSPARK_OK);
+    CHECK_EQ(n_moves, 2u);  // node 2 -> row 1, node 4 -> row 2 (held: applied already)
+    CHECK_EQ(moves[0].src - moves[0].dst, 1);
+    CHECK_EQ(moves[1].src - moves[1].dst, 2);
+    std::vector<float> linear;
+    for (std::int64_t node : path) linear.insert(linear.end(), rows.begin() + node * D, rows.begin() + (node + 1) * D);
+    line.process(0, span(9, 3).data(), 3, linear.data(), dspark::ElemType::F32);
+    line.accept(0, 2);
+    CHECK(snap(h.st, 0) == line.snapshot(0));
+    std::int64_t hist[B + 1];
+    CHECK_EQ(dspark_accepted_get(h.st, 0, hist, B + 1), DSPARK_OK);
+    CHECK(line.accepted(0) == std::vector<std::int64_t>(hist, hist + B + 1));
+    CHECK_EQ(hist[2], 1);
+    // The batched form checks every path before it keeps any.
+    CHECK_EQ(dspark_draft(h.st, 0, 12, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(dspark_commit(h.st, 0), DSPARK_OK);
+    CHECK_EQ(dspark_process_tree(h.st, 0, 12, parents, 5, rows.data(), DSPARK_DTYPE_F32, nbytes), DSPARK_OK);
+    const std::int64_t seqs[] = {0};
+    const std::int64_t offsets[] = {0, 3};
+    CHECK_EQ(dspark_accept_path_many(h.st, seqs, 1, nullptr, path, 3), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_accept_path_many(h.st, seqs, 1, offsets, sibling, 3), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("accept_path_many: seqs[0] (sequence 0): nodes[2] = 4"));
+    CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.tree_nodes, 5);
+    CHECK_EQ(dspark_accept_path_many(h.st, seqs, 1, offsets, path, 3), DSPARK_OK);
+    CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.tree_nodes, 0);
+    CHECK_EQ(s.end, 15);
+}

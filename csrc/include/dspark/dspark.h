@@ -174,6 +174,7 @@ typedef struct dspark_state {
     int64_t consecutive_failures, tentative_rows;
     int32_t reservation_open; /* 1 between dspark_reserve and dspark_confirm / dspark_cancel */
     int32_t drafting_off;     /* 1 between dspark_disable and dspark_enable (or the next begin) */
+    int64_t tree_nodes;       /* the nodes of a tree verify batch until dspark_accept_path, else 0 */
 } dspark_state;
 
 /* Counters since the sequence's last begin (Python: Stager.stats()). Set
@@ -300,6 +301,32 @@ DSPARK_API dspark_status dspark_commit(dspark_stager* st, int64_t seq);
  * the consecutive-failure count when this failure disabled the sequence, else 0. */
 DSPARK_API dspark_status dspark_fail(dspark_stager* st, int64_t seq, int32_t stage, int64_t* disabled_after);
 DSPARK_API dspark_status dspark_accept(dspark_stager* st, int64_t seq, int64_t n_accepted);
+
+/* ---- tree verification (Python: Stager.process_tree / accept_path) ------- */
+/* A verify batch of the n nodes of a draft tree, right after a round's
+ * draft: node 0 is the root (the token `last`, at n_past, the sequence's
+ * end), parents[0] = -1 and 0 <= parents[i] < i, node i at position n_past +
+ * depth(i); 1 <= n <= block_size + 1. rows: n rows as for dspark_process.
+ * Until dspark_accept_path the sequence holds the tree (every other call on
+ * it but dspark_end, dspark_disable / dspark_enable and the read-only ones
+ * is DSPARK_E_STATE). HELD mode. */
+DSPARK_API dspark_status dspark_process_tree(dspark_stager* st, int64_t seq, int64_t n_past, const int64_t* parents,
+                                             size_t n, const void* rows, int32_t dtype, size_t rows_bytes);
+/* EXTERNAL mode: slots_out[i] (n entries) receives the global slot of node
+ * i's row, as dspark_process_external's. */
+DSPARK_API dspark_status dspark_process_tree_external(dspark_stager* st, int64_t seq, int64_t n_past,
+                                                      const int64_t* parents, size_t n, int64_t* slots_out);
+/* Keeps the accepted path nodes[0..n) (nodes[0] = 0, each node the child of
+ * the one before) at positions n_past .. n_past + n - 1, drops the other
+ * nodes: dspark_accept(seq, n - 1) of a chain. The copies that compact the
+ * path (HELD: applied; EXTERNAL: to apply, in order) become this thread's
+ * last moves (dspark_last_moves). */
+DSPARK_API dspark_status dspark_accept_path(dspark_stager* st, int64_t seq, const int64_t* nodes, size_t n);
+/* dspark_accept_path for n sequences: the path of seqs[i] is
+ * nodes[offsets[i] .. offsets[i + 1]) (offsets: n + 1 entries, never NULL);
+ * the moves of all of them, in order, become this thread's last moves. */
+DSPARK_API dspark_status dspark_accept_path_many(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                 const int64_t* offsets, const int64_t* nodes, size_t total);
 
 /* ---- batches (one call per server step) ---------------------------------- */
 /* dspark_process for n sequences: positions[0..total) and rows (total rows
@@ -452,7 +479,7 @@ DSPARK_API dspark_status dspark_rollback(dspark_stager* st, int64_t seq, int64_t
  * last moves: see dspark_last_moves. */
 DSPARK_API dspark_status dspark_shift(dspark_stager* st, int64_t seq, int64_t n_keep, int64_t n_discard);
 DSPARK_API dspark_status dspark_fork(dspark_stager* st, int64_t src, int64_t dst);
-/* The moves of this thread's last dspark_fork / dspark_shift call (n = 0
+/* The moves of this thread's last dspark_fork / dspark_shift / dspark_accept_path(_many) call (n = 0
  * when nothing moved or that call failed; before any such call too). *moves
  * points into the library's thread-local storage: read-only, not to be freed,
  * valid until this thread's next dspark_fork / dspark_shift (or

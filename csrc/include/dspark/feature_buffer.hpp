@@ -128,6 +128,9 @@ public:
     // Copy rows [from, to) (inside [head, end)) to dst, contiguous, oldest first
     // (nothing in an external ring).
     void copy_out(std::int64_t from, std::int64_t to, std::uint8_t* dst) const noexcept;
+    // Copy the row of position `from` over the row of position `to` (both
+    // inside [head, end), different; nothing in an external ring).
+    void copy_row(std::int64_t from, std::int64_t to) noexcept;
     // Calls f(data, bytes) for each contiguous run (at most two) holding rows
     // [from, to) (inside [head, end)), oldest first.
     template <class F>

@@ -73,6 +73,9 @@ inline constexpr std::int64_t w_keep(std::int64_t block_size, std::int64_t windo
 inline constexpr std::int64_t ring_rows(std::int64_t block_size, std::int64_t window) noexcept {
     return window + TRIM_CHUNK + block_size + 1;
 }
+// The most nodes a tree verify batch holds (Stager::process_tree): the
+// tentative rows a linear verify batch brings, which ring_rows has room for.
+inline constexpr std::int64_t max_tree_nodes(std::int64_t block_size) noexcept { return block_size + 1; }
 
 // Who holds the row bytes. Held: the Stager keeps every row in its own ring
 // and plans carry the rows. External: the Stager runs the same state machine
@@ -191,7 +194,8 @@ struct RowView {
     X(bool, first_round)                   \
     X(std::int64_t, tentative_rows)        \
     X(bool, reservation_open)              \
-    X(bool, drafting_off)
+    X(bool, drafting_off)                  \
+    X(std::int64_t, tree_nodes)
 
 // Counters since the sequence's last begin().
 //  rounds / commits / failures / rebases / skips: calls that opened a round,
@@ -283,10 +287,11 @@ public:
     std::int64_t max_plan_rows() const noexcept { return opt_.window - opt_.block_size; }
 
     // What a call needs of its sequence's state (design.md 2.1 step 2):
-    // Ready: no open round and no reservation (every call but the ones
-    // below); Open: an open round (commit, fail); Reserved: a reservation
-    // (confirm, cancel); Any: nothing (end).
-    enum class Need : std::uint8_t { Ready = 0, Open = 1, Reserved = 2, Any = 3 };
+    // Ready: no open round, no reservation and no tree verify batch (every
+    // call but the ones below); Open: an open round (commit, fail);
+    // Reserved: a reservation (confirm, cancel); Any: nothing (end); Tree:
+    // a tree verify batch (accept_path).
+    enum class Need : std::uint8_t { Ready = 0, Open = 1, Reserved = 2, Any = 3, Tree = 4 };
     // The checks every call starts with (design.md 2.1 steps 1-2): `seq`
     // exists (std::invalid_argument), and its state is what the call needs
     // (StateError). For a wrapper whose own argument conversion failed: these
@@ -362,6 +367,40 @@ public:
     // sequence (log it once), else 0.
     std::int64_t fail(std::int64_t seq, FailStage stage);
     void accept(std::int64_t seq, std::int64_t n_accepted);
+
+    // -- tree verification (docs/design.md 2.11) ---------------------------------
+    // A verify batch whose rows are the nodes of a draft tree, processed as
+    // one batch: node 0 is the root (the token `last`, at n_past, which must
+    // be the sequence's end), parents[0] == -1 and 0 <= parents[i] < i (a
+    // parent comes before its child, so there is no cycle), and node i
+    // stands at position n_past + depth(i). At most MAX_TREE_NODES(B) = B + 1
+    // nodes: the most tentative rows the ring's tail room holds, as for a
+    // linear verify batch. It follows a round's draft with no rows since
+    // (the tree's rows are the round's tentative rows). The rows lie in the
+    // ring in node order; until accept_path keeps one root-to-node path the
+    // sequence holds the tree, and every call on it but accept_path, end,
+    // disable and enable (and the read-only ones) is a StateError.
+    void process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
+                      const void* rows, ElemType type);
+    // External mode: slots_out[i] is the global slot where the owner writes
+    // node i's row (at most two runs of consecutive slots, as process_external's).
+    void process_tree_external(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents,
+                               std::size_t n, std::int64_t* slots_out);
+    // Keeps the rows of the accepted path nodes[0..n) (nodes[0] == 0, each
+    // node the child of the one before it) at the consecutive positions
+    // n_past .. n_past + n - 1 and drops every other node's: what
+    // accept(seq, n - 1) does after a linear batch (a chain-shaped tree is
+    // exactly that, and counts n - 1 accepted drafts). Returns the copies
+    // that compact the path, numbered as shift's (*serial); held mode has
+    // applied them. A bad path is an error that changes nothing.
+    std::vector<SlotMove> accept_path(std::int64_t seq, const std::int64_t* nodes, std::size_t n,
+                                      std::uint64_t* serial = nullptr);
+    // accept_path for seqs[0..n) (checked whole, as every batch): the path of
+    // seqs[i] is nodes[offsets[i] .. offsets[i + 1]). The moves of all of
+    // them, in batch order, under one serial.
+    std::vector<SlotMove> accept_path_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                                           const std::int64_t* nodes, std::size_t total,
+                                           std::uint64_t* serial = nullptr);
 
     // -- batches (docs/design.md 2.9) -----------------------------------------
     // One call for the n sequences seqs[0..n) (ids unique), each sequence as
@@ -660,6 +699,12 @@ private:
         // The request's drafting switch (disable / enable): outside SeqFields,
         // so a cancelled reservation does not undo a switch made after it.
         bool drafting_off = false;
+        // An open tree verify batch (process_tree .. accept_path): its nodes'
+        // parents, empty when there is none. Invariant: non-empty only while
+        // accept_open and tentative == tree.size() (its rows are the
+        // tentative ones, the root at end - tentative); every call that
+        // could change those needs Ready, which refuses an open tree.
+        std::vector<std::int64_t> tree;
     };
     // Each sequence's mutex, on a line of its own.
     struct alignas(64) SeqMutex {
@@ -705,6 +750,19 @@ private:
     // The rows a checked, unskipped plan stages, where they lie in the ring.
     RowView view_of(const Seq& s, const RoundPlan& p) const;
     void check_accept(std::int64_t n_accepted) const;
+    // process_tree's checks after the sequence's state (stager_tree.cpp):
+    // the sequence takes a tree now, the parents, n_past. Returns the rows'
+    // positions as process sees them (n_past .. n_past + n - 1: one ring
+    // slot per node).
+    std::vector<std::int64_t> check_tree(std::int64_t seq_id, const Seq& s, std::int64_t n_past,
+                                         const std::int64_t* parents, std::size_t n) const;
+    // accept_path's checks of a path against the sequence's tree.
+    void check_path(const Seq& s, const std::int64_t* nodes, std::size_t n) const;
+    // accept_path on a checked sequence: compacts the path, appends the copies.
+    void accept_path_seq(std::int64_t seq_id, Seq& s, const std::int64_t* nodes, std::size_t n,
+                         std::vector<SlotMove>& moves);
+    // process's append of checked rows (process, process_tree).
+    void append_held(std::int64_t seq, Seq& s, std::int64_t p0, std::size_t n, const void* rows, ElemType type);
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
     // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
     // the store's mutex): the store, its plan of the publish, the sequence's
@@ -781,6 +839,9 @@ private:
     void commit_seq(Seq& s) noexcept;
     std::int64_t fail_seq(Seq& s) noexcept;
     void accept_seq(Seq& s, std::int64_t n_accepted) noexcept;
+    // The verify's end (accept, accept_path): the first `keep` (>= 1) of the
+    // tentative rows stay, the rest go; the round's verify is counted.
+    void keep_tentative(Seq& s, std::int64_t keep) noexcept;
     static void end_reservation(Seq& s, bool keep) noexcept;
     std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
     std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(ring_rows_); }

@@ -165,6 +165,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         Open
         Reserved
         Any
+        Tree
 
     cdef cppclass Stager:
         Stager(const StagerOptions& options) except +dspark_translate_exception
@@ -175,7 +176,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         uint64_t moves_issued()
         const char* last_change()
         uint64_t changes_of(const int64_t* seqs, size_t n) except +dspark_translate_exception
-        void check_sequence(int64_t seq, bool open_round) except +dspark_translate_exception
+        void check_sequence(int64_t seq, Need need) except +dspark_translate_exception
         void check_batch(const char* call, const int64_t* seqs, size_t n, Need need) except +dspark_translate_exception
         void check_process(int64_t seq, const int64_t* positions, size_t n) except +dspark_translate_exception
         void check_process_many(const int64_t* seqs, size_t n, const int64_t* offsets, const int64_t* positions,
@@ -196,6 +197,15 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void commit(int64_t seq) except +dspark_translate_exception
         int64_t fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception
+        void process_tree(int64_t seq, int64_t n_past, const int64_t* parents, size_t n, const void* rows,
+                          ElemType type) except +dspark_translate_exception
+        void process_tree_external(int64_t seq, int64_t n_past, const int64_t* parents, size_t n,
+                                   int64_t* slots_out) except +dspark_translate_exception
+        vector[SlotMove] accept_path(int64_t seq, const int64_t* nodes, size_t n,
+                                     uint64_t* serial) except +dspark_translate_exception
+        vector[SlotMove] accept_path_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens,
+                                          const int64_t* nodes, size_t total,
+                                          uint64_t* serial) except +dspark_translate_exception
         void process_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* positions,
                           size_t total, const void* rows, ElemType type) except +dspark_translate_exception
         void process_external_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens,

@@ -226,7 +226,7 @@ cdef class PrefixStore:
         cdef Stager st = _stager_arg(stager)
         cdef int64_t s = _i64("seq", seq)
         cdef KeyChain chain
-        keep = _chain(st._converted(s, False, as_key_chain, (keys,)), &chain)
+        keep = _chain(st._converted(s, Need.Ready, as_key_chain, (keys,)), &chain)
         cdef int64_t a = st._arg(s, "start", start)
         cdef int64_t b = st._arg(s, "end", end)
         cdef vector[SlotMove] moves
@@ -252,7 +252,7 @@ cdef class PrefixStore:
         cdef Stager st = _stager_arg(stager)
         cdef int64_t s = _i64("seq", seq)
         cdef KeyChain chain
-        keep = _chain(st._converted(s, False, as_key_chain, (keys,)), &chain)
+        keep = _chain(st._converted(s, Need.Ready, as_key_chain, (keys,)), &chain)
         cdef int64_t h = st._arg(s, "n_tokens", n_tokens)
         cdef vector[SlotMove] moves
         cdef uint64_t serial = 0

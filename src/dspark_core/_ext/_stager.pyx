@@ -34,8 +34,8 @@ from dspark_core._ext._lib_stager cimport (
 )
 
 from dspark_core.stager._args import (
-    as_choice, as_index, as_int64, as_positions, as_seq_ids, batch_ints, batch_rows_args, encoded_args,
-    fail_stage_codes, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
+    as_choice, as_index, as_int64, as_nodes, as_positions, as_seq_ids, batch_ints, batch_paths_args,
+    batch_rows_args, encoded_args, fail_stage_codes, tree_args, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
 from dspark_core.stager.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
@@ -471,25 +471,25 @@ cdef class Stager:
         return r
 
     # -- conversion errors come after the core's sequence checks -----------
-    cdef int _sequence_errors_first(self, const int64_t* seqs, size_t n, bint open_round) except -1:
+    cdef int _sequence_errors_first(self, const int64_t* seqs, size_t n, Need need) except -1:
         """A conversion of this call's arguments failed: raise the core's error for
         its sequence (unknown id, round state) if there is one (design.md 2.1)."""
         err = None
         try:
             with nogil:
-                self._core.check_sequence(seqs[0], open_round)
+                self._core.check_sequence(seqs[0], need)
         except Exception as exc:  # the core's error replaces the conversion's
             err = exc
         if err is not None:
             raise err from None
         return 0
 
-    cdef object _converted(self, int64_t s, bint open_round, convert, tuple args):
+    cdef object _converted(self, int64_t s, Need need, convert, tuple args):
         """``convert(*args)``; when it fails, ``seq``'s own errors come first."""
         try:
             return convert(*args)
         except (TypeError, ValueError):
-            self._sequence_errors_first(&s, 1, open_round)
+            self._sequence_errors_first(&s, 1, need)
             raise
 
     cdef int _batch_errors_first(self, str call, cnp.ndarray sv, Need need) except -1:
@@ -535,7 +535,7 @@ cdef class Stager:
             v = PyLong_AsLongLongAndOverflow(value, &overflow)
             if not overflow:
                 return v
-        return self._converted(s, False, as_int64, (name, value))
+        return self._converted(s, Need.Ready, as_int64, (name, value))
 
     cdef object _moves(self, vector[SlotMove]& v, uint64_t serial):
         if v.size() == 0:
@@ -595,7 +595,7 @@ cdef class Stager:
             # the right width, nothing to convert.
             pos, arr = positions, rows
         else:
-            pos, arr = self._converted(s, False, process_args, (self._external, self._D, positions, rows))
+            pos, arr = self._converted(s, Need.Ready, process_args, (self._external, self._D, positions, rows))
             if self._external:
                 return self._process_external(s, pos)
             t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
@@ -619,7 +619,7 @@ cdef class Stager:
         and positions, in its order, and change nothing: an owner of external
         rows (``DeviceRing.write``) runs it before it looks at the rows."""
         cdef int64_t s = _i64("seq", seq)
-        pos = self._converted(s, False, as_positions, (positions,))
+        pos = self._converted(s, Need.Ready, as_positions, (positions,))
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
         with nogil:
@@ -649,7 +649,7 @@ cdef class Stager:
         rewrite encoded rows.
         """
         cdef int64_t s = _i64("seq", seq)
-        pos, buf = self._converted(s, False, encoded_args, (self._external, self._row_bytes, positions, data))
+        pos, buf = self._converted(s, Need.Ready, encoded_args, (self._external, self._row_bytes, positions, data))
         cdef size_t n = pos.shape[0]
         cdef size_t nbytes = buf.shape[0]
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
@@ -673,7 +673,7 @@ cdef class Stager:
         rows are one run, else a copy made on first access.
         """
         cdef int64_t s = _i64("seq", seq)
-        if copy is not True and not self._converted(s, False, view_args, (self._external, copy)):
+        if copy is not True and not self._converted(s, Need.Ready, view_args, (self._external, copy)):
             return self._draft_view(s, self._arg(s, "n_past", n_past))
         cdef int64_t start = self._arg(s, "n_past", n_past)
         cdef _Bytes out = _Bytes()
@@ -894,7 +894,7 @@ cdef class Stager:
         was aborted (the sequence is exactly as before).
         """
         cdef int64_t s = _i64("seq", seq)
-        pos = self._converted(s, False, as_positions, (positions,))
+        pos = self._converted(s, Need.Ready, as_positions, (positions,))
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef cnp.ndarray slots = np.empty(n, _I64)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
@@ -977,7 +977,7 @@ cdef class Stager:
         """The drafter ``stage`` ("decode" or "crop") failed: the next round restages cleanly."""
         cdef int64_t s = _i64("seq", seq)
         cdef FailStage fs = _FAIL_STAGES[stage] if isinstance(stage, str) and stage in _FAIL_STAGES \
-            else <FailStage><uint8_t>self._converted(s, True, as_choice, ("stage", stage, FAIL_STAGES))
+            else <FailStage><uint8_t>self._converted(s, Need.Open, as_choice, ("stage", stage, FAIL_STAGES))
         cdef int64_t disabled_after
         with nogil:
             disabled_after = self._core.fail(s, fs)
@@ -989,6 +989,80 @@ cdef class Stager:
         cdef int64_t s = _i64("seq", seq)
         cdef int64_t n = self._arg(s, "n_accepted", n_accepted)
         self._core.accept(s, n)  # O(1) bookkeeping: the GIL kept (see above Stager)
+
+    # -- tree verification (docs/design.md 2.11) ---------------------------
+    def process_tree(self, seq, n_past, parents, rows=None):
+        """Buffer a tree verify batch: the rows of a draft tree's nodes, right after a round's draft.
+
+        Node 0 is the root (the token ``last``, at ``n_past``, the
+        sequence's end); ``parents[i]`` is node i's parent (``parents[0] ==
+        -1``, ``0 <= parents[i] < i``) and node i stands at position
+        ``n_past + depth(i)``; 1 to ``block_size + 1`` nodes. Until
+        :meth:`accept_path` keeps the accepted path, every other call on the
+        sequence but ``end``, ``disable`` / ``enable`` and the read-only ones
+        raises StateError. Held mode: ``rows`` ``(n, D)`` float32 / float16 /
+        bfloat16, returns None. External-row mode (no rows): returns the
+        int64 slot where the owner writes each node's row.
+        """
+        cdef int64_t s = _i64("seq", seq)
+        cdef int64_t p = self._arg(s, "n_past", n_past)
+        par, arr = self._converted(s, Need.Ready, tree_args, (self._external, self._D, parents, rows))
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>par, 0)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>par)
+        cdef cnp.ndarray slots
+        cdef int64_t* op
+        cdef const void* rp
+        cdef ElemType t
+        if self._external:
+            slots = np.empty(n, _I64)
+            op = <int64_t*>cnp.PyArray_DATA(slots)
+            with nogil:
+                self._core.process_tree_external(s, p, pp, n, op)
+            return slots
+        t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
+        rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
+        with nogil:
+            self._core.process_tree(s, p, pp, n, rp, t)
+
+    def accept_path(self, seq, nodes):
+        """Keep the accepted path of the tree verify batch: ``nodes`` from the root (0) down,
+        each node a child of the one before, at consecutive positions from ``n_past``.
+
+        ``accept(seq, len(nodes) - 1)`` of a chain: the other nodes' rows go.
+        Returns the copies that compact the path, as :meth:`shift` does
+        (held mode: applied already; external rows: apply them in order).
+        """
+        cdef int64_t s = _i64("seq", seq)
+        nv = nodes if _plain_positions(nodes) else self._converted(s, Need.Tree, as_nodes, (nodes,))
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>nv, 0)
+        cdef const int64_t* np_ = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>nv)
+        cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
+        with nogil:
+            moves = self._core.accept_path(s, np_, n, &serial)
+        return self._moves(moves, serial)
+
+    def accept_path_many(self, seqs, cu_seqlens, nodes):
+        """``accept_path`` for several sequences (one call, checked whole): the path of
+        ``seqs[i]`` is ``nodes[cu_seqlens[i]:cu_seqlens[i + 1]]``. Returns the copies of all
+        of them, in batch order, numbered as one table change."""
+        sv = self._ids("accept_path_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        if (_plain_positions(cu_seqlens) and _plain_positions(nodes)
+                and cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1):
+            cu, nv = cu_seqlens, nodes
+        else:
+            cu, nv = self._batch_converted("accept_path_many", sv, Need.Tree, batch_paths_args,
+                                           ("accept_path_many", n, cu_seqlens, nodes))
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
+        cdef const int64_t* np_ = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>nv)
+        cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>nv, 0)
+        cdef vector[SlotMove] moves
+        cdef uint64_t serial = 0
+        with nogil:
+            moves = self._core.accept_path_many(sp, n, cp, np_, total, &serial)
+        return self._moves(moves, serial)
 
     # -- lifecycle ----------------------------------------------------------
     def rollback(self, seq, n_past):
@@ -1047,7 +1121,7 @@ cdef class Stager:
         nothing written.
         """
         cdef int64_t s = _i64("seq", seq)
-        cdef uint8_t[::1] out = self._converted(s, False, writable_bytes, (buffer,))
+        cdef uint8_t[::1] out = self._converted(s, Need.Ready, writable_bytes, (buffer,))
         cdef size_t cap = out.shape[0]
         cdef uint8_t* dp = &out[0] if cap else NULL
         cdef size_t n
@@ -1078,7 +1152,7 @@ cdef class Stager:
         it during the call.
         """
         cdef int64_t s = _i64("seq", seq)
-        cdef const uint8_t[::1] raw = self._converted(s, False, readable_bytes, (data,))
+        cdef const uint8_t[::1] raw = self._converted(s, Need.Ready, readable_bytes, (data,))
         cdef size_t n = raw.shape[0]
         cdef const uint8_t* dp = &raw[0] if n else NULL
         cdef RoundPlan p
@@ -1092,7 +1166,7 @@ cdef class Stager:
         snapshot brings back (in external-row mode, the rows the owner passes back with it).
         The same errors as ``restore``."""
         cdef int64_t s = _i64("seq", seq)
-        cdef const uint8_t[::1] raw = self._converted(s, False, readable_bytes, (data,))
+        cdef const uint8_t[::1] raw = self._converted(s, Need.Ready, readable_bytes, (data,))
         cdef size_t n = raw.shape[0]
         cdef const uint8_t* dp = &raw[0] if n else NULL
         cdef int64_t rows

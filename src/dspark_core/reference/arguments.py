@@ -58,6 +58,11 @@ def positions(value: Any) -> np.ndarray:
     return _integers("positions", value)
 
 
+def integers(what: str, value: Any) -> np.ndarray:
+    """A per-sequence call's integer array ``what`` (``parents``, ``nodes``): 1-D int64."""
+    return _integers(what, value)
+
+
 def _integers(what: str, value: Any) -> np.ndarray:
     """``value`` as a 1-D int64 array, its errors naming it ``what``: TypeError when it
     does not hold integers, ValueError when it is not 1-D; beyond int64, the nearest int64
@@ -138,7 +143,8 @@ def fail_stage(value: Any) -> str:
 def rows_given(external: bool, value: Any, call: str = "process") -> None:
     """``process`` / ``process_many``: rows in held mode, none in external-row mode."""
     if external and value is not None:
-        usage = "process(seq, positions)" if call == "process" else f"{call}(seqs, cu_seqlens, positions)"
+        usage = {"process": "process(seq, positions)", "process_tree": "process_tree(seq, n_past, parents)"}.get(
+            call, f"{call}(seqs, cu_seqlens, positions)")
         raise TypeError(
             f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows: "
             f"call {usage} without rows and write each row at the slot it returns"

@@ -120,6 +120,9 @@ class DeviceStepMixin:
             if st.drafting_off:
                 raise StateError(at + f"sequence {q} has drafting turned off (disable): decode it without drafts on "
                                       "the host, or enable it before to_device")
+            if st.tree is not None:
+                raise StateError(at + f"sequence {q} holds a tree verify batch (the device step verifies linear "
+                                      "batches): call accept_path before to_device")
         arg.unique(call, ids)
         for q in ids.tolist():
             st = ref._seqs[q]

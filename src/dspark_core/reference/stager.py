@@ -82,6 +82,7 @@ from .arguments import DISABLED_WARNING, FAIL_STAGES, MISMATCH_WARNING, TRIM_CHU
 from .batch_plan import batch_plan
 from .device_step import DeviceStepMixin, on_device_error
 from .ring import RingModel
+from .tree import TreeVerifyMixin
 from ..stager.pickling import reduce_stager
 from ..stager.totals import StagerTotals
 
@@ -132,12 +133,16 @@ class _Seq:
     # counts it in ``accepted`` (k accepted drafts at [k]; sized by the Stager).
     verify_owed: bool = False
     accepted: list[int] = field(default_factory=list)
+    # An open tree verify batch (process_tree .. accept_path): its nodes' parents.
+    # Its rows are the tentative ones, the root at end - tentative (tree.py).
+    tree: list[int] | None = None
 
 
-#: What a call needs of its sequence's state: no open round and no reservation
-#: (every call but the ones below), an open round (commit, fail), a reservation
-#: (confirm, cancel), or nothing (end).
-READY, OPEN, RESERVED, ANY = "ready", "open", "reserved", "any"
+#: What a call needs of its sequence's state: no open round, no reservation and
+#: no tree verify batch (every call but the ones below), an open round (commit,
+#: fail), a reservation (confirm, cancel), nothing (end), or a tree verify
+#: batch (accept_path).
+READY, OPEN, RESERVED, ANY, TREE = "ready", "open", "reserved", "any", "tree"
 
 
 def _moves(src_slots: list[int], dst_slots: list[int]) -> np.ndarray:
@@ -162,7 +167,7 @@ def _ring_runs(enc: np.ndarray, slots: np.ndarray) -> tuple[np.ndarray, ...]:
     return tuple(enc[r[0]: r[-1] + 1] for r in runs)
 
 
-class ReferenceStager(DeviceStepMixin):
+class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
     """Pure-Python twin of :class:`dspark_core.Stager` (same API, same results)."""
 
     def __init__(self, config: StagerConfig) -> None:
@@ -247,13 +252,17 @@ class ReferenceStager(DeviceStepMixin):
 
     @staticmethod
     def _need(i: int, st: _Seq, need: str) -> None:
-        """The state check of every call (after the id's): ``need`` is READY, OPEN, RESERVED or ANY."""
+        """The state check of every call (after the id's): ``need`` is READY, OPEN, RESERVED, ANY or TREE."""
         if need == ANY:
             return
         if st.reservation is not None and need != RESERVED:
             raise StateError(f"sequence {i} has reserved rows: call confirm() or cancel() first")
         if need == READY and st.open_round is not None:
             raise StateError(f"sequence {i} has an open round: call commit() or fail() first")
+        if need == READY and st.tree is not None:
+            raise StateError(f"sequence {i} holds a tree verify batch: call accept_path() first")
+        if need == TREE and st.tree is None:
+            raise StateError(f"sequence {i} holds no tree verify batch (call process_tree() first)")
         if need == OPEN and st.open_round is None:
             raise StateError(f"sequence {i} has no open round (call draft() first)")
         if need == RESERVED and st.reservation is None:
@@ -580,7 +589,10 @@ class ReferenceStager(DeviceStepMixin):
     def _accept_checked(self, st: _Seq, n: int) -> None:
         if not st.accept_open or st.tentative == 0:
             return
-        keep = min(st.tentative, n + 1)
+        self._keep_tentative(st, min(st.tentative, n + 1))
+
+    def _keep_tentative(self, st: _Seq, keep: int) -> None:
+        """The verify's end (accept, accept_path): the first ``keep`` tentative rows stay, the rest go."""
         if st.verify_owed:  # the committed round's verify: the drafts it keeps
             st.verify_owed = False
             st.accepted[keep - 1] += 1
@@ -1080,6 +1092,7 @@ class ReferenceStager(DeviceStepMixin):
             "tentative_rows": st.tentative if st.accept_open else 0,
             "reservation_open": st.reservation is not None,
             "drafting_off": st.drafting_off,
+            "tree_nodes": len(st.tree) if st.tree is not None else 0,
         }
 
     def stats(self, seq: int) -> dict[str, int]:

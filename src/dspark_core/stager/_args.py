@@ -23,7 +23,8 @@ from . import core_tables
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
     "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
-    "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "fail_stage_codes", "outcome_codes",
+    "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "tree_args", "as_nodes",
+    "batch_paths_args", "fail_stage_codes", "outcome_codes",
     "as_flag", "view_args",
 ]
 
@@ -155,6 +156,10 @@ def writable_bytes(buffer: Any) -> memoryview:
     return view.cast("B")
 
 
+#: How a call that takes rows is made without them (external-row mode).
+_ROWLESS_USAGE = {"process": "process(seq, positions)", "process_tree": "process_tree(seq, n_past, parents)"}
+
+
 def check_rows_given(external: bool, rows: Any, call: str = "process") -> None:
     """``process`` (``process_many``): rows must be given in held mode and must not be in external-row mode.
 
@@ -162,7 +167,7 @@ def check_rows_given(external: bool, rows: Any, call: str = "process") -> None:
         TypeError: naming the mode.
     """
     if external and rows is not None:
-        usage = "process(seq, positions)" if call == "process" else f"{call}(seqs, cu_seqlens, positions)"
+        usage = _ROWLESS_USAGE.get(call, f"{call}(seqs, cu_seqlens, positions)")
         raise TypeError(
             f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows: "
             f"call {usage} without rows and write each row at the slot it returns"
@@ -208,16 +213,32 @@ def require_held_rows(external: bool, call: str) -> None:
 # -- one call's arguments, in the order of its signature -----------------------
 
 
+def _ints_and_rows(call: str, name: str, external: bool, feature_dim: int, values: Any,
+                   rows: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """One integer per row (``name``) and, in held mode, the rows, as the core reads them."""
+    check_rows_given(external, rows, call)
+    ints = _int_array("", name, values)
+    if external:
+        return ints, None
+    arr = as_rows(rows, feature_dim)
+    if arr.shape[0] != ints.shape[0]:
+        raise ValueError(f"{ints.shape[0]} {name} for {arr.shape[0]} rows")
+    return ints, arr
+
+
 def process_args(external: bool, feature_dim: int, positions: Any, rows: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """``process``: the positions, and the rows (held mode), as the core reads them."""
-    check_rows_given(external, rows)
-    pos = as_positions(positions)
-    if external:
-        return pos, None
-    arr = as_rows(rows, feature_dim)
-    if arr.shape[0] != pos.shape[0]:
-        raise ValueError(f"{pos.shape[0]} positions for {arr.shape[0]} rows")
-    return pos, arr
+    return _ints_and_rows("process", "positions", external, feature_dim, positions, rows)
+
+
+def tree_args(external: bool, feature_dim: int, parents: Any, rows: Any) -> tuple[np.ndarray, np.ndarray | None]:
+    """``process_tree``: the parents, and the nodes' rows (held mode), as the core reads them."""
+    return _ints_and_rows("process_tree", "parents", external, feature_dim, parents, rows)
+
+
+def as_nodes(nodes: Any) -> np.ndarray:
+    """``accept_path``'s nodes as a 1-D contiguous int64 array (TypeError: not integers; ValueError: not 1-D)."""
+    return _int_array("", "nodes", nodes)
 
 
 def encoded_args(external: bool, row_bytes: int, positions: Any, data: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -288,6 +309,14 @@ def batch_rows_args(call: str, external: bool, feature_dim: int, n: int, cu_seql
     if arr.shape[0] != pos.shape[0]:
         raise ValueError(f"{call}: {pos.shape[0]} positions for {arr.shape[0]} rows")
     return cu, pos, arr
+
+
+def batch_paths_args(call: str, n: int, cu_seqlens: Any, nodes: Any) -> tuple[np.ndarray, np.ndarray]:
+    """``accept_path_many``: cu_seqlens (n + 1) and the flat nodes of every path."""
+    cu = _int_array(call, "cu_seqlens", cu_seqlens)
+    if cu.shape[0] != n + 1:
+        raise ValueError(f"{call}: cu_seqlens must have {n + 1} entries (one more than seqs), got {cu.shape[0]}")
+    return cu, _int_array(call, "nodes", nodes)
 
 
 def fail_stage_codes(call: str, stages: Any, seqs: np.ndarray, choices: Sequence[str],
