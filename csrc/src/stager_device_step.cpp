@@ -103,7 +103,7 @@ std::string damage(const device_step::Config& c, const Regs& r, i64 max_failures
 // The histogram columns of sequence q hold counts ("" when they do).
 std::string histogram_damage(const device_step::Config& c, const i64* state, i64 q) {
     for (i64 k = 0; k <= c.block; ++k)
-        if (state[(device_step::FIELD_COUNT + k) * c.max_seqs + q] < 0) return "a histogram count is negative";
+        if (state[device_step::bucket_at(c, q, k)] < 0) return "a histogram count is negative";
     return "";
 }
 
@@ -350,7 +350,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
         r.fault = r.fault_arg = 0;
         device_step::store(state, c.max_seqs, q, r);
         const i64* hist = accepted_row(s);
-        for (i64 k = 0; k <= c.block; ++k) state[(device_step::FIELD_COUNT + k) * c.max_seqs + q] = hist[k];
+        for (i64 k = 0; k <= c.block; ++k) state[device_step::bucket_at(c, q, k)] = hist[k];
         s.on_device = true;
     }
 }
@@ -421,7 +421,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         if (disabled_after) disabled_after[i] = d;
         StepIO::put_fields(r, s);
         i64* hist = accepted_row(s);
-        for (i64 k = 0; k <= c.block; ++k) hist[k] = state[(device_step::FIELD_COUNT + k) * c.max_seqs + seqs[i]];
+        for (i64 k = 0; k <= c.block; ++k) hist[k] = state[device_step::bucket_at(c, seqs[i], k)];
         s.buf.set_marks(marks_of(r.cap, r.touched, r.head_slot, r.count, r.head_pos));
         s.round = 0;
         if (failed) s.stats.failures += 1;

@@ -159,6 +159,8 @@ struct OutputInfo {
 
 // The step state's columns: the fields, then the histogram's block + 1.
 DSPARK_HD i64 columns(const Config& c) { return FIELD_COUNT + c.block + 1; }
+// Where sequence seq's histogram bucket k (rounds with k accepted drafts) lies in the state.
+DSPARK_HD i64 bucket_at(const Config& c, i64 seq, i64 k) { return (FIELD_COUNT + k) * c.max_seqs + seq; }
 
 DSPARK_HD i64 imin(i64 a, i64 b) { return a < b ? a : b; }
 DSPARK_HD i64 imax(i64 a, i64 b) { return a > b ? a : b; }
@@ -517,7 +519,7 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
         return status;
     }
     store(state, c.max_seqs, seq, r);
-    if (verified >= 0) state[(FIELD_COUNT + verified) * c.max_seqs + seq] += 1;
+    if (verified >= 0) state[bucket_at(c, seq, verified)] += 1;
     write_plan(c, o, i, p);
     o.status[i] = STATUS_OK;
     return STATUS_OK;

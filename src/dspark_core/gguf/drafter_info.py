@@ -42,7 +42,9 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from ..stager.config import positive_int
-from .reader import DrafterMetadataError, _feature_dim_from_tensors, _Fields, _open_reader, _spellings
+from .reader import (
+    DrafterMetadataError, _feature_dim_from_tensors, _Fields, _open_reader, _spellings, check_trained_range,
+)
 
 __all__ = [
     "DrafterInfo",
@@ -285,13 +287,8 @@ class DrafterInfo:
             n_train, n_train_src = None, None
         if n_train_src is not None:
             sources["n_ctx_train"] = n_train_src
-        if n_train is not None and n_train <= 2 * block_size:
-            src = "the override" if n_train_src == "override" else n_train_src
-            raise DrafterMetadataError(
-                path,
-                f"n_ctx_train ({n_train}, from {src}) must be greater than 2 * block_size "
-                f"(2 * {block_size} = {2 * block_size}): no drafter window could hold a rebase",
-            )
+        if n_train is not None:
+            check_trained_range(path, n_train, str(n_train_src), block_size)
 
         # sizes
         embedding_length = None

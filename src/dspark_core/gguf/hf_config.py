@@ -41,7 +41,7 @@ import os
 from typing import Any
 
 from ..stager.config import positive_int
-from .reader import DrafterMetadataError
+from .reader import DrafterMetadataError, check_trained_range
 
 __all__ = ["read_hf_config", "CHAIN_TAPS", "CONFIG_NAME"]
 
@@ -178,10 +178,7 @@ def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = Non
     else:
         raise DrafterMetadataError(spath, "the drafter's trained range is unknown (no max_position_embeddings): "
                                           "pass n_ctx_train= (inspect --n-ctx-train)")
-    if n_train <= 2 * b:
-        src = "the override" if sources["n_ctx_train"] == "override" else sources["n_ctx_train"]
-        raise DrafterMetadataError(spath, f"n_ctx_train ({n_train}, from {src}) must be greater than 2 * block_size "
-                                          f"(2 * {b} = {2 * b}): no drafter window could hold a rebase")
+    check_trained_range(spath, n_train, sources["n_ctx_train"], b)
     # tap layers and the feature width
     # A block drafter's own key first (a DFlash config may also carry the EAGLE-3 key,
     # shifted for engines that read only that one); a chain drafter's is the EAGLE-3 key.

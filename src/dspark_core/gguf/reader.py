@@ -43,6 +43,23 @@ class DrafterMetadataError(ConfigError):
 # ---------------------------------------------------------------------------
 
 
+def check_trained_range(path: str, n_train: int, source: str, block_size: int) -> None:
+    """A drafter's trained range must hold a window with room for a rebase: ``n_ctx_train > 2 * block_size``.
+
+    ``source``: where ``n_train`` came from (a key, or ``"override"``), named in the error.
+
+    Raises:
+        DrafterMetadataError: naming the file, the value and its source.
+    """
+    if n_train <= 2 * block_size:
+        src = "the override" if source == "override" else source
+        raise DrafterMetadataError(
+            path,
+            f"n_ctx_train ({n_train}, from {src}) must be greater than 2 * block_size "
+            f"(2 * {block_size} = {2 * block_size}): no drafter window could hold a rebase",
+        )
+
+
 class _Truncated(Exception):
     """Raised by the strict reader when a read runs past the end of the file."""
 

@@ -227,14 +227,19 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
 
     def _reset_seq(self, i: int, new: _Seq) -> None:
         """Put ``new`` in slot ``i``, keeping the old sequence's counters for totals()."""
-        old = self._stats_of(self._settled(self._seqs[i]))
-        for name in SEMANTIC_STATS:
-            if name in _TOTAL_PEAKS:
-                self._retired[name] = max(self._retired[name], old[name])
-            elif name not in _TOTAL_GAUGES:
-                self._retired[name] += old[name]
+        self._add_stats(self._retired, self._stats_of(self._settled(self._seqs[i])), gauges=False)
         self._retired_accepted = [a + b for a, b in zip(self._retired_accepted, self._seqs[i].accepted)]
         self._seqs[i] = new
+
+    @staticmethod
+    def _add_stats(to: dict[str, int], now: dict[str, int], gauges: bool) -> None:
+        """``to += now`` as totals combine sequences: the peaks take the larger; the gauges add
+        only for a sequence now (``gauges``), never for an ended one's kept counters."""
+        for name in SEMANTIC_STATS:
+            if name in _TOTAL_PEAKS:
+                to[name] = max(to[name], now[name])
+            elif gauges or name not in _TOTAL_GAUGES:
+                to[name] += now[name]
 
     def _get(self, seq: Any) -> _Seq:
         i = arg.integer("seq", seq)
@@ -1124,9 +1129,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         started = 0
         for i, live in enumerate(self._seqs):
             st = self._settled(self._handed_over(i) or live)
-            now = self._stats_of(st)
-            for name in SEMANTIC_STATS:
-                out[name] = max(out[name], now[name]) if name in _TOTAL_PEAKS else out[name] + now[name]
+            self._add_stats(out, self._stats_of(st), gauges=True)
             accepted = [a + b for a, b in zip(accepted, st.accepted)]
             started += st.started
         return StagerTotals(out, np.array(accepted, np.int64), started)
