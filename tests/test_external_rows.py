@@ -215,6 +215,47 @@ class ExternalMatchesHeld(RuleBasedStateMachine):
             self.feed(seq, np.arange(end, end + b + 1), activations(self.rng, b + 1, self.cfg.feature_dim))
             self.all3("accept", seq, min(n_accepted, b))
 
+    @rule(seq=hs.integers(0, 5), sizes=hs.lists(hs.integers(0, 7), min_size=1, max_size=6),
+          bad=hs.sampled_from([None, None, None, "parent", "path"]))
+    def tree_rounds(self, seq, sizes, bad):
+        """Rounds verified as trees: the rows at the slots process_tree hands out, the moves of
+        accept_path applied by the owner; bad trees and paths refused alike by the three."""
+        seq = self.pick(seq)
+        for n in sizes:
+            end = self.end(seq)
+            h, x, r = self.all3("draft", seq, end)
+            if h[0] == "ok" and h[1].skip is None:
+                self.all3("commit", seq)
+            n = min(n, self.cfg.block_size + 2)
+            parents = np.array([-1] + [int(self.rng.integers(0, i)) for i in range(1, n)], np.int64)[:n]
+            if bad == "parent" and n > 1:
+                parents[-1] = n
+            rows = activations(self.rng, n, self.cfg.feature_dim)
+            limit = encode_bounds(self.cfg.storage, self.cfg.numpy_stage_dtype).limit
+            if self.cfg.nonfinite == "error" and n and not np.all(np.abs(rows.astype(np.float32)) < limit):
+                continue  # the owner's own check refuses such rows before asking for slots (feed)
+            h = outcome(self.held.process_tree, seq, end, parents, rows)
+            x = outcome(self.ext.process_tree, seq, end, parents)
+            r = outcome(self.ref.process_tree, seq, end, parents)
+            assert h[0] == x[0] == r[0], (h, x, r)
+            if h[0] == "raise":
+                assert h[1][0] is x[1][0] is r[1][0] and x[1][1] == r[1][1], (h, x, r)
+                continue
+            assert np.array_equal(x[1], r[1]) and (x[1] >= 0).all()
+            self.mirror[x[1]] = encode_like_core(self.cfg, rows)
+            node = int(self.rng.integers(0, n))
+            path = [node]
+            while parents[path[-1]] >= 0:
+                path.append(int(parents[path[-1]]))
+            path = path[::-1] + ([n] if bad == "path" else [])
+            h, x, r = self.all3("accept_path", seq, path)
+            if h[0] == "raise":
+                h, x, r = self.all3("accept_path", seq, [0])
+            assert np.array_equal(h[1], x[1]) and np.array_equal(x[1], r[1]) and h[1].serial == x[1].serial
+            if len(x[1]):
+                event("accept_path moves rows")
+            apply_moves(self.mirror, x[1])
+
     @rule(seq=SEQ)
     def commit(self, seq):
         self.all3("commit", self.pick(seq))
@@ -319,7 +360,7 @@ class ExternalMatchesHeld(RuleBasedStateMachine):
         for s in range(self.cfg.max_seqs):
             slots = self.ext.live_slots(s)
             assert np.array_equal(slots, self.held.live_slots(s)) and np.array_equal(slots, self.ref.live_slots(s))
-            if not self.held.state(s)["open_round"]:
+            if not self.held.state(s)["open_round"] and not self.held.state(s)["tree_nodes"]:
                 rows = held_live_rows(self.held, s)
                 assert self.mirror[slots].tobytes() == rows
 

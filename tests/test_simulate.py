@@ -165,3 +165,62 @@ def test_single_blas_thread_sets_one_thread_and_restores_the_count():
     finally:
         for (lib, set_, _), c in zip(libs, counts):
             getattr(lib, set_)(c)
+
+
+@pytest.mark.parametrize("stager", ["core", "reference"])
+def test_simulate_tree_paths_equal_a_linear_verify(capsys, stager):
+    """--tree: every round verified as a tree, every accepted path reproduced by a linear verify,
+    lossless, the Stager's metrics equal the loop's counts; windowed still beats absolute."""
+    rc, out, _ = _run([*SMALL, "--tree", "--check", "--stager", stager, "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["config"]["tree"] is True and data["lossless"] is True
+    w, a = data["modes"]["windowed"], data["modes"]["absolute"]
+    for m in (w, a):
+        assert m["tree_rounds"] == m["tree_paths_linear"] == m["verified_rounds"] == m["drafter_rounds"] > 0
+        assert m["metrics_match"] is True and m["recompute_checks"] == m["drafter_rounds"]
+        # a tree of B + 1 = 5 nodes reaches depth (B + 1) // 2 = 2: no bucket past it
+        assert m["accepted_histogram"][3:] == [0, 0]
+    assert w["acceptance"] > 2 * a["acceptance"]
+    rc, table, _ = _run([*SMALL, "--tree"], capsys)
+    assert rc == 0 and "tree rounds: paths == linear verify" in table
+
+
+def test_simulate_tree_needs_held_rows(capsys):
+    rc, _, err = _run([*SMALL, "--tree", "--rows", "external", "--ring", "host"], capsys)
+    assert rc == 2 and "--tree verifies over held rows" in err
+
+
+def test_a_leaf_decoded_off_its_parent_is_caught_by_the_linear_verify(monkeypatch):
+    """The loop's check can fail: a leaf the target decoded after the wrong ancestors (one
+    position too deep) on the accepted path differs from a linear verify of the path's tokens."""
+    from dspark_core import Stager, StagerConfig
+    from dspark_core.sim import loop as loop_mod
+    from dspark_core.sim.toy import ToyDrafter, ToyTarget
+    from dspark_core.sim.tree_draft import DraftTree, draft_tree
+
+    def too_deep(*args):
+        t = draft_tree(*args)
+        return DraftTree(t.tokens, t.parents, [d + (i not in t.chain) for i, d in enumerate(t.depths)])
+
+    target = ToyTarget(feature_dim=128, lookahead=4)
+    run = loop_mod.SpeculativeLoop(Stager(StagerConfig(128, 4, 64)), ToyDrafter.for_target(target, 4), target, tree=True)
+    monkeypatch.setattr(loop_mod, "draft_tree", too_deep)
+    monkeypatch.setattr(loop_mod, "accepted_path", lambda tree, nxt: [0, 2])  # through the first leaf
+    with pytest.raises(loop_mod.TreeMismatch, match=r"the accepted path \[0, 2\] .* differs from a linear verify"):
+        run.run([np.arange(200) % 100], 50)
+
+
+def test_draft_tree_shapes():
+    from dspark_core.sim.tree_draft import accepted_path, draft_tree
+
+    t = draft_tree(7, np.array([1, 2, 3, 4]), np.array([5, 6, 7, 8]), 4)
+    # B = 4: the chain to depth 2, the second choices beside its 2 nodes: B + 1 = 5 nodes
+    assert t.tokens == [7, 1, 5, 2, 6] and t.parents == [-1, 0, 0, 1, 1] and t.chain == [0, 1, 3]
+    assert t.depths == [0, 1, 1, 2, 2] and all(p < i for i, p in enumerate(t.parents))
+    chain = draft_tree(7, np.array([1, 2, 3, 4]), None, 4)
+    assert chain.parents == [-1, 0, 1, 2, 3] and chain.chain == [0, 1, 2, 3, 4]
+    # the target's choice after each node: 1 after the root, then 6 after node 1 (a leaf)
+    assert accepted_path(t, np.array([1, 6, 0, 0, 0])) == [0, 1, 4]
+    assert accepted_path(t, np.array([5, 0, 9, 0, 0])) == [0, 2]
+    assert accepted_path(t, np.array([9, 0, 0, 0, 0])) == [0]

@@ -308,6 +308,26 @@ class CoreMatchesReference(RuleBasedStateMachine):
                 if self.ref.state(seq)["tree_nodes"]:
                     self.both("accept_path", seq, [0])
 
+    @rule(seqs=hs.lists(SEQ, max_size=3), sizes=hs.lists(hs.integers(0, 7), min_size=3, max_size=3),
+          bad=hs.sampled_from([None, None, "later", "n_past", "cu"]), draft=hs.booleans())
+    def process_tree_many(self, seqs, sizes, bad, draft):
+        """Trees for several sequences in one call (after a round's draft when ``draft``)."""
+        ids = [self.pick(s) for s in seqs]
+        if draft:
+            for s in dict.fromkeys(i for i in ids if i >= 0):
+                a, _ = self.both("draft", s, self.end(s))
+                if a[0] == "ok" and a[1].skip is None:
+                    self.both("commit", s)
+        trees = [self.tree(min(n, self.cfg.block_size + 1), bad if k == len(ids) - 1 else None)
+                 for k, n in zip(range(len(ids)), sizes)]
+        cu = np.cumsum([0] + [len(t) for t in trees])
+        if bad == "cu" and len(ids):
+            cu[-1] += 1
+        roots = [self.end(s) + (bad == "n_past" and k == 0) for k, s in enumerate(ids)]
+        flat = np.array([p for t in trees for p in t], np.int64)
+        self.both("process_tree_many", np.array(ids, np.int64), cu, roots, flat,
+                  self.rows(len(flat), "float32", 1.0, None))
+
     @rule(seq=SEQ, n=hs.integers(0, 4))
     def process_tree_anytime(self, seq, n):
         """A tree verify batch whenever: after rows, before any draft, over an open round or tree."""

@@ -304,3 +304,74 @@ def test_rows_mode_errors():
         held.process_tree(0, 10, [-1])
     with pytest.raises(TypeError, match=r"call process_tree\(seq, n_past, parents\) without rows"):
         ext.process_tree(0, 10, [-1], np.zeros((1, D), np.float32))
+
+
+@pytest.mark.parametrize("impl", [Stager, ReferenceStager], ids=["core", "twin"])
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_the_batched_tree_calls_are_the_per_sequence_calls(impl, rows):
+    """process_tree_many / accept_path_many == process_tree / accept_path of each sequence, in
+    order: slots, moves, state and snapshots; a batch with one bad tree changes nothing."""
+    rng = np.random.default_rng(11)
+    cfg = StagerConfig(D, B, W, max_seqs=3, rows=rows)
+    one, many = impl(cfg), impl(cfg)
+    ext = rows == "external"
+    prompts = [massive_rows(rng, 6 + 5 * s, D) for s in range(3)]
+    ends = [len(p) for p in prompts]
+    for st in (one, many):
+        for s in range(3):
+            st.begin(s)
+            st.process(s, np.arange(ends[s])) if ext else st.process(s, np.arange(ends[s]), prompts[s])
+    order = [2, 0, 1]
+    for _ in range(30):
+        trees = {s: random_tree(rng, int(rng.integers(1, B + 2))) for s in order}
+        paths = {s: random_path(rng, trees[s]) for s in order}
+        x = {s: massive_rows(rng, len(trees[s]), D) for s in order}
+        for st in (one, many):
+            for s in order:
+                st.draft(s, ends[s])
+                if st.state(s)["open_round"]:
+                    st.commit(s)
+        cu = np.cumsum([0] + [len(trees[s]) for s in order])
+        flat = np.concatenate([trees[s] for s in order])
+        rows_flat = None if ext else np.concatenate([x[s] for s in order])
+        bad = flat.copy()
+        bad[cu[1] + min(1, len(trees[order[1]]) - 1)] = 99 if len(trees[order[1]]) > 1 else 0
+        before = [many.state(s) for s in range(3)], [many.stats(s) for s in range(3)]
+        with pytest.raises(ValueError, match=r"process_tree_many: seqs\[1\] \(sequence 0\): parents\["):
+            many.process_tree_many(order, cu, [ends[s] for s in order], bad, rows_flat)
+        assert ([many.state(s) for s in range(3)], [many.stats(s) for s in range(3)]) == before
+        got = many.process_tree_many(order, cu, [ends[s] for s in order], flat, rows_flat)
+        want = [one.process_tree(s, ends[s], trees[s], None if ext else x[s]) for s in order]
+        if ext:
+            assert np.array_equal(got, np.concatenate(want))
+        pcu = np.cumsum([0] + [len(paths[s]) for s in order])
+        m_many = many.accept_path_many(order, pcu, np.concatenate([paths[s] for s in order]))
+        m_one = [one.accept_path(s, paths[s]) for s in order]
+        assert np.array_equal(m_many, np.concatenate([np.asarray(m) for m in m_one]).reshape(-1, 3))
+        for s in order:
+            ends[s] += len(paths[s])
+            assert many.state(s) == one.state(s) and many.stats(s) == one.stats(s)
+            assert many.snapshot(s) == one.snapshot(s)
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_the_invariant_checker_follows_trees(rows):
+    """dspark_core.testing.InvariantChecker checks tree rounds as it checks linear ones: every plan's
+    rows are the rows the server gave at their positions, accepted paths included."""
+    from dspark_core.testing import InvariantChecker
+
+    rng = np.random.default_rng(5)
+    st = InvariantChecker(Stager(StagerConfig(D, B, W, rows=rows)))
+    st.begin(0)
+    st.process(0, np.arange(20), massive_rows(rng, 20, D))
+    end = 20
+    for _ in range(40):
+        plan = st.draft(0, end)
+        if plan.skip is None:
+            st.commit(0)
+        parents = random_tree(rng, int(rng.integers(1, B + 2)))
+        st.process_tree(0, end, parents, massive_rows(rng, len(parents), D))
+        path = random_path(rng, parents)
+        st.accept_path(0, path)
+        end += len(path)
+    assert st.calls > 100

@@ -815,14 +815,26 @@ void tree_round_of(Reader& r, Fixture& fx, std::int64_t seq) {
     const std::int64_t root = damage % 8 == 2 ? end + 1 : end;
     const auto x = rows_of(n, D, seed, 0);
     std::vector<std::int64_t> slots(n, -9), want(n, -9);
-    if (fx.external)
+    const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
+    if (damage & 0x80) {  // the batched form, one sequence
+        if (fx.external)
+            check_same(dspark_process_tree_external_many(fx.st, &seq, 1, cu, &root, parents.data(), n, slots.data()),
+                       expect_of([&] { fx.cpp->process_tree_external_many(&seq, 1, cu, &root, parents.data(), n, want.data()); }),
+                       "process_tree_external_many");
+        else
+            check_same(dspark_process_tree_many(fx.st, &seq, 1, cu, &root, parents.data(), n, x.data(), DSPARK_DTYPE_F32,
+                                                x.size() * 4),
+                       expect_of([&] { fx.cpp->process_tree_many(&seq, 1, cu, &root, parents.data(), n, x.data(), ElemType::F32); }),
+                       "process_tree_many");
+    } else if (fx.external) {
         check_same(dspark_process_tree_external(fx.st, seq, root, parents.data(), n, slots.data()),
                    expect_of([&] { fx.cpp->process_tree_external(seq, root, parents.data(), n, want.data()); }),
                    "process_tree_external");
-    else
+    } else {
         check_same(dspark_process_tree(fx.st, seq, root, parents.data(), n, x.data(), DSPARK_DTYPE_F32, x.size() * 4),
                    expect_of([&] { fx.cpp->process_tree(seq, root, parents.data(), n, x.data(), ElemType::F32); }),
                    "process_tree");
+    }
     FUZZ_CHECK(slots == want);
     // The path from a node up to the root, reversed; sometimes spoiled.
     std::vector<std::int64_t> path;
@@ -836,9 +848,9 @@ void tree_round_of(Reader& r, Fixture& fx, std::int64_t seq) {
     if (damage % 8 == 4) path.push_back(static_cast<std::int64_t>(n));
     std::vector<SlotMove> moved;
     if (damage & 0x40) {  // the batched form, one sequence
-        const std::int64_t cu[2] = {0, static_cast<std::int64_t>(path.size())};
-        const dspark_status w = expect_of([&] { moved = fx.cpp->accept_path_many(&seq, 1, cu, path.data(), path.size()); });
-        check_same(dspark_accept_path_many(fx.st, &seq, 1, cu, path.data(), path.size()), w, "accept_path_many");
+        const std::int64_t pcu[2] = {0, static_cast<std::int64_t>(path.size())};
+        const dspark_status w = expect_of([&] { moved = fx.cpp->accept_path_many(&seq, 1, pcu, path.data(), path.size()); });
+        check_same(dspark_accept_path_many(fx.st, &seq, 1, pcu, path.data(), path.size()), w, "accept_path_many");
     } else {
         const dspark_status w = expect_of([&] { moved = fx.cpp->accept_path(seq, path.data(), path.size()); });
         check_same(dspark_accept_path(fx.st, seq, path.data(), path.size()), w, "accept_path");

@@ -593,6 +593,40 @@ dspark_status dspark_process_tree_external(dspark_stager* st, int64_t seq, int64
     });
 }
 
+dspark_status dspark_process_tree_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                       const int64_t* n_pasts, const int64_t* parents, size_t total, const void* rows,
+                                       int32_t dtype, size_t rows_bytes) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        const ElemType t = converted_batch(core, "process_tree_many", seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            const ElemType type = checked_rows_type(*st, dtype, total, rows_bytes, "process_tree_many: ");
+            require_buffer(n_pasts, n, "n_pasts");
+            require_buffer(parents, total, "parents");
+            require_buffer(rows, rows_bytes, "rows");
+            return type;
+        });
+        core.process_tree_many(seqs, n, offsets, n_pasts, parents, total, rows, t);
+    });
+}
+
+dspark_status dspark_process_tree_external_many(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                const int64_t* offsets, const int64_t* n_pasts,
+                                                const int64_t* parents, size_t total, int64_t* slots_out) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "process_tree_external_many", seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            require_buffer(n_pasts, n, "n_pasts");
+            require_buffer(parents, total, "parents");
+            require_buffer(slots_out, total, "slots_out");
+        });
+        core.process_tree_external_many(seqs, n, offsets, n_pasts, parents, total, slots_out);
+    });
+}
+
 dspark_status dspark_accept_path(dspark_stager* st, int64_t seq, const int64_t* nodes, size_t n) {
     return with_moves(st, [&](dspark::Stager& core) {
         converted(core, seq, Need::Tree, [&] { require_buffer(nodes, n, "nodes"); });

@@ -282,13 +282,20 @@ void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std:
     require_mode(RowMode::Held, call);
     check_unique(call, lock, seqs.data(), n);
     check_offsets(call, cu.data(), n, total);
-    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
-    const bool fallible = opt_.nonfinite == NonFinite::Error;
     std::vector<std::int64_t> p0(n);
     for (std::size_t i = 0; i < n; ++i)
         p0[i] = in_batch(call, i, seqs[i], [&] {
             return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
         });
+    append_held_many(call, seqs, cu, p0, total, rows, type);
+}
+
+void Stager::append_held_many(const char* call, const std::vector<std::int64_t>& seqs,
+                              const std::vector<std::int64_t>& cu, const std::vector<std::int64_t>& p0,
+                              std::size_t total, const void* rows, ElemType type) {
+    const std::size_t n = seqs.size();
+    const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
+    const bool fallible = opt_.nonfinite == NonFinite::Error;
     std::vector<std::uint8_t> copy;
     const std::uint8_t* input = unaliased_input(rows, total * in_row, seqs.data(), n, copy);
     std::vector<FloatRows> src;

@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -93,6 +94,60 @@ void Stager::process_tree_external(std::int64_t seq, std::int64_t n_past, const 
     const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
     append_external(nullptr, &seq, 1, cu, positions.data(), n, slots_out, false);
     s.tree = std::move(tree);
+}
+
+std::vector<std::vector<std::int64_t>> Stager::check_tree_many(const char* call, const std::vector<std::int64_t>& seqs,
+                                                               const std::vector<std::int64_t>& cu,
+                                                               const std::int64_t* n_pasts, const std::int64_t* parents,
+                                                               std::size_t total, std::vector<std::int64_t>& p0) const {
+    const std::size_t n = seqs.size();
+    check_offsets(call, cu.data(), n, total);
+    std::vector<std::vector<std::int64_t>> trees(n);
+    p0.assign(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::int64_t* par = parents + cu[i];
+        const std::size_t len = static_cast<std::size_t>(cu[i + 1] - cu[i]);
+        p0[i] = in_batch(call, i, seqs[i], [&] { return check_tree(seqs[i], get(seqs[i]), n_pasts[i], par, len)[0]; });
+        trees[i].assign(par, par + len);
+    }
+    return trees;
+}
+
+void Stager::tree_batch(const char* call, RowMode mode, const char* instead, const std::int64_t* seqs_in,
+                        std::size_t n, const std::int64_t* offsets, const std::int64_t* n_pasts_in,
+                        const std::int64_t* parents_in, std::size_t total, const TreeAppend& append) {
+    const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    const std::vector<std::int64_t>& seqs = batch.seqs();
+    require_mode(mode, call, instead);
+    const std::vector<std::int64_t> cu = copy_of(offsets, n + 1), n_pasts = copy_of(n_pasts_in, n),
+                                    parents = copy_of(parents_in, total);
+    std::vector<std::int64_t> p0;
+    std::vector<std::vector<std::int64_t>> trees = check_tree_many(call, seqs, cu, n_pasts.data(), parents.data(), total, p0);
+    append(seqs, cu, p0);
+    for (std::size_t i = 0; i < n; ++i) mut(get(seqs[i])).tree = std::move(trees[i]);
+}
+
+void Stager::process_tree_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                               const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
+                               const void* rows, ElemType type) {
+    const char* call = "process_tree_many";
+    tree_batch(call, RowMode::Held, "use process_tree_external_many: the rows stay with their owner", seqs, n, offsets,
+               n_pasts, parents, total, [&](const auto& ids, const auto& cu, const auto& p0) {
+                   append_held_many(call, ids, cu, p0, total, rows, type);
+               });
+}
+
+void Stager::process_tree_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                                        const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
+                                        std::int64_t* slots_out, const char* call) {
+    tree_batch(call, RowMode::External, "use process_tree_many: this Stager holds its rows", seqs, n, offsets, n_pasts,
+               parents, total, [&](const auto& ids, const auto& cu, const auto& p0) {
+                   std::vector<std::int64_t> positions(total);  // each node's ring position: root + its index
+                   for (std::size_t i = 0; i < ids.size(); ++i)
+                       for (std::int64_t k = cu[i]; k < cu[i + 1]; ++k)
+                           positions[static_cast<std::size_t>(k)] = p0[i] + (k - cu[i]);
+                   append_external(call, ids.data(), ids.size(), cu.data(), positions.data(), total, slots_out, false);
+               });
 }
 
 void Stager::check_path(const Seq& s, const std::int64_t* nodes, std::size_t n) const {

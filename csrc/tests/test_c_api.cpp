@@ -1408,4 +1408,22 @@ TEST_CASE(tree_verify_batches_through_the_c_abi) {
     CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
     CHECK_EQ(s.tree_nodes, 0);
     CHECK_EQ(s.end, 15);
+    // The batched process_tree: a bad tree of sequence 0 refuses the whole batch.
+    CHECK_EQ(dspark_draft(h.st, 0, 15, DSPARK_DTYPE_STORAGE, buf.data(), buf.size(), &plan, nullptr), DSPARK_OK);
+    CHECK_EQ(dspark_commit(h.st, 0), DSPARK_OK);
+    const std::int64_t tree_cu[] = {0, 5};
+    const std::int64_t root = 15;
+    CHECK_EQ(dspark_process_tree_many(h.st, seqs, 1, tree_cu, &root, cycle, 5, rows.data(), DSPARK_DTYPE_F32, nbytes),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("process_tree_many: seqs[0] (sequence 0): parents[2] = 2"));
+    CHECK_EQ(dspark_process_tree_many(h.st, seqs, 1, tree_cu, nullptr, parents, 5, rows.data(), DSPARK_DTYPE_F32, nbytes),
+             DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_process_tree_external_many(h.st, seqs, 1, tree_cu, &root, parents, 5, slots),
+             DSPARK_E_INVALID_ARGUMENT);  // held mode
+    CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.tree_nodes, 0);
+    CHECK_EQ(dspark_process_tree_many(h.st, seqs, 1, tree_cu, &root, parents, 5, rows.data(), DSPARK_DTYPE_F32, nbytes),
+             DSPARK_OK);
+    CHECK_EQ(dspark_state_get(h.st, 0, &s), DSPARK_OK);
+    CHECK_EQ(s.tree_nodes, 5);
 }

@@ -163,9 +163,9 @@ def cpp_seeds() -> None:
                     5, 0, 2, 0, 1, 0, 1, 15, 0, 1, 2, 3, 16, 0, 14, 0, 1, 4, 0, 0, 2, 2, 17, 0, 1, 9, 2])
     for k, (b0, rows_mode) in enumerate([(0x00, 0), (0x00, 1), (0x31, 0), (0x31, 1), (0x40, 0), (0x21, 1)]):
         write("cpp_c_api", f"script-{k}", bytes([b0, 3, 10 + 7 * k, 2, 0, rows_mode, 0, 0]) + script)
-    # Rounds verified as trees (op 239: size, shape, node, damage, seed): valid trees and paths,
-    # the batched accept_path, a parent after its child, a root off the end, bad paths.
-    trees = bytes([3, 0, 239, 0, 5, 1, 3, 0, 7, 239, 0, 6, 2, 5, 0x40, 8, 239, 0, 3, 0, 2, 1, 9, 239, 0, 7, 5, 6, 3, 1,
+    # Rounds verified as trees (op 239: size, shape, node, damage, seed): valid trees and paths, the batched
+    # process_tree and accept_path, a parent after its child, a root off the end, bad paths.
+    trees = bytes([3, 0, 239, 0, 5, 1, 3, 0, 7, 239, 0, 6, 2, 5, 0xC0, 8, 239, 0, 3, 0, 2, 1, 9, 239, 0, 7, 5, 6, 3, 1,
                    239, 0, 4, 9, 1, 4, 2, 239, 0, 9, 0, 0, 2, 3, 17, 0, 1, 2, 0, 239, 0, 6, 7, 4, 0x43, 5])
     for k, rows_mode in enumerate([0, 1]):
         write("cpp_c_api", f"trees-{k}", bytes([0x00, 3, 12, 2, 0, rows_mode, 0, 0]) + trees)

@@ -316,6 +316,17 @@ DSPARK_API dspark_status dspark_process_tree(dspark_stager* st, int64_t seq, int
  * i's row, as dspark_process_external's. */
 DSPARK_API dspark_status dspark_process_tree_external(dspark_stager* st, int64_t seq, int64_t n_past,
                                                       const int64_t* parents, size_t n, int64_t* slots_out);
+/* dspark_process_tree for n sequences: the tree of seqs[i] is
+ * parents[offsets[i] .. offsets[i + 1]) rooted at n_pasts[i], its rows those
+ * rows of `rows` (total rows, rows_bytes bytes). Checked whole. HELD mode. */
+DSPARK_API dspark_status dspark_process_tree_many(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                  const int64_t* offsets, const int64_t* n_pasts,
+                                                  const int64_t* parents, size_t total, const void* rows,
+                                                  int32_t dtype, size_t rows_bytes);
+/* EXTERNAL mode: slots_out[0..total) receives each node's slot. */
+DSPARK_API dspark_status dspark_process_tree_external_many(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                           const int64_t* offsets, const int64_t* n_pasts,
+                                                           const int64_t* parents, size_t total, int64_t* slots_out);
 /* Keeps the accepted path nodes[0..n) (nodes[0] = 0, each node the child of
  * the one before) at positions n_past .. n_past + n - 1, drops the other
  * nodes: dspark_accept(seq, n - 1) of a chain. The copies that compact the

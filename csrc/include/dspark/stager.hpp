@@ -395,6 +395,16 @@ public:
     // applied them. A bad path is an error that changes nothing.
     std::vector<SlotMove> accept_path(std::int64_t seq, const std::int64_t* nodes, std::size_t n,
                                       std::uint64_t* serial = nullptr);
+    // process_tree for seqs[0..n) (checked whole, as every batch): the tree of
+    // seqs[i] is parents[offsets[i] .. offsets[i + 1]) rooted at n_pasts[i],
+    // its rows those rows of `rows` (held) or its slots those of slots_out.
+    void process_tree_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                           const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
+                           const void* rows, ElemType type);
+    // `call`: the call's name in errors (a binding serves this as process_tree_many).
+    void process_tree_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
+                                    const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
+                                    std::int64_t* slots_out, const char* call = "process_tree_external_many");
     // accept_path for seqs[0..n) (checked whole, as every batch): the path of
     // seqs[i] is nodes[offsets[i] .. offsets[i + 1]). The moves of all of
     // them, in batch order, under one serial.
@@ -756,6 +766,20 @@ private:
     // slot per node).
     std::vector<std::int64_t> check_tree(std::int64_t seq_id, const Seq& s, std::int64_t n_past,
                                          const std::int64_t* parents, std::size_t n) const;
+    // process_tree_many and its external form up to the rows: the batch's
+    // checks in their order, each sequence's tree (its positions' first in p0).
+    std::vector<std::vector<std::int64_t>> check_tree_many(const char* call, const std::vector<std::int64_t>& seqs,
+                                                           const std::vector<std::int64_t>& cu,
+                                                           const std::int64_t* n_pasts, const std::int64_t* parents,
+                                                           std::size_t total, std::vector<std::int64_t>& p0) const;
+    // process_tree_many and its external form: the batch locked and checked
+    // (the mode's too), then append(seqs, offsets, p0) adds the rows (the
+    // positions of seqs[i]'s nodes start at p0[i]), then each tree is kept.
+    using TreeAppend = std::function<void(const std::vector<std::int64_t>& seqs, const std::vector<std::int64_t>& cu,
+                                          const std::vector<std::int64_t>& p0)>;
+    void tree_batch(const char* call, RowMode mode, const char* instead, const std::int64_t* seqs, std::size_t n,
+                    const std::int64_t* offsets, const std::int64_t* n_pasts, const std::int64_t* parents,
+                    std::size_t total, const TreeAppend& append);
     // accept_path's checks of a path against the sequence's tree.
     void check_path(const Seq& s, const std::int64_t* nodes, std::size_t n) const;
     // accept_path on a checked sequence: compacts the path, appends the copies.
@@ -763,6 +787,10 @@ private:
                          std::vector<SlotMove>& moves);
     // process's append of checked rows (process, process_tree).
     void append_held(std::int64_t seq, Seq& s, std::int64_t p0, std::size_t n, const void* rows, ElemType type);
+    // process_many's appends of checked rows (the batch locked, its positions checked: the
+    // rows of seqs[i] start at p0[i]): every sequence's rows checked, then all appended.
+    void append_held_many(const char* call, const std::vector<std::int64_t>& seqs, const std::vector<std::int64_t>& cu,
+                          const std::vector<std::int64_t>& p0, std::size_t total, const void* rows, ElemType type);
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
     // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
     // the store's mutex): the store, its plan of the publish, the sequence's

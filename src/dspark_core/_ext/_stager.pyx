@@ -35,7 +35,7 @@ from dspark_core._ext._lib_stager cimport (
 
 from dspark_core.stager._args import (
     as_choice, as_index, as_int64, as_nodes, as_positions, as_seq_ids, batch_ints, batch_paths_args,
-    batch_rows_args, encoded_args, fail_stage_codes, tree_args, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
+    batch_rows_args, batch_tree_args, encoded_args, fail_stage_codes, tree_args, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
 from dspark_core.stager.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
@@ -1023,6 +1023,36 @@ cdef class Stager:
         rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
             self._core.process_tree(s, p, pp, n, rp, t)
+
+    def process_tree_many(self, seqs, cu_seqlens, n_pasts, parents, rows=None):
+        """``process_tree`` for several sequences (one call, checked whole): the tree of
+        ``seqs[i]`` is ``parents[cu_seqlens[i]:cu_seqlens[i + 1]]`` rooted at ``n_pasts[i]``,
+        its rows those rows of ``rows`` (held mode). External-row mode (no rows): returns
+        the flat int64 slots, one per node."""
+        sv = self._ids("process_tree_many", seqs)
+        cdef size_t n = cnp.PyArray_DIM(sv, 0)
+        cu, roots, par, arr = self._batch_converted(
+            "process_tree_many", sv, Need.Ready, batch_tree_args,
+            ("process_tree_many", self._external, self._D, n, cu_seqlens, n_pasts, parents, rows))
+        cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+        cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
+        cdef const int64_t* rp_ = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>roots)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>par)
+        cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>par, 0)
+        cdef cnp.ndarray slots
+        cdef int64_t* op
+        cdef const void* xp
+        cdef ElemType t
+        if self._external:
+            slots = np.empty(total, _I64)
+            op = <int64_t*>cnp.PyArray_DATA(slots)
+            with nogil:
+                self._core.process_tree_external_many(sp, n, cp, rp_, pp, total, op, b"process_tree_many")
+            return slots
+        t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
+        xp = cnp.PyArray_DATA(<cnp.ndarray>arr)
+        with nogil:
+            self._core.process_tree_many(sp, n, cp, rp_, pp, total, xp, t)
 
     def accept_path(self, seq, nodes):
         """Keep the accepted path of the tree verify batch: ``nodes`` from the root (0) down,

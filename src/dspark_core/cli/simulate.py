@@ -24,6 +24,11 @@ measured over those rounds, and the screen says so. numpy's OpenBLAS runs on one
 thread meanwhile (:mod:`dspark_core.sim.blas_threads`): the toy's skinny products
 ran up to 30x slower on two threads of a loaded machine.
 
+``--tree`` verifies each round as a draft tree instead (``Stager.process_tree`` /
+``accept_path``: the greedy chain to depth ``(B + 1) // 2`` and the drafter's second
+choices as leaves, ``B + 1`` nodes), and checks every accepted path against a linear
+verify of the same tokens (:mod:`dspark_core.sim.tree_draft`).
+
 Both columns of the summary are measured, not assumed. Both runs are checked to
 be lossless (the output equals the target's own greedy decoding, token for
 token). ``--check`` adds the "incremental equals recompute" check of every
@@ -113,6 +118,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device-step", action="store_true",
                    help="with --rows external: drive the loop with the device step (Stager.step_many: accept, plan "
                         "and the verify rows' slots in one call, no host wait per step; docs/protocol.md 2.10)")
+    p.add_argument("--tree", action="store_true",
+                   help="verify each round as a draft tree (the greedy chain to depth (B+1)/2, the drafter's second "
+                        "choices as leaves; process_tree / accept_path), each accepted path checked against a linear "
+                        "verify of the same tokens (held rows; docs/design.md 2.11)")
     p.add_argument("--only", choices=("both", "windowed", "absolute"), default="both", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -187,6 +196,7 @@ def simulate(
     rows: str = "held",
     ring: str = "auto",
     device_step: bool = False,
+    tree: bool = False,
     trained: int | None = DEFAULTS["trained"],
     absolute_tokens: int = DEFAULTS["absolute_tokens"],
     modes: tuple[str, ...] = ("windowed", "absolute"),
@@ -195,6 +205,7 @@ def simulate(
     """Run the session in each mode and return the results (what ``--json`` prints).
 
     ``ring``: the owner of external rows (``"device"``, ``"host"``, ``"auto"``: device when usable);
+    ``tree``: verify each round as a draft tree (``SpeculativeLoop(tree=True)``);
     ``trained``: the toy drafter's trained range (``None``: ``window``);
     ``absolute_tokens``: tokens the absolute mode generates (0: ``generate``).
     ``progress(mode)``, if given, is called as each mode starts and returns the
@@ -209,7 +220,7 @@ def simulate(
         return _simulate(
             context=context, generate=generate, block=block, window=window, storage=storage, seqs=seqs, seed=seed,
             feature_dim=feature_dim, deviation=deviation, prefill_chunk=prefill_chunk, fail_every=fail_every,
-            check=check, stager=stager, rows=rows, ring=ring, device_step=device_step,
+            check=check, stager=stager, rows=rows, ring=ring, device_step=device_step, tree=tree,
             trained=window if trained is None else trained,
             absolute_tokens=absolute_tokens, modes=modes, progress=progress,
         )
@@ -236,7 +247,7 @@ def acceptance_between(timelines: list[dict[str, list[int]]], lo: int, hi: float
 def _simulate(
     *, context: int, generate: int, block: int, window: int, storage: str, seqs: int, seed: int, feature_dim: int,
     deviation: float, prefill_chunk: int, fail_every: int, check: bool, stager: str, rows: str, ring: str,
-    device_step: bool, trained: int,
+    device_step: bool, tree: bool, trained: int,
     absolute_tokens: int, modes: tuple[str, ...], progress: Callable[[str], Callable[[int, int], None]] | None,
 ) -> dict[str, Any]:
     from ..stager.config import StagerConfig
@@ -253,6 +264,8 @@ def _simulate(
         raise ValueError(f"--absolute-tokens must be >= 0, got {absolute_tokens}")
     if device_step and (rows != "external" or check):
         raise ValueError("--device-step needs --rows external (the step hands out slots) and no --check")
+    if tree and (rows != "held" or device_step):
+        raise ValueError("--tree verifies over held rows (--rows held, no --device-step)")
     win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage, rows=rows)
     # "absolute": a window no session position can reach, so no rebase ever fires; its w_keep
     # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as without a window
@@ -278,7 +291,7 @@ def _simulate(
             "prefill_chunk": prefill_chunk, "fail_every": fail_every, "check": check,
             "row_bytes": win_cfg.row_bytes, "absolute_window": abs_cfg.window, "rows": rows,
             "ring": ring_owner(ring) if rows == "external" else None, "device_step": device_step,
-            "trained": trained, "absolute_tokens": absolute_tokens,
+            "trained": trained, "absolute_tokens": absolute_tokens, "tree": tree,
         },
         "greedy_reference_s": greedy_s,
         "modes": {},
@@ -304,7 +317,7 @@ def _simulate(
 
             loop_cls = DeviceStepLoop
         loop = loop_cls(st, drafter, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0,
-                        ring=owner)
+                        ring=owner, **({"tree": True} if tree else {}))
         bar = progress(mode) if progress is not None else None
         n_gen = mode_tokens(mode, generate, absolute_tokens)
         res = loop.run(prompts, n_gen, progress=bar)
@@ -322,6 +335,8 @@ def _simulate(
         )
         if check and not summ["metrics_match"]:
             raise AssertionError(f"{mode}: the Stager's acceptance metrics differ from the loop's counts")
+        if tree and summ["tree_paths_linear"] != summ["tree_rounds"]:
+            raise AssertionError(f"{mode}: an accepted path differs from a linear verify of its tokens")
         summ["lossless"] = all(np.array_equal(s.tokens, g[:n_gen]) for s, g in zip(res.sequences, greedy))
         summ["window"] = cfg.window
         summ["rounds_outside_window"] = sum(
@@ -390,6 +405,10 @@ def format_table(result: dict[str, Any]) -> str:
     if c.get("check"):
         rows.append(("incremental vs recompute: max |diff|",
                      [f"{result['modes'][m]['recompute_max_err']:.1e} ({result['modes'][m]['recompute_checks']} rounds)"
+                      for m in modes]))
+    if c.get("tree"):
+        rows.append(("tree rounds: paths == linear verify",
+                     [f"{result['modes'][m]['tree_paths_linear']:,} of {result['modes'][m]['tree_rounds']:,}"
                       for m in modes]))
     if c.get("fail_every"):
         rows.append(("injected drafter failures", [f"{result['modes'][m]['failures']:,}" for m in modes]))
@@ -550,6 +569,7 @@ def run(args: argparse.Namespace) -> int:
             storage=args.storage, seqs=args.seqs, seed=args.seed, feature_dim=args.feature_dim,
             deviation=args.deviation, prefill_chunk=args.prefill_chunk, fail_every=args.fail_every,
             check=args.check, stager=args.stager, rows=args.rows, ring=args.ring, device_step=args.device_step,
+            tree=args.tree,
             trained=args.trained,
             absolute_tokens=args.absolute_tokens, modes=modes, progress=progress,
         )

@@ -143,7 +143,8 @@ def fail_stage(value: Any) -> str:
 def rows_given(external: bool, value: Any, call: str = "process") -> None:
     """``process`` / ``process_many``: rows in held mode, none in external-row mode."""
     if external and value is not None:
-        usage = {"process": "process(seq, positions)", "process_tree": "process_tree(seq, n_past, parents)"}.get(
+        usage = {"process": "process(seq, positions)", "process_tree": "process_tree(seq, n_past, parents)",
+                 "process_tree_many": "process_tree_many(seqs, cu_seqlens, n_pasts, parents)"}.get(
             call, f"{call}(seqs, cu_seqlens, positions)")
         raise TypeError(
             f"{call}: this Stager runs in external-row mode (rows='external') and holds no rows: "

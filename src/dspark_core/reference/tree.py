@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 __all__ = ["TreeVerifyMixin"]
 
+READY, TREE = "ready", "tree"  # the stager's needs (reference/stager.py: READY, TREE)
+
 
 class TreeVerifyMixin:
     """``process_tree`` / ``accept_path`` / ``accept_path_many`` of :class:`ReferenceStager`."""
@@ -53,6 +55,51 @@ class TreeVerifyMixin:
         slots = ref._append(i, st, root, None if arr is None else ref._encode(i, pos, arr), len(pos))
         st.tree = par.tolist()
         return np.array(slots, np.int64) if ref._external else None
+
+    def process_tree_many(self, seqs: Any, cu_seqlens: Any, n_pasts: Any, parents: Any,
+                          rows: Any = None) -> np.ndarray | None:
+        """``process_tree`` for several sequences (checked whole): the tree of ``seqs[i]`` is
+        ``parents[cu_seqlens[i]:cu_seqlens[i + 1]]`` rooted at ``n_pasts[i]``. External-row
+        mode: returns the flat slots, one per node."""
+        ref = cast("ReferenceStager", self)
+        call = "process_tree_many"
+        ids = arg.seq_ids(call, seqs)
+        cu, roots, par, arr = ref._converted(call, ids, READY, self._trees_args, call, ref._external,
+                                             ref.config.feature_dim, len(ids), cu_seqlens, n_pasts, parents, rows)
+        states = ref._check_batch(call, ids, READY)
+        arg.unique(call, ids)
+        arg.offsets(call, cu, len(par))
+        spans = [(int(cu[k]), int(cu[k + 1])) for k in range(len(ids))]
+        positions = []
+        for k, (s, st, (a, b)) in enumerate(zip(ids.tolist(), states, spans)):
+            with arg.in_batch(call, k, s):
+                positions.append(self._check_tree(s, st, int(roots[k]), par[a:b]))
+        encoded: list[np.ndarray | None] = [None] * len(ids)
+        if arr is not None:  # the rows' contents last, every sequence's before any change
+            for k, (s, (a, b)) in enumerate(zip(ids.tolist(), spans)):
+                with arg.in_batch(call, k, s):
+                    encoded[k] = ref._encode(s, positions[k], arr[a:b])
+        slots: list[int] = []
+        for k, (s, st, (a, b)) in enumerate(zip(ids.tolist(), states, spans)):
+            slots += ref._append(s, st, int(roots[k]), encoded[k], b - a)
+            st.tree = par[a:b].tolist()
+        return np.array(slots, np.int64) if ref._external else None
+
+    @staticmethod
+    def _trees_args(call: str, external: bool, feature_dim: int, n: int, cu_seqlens: Any, n_pasts: Any,
+                    parents: Any, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        arg.rows_given(external, rows, call)
+        cu = arg.integers(f"{call}: cu_seqlens", cu_seqlens)
+        if len(cu) != n + 1:
+            raise ValueError(f"{call}: cu_seqlens must have {n + 1} entries (one more than seqs), got {len(cu)}")
+        roots = arg.batch_ints(call, "n_pasts", n_pasts, n)
+        par = arg.integers(f"{call}: parents", parents)
+        if external:
+            return cu, roots, par, None
+        arr = arg.rows(rows, feature_dim)
+        if arr.shape[0] != len(par):
+            raise ValueError(f"{call}: {len(par)} parents for {arr.shape[0]} rows")
+        return cu, roots, par, arr
 
     def _check_tree(self, i: int, st: _Seq, root: int, par: np.ndarray) -> np.ndarray:
         """The sequence takes a tree now, its size, the root's position, the parents; returns the rows' positions."""
@@ -83,7 +130,7 @@ class TreeVerifyMixin:
         ref = cast("ReferenceStager", self)
         st = ref._get(seq)
         i = arg.integer("seq", seq)
-        ref._need(i, st, "tree")
+        ref._need(i, st, TREE)
         path = arg.integers("nodes", nodes).tolist()
         self._check_path(st, path)
         moves = self._accept_path_checked(i, st, path)
@@ -95,8 +142,8 @@ class TreeVerifyMixin:
         ref = cast("ReferenceStager", self)
         call = "accept_path_many"
         ids = arg.seq_ids(call, seqs)
-        cu, flat = ref._converted(call, ids, "tree", self._paths_args, call, len(ids), cu_seqlens, nodes)
-        states = ref._check_batch(call, ids, "tree")
+        cu, flat = ref._converted(call, ids, TREE, self._paths_args, call, len(ids), cu_seqlens, nodes)
+        states = ref._check_batch(call, ids, TREE)
         arg.unique(call, ids)
         arg.offsets(call, cu, len(flat))
         paths = [flat[cu[k]:cu[k + 1]].tolist() for k in range(len(ids))]

@@ -57,6 +57,8 @@ from typing import Any, Callable, Protocol, Sequence, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from .tree_draft import accepted_path, draft_tree
+
 #: Token ids: a sequence of ints or a 1-D integer array.
 Tokens = Sequence[int] | npt.NDArray[np.integer[Any]]
 
@@ -184,6 +186,10 @@ class SequenceResult:
     drafter_kv_peak: int = 0
     stats: dict[str, int] = field(default_factory=dict)
     recompute_checks: int = 0
+    # Tree verification (tree=True): rounds verified as a tree, and of those the accepted
+    # paths whose tokens and rows a linear verify of the same tokens reproduced.
+    tree_rounds: int = 0
+    tree_paths_linear: int = 0
     recompute_max_err: float = 0.0
     timeline: dict[str, list[int]] = field(default_factory=dict)
 
@@ -254,6 +260,8 @@ class LoopResult:
             "restaged_rows": stat_sum("restaged_rows"),
             "restaged_per_token": stat_sum("restaged_rows") / max(1, gen),
             "recompute_checks": sum(s.recompute_checks for s in seqs),
+            "tree_rounds": sum(s.tree_rounds for s in seqs),
+            "tree_paths_linear": sum(s.tree_paths_linear for s in seqs),
             "recompute_max_err": max((s.recompute_max_err for s in seqs), default=0.0),
             "wall_s": self.wall_s,
             "ms_per_round": 1e3 * self.wall_s / max(1, self.iterations),
@@ -275,6 +283,11 @@ class _SeqState:
     shadow: dict[int, np.ndarray] = field(default_factory=dict)  # abs pos -> staged row (check_recompute)
     log: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # rows fed to process
     log_n: int = 0
+    second: np.ndarray | None = None  # the last round's second-choice drafts (a tree's leaves)
+
+
+class TreeMismatch(AssertionError):
+    """A tree's accepted path disagreed with a linear verify of the same tokens."""
 
 
 class SpeculativeLoop:
@@ -298,6 +311,9 @@ class SpeculativeLoop:
             external-row mode): a :class:`~dspark_core.cuda.DeviceRing` or a
             :class:`~dspark_core.HostRing`; rows are written to and gathered
             from its table instead of passing through the Stager.
+        tree: verify each round as a draft tree (:mod:`dspark_core.sim.tree_draft`:
+            ``process_tree`` and ``accept_path``; held rows), each accepted path
+            checked against a linear verify of the same tokens.
     """
 
     def __init__(
@@ -313,8 +329,12 @@ class SpeculativeLoop:
         use_draft_many: bool | None = None,
         record_timeline: bool = True,
         ring: Any = None,
+        tree: bool = False,
     ) -> None:
         self.stager = stager
+        if tree and ring is not None:
+            raise ValueError("tree verification runs over held rows here (no ring)")
+        self.tree = tree
         self.drafter = drafter
         self.targets: list[Any] = list(targets) if isinstance(targets, (list, tuple)) else [targets]
         cfg = getattr(stager, "config", None)
@@ -376,6 +396,9 @@ class SpeculativeLoop:
             self._t_stager += time.perf_counter() - t
         else:
             self._st("process", s.seq, pos, rows)
+        self._log(s, start, rows)
+
+    def _log(self, s: _SeqState, start: int, rows: np.ndarray) -> None:
         if self.check_every:
             # the loop's own log of the rows fed to the Stager (truncated on accept), for the f32 check
             need = start + len(rows)
@@ -450,10 +473,13 @@ class SpeculativeLoop:
         out = np.asarray(out)
         if out.ndim == 2:
             logits = out
-            draft = np.argmax(out, axis=1).astype(np.int64)
+            order = np.argsort(-out, axis=1, kind="stable")
+            draft = order[:, 0].astype(np.int64)
+            s.second = order[:, 1].astype(np.int64) if out.shape[1] > 1 else None
         else:
             logits = None
             draft = out.astype(np.int64).reshape(-1)
+            s.second = None
         if len(draft) != B:
             raise ValueError(f"drafter returned {len(draft)} draft tokens, expected {B}")
         if self.check_every:
@@ -541,6 +567,51 @@ class SpeculativeLoop:
         s.n_past += n_acc + 1
         return n_acc
 
+    def _verify_tree(self, s: _SeqState, draft: np.ndarray) -> int:
+        """Verify the round as a draft tree (:func:`~dspark_core.sim.tree_draft.draft_tree`);
+        returns the drafts accepted.
+
+        The target decodes each node after its ancestors (the greedy chain in one decode,
+        each leaf after its parent); the Stager gets the nodes as one tree verify batch and
+        keeps the accepted path. The target then re-decodes that path linearly, as a linear
+        verify of the same tokens would, and its choices and rows must be the tree's.
+        """
+        res = s.res
+        assert res is not None
+        n0, B = s.n_past, self.block_size
+        tree = draft_tree(s.last, draft, s.second, B)
+        n = len(tree.tokens)
+        nxt = np.empty(n, np.int64)
+        rows = np.empty((n, self.config.feature_dim), np.float32)
+        chain = tree.chain
+        out = self._tg(s, [tree.tokens[i] for i in chain])
+        nxt[chain], rows[chain] = out.next_tokens, out.rows
+        for i in range(n):
+            if i not in chain:  # a leaf beside the chain: after its parent, at n0 + depth
+                s.target.rollback(n0 + tree.depths[i])
+                leaf = self._tg(s, [tree.tokens[i]])
+                nxt[i], rows[i] = leaf.next_tokens[0], leaf.rows[0]
+        self._st("process_tree", s.seq, n0, np.asarray(tree.parents, np.int64), rows)
+        path = accepted_path(tree, nxt)
+        self._st("accept_path", s.seq, np.asarray(path, np.int64))
+        k = len(path)
+        self._log(s, n0, rows[path])
+        s.log_n = min(s.log_n, n0 + k)
+        # The linear verify of the accepted tokens: the target's own state must end there anyway.
+        s.target.rollback(n0)
+        lin = self._tg(s, [tree.tokens[i] for i in path])
+        if not (np.array_equal(lin.next_tokens, nxt[path]) and np.allclose(lin.rows, rows[path], rtol=1e-6, atol=1e-6)):
+            raise TreeMismatch(f"sequence {s.seq}: the accepted path {path} at {n0} differs from a linear verify of its tokens")
+        res.tree_rounds += 1
+        res.tree_paths_linear += 1
+        res.drafted += B
+        res.accepted += k - 1
+        s.out.extend(tree.tokens[i] for i in path[1:])
+        s.last = int(nxt[path[-1]])
+        s.out.append(s.last)
+        s.n_past += k
+        return k - 1
+
     # -- driver -------------------------------------------------------------------------
     def run(
         self,
@@ -587,7 +658,7 @@ class SpeculativeLoop:
                 if draft is None:
                     self._plain_decode(s)
                 else:
-                    n_acc = self._verify(s, draft)
+                    n_acc = self._verify_tree(s, draft) if self.tree else self._verify(s, draft)
                 rows = self._track_rows(s)
                 if self.record_timeline:
                     tl = res.timeline

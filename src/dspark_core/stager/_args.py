@@ -24,7 +24,7 @@ __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
     "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
     "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "tree_args", "as_nodes",
-    "batch_paths_args", "fail_stage_codes", "outcome_codes",
+    "batch_tree_args", "batch_paths_args", "fail_stage_codes", "outcome_codes",
     "as_flag", "view_args",
 ]
 
@@ -157,7 +157,8 @@ def writable_bytes(buffer: Any) -> memoryview:
 
 
 #: How a call that takes rows is made without them (external-row mode).
-_ROWLESS_USAGE = {"process": "process(seq, positions)", "process_tree": "process_tree(seq, n_past, parents)"}
+_ROWLESS_USAGE = {"process": "process(seq, positions)", "process_tree": "process_tree(seq, n_past, parents)",
+                  "process_tree_many": "process_tree_many(seqs, cu_seqlens, n_pasts, parents)"}
 
 
 def check_rows_given(external: bool, rows: Any, call: str = "process") -> None:
@@ -309,6 +310,23 @@ def batch_rows_args(call: str, external: bool, feature_dim: int, n: int, cu_seql
     if arr.shape[0] != pos.shape[0]:
         raise ValueError(f"{call}: {pos.shape[0]} positions for {arr.shape[0]} rows")
     return cu, pos, arr
+
+
+def batch_tree_args(call: str, external: bool, feature_dim: int, n: int, cu_seqlens: Any, n_pasts: Any,
+                    parents: Any, rows: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """``process_tree_many``: cu_seqlens (n + 1), one n_past per sequence, the flat parents and rows (held mode)."""
+    check_rows_given(external, rows, call)
+    cu = _int_array(call, "cu_seqlens", cu_seqlens)
+    if cu.shape[0] != n + 1:
+        raise ValueError(f"{call}: cu_seqlens must have {n + 1} entries (one more than seqs), got {cu.shape[0]}")
+    roots = batch_ints(call, "n_pasts", n_pasts, n)
+    par = _int_array(call, "parents", parents)
+    if external:
+        return cu, roots, par, None
+    arr = as_rows(rows, feature_dim)
+    if arr.shape[0] != par.shape[0]:
+        raise ValueError(f"{call}: {par.shape[0]} parents for {arr.shape[0]} rows")
+    return cu, roots, par, arr
 
 
 def batch_paths_args(call: str, n: int, cu_seqlens: Any, nodes: Any) -> tuple[np.ndarray, np.ndarray]:

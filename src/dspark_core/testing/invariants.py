@@ -193,8 +193,11 @@ def check_invariants(
             _violation(f"{tag}: {st['tentative_rows']} tentative rows but only {end - nc} rows after the cache end")
         if "rows" in stats and stats["rows"] < end - h:
             _violation(f"{tag}: holds {stats['rows']} rows, fewer than the {end - h} stageable ones")
-        if not st["open_round"] and hasattr(stager, "snapshot"):
-            # The sequence's own snapshot must be restorable (and describe this state).
+        if st.get("tree_nodes", 0) and st["tree_nodes"] != st["tentative_rows"]:
+            _violation(f"{tag}: a tree of {st['tree_nodes']} nodes but {st['tentative_rows']} tentative rows")
+        if not st["open_round"] and not st.get("tree_nodes", 0) and hasattr(stager, "snapshot"):
+            # The sequence's own snapshot must be restorable (and describe this state; a tree
+            # verify batch in flight has none: accept_path comes first).
             try:
                 snap = snapshot_format.unpack(bytes(stager.snapshot(s)), c.snapshot_fingerprint(), STORAGES,
                                               external=c.external_rows)
@@ -486,6 +489,55 @@ class InvariantChecker:
         self._sync_truth(s)
         self._check_live()
         return np.asarray(slots)
+
+    # -- tree verification (docs/design.md 2.11) ---------------------------------
+    def process_tree(self, seq: int, n_past: int, parents: Any, rows: Any = None) -> np.ndarray | None:
+        """``process_tree``; with external rows the checker keeps ``rows`` (it checks and encodes
+        them, asks the Stager for the nodes' slots, writes them there) and returns the slots.
+        Node ``i``'s row is modelled at position ``n_past + i`` (its ring slot) until accept_path."""
+        c = self._cfg
+        if not self._external:
+            self._call("process_tree", seq, n_past, parents, rows)
+            enc = self._enc(rows)
+            slots = None
+        else:
+            if rows is None:
+                raise TypeError("InvariantChecker owns the external rows: pass them to process_tree(seq, n_past, "
+                                "parents, rows) (it calls the Stager's process_tree and writes them at the slots)")
+            x = as_rows(rows, c.feature_dim)
+            # under nonfinite="error" an unencodable row raises here, before the Stager sees the call
+            enc = np.ascontiguousarray(rf.encode(x, c.storage, c.nonfinite, c.stage_dtype)).view(np.uint8)
+            enc = enc.reshape(len(x), c.row_bytes)
+            slots = np.asarray(self._call("process_tree", seq, n_past, parents))
+            check_slots(slots, int(seq), len(enc), c, f"seq {seq} process_tree")
+            assert self.mirror is not None
+            self.mirror[slots] = enc
+        m = self._models[int(seq)]
+        for k in range(len(enc)):
+            m.truth[int(n_past) + k] = enc[k].tobytes()
+        self._sync_truth(int(seq))
+        self._check_live()
+        return slots
+
+    def accept_path(self, seq: int, nodes: Any) -> Any:
+        """``accept_path``: the moves checked and (external rows) applied; the path's rows modelled
+        at consecutive positions from the root, as a linear verify of its tokens would leave them."""
+        s = self._valid(seq)
+        before = self._st.state(s) if s is not None else None
+        moves = self._call("accept_path", seq, nodes)
+        self._apply_moves(moves, f"accept_path({seq}, ...)")
+        if s is not None and before is not None:
+            root = before["end"] - before["tree_nodes"]
+            m = self._models[s]
+            kept = [m.truth.get(root + int(v)) for v in np.asarray(nodes).reshape(-1).tolist()]
+            for p in [p for p in m.truth if p >= root]:
+                del m.truth[p]
+            for k, row in enumerate(kept):
+                if row is not None:
+                    m.truth[root + k] = row
+            self._after_accept(s, before)
+        self._check_live()
+        return moves
 
     def _after_plan(self, s: int, plan: Any) -> None:
         check_plan(plan, self._cfg)
