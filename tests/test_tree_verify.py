@@ -245,10 +245,10 @@ def test_trees_at_the_wrong_time_or_place_change_nothing(impl):
         st.accept_path(0, [0])
     assert _looks(st) == before
     st.process(1, [10], x[:1])  # a row since the draft: no longer the round's verify
-    with pytest.raises(StateError, match="right after a round's draft, before any other row \\(1 rows arrived"):
+    with pytest.raises(StateError, match="the first rows after a round's draft or accept \\(1 rows arrived"):
         st.process_tree(1, 11, [-1], x[:1])
     fresh = impl(StagerConfig(D, B, W))
-    with pytest.raises(StateError, match="no round was drafted"):
+    with pytest.raises(StateError, match="its rows are final: no draft since"):
         fresh.process_tree(0, 0, [-1], x[:1])
 
 

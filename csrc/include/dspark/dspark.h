@@ -303,10 +303,10 @@ DSPARK_API dspark_status dspark_fail(dspark_stager* st, int64_t seq, int32_t sta
 DSPARK_API dspark_status dspark_accept(dspark_stager* st, int64_t seq, int64_t n_accepted);
 
 /* ---- tree verification (Python: Stager.process_tree / accept_path) ------- */
-/* A verify batch of the n nodes of a draft tree, right after a round's
- * draft: node 0 is the root (the token `last`, at n_past, the sequence's
- * end), parents[0] = -1 and 0 <= parents[i] < i, node i at position n_past +
- * depth(i); 1 <= n <= block_size + 1. rows: n rows as for dspark_process.
+/* A verify batch of the n nodes of a draft tree, the first rows after a
+ * round's draft (or its accept): node 0 is the root (the token `last`, at
+ * n_past, the sequence's end), parents[0] = -1 and 0 <= parents[i] < i,
+ * node i at position n_past + depth(i); 1 <= n <= block_size + 1. rows: n rows as for dspark_process.
  * Until dspark_accept_path the sequence holds the tree (every other call on
  * it but dspark_end, dspark_disable / dspark_enable and the read-only ones
  * is DSPARK_E_STATE). HELD mode. */

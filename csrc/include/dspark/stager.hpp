@@ -373,10 +373,11 @@ public:
     // one batch: node 0 is the root (the token `last`, at n_past, which must
     // be the sequence's end), parents[0] == -1 and 0 <= parents[i] < i (a
     // parent comes before its child, so there is no cycle), and node i
-    // stands at position n_past + depth(i). At most MAX_TREE_NODES(B) = B + 1
+    // stands at position n_past + depth(i). At most max_tree_nodes(B) = B + 1
     // nodes: the most tentative rows the ring's tail room holds, as for a
-    // linear verify batch. It follows a round's draft with no rows since
-    // (the tree's rows are the round's tentative rows). The rows lie in the
+    // linear verify batch. It is the first rows after a round's draft (or
+    // after its accept, as a linear batch's rows would be): the tree's rows
+    // are the tentative rows. The rows lie in the
     // ring in node order; until accept_path keeps one root-to-node path the
     // sequence holds the tree, and every call on it but accept_path, end,
     // disable and enable (and the read-only ones) is a StateError.

@@ -992,7 +992,7 @@ cdef class Stager:
 
     # -- tree verification (docs/design.md 2.11) ---------------------------
     def process_tree(self, seq, n_past, parents, rows=None):
-        """Buffer a tree verify batch: the rows of a draft tree's nodes, right after a round's draft.
+        """Buffer a tree verify batch: the rows of a draft tree's nodes, the first rows after a round's draft.
 
         Node 0 is the root (the token ``last``, at ``n_past``, the
         sequence's end); ``parents[i]`` is node i's parent (``parents[0] ==

@@ -5,8 +5,8 @@ The rules (docs/design.md 2.11), spelled out for :class:`ReferenceStager`:
 * A tree verify batch is the rows of a draft tree's nodes: node 0 is the
   root (the token ``last`` at ``n_past``, the sequence's end), ``parents[0]
   == -1`` and ``0 <= parents[i] < i``, node ``i`` at position ``n_past +
-  depth(i)``; 1 to ``B + 1`` nodes, right after a round's draft with no row
-  since (``accept_open`` and no tentative row).
+  depth(i)``; 1 to ``B + 1`` nodes, the first rows after a round's draft or
+  accept (``accept_open`` and no tentative row).
 * Its rows are the round's tentative rows, node ``i`` where position
   ``n_past + i`` would be (one ring slot each), so every bound of a linear
   verify batch holds as it is. Until ``accept_path`` the sequence holds the
@@ -105,10 +105,10 @@ class TreeVerifyMixin:
         """The sequence takes a tree now, its size, the root's position, the parents; returns the rows' positions."""
         ref = cast("ReferenceStager", self)
         if not st.started or not st.accept_open or st.tentative != 0:
-            why = ("no round was drafted since its last rows" if not st.started or not st.accept_open
-                   else f"{st.tentative} rows arrived since")
-            raise StateError(f"sequence {i} takes a tree verify batch only right after a round's draft, "
-                             f"before any other row ({why})")
+            why = ("its rows are final: no draft since, or a rollback, shift or more than block_size + 1 rows since"
+                   if not st.started or not st.accept_open else f"{st.tentative} rows arrived since")
+            raise StateError(f"sequence {i} takes a tree verify batch only as the first rows after a round's "
+                             f"draft or accept ({why})")
         cap = ref.config.block_size + 1
         if not 1 <= len(par) <= cap:
             raise ValueError(f"a tree verify batch holds 1 to {cap} nodes (the root and at most block_size drafts), "
