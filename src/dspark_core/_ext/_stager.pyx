@@ -1031,9 +1031,19 @@ cdef class Stager:
         the flat int64 slots, one per node."""
         sv = self._ids("process_tree_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
-        cu, roots, par, arr = self._batch_converted(
-            "process_tree_many", sv, Need.Ready, batch_tree_args,
-            ("process_tree_many", self._external, self._D, n, cu_seqlens, n_pasts, parents, rows))
+        cdef ElemType t = ElemType.F32
+        if (_plain_positions(cu_seqlens) and _plain_positions(n_pasts) and _plain_positions(parents)
+                and cnp.PyArray_DIM(<cnp.ndarray>cu_seqlens, 0) == n + 1
+                and cnp.PyArray_DIM(<cnp.ndarray>n_pasts, 0) == n
+                and (rows is None if self._external else _plain_rows(rows, self._D, &t)
+                     and cnp.PyArray_DIM(<cnp.ndarray>rows, 0) == cnp.PyArray_DIM(<cnp.ndarray>parents, 0))):
+            cu, roots, par, arr = cu_seqlens, n_pasts, parents, rows  # nothing to convert
+        else:
+            cu, roots, par, arr = self._batch_converted(
+                "process_tree_many", sv, Need.Ready, batch_tree_args,
+                ("process_tree_many", self._external, self._D, n, cu_seqlens, n_pasts, parents, rows))
+            if arr is not None:
+                t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
         cdef const int64_t* rp_ = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>roots)
@@ -1042,14 +1052,12 @@ cdef class Stager:
         cdef cnp.ndarray slots
         cdef int64_t* op
         cdef const void* xp
-        cdef ElemType t
         if self._external:
             slots = np.empty(total, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
             with nogil:
                 self._core.process_tree_external_many(sp, n, cp, rp_, pp, total, op, b"process_tree_many")
             return slots
-        t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
         xp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
             self._core.process_tree_many(sp, n, cp, rp_, pp, total, xp, t)
