@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from typing import Iterator
 
 import numpy as np
 import pytest
@@ -65,6 +68,24 @@ def feature_rows(positions, dim: int, version: int = 0, dtype=np.float32) -> np.
     pos = np.asarray(positions, dtype=np.float64)
     rows = pos[:, None] * 1.0 + version * 0.25 + np.arange(dim)[None, :] * 1e-3
     return rows.astype(dtype)
+
+
+@contextlib.contextmanager
+def flipping(buf: np.ndarray, spot: int) -> Iterator[None]:
+    """Another thread flips bit 4 of ``buf[spot]`` until the block ends: a caller's buffer
+    changing under a call that reads it with the GIL released."""
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            buf[spot] ^= 0x10
+    t = threading.Thread(target=flip)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join()
 
 
 def at_once(calls, *extra):

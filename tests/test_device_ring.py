@@ -385,6 +385,24 @@ def test_loop_with_external_rows_is_lossless(owner, storage):
         assert e[k] == h[k], k
 
 
+def test_tree_loop_with_external_rows_is_lossless(owner):
+    """Rounds verified as draft trees with the rows only in the owner's table (write_tree, the
+    path's copies applied by accept_path): lossless, every path equal to a linear verify, the
+    staged rows equal to the rows the server gave (--check), every figure the held run's."""
+    from dspark_core.cli.simulate import simulate
+
+    kw = dict(context=700, generate=120, block=4, window=64, storage="bf16", seqs=2, feature_dim=64,
+              prefill_chunk=256, check=True, stager="core", modes=("windowed",), tree=True)
+    ext = simulate(rows="external", ring=owner, **kw)
+    held = simulate(rows="held", **kw)
+    assert ext["lossless"] and held["lossless"]
+    e, h = ext["modes"]["windowed"], held["modes"]["windowed"]
+    assert e["tree_rounds"] == e["tree_paths_linear"] == e["recompute_checks"] > 0 and e["rebases"] > 0
+    for k in ("generated_tokens", "drafter_rounds", "rebases", "restaged_rows", "acceptance", "peak_rows",
+              "accepted_histogram", "recompute_max_err"):
+        assert e[k] == h[k], k
+
+
 def test_simulate_rows_external_runs_without_a_device(capsys):
     """--rows external needs no GPU: without a device (or with --ring host) a HostRing keeps
     the rows, and the table says so; --ring device without one says why."""

@@ -27,7 +27,7 @@ from dspark_core._ext._row_format import PREFIX_HIT_FIELDS, PREFIX_STATS_FIELDS
 from dspark_core.stager.config import STORAGES
 from dspark_core.prefix.keys import as_key, as_key_chain
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
-from conftest import massive_rows
+from conftest import flipping, massive_rows
 
 IMPLS = [(Stager, PrefixStore), (ReferenceStager, ReferencePrefixStore)]
 IDS = ["core", "reference"]
@@ -447,3 +447,30 @@ def test_full_hits_count_hits_that_found_every_row(impl):
     partial = store.hit(st, 2, keys, 48)
     assert partial.exact and partial.replay_from < 48
     assert store.stats()["hits"] == 2 and store.stats()["full_hits"] == 1
+
+
+def test_a_block_changing_under_import_never_passes_as_intact():
+    """import_block reads the caller's buffer with the GIL released: while another thread flips
+    a byte of its rows, every import either refuses the block (checksum) or keeps the block as
+    exported, never the flipped bytes."""
+    cfg = StagerConfig(64, 2, 40, max_seqs=1, storage="f32")
+    st = Stager(cfg)
+    src = PrefixStore(cfg, 16, 1 << 24)
+    st.begin(0)
+    st.process(0, np.arange(32), np.random.default_rng(0).standard_normal((32, 64)).astype(np.float32))
+    src.publish(st, 0, [b"k0", b"k1"], 0, 32)
+    want = bytes(src.export_block(b"k1"))
+    buf = np.frombuffer(bytearray(want), np.uint8).copy()
+    accepted = rejected = 0
+    with flipping(buf, len(want) - 100):
+        for _ in range(300):
+            dst = PrefixStore(cfg, 16, 1 << 24)
+            try:
+                dst.import_block(buf)
+            except ValueError:
+                rejected += 1
+                assert dst.stats()["blocks"] == 0
+                continue
+            accepted += 1
+            assert bytes(dst.export_block(b"k1")) == want
+    assert accepted + rejected == 300

@@ -21,7 +21,7 @@ from dspark_core import Stager, StagerConfig
 from dspark_core.stager.config import TRIM_CHUNK
 from dspark_core.reference import ReferenceStager
 
-from conftest import massive_rows
+from conftest import flipping, massive_rows
 
 D, B, W = 64, 4, 64
 RING = W + TRIM_CHUNK + B + 1  # slots per sequence (581)
@@ -215,8 +215,6 @@ def test_a_buffer_changing_under_restore_never_passes_as_intact(path):
     (the GIL is released): each restore either rejects the data or stores exactly the rows that
     were checksummed, i.e. the original rows (the copy is what gets checksummed, on every
     CRC-32C kernel), and a rejected one leaves the busy slot as it was."""
-    import threading
-
     from dspark_core import kernels
 
     cfg = StagerConfig(1024, 4, 64, max_seqs=2)
@@ -231,27 +229,19 @@ def test_a_buffer_changing_under_restore_never_passes_as_intact(path):
     before = kernels.active("crc32c")
     if path == "portable":
         kernels.set_path("crc32c", "portable")
-    stop = threading.Event()
-
-    def flip() -> None:
-        while not stop.is_set():
-            buf[spot] ^= 0x10
-    t = threading.Thread(target=flip)
-    t.start()
     accepted = rejected = 0
     try:
-        for _ in range(300):
-            held = bytes(st.snapshot(1))
-            try:
-                st.restore(1, buf)
-            except ValueError:
-                rejected += 1
-                assert bytes(st.snapshot(1)) == held
-                continue
-            accepted += 1
-            assert bytes(st.snapshot(1))[96:] == want
+        with flipping(buf, spot):
+            for _ in range(300):
+                held = bytes(st.snapshot(1))
+                try:
+                    st.restore(1, buf)
+                except ValueError:
+                    rejected += 1
+                    assert bytes(st.snapshot(1)) == held
+                    continue
+                accepted += 1
+                assert bytes(st.snapshot(1))[96:] == want
     finally:
-        stop.set()
-        t.join()
         kernels.set_path("crc32c", before)
     assert accepted + rejected == 300

@@ -186,9 +186,22 @@ def test_simulate_tree_paths_equal_a_linear_verify(capsys, stager):
     assert rc == 0 and "tree rounds: paths == linear verify" in table
 
 
-def test_simulate_tree_needs_held_rows(capsys):
-    rc, _, err = _run([*SMALL, "--tree", "--rows", "external", "--ring", "host"], capsys)
-    assert rc == 2 and "--tree verifies over held rows" in err
+def test_simulate_tree_over_external_rows(capsys):
+    """--tree with --rows external: the nodes' rows written at process_tree's slots, the
+    path's copies applied by the ring owner; the same tokens and counts as held rows."""
+    rc, out, _ = _run([*SMALL, "--tree", "--check", "--rows", "external", "--ring", "host", "--json"], capsys)
+    assert rc == 0
+    ext = json.loads(out)
+    rc, out, _ = _run([*SMALL, "--tree", "--json"], capsys)
+    held = json.loads(out)
+    assert ext["lossless"] is True
+    for mode in ("windowed", "absolute"):
+        e, h = ext["modes"][mode], held["modes"][mode]
+        assert e["tree_rounds"] == e["tree_paths_linear"] == h["tree_rounds"] > 0
+        assert e["accepted_histogram"] == h["accepted_histogram"] and e["rebases"] == h["rebases"]
+        assert e["recompute_checks"] == e["drafter_rounds"]
+    rc, _, err = _run([*SMALL, "--tree", "--rows", "external", "--ring", "host", "--device-step"], capsys)
+    assert rc == 2 and "--tree verifies on the host" in err
 
 
 def test_a_leaf_decoded_off_its_parent_is_caught_by_the_linear_verify(monkeypatch):

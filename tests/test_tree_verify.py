@@ -375,3 +375,61 @@ def test_the_invariant_checker_follows_trees(rows):
         st.accept_path(0, path)
         end += len(path)
     assert st.calls > 100
+
+
+def test_a_ring_owner_writes_trees_and_applies_their_paths():
+    """HostRing.write_tree / accept_path(_many): the owner's table after the copies gathers the
+    rows a held Stager stages for the same calls; the checks come first and change nothing."""
+    from dspark_core import HostRing
+
+    rng = np.random.default_rng(9)
+    cfg = StagerConfig(D, B, W, max_seqs=2, storage="bf16")
+    held, ring = Stager(cfg), HostRing(Stager(cfg.replace(rows="external")))
+    prompt = massive_rows(rng, 16, D)
+    for s in range(2):
+        held.begin(s)
+        held.process(s, np.arange(16), prompt)
+        ring.stager.begin(s)
+        ring.write(s, np.arange(16), prompt)
+    ends = [16, 16]
+    for r in range(30):
+        trees = [random_tree(rng, int(rng.integers(1, B + 2))) for _ in range(2)]
+        paths = [random_path(rng, t) for t in trees]
+        x = [massive_rows(rng, len(t), D) for t in trees]
+        for s in range(2):
+            hp, xp = held.draft(s, ends[s]), ring.stager.draft(s, ends[s])
+            if hp.skip is None:
+                np.testing.assert_array_equal(ring.to_numpy(ring.gather(xp)), hp.rows)
+                held.commit(s)
+                ring.stager.commit(s)
+            held.process_tree(s, ends[s], trees[s], x[s])
+            slots = ring.write_tree(s, ends[s], trees[s], x[s])
+            assert len(slots) == len(trees[s])
+        if r == 0:  # the ring's checks: the Stager's first, then the rows; nothing changes
+            with pytest.raises(StateError, match="holds a tree verify batch"):
+                ring.write_tree(0, ends[0], [-1], x[0][:1])
+            with pytest.raises(ValueError, match="nodes\\[0\\] must be 0"):
+                ring.accept_path(0, [1])
+        if r % 2:
+            cu = np.cumsum([0, len(paths[0]), len(paths[1])])
+            flat = np.concatenate([paths[0], paths[1]])
+            held.accept_path_many([0, 1], cu, flat)
+            ring.accept_path_many([0, 1], cu, flat)
+        else:
+            for s in range(2):
+                held.accept_path(s, paths[s])
+                ring.accept_path(s, paths[s])
+        for s in range(2):
+            ends[s] += len(paths[s])
+            assert held.state(s) == ring.stager.state(s)
+    fresh = HostRing(Stager(cfg.replace(rows="external")))
+    with pytest.raises(StateError, match="its rows are final"):
+        fresh.write_tree(0, 0, [-1], np.zeros((1, D), np.float32))
+    bad = massive_rows(rng, 2, D)
+    bad[1, 3] = np.inf
+    ring.stager.draft(0, ends[0])
+    ring.stager.commit(0)
+    before = ring.stager.state(0)
+    with pytest.raises(ValueError, match="non-finite|overflows"):
+        ring.write_tree(0, ends[0], [-1, 0], bad)
+    assert ring.stager.state(0) == before

@@ -104,7 +104,7 @@ const CrcShift& crc_shift_short() noexcept {
     return s;
 }
 
-const CrcKernels kPortableCrc = {portable_update, portable_copy};
+const CrcKernels kPortableCrc = {portable_update, portable_copy, portable_copy};  // its copy is checksummed
 
 }  // namespace detail
 
@@ -158,6 +158,10 @@ std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t n) noexcep
 
 std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src, std::size_t n) noexcept {
     return ~active_crc().copy(~crc, static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(src), n);
+}
+
+std::uint32_t crc32c_copy_shared(std::uint32_t crc, void* dst, const void* src, std::size_t n) noexcept {
+    return ~active_crc().copy_shared(~crc, static_cast<std::uint8_t*>(dst), static_cast<const std::uint8_t*>(src), n);
 }
 
 }  // namespace dspark

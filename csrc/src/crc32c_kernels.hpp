@@ -31,9 +31,28 @@ inline constexpr std::size_t CRC_STREAM_MIN_BYTES = std::size_t(4) << 20;
 enum AliasedCopySplit : int { SPLIT_BY_VENDOR = -1, SPLIT_NEVER = 0, SPLIT_ALWAYS = 1 };
 void set_aliased_copy_split(AliasedCopySplit mode) noexcept;
 
+// Pins a value a copy kernel checksums and stores: once loaded it lives in a
+// register the compiler cannot see into, so it never loads it from the source
+// a second time for the other use. (It may, while it assumes no other thread
+// writes the source; restore's source is a caller's buffer that may change, and
+// the checksum must be of the very bytes stored. The fused loops once did so.)
+#if defined(__GNUC__) || defined(__clang__)
+#define DSPARK_PIN(v) __asm__ volatile("" : "+r"(v))
+#if defined(__x86_64__) || defined(__i386__)
+#define DSPARK_PIN_XMM(v) __asm__ volatile("" : "+x"(v))
+#endif
+#define DSPARK_COMPILER_FENCE() __asm__ volatile("" ::: "memory")
+#else
+#define DSPARK_PIN(v) ((void)0)
+#define DSPARK_PIN_XMM(v) ((void)0)
+#define DSPARK_COMPILER_FENCE() ((void)0)
+#endif
+
 struct CrcKernels {
     std::uint32_t (*update)(std::uint32_t raw, const std::uint8_t* p, std::size_t n);
     std::uint32_t (*copy)(std::uint32_t raw, std::uint8_t* dst, const std::uint8_t* src, std::size_t n);
+    // copy for a source another thread may write (crc32c_copy_shared): the checksum of the bytes stored.
+    std::uint32_t (*copy_shared)(std::uint32_t raw, std::uint8_t* dst, const std::uint8_t* src, std::size_t n);
 };
 
 struct CrcShift {

@@ -52,6 +52,14 @@ inline std::uint64_t crc128(std::uint64_t c, __m128i v) noexcept {
     return _mm_crc32_u64(c, static_cast<std::uint64_t>(_mm_extract_epi64(v, 1)));
 }
 
+// One byte copied and checksummed from the same load.
+inline std::uint32_t copy_byte(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src) noexcept {
+    std::uint8_t v = *src;
+    DSPARK_PIN(v);
+    *dst = v;
+    return _mm_crc32_u8(c, v);
+}
+
 // three_way fused with the copy: every 16 bytes are loaded once, checksummed
 // and stored, so the checksum overlaps the memory traffic instead of adding
 // to it (len % 16 == 0).
@@ -60,9 +68,12 @@ inline std::uint32_t copy_three_way(std::uint32_t c, std::uint8_t* dst, const st
                                     const CrcShift& shift) noexcept {
     std::uint64_t c0 = c, c1 = 0, c2 = 0;
     for (std::size_t i = 0; i < len; i += 16) {
-        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + len + i));
-        const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * len + i));
+        __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+        __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + len + i));
+        __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 2 * len + i));
+        DSPARK_PIN_XMM(a);  // checksummed and stored from the same load
+        DSPARK_PIN_XMM(b);
+        DSPARK_PIN_XMM(d);
         c0 = crc128(c0, a);
         c1 = crc128(c1, b);
         c2 = crc128(c2, d);
@@ -110,30 +121,62 @@ inline bool stores_alias_loads(const std::uint8_t* dst, const std::uint8_t* src)
 // line first, so every load lies below the stores still pending (d > 0). While
 // it streams out, the next chunk (`next`, null for none) is prefetched into L2:
 // the two passes would otherwise leave the reads idle while the writes run.
-inline std::uint32_t copy_two_pass(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src,
-                                   const std::uint8_t* next, const CrcShift& shift) noexcept {
-    c = crc_three_way<Sse42>(c, src, CRC_LONG, shift);
+// It reads src twice: only for a source no other thread writes (crc32c_copy).
+inline void stream_out(std::uint8_t* dst, const std::uint8_t* from, const std::uint8_t* next) noexcept {
     for (std::size_t i = 3 * CRC_LONG; i != 0;) {
         i -= LINE;
         if (next) _mm_prefetch(reinterpret_cast<const char*>(next + i), _MM_HINT_T1);
-        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16));
-        const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 32));
-        const __m128i f = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 48));
+        const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i));
+        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 16));
+        const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 32));
+        const __m128i f = _mm_loadu_si128(reinterpret_cast<const __m128i*>(from + i + 48));
         store128<true>(dst + i, a);
         store128<true>(dst + i + 16, b);
         store128<true>(dst + i + 32, e);
         store128<true>(dst + i + 48, f);
     }
+}
+
+inline std::uint32_t copy_two_pass(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src,
+                                   const std::uint8_t* next, const CrcShift& shift) noexcept {
+    c = crc_three_way<Sse42>(c, src, CRC_LONG, shift);
+    stream_out(dst, src, next);
     return c;
 }
 
-template <bool Stream>
+// Where copy_two_pass_shared stages a chunk: this thread's L1-sized buffer, at
+// the page offset 2 KiB past dst's. Its stores then lie 2 KiB + d past the loads
+// from src, and its loads 2 KiB before the stores to dst: neither pair aliases.
+inline constexpr std::size_t STAGE_AWAY = 2048;
+inline std::uint8_t* staging_for(const std::uint8_t* dst) noexcept {
+    alignas(LINE) static thread_local std::uint8_t buf[3 * CRC_LONG + PAGE_OFFSET_MASK + 1];
+    const std::size_t want = (reinterpret_cast<std::uintptr_t>(dst) + STAGE_AWAY) & PAGE_OFFSET_MASK;
+    const std::size_t have = reinterpret_cast<std::uintptr_t>(buf) & PAGE_OFFSET_MASK;
+    return buf + ((want - have) & PAGE_OFFSET_MASK);
+}
+
+// copy_two_pass for a source another thread may write (crc32c_copy_shared):
+// the chunk is read from src once, into the staging buffer, and both passes
+// read it there, so the checksum is of the very bytes stored.
+inline std::uint32_t copy_two_pass_shared(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src,
+                                          const std::uint8_t* next, const CrcShift& shift) noexcept {
+    std::uint8_t* tmp = staging_for(dst);
+    for (std::size_t i = 0; i != 3 * CRC_LONG; i += 16)
+        _mm_store_si128(reinterpret_cast<__m128i*>(tmp + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    DSPARK_COMPILER_FENCE();  // both passes below read tmp itself, never src again
+    c = crc_three_way<Sse42>(c, tmp, CRC_LONG, shift);
+    stream_out(dst, tmp, next);
+    return c;
+}
+
+// Shared: the source may change under the call (copy_two_pass_shared where the
+// layout takes the two-pass loop; the fused loops read each byte once anyway).
+template <bool Stream, bool Shared>
 std::uint32_t copy_impl(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src, std::size_t n) noexcept {
     bool aliased = false;
     if (Stream) {  // non-temporal stores fill whole lines from a line-aligned destination
         const std::size_t head = std::min(n, (LINE - (reinterpret_cast<std::uintptr_t>(dst) & (LINE - 1))) & (LINE - 1));
-        for (std::size_t i = 0; i < head; ++i) c = _mm_crc32_u8(c, dst[i] = src[i]);
+        for (std::size_t i = 0; i < head; ++i) c = copy_byte(c, dst + i, src + i);
         dst += head;
         src += head;
         n -= head;
@@ -141,9 +184,12 @@ std::uint32_t copy_impl(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* 
     }
     if (n >= 3 * CRC_LONG) {
         const CrcShift& s = crc_shift_long();
-        for (; n >= 3 * CRC_LONG; src += 3 * CRC_LONG, dst += 3 * CRC_LONG, n -= 3 * CRC_LONG)
-            c = aliased ? copy_two_pass(c, dst, src, n >= 6 * CRC_LONG ? src + 3 * CRC_LONG : nullptr, s)
-                        : copy_three_way<Stream>(c, dst, src, CRC_LONG, s);
+        for (; n >= 3 * CRC_LONG; src += 3 * CRC_LONG, dst += 3 * CRC_LONG, n -= 3 * CRC_LONG) {
+            const std::uint8_t* next = n >= 6 * CRC_LONG ? src + 3 * CRC_LONG : nullptr;
+            if (!aliased) c = copy_three_way<Stream>(c, dst, src, CRC_LONG, s);
+            else if (Shared) c = copy_two_pass_shared(c, dst, src, next, s);
+            else c = copy_two_pass(c, dst, src, next, s);
+        }
     }
     if (n >= 3 * CRC_SHORT) {
         const CrcShift& s = crc_shift_short();
@@ -152,23 +198,28 @@ std::uint32_t copy_impl(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* 
     }
     std::uint64_t c64 = c;
     for (; n >= 16; src += 16, dst += 16, n -= 16) {
-        const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+        __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+        DSPARK_PIN_XMM(v);
         c64 = crc128(c64, v);
         store128<Stream>(dst, v);
     }
     c = static_cast<std::uint32_t>(c64);
-    for (; n != 0; ++src, ++dst, --n) c = _mm_crc32_u8(c, *dst = *src);
+    for (; n != 0; ++src, ++dst, --n) c = copy_byte(c, dst, src);
     if (Stream) _mm_sfence();  // the streamed stores are visible before we return
     return c;
 }
 
 std::uint32_t sse42_copy(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src, std::size_t n) noexcept {
-    return n >= CRC_STREAM_MIN_BYTES ? copy_impl<true>(c, dst, src, n) : copy_impl<false>(c, dst, src, n);
+    return n >= CRC_STREAM_MIN_BYTES ? copy_impl<true, false>(c, dst, src, n) : copy_impl<false, false>(c, dst, src, n);
+}
+
+std::uint32_t sse42_copy_shared(std::uint32_t c, std::uint8_t* dst, const std::uint8_t* src, std::size_t n) noexcept {
+    return n >= CRC_STREAM_MIN_BYTES ? copy_impl<true, true>(c, dst, src, n) : copy_impl<false, true>(c, dst, src, n);
 }
 
 }  // namespace
 
-const CrcKernels kSse42Crc = {sse42_update, sse42_copy};
+const CrcKernels kSse42Crc = {sse42_update, sse42_copy, sse42_copy_shared};
 
 void set_aliased_copy_split(AliasedCopySplit mode) noexcept { g_split.store(mode, std::memory_order_relaxed); }
 

@@ -145,7 +145,11 @@ PrefixStore::ImportPlan PrefixStore::check_import(const std::uint8_t* d, std::si
     return ip;
 }
 
-void PrefixStore::import_block(const std::uint8_t* d, std::size_t n, const SlotSink& slots) {
+void PrefixStore::import_block(const std::uint8_t* data, std::size_t n, const SlotSink& slots) {
+    // A private copy first: the caller's buffer may change while we run (the
+    // binding releases the GIL), and the bytes checked must be the bytes kept.
+    const std::vector<std::uint8_t> own(data, data + n);
+    const std::uint8_t* d = own.data();
     std::lock_guard<std::mutex> lock(mu_);
     const ImportPlan ip = check_import(d, n);
     const std::size_t offsets[2] = {0, ip.key_len};

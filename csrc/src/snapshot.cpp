@@ -332,7 +332,8 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
                 into = &spare_;
             }
         }
-        if (crc32c_copy(0, into->front_slots(count), rows, rows_bytes) != take<std::uint32_t>(d + OFF_ROWS_CRC))
+        // The caller's buffer may change meanwhile: the checksum must be of the rows kept.
+        if (crc32c_copy_shared(0, into->front_slots(count), rows, rows_bytes) != take<std::uint32_t>(d + OFF_ROWS_CRC))
             bad("snapshot rows checksum mismatch (damaged data)");
         if (into == &spare_) std::swap(spare_, target.buf);
         else if (into == &fresh) target.buf = std::move(fresh);

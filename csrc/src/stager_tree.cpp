@@ -75,6 +75,12 @@ std::vector<std::int64_t> Stager::check_tree(std::int64_t seq_id, const Seq& s, 
     return positions;
 }
 
+void Stager::check_process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents,
+                                std::size_t n) const {
+    auto lock = lock_seq(seq);
+    (void)check_tree(seq, ready(seq), n_past, parents, n);
+}
+
 void Stager::process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
                           const void* rows, ElemType type) {
     auto lock = lock_seq(seq);

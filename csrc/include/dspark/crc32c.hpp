@@ -25,6 +25,13 @@ std::uint32_t crc32c(std::uint32_t crc, const void* data, std::size_t n) noexcep
 // in the same loop; portable: each L1-sized chunk is checksummed, then copied
 // from cache). Large copies use non-temporal stores where the path has them.
 std::uint32_t crc32c_copy(std::uint32_t crc, void* dst, const void* src, std::size_t n) noexcept;
+// crc32c_copy for a source another thread may write during the call (a
+// caller's buffer handed to restore): the checksum returned is always that of
+// the bytes stored in dst, so a source changing under the call never passes as
+// intact. crc32c_copy may read a chunk twice where its stores would alias its
+// loads (SSE4.2 on AMD cores); this one stages such a chunk in L1 instead
+// (about a third slower there, the same elsewhere).
+std::uint32_t crc32c_copy_shared(std::uint32_t crc, void* dst, const void* src, std::size_t n) noexcept;
 
 // Runtime dispatch: the Crc32c family of the dispatch registry
 // (dspark/dispatch.hpp), typed. The active path starts as the best one this

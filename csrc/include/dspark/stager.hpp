@@ -383,6 +383,10 @@ public:
     // disable and enable (and the read-only ones) is a StateError.
     void process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
                       const void* rows, ElemType type);
+    // Every check process_tree / process_tree_external makes of the sequence,
+    // n_past and the parents, in its order, changing nothing (an owner of
+    // external rows runs it before it looks at the rows, as check_process).
+    void check_process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n) const;
     // External mode: slots_out[i] is the global slot where the owner writes
     // node i's row (at most two runs of consecutive slots, as process_external's).
     void process_tree_external(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents,

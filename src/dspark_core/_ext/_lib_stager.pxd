@@ -201,6 +201,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
                           ElemType type) except +dspark_translate_exception
         void process_tree_external(int64_t seq, int64_t n_past, const int64_t* parents, size_t n,
                                    int64_t* slots_out) except +dspark_translate_exception
+        void check_process_tree(int64_t seq, int64_t n_past, const int64_t* parents,
+                                size_t n) except +dspark_translate_exception
         void process_tree_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* n_pasts,
                                const int64_t* parents, size_t total, const void* rows,
                                ElemType type) except +dspark_translate_exception

@@ -34,7 +34,7 @@ from dspark_core._ext._lib_stager cimport (
 )
 
 from dspark_core.stager._args import (
-    as_choice, as_index, as_int64, as_nodes, as_positions, as_seq_ids, batch_ints, batch_paths_args,
+    as_choice, as_index, as_int64, as_nodes, as_parents, as_positions, as_seq_ids, batch_ints, batch_paths_args,
     batch_rows_args, batch_tree_args, encoded_args, fail_stage_codes, tree_args, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
 from dspark_core.stager.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
@@ -1023,6 +1023,18 @@ cdef class Stager:
         rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
             self._core.process_tree(s, p, pp, n, rp, t)
+
+    def check_process_tree(self, seq, n_past, parents):
+        """Raise what ``process_tree(seq, n_past, parents, ...)`` would raise for its sequence,
+        root and parents, in its order, and change nothing: an owner of external rows
+        (``DeviceRing.write_tree``) runs it before it looks at the rows."""
+        cdef int64_t s = _i64("seq", seq)
+        cdef int64_t p = self._arg(s, "n_past", n_past)
+        par = self._converted(s, Need.Ready, as_parents, (parents,))
+        cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>par, 0)
+        cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>par)
+        with nogil:
+            self._core.check_process_tree(s, p, pp, n)
 
     def process_tree_many(self, seqs, cu_seqlens, n_pasts, parents, rows=None):
         """``process_tree`` for several sequences (one call, checked whole): the tree of

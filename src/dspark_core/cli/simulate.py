@@ -121,7 +121,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--tree", action="store_true",
                    help="verify each round as a draft tree (the greedy chain to depth (B+1)/2, the drafter's second "
                         "choices as leaves; process_tree / accept_path), each accepted path checked against a linear "
-                        "verify of the same tokens (held rows; docs/design.md 2.11)")
+                        "verify of the same tokens (docs/design.md 2.11; not with --device-step)")
     p.add_argument("--only", choices=("both", "windowed", "absolute"), default="both", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", default=None,
@@ -264,8 +264,8 @@ def _simulate(
         raise ValueError(f"--absolute-tokens must be >= 0, got {absolute_tokens}")
     if device_step and (rows != "external" or check):
         raise ValueError("--device-step needs --rows external (the step hands out slots) and no --check")
-    if tree and (rows != "held" or device_step):
-        raise ValueError("--tree verifies over held rows (--rows held, no --device-step)")
+    if tree and device_step:
+        raise ValueError("--tree verifies on the host (the device step verifies linear batches): no --device-step")
     win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage, rows=rows)
     # "absolute": a window no session position can reach, so no rebase ever fires; its w_keep
     # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as without a window

@@ -56,6 +56,13 @@ class TreeVerifyMixin:
         st.tree = par.tolist()
         return np.array(slots, np.int64) if ref._external else None
 
+    def check_process_tree(self, seq: int, n_past: int, parents: Any) -> None:
+        """What ``process_tree(seq, n_past, parents, ...)`` checks of its sequence, root and parents, changing nothing."""
+        ref = cast("ReferenceStager", self)
+        i, st = ref._closed(seq)
+        root = arg.integer("n_past", n_past)
+        self._check_tree(i, st, root, arg.integers("parents", parents))
+
     def process_tree_many(self, seqs: Any, cu_seqlens: Any, n_pasts: Any, parents: Any,
                           rows: Any = None) -> np.ndarray | None:
         """``process_tree`` for several sequences (checked whole): the tree of ``seqs[i]`` is

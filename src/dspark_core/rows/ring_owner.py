@@ -40,7 +40,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from .. import formats
-from ..stager._args import as_positions
+from ..stager._args import as_parents, as_positions
 from ..prefix.hit import PrefixMoves
 from ..prefix.table_owner import PrefixTableOwner
 from .row_dtypes import input_row_dtype, is_row_dtype, row_dtype
@@ -53,6 +53,8 @@ __all__ = ["RingOwner", "BatchStatus", "STATUS_NONE"]
 _CHANGE_CALLS = {
     "fork": "Stager.fork()",
     "shift": "Stager.shift()",
+    "accept_path": "Stager.accept_path()",
+    "accept_path_many": "Stager.accept_path_many()",
     "restore": "Stager.restore()",
     "publish_prefix": "PrefixStore.publish()",
     "start_from_prefix": "PrefixStore.hit()",
@@ -421,7 +423,7 @@ class RingOwner:
         self._require_applied(what, np.unique(flat[(flat >= 0) & (flat < self.rows)] // self.ring_rows))
 
     def apply(self, moves: SlotMoves, *, prefix_table: Any = None) -> None:
-        """Apply the moves ``fork`` / ``shift`` returned (row copies, in order).
+        """Apply the moves ``fork`` / ``shift`` / ``accept_path`` returned (row copies, in order).
 
         Every non-empty moves array of the Stager (and the slots of an
         external ``restore``, which :meth:`restore` fills) must be applied
@@ -484,6 +486,44 @@ class RingOwner:
         with self._lock:
             self._require_applied("shift")
             moves = self.stager.shift(seq, n_keep, n_discard)
+            self.apply(moves)
+        return moves
+
+    # -- tree verification (docs/design.md 2.11) ----------------------------
+    def write_tree(self, seq: int, n_past: int, parents: Any, rows: Any, *, in_dtype: Any = None) -> np.ndarray:
+        """``stager.process_tree(seq, n_past, parents)`` and encode the nodes' ``rows`` into the returned slots.
+
+        ``rows``: (n, feature_dim), node ``i``'s row at ``rows[i]`` (as :meth:`write`'s).
+        Returns the slots (int64). Checked first, in order: the Stager's own
+        checks (the sequence, its state, the root, the parents), the table
+        changes of the sequence, the rows; a rejected call changes nothing.
+        """
+        par = as_parents(parents)
+        self.stager.check_process_tree(seq, n_past, par)
+        self._require_applied("write_tree", [seq])
+        a = self._input_rows(rows, in_dtype, f"{self._name}.write_tree", None)
+        n = a.shape[0]
+        if len(par) != n:
+            raise ValueError(f"{self._name}.write_tree: {len(par)} parents for {n} rows")
+        pos = np.arange(int(n_past), int(n_past) + n, dtype=np.int64)  # each node's ring position
+        prepared = self._prepare_write(seq, pos, a)
+        slots = self.stager.process_tree(seq, n_past, par)
+        self._store_write(a, slots, prepared)
+        return slots
+
+    def accept_path(self, seq: int, nodes: Any) -> SlotMoves:
+        """``stager.accept_path(seq, nodes)`` and apply its moves (safe from several threads)."""
+        with self._lock:
+            self._require_applied("accept_path")
+            moves = self.stager.accept_path(seq, nodes)
+            self.apply(moves)
+        return moves
+
+    def accept_path_many(self, seqs: Any, cu_seqlens: Any, nodes: Any) -> SlotMoves:
+        """``stager.accept_path_many(seqs, cu_seqlens, nodes)`` and apply its moves (safe from several threads)."""
+        with self._lock:
+            self._require_applied("accept_path_many")
+            moves = self.stager.accept_path_many(seqs, cu_seqlens, nodes)
             self.apply(moves)
         return moves
 

@@ -312,8 +312,8 @@ class SpeculativeLoop:
             :class:`~dspark_core.HostRing`; rows are written to and gathered
             from its table instead of passing through the Stager.
         tree: verify each round as a draft tree (:mod:`dspark_core.sim.tree_draft`:
-            ``process_tree`` and ``accept_path``; held rows), each accepted path
-            checked against a linear verify of the same tokens.
+            ``process_tree`` and ``accept_path``, through ``ring`` when given), each
+            accepted path checked against a linear verify of the same tokens.
     """
 
     def __init__(
@@ -332,8 +332,6 @@ class SpeculativeLoop:
         tree: bool = False,
     ) -> None:
         self.stager = stager
-        if tree and ring is not None:
-            raise ValueError("tree verification runs over held rows here (no ring)")
         self.tree = tree
         self.drafter = drafter
         self.targets: list[Any] = list(targets) if isinstance(targets, (list, tuple)) else [targets]
@@ -591,9 +589,16 @@ class SpeculativeLoop:
                 s.target.rollback(n0 + tree.depths[i])
                 leaf = self._tg(s, [tree.tokens[i]])
                 nxt[i], rows[i] = leaf.next_tokens[0], leaf.rows[0]
-        self._st("process_tree", s.seq, n0, np.asarray(tree.parents, np.int64), rows)
+        parents = np.asarray(tree.parents, np.int64)
         path = accepted_path(tree, nxt)
-        self._st("accept_path", s.seq, np.asarray(path, np.int64))
+        if self.ring is not None:
+            t = time.perf_counter()
+            self.ring.write_tree(s.seq, n0, parents, self.ring.upload(rows))
+            self.ring.accept_path(s.seq, np.asarray(path, np.int64))  # applies the copies
+            self._t_stager += time.perf_counter() - t
+        else:
+            self._st("process_tree", s.seq, n0, parents, rows)
+            self._st("accept_path", s.seq, np.asarray(path, np.int64))
         k = len(path)
         self._log(s, n0, rows[path])
         s.log_n = min(s.log_n, n0 + k)

@@ -23,7 +23,7 @@ from . import core_tables
 __all__ = [
     "MAX_POSITION", "ROW_DTYPES", "as_index", "as_int64", "as_count", "as_choice", "as_positions", "as_rows",
     "as_encoded", "row_dtype_code", "readable_bytes", "writable_bytes", "check_rows_given", "require_held_rows",
-    "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "tree_args", "as_nodes",
+    "process_args", "encoded_args", "as_seq_ids", "batch_ints", "batch_rows_args", "tree_args", "as_parents", "as_nodes",
     "batch_tree_args", "batch_paths_args", "fail_stage_codes", "outcome_codes",
     "as_flag", "view_args",
 ]
@@ -218,7 +218,7 @@ def _ints_and_rows(call: str, name: str, external: bool, feature_dim: int, value
                    rows: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """One integer per row (``name``) and, in held mode, the rows, as the core reads them."""
     check_rows_given(external, rows, call)
-    ints = _int_array("", name, values)
+    ints = _int_array("", name, values)  # as_positions / as_parents
     if external:
         return ints, None
     arr = as_rows(rows, feature_dim)
@@ -235,6 +235,11 @@ def process_args(external: bool, feature_dim: int, positions: Any, rows: Any) ->
 def tree_args(external: bool, feature_dim: int, parents: Any, rows: Any) -> tuple[np.ndarray, np.ndarray | None]:
     """``process_tree``: the parents, and the nodes' rows (held mode), as the core reads them."""
     return _ints_and_rows("process_tree", "parents", external, feature_dim, parents, rows)
+
+
+def as_parents(parents: Any) -> np.ndarray:
+    """``process_tree``'s parents as a 1-D contiguous int64 array (TypeError: not integers; ValueError: not 1-D)."""
+    return _int_array("", "parents", parents)
 
 
 def as_nodes(nodes: Any) -> np.ndarray:
