@@ -7,7 +7,8 @@
 // the staged element type in v1's reserved byte 76), then the rows. Two CRC-32C's: one of the rows (offset 88) and one of the
 // header before it (offset 92). The header is checked first (a damaged
 // header reports damage, not a foreign config), then the rows are
-// checksummed while they are copied, in one pass (crc32c_copy).
+// checksummed while they are copied, in one pass (crc32c_copy_shared: the
+// caller's buffer may change meanwhile, and the checksum is of the rows kept).
 #include <array>
 #include <cstring>
 #include <new>
