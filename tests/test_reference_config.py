@@ -19,7 +19,7 @@ from dspark_core.reference import ReferenceStager
 from dspark_core.reference.config import MAX_FEATURE_DIM, MAX_SEQS, MAX_WINDOW, check_config
 
 DEFAULTS = dict(feature_dim=64, block_size=4, window=32, max_seqs=2, storage="q8_0", max_failures=3,
-                stage_dtype="float32", nonfinite="error", strict=False, rows="held")
+                stage_dtype="float32", nonfinite="error", strict=False, rows="held", kind="block")
 BIG = [2**62, 2**63 - 1, 2**63, 2**70, -(2**63), -(2**70)]
 CHOICES = {
     "feature_dim": [64, 32, 48, 1, 0, -1, 33, MAX_FEATURE_DIM, MAX_FEATURE_DIM + 32, True, 64.0, "64", None, *BIG],
@@ -32,6 +32,7 @@ CHOICES = {
     "nonfinite": ["error", "zero", "clamp", "clamp_f16", "raise", None],
     "strict": [False, True, 1, None],
     "rows": ["held", "external", "device", None],
+    "kind": ["block", "chain", "tree", "Chain", None],
 }
 
 

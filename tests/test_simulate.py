@@ -237,3 +237,77 @@ def test_draft_tree_shapes():
     assert accepted_path(t, np.array([1, 6, 0, 0, 0])) == [0, 1, 4]
     assert accepted_path(t, np.array([5, 0, 9, 0, 0])) == [0, 2]
     assert accepted_path(t, np.array([9, 0, 0, 0, 0])) == [0]
+
+
+@pytest.mark.parametrize("stager", ["core", "reference"])
+def test_simulate_eagle3_chain_drafter_windowed_holds_absolute_collapses(capsys, stager):
+    """--drafter eagle3: a toy chain drafter over a chain drafter's Stager. Lossless; inside the
+    trained range (windowed) it drafts well, past it (absolute) acceptance falls to chance; the
+    Stager's metrics equal the loop's counts; --check compares every round's successor ids with
+    the tokens the loop processed and the drafts with a from-scratch recompute."""
+    rc, out, _ = _run([*SMALL, "--drafter", "eagle3", "--check", "--stager", stager, "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["config"]["drafter"] == "eagle3" and data["config"]["drafter_kind"] == "chain"
+    assert data["lossless"] is True
+    w, a = data["modes"]["windowed"], data["modes"]["absolute"]
+    for m in (w, a):
+        assert m["lossless"] is True and m["metrics_match"] is True
+        assert m["recompute_checks"] == m["drafter_rounds"] > 0 and m["recompute_max_err"] == 0.0
+    assert w["max_drafter_pos"] < 64 <= a["max_drafter_pos"] and w["rebases"] > 0
+    assert w["acceptance"] > 0.3 and a["acceptance"] < 0.2 * w["acceptance"]
+    rc, table, _ = _run([*SMALL, "--drafter", "eagle3", "--stager", stager], capsys)
+    assert rc == 0 and "drafter: eagle3 (chain)" in table
+
+
+def test_simulate_eagle3_over_external_rows_and_with_failures(capsys):
+    """The chain drafter's ids travel beside rows the owner holds (HostRing), and through injected
+    drafter failures; the same tokens as held rows."""
+    args = [*SMALL, "--drafter", "eagle3", "--check", "--fail-every", "5", "--json"]
+    rc, out, _ = _run([*args, "--rows", "external", "--ring", "host"], capsys)
+    assert rc == 0
+    ext = json.loads(out)
+    rc, out, _ = _run(args, capsys)
+    held = json.loads(out)
+    assert ext["lossless"] is True and held["lossless"] is True
+    for mode in ("windowed", "absolute"):
+        e, h = ext["modes"][mode], held["modes"][mode]
+        assert e["failures"] == h["failures"] > 0
+        assert e["accepted_histogram"] == h["accepted_histogram"] and e["rebases"] == h["rebases"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--tree"], "tree verification and the device step serve block drafters"),
+    (["--device-step", "--rows", "external", "--ring", "host"], "tree verification and the device step"),
+])
+def test_simulate_eagle3_refuses_what_serves_block_drafters_only(capsys, extra, says):
+    rc, _, err = _run([*SMALL, "--drafter", "eagle3", *extra], capsys)
+    assert rc == 2 and says in err
+
+
+def test_a_chain_drafter_needs_a_chain_stager():
+    from dspark_core import Stager, StagerConfig
+    from dspark_core.sim.loop import SpeculativeLoop
+    from dspark_core.sim.toy import ToyDrafter, ToyTarget
+    from dspark_core.sim.toy_chain import ToyChainDrafter
+
+    target = ToyTarget(lookahead=4)
+    with pytest.raises(ValueError, match="a chain drafter needs a Stager of kind 'chain'"):
+        SpeculativeLoop(Stager(StagerConfig(128, 4, 64)), ToyChainDrafter.for_target(target, 4), target)
+    with pytest.raises(ValueError, match="a block drafter needs a Stager of kind 'block'"):
+        SpeculativeLoop(Stager(StagerConfig(128, 4, 64, kind="chain")), ToyDrafter.for_target(target, 4), target)
+
+
+def test_a_chain_drafter_fed_each_rows_own_token_collapses(monkeypatch):
+    """The ids matter: the same loop with each row paired with its own token instead of the
+    one after it (an off-by-one a server could make) drafts at chance, and --check names it."""
+    from dspark_core.stager.stage_plan import StagePlan
+
+    rc = sim.simulate(context=700, generate=300, block=4, window=64, modes=("windowed",), drafter="eagle3")
+    good = rc["modes"]["windowed"]["acceptance"]
+    monkeypatch.setattr(StagePlan, "successors", lambda self, next_token: self.tokens.copy())
+    bad = sim.simulate(context=700, generate=300, block=4, window=64, modes=("windowed",), drafter="eagle3")
+    assert bad["lossless"] is True  # verification keeps the output exact; only the drafts suffer
+    assert good > 0.3 and bad["modes"]["windowed"]["acceptance"] < 0.1 * good
+    with pytest.raises(AssertionError, match="successor ids .* differ from the tokens processed after them"):
+        sim.simulate(context=700, generate=50, block=4, window=64, modes=("windowed",), drafter="eagle3", check=True)

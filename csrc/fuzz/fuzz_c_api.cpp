@@ -21,6 +21,7 @@
 // Run:   ./fuzz_c_api -max_total_time=60 CORPUS_DIR
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -222,11 +223,14 @@ bool create(Reader& r, Fixture& fx, Stager*& cpp_holder) {
     c.strict = b4 >= 224 ? (b4 == 255 ? 2 : 1) : 0;
     c.rows_mode = b5 % 2;
     if (b5 % 64 == 63) c.rows_mode = 2;
+    c.kind = (b5 >> 1) % 4 == 3 ? DSPARK_KIND_CHAIN : DSPARK_KIND_BLOCK;  // a chain stager: every process carries ids
+    if (b5 >= 250) c.kind = b5 == 255 ? -1 : 2;
     // struct_size: as compiled (most), too small, or longer with a zero / non-zero tail.
     const std::uint8_t sz = r.u8();
     dspark_status want_layer = DSPARK_OK;  // what read_config says before any value check
     switch (sz % 16) {
-        case 13: c.struct_size = static_cast<std::uint32_t>(sizeof(dspark_config) - 8); want_layer = DSPARK_E_INVALID_ARGUMENT; break;
+        case 13: c.struct_size = static_cast<std::uint32_t>(offsetof(dspark_config, kind) - 8); want_layer = DSPARK_E_INVALID_ARGUMENT; break;
+        case 12: c.struct_size = static_cast<std::uint32_t>(offsetof(dspark_config, kind)); c.kind = DSPARK_KIND_BLOCK; break;  // the first version: kind defaults
         case 14: c.struct_size = static_cast<std::uint32_t>(sizeof(dspark_config) + 8); if (sz & 0x80) { sc.tail[3] = 1; want_layer = DSPARK_E_UNSUPPORTED; } break;
         case 15: c.struct_size = sz >> 4; want_layer = DSPARK_E_INVALID_ARGUMENT; break;
         default: break;
@@ -252,6 +256,7 @@ bool create(Reader& r, Fixture& fx, Stager*& cpp_holder) {
         else if (c.max_seqs > 65536) want = DSPARK_E_CONFIG;
         else if (c.storage < 0 || c.storage > 4 || c.nonfinite < 0 || c.nonfinite > 3) want = DSPARK_E_CONFIG;
         else if (c.stage_dtype < 0 || c.stage_dtype > 2 || (c.strict != 0 && c.strict != 1)) want = DSPARK_E_CONFIG;
+        else if (c.kind != DSPARK_KIND_BLOCK && c.kind != DSPARK_KIND_CHAIN) want = DSPARK_E_CONFIG;
         else {
             o.feature_dim = c.feature_dim;
             o.block_size = c.block_size;
@@ -263,6 +268,7 @@ bool create(Reader& r, Fixture& fx, Stager*& cpp_holder) {
             o.stage = static_cast<ElemType>(c.stage_dtype);
             o.rows = c.rows_mode ? RowMode::External : RowMode::Held;
             o.strict = c.strict == 1;  // strict mode is the core's: the oracle has it too
+            o.kind = c.kind == DSPARK_KIND_CHAIN ? DrafterKind::Chain : DrafterKind::Block;
             want = expect_of([&] { cpp_holder = new Stager(o); });
         }
     }
@@ -284,7 +290,8 @@ bool create(Reader& r, Fixture& fx, Stager*& cpp_holder) {
     FUZZ_CHECK(dspark_stager_config(st, &back) == DSPARK_OK);
     FUZZ_CHECK(back.feature_dim == c.feature_dim && back.block_size == c.block_size && back.window == c.window &&
                back.max_seqs == c.max_seqs && back.storage == c.storage && back.nonfinite == c.nonfinite &&
-               back.stage_dtype == c.stage_dtype && back.strict == c.strict && back.rows_mode == c.rows_mode);
+               back.stage_dtype == c.stage_dtype && back.strict == c.strict && back.rows_mode == c.rows_mode &&
+               back.kind == c.kind);
     dspark_config small;
     std::memset(&small, 0xab, sizeof small);
     small.struct_size = 12;  // only the first 12 bytes may be written
@@ -364,6 +371,21 @@ void malformed(Fixture& fx, std::int64_t seq, dspark_status defect, const std::f
     FUZZ_CHECK(fx.fingerprint() == before);
 }
 
+// A chain stager's ids of the sequence's stageable rows: the same through both APIs
+// (a block stager's, and an unknown sequence's: the same error).
+void check_tokens(Fixture& fx, std::int64_t seq) {
+    std::int64_t lo = 0, hi = 0;
+    if (seq >= 0 && seq < fx.c.max_seqs) {
+        const SeqState st = fx.cpp->state(seq);
+        lo = st.started ? st.horizon : 0;
+        hi = st.started ? st.end : 0;
+    }
+    std::vector<std::int32_t> got(static_cast<std::size_t>(hi - lo) + 1, -7), want(got.size(), -7);
+    check_same(dspark_tokens(fx.st, seq, lo, hi, got.data()),
+               expect_of([&] { fx.cpp->tokens(seq, lo, hi, want.data()); }), "tokens");
+    FUZZ_CHECK(got == want);
+}
+
 void op_process(Reader& r, Fixture& fx, std::int64_t seq) {
     const std::size_t n = r.u8() % 10;
     const std::uint8_t pmode = r.u8(), tmode = r.u8(), seed = r.u8(), special = r.u8(), bad = r.u8();
@@ -378,6 +400,13 @@ void op_process(Reader& r, Fixture& fx, std::int64_t seq) {
     std::vector<std::uint8_t> enc(n * fx.rb);  // storage bytes for process_encoded
     if (n) encode_rows(x.data(), ElemType::F32, enc.data(), static_cast<Storage>(fx.c.storage), n, D,
                        static_cast<NonFinite>(fx.c.nonfinite));
+    // Token ids: a chain stager's (mostly valid, sometimes a negative one or none), and now and
+    // then a block stager's (refused): the core's checks, through both APIs.
+    std::vector<std::int32_t> ids(n);
+    for (std::size_t i = 0; i < n; ++i) ids[i] = static_cast<std::int32_t>((seed * 131u + i * 7u) % 50000u);
+    if (n && special % 8 == 7) ids[special / 8 % n] = -1 - special / 64;
+    const bool chain = fx.c.kind == DSPARK_KIND_CHAIN;
+    const std::int32_t* tp = (chain ? special % 16 != 15 : special % 32 == 31) ? ids.data() : nullptr;
     if (fx.external) {
         std::vector<std::int64_t> slots(n, -7), want(n, -7);
         if (bad % 8 == 7 && n) {
@@ -390,9 +419,10 @@ void op_process(Reader& r, Fixture& fx, std::int64_t seq) {
                       [&] { return dspark_process(fx.st, seq, pos.data(), n, in.data(), dtype, in.size()); });
             return;
         }
-        check_same(dspark_process_external(fx.st, seq, pos.data(), n, slots.data()),
-                   expect_of([&] { fx.cpp->process_external(seq, pos.data(), n, want.data()); }), "process_external");
+        check_same(dspark_process_external_tokens(fx.st, seq, pos.data(), n, slots.data(), tp),
+                   expect_of([&] { fx.cpp->process_external(seq, pos.data(), n, want.data(), tp); }), "process_external");
         FUZZ_CHECK(slots == want);  // the same slots, written on success only
+        check_tokens(fx, seq);
         return;
     }
     switch (bad % 16) {
@@ -410,9 +440,11 @@ void op_process(Reader& r, Fixture& fx, std::int64_t seq) {
             return;
         case 14: {  // encoded rows: through the C ABI and the C++ API
             const std::size_t nbytes = enc.size() - (bad & 0x80 && !enc.empty() ? 1 : 0);
-            check_same(dspark_process_encoded(fx.st, seq, pos.data(), n, enc.empty() ? nullptr : enc.data(), nbytes),
-                       expect_of([&] { fx.cpp->process_encoded(seq, pos.data(), n, enc.data(), nbytes); }),
+            check_same(dspark_process_encoded_tokens(fx.st, seq, pos.data(), n, enc.empty() ? nullptr : enc.data(),
+                                                     nbytes, tp),
+                       expect_of([&] { fx.cpp->process_encoded(seq, pos.data(), n, enc.data(), nbytes, tp); }),
                        "process_encoded");
+            check_tokens(fx, seq);
             return;
         }
         case 15: {  // slots of a held stager: the mode is named
@@ -423,9 +455,10 @@ void op_process(Reader& r, Fixture& fx, std::int64_t seq) {
         }
         default: break;
     }
-    check_same(dspark_process(fx.st, seq, pos.data(), n, in.empty() ? nullptr : in.data(), dtype, in.size()),
-               expect_of([&] { fx.cpp->process(seq, pos.data(), n, in.data(), static_cast<ElemType>(dtype)); }),
+    check_same(dspark_process_tokens(fx.st, seq, pos.data(), n, in.empty() ? nullptr : in.data(), dtype, in.size(), tp),
+               expect_of([&] { fx.cpp->process(seq, pos.data(), n, in.data(), static_cast<ElemType>(dtype), tp); }),
                "process");
+    check_tokens(fx, seq);
 }
 
 // The C++ oracle's rows of a plan in `dtype` (DSPARK_DTYPE_STORAGE: as stored).

@@ -13,7 +13,9 @@
 #include "dspark/dspark.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
+#include <functional>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -36,8 +38,11 @@ using dspark::NonFinite;
 using dspark::Storage;
 using Need = dspark::Stager::Need;
 
-// The size of the first version of dspark_config: every field of it is required.
-constexpr std::size_t CONFIG_V1_BYTES = sizeof(dspark_config);
+// The size of the first version of dspark_config (up to rows_mode): every
+// field of it is required; a field appended since (kind) takes its default
+// when the caller's struct_size stops before it.
+constexpr std::size_t CONFIG_V1_BYTES = offsetof(dspark_config, kind);
+static_assert(CONFIG_V1_BYTES == 64, "dspark_config's first version is 64 bytes");
 
 using namespace dspark_c;  // the shared guard, conversions, handle and last moves (c_api_common.hpp)
 
@@ -116,6 +121,8 @@ dspark::StagerOptions options_of(const dspark_config& c) {
     static_assert(DSPARK_ROWS_EXTERNAL == static_cast<int>(dspark::RowMode::External), "the C codes follow RowMode");
     if (c.strict != 0 && c.strict != 1) throw ConfigError("strict must be 0 or 1, got " + std::to_string(c.strict));
     o.strict = c.strict == 1;
+    o.kind = enum_from_code<ConfigError>("kind", c.kind, dspark::DRAFTER_KIND_COUNT, dspark::drafter_kind_name);
+    static_assert(DSPARK_KIND_CHAIN == static_cast<int>(dspark::DrafterKind::Chain), "the C codes follow DrafterKind");
     return o;
 }
 
@@ -282,8 +289,8 @@ dspark_status dspark_begin(dspark_stager* st, int64_t seq) {
     return guarded([&] { core_of(st).begin(seq); });
 }
 
-dspark_status dspark_process(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n, const void* rows,
-                             int32_t dtype, size_t rows_bytes) {
+dspark_status dspark_process_tokens(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                    const void* rows, int32_t dtype, size_t rows_bytes, const int32_t* tokens) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         const ElemType t = converted(core, seq, false, [&] {
@@ -292,44 +299,70 @@ dspark_status dspark_process(dspark_stager* st, int64_t seq, const int64_t* posi
             require_buffer(rows, rows_bytes, "rows");
             return type;
         });
-        core.process(seq, positions, n, rows, t);
+        core.process(seq, positions, n, rows, t, tokens);  // the core checks the tokens (kind, values)
     });
 }
 
-dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
-                                     const void* data, size_t nbytes) {
+dspark_status dspark_process(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n, const void* rows,
+                             int32_t dtype, size_t rows_bytes) {
+    return dspark_process_tokens(st, seq, positions, n, rows, dtype, rows_bytes, nullptr);
+}
+
+dspark_status dspark_tokens(const dspark_stager* st, int64_t seq, int64_t from, int64_t to, int32_t* out) {
+    return guarded([&] {
+        const dspark::Stager& core = core_of(st);
+        converted(core, seq, Need::Any, [&] {
+            if (to > from) require_buffer(out, static_cast<std::size_t>(to - from), "out");
+        });
+        core.tokens(seq, from, to, out);
+    });
+}
+
+dspark_status dspark_process_encoded_tokens(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                            const void* data, size_t nbytes, const int32_t* tokens) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         converted(core, seq, false, [&] {
             require_buffer(positions, n, "positions");
             require_buffer(data, nbytes, "data");
         });
-        core.process_encoded(seq, positions, n, static_cast<const std::uint8_t*>(data), nbytes);  // checks nbytes
+        core.process_encoded(seq, positions, n, static_cast<const std::uint8_t*>(data), nbytes,  // checks nbytes
+                             tokens);
     });
+}
+
+dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                     const void* data, size_t nbytes) {
+    return dspark_process_encoded_tokens(st, seq, positions, n, data, nbytes, nullptr);
 }
 
 namespace {
 
-// process_external and reserve (the core's `op`): one sequence's positions
-// in, one slot per row out. Held mode: the core names the mode.
-using SeqSlotsCall = void (dspark::Stager::*)(std::int64_t, const std::int64_t*, std::size_t, std::int64_t*);
-dspark_status seq_slots(dspark_stager* st, SeqSlotsCall op, int64_t seq, const int64_t* positions, size_t n,
-                        int64_t* slots_out) {
+// process_external and reserve (`op(core)`, the core's call): one
+// sequence's positions in, one slot per row out. Held mode: the core names the mode.
+dspark_status seq_slots(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n, int64_t* slots_out,
+                        const std::function<void(dspark::Stager&)>& op) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         converted(core, seq, false, [&] {
             require_buffer(positions, n, "positions");
             require_buffer(slots_out, n, "slots_out");
         });
-        (core.*op)(seq, positions, n, slots_out);
+        op(core);
     });
 }
 
 }  // namespace
 
+dspark_status dspark_process_external_tokens(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                             int64_t* slots_out, const int32_t* tokens) {
+    return seq_slots(st, seq, positions, n, slots_out,
+                     [&](dspark::Stager& core) { core.process_external(seq, positions, n, slots_out, tokens); });
+}
+
 dspark_status dspark_process_external(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
                                       int64_t* slots_out) {
-    return seq_slots(st, &dspark::Stager::process_external, seq, positions, n, slots_out);
+    return dspark_process_external_tokens(st, seq, positions, n, slots_out, nullptr);
 }
 
 dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_past, int32_t rows_dtype,
@@ -438,6 +471,12 @@ dspark_status dspark_draft_many_view(dspark_stager* st, const int64_t* seqs, con
 dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                   const int64_t* positions, size_t total, const void* rows, int32_t dtype,
                                   size_t rows_bytes) {
+    return dspark_process_many_tokens(st, seqs, n, offsets, positions, total, rows, dtype, rows_bytes, nullptr);
+}
+
+dspark_status dspark_process_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                         const int64_t* positions, size_t total, const void* rows, int32_t dtype,
+                                         size_t rows_bytes, const int32_t* tokens) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
@@ -448,14 +487,28 @@ dspark_status dspark_process_many(dspark_stager* st, const int64_t* seqs, size_t
             require_buffer(rows, rows_bytes, "rows");
             return type;
         });
-        core.process_many(seqs, n, offsets, positions, total, rows, t);  // checks offsets against total
+        core.process_many(seqs, n, offsets, positions, total, rows, t, tokens);  // checks offsets against total
     });
 }
 
 dspark_status dspark_process_external_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                            const int64_t* positions, size_t total, int64_t* slots_out) {
-    return flat_slots(st, "process_external_many", &dspark::Stager::process_external_many, seqs, n, offsets,
-                      positions, total, slots_out);
+    return dspark_process_external_many_tokens(st, seqs, n, offsets, positions, total, slots_out, nullptr);
+}
+
+dspark_status dspark_process_external_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                  const int64_t* offsets, const int64_t* positions, size_t total,
+                                                  int64_t* slots_out, const int32_t* tokens) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        converted_batch(core, "process_external_many", seqs, n, Need::Ready, [&] {
+            require(offsets, "offsets");
+            require_buffer(positions, total, "positions");
+            require_buffer(slots_out, total, "slots_out");
+        });
+        core.process_external_many(seqs, n, offsets, positions, total, slots_out, "process_external_many", tokens);
+    });
 }
 
 dspark_status dspark_accept_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n) {
@@ -498,7 +551,8 @@ dspark_status dspark_fail_many(dspark_stager* st, const int64_t* seqs, const int
 
 dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
                              int64_t* slots_out) {
-    return seq_slots(st, &dspark::Stager::reserve, seq, positions, n, slots_out);
+    return seq_slots(st, seq, positions, n, slots_out,
+                     [&](dspark::Stager& core) { core.reserve(seq, positions, n, slots_out); });
 }
 
 dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,

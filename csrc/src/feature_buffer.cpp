@@ -45,15 +45,19 @@ void FeatureBuffer::reserve_back(std::size_t n, std::size_t reserve_rows) {
             throw std::logic_error("dspark internal error: an external ring would outgrow its slots");
         cap_ = reserve_rows;
         head_slot_ = 0;
+        if (with_tokens_) tokens_.assign(cap_, 0);
         return;
     }
     const std::size_t new_cap = std::max({need, reserve_rows, cap_ * 2});
     // Address space, not touched here; a fresh allocation (never resized in
     // place), so a view of the old bytes keeps them.
     auto fresh = std::make_shared<ByteVec>(new_cap * row_bytes_);
+    std::vector<std::int32_t> ids(with_tokens_ ? new_cap : 0);
     // Re-linearise: the oldest row goes to slot 0.
     if (count_ != 0) copy_out(head_pos_, end(), fresh->data());
+    if (count_ != 0) copy_tokens_out(head_pos_, end(), ids.data());
     data_ = std::move(fresh);
+    tokens_ = std::move(ids);
     cap_ = new_cap;
     head_slot_ = 0;
     touched_ = count_;
@@ -94,8 +98,27 @@ void FeatureBuffer::copy_out(std::int64_t from, std::int64_t to, std::uint8_t* d
 }
 
 void FeatureBuffer::copy_row(std::int64_t from, std::int64_t to) noexcept {
+    if (with_tokens_) tokens_[slot(to)] = tokens_[slot(from)];
     if (external_) return;
     std::memcpy(bytes() + slot(to) * row_bytes_, bytes() + slot(from) * row_bytes_, row_bytes_);
+}
+
+void FeatureBuffer::set_tokens(std::int64_t from, const std::int32_t* ids, std::size_t n) noexcept {
+    if (!with_tokens_ || n == 0) return;
+    const std::size_t s = slot(from);
+    const std::size_t run = std::min(n, cap_ - s);
+    std::copy(ids, ids + run, tokens_.begin() + static_cast<std::ptrdiff_t>(s));
+    std::copy(ids + run, ids + n, tokens_.begin());
+}
+
+void FeatureBuffer::copy_tokens_out(std::int64_t from, std::int64_t to, std::int32_t* dst) const noexcept {
+    if (!with_tokens_ || to <= from) return;
+    const std::size_t n = static_cast<std::size_t>(to - from);
+    const std::size_t s = slot(from);
+    const std::size_t run = std::min(n, cap_ - s);
+    std::copy(tokens_.begin() + static_cast<std::ptrdiff_t>(s), tokens_.begin() + static_cast<std::ptrdiff_t>(s + run),
+              dst);
+    std::copy(tokens_.begin(), tokens_.begin() + static_cast<std::ptrdiff_t>(n - run), dst + run);
 }
 
 void FeatureBuffer::runs(std::int64_t from, std::int64_t to, std::int64_t base, SlotRun out[2]) const noexcept {
@@ -133,13 +156,14 @@ void FeatureBuffer::compact(std::int64_t from, std::int64_t lo, std::int64_t hi,
         }
     }
     const std::size_t first = n_front ? slot(from) : n_tail ? slot(hi) : 0;
-    if (!external_)
-        for (std::size_t i = first_move; i < moves.size(); ++i) {
-            const SlotMove& m = moves[i];
-            std::memcpy(bytes() + static_cast<std::size_t>(m.dst - base) * row_bytes_,
-                        bytes() + static_cast<std::size_t>(m.src - base) * row_bytes_,
-                        static_cast<std::size_t>(m.count) * row_bytes_);
-        }
+    for (std::size_t i = first_move; i < moves.size(); ++i) {
+        const SlotMove& m = moves[i];
+        const auto src = static_cast<std::size_t>(m.src - base), dst = static_cast<std::size_t>(m.dst - base);
+        const auto count = static_cast<std::size_t>(m.count);
+        if (!external_) std::memcpy(bytes() + dst * row_bytes_, bytes() + src * row_bytes_, count * row_bytes_);
+        if (with_tokens_) std::copy_n(tokens_.begin() + static_cast<std::ptrdiff_t>(src), count,
+                                      tokens_.begin() + static_cast<std::ptrdiff_t>(dst));
+    }
     count_ = n_front + n_tail;
     head_slot_ = count_ ? first : 0;
     head_pos_ = new_head;

@@ -44,7 +44,13 @@ constexpr std::uint32_t FLAG_BITS = 63;
 // only, n_rows still says how many rows the owner keeps). A reader rejects
 // bits it does not know.
 constexpr std::uint16_t CONTENT_EXTERNAL_ROWS = 1;
-constexpr std::uint16_t CONTENT_FLAGS_KNOWN = CONTENT_EXTERNAL_ROWS;
+// Bit 1: n_rows token ids (int32, little-endian) follow the rows (or the
+// header, bit 0 set), one per row in position order: the snapshot of a
+// chain drafter's Stager. The rows' checksum (offset 88) runs on over them.
+constexpr std::uint16_t CONTENT_TOKENS = 2;
+constexpr std::uint16_t CONTENT_FLAGS_KNOWN = CONTENT_EXTERNAL_ROWS | CONTENT_TOKENS;
+constexpr std::size_t TOKEN_BYTES = 4;
+constexpr const char* NEGATIVE_TOKEN = "snapshot token ids are inconsistent (a negative id)";
 
 // CRC-32 (IEEE 802.3, zlib's crc32), table-driven: version 1 only.
 std::uint32_t crc32_v1(const std::uint8_t* p, std::size_t n) {
@@ -98,9 +104,10 @@ struct Fingerprint {
 }  // namespace
 
 std::size_t Stager::snapshot_bytes(const Seq& s) const noexcept {
-    if (external()) return HEADER_BYTES;  // bookkeeping only
-    const std::int64_t n_rows = s.started ? s.end - s.horizon : 0;
-    return HEADER_BYTES + static_cast<std::size_t>(n_rows) * row_bytes_;
+    const auto n_rows = static_cast<std::size_t>(s.started ? s.end - s.horizon : 0);
+    const std::size_t ids = opt_.kind == DrafterKind::Chain ? n_rows * TOKEN_BYTES : 0;
+    if (external()) return HEADER_BYTES + ids;  // bookkeeping (and the ids) only
+    return HEADER_BYTES + n_rows * row_bytes_ + ids;
 }
 
 void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
@@ -113,7 +120,9 @@ void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
     put<std::uint32_t>(h + 8, static_cast<std::uint32_t>(opt_.feature_dim));
     put<std::uint8_t>(h + 12, static_cast<std::uint8_t>(opt_.storage));
     put<std::uint8_t>(h + 13, static_cast<std::uint8_t>(opt_.nonfinite));
-    put<std::uint16_t>(h + 14, external() ? CONTENT_EXTERNAL_ROWS : std::uint16_t(0));  // content flags
+    const bool ids = opt_.kind == DrafterKind::Chain;
+    put<std::uint16_t>(h + 14, static_cast<std::uint16_t>((external() ? CONTENT_EXTERNAL_ROWS : 0) |
+                                                          (ids ? CONTENT_TOKENS : 0)));  // content flags
     put<std::uint32_t>(h + 16, static_cast<std::uint32_t>(opt_.window));
     put<std::uint32_t>(h + 20, static_cast<std::uint32_t>(opt_.block_size));
     put<std::uint32_t>(h + 24, static_cast<std::uint32_t>(row_bytes_));
@@ -137,6 +146,16 @@ void Stager::write_snapshot(const Seq& s, std::uint8_t* dst) const noexcept {
             rows_crc = crc32c_copy(rows_crc, out, run, bytes);
             out += bytes;
         });
+    if (ids && n_rows) {
+        std::vector<std::int32_t> tokens(static_cast<std::size_t>(n_rows));
+        s.buf.copy_tokens_out(s.horizon, s.end, tokens.data());
+        for (std::int32_t t : tokens) {
+            put<std::int32_t>(out, t);
+            out += TOKEN_BYTES;
+        }
+        const std::size_t bytes = tokens.size() * TOKEN_BYTES;
+        rows_crc = crc32c(rows_crc, out - bytes, bytes);
+    }
     put<std::uint32_t>(h + OFF_ROWS_CRC, rows_crc);
     put<std::uint32_t>(h + OFF_HEADER_CRC, crc32c(0, h, OFF_HEADER_CRC));
 }
@@ -191,6 +210,7 @@ struct Stager::SnapshotFields {
     std::int64_t end = 0, horizon = 0, n_cache = 0, pos_base = 0, tentative = 0;
     std::uint32_t failures = 0, flags = 0;
     bool started = false;
+    bool tokens = false;  // n_rows token ids follow the rows (CONTENT_TOKENS)
 };
 
 Stager::SnapshotFields Stager::read_snapshot(const std::uint8_t* d, std::size_t n) const {
@@ -225,6 +245,14 @@ Stager::SnapshotFields Stager::read_snapshot(const std::uint8_t* d, std::size_t 
     if (!snap_external && external())
         bad("snapshot carries its rows (taken in held mode); this Stager runs in external-row mode "
             "(rows='external') and cannot take them: restore it into a held-mode Stager");
+    // Token ids beside the rows exactly when this Stager keeps them (a chain drafter's).
+    const bool tokens = !v1 && (take<std::uint16_t>(d + 14) & CONTENT_TOKENS);
+    if (tokens && opt_.kind != DrafterKind::Chain)
+        bad("snapshot carries token ids (taken by a chain drafter's Stager, kind=\"chain\"); this Stager's "
+            "drafter kind is \"" + std::string(drafter_kind_name(opt_.kind)) + "\"");
+    if (!tokens && opt_.kind == DrafterKind::Chain)
+        bad("snapshot carries no token ids (taken by a block drafter's Stager); this Stager serves a chain "
+            "drafter (kind=\"chain\"), whose rows need theirs");
 
     const Fingerprint theirs{take<std::uint32_t>(d + 8), take<std::uint32_t>(d + 16), take<std::uint32_t>(d + 20),
                              take<std::uint32_t>(d + 24), d[12], d[13], d[76], !v1};
@@ -240,12 +268,13 @@ Stager::SnapshotFields Stager::read_snapshot(const std::uint8_t* d, std::size_t 
     if (reserved_set || (flags & ~FLAG_BITS)) bad("snapshot has reserved bits set");
     const std::uint64_t n_rows = take<std::uint64_t>(d + 80);
     // Overflow-safe: n_rows must fit the bytes actually present (none in external mode).
-    if (external()) {
+    const std::size_t per_row = (external() ? 0 : row_bytes_) + (tokens ? TOKEN_BYTES : 0);
+    if (per_row == 0) {
         if (n != header) bad("snapshot length " + std::to_string(n) + " is not its header's " + std::to_string(header) +
                              " bytes (an external-row snapshot holds no rows)");
-    } else if (n_rows > (n - header - trailer) / (row_bytes_ ? row_bytes_ : 1) || header + n_rows * row_bytes_ + trailer != n)
+    } else if (n_rows > (n - header - trailer) / per_row || header + n_rows * per_row + trailer != n)
         bad("snapshot length " + std::to_string(n) + " does not match its " + std::to_string(n_rows) + " rows of " +
-            std::to_string(row_bytes_) + " bytes");
+            std::to_string(per_row) + " bytes" + (tokens ? " (with their token ids)" : ""));
     const std::int64_t end = take<std::int64_t>(d + 32), horizon = take<std::int64_t>(d + 40);
     const std::int64_t n_cache = take<std::int64_t>(d + 48), pos_base = take<std::int64_t>(d + 56);
     const std::int64_t tentative = take<std::int64_t>(d + 64);
@@ -265,16 +294,22 @@ Stager::SnapshotFields Stager::read_snapshot(const std::uint8_t* d, std::size_t 
              (flags & ~FLAG_DRAFTING_OFF) == FLAG_FIRST_ROUND && failures == 0;  // a fresh sequence
     }
     if (!ok) bad("snapshot fields are inconsistent");
-    return SnapshotFields{v1, header, n_rows, end, horizon, n_cache, pos_base, tentative, failures, flags, started};
+    return SnapshotFields{v1, header, n_rows, end, horizon, n_cache, pos_base, tentative, failures, flags, started,
+                          tokens};
 }
 
 std::int64_t Stager::check_restore(std::int64_t seq, const std::uint8_t* d, std::size_t n) const {
     auto lock = lock_seq(seq);
     (void)ready(seq);
     const SnapshotFields f = read_snapshot(d, n);
-    if (!f.v1 && !external() && crc32c(0, d + f.header, static_cast<std::size_t>(f.n_rows) * row_bytes_) !=
-                                    take<std::uint32_t>(d + OFF_ROWS_CRC))
+    const std::size_t rows_bytes = external() ? 0 : static_cast<std::size_t>(f.n_rows) * row_bytes_;
+    const std::size_t ids_bytes = f.tokens ? static_cast<std::size_t>(f.n_rows) * TOKEN_BYTES : 0;
+    if (!f.v1 && (!external() || f.tokens) &&
+        crc32c(crc32c(0, d + f.header, rows_bytes), d + f.header + rows_bytes, ids_bytes) !=
+            take<std::uint32_t>(d + OFF_ROWS_CRC))
         bad("snapshot rows checksum mismatch (damaged data)");
+    for (std::size_t i = 0; i < ids_bytes; i += TOKEN_BYTES)
+        if (take<std::int32_t>(d + f.header + rows_bytes + i) < 0) bad(NEGATIVE_TOKEN);
     return static_cast<std::int64_t>(f.n_rows);
 }
 
@@ -304,6 +339,17 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
     const std::uint8_t* rows = d + header;
     const std::size_t count = external() ? 0 : static_cast<std::size_t>(n_rows);
     const std::size_t rows_bytes = count * row_bytes_;
+    // The token ids (a chain drafter's), copied privately and checksummed
+    // after the rows (the caller's buffer may change meanwhile too).
+    std::vector<std::int32_t> ids;
+    auto take_ids = [&](std::uint32_t crc) {
+        if (!fields.tokens || n_rows == 0) return crc;
+        ids.resize(static_cast<std::size_t>(n_rows));
+        auto* raw = reinterpret_cast<std::uint8_t*>(ids.data());
+        crc = crc32c_copy_shared(crc, raw, rows + rows_bytes, ids.size() * TOKEN_BYTES);
+        for (std::int32_t& t : ids) t = take<std::int32_t>(reinterpret_cast<const std::uint8_t*>(&t));
+        return crc;
+    };
     if (v1 && count) {  // checked above, with the header: copy into the ring as it will be
         FeatureBuffer ring = ring_for(target.buf, horizon, count);
         append_rows(ring, rows, count);
@@ -334,13 +380,16 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
             }
         }
         // The caller's buffer may change meanwhile: the checksum must be of the rows kept.
-        if (crc32c_copy_shared(0, into->front_slots(count), rows, rows_bytes) != take<std::uint32_t>(d + OFF_ROWS_CRC))
+        if (take_ids(crc32c_copy_shared(0, into->front_slots(count), rows, rows_bytes)) !=
+            take<std::uint32_t>(d + OFF_ROWS_CRC))
             bad("snapshot rows checksum mismatch (damaged data)");
         if (into == &spare_) std::swap(spare_, target.buf);
         else if (into == &fresh) target.buf = std::move(fresh);
-    } else if (!v1 && !external() && crc32c(0, rows, 0) != take<std::uint32_t>(d + OFF_ROWS_CRC)) {
+    } else if (!v1 && (!external() || fields.tokens) && take_ids(0) != take<std::uint32_t>(d + OFF_ROWS_CRC)) {
         bad("snapshot rows checksum mismatch (damaged data)");
     }
+    for (std::int32_t t : ids)
+        if (t < 0) bad(NEGATIVE_TOKEN);
 
     // Build the new state completely, then swap it in: bad data never
     // leaves the slot half-restored (nothing below can fail).
@@ -370,6 +419,7 @@ void Stager::restore(std::int64_t seq, const std::uint8_t* d, std::size_t n, Slo
         s.buf.reset(horizon);
         s.buf.commit_back(count);
     }
+    s.buf.set_tokens(horizon, ids.data(), ids.size());
     if (runs_out) s.buf.runs(horizon, end, slot_base(seq), runs_out);
     retire_stats(target);  // the restored sequence's counters start afresh
     target = std::move(s);

@@ -55,6 +55,14 @@ const char* fail_stage_name(FailStage s) noexcept {
     return nullptr;
 }
 
+const char* drafter_kind_name(DrafterKind k) noexcept {
+    switch (k) {
+        case DrafterKind::Block: return "block";
+        case DrafterKind::Chain: return "chain";
+    }
+    return nullptr;
+}
+
 const char* row_mode_name(RowMode m) noexcept {
     switch (m) {
         case RowMode::Held: return "held";
@@ -94,6 +102,7 @@ void check_options(const StagerOptions& o) {
     require_code("nonfinite", o.nonfinite, NONFINITE_COUNT, nonfinite_name);
     require_code("stage_dtype", o.stage, ELEM_TYPE_COUNT, elem_name);
     require_code("rows", o.rows, ROW_MODE_COUNT, row_mode_name);
+    require_code("kind", o.kind, DRAFTER_KIND_COUNT, drafter_kind_name);
     // A rebase keeps W / 2 rows and must still fit a block: W > 2B (never an abort). Written as
     // B > (W - 1) / 2 (W >= 1 here): 2B overflows int64 for B >= 2**62, which once let any W pass.
     if (o.block_size > (o.window - 1) / 2)
@@ -133,7 +142,9 @@ void Stager::fresh_seq(Seq& s) const {
     FeatureBuffer buf = std::move(s.buf);
     s = Seq{};
     s.buf = std::move(buf);
-    if (s.buf.row_bytes() != row_bytes_ || s.buf.external() != external()) s.buf = new_ring();
+    if (s.buf.row_bytes() != row_bytes_ || s.buf.external() != external() ||
+        s.buf.with_tokens() != (opt_.kind == DrafterKind::Chain))
+        s.buf = new_ring();
     s.buf.reset(0);
     note_size(s);
 }
@@ -342,14 +353,16 @@ std::int64_t Stager::validate_positions(std::int64_t seq_id, const Seq& s, const
     return p0;
 }
 
-void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n) const {
+void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n,
+                           const std::int32_t* tokens) const {
     auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
     validate_positions(seq, s, positions, n);
+    check_tokens(nullptr, tokens, n);
 }
 
 void Stager::check_process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
-                                const std::int64_t* positions, std::size_t total) const {
+                                const std::int64_t* positions, std::size_t total, const std::int32_t* tokens) const {
     const char* call = "process_many";
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
     const std::vector<std::int64_t>& seqs = batch.seqs();
@@ -359,6 +372,7 @@ void Stager::check_process_many(const std::int64_t* seqs_in, std::size_t n, cons
         in_batch(call, i, seqs[i], [&] {
             return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
         });
+    check_tokens(call, tokens, total);
 }
 
 RoundPlan Stager::check_draft(std::int64_t seq, const Seq& s, std::int64_t n_past) const {
@@ -852,6 +866,11 @@ std::vector<SlotMove> Stager::fork(std::int64_t src, std::int64_t dst, std::uint
         c.buf.back_spans(k, x, y);  // an emptied ring starts at slot 0: one span
         a.buf.copy_out(from, a.end, x.data);
         c.buf.commit_back(k);
+        if (c.buf.with_tokens()) {  // the ids go with the rows
+            std::vector<std::int32_t> ids(k);
+            a.buf.copy_tokens_out(from, a.end, ids.data());
+            c.buf.set_tokens(from, ids.data(), k);
+        }
         std::int64_t to = slot_base(dst) + static_cast<std::int64_t>(x.slot);
         for (const SlotRun& r : parent)
             if (r.count) {

@@ -315,6 +315,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
             rethrow_with_prefix(where(call, i, seqs[i]));
         }
     require_mode(RowMode::External, call, "the device step plans slots: run the Stager with rows=\"external\"");
+    require_block(call);
     i64* state = step_state();  // may throw (allocation): nothing has changed
     const device_step::Config c = step_config();
     const std::vector<i64> order = lock_order(seqs, c.max_seqs);

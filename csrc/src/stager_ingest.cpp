@@ -40,6 +40,9 @@ struct Stager::Append {
     // not even the resident-bytes count (stats().bytes) moves.
     bool marked = false;
     FeatureBuffer::Marks before;
+    // The rows' token ids (a chain drafter's Stager), n of them: the kept
+    // rows' go beside them at commit.
+    const std::int32_t* tokens = nullptr;
 };
 
 namespace {
@@ -156,6 +159,7 @@ void Stager::commit_append(std::int64_t seq_id, Seq& s, Append& g, Encode&& enco
         }
     }
     if (g.keep) s.buf.commit_back(g.keep);
+    if (g.keep && g.tokens) s.buf.set_tokens(g.p0 + static_cast<std::int64_t>(g.skip), g.tokens + g.skip, g.keep);
     if (slots_out) {
         const std::int64_t base = slot_base(seq_id);
         for (std::size_t i = 0; i < g.skip; ++i) slots_out[i] = -1;
@@ -188,20 +192,64 @@ const std::uint8_t* Stager::unaliased_input(const void* rows, std::size_t nbytes
     return src;
 }
 
-void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type) {
+void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows, ElemType type,
+                     const std::int32_t* tokens) {
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process");
-    append_held(seq, s, validate_positions(seq, s, positions, n), n, rows, type);
+    const std::int64_t p0 = validate_positions(seq, s, positions, n);
+    check_tokens(nullptr, tokens, n);
+    append_held(seq, s, p0, n, rows, type, tokens);
 }
 
-void Stager::append_held(std::int64_t seq, Seq& s, std::int64_t p0, std::size_t n, const void* rows, ElemType type) {
+void Stager::check_tokens(const char* call, const std::int32_t* tokens, std::size_t n) const {
+    const std::string in = call ? std::string(call) + ": " : std::string();
+    if (opt_.kind != DrafterKind::Chain) {
+        if (tokens)
+            throw std::invalid_argument(in + "tokens are kept for a chain drafter (kind=\"chain\") only; this "
+                                             "Stager's drafter kind is \"" + drafter_kind_name(opt_.kind) + "\"");
+        return;
+    }
+    if (!tokens && n)
+        throw std::invalid_argument(in + "a chain drafter's Stager (kind=\"chain\") needs the token id of every row "
+                                         "(tokens: the token the target read at each row's position)");
+    for (std::size_t i = 0; i < n; ++i)
+        if (tokens[i] < 0)
+            throw std::invalid_argument(in + "tokens[" + std::to_string(i) + "] is " + std::to_string(tokens[i]) +
+                                        ": token ids are >= 0; nothing was appended");
+}
+
+void Stager::require_block(const char* call) const {
+    if (opt_.kind == DrafterKind::Chain)
+        throw std::invalid_argument(std::string(call) + " is not available to a chain drafter's Stager (kind=\"chain\"): "
+                                    "its rows need their token ids, and " + call + " does not carry them");
+}
+
+void Stager::tokens(std::int64_t seq, std::int64_t from, std::int64_t to, std::int32_t* out) const {
+    auto lock = lock_seq(seq);
+    const Seq& s = needs(seq, Need::Any);
+    if (opt_.kind != DrafterKind::Chain)
+        throw std::invalid_argument(std::string("tokens: this Stager's drafter kind is \"") + drafter_kind_name(opt_.kind) +
+                                    "\"; token ids are kept for a chain drafter (kind=\"chain\") only");
+    // The stageable rows [horizon, end) (buffered_positions): dead rows below
+    // the horizon are neither staged nor snapshotted, so their ids are not asked.
+    const std::int64_t lo = s.started ? s.horizon : 0, end = s.started ? s.end : 0;
+    if (from > to || from < lo || to > end)
+        throw std::invalid_argument(seq_msg(seq) + ": tokens of positions [" + std::to_string(from) + ", " +
+                                    std::to_string(to) + ") asked, but its stageable rows are [" + std::to_string(lo) +
+                                    ", " + std::to_string(end) + ")");
+    s.buf.copy_tokens_out(from, to, out);
+}
+
+void Stager::append_held(std::int64_t seq, Seq& s, std::int64_t p0, std::size_t n, const void* rows, ElemType type,
+                         const std::int32_t* tokens) {
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
     std::vector<std::uint8_t> copy;
     const FloatRows src{unaliased_input(rows, n * in_row, &seq, 1, copy), type, dim, in_row, opt_.storage,
                         opt_.nonfinite, bounds_};
     auto value = [&](std::int64_t flat) { return src.value(flat); };
     Append g = prepare_append(seq, s, p0, n, src, value, opt_.nonfinite == NonFinite::Error);
+    g.tokens = tokens;
     commit_append(seq, s, g, src, nullptr);
 }
 
@@ -231,7 +279,7 @@ std::string Stager::unstageable_message(std::int64_t seq, std::int64_t p0, std::
 
 
 void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n, const std::uint8_t* data,
-                             std::size_t nbytes) {
+                             std::size_t nbytes, const std::int32_t* tokens) {
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process_encoded");
@@ -239,6 +287,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
         throw std::invalid_argument("encoded rows must be " + std::to_string(n) + " x " + std::to_string(row_bytes_) +
                                     " bytes (" + storage_name(opt_.storage) + "), got " + std::to_string(nbytes));
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
+    check_tokens(nullptr, tokens, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
     std::vector<std::uint8_t> copy;
@@ -257,23 +306,26 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
         return row[static_cast<std::size_t>(flat) % dim];
     };
     Append g = prepare_append(seq, s, p0, n, encode, value, fallible);
+    g.tokens = tokens;
     commit_append(seq, s, g, encode, nullptr);
 }
 
 void Stager::external_one(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
-                          bool reserve) {
+                          bool reserve, const std::int32_t* tokens) {
     const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
     auto lock = lock_seq(seq);
     needs(seq, Need::Ready);
-    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, reserve);
+    append_external(nullptr, &seq, 1, cu, positions, n, slots_out, reserve, tokens);
 }
 
-void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
-    external_one(seq, positions, n, slots_out, false);
+void Stager::process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
+                              const std::int32_t* tokens) {
+    external_one(seq, positions, n, slots_out, false, tokens);
 }
 
 void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
-                          const std::int64_t* positions, std::size_t total, const void* rows, ElemType type) {
+                          const std::int64_t* positions, std::size_t total, const void* rows, ElemType type,
+                          const std::int32_t* tokens) {
     const char* call = "process_many";
     const std::vector<std::int64_t> seqs = copy_of(seqs_in, n), cu = copy_of(cu_in, n + 1);
     check_ids(call, seqs.data(), n);
@@ -287,12 +339,13 @@ void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std:
         p0[i] = in_batch(call, i, seqs[i], [&] {
             return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
         });
-    append_held_many(call, seqs, cu, p0, total, rows, type);
+    check_tokens(call, tokens, total);
+    append_held_many(call, seqs, cu, p0, total, rows, type, tokens);
 }
 
 void Stager::append_held_many(const char* call, const std::vector<std::int64_t>& seqs,
                               const std::vector<std::int64_t>& cu, const std::vector<std::int64_t>& p0,
-                              std::size_t total, const void* rows, ElemType type) {
+                              std::size_t total, const void* rows, ElemType type, const std::int32_t* tokens) {
     const std::size_t n = seqs.size();
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim), in_row = dim * elem_bytes(type);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
@@ -319,7 +372,10 @@ void Stager::append_held_many(const char* call, const std::vector<std::int64_t>&
             if (g[i].marked) mut(get(seqs[i])).buf.set_marks(g[i].before);
         throw;
     }
-    for (std::size_t i = 0; i < n; ++i) commit_append(seqs[i], mut(get(seqs[i])), g[i], src[i], nullptr);
+    for (std::size_t i = 0; i < n; ++i) {
+        g[i].tokens = tokens ? tokens + cu[i] : nullptr;
+        commit_append(seqs[i], mut(get(seqs[i])), g[i], src[i], nullptr);
+    }
 }
 
 // process_external (call == nullptr: one sequence, checked and locked by the
@@ -328,15 +384,17 @@ void Stager::append_held_many(const char* call, const std::vector<std::int64_t>&
 // before it first (cancel puts it back).
 void Stager::append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
                              const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
-                             bool reserve) {
+                             bool reserve, const std::int32_t* tokens) {
     const char* name = call ? call : reserve ? "reserve" : "process_external";
     require_mode(RowMode::External, name);
+    if (reserve) require_block(name);
     if (call) check_offsets(call, cu, n, total);
     std::vector<std::int64_t> p0(n);
     auto check = [&](std::size_t i) {
         return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
     };
     for (std::size_t i = 0; i < n; ++i) p0[i] = call ? in_batch(call, i, seqs[i], [&] { return check(i); }) : check(i);
+    check_tokens(call, tokens, total);
     const NoRows none;
     auto value = [&](std::int64_t flat) { return none.value(flat); };
     std::vector<Append> g(n);
@@ -347,6 +405,7 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
             s.before_marks = s.buf.marks();
         }
         g[i] = prepare_append(seqs[i], s, p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]), none, value, false);
+        g[i].tokens = tokens ? tokens + cu[i] : nullptr;
     }
     for (std::size_t i = 0; i < n; ++i) {
         Seq& s = mut(get(seqs[i]));
@@ -356,33 +415,34 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
 }
 
 void Stager::external_many(const char* call, const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
-                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve) {
+                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve,
+                           const std::int32_t* tokens) {
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
     const std::vector<std::int64_t>& seqs = batch.seqs();
     const std::vector<std::int64_t> cu = copy_of(cu_in, n + 1);
-    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, reserve);
+    append_external(call, seqs.data(), n, cu.data(), positions, total, slots_out, reserve, tokens);
 }
 
 void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
                                    const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    external_many("process_external_many", seqs, n, cu, positions, total, slots_out, false);
+    external_many("process_external_many", seqs, n, cu, positions, total, slots_out, false, nullptr);
 }
 
 void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
                                    const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
-                                   const char* call) {
-    external_many(call, seqs, n, cu, positions, total, slots_out, false);
+                                   const char* call, const std::int32_t* tokens) {
+    external_many(call, seqs, n, cu, positions, total, slots_out, false, tokens);
 }
 
 // -- reservations --------------------------------------------------------------
 
 void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
-    external_one(seq, positions, n, slots_out, true);
+    external_one(seq, positions, n, slots_out, true, nullptr);
 }
 
 void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
                           const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true);
+    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true, nullptr);
 }
 
 // The rows are in the owner's table: the state the reservation made stands.

@@ -188,6 +188,7 @@ std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& stor
                                              std::int64_t start, std::int64_t end, std::uint64_t* serial) {
     auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
+    require_block("publish");
     if (serial) *serial = 0;
     std::lock_guard<std::mutex> store_lock(store.mu_);
     const std::vector<PrefixPlannedBlock> plan = check_publish_prefix(seq, s, store, keys, start, end);
@@ -210,6 +211,7 @@ std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, s
                                                   const std::int64_t* ends_in, std::uint64_t* serial) {
     const char* call = "publish_many";
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    require_block(call);
     const std::vector<std::int64_t>& seqs = batch.seqs();
     const std::vector<std::int64_t> starts = copy_of(starts_in, n), ends = copy_of(ends_in, n);
     if (serial) *serial = 0;
@@ -275,6 +277,7 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
                                     std::vector<SlotMove>* moves, std::uint64_t* serial) {
     auto lock = lock_seq(seq);
     Seq& target = mut(ready(seq));
+    require_block("hit");
     if (serial) *serial = 0;
     // The checks after the sequence's: the store, where the moves go, the hit
     // (the store's plan_hit: n_tokens, the keys, the chain against the
@@ -300,6 +303,7 @@ void Stager::start_from_prefix_many(const std::int64_t* seqs_in, std::size_t n, 
                                     std::uint64_t* serial) {
     const char* call = "hit_many";
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
+    require_block(call);
     const std::vector<std::int64_t>& seqs = batch.seqs();
     const std::vector<std::int64_t> n_tokens = copy_of(n_tokens_in, n);
     if (serial) *serial = 0;

@@ -78,7 +78,9 @@ std::vector<std::int64_t> Stager::check_tree(std::int64_t seq_id, const Seq& s, 
 void Stager::check_process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents,
                                 std::size_t n) const {
     auto lock = lock_seq(seq);
-    (void)check_tree(seq, ready(seq), n_past, parents, n);
+    const Seq& s = ready(seq);
+    require_block("check_process_tree");
+    (void)check_tree(seq, s, n_past, parents, n);
 }
 
 void Stager::process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
@@ -86,6 +88,7 @@ void Stager::process_tree(std::int64_t seq, std::int64_t n_past, const std::int6
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process_tree", "use process_tree_external: the rows stay with their owner");
+    require_block("process_tree");
     const std::vector<std::int64_t> positions = check_tree(seq, s, n_past, parents, n);
     std::vector<std::int64_t> tree(parents, parents + n);  // before any change: may throw
     append_held(seq, s, positions[0], n, rows, type);
@@ -97,10 +100,11 @@ void Stager::process_tree_external(std::int64_t seq, std::int64_t n_past, const 
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::External, "process_tree_external", "use process_tree: this Stager holds its rows");
+    require_block("process_tree");  // the name a binding serves it under too
     const std::vector<std::int64_t> positions = check_tree(seq, s, n_past, parents, n);
     std::vector<std::int64_t> tree(parents, parents + n);
     const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
-    append_external(nullptr, &seq, 1, cu, positions.data(), n, slots_out, false);
+    append_external(nullptr, &seq, 1, cu, positions.data(), n, slots_out, false, nullptr);
     s.tree = std::move(tree);
 }
 
@@ -127,6 +131,7 @@ void Stager::tree_batch(const char* call, RowMode mode, const char* instead, con
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
     const std::vector<std::int64_t>& seqs = batch.seqs();
     require_mode(mode, call, instead);
+    require_block(call);
     const std::vector<std::int64_t> cu = copy_of(offsets, n + 1), n_pasts = copy_of(n_pasts_in, n),
                                     parents = copy_of(parents_in, total);
     std::vector<std::int64_t> p0;
@@ -154,7 +159,7 @@ void Stager::process_tree_external_many(const std::int64_t* seqs, std::size_t n,
                    for (std::size_t i = 0; i < ids.size(); ++i)
                        for (std::int64_t k = cu[i]; k < cu[i + 1]; ++k)
                            positions[static_cast<std::size_t>(k)] = p0[i] + (k - cu[i]);
-                   append_external(call, ids.data(), ids.size(), cu.data(), positions.data(), total, slots_out, false);
+                   append_external(call, ids.data(), ids.size(), cu.data(), positions.data(), total, slots_out, false, nullptr);
                });
 }
 

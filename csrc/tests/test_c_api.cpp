@@ -1328,6 +1328,68 @@ TEST_CASE(draft_view_refusals_change_nothing) {
     CHECK(!st.open_round);
 }
 
+TEST_CASE(a_chain_stager_keeps_the_token_ids_it_is_given) {
+    dspark_config c = config();
+    c.kind = 7;
+    dspark_stager* st = nullptr;
+    CHECK_EQ(dspark_stager_create(&c, &st), DSPARK_E_CONFIG);
+    CHECK(error_mentions("kind"));
+    c.kind = DSPARK_KIND_CHAIN;
+    Handle h(c);
+    CHECK_EQ(dspark_begin(h.st, 0), DSPARK_OK);
+    const auto rows = rows_for(0, 4);
+    const auto pos = span(0, 4);
+    const std::int32_t ids[4] = {40, 41, 42, 43}, bad[4] = {40, 41, -1, 43};
+    const std::size_t nbytes = rows.size() * sizeof(float);
+    // The plain call carries no ids: refused, nothing appended.
+    CHECK_EQ(dspark_process(h.st, 0, pos.data(), 4, rows.data(), DSPARK_DTYPE_F32, nbytes), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("needs the token id of every row"));
+    CHECK_EQ(dspark_process_tokens(h.st, 0, pos.data(), 4, rows.data(), DSPARK_DTYPE_F32, nbytes, bad),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("tokens[2] is -1"));
+    std::int32_t out[4] = {0, 0, 0, 0};
+    CHECK_EQ(dspark_tokens(h.st, 0, 0, 1, out), DSPARK_E_INVALID_ARGUMENT);  // nothing held yet
+    CHECK_EQ(dspark_process_tokens(h.st, 0, pos.data(), 4, rows.data(), DSPARK_DTYPE_F32, nbytes, ids), DSPARK_OK);
+    CHECK_EQ(dspark_tokens(h.st, 0, 0, 4, out), DSPARK_OK);
+    CHECK(out[0] == 40 && out[3] == 43);
+    CHECK_EQ(dspark_tokens(h.st, 0, 1, 4, nullptr), DSPARK_E_NULL_POINTER);
+    // Batched: the ids flat as the rows.
+    CHECK_EQ(dspark_begin(h.st, 1), DSPARK_OK);
+    const std::int64_t seqs[2] = {1, 0}, cu[3] = {0, 2, 3}, bpos[3] = {0, 1, 4};
+    const std::int32_t bids[3] = {50, 51, 44};
+    const auto brows = rows_for(0, 3);
+    CHECK_EQ(dspark_process_many_tokens(h.st, seqs, 2, cu, bpos, 3, brows.data(), DSPARK_DTYPE_F32,
+                                        brows.size() * sizeof(float), bids),
+             DSPARK_OK);
+    CHECK_EQ(dspark_tokens(h.st, 1, 0, 2, out), DSPARK_OK);
+    CHECK(out[0] == 50 && out[1] == 51);
+    CHECK_EQ(dspark_tokens(h.st, 0, 4, 5, out), DSPARK_OK);
+    CHECK_EQ(out[0], 44);
+    // A block stager keeps none: ids are refused, not dropped.
+    Handle b(config());
+    CHECK_EQ(dspark_begin(b.st, 0), DSPARK_OK);
+    CHECK_EQ(dspark_process_tokens(b.st, 0, pos.data(), 4, rows.data(), DSPARK_DTYPE_F32, nbytes, ids),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(error_mentions("kept for a chain drafter"));
+    CHECK_EQ(dspark_tokens(b.st, 0, 0, 0, out), DSPARK_E_INVALID_ARGUMENT);
+    // External rows: the ids beside the slots.
+    dspark_config e = config();
+    e.kind = DSPARK_KIND_CHAIN;
+    e.rows_mode = DSPARK_ROWS_EXTERNAL;
+    Handle x(e);
+    CHECK_EQ(dspark_begin(x.st, 0), DSPARK_OK);
+    std::int64_t slots[4];
+    CHECK_EQ(dspark_process_external(x.st, 0, pos.data(), 4, slots), DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_process_external_tokens(x.st, 0, pos.data(), 4, slots, ids), DSPARK_OK);
+    CHECK_EQ(dspark_tokens(x.st, 0, 2, 4, out), DSPARK_OK);
+    CHECK(out[0] == 42 && out[1] == 43);
+    const std::int64_t one[1] = {0}, cu1[2] = {0, 1}, p4[1] = {4};
+    const std::int32_t id4[1] = {44};
+    CHECK_EQ(dspark_process_external_many_tokens(x.st, one, 1, cu1, p4, 1, slots, id4), DSPARK_OK);
+    CHECK_EQ(dspark_tokens(x.st, 0, 4, 5, out), DSPARK_OK);
+    CHECK_EQ(out[0], 44);
+}
+
 TEST_MAIN()
 
 TEST_CASE(tree_verify_batches_through_the_c_abi) {

@@ -128,6 +128,8 @@ class ContextPlan:
         unwindowed_n_batch: that drafter's ``n_batch`` (``target_n_ctx + B``).
             Formerly ``anchor_n_batch`` (deprecated alias).
         warnings: warnings about the inputs (each logged once).
+        kind: the drafter's kind (``"block"`` or ``"chain"``; ``DrafterInfo.kind``),
+            which ``StagerConfig.from_plan`` passes on.
     """
 
     path: str
@@ -156,6 +158,7 @@ class ContextPlan:
     unwindowed_n_ctx: int | None
     unwindowed_n_batch: int | None
     warnings: tuple[str, ...] = ()
+    kind: str = "block"
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict of every field."""
@@ -310,6 +313,7 @@ def plan_context(
     ring = core_ring_rows(B, window)
     per_seq = None if rb is None else ring * rb
     return ContextPlan(
+        kind=info.kind,
         path=info.path,
         block_size=B,
         feature_dim=D,

@@ -154,7 +154,7 @@ def cpp_seeds() -> None:
         mode = k % 3
         write("cpp_formats", f"seed-{k:02d}", bytes([mode, k % 5, k % 3, k]) + prng(f"cppfm{k}", 40 + 34 * k))
     # fuzz_c_api: 8 config bytes (storage / dim, block, window, max_seqs, policy / stage / strict,
-    # rows mode, struct_size, NULL choice), then ops. Random ones, and scripts over both row
+    # rows mode / drafter kind, struct_size, NULL choice), then ops. Random ones, and scripts over both row
     # modes: a long decode (the ring wraps), rounds, fork, shift, snapshot / restore, drafts in
     # every dtype, draft_many, the row-format calls, NULL stagers, introspection.
     for k in range(16):
@@ -169,6 +169,9 @@ def cpp_seeds() -> None:
                    239, 0, 4, 9, 1, 4, 2, 239, 0, 9, 0, 0, 2, 3, 17, 0, 1, 2, 0, 239, 0, 6, 7, 4, 0x43, 5])
     for k, rows_mode in enumerate([0, 1]):
         write("cpp_c_api", f"trees-{k}", bytes([0x00, 3, 12, 2, 0, rows_mode, 0, 0]) + trees)
+    # A chain drafter's stager (rows-mode byte 6 / 7: kind chain): the script's rows with their token ids.
+    for k, rows_mode in enumerate([0, 1]):
+        write("cpp_c_api", f"chain-{k}", bytes([0x00, 3, 17, 2, 0, 6 + rows_mode, 0, 0]) + script)
 
 
 #: fuzz_prefix ops (csrc/fuzz/fuzz_prefix.cpp): conversation 0 to 120 positions, published

@@ -105,6 +105,14 @@ enum {
  * and fork / shift report the copies to apply (dspark_last_moves).
  * docs/external_rows.md has the owner's duties. */
 enum { DSPARK_ROWS_HELD = 0, DSPARK_ROWS_EXTERNAL = 1 };
+/* The drafter the rows serve. BLOCK (DSpark / DFlash): a round stages context
+ * rows and a block of queries. CHAIN (EAGLE-3, EAGLE, MTP): the drafter pairs
+ * each row with the id of the token after it; the stager keeps, beside each
+ * row, the id of the token the target read at its position (the *_tokens
+ * process calls take them; a CHAIN stager refuses the plain ones) and hands
+ * them back with dspark_tokens. Reservations, tree verification, the device
+ * step and prefix rows serve BLOCK stagers only. */
+enum { DSPARK_KIND_BLOCK = 0, DSPARK_KIND_CHAIN = 1 };
 
 /* ---- structs ------------------------------------------------------------- */
 /* A Stager's configuration. Initialise with dspark_config_init (which sets
@@ -125,6 +133,7 @@ typedef struct dspark_config {
     int32_t strict;        /* 1: a draft whose n_past does not match the buffered rows (it would skip
                               with MISSING_ROWS) fails with DSPARK_E_STATE instead; default 0 */
     int32_t rows_mode;     /* DSPARK_ROWS_HELD (default) or DSPARK_ROWS_EXTERNAL */
+    int32_t kind;          /* DSPARK_KIND_BLOCK (default) or DSPARK_KIND_CHAIN */
 } dspark_config;
 
 /* One sequence's round as planned by dspark_draft. Context rows are the
@@ -202,6 +211,7 @@ static inline void dspark_config_init(dspark_config* c) {
     c->stage_dtype = DSPARK_DTYPE_F32;
     c->strict = 0;
     c->rows_mode = DSPARK_ROWS_HELD;
+    c->kind = DSPARK_KIND_BLOCK;
 }
 static inline void dspark_state_init(dspark_state* s) {
     memset(s, 0, sizeof *s);
@@ -257,6 +267,23 @@ DSPARK_API dspark_status dspark_process_encoded(dspark_stager* st, int64_t seq, 
  * DSPARK_E_INVALID_ARGUMENT on a HELD stager. */
 DSPARK_API dspark_status dspark_process_external(dspark_stager* st, int64_t seq, const int64_t* positions,
                                                  size_t n, int64_t* slots_out);
+/* dspark_process, dspark_process_encoded and dspark_process_external with
+ * tokens[0..n): the id of the token the target read at each row's position
+ * (>= 0), kept beside the row. Required by a CHAIN stager, NULL for a BLOCK
+ * one (else DSPARK_E_INVALID_ARGUMENT, nothing appended). */
+DSPARK_API dspark_status dspark_process_tokens(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                               const void* rows, int32_t dtype, size_t rows_bytes,
+                                               const int32_t* tokens);
+DSPARK_API dspark_status dspark_process_encoded_tokens(dspark_stager* st, int64_t seq, const int64_t* positions,
+                                                       size_t n, const void* data, size_t nbytes,
+                                                       const int32_t* tokens);
+DSPARK_API dspark_status dspark_process_external_tokens(dspark_stager* st, int64_t seq, const int64_t* positions,
+                                                        size_t n, int64_t* slots_out, const int32_t* tokens);
+/* CHAIN stager: out[0..to - from) receives the token ids kept beside the rows
+ * of positions [from, to), every one held (a plan's staged rows are
+ * [first_row, start)). A chain drafter pairs row p with the id of p + 1; the
+ * newest row's is the token the round drafts from. */
+DSPARK_API dspark_status dspark_tokens(const dspark_stager* st, int64_t seq, int64_t from, int64_t to, int32_t* out);
 /* Bytes dspark_draft would write for (seq, n_past) now, in `rows_dtype`
  * (DSPARK_DTYPE_STORAGE or F32/F16/BF16); changes nothing. */
 DSPARK_API dspark_status dspark_draft_size(const dspark_stager* st, int64_t seq, int64_t n_past,
@@ -353,6 +380,14 @@ DSPARK_API dspark_status dspark_process_many(dspark_stager* st, const int64_t* s
 DSPARK_API dspark_status dspark_process_external_many(dspark_stager* st, const int64_t* seqs, size_t n,
                                                       const int64_t* offsets, const int64_t* positions, size_t total,
                                                       int64_t* slots_out);
+/* The two above with tokens[0..total), flat as the rows (dspark_process_tokens). */
+DSPARK_API dspark_status dspark_process_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                    const int64_t* offsets, const int64_t* positions, size_t total,
+                                                    const void* rows, int32_t dtype, size_t rows_bytes,
+                                                    const int32_t* tokens);
+DSPARK_API dspark_status dspark_process_external_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                             const int64_t* offsets, const int64_t* positions,
+                                                             size_t total, int64_t* slots_out, const int32_t* tokens);
 /* dspark_accept(seqs[i], n_accepted[i]) for each i. */
 DSPARK_API dspark_status dspark_accept_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted,
                                             size_t n);

@@ -19,7 +19,12 @@
 //  * an external ring (external-row mode) keeps the same bookkeeping (head,
 //    size, capacity, slot arithmetic) but no bytes: its owner holds the rows
 //    at the ring indices this class computes, so its capacity is exactly the
-//    first reservation and never grows (growing would renumber every slot).
+//    first reservation and never grows (growing would renumber every slot);
+//  * a ring with tokens (a chain drafter's Stager) keeps one int32 token id
+//    per slot beside the row, in both kinds of ring (an external one holds
+//    the ids, not the rows): every call that moves, copies, re-linearises or
+//    compacts rows does the same to their ids, so the id of position p is
+//    always the one written with p's row.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -67,14 +72,18 @@ public:
     };
 
     FeatureBuffer() = default;
-    explicit FeatureBuffer(std::size_t row_bytes, bool external = false) : row_bytes_(row_bytes), external_(external) {}
+    explicit FeatureBuffer(std::size_t row_bytes, bool external = false, bool with_tokens = false)
+        : row_bytes_(row_bytes), external_(external), with_tokens_(with_tokens) {}
     // A moved-from ring is empty (capacity 0), never a dangling view.
     FeatureBuffer(FeatureBuffer&& o) noexcept { *this = std::move(o); }
     FeatureBuffer& operator=(FeatureBuffer&& o) noexcept {
         if (this != &o) {
             row_bytes_ = o.row_bytes_;
             external_ = o.external_;
+            with_tokens_ = o.with_tokens_;
             data_ = std::move(o.data_);
+            tokens_ = std::move(o.tokens_);
+            o.tokens_.clear();
             cap_ = std::exchange(o.cap_, 0);
             touched_ = std::exchange(o.touched_, 0);
             head_slot_ = std::exchange(o.head_slot_, 0);
@@ -92,6 +101,7 @@ public:
     std::size_t size() const noexcept { return count_; }
     std::size_t capacity() const noexcept { return cap_; }
     bool external() const noexcept { return external_; }
+    bool with_tokens() const noexcept { return with_tokens_; }
     // Address space reserved, and the part of it ever written (resident);
     // 0 for an external ring, which holds no bytes.
     std::size_t bytes_reserved() const noexcept { return external_ ? 0 : cap_ * row_bytes_; }
@@ -129,8 +139,14 @@ public:
     // (nothing in an external ring).
     void copy_out(std::int64_t from, std::int64_t to, std::uint8_t* dst) const noexcept;
     // Copy the row of position `from` over the row of position `to` (both
-    // inside [head, end), different; nothing in an external ring).
+    // inside [head, end), different; an external ring copies only the token).
     void copy_row(std::int64_t from, std::int64_t to) noexcept;
+
+    // The token ids beside the rows (a ring with tokens; no-ops otherwise):
+    // write the ids of positions [from, from + n), read those of [from, to)
+    // (all inside [head, end); set_tokens also right after commit_back).
+    void set_tokens(std::int64_t from, const std::int32_t* ids, std::size_t n) noexcept;
+    void copy_tokens_out(std::int64_t from, std::int64_t to, std::int32_t* dst) const noexcept;
     // Calls f(data, bytes) for each contiguous run (at most two) holding rows
     // [from, to) (inside [head, end)), oldest first.
     template <class F>
@@ -195,11 +211,14 @@ public:
 private:
     std::size_t row_bytes_ = 0;
     bool external_ = false;  // bookkeeping only: the rows live with the owner
+    bool with_tokens_ = false;
     std::uint8_t* bytes() const noexcept { return data_ ? data_->data() : nullptr; }
 
     // cap_ * row_bytes_ (never zero-filled: rows are written before read);
     // shared with the views storage() handed out.
     std::shared_ptr<ByteVec> data_;
+    // One token id per slot (cap_ of them in a ring with tokens, else none).
+    std::vector<std::int32_t> tokens_;
     std::size_t cap_ = 0;             // rows
     std::size_t touched_ = 0;         // slots [0, touched_) have been written
     std::size_t head_slot_ = 0;

@@ -89,6 +89,19 @@ inline constexpr int ROW_MODE_COUNT = 2;
 // "held", "external"; nullptr past the last mode (the binding enumerates them).
 const char* row_mode_name(RowMode m) noexcept;
 
+// The drafter the rows serve. Block (DSpark / DFlash): a round stages its
+// context rows and a block of B queries. Chain (EAGLE-3, EAGLE, MTP heads):
+// the drafter consumes each row with the id of the token after it into its
+// own cache, then drafts one token per step; the core keeps, beside every
+// row, the id of the token the target read at the row's position (process
+// takes them), and a plan's staged rows come with theirs (Stager::tokens), so
+// the drafter pairs row p with the id of p + 1 (the newest row: the token the
+// round drafts from). The windows, rebases and recoveries are the same.
+enum class DrafterKind : std::uint8_t { Block = 0, Chain = 1 };
+inline constexpr int DRAFTER_KIND_COUNT = 2;
+// "block", "chain"; nullptr past the last kind.
+const char* drafter_kind_name(DrafterKind k) noexcept;
+
 // The rows' configuration: what a row holds and which rows a round stages.
 // A Stager has these and its own fields below; a PrefixStore has these of
 // the Stagers it serves (prefix_store.hpp), and only those Stagers share it.
@@ -105,6 +118,7 @@ struct RowOptions {
 };
 
 struct StagerOptions : RowOptions {
+    DrafterKind kind = DrafterKind::Block;
     std::int64_t max_seqs = 1;
     std::int64_t max_failures = 3;
     // A draft whose n_past disagrees with the buffered rows (an out-of-protocol
@@ -311,27 +325,38 @@ public:
     void begin(std::int64_t seq);
     // n rows at positions[0..n) of element type `type`, contiguous rows of
     // feature_dim elements (held mode only).
+    // tokens (a chain drafter's Stager: required, else must be null): the
+    // id of the token the target read at each row's position, >= 0; kept
+    // beside the row. The same in every process call below and its batch.
     void process(std::int64_t seq, const std::int64_t* positions, std::size_t n, const void* rows,
-                 ElemType type);
+                 ElemType type, const std::int32_t* tokens = nullptr);
     // n rows already in storage format (n * row_bytes bytes; held mode only).
     void process_encoded(std::int64_t seq, const std::int64_t* positions, std::size_t n,
-                         const std::uint8_t* data, std::size_t nbytes);
+                         const std::uint8_t* data, std::size_t nbytes, const std::int32_t* tokens = nullptr);
     // External mode: accept n rows at positions[0..n) that the owner holds;
     // slots_out[i] is the global slot where the owner writes row i, or -1 for
     // a row below the horizon that no round can stage (the owner need not
     // write it). At most two runs of consecutive slots. The core never sees
     // the rows, so it cannot check them for NaN / Inf: the owner does, before
     // this call (DeviceRing validates first, then calls this).
-    void process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out);
+    void process_external(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
+                          const std::int32_t* tokens = nullptr);
+    // The token ids kept beside the rows of positions [from, to) (a chain
+    // drafter's Stager; every position stageable: [horizon, end), buffered_positions),
+    // oldest first. A plan's staged rows are [first_row, start).
+    void tokens(std::int64_t seq, std::int64_t from, std::int64_t to, std::int32_t* out) const;
+    DrafterKind kind() const noexcept { return opt_.kind; }
     // Every check process_external (or process, with rows) would make, in
     // its order, without changing anything: an owner of external rows runs
     // it before it looks at the rows it is about to write.
-    void check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n) const;
+    void check_process(std::int64_t seq, const std::int64_t* positions, std::size_t n,
+                       const std::int32_t* tokens = nullptr) const;
     // The same for a batch: every check process_many / process_external_many
     // would make of seqs, offsets and positions, in their order and with
     // their messages ("process_many: seqs[i] ..."), changing nothing.
     void check_process_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
-                            const std::int64_t* positions, std::size_t total) const;
+                            const std::int64_t* positions, std::size_t total,
+                            const std::int32_t* tokens = nullptr) const;
     // Plans a round and appends its rows (storage format; nothing in external
     // mode) to `rows_out`.
     RoundPlan draft(std::int64_t seq, std::int64_t n_past, ByteVec& rows_out);
@@ -427,14 +452,16 @@ public:
     // flat, as in a varlen batch: the rows of seqs[i] are rows
     // [offsets[i], offsets[i + 1]) of `positions`, `rows` and `slots_out`
     // (offsets: n + 1 entries rising from 0 to `total`, cu_seqlens style).
+    // tokens: flat as the rows (a chain drafter's Stager; else null).
     void process_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
-                      const std::int64_t* positions, std::size_t total, const void* rows, ElemType type);
+                      const std::int64_t* positions, std::size_t total, const void* rows, ElemType type,
+                      const std::int32_t* tokens = nullptr);
     // `call`: as draft_many_view's (a binding serves this as process_many).
     void process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                                const std::int64_t* positions, std::size_t total, std::int64_t* slots_out);
     void process_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                                const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
-                               const char* call);
+                               const char* call, const std::int32_t* tokens = nullptr);
     void accept_many(const std::int64_t* seqs, const std::int64_t* n_accepted, std::size_t n);
     void commit_many(const std::int64_t* seqs, std::size_t n);
     // disabled_after (optional, n entries): what fail() returns, per sequence.
@@ -791,11 +818,19 @@ private:
     void accept_path_seq(std::int64_t seq_id, Seq& s, const std::int64_t* nodes, std::size_t n,
                          std::vector<SlotMove>& moves);
     // process's append of checked rows (process, process_tree).
-    void append_held(std::int64_t seq, Seq& s, std::int64_t p0, std::size_t n, const void* rows, ElemType type);
+    void append_held(std::int64_t seq, Seq& s, std::int64_t p0, std::size_t n, const void* rows, ElemType type,
+                     const std::int32_t* tokens = nullptr);
     // process_many's appends of checked rows (the batch locked, its positions checked: the
     // rows of seqs[i] start at p0[i]): every sequence's rows checked, then all appended.
     void append_held_many(const char* call, const std::vector<std::int64_t>& seqs, const std::vector<std::int64_t>& cu,
-                          const std::vector<std::int64_t>& p0, std::size_t total, const void* rows, ElemType type);
+                          const std::vector<std::int64_t>& p0, std::size_t total, const void* rows, ElemType type,
+                          const std::int32_t* tokens = nullptr);
+    // The token ids of n rows (`call` names the batch, or null): present, and
+    // each >= 0, exactly when this Stager keeps tokens (std::invalid_argument).
+    void check_tokens(const char* call, const std::int32_t* tokens, std::size_t n) const;
+    // Throws std::invalid_argument when this is a chain drafter's Stager:
+    // `call` takes no token ids, and a chain drafter's rows need theirs.
+    void require_block(const char* call) const;
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
     // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
     // the store's mutex): the store, its plan of the publish, the sequence's
@@ -858,13 +893,15 @@ private:
     // process_external, reserve and their batches: check every sequence's
     // positions, then append them all (reserve: remembering each state first).
     void append_external(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
-                         const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
+                         const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve,
+                         const std::int32_t* tokens);
     // process_external and reserve: the sequence's lock and check, then append_external.
     void external_one(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
-                      bool reserve);
+                      bool reserve, const std::int32_t* tokens);
     // process_external_many and reserve_many: the batch's checks and locks, then append_external.
     void external_many(const char* call, const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
-                       const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve);
+                       const std::int64_t* positions, std::size_t total, std::int64_t* slots_out, bool reserve,
+                       const std::int32_t* tokens);
     // One sequence's whole state as begin() leaves it (its ring kept), or as
     // a new Stager's (ring freed: end); returns the ring to free outside the lock.
     FeatureBuffer end_seq(Seq& s) const;
@@ -878,7 +915,7 @@ private:
     static void end_reservation(Seq& s, bool keep) noexcept;
     std::string unstageable_message(std::int64_t seq, std::int64_t p0, std::int64_t flat, float value) const;
     std::int64_t slot_base(std::int64_t seq) const noexcept { return seq * static_cast<std::int64_t>(ring_rows_); }
-    FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external()); }
+    FeatureBuffer new_ring() const { return FeatureBuffer(row_bytes_, external(), opt_.kind == DrafterKind::Chain); }
     RoundPlan plan_round(std::int64_t seq_id, const Seq& s, std::int64_t start) const;
     void open_round(Seq& s, RoundPlan& p, std::uint8_t* out) noexcept;
     std::uint8_t* grow_rows(ByteVec& rows_out, const RoundPlan* plans, std::size_t n) const;

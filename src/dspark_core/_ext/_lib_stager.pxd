@@ -74,6 +74,10 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         Held
         External
 
+    enum class DrafterKind(uint8_t):
+        Block
+        Chain
+
     cdef cppclass SlotRun:
         int64_t first
         int64_t count
@@ -96,6 +100,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         RowMode rows
 
     cdef cppclass StagerOptions(RowOptions):
+        DrafterKind kind
         int64_t max_seqs
         int64_t max_failures
         bool strict
@@ -178,16 +183,18 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         uint64_t changes_of(const int64_t* seqs, size_t n) except +dspark_translate_exception
         void check_sequence(int64_t seq, Need need) except +dspark_translate_exception
         void check_batch(const char* call, const int64_t* seqs, size_t n, Need need) except +dspark_translate_exception
-        void check_process(int64_t seq, const int64_t* positions, size_t n) except +dspark_translate_exception
+        void check_process(int64_t seq, const int64_t* positions, size_t n,
+                           const int32_t* tokens) except +dspark_translate_exception
         void check_process_many(const int64_t* seqs, size_t n, const int64_t* offsets, const int64_t* positions,
-                                size_t total) except +dspark_translate_exception
+                                size_t total, const int32_t* tokens) except +dspark_translate_exception
         void begin(int64_t seq) except +dspark_translate_exception
         void process(int64_t seq, const int64_t* positions, size_t n, const void* rows,
-                     ElemType type) except +dspark_translate_exception
+                     ElemType type, const int32_t* tokens) except +dspark_translate_exception
         void process_encoded(int64_t seq, const int64_t* positions, size_t n, const uint8_t* data,
-                             size_t nbytes) except +dspark_translate_exception
+                             size_t nbytes, const int32_t* tokens) except +dspark_translate_exception
         void process_external(int64_t seq, const int64_t* positions, size_t n,
-                              int64_t* slots_out) except +dspark_translate_exception
+                              int64_t* slots_out, const int32_t* tokens) except +dspark_translate_exception
+        void tokens(int64_t seq, int64_t start, int64_t stop, int32_t* out) except +dspark_translate_exception
         RoundPlan draft(int64_t seq, int64_t n_past, ByteVec& rows_out) except +dspark_translate_exception
         RoundPlan draft_view(int64_t seq, int64_t n_past, RowView& view) except +dspark_translate_exception
         void draft_many(const int64_t* seqs, const int64_t* n_pasts, size_t n, vector[RoundPlan]& plans,
@@ -215,10 +222,11 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
                                           const int64_t* nodes, size_t total,
                                           uint64_t* serial) except +dspark_translate_exception
         void process_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* positions,
-                          size_t total, const void* rows, ElemType type) except +dspark_translate_exception
+                          size_t total, const void* rows, ElemType type,
+                          const int32_t* tokens) except +dspark_translate_exception
         void process_external_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens,
                                    const int64_t* positions, size_t total, int64_t* slots_out,
-                                   const char* call) except +dspark_translate_exception
+                                   const char* call, const int32_t* tokens) except +dspark_translate_exception
         void accept_many(const int64_t* seqs, const int64_t* n_accepted, size_t n) except +dspark_translate_exception
         void commit_many(const int64_t* seqs, size_t n) except +dspark_translate_exception
         void fail_many(const int64_t* seqs, const FailStage* stages, size_t n,
@@ -272,6 +280,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const char* skip_name(Skip s)
     const char* fail_stage_name(FailStage s)
     const char* row_mode_name(RowMode m)
+    const char* drafter_kind_name(DrafterKind k)
     string mismatch_cause(int64_t n_past, int64_t end) except +dspark_translate_exception
     void plan_rows(const RoundPlan* plans, size_t n, int64_t* row_offsets, int32_t* positions, int64_t* slots)
     # The batch plan's rows (names null-terminated) and its one packer.

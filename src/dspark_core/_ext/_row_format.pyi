@@ -15,6 +15,7 @@ NONFINITE_POLICIES: tuple[str, ...]
 SKIP_REASONS: tuple[str, ...]
 FAIL_STAGES: tuple[str, ...]
 ROW_MODES: tuple[str, ...]
+DRAFTER_KINDS: tuple[str, ...]
 ELEM_TYPES: tuple[str, ...]
 # The fields of the core's listed records (state() / stats() keys, PrefixHit fields).
 SEQ_STATE_FIELDS: tuple[str, ...]
@@ -52,6 +53,7 @@ def check_stager_options(
     nonfinite: int,
     stage_dtype: int,
     rows: int,
+    kind: int = 0,
 ) -> None:
     """The core's check of a Stager configuration (ConfigError naming the first unusable value)."""
 

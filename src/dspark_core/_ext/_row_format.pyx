@@ -27,7 +27,8 @@ from dspark_core._ext._lib_row_format cimport (
 )
 from dspark_core._ext._lib_row_format cimport ELEM_TYPE_COUNT, elem_name
 from dspark_core._ext._lib_stager cimport (
-    Skip, FailStage, RowMode, StagerOptions, skip_name, fail_stage_name, row_mode_name, check_options,
+    Skip, FailStage, RowMode, DrafterKind, StagerOptions, skip_name, fail_stage_name, row_mode_name,
+    drafter_kind_name, check_options,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION, MAX_WINDOW as C_MAX_WINDOW,
     MAX_FEATURE_DIM as C_MAX_FEATURE_DIM, MAX_SEQS_LIMIT as C_MAX_SEQS_LIMIT, w_keep as c_w_keep,
     ring_rows as c_ring_rows,
@@ -87,10 +88,16 @@ cdef const char* _row_mode_name(int i) noexcept:
     return row_mode_name(<RowMode><uint8_t>i)
 
 
+cdef const char* _drafter_kind_name(int i) noexcept:
+    return drafter_kind_name(<DrafterKind><uint8_t>i)
+
+
 NONFINITE_POLICIES = _names(_nonfinite_name, 0)
 SKIP_REASONS = _names(_skip_name, 1)  # Skip::None (0) is no reason
 FAIL_STAGES = _names(_fail_stage_name, 0)
 ROW_MODES = _names(_row_mode_name, 0)
+#: The drafters the rows serve (dspark::DrafterKind): "block", "chain".
+DRAFTER_KINDS = _names(_drafter_kind_name, 0)
 #: Element types rows come in and are staged out in (numpy names; dspark::ElemType).
 ELEM_TYPES = tuple(elem_name(<ElemType><uint8_t>i).decode() for i in range(ELEM_TYPE_COUNT))
 
@@ -166,7 +173,7 @@ def ring_rows(int64_t block_size, int64_t window):
 
 
 def check_stager_options(int64_t feature_dim, int64_t block_size, int64_t window, int64_t max_seqs, int storage,
-                         int64_t max_failures, int nonfinite, int stage_dtype, int rows):
+                         int64_t max_failures, int nonfinite, int stage_dtype, int rows, int kind=0):
     """The core's check of a Stager configuration (codes are table indices):
     ConfigError naming the first unusable value, as the Stager's constructor raises."""
     cdef StagerOptions o
@@ -179,6 +186,7 @@ def check_stager_options(int64_t feature_dim, int64_t block_size, int64_t window
     o.nonfinite = <NonFinite><uint8_t>nonfinite
     o.stage = <ElemType><uint8_t>stage_dtype
     o.rows = <RowMode><uint8_t>rows
+    o.kind = <DrafterKind><uint8_t>kind
     check_options(o)
 
 # Python-side codes of the C++ NonFinite enum. "keep" is the conversion-only

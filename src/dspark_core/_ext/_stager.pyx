@@ -27,17 +27,18 @@ from dspark_core._ext._lib_row_format cimport (
 )
 from dspark_core._ext._lib_stager cimport (
     Stager as CStager, StagerOptions, RoundPlan, RowView, ByteVec, BufferPool, SeqState, SeqStats, Skip, FailStage,
-    RowMode, RowOptions, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, pack_plans, SEQ_STATS_FIELDS, StagerTotals, advise_huge_pages, mismatch_cause,
+    DrafterKind, RowMode, RowOptions, SlotMove, FieldInfo, Need, SEQ_STATE_FIELDS, pack_plans, SEQ_STATS_FIELDS, StagerTotals, advise_huge_pages, mismatch_cause,
     TRIM_CHUNK as C_TRIM_CHUNK, MAX_POSITION as C_MAX_POSITION,
     crc32c as c_crc32c, batch_context as c_batch_context,
     copy_slot_rows as copy_slot_rows_core,
 )
 
 from dspark_core.stager._args import (
-    as_choice, as_index, as_int64, as_nodes, as_parents, as_positions, as_seq_ids, batch_ints, batch_paths_args,
+    as_choice, as_index, as_int64, as_nodes, as_parents, as_positions, as_seq_ids, as_tokens, batch_ints,
+    batch_paths_args,
     batch_rows_args, batch_tree_args, encoded_args, fail_stage_codes, tree_args, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
-from dspark_core.stager.config import STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
+from dspark_core.stager.config import DRAFTER_KINDS, STORAGES, NONFINITE_POLICIES, ROW_MODES, STAGE_DTYPES, StagerConfig
 from dspark_core.errors import ConfigError, StateError
 from dspark_core.stager.protocol_mismatch import log_disabled, log_mismatch
 from dspark_core.rows.slot_moves import RestoredSlots, SlotMoves, no_moves
@@ -113,6 +114,13 @@ cdef int _set_row_options(RowOptions* o, object config) except -1:
     o.stage = <ElemType><uint8_t>STAGE_DTYPES.index(config.stage_dtype)
     o.rows = <RowMode><uint8_t>ROW_MODES.index(config.rows)
     return 0
+
+
+cdef inline const int32_t* _ids_ptr(object ids):
+    """The data of an int32 array of token ids, NULL for None."""
+    if ids is None:
+        return NULL
+    return <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>ids)
 
 
 cdef object _moves_array(vector[SlotMove]& v):
@@ -372,6 +380,7 @@ cdef class Stager:
     cdef object _stage_dtype
     cdef bint _view_rows
     cdef bint _external
+    cdef bint _chain  # a chain drafter's Stager: token ids beside the rows
     cdef object _decoder
     cdef object _as_rows  # encoded rows -> stage rows: a view when formats agree, else _decoder
     cdef object _batch_ctx  # what every BatchPlan of this Stager shares (made on first draft_many)
@@ -386,8 +395,10 @@ cdef class Stager:
         o.max_seqs = _i64("max_seqs", config.max_seqs)
         o.max_failures = _i64("max_failures", config.max_failures)
         o.strict = config.strict is True
+        o.kind = <DrafterKind><uint8_t>DRAFTER_KINDS.index(config.kind)
         self._core = new CStager(o)  # checks every value (ConfigError), a tampered config's too
         self._external = o.rows == RowMode.External
+        self._chain = o.kind == DrafterKind.Chain
         self.config = config
         self._D = o.feature_dim
         self._B = o.block_size
@@ -549,7 +560,7 @@ cdef class Stager:
         if <int>p.skip != 0:  # dspark::Skip::None
             return StagePlan.skipped(p.seq, p.start, _SKIPS[<int>p.skip], feature_dim=self._D,
                                      row_bytes=self._row_bytes, stage_dtype=self._stage_dtype,
-                                     external=self._external)
+                                     external=self._external, chain=self._chain)
         # The rows: none (external mode), views of the ring (draft(copy=False), `runs`),
         # or `data[offset:]` (the plan's own copy).
         enc = rows = decode = None
@@ -566,7 +577,25 @@ cdef class Stager:
             n_rows=n, block_size=self._B,  # positions and block_positions made on first access
             crop_from=p.crop_from, pos_base=p.pos_base, encoded_rows=enc, rows=rows, decode=decode,
             encoded_runs=runs, slots=_plan_slots(p), external=self._external,
-            source=self if self._external else None, round=p.round)
+            source=self if self._external else None, round=p.round,
+            tokens=self._token_ids(p.seq, p.first_row, p.start) if self._chain else None)
+
+    cdef cnp.ndarray _token_ids(self, int64_t s, int64_t start, int64_t stop):
+        """The ids kept beside the rows of ``[start, stop)`` (a chain drafter's Stager)."""
+        cdef cnp.ndarray out = np.empty(stop - start if stop > start else 0, _I32)
+        cdef int32_t* op = <int32_t*>cnp.PyArray_DATA(out)
+        with nogil:
+            self._core.tokens(s, start, stop, op)
+        return out
+
+    def tokens(self, seq, start, stop):
+        """The token ids kept beside the rows of positions ``[start, stop)`` (int32), oldest
+        first: a chain drafter's Stager (``kind="chain"``) only, every position stageable
+        (inside :meth:`buffered_positions`). A plan's are ``plan.tokens`` already."""
+        cdef int64_t s = _i64("seq", seq)
+        cdef int64_t a = self._converted(s, Need.Any, as_int64, ("start", start))
+        cdef int64_t b = self._converted(s, Need.Any, as_int64, ("stop", stop))
+        return self._token_ids(s, a, b)
 
     # -- round protocol ---------------------------------------------------
     def begin(self, seq):
@@ -575,8 +604,12 @@ cdef class Stager:
         with nogil:
             self._core.begin(s)
 
-    def process(self, seq, positions, rows=None):
+    def process(self, seq, positions, rows=None, tokens=None):
         """Buffer the target's capture rows (float32/float16/bfloat16, ``(n, D)``) at ``positions``.
+
+        ``tokens`` (a chain drafter's Stager, ``kind="chain"``: required; else
+        must be None): the id of the token the target read at each row's
+        position (``n`` integers >= 0), kept beside the row.
 
         Held mode: returns None. The rows are read with the GIL released:
         another thread must not write to ``rows`` during the call.
@@ -597,38 +630,48 @@ cdef class Stager:
         else:
             pos, arr = self._converted(s, Need.Ready, process_args, (self._external, self._D, positions, rows))
             if self._external:
-                return self._process_external(s, pos)
+                return self._process_external(s, pos, tokens)
             t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
         cdef const void* rp = cnp.PyArray_DATA(arr)
+        tokens = self._tokens_arg(s, tokens, n)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.process(s, pp, n, rp, t)
+            self._core.process(s, pp, n, rp, t, tp)
 
-    cdef object _process_external(self, int64_t s, pos):
+    cdef object _tokens_arg(self, int64_t s, tokens, size_t n):
+        """``tokens`` as the core reads them (an int32 array, or None), after ``s``'s own errors."""
+        return None if tokens is None else self._converted(s, Need.Ready, as_tokens, ("", tokens, n))
+
+    cdef object _process_external(self, int64_t s, pos, tokens):
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef cnp.ndarray slots = np.empty(n, _I64)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
         cdef int64_t* sp = <int64_t*>cnp.PyArray_DATA(slots)
+        tokens = self._tokens_arg(s, tokens, n)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.process_external(s, pp, n, sp)
+            self._core.process_external(s, pp, n, sp, tp)
         return slots
 
-    def check_process(self, seq, positions):
-        """Raise what ``process(seq, positions, ...)`` would raise for its sequence
-        and positions, in its order, and change nothing: an owner of external
-        rows (``DeviceRing.write``) runs it before it looks at the rows."""
+    def check_process(self, seq, positions, tokens=None):
+        """Raise what ``process(seq, positions, ..., tokens=tokens)`` would raise for its
+        sequence, positions and token ids, in its order, and change nothing: an owner of
+        external rows (``DeviceRing.write``) runs it before it looks at the rows."""
         cdef int64_t s = _i64("seq", seq)
         pos = self._converted(s, Need.Ready, as_positions, (positions,))
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
+        tokens = self._tokens_arg(s, tokens, n)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.check_process(s, pp, n)
+            self._core.check_process(s, pp, n, tp)
 
-    def check_process_many(self, seqs, cu_seqlens, positions):
-        """Raise what ``process_many(seqs, cu_seqlens, positions, ...)`` would raise for its
-        sequences, offsets and positions, in its order, and change nothing: an owner of external
-        rows (``write_many``) runs it before it looks at the rows."""
+    def check_process_many(self, seqs, cu_seqlens, positions, tokens=None):
+        """Raise what ``process_many(seqs, cu_seqlens, positions, ..., tokens=tokens)`` would
+        raise for its sequences, offsets, positions and token ids, in its order, and change
+        nothing: an owner of external rows (``write_many``) runs it before it looks at the rows."""
         sv = self._ids("process_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         cu, pos, _ = self._batch_converted("process_many", sv, Need.Ready, batch_rows_args,
@@ -637,11 +680,16 @@ cdef class Stager:
         cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
         cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
+        if tokens is not None:
+            tokens = self._batch_converted("process_many", sv, Need.Ready, as_tokens, ("process_many", tokens, total))
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.check_process_many(sp, n, cp, pp, total)
+            self._core.check_process_many(sp, n, cp, pp, total, tp)
 
-    def process_encoded(self, seq, positions, data):
+    def process_encoded(self, seq, positions, data, tokens=None):
         """Buffer rows already in storage format: uint8 ``(n, row_bytes)`` (or ``n * row_bytes`` flat).
+
+        ``tokens``: as for :meth:`process` (a chain drafter's Stager).
 
         The bytes are stored as given. Under ``nonfinite="error"`` a row whose
         stored values (f32 / f16 / bf16) or block scales (q8_0 / q4_0) are not
@@ -654,8 +702,10 @@ cdef class Stager:
         cdef size_t nbytes = buf.shape[0]
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(pos)
         cdef const uint8_t* dp = <const uint8_t*>cnp.PyArray_DATA(buf)
+        tokens = self._tokens_arg(s, tokens, n)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.process_encoded(s, pp, n, dp, nbytes)
+            self._core.process_encoded(s, pp, n, dp, nbytes, tp)
 
     def draft(self, seq, n_past, copy=True):
         """Plan this round for a target at ``n_past``: a :class:`StagePlan` (opens a round unless skipped).
@@ -748,11 +798,26 @@ cdef class Stager:
             self._batch_ctx = BatchContext(self._B, self._D, self._row_bytes, self._stage_dtype,
                                            self._core.max_plan_rows(), self.config.storage, self._view_rows,
                                            self._external, self if self._external else None)
-        return BatchPlan.packed(self._batch_ctx, meta, flags, positions, slots, enc, views)
+        return BatchPlan.packed(self._batch_ctx, meta, flags, positions, slots, enc, views,
+                                self._batch_tokens(plans, total) if self._chain else None)
+
+    cdef cnp.ndarray _batch_tokens(self, vector[RoundPlan]& plans, int64_t total):
+        """The token ids beside a batch plan's rows, flat in plan order (a chain drafter's Stager)."""
+        cdef cnp.ndarray out = np.empty(total, _I32)
+        cdef int32_t* op = <int32_t*>cnp.PyArray_DATA(out)
+        cdef size_t i
+        with nogil:
+            for i in range(plans.size()):
+                if plans[i].n_rows:
+                    self._core.tokens(plans[i].seq, plans[i].first_row, plans[i].start, op)
+                    op += plans[i].n_rows
+        return out
 
     # -- batches: one call for many sequences (docs/design.md 2.9) ------------
-    def process_many(self, seqs, cu_seqlens, positions, rows=None):
+    def process_many(self, seqs, cu_seqlens, positions, rows=None, tokens=None):
         """``process`` for the sequences of one target forward, rows flat as in a varlen batch.
+
+        ``tokens`` (a chain drafter's Stager): flat as the rows, one id per row.
 
         The rows of ``seqs[i]`` are rows ``[cu_seqlens[i], cu_seqlens[i + 1])``
         of ``positions`` (int, ``(total,)``) and, in held mode, of ``rows``
@@ -784,15 +849,19 @@ cdef class Stager:
         cdef cnp.ndarray slots
         cdef int64_t* op
         cdef const void* rp
+        cdef const int32_t* tp = NULL
+        if tokens is not None:
+            tokens = self._batch_converted("process_many", sv, Need.Ready, as_tokens, ("process_many", tokens, total))
+            tp = _ids_ptr(tokens)
         if self._external:
             slots = np.empty(total, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
             with nogil:  # the core names the call as the caller knows it
-                self._core.process_external_many(sp, n, cp, pp, total, op, b"process_many")
+                self._core.process_external_many(sp, n, cp, pp, total, op, b"process_many", tp)
             return slots
         rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
-            self._core.process_many(sp, n, cp, pp, total, rp, t)
+            self._core.process_many(sp, n, cp, pp, total, rp, t, tp)
 
     def accept_many(self, seqs, n_accepted):
         """``accept`` for several sequences: ``n_accepted[i]`` for ``seqs[i]`` (one call, checked whole)."""

@@ -24,6 +24,12 @@ measured over those rounds, and the screen says so. numpy's OpenBLAS runs on one
 thread meanwhile (:mod:`dspark_core.sim.blas_threads`): the toy's skinny products
 ran up to 30x slower on two threads of a loaded machine.
 
+``--drafter eagle3`` runs a toy chain drafter instead (the EAGLE-3 / EAGLE / MTP
+shape, :mod:`dspark_core.sim.toy_chain`): it consumes each staged row with the
+id of the token after it, which the Stager keeps beside the row
+(``StagerConfig(kind="chain")``), and drafts one token per step; its trained
+range breaks the same way (vllm #48894: EAGLE-3 past its 2,048 positions).
+
 ``--tree`` verifies each round as a draft tree instead (``Stager.process_tree`` /
 ``accept_path``: the greedy chain to depth ``(B + 1) // 2`` and the drafter's second
 choices as leaves, ``B + 1`` nodes), and checks every accepted path against a linear
@@ -52,7 +58,7 @@ from typing import Any, Callable, TextIO
 import numpy as np
 
 from ..stager.core_tables import ROW_MODES
-from .simulate_setup import DEFAULTS, make_stager, ring_owner
+from .simulate_setup import DEFAULTS, DRAFTERS, make_stager, ring_owner
 
 __all__ = ["add_parser", "run", "simulate", "DEFAULTS", "MEASURED"]
 
@@ -118,6 +124,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--device-step", action="store_true",
                    help="with --rows external: drive the loop with the device step (Stager.step_many: accept, plan "
                         "and the verify rows' slots in one call, no host wait per step; docs/protocol.md 2.10)")
+    p.add_argument("--drafter", choices=tuple(DRAFTERS), default=d["drafter"],
+                   help="the toy drafter: dspark (a block drafter, DSpark / DFlash: context rows and a block of "
+                        "queries per round) or eagle3 (a chain drafter, EAGLE-3 / EAGLE / MTP: each row with the "
+                        f"id of the token after it, one draft per step) (default {d['drafter']})")
     p.add_argument("--tree", action="store_true",
                    help="verify each round as a draft tree (the greedy chain to depth (B+1)/2, the drafter's second "
                         "choices as leaves; process_tree / accept_path), each accepted path checked against a linear "
@@ -197,6 +207,7 @@ def simulate(
     ring: str = "auto",
     device_step: bool = False,
     tree: bool = False,
+    drafter: str = DEFAULTS["drafter"],
     trained: int | None = DEFAULTS["trained"],
     absolute_tokens: int = DEFAULTS["absolute_tokens"],
     modes: tuple[str, ...] = ("windowed", "absolute"),
@@ -206,6 +217,7 @@ def simulate(
 
     ``ring``: the owner of external rows (``"device"``, ``"host"``, ``"auto"``: device when usable);
     ``tree``: verify each round as a draft tree (``SpeculativeLoop(tree=True)``);
+    ``drafter``: ``"dspark"`` (the toy block drafter) or ``"eagle3"`` (the toy chain drafter);
     ``trained``: the toy drafter's trained range (``None``: ``window``);
     ``absolute_tokens``: tokens the absolute mode generates (0: ``generate``).
     ``progress(mode)``, if given, is called as each mode starts and returns the
@@ -220,7 +232,7 @@ def simulate(
         return _simulate(
             context=context, generate=generate, block=block, window=window, storage=storage, seqs=seqs, seed=seed,
             feature_dim=feature_dim, deviation=deviation, prefill_chunk=prefill_chunk, fail_every=fail_every,
-            check=check, stager=stager, rows=rows, ring=ring, device_step=device_step, tree=tree,
+            check=check, stager=stager, rows=rows, ring=ring, device_step=device_step, tree=tree, drafter=drafter,
             trained=window if trained is None else trained,
             absolute_tokens=absolute_tokens, modes=modes, progress=progress,
         )
@@ -247,12 +259,13 @@ def acceptance_between(timelines: list[dict[str, list[int]]], lo: int, hi: float
 def _simulate(
     *, context: int, generate: int, block: int, window: int, storage: str, seqs: int, seed: int, feature_dim: int,
     deviation: float, prefill_chunk: int, fail_every: int, check: bool, stager: str, rows: str, ring: str,
-    device_step: bool, tree: bool, trained: int,
+    device_step: bool, tree: bool, drafter: str, trained: int,
     absolute_tokens: int, modes: tuple[str, ...], progress: Callable[[str], Callable[[int, int], None]] | None,
 ) -> dict[str, Any]:
     from ..stager.config import StagerConfig
     from ..sim.loop import SpeculativeLoop
     from ..sim.toy import FlakyDrafter, ToyDrafter, ToyTarget, greedy_reference
+    from ..sim.toy_chain import ToyChainDrafter
 
     if context < 1 or generate < 1 or seqs < 1:
         raise ValueError("--context, --generate and --seqs must be >= 1")
@@ -266,7 +279,13 @@ def _simulate(
         raise ValueError("--device-step needs --rows external (the step hands out slots) and no --check")
     if tree and device_step:
         raise ValueError("--tree verifies on the host (the device step verifies linear batches): no --device-step")
-    win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage, rows=rows)
+    if drafter not in DRAFTERS:
+        raise ValueError(f"--drafter must be one of {tuple(DRAFTERS)}, got {drafter!r}")
+    kind = DRAFTERS[drafter]
+    if kind == "chain" and (tree or device_step):
+        raise ValueError(f"--drafter {drafter} is a chain drafter, whose rows need their token ids: tree verification "
+                         "and the device step serve block drafters (no --tree, no --device-step)")
+    win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage, rows=rows, kind=kind)
     # "absolute": a window no session position can reach, so no rebase ever fires; its w_keep
     # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as without a window
     abs_window = 2 * (context + mode_tokens("absolute", generate, absolute_tokens) + block + 1) + 1
@@ -291,19 +310,21 @@ def _simulate(
             "prefill_chunk": prefill_chunk, "fail_every": fail_every, "check": check,
             "row_bytes": win_cfg.row_bytes, "absolute_window": abs_cfg.window, "rows": rows,
             "ring": ring_owner(ring) if rows == "external" else None, "device_step": device_step,
-            "trained": trained, "absolute_tokens": absolute_tokens, "tree": tree,
+            "trained": trained, "absolute_tokens": absolute_tokens, "tree": tree, "drafter": drafter,
+            "drafter_kind": kind,
         },
         "greedy_reference_s": greedy_s,
         "modes": {},
     }
     for mode in modes:
         cfg = win_cfg if mode == "windowed" else abs_cfg
-        st, kind = make_stager(stager, cfg)
-        out["stager"] = kind
+        st, impl = make_stager(stager, cfg)
+        out["stager"] = impl
         targets = [new_target() for _ in range(seqs)]
-        drafter: Any = ToyDrafter.for_target(targets[0], block, seed=seed, n_ctx_train=trained)
+        toy = ToyChainDrafter if kind == "chain" else ToyDrafter
+        model: Any = toy.for_target(targets[0], block, seed=seed, n_ctx_train=trained)
         if fail_every:
-            drafter = FlakyDrafter(drafter, every=fail_every, stage="mixed", seed=seed)
+            model = FlakyDrafter(model, every=fail_every, stage="mixed", seed=seed)
         owner = None
         if rows == "external":
             from ..cuda import DeviceRing
@@ -316,7 +337,7 @@ def _simulate(
             from ..sim.device_step_loop import DeviceStepLoop
 
             loop_cls = DeviceStepLoop
-        loop = loop_cls(st, drafter, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0,
+        loop = loop_cls(st, model, targets, prefill_chunk=prefill_chunk, check_recompute=1 if check else 0,
                         ring=owner, **({"tree": True} if tree else {}))
         bar = progress(mode) if progress is not None else None
         n_gen = mode_tokens(mode, generate, absolute_tokens)
@@ -397,6 +418,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"dspark-core simulate: {c['seqs']} sequence(s), {c['context']:,}-token prompt + {c['generate']:,} generated, "
         f"block B={c['block']}, window W={c['window']}, storage {c['storage']} "
         f"(D={c['feature_dim']}, {c['row_bytes']} B/row), Stager: {result.get('stager', '?')}"
+        + (f", drafter: {c['drafter']} ({c['drafter_kind']})" if c.get("drafter_kind") == "chain" else "")
         + (f", {_EXTERNAL.get(c.get('ring'), 'external rows')}" if c.get("rows") == "external" else "")
     )
     labels = {"windowed": f"windowed (W={c['window']})", "absolute": "absolute (no window)"}
@@ -569,7 +591,7 @@ def run(args: argparse.Namespace) -> int:
             storage=args.storage, seqs=args.seqs, seed=args.seed, feature_dim=args.feature_dim,
             deviation=args.deviation, prefill_chunk=args.prefill_chunk, fail_every=args.fail_every,
             check=args.check, stager=args.stager, rows=args.rows, ring=args.ring, device_step=args.device_step,
-            tree=args.tree,
+            tree=args.tree, drafter=args.drafter,
             trained=args.trained,
             absolute_tokens=args.absolute_tokens, modes=modes, progress=progress,
         )

@@ -74,7 +74,8 @@ def _long_only() -> list[tuple[str, str, Any]]:
             ("--deviation", "deviation", DEFAULTS["deviation"]),
             ("--prefill-chunk", "prefill_chunk", DEFAULTS["prefill_chunk"]), ("--trained", "trained", None),
             ("--absolute-tokens", "absolute_tokens", DEFAULTS["absolute_tokens"]), ("--fail-every", "fail_every", 0),
-            ("--check", "check", False), ("--plot", "plot", None), ("--only", "only", "both")]
+            ("--check", "check", False), ("--plot", "plot", None), ("--only", "only", "both"),
+            ("--drafter", "drafter", DEFAULTS["drafter"])]
 
 
 def _multiturn_only() -> list[tuple[str, str, Any]]:

@@ -26,7 +26,12 @@ DEFAULTS: dict[str, Any] = {
     "prefill_chunk": 2048,
     "trained": None,  # the toy drafter's trained range; None: the window W
     "absolute_tokens": 64,
+    "drafter": "dspark",
 }
+
+#: ``--drafter``: the toy drafter of each kind (a block drafter, DSpark / DFlash; a chain
+#: drafter, EAGLE-3 / EAGLE / MTP) and the Stager kind it needs.
+DRAFTERS: dict[str, str] = {"dspark": "block", "eagle3": "chain"}
 
 
 _warned_fallback = False

@@ -84,6 +84,57 @@ def _integers(what: str, value: Any) -> np.ndarray:
     return arr.astype(np.int64)
 
 
+def tokens(call: str, value: Any, n: int) -> np.ndarray | None:
+    """A chain drafter's token ids (``tokens=``): None, or ``n`` int32 ids; TypeError when
+    they are not integers, ValueError when not 1-D, not one per row, or outside int32."""
+    if value is None:
+        return None
+    who = f"{call}: tokens" if call else "tokens"
+    arr = np.asarray(value)
+    if arr.dtype == object and arr.ndim == 1:
+        try:
+            arr = np.array([integer(who, v) for v in arr], np.int64)
+        except TypeError:
+            pass  # named by the dtype below
+    if arr.size == 0:
+        arr = arr.astype(np.int32)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{who} must be integers (token ids), got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{who} must be 1-D, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"{who}: {arr.shape[0]} token ids for {n} rows (one per row)")
+    for k, v in enumerate(arr.tolist()):
+        if not -(1 << 31) <= v < 1 << 31:
+            raise ValueError(f"{who}[{k}] is {v}: token ids must fit int32")
+    return arr.astype(np.int32)
+
+
+def check_tokens(call: str, chain: bool, ids: np.ndarray | None, n: int) -> None:
+    """The core's check of a process call's token ids: given exactly when the Stager keeps
+    them (a chain drafter's), each >= 0."""
+    at = f"{call}: " if call else ""
+    if not chain:
+        if ids is not None:
+            raise ValueError(f'{at}tokens are kept for a chain drafter (kind="chain") only; this Stager\'s '
+                             'drafter kind is "block"')
+        return
+    if ids is None:
+        if n:
+            raise ValueError(f'{at}a chain drafter\'s Stager (kind="chain") needs the token id of every row '
+                             "(tokens: the token the target read at each row's position)")
+        return
+    for k, v in enumerate(ids.tolist()):
+        if v < 0:
+            raise ValueError(f"{at}tokens[{k}] is {v}: token ids are >= 0; nothing was appended")
+
+
+def not_for_chain(call: str) -> ValueError:
+    """A call that takes no token ids, on a chain drafter's Stager."""
+    return ValueError(f'{call} is not available to a chain drafter\'s Stager (kind="chain"): its rows need '
+                      f"their token ids, and {call} does not carry them")
+
+
 def rows(value: Any, feature_dim: int) -> np.ndarray:
     """Rows as a native ``(n, feature_dim)`` float32 / float16 / bfloat16 array."""
     if not isinstance(value, np.ndarray):

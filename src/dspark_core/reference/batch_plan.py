@@ -60,13 +60,14 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 
 def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int, row_bytes: int, stage_dtype: Any,
                max_plan_rows: int, storage: str, external: bool, source: Any,
-               decode: Callable[[np.ndarray], np.ndarray] | None = None, zero_copy: bool = False) -> BatchPlan:
+               decode: Callable[[np.ndarray], np.ndarray] | None = None, zero_copy: bool = False,
+               chain: bool = False) -> BatchPlan:
     """The plans (one per sequence, in request order) as one :class:`BatchPlan`.
 
     ``decode`` (held mode): the encoded rows of all plans, concatenated, to
     the stage dtype (decoded here, by the twin). ``zero_copy``: the plans are
     ``copy=False`` plans; the batch hands out their runs (and decodes them
-    itself when read).
+    itself when read). ``chain``: the plans carry token ids (a chain drafter's), joined here.
     """
     n_rows = [p.n_rows for p in plans]
     row_offsets = np.zeros(len(plans) + 1, np.int64)
@@ -89,4 +90,5 @@ def batch_plan(plans: Sequence[StagePlan], *, block_size: int, feature_dim: int,
         feature_dim=feature_dim, row_bytes=row_bytes, stage_dtype=stage_dtype, max_plan_rows=max_plan_rows,
         storage=storage, view_rows=_STORED_AS.get(storage) == np.dtype(stage_dtype).name, encoded_rows=enc,
         rows=decoded, external=external, source=source, views=views,
+        tokens=np.concatenate([np.zeros(0, np.int32), *(p.tokens for p in plans)]).astype(np.int32) if chain else None,
     )

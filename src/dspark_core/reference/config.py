@@ -21,7 +21,7 @@ from ..errors import ConfigError
 from .arguments import INT64_MAX, INT64_MIN, NONFINITE_POLICIES, STAGE_DTYPES
 from .formats import STORAGES
 
-__all__ = ["check_config", "MAX_WINDOW", "MAX_FEATURE_DIM", "MAX_SEQS", "ROW_MODES", "COUNTS"]
+__all__ = ["check_config", "MAX_WINDOW", "MAX_FEATURE_DIM", "MAX_SEQS", "ROW_MODES", "DRAFTER_KINDS", "COUNTS"]
 
 #: The largest window (drafter positions) a Stager takes.
 MAX_WINDOW = 1 << 30
@@ -31,6 +31,8 @@ MAX_FEATURE_DIM = 1 << 28
 MAX_SEQS = 1 << 16
 #: Where the rows live: in the Stager, or in the server's table.
 ROW_MODES = ("held", "external")
+#: The drafters the rows serve: block (DSpark / DFlash) and chain (EAGLE-3, EAGLE, MTP).
+DRAFTER_KINDS = ("block", "chain")
 #: The integer fields, in the order they are checked.
 COUNTS = ("feature_dim", "block_size", "window", "max_seqs", "max_failures")
 #: Elements per q8_0 / q4_0 block: a quantized row is whole blocks.
@@ -70,6 +72,8 @@ def check_config(config: Any) -> None:
         raise ConfigError(f"nonfinite {config.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
     if config.rows not in ROW_MODES:
         raise ConfigError(f"rows {config.rows!r} is not supported; use one of {ROW_MODES}")
+    if config.kind not in DRAFTER_KINDS:
+        raise ConfigError(f"kind {config.kind!r} is not a drafter kind; use one of {DRAFTER_KINDS}")
     # The values, as the core sees them: an integer beyond int64 is quoted as the nearest int64.
     d, b, w, n, f = (min(max(counts[name], INT64_MIN), INT64_MAX) for name in COUNTS)
     for name, v in zip(COUNTS, (d, b, w, n, f)):

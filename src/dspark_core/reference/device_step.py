@@ -105,6 +105,8 @@ class DeviceStepMixin:
         self._known(call, ids)
         if not ref._external:
             raise ValueError(f"{call} needs external-row mode, but this Stager holds its rows ({_MODE_HINT})")
+        if ref._chain:
+            raise arg.not_for_chain(call)
         device = self._device()
         for k, q in enumerate(ids.tolist()):
             st = ref._seqs[q]

@@ -67,6 +67,12 @@ SEMANTIC_PREFIX_STATS = (
 _Plan = list[tuple[bytes, int, int, "_Block | None"]]
 
 
+def _block_only(stager: Any, call: str) -> None:
+    """Prefix rows serve block drafters' Stagers: a chain drafter's rows need their token ids."""
+    if stager._chain:
+        raise arg.not_for_chain(call)
+
+
 @dataclass
 class _Block:
     key: bytes
@@ -218,6 +224,7 @@ class ReferencePrefixStore:
         chain = parg.key_chain(keys)
         start = arg.integer("start", start)
         end = arg.integer("end", end)
+        _block_only(stager, "publish")
         plan = self._check_publish(stager, i, st, chain, start, end)
         src: list[int] = []
         dst: list[int] = []
@@ -265,6 +272,7 @@ class ReferencePrefixStore:
         last = stager._converted(call, ids, READY, arg.batch_ints, call, "ends", ends, n).tolist()
         states = stager._check_batch(call, ids, READY)
         arg.unique(call, ids)
+        _block_only(stager, call)
         seq_list = ids.tolist()
         plans = []
         for k, s in enumerate(seq_list):
@@ -350,6 +358,7 @@ class ReferencePrefixStore:
         i, old = stager._closed(seq)
         chain = parg.key_chain(keys)
         h = arg.integer("n_tokens", n_tokens)
+        _block_only(stager, "hit")
         parg.compatible(self.config, stager.config)
         plan, used = self._plan_hit(chain, h)
         src: list[int] = []
@@ -368,6 +377,7 @@ class ReferencePrefixStore:
         hs = stager._converted(call, ids, READY, arg.batch_ints, call, "n_tokens", n_tokens, n).tolist()
         stager._check_batch(call, ids, READY)
         arg.unique(call, ids)
+        _block_only(stager, call)
         parg.compatible(self.config, stager.config)
         seq_list = ids.tolist()
         planned = []

@@ -121,6 +121,8 @@ class _Seq:
     open_round: tuple[int, int] | None = None  # (start, base)
     round: int = 0  # the open round's id (plan.round)
     rows: dict[int, np.ndarray] = field(default_factory=dict)  # abs position -> encoded row (uint8)
+    # A chain drafter's: abs position -> the token id kept beside its row (both row modes).
+    tokens: dict[int, int] = field(default_factory=dict)
     head: int = 0  # the core's ring head: it holds [head, end) (bookkeeping only)
     stats: dict[str, int] = field(default_factory=lambda: dict.fromkeys(SEMANTIC_STATS[:-1], 0))
     ring: RingModel = field(default_factory=lambda: RingModel(0))  # replaced by the Stager's
@@ -176,6 +178,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         check_config(config)  # the twin's own rules (a StagerConfig met the core's)
         self.config = config
         self._external = config.rows == "external"
+        self._chain = config.kind == "chain"
         self._strict = config.strict
         self._w_keep = min(config.window // 2, config.window - config.block_size)
         self._ring_rows = config.window + TRIM_CHUNK + config.block_size + 1
@@ -298,6 +301,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             st.horizon = need
         for p in [p for p in st.rows if p < st.horizon]:
             del st.rows[p]
+        for p in [p for p in st.tokens if p < st.horizon]:
+            del st.tokens[p]
 
     @staticmethod
     def _trim(st: _Seq, new_head: int, buf_end: int) -> None:
@@ -347,35 +352,57 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         self._reset_seq(i, self._new_seq(old.ring))
         self._warned.discard(i)  # the next mismatch of this sequence is logged again
 
-    def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
+    def process(self, seq: int, positions: Any, rows: Any = None, tokens: Any = None) -> np.ndarray | None:
         """Buffer the target's capture rows at absolute ``positions``.
 
         External-row mode: no rows; returns the slot of each row (-1 below
-        the horizon).
+        the horizon). ``tokens``: a chain drafter's ids, one per row.
         """
         i, st = self._closed(seq)
         arg.rows_given(self._external, rows)
         pos = arg.positions(positions)
         if self._external:
+            ids = arg.tokens("", tokens, len(pos))
             self._check_positions(i, st, pos)
+            arg.check_tokens("", self._chain, ids, len(pos))
             if len(pos) == 0:
                 return np.zeros(0, np.int64)
-            return np.array(self._append(i, st, int(pos[0]), None, len(pos)), np.int64)
+            return np.array(self._append(i, st, int(pos[0]), None, len(pos), ids), np.int64)
         arr = arg.rows(rows, self.config.feature_dim)
         if arr.shape[0] != len(pos):
             raise ValueError(f"{len(pos)} positions for {arr.shape[0]} rows")
+        ids = arg.tokens("", tokens, len(pos))
         self._check_positions(i, st, pos)
+        arg.check_tokens("", self._chain, ids, len(pos))
         if len(pos) == 0:
             return None
-        self._append(i, st, int(pos[0]), self._encode(i, pos, arr), len(pos))
+        self._append(i, st, int(pos[0]), self._encode(i, pos, arr), len(pos), ids)
         return None
 
-    def check_process(self, seq: int, positions: Any) -> None:
-        """What ``process(seq, positions, ...)`` checks of its sequence and positions, changing nothing."""
-        i, st = self._closed(seq)
-        self._check_positions(i, st, arg.positions(positions))
+    def tokens(self, seq: int, start: int, stop: int) -> np.ndarray:
+        """The token ids kept beside the rows of ``[start, stop)`` (a chain drafter's Stager)."""
+        i = arg.integer("seq", seq)
+        st = self._get(seq)
+        a, b = arg.integer("start", start), arg.integer("stop", stop)
+        if not self._chain:
+            raise ValueError('tokens: this Stager\'s drafter kind is "block"; token ids are kept for a chain '
+                             'drafter (kind="chain") only')
+        lo, end = (st.horizon, st.end) if st.started else (0, 0)
+        if a > b or a < lo or b > end:
+            raise ValueError(f"sequence {i}: tokens of positions [{a}, {b}) asked, but its stageable rows are "
+                             f"[{lo}, {end})")
+        return np.array([st.tokens[p] for p in range(a, b)], np.int32)
 
-    def process_encoded(self, seq: int, positions: Any, data: Any) -> None:
+    def check_process(self, seq: int, positions: Any, tokens: Any = None) -> None:
+        """What ``process(seq, positions, ..., tokens=tokens)`` checks of its sequence, positions
+        and token ids, changing nothing."""
+        i, st = self._closed(seq)
+        pos = arg.positions(positions)
+        ids = arg.tokens("", tokens, len(pos))
+        self._check_positions(i, st, pos)
+        arg.check_tokens("", self._chain, ids, len(pos))
+
+    def process_encoded(self, seq: int, positions: Any, data: Any, tokens: Any = None) -> None:
         """Buffer rows already in storage format (uint8 ``(n, row_bytes)`` or flat).
 
         Stored as given; under ``nonfinite="error"`` rows with non-finite stored
@@ -392,7 +419,9 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             raise ValueError(
                 f"encoded rows must be {n} x {self._row_bytes} bytes ({c.storage}), got {len(flat)}"
             )
+        ids = arg.tokens("", tokens, n)
         self._check_positions(i, st, pos)
+        arg.check_tokens("", self._chain, ids, n)
         if n == 0:
             return
         enc = flat.reshape(n, self._row_bytes)
@@ -401,13 +430,15 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             # them (a q block scale that is inf / nan makes its block non-finite).
             staged = rf.decode(enc, c.storage, c.feature_dim, np.float32)
             self._check_stageable(i, pos, staged, rf.bounds("f32", c.stage_dtype)[0])
-        self._append(i, st, int(pos[0]), enc.copy(), n)
+        self._append(i, st, int(pos[0]), enc.copy(), n, ids)
 
     def _check_positions(self, i: int, st: _Seq, pos: np.ndarray) -> None:
         arg.position_values(i, pos, st.end if st.started else None)
 
-    def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int) -> list[int]:
-        """Append n rows (``enc``: their bytes, None in external mode); returns their slots."""
+    def _append(self, i: int, st: _Seq, p0: int, enc: np.ndarray | None, n: int,
+                ids: np.ndarray | None = None) -> list[int]:
+        """Append n rows (``enc``: their bytes, None in external mode; ``ids``: their token
+        ids, a chain drafter's); returns their slots."""
         c = self.config
         was_started, old_end = st.started, st.end
         held = st.end - st.head if st.started else 0
@@ -417,6 +448,9 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         if enc is not None:
             for k in range(n):
                 st.rows[p0 + k] = enc[k].copy()
+        if ids is not None:
+            for k, t in enumerate(ids.tolist()):
+                st.tokens[p0 + k] = t
         st.end = p0 + n
         if st.accept_open:
             st.tentative += n
@@ -492,7 +526,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
                 self._warned.add(i)
                 logger.warning(MISMATCH_WARNING, i, start, reason, st.end - 1, arg.mismatch_cause(start, st.end))
             return StagePlan.skipped(i, start, reason, feature_dim=c.feature_dim, row_bytes=self._row_bytes,
-                                     stage_dtype=c.numpy_stage_dtype, external=self._external)
+                                     stage_dtype=c.numpy_stage_dtype, external=self._external, chain=self._chain)
         rebase = st.restage_owed or start - st.pos_base + c.block_size > c.window
         if rebase:
             keep = min(start - st.horizon, self._w_keep)
@@ -516,6 +550,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             # copy=False: the rows cut where the ring wraps, as the core's views of it are.
             encoded_runs=_ring_runs(enc, slots) if views and enc is not None else None,
             decode=self._decode if views else None,
+            tokens=np.array([st.tokens[p] for p in range(lo, start)], np.int32) if self._chain else None,
         )
         self._rounds += 1
         st.open_round = (start, base)
@@ -606,6 +641,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         new_end = st.end - st.tentative + keep
         for p in range(new_end, st.end):
             st.rows.pop(p, None)
+            st.tokens.pop(p, None)
         st.ring.drop_back(new_end)
         st.end = new_end
         st.tentative = 0
@@ -652,7 +688,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
                 self._check_positions(s, st, pos[a:b])
         return spans
 
-    def process_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any = None) -> np.ndarray | None:
+    def process_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any = None,
+                     tokens: Any = None) -> np.ndarray | None:
         """``process`` for the sequences of one target forward, rows flat as in a varlen batch.
 
         The rows of ``seqs[i]`` are rows ``[cu_seqlens[i], cu_seqlens[i + 1])``
@@ -663,9 +700,11 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         ids = arg.seq_ids(call, seqs)
         cu, pos, arr = self._converted(call, ids, READY, arg.batch_rows, call, self._external,
                                        self.config.feature_dim, len(ids), cu_seqlens, positions, rows)
+        token_ids = self._converted(call, ids, READY, arg.tokens, call, tokens, len(pos))
         states = self._check_batch(call, ids, READY)
         arg.unique(call, ids)
         spans = self._check_rows(call, ids, states, cu, pos)
+        arg.check_tokens(call, self._chain, token_ids, len(pos))
         encoded: list[np.ndarray | None] = [None] * len(ids)
         if arr is not None:
             for k, (s, (a, b)) in enumerate(zip(ids.tolist(), spans)):
@@ -675,19 +714,21 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         slots: list[int] = []
         for s, st, (a, b), enc in zip(ids.tolist(), states, spans, encoded):
             if b > a:
-                slots += self._append(s, st, int(pos[a]), enc, b - a)
+                slots += self._append(s, st, int(pos[a]), enc, b - a, None if token_ids is None else token_ids[a:b])
         return np.array(slots, np.int64) if self._external else None
 
-    def check_process_many(self, seqs: Any, cu_seqlens: Any, positions: Any) -> None:
-        """What ``process_many(seqs, cu_seqlens, positions, ...)`` checks of its sequences, offsets
-        and positions, changing nothing."""
+    def check_process_many(self, seqs: Any, cu_seqlens: Any, positions: Any, tokens: Any = None) -> None:
+        """What ``process_many(seqs, cu_seqlens, positions, ..., tokens=tokens)`` checks of its
+        sequences, offsets, positions and token ids, changing nothing."""
         call = "process_many"
         ids = arg.seq_ids(call, seqs)
         cu, pos, _ = self._converted(call, ids, READY, arg.batch_rows, call, True, self.config.feature_dim,
                                      len(ids), cu_seqlens, positions, None)
+        token_ids = self._converted(call, ids, READY, arg.tokens, call, tokens, len(pos))
         states = self._check_batch(call, ids, READY)
         arg.unique(call, ids)
         self._check_rows(call, ids, states, cu, pos)
+        arg.check_tokens(call, self._chain, token_ids, len(pos))
 
     def accept_many(self, seqs: Any, n_accepted: Any) -> None:
         """``accept`` for several sequences: ``n_accepted[i]`` for ``seqs[i]``."""
@@ -736,7 +777,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             stage_dtype=c.numpy_stage_dtype, max_plan_rows=c.window - c.block_size, storage=c.storage,
             external=self._external, source=self if self._external else None,
             decode=None if self._external else self._decode,
-            zero_copy=views,
+            zero_copy=views, chain=self._chain,
         )
 
     def commit_many(self, seqs: Any) -> None:
@@ -838,6 +879,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         pos = arg.positions(positions)
         if not self._external:
             raise arg.external_only("reserve")
+        if self._chain:
+            raise arg.not_for_chain("reserve")
         self._check_positions(i, st, pos)
         return np.array(self._reserve_checked(i, st, pos), np.int64)
 
@@ -851,6 +894,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         arg.unique(call, ids)
         if not self._external:
             raise arg.external_only(call)
+        if self._chain:
+            raise arg.not_for_chain(call)
         spans = self._check_rows(call, ids, states, cu, pos)
         slots: list[int] = []
         for s, st, (a, b) in zip(ids.tolist(), states, spans):
@@ -906,6 +951,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             return
         for p in [p for p in st.rows if p >= n_past]:
             del st.rows[p]
+        for p in [p for p in st.tokens if p >= n_past]:
+            del st.tokens[p]
         st.ring.drop_back(n_past)
         if st.ring.count == 0:
             st.ring.reset(n_past)
@@ -942,6 +989,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             return x if x < n_keep else (n_keep if x < hi else x - n_discard)
 
         st.rows = {moved(p): r for p, r in st.rows.items() if not n_keep <= p < hi}
+        st.tokens = {moved(p): t for p, t in st.tokens.items() if not n_keep <= p < hi}
         # The ring keeps the live rows in place around the discarded range.
         frm = max(st.horizon, st.ring.head)
         moves = st.ring.compact(frm, n_keep, hi, moved(st.horizon), i * self._ring_rows)
@@ -978,6 +1026,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             restage_owed=a.started, first_round=a.first_round, disabled=a.disabled, failures=a.failures,
             accept_open=a.accept_open, tentative=a.tentative,
             rows={p: r.copy() for p, r in a.rows.items()}, head=a.horizon if a.started else 0,
+            tokens={p: t for p, t in a.tokens.items() if p >= a.horizon},
             drafting_off=a.drafting_off,
         )
         self._reset_seq(d, b)
@@ -1008,6 +1057,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             first_round=st.first_round, accept_open=st.accept_open, end=st.end, horizon=st.horizon,
             n_cache=st.n_cache, pos_base=st.pos_base, tentative=st.tentative, failures=st.failures,
             rows=rows, external=self._external, drafting_off=st.drafting_off,
+            tokens=(np.array([st.tokens[p] for p in range(st.horizon, st.end)] if st.started else [], "<i4").tobytes()
+                    if self._chain else None),
         )
 
     def snapshot(self, seq: int) -> bytes:
@@ -1017,8 +1068,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
     def snapshot_size(self, seq: int) -> int:
         """Bytes ``snapshot(seq)`` returns and ``snapshot_into(seq, ...)`` writes."""
         _, st = self._closed(seq)
-        n_rows = st.end - st.horizon if st.started and not self._external else 0
-        return snapshot_format.snapshot_bytes(n_rows, self._row_bytes)
+        n_rows = st.end - st.horizon if st.started else 0
+        return snapshot_format.snapshot_bytes(n_rows, 0 if self._external else self._row_bytes, self._chain)
 
     def snapshot_into(self, seq: int, buffer: Any) -> int:
         """Write the snapshot into a writable C-contiguous buffer; returns the bytes written.
@@ -1045,7 +1096,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         i, old = self._closed(seq)
         raw = arg.readable(data)
         s = snapshot_format.unpack(raw, self._fingerprint, rf.STORAGES, arg.NONFINITE_POLICIES, external=self._external,
-                                   stage_dtypes=arg.STAGE_DTYPES)
+                                   stage_dtypes=arg.STAGE_DTYPES, tokens=self._chain)
         rb = self._row_bytes
         st = self._new_seq(
             RingModel(0),  # replaced below
@@ -1055,6 +1106,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         )
         for k in range(0 if self._external else s.end - s.horizon):
             st.rows[s.horizon + k] = np.frombuffer(s.rows, np.uint8, rb, k * rb).copy()
+        if s.tokens is not None:
+            st.tokens = {s.horizon + k: t for k, t in enumerate(np.frombuffer(s.tokens, "<i4").tolist())}
         n = s.end - s.horizon
         st.ring = self._ring_for(old.ring, s.horizon, n)
         if n:
@@ -1074,7 +1127,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         """Every check ``restore`` makes, nothing changed: the rows the snapshot brings back."""
         self._closed(seq)
         s = snapshot_format.unpack(arg.readable(data), self._fingerprint, rf.STORAGES, arg.NONFINITE_POLICIES,
-                                   external=self._external, stage_dtypes=arg.STAGE_DTYPES)
+                                   external=self._external, stage_dtypes=arg.STAGE_DTYPES, tokens=self._chain)
         return s.end - s.horizon
 
     # -- introspection --------------------------------------------------

@@ -51,6 +51,7 @@ class TreeVerifyMixin:
             arr = arg.rows(rows, ref.config.feature_dim)
             if arr.shape[0] != len(par):
                 raise ValueError(f"{len(par)} parents for {arr.shape[0]} rows")
+        self._tree_kind("process_tree")
         pos = self._check_tree(i, st, root, par)
         slots = ref._append(i, st, root, None if arr is None else ref._encode(i, pos, arr), len(pos))
         st.tree = par.tolist()
@@ -61,7 +62,14 @@ class TreeVerifyMixin:
         ref = cast("ReferenceStager", self)
         i, st = ref._closed(seq)
         root = arg.integer("n_past", n_past)
-        self._check_tree(i, st, root, arg.integers("parents", parents))
+        par = arg.integers("parents", parents)
+        self._tree_kind("check_process_tree")
+        self._check_tree(i, st, root, par)
+
+    def _tree_kind(self, call: str) -> None:
+        """Tree verification serves block drafters' Stagers (a chain drafter's rows need token ids)."""
+        if cast("ReferenceStager", self)._chain:
+            raise arg.not_for_chain(call)
 
     def process_tree_many(self, seqs: Any, cu_seqlens: Any, n_pasts: Any, parents: Any,
                           rows: Any = None) -> np.ndarray | None:
@@ -75,6 +83,7 @@ class TreeVerifyMixin:
                                              ref.config.feature_dim, len(ids), cu_seqlens, n_pasts, parents, rows)
         states = ref._check_batch(call, ids, READY)
         arg.unique(call, ids)
+        self._tree_kind(call)
         arg.offsets(call, cu, len(par))
         spans = [(int(cu[k]), int(cu[k + 1])) for k in range(len(ids))]
         positions = []

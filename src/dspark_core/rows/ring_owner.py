@@ -161,33 +161,35 @@ class RingOwner:
         return self.ring_rows * self.row_bytes
 
     # -- write ------------------------------------------------------------
-    def write(self, seq: int, positions: Any, rows: Any, *, in_dtype: Any = None) -> np.ndarray:
-        """``stager.process(seq, positions)`` and encode ``rows`` into the returned slots.
+    def write(self, seq: int, positions: Any, rows: Any, *, in_dtype: Any = None, tokens: Any = None) -> np.ndarray:
+        """``stager.process(seq, positions, tokens=tokens)`` and encode ``rows`` into the returned slots.
 
         ``rows``: (n, feature_dim) float32 / float16 / bfloat16 in the owner's
         memory (``in_dtype="bfloat16"`` reads uint16 as bfloat16 bits).
         Returns the slots (int64; -1 for rows below the horizon, which are not
         written). A rejected call (state, positions, dtype / shape, a value
         that cannot be staged under ``nonfinite="error"``) raises before the
-        Stager or the table changes.
+        Stager or the table changes. ``tokens``: a chain drafter's Stager's
+        token ids, one per row (``Stager.process``).
         """
         pos = as_positions(positions)
-        # The Stager's own checks (sequence, round state, positions), in its
-        # order and with its messages, before the rows are looked at.
-        self.stager.check_process(seq, pos)
+        # The Stager's own checks (sequence, round state, positions, token
+        # ids), in its order and with its messages, before the rows are looked at.
+        self.stager.check_process(seq, pos, tokens)
         self._require_applied("write", [seq])
         a = self._input_rows(rows, in_dtype, f"{self._name}.write", None)
         n = a.shape[0]
         if len(pos) != n:
             raise ValueError(f"{self._name}.write: {len(pos)} positions for {n} rows")
         prepared = self._prepare_write(seq, pos, a)
-        slots = self.stager.process(seq, pos)
+        slots = self.stager.process(seq, pos, tokens=tokens)
         self._store_write(a, slots, prepared)
         return slots
 
     def write_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any, *,
-                   in_dtype: Any = None) -> np.ndarray:
-        """``stager.process_many(seqs, cu_seqlens, positions)`` and encode ``rows`` into its slots.
+                   in_dtype: Any = None, tokens: Any = None) -> np.ndarray:
+        """``stager.process_many(seqs, cu_seqlens, positions, tokens=tokens)`` and encode ``rows``
+        into its slots (``tokens``: flat, a chain drafter's Stager's).
 
         The arguments are ``process_many``'s: the rows of ``seqs[i]`` are
         rows ``[cu_seqlens[i], cu_seqlens[i + 1])`` of ``positions`` and of
@@ -203,7 +205,7 @@ class RingOwner:
         """
         fn = f"{self._name}.write_many"
         cu_seqlens, positions = _process_many_order(seqs, cu_seqlens, positions)
-        self.stager.check_process_many(seqs, cu_seqlens, positions)
+        self.stager.check_process_many(seqs, cu_seqlens, positions, tokens)
         # Checked: plain integer arrays of the right shapes from here on.
         seq_ids = np.asarray(seqs, np.int64).reshape(-1)
         cu = np.asarray(cu_seqlens, np.int64)
@@ -213,7 +215,7 @@ class RingOwner:
             raise ValueError(f"{fn}: {len(pos)} positions for {a.shape[0]} rows")
         self._require_applied("write_many", seq_ids)
         prepared = self._prepare_batch_write(np.repeat(seq_ids, np.diff(cu)), pos, a)
-        flat = self.stager.process_many(seq_ids, cu, pos)
+        flat = self.stager.process_many(seq_ids, cu, pos, tokens=tokens)
         self._store_batch_write(a, flat, prepared)
         return flat
 

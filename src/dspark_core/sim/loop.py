@@ -40,6 +40,18 @@ With ``ring`` (the owner of an external-row Stager's rows: a
 produce them on the device) and the drafter reads ``ring.gather(plan)``
 instead of ``plan.rows``.
 
+A chain drafter (``drafter.kind == "chain"``: EAGLE-3, EAGLE, MTP; the toy
+is :class:`~dspark_core.sim.toy_chain.ToyChainDrafter`) runs over a Stager
+with ``StagerConfig(kind="chain")``: every ``process`` passes the tokens the
+target read at those positions (``tokens=``), and the round is::
+
+        drafts = drafter.decode_chain(seq, plan.positions, plan.rows,
+                                      plan.successors(last), plan.block_positions)
+
+each staged row paired with the id of the token after it (the newest row
+with ``last``), the ``B`` drafts one per step at the block positions (the
+crop removes their entries).
+
 With ``check_recompute`` the loop checks, after each committed round, that the
 drafter's (incremental, windowed) block logits equal a from-scratch
 ``drafter.recompute`` over the context rows ``[pos_base, start)`` at rebased
@@ -284,6 +296,7 @@ class _SeqState:
     log: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.float32))  # rows fed to process
     log_n: int = 0
     second: np.ndarray | None = None  # the last round's second-choice drafts (a tree's leaves)
+    log_tokens: dict[int, int] = field(default_factory=dict)  # abs pos -> the token processed there (check)
 
 
 class TreeMismatch(AssertionError):
@@ -314,6 +327,9 @@ class SpeculativeLoop:
         tree: verify each round as a draft tree (:mod:`dspark_core.sim.tree_draft`:
             ``process_tree`` and ``accept_path``, through ``ring`` when given), each
             accepted path checked against a linear verify of the same tokens.
+
+    A chain drafter (``drafter.kind == "chain"``) needs a chain drafter's Stager
+    (``StagerConfig(kind="chain")``) and the other way round: ``ValueError``.
     """
 
     def __init__(
@@ -339,6 +355,13 @@ class SpeculativeLoop:
         if cfg is None:
             raise TypeError("stager must expose its StagerConfig as .config")
         self.config = cfg
+        self.chain = getattr(cfg, "kind", "block") == "chain"
+        drafter_kind = getattr(drafter, "kind", "block")
+        if drafter_kind != getattr(cfg, "kind", "block"):
+            raise ValueError(f"a {drafter_kind} drafter needs a Stager of kind {drafter_kind!r}, got "
+                             f"StagerConfig(kind={getattr(cfg, 'kind', 'block')!r})")
+        if tree and self.chain:
+            raise ValueError("tree verification serves block drafters; a chain drafter's rows need their token ids")
         if ring is not None and getattr(ring, "stager", None) is not stager:
             raise ValueError("ring must be a DeviceRing or HostRing over this loop's stager")
         if ring is None and getattr(cfg, "external_rows", False):
@@ -351,18 +374,18 @@ class SpeculativeLoop:
             raise ValueError(f"prefill_chunk must be >= 1, got {prefill_chunk}")
         self.prefill_chunk = prefill_chunk
         self.check_every = int(check_recompute)  # True -> 1 (every round), False -> 0 (off)
-        if self.check_every and not hasattr(drafter, "recompute"):
-            raise TypeError("check_recompute needs a drafter with a recompute() method")
+        if self.check_every and not hasattr(drafter, "recompute_chain" if self.chain else "recompute"):
+            raise TypeError("check_recompute needs a drafter with a recompute() (chain: recompute_chain()) method")
         self.rtol, self.atol = rtol, atol
         self.use_draft_many = use_draft_many
         self.record_timeline = record_timeline
         self._t_stager = self._t_drafter = self._t_target = 0.0
 
     # -- timed calls --------------------------------------------------------------
-    def _st(self, name: str, *args: Any) -> Any:
+    def _st(self, name: str, *args: Any, **kw: Any) -> Any:
         t = time.perf_counter()
         try:
-            return getattr(self.stager, name)(*args)
+            return getattr(self.stager, name)(*args, **kw)
         finally:
             self._t_stager += time.perf_counter() - t
 
@@ -386,18 +409,23 @@ class SpeculativeLoop:
         res.peak_bytes = max(res.peak_bytes, peak * int(self.config.row_bytes))
         return rows
 
-    def _process(self, s: _SeqState, start: int, rows: np.ndarray) -> None:
+    def _process(self, s: _SeqState, start: int, rows: np.ndarray, tokens: Tokens) -> None:
+        """The target's rows at ``[start, start + n)``, read from ``tokens`` (which a chain
+        drafter's Stager keeps beside the rows)."""
         pos = np.arange(start, start + len(rows), dtype=np.int64)
+        kw = {"tokens": np.asarray(tokens, np.int64)} if self.chain else {}
         if self.ring is not None:
             t = time.perf_counter()
-            self.ring.write(s.seq, pos, self.ring.upload(rows))
+            self.ring.write(s.seq, pos, self.ring.upload(rows), **kw)
             self._t_stager += time.perf_counter() - t
         else:
-            self._st("process", s.seq, pos, rows)
-        self._log(s, start, rows)
+            self._st("process", s.seq, pos, rows, **kw)
+        self._log(s, start, rows, tokens)
 
-    def _log(self, s: _SeqState, start: int, rows: np.ndarray) -> None:
+    def _log(self, s: _SeqState, start: int, rows: np.ndarray, tokens: Tokens) -> None:
         if self.check_every:
+            for k, t in enumerate(np.asarray(tokens, np.int64).tolist()):
+                s.log_tokens[start + k] = t
             # the loop's own log of the rows fed to the Stager (truncated on accept), for the f32 check
             need = start + len(rows)
             if need > len(s.log):
@@ -419,7 +447,7 @@ class SpeculativeLoop:
         for lo in range(0, len(prompt), self.prefill_chunk):
             chunk = prompt[lo : lo + self.prefill_chunk]
             out = self._tg(s, chunk)
-            self._process(s, lo, out.rows)
+            self._process(s, lo, out.rows, chunk)
             self._track_rows(s)
             last = int(out.next_tokens[-1])
         s.n_past = len(prompt)
@@ -428,7 +456,7 @@ class SpeculativeLoop:
 
     def _plain_decode(self, s: _SeqState) -> None:
         out = self._tg(s, [s.last])
-        self._process(s, s.n_past, out.rows)
+        self._process(s, s.n_past, out.rows, [s.last])
         s.n_past += 1
         s.last = int(out.next_tokens[0])
         s.out.append(s.last)
@@ -443,14 +471,18 @@ class SpeculativeLoop:
         bpos = np.asarray(plan.block_positions)
         res.max_drafter_pos = max(res.max_drafter_pos, int(bpos[-1]))
         res.max_drafter_batch = max(res.max_drafter_batch, int(len(plan.positions)) + B)
-        block = [s.last] + [int(d.mask_token_id)] * (B - 1)
+        # A block drafter's queries, or a chain drafter's ids after each staged row.
+        block = plan.successors(s.last).tolist() if self.chain else [s.last] + [int(d.mask_token_id)] * (B - 1)
         stage = "decode"
         t = time.perf_counter()
         rows = self._staged_rows(plan)
         try:
             if plan.clear_cache:
                 d.clear(s.seq)
-            out = d.decode(s.seq, plan.positions, rows, block, bpos)
+            if self.chain:
+                out = d.decode_chain(s.seq, plan.positions, rows, block, bpos)  # type: ignore[attr-defined]
+            else:
+                out = d.decode(s.seq, plan.positions, rows, block, bpos)
             stage = "crop"
             d.crop(s.seq, int(plan.crop_from))
         except AssertionError:
@@ -525,8 +557,20 @@ class SpeculativeLoop:
             want = s.log[base:start]
             if not np.array_equal(ctx.astype(np.float32), want):
                 raise RecomputeMismatch(f"sequence {s.seq}: staged rows [{base}, {start}) differ from the target's rows")
-        ref = self.drafter.recompute(ctx, np.arange(0, start - base), block, np.asarray(plan.block_positions))  # type: ignore[attr-defined]
-        if logits is None:  # the drafter returned tokens: compare the greedy choices
+        if self.chain:
+            # The ids the Stager handed out, against the loop's own log of the tokens it processed.
+            succ = [s.log_tokens[a + 1] if a + 1 < start else s.last for a in range(base, start)]
+            if list(block) != succ[len(succ) - len(block):]:
+                raise RecomputeMismatch(f"sequence {s.seq}: the staged rows' successor ids {list(block)[:8]} differ "
+                                        f"from the tokens processed after them {succ[len(succ) - len(block):][:8]}")
+            ref = self.drafter.recompute_chain(ctx, np.arange(0, start - base), succ,  # type: ignore[attr-defined]
+                                               np.asarray(plan.block_positions))
+        else:
+            ref = self.drafter.recompute(ctx, np.arange(0, start - base), block, np.asarray(plan.block_positions))  # type: ignore[attr-defined]
+        if self.chain:  # a chain drafter returns its drafts
+            ok = bool(np.array_equal(ref, draft))
+            err = 0.0
+        elif logits is None:  # the drafter returned tokens: compare the greedy choices
             ok = bool(np.array_equal(np.argmax(ref, axis=1), draft))
             err = 0.0
         else:
@@ -547,7 +591,7 @@ class SpeculativeLoop:
         assert res is not None
         toks = [s.last, *(int(x) for x in draft)]
         out = self._tg(s, toks)
-        self._process(s, s.n_past, out.rows)
+        self._process(s, s.n_past, out.rows, toks)
         g = np.asarray(out.next_tokens)
         n_acc = 0
         while n_acc < B and int(draft[n_acc]) == int(g[n_acc]):
@@ -600,7 +644,7 @@ class SpeculativeLoop:
             self._st("process_tree", s.seq, n0, parents, rows)
             self._st("accept_path", s.seq, np.asarray(path, np.int64))
         k = len(path)
-        self._log(s, n0, rows[path])
+        self._log(s, n0, rows[path], [tree.tokens[i] for i in path])
         s.log_n = min(s.log_n, n0 + k)
         # The linear verify of the accepted tokens: the target's own state must end there anyway.
         s.target.rollback(n0)

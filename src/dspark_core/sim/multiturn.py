@@ -211,7 +211,7 @@ class RequestLoop(SpeculativeLoop):
         for lo in range(r.replay_from, len(prompt), self.prefill_chunk):
             out = self._tg(s, prompt[lo:lo + self.prefill_chunk])
             r.prefilled += len(out.rows)
-            self._process(s, lo, out.rows)
+            self._process(s, lo, out.rows, prompt[lo:lo + self.prefill_chunk])
             end = lo + len(out.rows)
             # The server hands over the blocks this chunk completed; with batch_publish, those of the
             # last chunk wait for the batch's one publish (the sequence's rows stay put till then).

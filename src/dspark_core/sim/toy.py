@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 
@@ -606,7 +607,7 @@ class FlakyDrafter:
     """A drafter wrapper that fails on purpose, to exercise the Stager's recovery.
 
     Args:
-        inner: the wrapped drafter.
+        inner: the wrapped drafter (a block drafter, or a chain drafter: ``decode_chain``).
         every: fail every ``every``-th drafter round (``None``: never on schedule).
         probability: additionally fail each round with this probability.
         stage: ``"decode"``, ``"crop"`` or ``"mixed"`` (alternate).
@@ -620,7 +621,7 @@ class FlakyDrafter:
 
     def __init__(
         self,
-        inner: ToyDrafter,
+        inner: Any,
         every: int | None = None,
         probability: float = 0.0,
         stage: str = "mixed",
@@ -659,8 +660,19 @@ class FlakyDrafter:
     def decode(
         self, seq: int, positions: np.ndarray, rows: np.ndarray, block_tokens: Tokens, block_positions: np.ndarray
     ) -> np.ndarray:
+        return self._round_of(seq, lambda: self.inner.decode(seq, positions, rows, block_tokens, block_positions))
+
+    def decode_chain(
+        self, seq: int, positions: np.ndarray, rows: np.ndarray, successors: Tokens, draft_positions: np.ndarray
+    ) -> np.ndarray:
+        """A chain drafter's round (:class:`~dspark_core.sim.toy_chain.ToyChainDrafter`), failing as ``decode``."""
+        inner: Any = self.inner
+        return self._round_of(seq, lambda: inner.decode_chain(seq, positions, rows, successors, draft_positions))
+
+    def _round_of(self, seq: int, run: Callable[[], np.ndarray]) -> np.ndarray:
+        """Run the inner decode, then fail it (decode) or arm the crop's failure, on schedule."""
         stage = self._fails_now()
-        out = self.inner.decode(seq, positions, rows, block_tokens, block_positions)
+        out = run()
         if stage == "decode":
             self.failures.append((self._round, seq, "decode"))
             raise DrafterFailure("decode")

@@ -36,6 +36,7 @@ ROW_DTYPES = {name: code for code, name in enumerate(core_tables.ELEM_TYPES)}
 
 #: The int64 range of the core's arguments.
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_INT32_MIN, _INT32_MAX = -(1 << 31), (1 << 31) - 1
 
 
 def as_index(name: str, value: Any) -> int:
@@ -286,6 +287,33 @@ def _int_array(call: str, name: str, value: Any) -> np.ndarray:
     if arr.dtype.kind == "u" and arr.dtype.itemsize == 8:
         arr = np.minimum(arr, np.uint64(_INT64_MAX))
     return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def as_tokens(call: str, tokens: Any, n: int) -> np.ndarray | None:
+    """A chain drafter's token ids (``process(..., tokens=)``): None, or a 1-D contiguous
+    int32 array of ``n`` ids. Whether the Stager keeps tokens, and ids below 0, are the
+    core's to check.
+
+    Raises:
+        TypeError: not integers.
+        ValueError: not 1-D, not one id per row, or an id outside int32.
+    """
+    if tokens is None:
+        return None
+    who = f"{call}: tokens" if call else "tokens"
+    arr = _clamped_objects(np.asarray(tokens))
+    if arr.size == 0:
+        arr = arr.astype(np.int32)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{who} must be integers (token ids), got dtype {arr.dtype}")
+    if arr.ndim != 1:
+        raise ValueError(f"{who} must be 1-D, got shape {arr.shape}")
+    if arr.shape[0] != n:
+        raise ValueError(f"{who}: {arr.shape[0]} token ids for {n} rows (one per row)")
+    if arr.dtype != np.int32 and arr.size and (arr.min() < _INT32_MIN or arr.max() > _INT32_MAX):
+        k = int(np.flatnonzero((arr < _INT32_MIN) | (arr > _INT32_MAX))[0])
+        raise ValueError(f"{who}[{k}] is {int(arr[k])}: token ids must fit int32")
+    return np.ascontiguousarray(arr, dtype=np.int32)
 
 
 def as_seq_ids(call: str, seqs: Any) -> np.ndarray:

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..rows import _bf16
 from .core_tables import (
+    DRAFTER_KINDS,
     ELEM_TYPES,
     MAX_FEATURE_DIM,
     MAX_SEQS_LIMIT,
@@ -43,6 +44,7 @@ __all__ = [
     "STAGE_DTYPES",
     "NONFINITE_POLICIES",
     "ROW_MODES",
+    "DRAFTER_KINDS",
     "MAX_SEQS_LIMIT",
     "MAX_WINDOW",
     "MAX_FEATURE_DIM",
@@ -142,6 +144,14 @@ class StagerConfig:
             ``max_seqs * ring_rows`` rows: ``process`` returns the slots to
             write, plans carry ``slots``, ``fork`` / ``shift`` return the
             copies to apply; see docs/external_rows.md).
+        kind: the drafter the rows serve, one of :data:`DRAFTER_KINDS`:
+            ``"block"`` (DSpark / DFlash, default) or ``"chain"`` (EAGLE-3,
+            EAGLE, MTP heads: ``process`` then takes ``tokens=``, the id of
+            the token the target read at each row's position, which the
+            Stager keeps beside the row; plans carry them, see
+            :meth:`StagePlan.successors`). Windows, rebases and recovery are
+            the same for both; reservations, tree verification, the device
+            step and prefix rows serve block drafters only.
 
     Raises:
         ConfigError: for any value that cannot work, naming it.
@@ -157,6 +167,7 @@ class StagerConfig:
     nonfinite: str = "error"
     strict: bool = False
     rows: str = "held"
+    kind: str = "block"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -172,10 +183,13 @@ class StagerConfig:
             raise ConfigError(f"nonfinite {self.nonfinite!r} is not supported; use one of {NONFINITE_POLICIES}")
         if self.rows not in ROW_MODES:
             raise ConfigError(f"rows {self.rows!r} is not supported; use one of {ROW_MODES}")
+        if self.kind not in DRAFTER_KINDS:
+            raise ConfigError(f"kind {self.kind!r} is not a drafter kind; use one of {DRAFTER_KINDS}")
         # Every value rule is the core's (ConfigError naming the first unusable value).
         d, b, w, n, f = (min(max(getattr(self, name), _INT64_MIN), _INT64_MAX) for name in ints)
         check_stager_options(d, b, w, n, STORAGES.index(self.storage), f, NONFINITE_POLICIES.index(self.nonfinite),
-                             STAGE_DTYPES.index(self.stage_dtype), ROW_MODES.index(self.rows))
+                             STAGE_DTYPES.index(self.stage_dtype), ROW_MODES.index(self.rows),
+                             DRAFTER_KINDS.index(self.kind))
 
     # -- derived values -------------------------------------------------
     @property
@@ -200,6 +214,11 @@ class StagerConfig:
     def external_rows(self) -> bool:
         """True in external-row mode (``rows="external"``)."""
         return self.rows == "external"
+
+    @property
+    def chain(self) -> bool:
+        """True for a chain drafter's Stager (``kind="chain"``): token ids beside the rows."""
+        return self.kind == "chain"
 
     @property
     def row_bytes(self) -> int:
@@ -256,4 +275,5 @@ class StagerConfig:
             raise ConfigError("feature_dim is unknown: the plan does not give it, pass feature_dim=")
         kw.setdefault("max_seqs", plan.n_parallel)
         kw.setdefault("storage", plan.storage)
+        kw.setdefault("kind", getattr(plan, "kind", "block"))
         return cls(d, plan.block_size, plan.window, **kw)

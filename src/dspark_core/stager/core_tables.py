@@ -27,6 +27,7 @@ __all__ = [
     "StorageFormat",
     "ELEM_TYPES",
     "ROW_MODES",
+    "DRAFTER_KINDS",
     "NONFINITE_POLICIES",
     "SKIP_REASONS",
     "FAIL_STAGES",
@@ -91,6 +92,11 @@ ELEM_TYPES: tuple[str, ...] = tuple(_core.ELEM_TYPES)
 #: Who holds the feature rows: the Stager ("held") or their owner ("external").
 ROW_MODES: tuple[str, ...] = tuple(_core.ROW_MODES)
 
+#: The drafters the rows serve: "block" (DSpark / DFlash: context rows and a
+#: block of queries per round) and "chain" (EAGLE-3, EAGLE, MTP: each row with
+#: the id of the token after it, one drafted token per step).
+DRAFTER_KINDS: tuple[str, ...] = tuple(_core.DRAFTER_KINDS)
+
 #: Head rows below the horizon are dropped this many at a time (off the per-round path).
 TRIM_CHUNK: int = _core.TRIM_CHUNK
 #: Positions and counts stay below this (so that ``pos + block`` never overflows int64).
@@ -118,6 +124,7 @@ def _check() -> None:
         ("storages", STORAGES),
         ("element types", ELEM_TYPES),
         ("row modes", ROW_MODES),
+        ("drafter kinds", DRAFTER_KINDS),
         ("non-finite policies", NONFINITE_POLICIES),
         ("skip reasons", SKIP_REASONS),
         ("fail stages", FAIL_STAGES),

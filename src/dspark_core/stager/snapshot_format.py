@@ -17,9 +17,11 @@ Version 2 (written); "fingerprint" fields must match the restoring Stager::
     14     2     content flags (u16): what the snapshot carries; 0 = rows
                  inline. Bit 0 (CONTENT_EXTERNAL_ROWS): the rows are held
                  outside the snapshot (external-row mode: bookkeeping only;
-                 n_rows still counts them, none follow the header). A
-                 reader rejects bits it does not know, and a snapshot of
-                 the other row mode.
+                 n_rows still counts them, none follow the header). Bit 1
+                 (CONTENT_TOKENS): n_rows token ids (i32) follow the rows
+                 (or the header): the snapshot of a chain drafter's Stager.
+                 A reader rejects bits it does not know, a snapshot of the
+                 other row mode, and one of the other drafter kind.
     16     4     window (u32)                               fingerprint
     20     4     block_size (u32)                           fingerprint
     24     4     row_bytes (u32)                            fingerprint
@@ -37,9 +39,13 @@ Version 2 (written); "fingerprint" fields must match the restoring Stager::
                  STAGE_DTYPES)                              fingerprint
     77     3     reserved, zero
     80     8     n_rows (u64) == end - horizon
-    88     4     CRC-32C of the row bytes [96, 96 + n_rows * row_bytes)
+    88     4     CRC-32C of everything after the header (the rows, then
+                 the token ids)
     92     4     CRC-32C of the header bytes [0, 92)
-    96     ...   n_rows rows in storage format, oldest first
+    96     ...   n_rows rows in storage format, oldest first (none with
+                 CONTENT_EXTERNAL_ROWS)
+    ...    ...   with CONTENT_TOKENS: n_rows token ids (i32), the id kept
+                 beside each row, oldest first
 
 Version 1 (read only): the same fields at the same offsets up to 88 (bytes
 13..15 and 76..79 reserved: it records neither the nonfinite policy nor the
@@ -86,8 +92,12 @@ ROWS_CRC_AT = 88
 HEADER_CRC_AT = 92
 #: Content flag: the rows stayed with their owner (external-row mode).
 CONTENT_EXTERNAL_ROWS = 1
+#: Content flag: the token ids beside the rows follow them (a chain drafter's Stager).
+CONTENT_TOKENS = 2
 #: Content flags a reader of this version understands.
-CONTENT_FLAGS_KNOWN = CONTENT_EXTERNAL_ROWS
+CONTENT_FLAGS_KNOWN = CONTENT_EXTERNAL_ROWS | CONTENT_TOKENS
+#: Bytes of one token id.
+TOKEN_BYTES = 4
 #: Version 1: an 88-byte header, the rows, a 4-byte CRC-32 trailer.
 V1_VERSION = 1
 V1_HEADER_BYTES = 88
@@ -113,9 +123,9 @@ FLAG_BITS = FLAG_STARTED | FLAG_DISABLED | FLAG_OWED | FLAG_FIRST_ROUND | FLAG_A
 Fingerprint = tuple[int, int, int, int, int, int, int]
 
 
-def snapshot_bytes(n_rows: int, row_bytes: int) -> int:
-    """Size of a v2 snapshot holding ``n_rows`` rows of ``row_bytes`` bytes."""
-    return HEADER_BYTES + n_rows * row_bytes
+def snapshot_bytes(n_rows: int, row_bytes: int, tokens: bool = False) -> int:
+    """Size of a v2 snapshot holding ``n_rows`` rows of ``row_bytes`` bytes (``tokens``: and their ids)."""
+    return HEADER_BYTES + n_rows * (row_bytes + (TOKEN_BYTES if tokens else 0))
 
 
 # -- CRC-32C, pure Python ---------------------------------------------------
@@ -236,6 +246,7 @@ class SnapshotState:
     rows: bytes
     external: bool = False  # taken in external-row mode: ``rows`` is empty, the owner keeps them
     drafting_off: bool = False  # the request's drafting switch (disable)
+    tokens: bytes | None = None  # a chain drafter's: n_rows int32 ids (little-endian), oldest first
 
 
 def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
@@ -257,12 +268,13 @@ def pack(state: SnapshotState, fingerprint: Fingerprint) -> bytes:
     )
     fields = _FIELDS.pack(
         MAGIC, VERSION, HEADER_BYTES, feature_dim, storage_code, nonfinite_code,
-        CONTENT_EXTERNAL_ROWS if state.external else 0, window, block, row_bytes,
-        flags, state.end, state.horizon, state.n_cache, state.pos_base, state.tentative,
+        (CONTENT_EXTERNAL_ROWS if state.external else 0) | (CONTENT_TOKENS if state.tokens is not None else 0),
+        window, block, row_bytes, flags, state.end, state.horizon, state.n_cache, state.pos_base, state.tentative,
         state.failures, stage_code, b"\0\0\0", n_rows,
     )
-    head = fields + struct.pack("<I", crc32c(state.rows))
-    return head + struct.pack("<I", crc32c(head)) + state.rows
+    body = state.rows + (state.tokens or b"")
+    head = fields + struct.pack("<I", crc32c(body))
+    return head + struct.pack("<I", crc32c(head)) + body
 
 
 def refresh_checksums(data: bytearray) -> None:
@@ -296,11 +308,13 @@ def unpack(
     policies: tuple[str, ...] = NONFINITE_POLICIES,
     external: bool = False,
     stage_dtypes: tuple[str, ...] = STAGE_DTYPES,
+    tokens: bool = False,
 ) -> SnapshotState:
     """Parse and validate snapshot bytes (v1 or v2); ``ValueError`` naming the first problem.
 
     ``external``: the restoring Stager runs in external-row mode; a snapshot of
-    the other row mode is a ``ValueError``. ``storages``, ``policies`` and
+    the other row mode is a ``ValueError``; ``tokens``: it keeps token ids (a chain
+    drafter's), and a snapshot of the other kind is a ``ValueError``. ``storages``, ``policies`` and
     ``stage_dtypes`` name the header's codes in messages (the reference twin
     passes its own tables).
     """
@@ -343,6 +357,13 @@ def unpack(
             "snapshot carries its rows (taken in held mode); this Stager runs in external-row mode "
             "(rows='external') and cannot take them: restore it into a held-mode Stager"
         )
+    snap_tokens = not v1 and bool(content & CONTENT_TOKENS)
+    if snap_tokens and not tokens:
+        raise ValueError('snapshot carries token ids (taken by a chain drafter\'s Stager, kind="chain"); this '
+                         'Stager\'s drafter kind is "block"')
+    if tokens and not snap_tokens:
+        raise ValueError("snapshot carries no token ids (taken by a block drafter's Stager); this Stager serves a "
+                         'chain drafter (kind="chain"), whose rows need theirs')
     theirs = (feature_dim, storage_code, window, block, row_bytes, nonfinite_code, stage_code)
     mine = tuple(fingerprint)
     if theirs[:5] != mine[:5] or (not v1 and theirs[5:] != mine[5:]):
@@ -355,13 +376,15 @@ def unpack(
     reserved_set = reserved != b"\0\0\0" or (v1 and (nonfinite_code or content or stage_code))
     if reserved_set or flags & ~FLAG_BITS:
         raise ValueError("snapshot has reserved bits set")
-    if external:
+    per_row = (0 if external else row_bytes) + (TOKEN_BYTES if snap_tokens else 0)
+    if per_row == 0:
         if n != header:
             raise ValueError(
                 f"snapshot length {n} is not its header's {header} bytes (an external-row snapshot holds no rows)"
             )
-    elif n != header + n_rows * row_bytes + trailer:
-        raise ValueError(f"snapshot length {n} does not match its {n_rows} rows of {row_bytes} bytes")
+    elif n != header + n_rows * per_row + trailer:
+        with_ids = " (with their token ids)" if snap_tokens else ""
+        raise ValueError(f"snapshot length {n} does not match its {n_rows} rows of {per_row} bytes{with_ids}")
     started = bool(flags & FLAG_STARTED)
     if started:
         ok = (
@@ -382,9 +405,13 @@ def unpack(
               and flags & ~FLAG_DRAFTING_OFF == FLAG_FIRST_ROUND and failures == 0)
     if not ok:
         raise ValueError("snapshot fields are inconsistent")
-    rows = data[header: header + (0 if external else n_rows * row_bytes)]
-    if not v1 and crc32c(rows) != rows_crc:
+    rows_end = header + (0 if external else n_rows * row_bytes)
+    rows = data[header:rows_end]
+    ids = data[rows_end: rows_end + (n_rows * TOKEN_BYTES if snap_tokens else 0)]
+    if not v1 and crc32c(ids, crc32c(rows)) != rows_crc:
         raise ValueError("snapshot rows checksum mismatch (damaged data)")
+    if snap_tokens and n_rows and int(np.frombuffer(ids, "<i4").min()) < 0:
+        raise ValueError("snapshot token ids are inconsistent (a negative id)")
     return SnapshotState(
         started=started,
         disabled=bool(flags & FLAG_DISABLED),
@@ -400,4 +427,5 @@ def unpack(
         rows=rows.tobytes(),
         external=snap_external,
         drafting_off=bool(flags & FLAG_DRAFTING_OFF),
+        tokens=ids.tobytes() if snap_tokens else None,
     )

@@ -24,6 +24,7 @@ reads them from its own table at ``plan.slots`` (``DeviceRing.gather``), and
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
@@ -113,6 +114,10 @@ class StagePlan:
             0 for a skipped plan): the plan's ``slots`` may be read while
             ``source.open_round_id(seq) == round`` (``DeviceRing.gather``
             refuses a plan of a round that has closed).
+        tokens: a chain drafter's Stager (``kind="chain"``): int32 ``(n,)``,
+            the id of the token the target read at each staged row's
+            position, kept beside the row (both row modes); None for a block
+            drafter's. :meth:`successors` pairs each row with the id after it.
     """
 
     __slots__ = (
@@ -137,6 +142,7 @@ class StagePlan:
         "_runs",
         "_row_runs",
         "zero_copy",
+        "tokens",
     )
 
     def __init__(
@@ -161,6 +167,7 @@ class StagePlan:
         encoded_runs: tuple[np.ndarray, ...] | None = None,
         n_rows: int | None = None,
         block_size: int | None = None,
+        tokens: np.ndarray | None = None,
     ) -> None:
         """The fields the class docstring names. ``positions`` / ``block_positions`` may be
         left out for ``n_rows`` / ``block_size``: they are then made from ``crop_from`` on
@@ -191,16 +198,37 @@ class StagePlan:
         self._runs = encoded_runs
         self._row_runs: tuple[np.ndarray, ...] | None = None
         self.zero_copy = encoded_runs is not None
+        self.tokens = tokens
+
+    def successors(self, next_token: int) -> np.ndarray:
+        """What a chain drafter (EAGLE-3, EAGLE, MTP) consumes beside each staged row: the
+        id of the token after it, int32 ``(n,)``. That is ``tokens[1:]``, then ``next_token``
+        for the newest row: the token this round drafts from (sampled at ``start``, not
+        yet processed). Raises ValueError for a block drafter's plan (no tokens kept) or
+        a ``next_token`` outside ``[0, 2**31)``."""
+        if self.tokens is None:
+            raise ValueError("successors: this plan is from a block drafter's Stager, which keeps no token ids "
+                             "(StagerConfig(kind='chain') keeps them)")
+        t = operator.index(next_token)
+        if not 0 <= t < 2**31:
+            raise ValueError(f"successors: next_token must be a token id in [0, 2**31), got {t}")
+        out = np.empty(len(self.tokens), np.int32)
+        out[:-1] = self.tokens[1:]
+        if len(out):
+            out[-1] = t
+        return out
 
     @classmethod
     def skipped(cls, seq: int, start: int, reason: str, *, feature_dim: int, row_bytes: int,
-                stage_dtype: np.dtype, external: bool = False) -> "StagePlan":
-        """A plan that stages nothing and opens no round (``skip = reason``)."""
+                stage_dtype: np.dtype, external: bool = False, chain: bool = False) -> "StagePlan":
+        """A plan that stages nothing and opens no round (``skip = reason``); ``chain``:
+        a chain drafter's (no tokens, rather than none kept)."""
         return cls(
             seq=seq, start=start, skip=reason, rebase=False, clear_cache=False,
             positions=np.zeros(0, np.int32), block_positions=np.zeros(0, np.int32),
             crop_from=-1, pos_base=-1, encoded_rows=None if external else _no_encoded(row_bytes),
             rows=None if external else _no_rows(feature_dim, stage_dtype), external=external,
+            tokens=np.zeros(0, np.int32) if chain else None,
         )
 
     @property
@@ -369,7 +397,9 @@ class BatchPlan:
     * ``encoded_runs`` / ``row_runs`` (held mode only): the same rows as they
       lie in the rings, one array per run of consecutive slots (at most two
       per sequence), with ``run_offsets`` int64 ``(N + 1,)``: the runs of
-      ``seqs[i]`` are ``encoded_runs[run_offsets[i]:run_offsets[i + 1]]``.
+      ``seqs[i]`` are ``encoded_runs[run_offsets[i]:run_offsets[i + 1]]``;
+    * ``tokens`` int32 (a chain drafter's Stager; None for a block drafter's):
+      the token id kept beside each row, as :attr:`StagePlan.tokens`.
 
     ``draft_many(seqs, n_pasts, copy=False)`` (held mode) copies no row:
     ``zero_copy`` is then true and ``encoded_runs`` / ``row_runs`` are
@@ -414,6 +444,7 @@ class BatchPlan:
     _runs: tuple[np.ndarray, ...] | None = None
     _row_runs: tuple[np.ndarray, ...] | None = None
     _run_offsets: np.ndarray | None = None
+    tokens: np.ndarray | None = None
 
     def __init__(
         self,
@@ -441,6 +472,7 @@ class BatchPlan:
         external: bool = False,
         source: Any = None,
         views: _Runs | None = None,
+        tokens: np.ndarray | None = None,
     ) -> None:
         """Arrays as the class docstring names them (what the reference twin makes).
 
@@ -468,10 +500,12 @@ class BatchPlan:
         self._encoded = encoded_rows
         self._rows = rows
         self._views = views
+        self.tokens = tokens
 
     @classmethod
     def packed(cls, ctx: BatchContext, meta: np.ndarray, flags: np.ndarray, positions: np.ndarray,
-               slots: np.ndarray, encoded_rows: np.ndarray | None, views: _Runs | None = None) -> "BatchPlan":
+               slots: np.ndarray, encoded_rows: np.ndarray | None, views: _Runs | None = None,
+               tokens: np.ndarray | None = None) -> "BatchPlan":
         """A plan over the arrays the core filled in one pass (``draft_many``, the core's
         ``pack_plans``).
 
@@ -481,7 +515,7 @@ class BatchPlan:
         ``row_offsets``); ``flags``: uint8 ``(len(BATCH_FLAG_ROWS), N)``, rows
         ``skip_code``, ``rebase``, ``clear_cache``. The per-sequence arrays are
         views of these rows, taken on first access. ``views``: as for the
-        constructor.
+        constructor. ``tokens``: the flat token ids (a chain drafter's Stager).
         """
         self = cls.__new__(cls)
         self._ctx = ctx
@@ -491,6 +525,8 @@ class BatchPlan:
         self.slots = slots
         self._encoded = encoded_rows
         self._views = views
+        if tokens is not None:
+            self.tokens = tokens
         return self
 
     # -- what every plan of its Stager shares -------------------------------
@@ -743,7 +779,8 @@ class BatchPlan:
         code = int(self.skip_code[i])
         if code:
             return StagePlan.skipped(seq, start, SKIP_REASONS[code - 1], feature_dim=self.feature_dim,
-                                     row_bytes=self.row_bytes, stage_dtype=self.stage_dtype, external=self.external)
+                                     row_bytes=self.row_bytes, stage_dtype=self.stage_dtype, external=self.external,
+                                     chain=self.tokens is not None)
         a, b = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
         crop = int(self.crop_from[i])
         enc = rows = runs = None
@@ -766,7 +803,7 @@ class BatchPlan:
             positions=self.positions[a:b], block_size=self.block_size,
             crop_from=crop, pos_base=int(self.pos_base[i]), encoded_rows=enc, rows=rows, decode=decode,
             slots=self.slots[a:b], external=self.external, source=self.source, round=int(self.round[i]),
-            encoded_runs=runs,
+            encoded_runs=runs, tokens=None if self.tokens is None else self.tokens[a:b],
         )
 
     def __len__(self) -> int:
