@@ -310,3 +310,43 @@ def test_kind_is_configuration():
     assert block_plan.tokens is None
     with pytest.raises(ValueError, match="block drafter's Stager, which keeps no token ids"):
         block_plan.successors(1)
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_a_prefix_hit_takes_the_prompts_ids(rows):
+    """The store keeps rows, not ids (its keys are made of the tokens): a chain drafter's
+    hit takes the prompt's ids, and the rows it brings back carry them, as after a prefill."""
+    from dspark_core import PrefixStore
+    from dspark_core.reference import ReferencePrefixStore
+
+    cfg = config(rows).replace(window=96)  # the whole prompt held: every block can be published
+    prompt = np.arange(100, 140, dtype=np.int32)
+    keys = list(range(1, 11))  # one key per 4-token block
+    results = []
+    for st, store in ((Stager(cfg), PrefixStore(cfg, 4, 1 << 20)), (ReferenceStager(cfg), ReferencePrefixStore(cfg, 4, 1 << 20))):
+        st.begin(0)
+        st.process(0, np.arange(40), None if rows == "external" else rows_with_ids(np.random.default_rng(1), prompt),
+                   tokens=prompt)
+        store.publish(st, 0, keys, 0, 40)  # a chain Stager publishes its rows as any
+        st.begin(1)
+        with pytest.raises(ValueError, match="needs the token id of every row"):
+            store.hit(st, 1, keys, 40)
+        with pytest.raises(ValueError, match=r"tokens\[3\] is -1"):
+            store.hit(st, 1, keys, 40, tokens=np.where(np.arange(40) == 3, -1, prompt))
+        assert not st.state(1)["started"]
+        hit = store.hit(st, 1, keys, 40, tokens=prompt)
+        assert hit.replay_from > hit.first_row >= 0
+        got = st.tokens(1, hit.first_row, hit.replay_from)
+        np.testing.assert_array_equal(got, prompt[hit.first_row:hit.replay_from])
+        # The batched hit: the ids flat in batch order.
+        st.begin(2)
+        hits = store.hit_many(st, [2], [keys[:5]], [20], tokens=prompt[:20])
+        h2 = hits.hits[0] if hasattr(hits, "hits") else hits[0]
+        np.testing.assert_array_equal(st.tokens(2, h2.first_row, h2.replay_from), prompt[h2.first_row:h2.replay_from])
+        results.append((hit.first_row, hit.replay_from, got.tolist(), st.state(1)))
+    assert results[0] == results[1]
+    block = cfg.replace(kind="block")
+    st, store = Stager(block), PrefixStore(block, 4, 1 << 20)
+    st.begin(0)
+    with pytest.raises(ValueError, match="kept for a chain drafter"):
+        store.hit(st, 0, keys, 40, tokens=prompt)

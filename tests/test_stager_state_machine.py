@@ -63,11 +63,12 @@ class CoreMatchesReference(RuleBasedStateMachine):
         stage_dtype=hs.sampled_from(["float32", "float16", "bfloat16"]),
         nonfinite=hs.sampled_from(["error", "error", "zero", "clamp_f16", "clamp"]),
         strict=hs.booleans(),
+        kind=hs.sampled_from(["block", "block", "chain"]),
     )
-    def setup(self, dim, block, extra, seqs, storage, max_failures, stage_dtype, nonfinite, strict):
+    def setup(self, dim, block, extra, seqs, storage, max_failures, stage_dtype, nonfinite, strict, kind):
         self.cfg = StagerConfig(
             dim, block, 2 * block + extra, max_seqs=seqs, storage=storage, max_failures=max_failures,
-            stage_dtype=stage_dtype, nonfinite=nonfinite, strict=strict,
+            stage_dtype=stage_dtype, nonfinite=nonfinite, strict=strict, kind=kind,
         )
         self.core = Stager(self.cfg)
         self.ref = ReferenceStager(self.cfg)
@@ -75,9 +76,22 @@ class CoreMatchesReference(RuleBasedStateMachine):
         self.snaps: list[bytes] = []
 
     # -- helpers --------------------------------------------------------
+    #: The calls that take rows, and where their positions are: a chain drafter's Stager
+    #: gets each row's token id with them (a function of the position; now and then a bad one).
+    _POSITIONS_AT = {"process": 1, "process_encoded": 1, "process_many": 2}
+
+    def token_ids(self, positions):
+        ids = (np.abs(np.asarray(positions, np.int64)) * 7 + 3) % 50000
+        if len(ids) and self.rng.random() < 0.05:
+            ids[int(self.rng.integers(len(ids)))] = -1  # refused: ids are >= 0
+        return ids
+
     def both(self, name, *args):
-        a = outcome(getattr(self.core, name), *args)
-        b = outcome(getattr(self.ref, name), *args)
+        kw = {}
+        if self.cfg.kind == "chain" and name in self._POSITIONS_AT:
+            kw["tokens"] = self.token_ids(args[self._POSITIONS_AT[name]])
+        a = outcome(lambda *x: getattr(self.core, name)(*x, **kw), *args)
+        b = outcome(lambda *x: getattr(self.ref, name)(*x, **kw), *args)
         assert a[0] == b[0], (name, args, a, b)
         if a[0] == "raise":  # the same exception, word for word
             assert a[1][0] is b[1][0] and a[1][1] == b[1][1], (name, args, a, b)
@@ -437,6 +451,9 @@ class CoreMatchesReference(RuleBasedStateMachine):
             assert np.array_equal(self.core.accepted(s), self.ref.accepted(s)), s
             if not a["open_round"] and not a["tree_nodes"]:
                 assert self.core.snapshot(s) == self.ref.snapshot(s)
+            if self.cfg.kind == "chain":  # the ids beside the rows: a snapshot holds them too, this reads them
+                lo, hi = self.core.buffered_positions(s)
+                assert np.array_equal(self.core.tokens(s, lo, hi), self.ref.tokens(s, lo, hi)), s
         # The Stager's metrics: the same, and no counter ever goes back.
         ta, tb = self.core.totals(), self.ref.totals()
         assert {k: ta.stats[k] for k in SEMANTIC_STATS} == tb.stats, (ta, tb)

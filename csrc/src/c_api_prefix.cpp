@@ -146,17 +146,23 @@ dspark_status dspark_prefix_publish(dspark_stager* st, int64_t seq, dspark_prefi
     });
 }
 
-dspark_status dspark_prefix_hit(dspark_stager* st, int64_t seq, dspark_prefix_store* store, const uint8_t* keys,
-                                const size_t* key_offsets, size_t n_keys, int64_t n_tokens, dspark_prefix_hit_result* out) {
+dspark_status dspark_prefix_hit_tokens(dspark_stager* st, int64_t seq, dspark_prefix_store* store, const uint8_t* keys,
+                                       const size_t* key_offsets, size_t n_keys, int64_t n_tokens,
+                                       const int32_t* tokens, dspark_prefix_hit_result* out) {
     return with_prefix_moves([&] {
         dspark::Stager& core = core_of(st);
         dspark::PrefixStore* s = converted(core, seq, false, [&] { return &store_of(store); });
         const dspark::KeyChain chain = converted(core, seq, false, [&] { return chain_of(keys, key_offsets, n_keys); });
         std::vector<dspark::SlotMove> moves;
-        const dspark::PrefixHit h = core.start_from_prefix(seq, *s, chain, n_tokens, &moves);
+        const dspark::PrefixHit h = core.start_from_prefix(seq, *s, chain, n_tokens, &moves, nullptr, tokens);
         if (out) *out = to_c(h);
         return moves;
     });
+}
+
+dspark_status dspark_prefix_hit(dspark_stager* st, int64_t seq, dspark_prefix_store* store, const uint8_t* keys,
+                                const size_t* key_offsets, size_t n_keys, int64_t n_tokens, dspark_prefix_hit_result* out) {
+    return dspark_prefix_hit_tokens(st, seq, store, keys, key_offsets, n_keys, n_tokens, nullptr, out);
 }
 
 dspark_status dspark_prefix_publish_many(dspark_stager* st, const int64_t* seqs, size_t n, dspark_prefix_store* store,
@@ -182,6 +188,13 @@ dspark_status dspark_prefix_publish_many(dspark_stager* st, const int64_t* seqs,
 dspark_status dspark_prefix_hit_many(dspark_stager* st, const int64_t* seqs, size_t n, dspark_prefix_store* store,
                                      const uint8_t* keys, const size_t* key_offsets, const size_t* chain_offsets,
                                      const int64_t* n_tokens, dspark_prefix_hit_result* out) {
+    return dspark_prefix_hit_many_tokens(st, seqs, n, store, keys, key_offsets, chain_offsets, n_tokens, nullptr, out);
+}
+
+dspark_status dspark_prefix_hit_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                            dspark_prefix_store* store, const uint8_t* keys, const size_t* key_offsets,
+                                            const size_t* chain_offsets, const int64_t* n_tokens,
+                                            const int32_t* tokens, dspark_prefix_hit_result* out) {
     return with_prefix_moves([&] {
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
@@ -194,7 +207,7 @@ dspark_status dspark_prefix_hit_many(dspark_stager* st, const int64_t* seqs, siz
         converted_batch(core, call, seqs, n, need, [&] { require_buffer(n_tokens, n, "n_tokens"); });
         std::vector<dspark::PrefixHit> hits;
         std::vector<dspark::SlotMove> moves;
-        core.start_from_prefix_many(seqs, n, *s, chains.chains.data(), n_tokens, hits, &moves);
+        core.start_from_prefix_many(seqs, n, *s, chains.chains.data(), n_tokens, hits, &moves, nullptr, tokens);
         if (out)
             for (size_t i = 0; i < n; ++i) out[i] = to_c(hits[i]);
         return moves;

@@ -116,13 +116,14 @@ struct Stager::PrefixOps {
         PrefixStore::HitPlan plan;
         std::int64_t n_tokens = 0;
         FeatureBuffer fresh;  // a new ring, when the sequence's own has no room (else empty)
+        const std::int32_t* tokens = nullptr;  // a chain drafter's: the ids of [0, n_tokens)
     };
 
     // The hit's checks (the store's plan_hit) and its allocation: may throw,
     // nothing has changed.
     static Hit plan_hit(const Stager& st, const Seq& target, PrefixStore& store, const KeyChain& keys,
                         std::int64_t n_tokens) {
-        Hit h{store.plan_hit(keys, n_tokens), n_tokens, FeatureBuffer()};
+        Hit h{store.plan_hit(keys, n_tokens), n_tokens, FeatureBuffer(), nullptr};
         const auto n = static_cast<std::size_t>(h.plan.hit.rows);
         if (h.plan.hit.replay_from != 0 && (target.buf.capacity() == 0 || target.buf.capacity() < n)) {
             h.fresh = st.new_ring();
@@ -169,6 +170,7 @@ struct Stager::PrefixOps {
                                     static_cast<std::size_t>(pc.count) * st.row_bytes_);
                 }
                 s.buf.commit_back(n);
+                if (h.tokens) s.buf.set_tokens(hit.first_row, h.tokens + hit.first_row, n);
             }
             st.retire_stats(target);  // the new request's counters start afresh
             target = std::move(s);
@@ -188,7 +190,6 @@ std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& stor
                                              std::int64_t start, std::int64_t end, std::uint64_t* serial) {
     auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
-    require_block("publish");
     if (serial) *serial = 0;
     std::lock_guard<std::mutex> store_lock(store.mu_);
     const std::vector<PrefixPlannedBlock> plan = check_publish_prefix(seq, s, store, keys, start, end);
@@ -211,7 +212,6 @@ std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, s
                                                   const std::int64_t* ends_in, std::uint64_t* serial) {
     const char* call = "publish_many";
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
-    require_block(call);
     const std::vector<std::int64_t>& seqs = batch.seqs();
     const std::vector<std::int64_t> starts = copy_of(starts_in, n), ends = copy_of(ends_in, n);
     if (serial) *serial = 0;
@@ -274,10 +274,9 @@ std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, s
 }
 
 PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
-                                    std::vector<SlotMove>* moves, std::uint64_t* serial) {
+                                    std::vector<SlotMove>* moves, std::uint64_t* serial, const std::int32_t* tokens) {
     auto lock = lock_seq(seq);
     Seq& target = mut(ready(seq));
-    require_block("hit");
     if (serial) *serial = 0;
     // The checks after the sequence's: the store, where the moves go, the hit
     // (the store's plan_hit: n_tokens, the keys, the chain against the
@@ -286,6 +285,8 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
     if (external() && !moves) throw std::invalid_argument("an external-row hit needs somewhere to put its moves");
     std::lock_guard<std::mutex> store_lock(store.mu_);
     PrefixOps::Hit h = PrefixOps::plan_hit(*this, target, store, keys, n_tokens);
+    check_tokens(nullptr, tokens, static_cast<std::size_t>(n_tokens));  // n_tokens >= 0: the hit is planned
+    h.tokens = tokens;
     std::vector<SlotMove> out;
     if (external()) out.reserve(h.plan.pieces.size());
     PrefixOps::apply_hit(*this, seq, target, store, h, out);
@@ -300,10 +301,9 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
 void Stager::start_from_prefix_many(const std::int64_t* seqs_in, std::size_t n, PrefixStore& store,
                                     const KeyChain* keys, const std::int64_t* n_tokens_in,
                                     std::vector<PrefixHit>& hits, std::vector<SlotMove>* moves,
-                                    std::uint64_t* serial) {
+                                    std::uint64_t* serial, const std::int32_t* tokens) {
     const char* call = "hit_many";
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
-    require_block(call);
     const std::vector<std::int64_t>& seqs = batch.seqs();
     const std::vector<std::int64_t> n_tokens = copy_of(n_tokens_in, n);
     if (serial) *serial = 0;
@@ -322,6 +322,13 @@ void Stager::start_from_prefix_many(const std::int64_t* seqs_in, std::size_t n, 
         }));
         pieces += work.back().plan.pieces.size();
     }
+    // The ids, flat in batch order (every n_tokens checked by its hit's plan).
+    std::size_t total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        work[i].tokens = tokens ? tokens + total : nullptr;
+        total += static_cast<std::size_t>(n_tokens[i]);
+    }
+    check_tokens(call, tokens, total);
     std::vector<SlotMove> out;
     if (external()) out.reserve(pieces);
     std::vector<PrefixHit> result;

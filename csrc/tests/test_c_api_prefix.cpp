@@ -478,4 +478,46 @@ TEST_CASE(c_batches_equal_loops_and_a_rejected_batch_changes_nothing) {
     dspark_stager_destroy(b);
 }
 
+TEST_CASE(c_a_chain_stagers_hit_takes_the_prompts_ids) {
+    dspark_stager* block = make_stager();
+    dspark_config c;
+    dspark_config_init(&c);
+    CHECK_EQ(dspark_stager_config(block, &c), DSPARK_OK);
+    c.kind = DSPARK_KIND_CHAIN;
+    dspark_stager* chain = nullptr;
+    CHECK_EQ(dspark_stager_create(&c, &chain), DSPARK_OK);
+    dspark_prefix_store* store = nullptr;
+    CHECK_EQ(dspark_prefix_store_create(block, BT, 1 << 20, &store), DSPARK_OK);  // rows, not ids: one store serves both kinds
+    const std::int64_t h = 100;
+    prefill_publish(block, store, 0, h);
+    Chain keys(0, h);
+    std::vector<std::int32_t> prompt(static_cast<std::size_t>(h));
+    for (std::int64_t p = 0; p < h; ++p) prompt[static_cast<std::size_t>(p)] = static_cast<std::int32_t>(7 * p + 3);
+    dspark_prefix_hit_result r;
+    CHECK_EQ(dspark_prefix_hit(chain, 1, store, keys.bytes(), keys.offsets.data(), keys.n(), h, &r),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK(std::strstr(dspark_last_error(), "needs the token id of every row") != nullptr);
+    CHECK_EQ(dspark_prefix_hit_tokens(chain, 1, store, keys.bytes(), keys.offsets.data(), keys.n(), h, prompt.data(), &r),
+             DSPARK_OK);
+    CHECK_EQ(r.first_row, h - 32);
+    std::vector<std::int32_t> got(32, -7);
+    CHECK_EQ(dspark_tokens(chain, 1, r.first_row, r.replay_from, got.data()), DSPARK_OK);
+    CHECK(std::equal(got.begin(), got.end(), prompt.begin() + (h - 32)));
+    // The batch: the ids flat, one prompt after the other.
+    const std::int64_t seqs[1] = {0}, n_tokens[1] = {h};
+    const std::size_t chains[2] = {0, keys.n()};
+    CHECK_EQ(dspark_prefix_hit_many_tokens(chain, seqs, 1, store, keys.bytes(), keys.offsets.data(), chains, n_tokens,
+                                           prompt.data(), &r),
+             DSPARK_OK);
+    std::fill(got.begin(), got.end(), -7);
+    CHECK_EQ(dspark_tokens(chain, 0, r.first_row, r.replay_from, got.data()), DSPARK_OK);
+    CHECK(std::equal(got.begin(), got.end(), prompt.begin() + (h - 32)));
+    // A block stager's hit takes none.
+    CHECK_EQ(dspark_prefix_hit_tokens(block, 1, store, keys.bytes(), keys.offsets.data(), keys.n(), h, prompt.data(), &r),
+             DSPARK_E_INVALID_ARGUMENT);
+    dspark_prefix_store_destroy(store);
+    dspark_stager_destroy(chain);
+    dspark_stager_destroy(block);
+}
+
 TEST_MAIN()

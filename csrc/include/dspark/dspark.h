@@ -110,8 +110,9 @@ enum { DSPARK_ROWS_HELD = 0, DSPARK_ROWS_EXTERNAL = 1 };
  * each row with the id of the token after it; the stager keeps, beside each
  * row, the id of the token the target read at its position (the *_tokens
  * process calls take them; a CHAIN stager refuses the plain ones) and hands
- * them back with dspark_tokens. Reservations, tree verification, the device
- * step and prefix rows serve BLOCK stagers only. */
+ * them back with dspark_tokens (a prefix hit takes the prompt's ids:
+ * dspark_prefix_hit_tokens). Reservations, tree verification and the device
+ * step serve BLOCK stagers only. */
 enum { DSPARK_KIND_BLOCK = 0, DSPARK_KIND_CHAIN = 1 };
 
 /* ---- structs ------------------------------------------------------------- */
@@ -690,6 +691,20 @@ DSPARK_API dspark_status dspark_prefix_hit_many(dspark_stager* st, const int64_t
                                                 dspark_prefix_store* store, const uint8_t* keys,
                                                 const size_t* key_offsets, const size_t* chain_offsets,
                                                 const int64_t* n_tokens, dspark_prefix_hit_result* out);
+/* dspark_prefix_hit and dspark_prefix_hit_many with the prompt's token ids:
+ * tokens[0..n_tokens) (the batch: flat, n_tokens[0] + n_tokens[1] + ...), the
+ * positions the keys were made of. Required by a CHAIN stager (the store keeps
+ * rows, not ids: the rows a hit brings back take theirs from here), NULL for
+ * a BLOCK one. */
+DSPARK_API dspark_status dspark_prefix_hit_tokens(dspark_stager* st, int64_t seq, dspark_prefix_store* store,
+                                                  const uint8_t* keys, const size_t* key_offsets, size_t n_keys,
+                                                  int64_t n_tokens, const int32_t* tokens,
+                                                  dspark_prefix_hit_result* out);
+DSPARK_API dspark_status dspark_prefix_hit_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                       dspark_prefix_store* store, const uint8_t* keys,
+                                                       const size_t* key_offsets, const size_t* chain_offsets,
+                                                       const int64_t* n_tokens, const int32_t* tokens,
+                                                       dspark_prefix_hit_result* out);
 /* What dspark_prefix_hit would find now; changes nothing. */
 DSPARK_API dspark_status dspark_prefix_lookup(const dspark_prefix_store* store, const uint8_t* keys,
                                               const size_t* key_offsets, size_t n_keys, int64_t n_tokens,

@@ -611,9 +611,13 @@ public:
     // a full prefill would have; the server prefills from hit.replay_from.
     // External-row mode: `moves` (required; may be null in held mode)
     // receives the copies from the store's table (src) to this Stager's
-    // table (dst), numbered as publish_prefix's (*serial).
+    // table (dst), numbered as publish_prefix's (*serial). `tokens` (a chain
+    // drafter's Stager: required; else null): the ids of positions [0,
+    // n_tokens), the prompt the keys were made of (the store keeps rows, not
+    // ids); the rows the hit brings back get theirs.
     PrefixHit start_from_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys, std::int64_t n_tokens,
-                                std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr);
+                                std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr,
+                                const std::int32_t* tokens = nullptr);
 
     // A step's publishes in one call: publish_prefix of seqs[i]'s blocks
     // [starts[i], ends[i]) under keys[i], in batch order, as a loop would.
@@ -636,9 +640,11 @@ public:
     // batch changes nothing; "hit_many: seqs[i] ..."); then applied in batch
     // order, equal to a loop. hits[i]: seqs[i]'s hit. External rows: `moves`
     // (required) the copies of them all in order, one table change (*serial).
+    // tokens: each sequence's ids (as start_from_prefix's), flat in batch order.
     void start_from_prefix_many(const std::int64_t* seqs, std::size_t n, PrefixStore& store, const KeyChain* keys,
                                 const std::int64_t* n_tokens, std::vector<PrefixHit>& hits,
-                                std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr);
+                                std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr,
+                                const std::int32_t* tokens = nullptr);
 
     // Where draft() takes large output buffers from; give them back with
     // pool()->give(std::move(buffer)) once the caller is done with them.

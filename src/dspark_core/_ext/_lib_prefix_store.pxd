@@ -1,7 +1,7 @@
 # cython: language_level=3
 # Declarations of the C++ prefix store (csrc/include/dspark/prefix_store.hpp).
 # Declarations only: the wrapper lives in _prefix_store.pxi (part of _stager).
-from libc.stdint cimport int64_t, uint8_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint64_t
 from libcpp cimport bool
 from libcpp.string cimport string
 from libcpp.vector cimport vector
@@ -80,10 +80,11 @@ cdef extern from "dspark/prefix_store.hpp" namespace "dspark" nogil:
         vector[SlotMove] publish_prefix(int64_t seq, PrefixStore& store, const KeyChain& keys, int64_t start,
                                         int64_t end, uint64_t* serial) except +dspark_translate_exception
         PrefixHit start_from_prefix(int64_t seq, PrefixStore& store, const KeyChain& keys, int64_t n_tokens,
-                                    vector[SlotMove]* moves, uint64_t* serial) except +dspark_translate_exception
+                                    vector[SlotMove]* moves, uint64_t* serial,
+                                    const int32_t* tokens) except +dspark_translate_exception
         vector[SlotMove] publish_prefix_many(const int64_t* seqs, size_t n, PrefixStore& store, const KeyChain* keys,
                                              const int64_t* starts, const int64_t* ends,
                                              uint64_t* serial) except +dspark_translate_exception
         void start_from_prefix_many(const int64_t* seqs, size_t n, PrefixStore& store, const KeyChain* keys,
                                     const int64_t* n_tokens, vector[PrefixHit]& hits, vector[SlotMove]* moves,
-                                    uint64_t* serial) except +dspark_translate_exception
+                                    uint64_t* serial, const int32_t* tokens) except +dspark_translate_exception

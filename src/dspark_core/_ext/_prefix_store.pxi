@@ -239,8 +239,12 @@ cdef class PrefixStore:
             return no_prefix_moves(st, _prefix_hit.PUBLISH, self)
         return PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.PUBLISH, self)
 
-    def hit(self, stager, seq, keys, n_tokens):
+    def hit(self, stager, seq, keys, n_tokens, tokens=None):
         """Start ``seq`` (as ``begin`` does) from a prefix-cache hit of its first ``n_tokens`` positions.
+
+        ``tokens`` (a chain drafter's Stager: required; else None): the prompt's ids of
+        positions ``[0, n_tokens)``, the tokens the keys were made of: the store keeps rows,
+        not ids, and the rows the hit brings back take theirs from here.
 
         ``keys``: the chain of their blocks (``ceil(n_tokens / block_tokens)``
         keys). The sequence receives the rows the store holds, so that its
@@ -254,12 +258,14 @@ cdef class PrefixStore:
         cdef KeyChain chain
         keep = _chain(st._converted(s, Need.Ready, as_key_chain, (keys,)), &chain)
         cdef int64_t h = st._arg(s, "n_tokens", n_tokens)
+        tokens = st._tokens_arg(s, tokens, h if h > 0 else 0)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         cdef vector[SlotMove] moves
         cdef uint64_t serial = 0
         cdef CPrefixHit r
         cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
         with nogil:
-            r = side.start_from_prefix(s, self._core[0], chain, h, &moves, &serial)
+            r = side.start_from_prefix(s, self._core[0], chain, h, &moves, &serial, tp)
         del keep
         if moves.size() == 0:
             out = no_prefix_moves(st, _prefix_hit.HIT, self)
@@ -299,9 +305,10 @@ cdef class PrefixStore:
             return no_prefix_moves(st, _prefix_hit.PUBLISH, self)
         return PrefixMoves.wrap_prefix(_moves_array(moves), st, serial, _prefix_hit.PUBLISH, self)
 
-    def hit_many(self, stager, seqs, keys, n_tokens):
+    def hit_many(self, stager, seqs, keys, n_tokens, tokens=None):
         """``hit`` for several sequences in one call (the GIL released): ``seqs[i]`` from a hit of
-        ``n_tokens[i]`` positions under the chain ``keys[i]``.
+        ``n_tokens[i]`` positions under the chain ``keys[i]``; ``tokens`` (a chain drafter's
+        Stager): each one's prompt ids, flat in batch order (``sum(n_tokens)`` of them).
 
         Equal to a loop of ``hit``; every hit is checked and planned first (a rejected batch
         changes nothing; errors name the sequence). Returns :class:`PrefixHits`: the hits in
@@ -318,12 +325,16 @@ cdef class PrefixStore:
         _chains(conv, chains)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         cdef const int64_t* hp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>h)
+        if tokens is not None:
+            tokens = st._batch_converted("hit_many", sv, Need.Ready, as_tokens,
+                                         ("hit_many", tokens, int(np.maximum(h, 0).sum())))
+        cdef const int32_t* tp = _ids_ptr(tokens)
         cdef vector[CPrefixHit] hits
         cdef vector[SlotMove] moves
         cdef uint64_t serial = 0
         cdef StagerPrefixSide* side = <StagerPrefixSide*>st._core
         with nogil:
-            side.start_from_prefix_many(sp, n, self._core[0], chains.data(), hp, hits, &moves, &serial)
+            side.start_from_prefix_many(sp, n, self._core[0], chains.data(), hp, hits, &moves, &serial, tp)
         del conv
         empty = no_prefix_moves(st, _prefix_hit.HIT, self)
         batch = empty if moves.size() == 0 else PrefixMoves.wrap_prefix(_moves_array(moves), st, serial,

@@ -123,17 +123,18 @@ class PrefixTableOwner:
         """``store.publish(ring.stager, ...)`` and apply its copies (ring table -> this table)."""
         return self._through(ring, "publish", lambda st: self.store.publish(st, seq, keys, start, end))
 
-    def hit(self, ring: Any, seq: int, keys: Any, n_tokens: int) -> PrefixHit:
+    def hit(self, ring: Any, seq: int, keys: Any, n_tokens: int, tokens: Any = None) -> PrefixHit:
         """``store.hit(ring.stager, ...)`` and apply its copies (this table -> ring table)."""
-        return self._through(ring, "hit", lambda st: self.store.hit(st, seq, keys, n_tokens))
+        return self._through(ring, "hit", lambda st: self.store.hit(st, seq, keys, n_tokens, tokens=tokens))
 
     def publish_many(self, ring: Any, seqs: Any, keys: Any, starts: Any, ends: Any) -> PrefixMoves:
         """``store.publish_many(ring.stager, ...)`` and apply its copies (one table change for the batch)."""
         return self._through(ring, "publish_many", lambda st: self.store.publish_many(st, seqs, keys, starts, ends))
 
-    def hit_many(self, ring: Any, seqs: Any, keys: Any, n_tokens: Any) -> PrefixHits:
+    def hit_many(self, ring: Any, seqs: Any, keys: Any, n_tokens: Any, tokens: Any = None) -> PrefixHits:
         """``store.hit_many(ring.stager, ...)`` and apply its copies (one table change for the batch)."""
-        return self._through(ring, "hit_many", lambda st: self.store.hit_many(st, seqs, keys, n_tokens))
+        return self._through(ring, "hit_many",
+                             lambda st: self.store.hit_many(st, seqs, keys, n_tokens, tokens=tokens))
 
     def copy(self, moves: PrefixMoves, ring: Any) -> None:
         """The copies of ``moves`` between ``ring``'s table and this one (a publish: ring -> table,

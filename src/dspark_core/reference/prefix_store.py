@@ -67,12 +67,6 @@ SEMANTIC_PREFIX_STATS = (
 _Plan = list[tuple[bytes, int, int, "_Block | None"]]
 
 
-def _block_only(stager: Any, call: str) -> None:
-    """Prefix rows serve block drafters' Stagers: a chain drafter's rows need their token ids."""
-    if stager._chain:
-        raise arg.not_for_chain(call)
-
-
 @dataclass
 class _Block:
     key: bytes
@@ -224,7 +218,6 @@ class ReferencePrefixStore:
         chain = parg.key_chain(keys)
         start = arg.integer("start", start)
         end = arg.integer("end", end)
-        _block_only(stager, "publish")
         plan = self._check_publish(stager, i, st, chain, start, end)
         src: list[int] = []
         dst: list[int] = []
@@ -272,7 +265,6 @@ class ReferencePrefixStore:
         last = stager._converted(call, ids, READY, arg.batch_ints, call, "ends", ends, n).tolist()
         states = stager._check_batch(call, ids, READY)
         arg.unique(call, ids)
-        _block_only(stager, call)
         seq_list = ids.tolist()
         plans = []
         for k, s in enumerate(seq_list):
@@ -352,22 +344,24 @@ class ReferencePrefixStore:
                    blocks_found=len(used))
         return out, [b for b in used if b is not None]
 
-    def hit(self, stager: Any, seq: Any, keys: Any, n_tokens: Any) -> PrefixHit:
-        """Start ``seq`` from a prefix-cache hit of ``n_tokens`` positions (see the module docstring)."""
+    def hit(self, stager: Any, seq: Any, keys: Any, n_tokens: Any, tokens: Any = None) -> PrefixHit:
+        """Start ``seq`` from a prefix-cache hit of ``n_tokens`` positions (see the module docstring);
+        ``tokens``: a chain drafter's Stager's prompt ids of ``[0, n_tokens)``."""
         stager = self._stager(stager)
         i, old = stager._closed(seq)
         chain = parg.key_chain(keys)
         h = arg.integer("n_tokens", n_tokens)
-        _block_only(stager, "hit")
+        ids = arg.tokens("", tokens, max(h, 0))
         parg.compatible(self.config, stager.config)
         plan, used = self._plan_hit(chain, h)
+        arg.check_tokens("", stager._chain, ids, h)
         src: list[int] = []
         dst: list[int] = []
-        self._apply_hit(stager, i, h, plan, used, src, dst)
+        self._apply_hit(stager, i, h, plan, used, src, dst, ids)
         return PrefixHit(**plan, moves=self._issue(stager, _moves(src, dst), HIT, i) if self._external
                          else no_prefix_moves(stager, HIT, self))
 
-    def hit_many(self, stager: Any, seqs: Any, keys: Any, n_tokens: Any) -> PrefixHits:
+    def hit_many(self, stager: Any, seqs: Any, keys: Any, n_tokens: Any, tokens: Any = None) -> PrefixHits:
         """``hit`` for several sequences, every hit planned first (see the core's start_from_prefix_many)."""
         stager = self._stager(stager)
         call = "hit_many"
@@ -375,27 +369,30 @@ class ReferencePrefixStore:
         n = len(ids)
         chains = stager._converted(call, ids, READY, parg.key_chains, call, keys, n)
         hs = stager._converted(call, ids, READY, arg.batch_ints, call, "n_tokens", n_tokens, n).tolist()
+        flat = stager._converted(call, ids, READY, arg.tokens, call, tokens, sum(max(h, 0) for h in hs))
         stager._check_batch(call, ids, READY)
         arg.unique(call, ids)
-        _block_only(stager, call)
         parg.compatible(self.config, stager.config)
         seq_list = ids.tolist()
         planned = []
         for k, s in enumerate(seq_list):
             with arg.in_batch(call, k, s):
                 planned.append(self._plan_hit(chains[k], hs[k]))
+        arg.check_tokens(call, stager._chain, flat, sum(hs))
+        starts = np.cumsum([0, *hs]).tolist()
         src: list[int] = []
         dst: list[int] = []
-        for s, h, (plan, used) in zip(seq_list, hs, planned):
-            self._apply_hit(stager, s, h, plan, used, src, dst)
+        for k, (s, h, (plan, used)) in enumerate(zip(seq_list, hs, planned)):
+            mine = None if flat is None else flat[starts[k]:starts[k + 1]]
+            self._apply_hit(stager, s, h, plan, used, src, dst, mine)
         empty = no_prefix_moves(stager, HIT, self)
         moves = self._issue(stager, _moves(src, dst), HIT, *seq_list) if self._external else empty
         return PrefixHits([PrefixHit(**plan, moves=empty) for plan, _ in planned], moves)
 
     def _apply_hit(self, stager: ReferenceStager, i: int, h: int, plan: dict[str, Any], used: list[_Block],
-                   src: list[int], dst: list[int]) -> None:
+                   src: list[int], dst: list[int], ids: np.ndarray | None = None) -> None:
         """Starts sequence ``i`` from a planned hit (``plan`` loses its ``owed``); external rows: its
-        copies appended to ``src`` / ``dst``."""
+        copies appended to ``src`` / ``dst``; ``ids``: the prompt's token ids (a chain drafter's)."""
         old = stager._seqs[i]
         a, to = plan["first_row"], plan["replay_from"]
         base = i * stager.ring_rows
@@ -416,6 +413,8 @@ class ReferencePrefixStore:
                 dst += st.ring.slots(a, to, base)
             else:
                 st.rows = {p: np.frombuffer(where[p][0].rows[p], np.uint8).copy() for p in range(a, to)}
+            if ids is not None:
+                st.tokens = {p: int(ids[p]) for p in range(a, to)}
             stager._reset_seq(i, st)
             stager._advance_horizon(st)
         stager._warned.discard(i)  # a new request on the slot, as begin()
