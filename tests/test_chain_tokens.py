@@ -226,7 +226,7 @@ def test_token_arguments_are_checked_and_a_rejected_call_changes_nothing():
             s.tokens(0, 0, 0)
 
 
-def test_calls_that_carry_no_ids_refuse_a_chain_drafters_stager():
+def test_calls_that_carry_no_ids_refuse_a_chain_drafters_stager_and_trees_take_them():
     held = [Stager(config()), ReferenceStager(config())]
     ext = [Stager(config("external")), ReferenceStager(config("external"))]
     for s in held + ext:
@@ -236,17 +236,37 @@ def test_calls_that_carry_no_ids_refuse_a_chain_drafters_stager():
         s.commit(0)
         assert p.tokens.tolist() == [1, 2]
     for s in ext:
-        with pytest.raises(ValueError, match=r'^reserve is not available to a chain drafter\'s Stager \(kind="chain"\)'):
-            s.reserve(0, [2])
         with pytest.raises(ValueError, match=r"^to_device is not available to a chain drafter's Stager"):
             s.to_device([0])
-    for s in held:
-        with pytest.raises(ValueError, match=r"^process_tree is not available to a chain drafter's Stager"):
-            s.process_tree(0, 2, [-1, 0], np.zeros((2, D), np.float32))
-        with pytest.raises(ValueError, match=r"^check_process_tree is not available"):
-            s.check_process_tree(0, 2, [-1, 0])
     for s in held + ext:
+        rows = None if s in ext else np.zeros((3, D), np.float32)
+        with pytest.raises(ValueError, match="needs the token id of every row"):
+            s.process_tree(0, 2, [-1, 0, 0], rows)
+        with pytest.raises(ValueError, match="needs the token id of every row"):
+            s.check_process_tree(0, 2, [-1, 0, 0])
         assert s.state(0)["end"] == 2 and s.state(0)["tree_nodes"] == 0
+        # A tree of [last, a, b] (a and b siblings): the path through b keeps b's id at position 3.
+        s.check_process_tree(0, 2, [-1, 0, 0], [30, 31, 32])
+        s.process_tree(0, 2, [-1, 0, 0], rows, tokens=[30, 31, 32])
+        s.accept_path(0, [0, 2])
+        assert s.tokens(0, 0, 4).tolist() == [1, 2, 30, 32]
+        # process_tree_many: the ids flat as the nodes.
+        s.draft(0, 4)
+        s.commit(0)
+        rows = None if s in ext else np.zeros((2, D), np.float32)
+        s.process_tree_many([0], [0, 2], [4], [-1, 0], rows, tokens=[40, 41])
+        s.accept_path(0, [0, 1])
+        assert s.tokens(0, 0, 6).tolist() == [1, 2, 30, 32, 40, 41]
+    for s in ext:
+        # A reservation takes the ids with the slots; cancel takes both back, confirm keeps them.
+        with pytest.raises(ValueError, match="needs the token id of every row"):
+            s.reserve(0, [6])
+        s.reserve(0, [6], tokens=[3])
+        s.cancel(0)
+        assert s.state(0)["end"] == 6
+        s.reserve_many([0], [0, 1], [6], tokens=[4])
+        s.confirm(0)
+        assert s.tokens(0, 0, 7).tolist() == [1, 2, 30, 32, 40, 41, 4]
 
 
 def test_snapshots_carry_the_ids_and_refuse_the_other_kind():

@@ -276,13 +276,26 @@ def test_simulate_eagle3_over_external_rows_and_with_failures(capsys):
         assert e["accepted_histogram"] == h["accepted_histogram"] and e["rebases"] == h["rebases"]
 
 
-@pytest.mark.parametrize("extra, says", [
-    (["--tree"], "tree verification and the device step serve block drafters"),
-    (["--device-step", "--rows", "external", "--ring", "host"], "tree verification and the device step"),
-])
-def test_simulate_eagle3_refuses_what_serves_block_drafters_only(capsys, extra, says):
-    rc, _, err = _run([*SMALL, "--drafter", "eagle3", *extra], capsys)
-    assert rc == 2 and says in err
+def test_simulate_eagle3_refuses_the_device_step(capsys):
+    rc, _, err = _run([*SMALL, "--drafter", "eagle3", "--device-step", "--rows", "external", "--ring", "host"], capsys)
+    assert rc == 2 and "the device step serves block drafters" in err
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_simulate_eagle3_tree_paths_carry_their_ids(capsys, rows):
+    """--drafter eagle3 --tree: the chain drafter's second choices as leaves, each node with its
+    token id; every accepted path equals a linear verify, and --check compares the successor ids
+    of every later round (the compacted path's ids among them) with the tokens the loop processed."""
+    rc, out, _ = _run([*SMALL, "--drafter", "eagle3", "--tree", "--check", "--rows", rows, "--ring", "host",
+                       "--json"], capsys)
+    assert rc == 0
+    data = json.loads(out)
+    assert data["lossless"] is True
+    w = data["modes"]["windowed"]
+    assert w["tree_rounds"] == w["tree_paths_linear"] == w["drafter_rounds"] > 0
+    assert w["recompute_checks"] == w["drafter_rounds"] and w["metrics_match"] is True
+    # leaves beside the chain: some accepted paths end in a leaf (the histogram reaches past 0)
+    assert sum(w["accepted_histogram"][1:]) > 0
 
 
 def test_a_chain_drafter_needs_a_chain_stager():

@@ -215,12 +215,11 @@ dspark_status on_seqs(dspark_stager* st, const int64_t* seqs, size_t n,
     });
 }
 
-// process_external_many and reserve_many (the core's `call`): flat positions
-// in, one slot per row out. Held mode: the core names the mode.
-using FlatSlotsCall = void (dspark::Stager::*)(const std::int64_t*, std::size_t, const std::int64_t*,
-                                               const std::int64_t*, std::size_t, std::int64_t*);
-dspark_status flat_slots(dspark_stager* st, const char* call, FlatSlotsCall op, const int64_t* seqs, size_t n,
-                         const int64_t* offsets, const int64_t* positions, size_t total, int64_t* slots_out) {
+// process_external_many and reserve_many (`op(core)`, the core's call, named
+// `call`): flat positions in, one slot per row out. Held mode: the core names the mode.
+dspark_status flat_slots(dspark_stager* st, const char* call, const int64_t* seqs, size_t n, const int64_t* offsets,
+                         const int64_t* positions, size_t total, int64_t* slots_out,
+                         const std::function<void(dspark::Stager&)>& op) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
@@ -229,7 +228,7 @@ dspark_status flat_slots(dspark_stager* st, const char* call, FlatSlotsCall op, 
             require_buffer(positions, total, "positions");
             require_buffer(slots_out, total, "slots_out");
         });
-        (core.*op)(seqs, n, offsets, positions, total, slots_out);
+        op(core);
     });
 }
 
@@ -499,15 +498,9 @@ dspark_status dspark_process_external_many(dspark_stager* st, const int64_t* seq
 dspark_status dspark_process_external_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
                                                   const int64_t* offsets, const int64_t* positions, size_t total,
                                                   int64_t* slots_out, const int32_t* tokens) {
-    return guarded([&] {
-        dspark::Stager& core = core_of(st);
-        require_buffer(seqs, n, "seqs");
-        converted_batch(core, "process_external_many", seqs, n, Need::Ready, [&] {
-            require(offsets, "offsets");
-            require_buffer(positions, total, "positions");
-            require_buffer(slots_out, total, "slots_out");
-        });
-        core.process_external_many(seqs, n, offsets, positions, total, slots_out, "process_external_many", tokens);
+    const char* call = "process_external_many";
+    return flat_slots(st, call, seqs, n, offsets, positions, total, slots_out, [&](dspark::Stager& core) {
+        core.process_external_many(seqs, n, offsets, positions, total, slots_out, call, tokens);
     });
 }
 
@@ -549,16 +542,28 @@ dspark_status dspark_fail_many(dspark_stager* st, const int64_t* seqs, const int
     });
 }
 
+dspark_status dspark_reserve_tokens(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                    int64_t* slots_out, const int32_t* tokens) {
+    return seq_slots(st, seq, positions, n, slots_out,
+                     [&](dspark::Stager& core) { core.reserve(seq, positions, n, slots_out, tokens); });
+}
+
 dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
                              int64_t* slots_out) {
-    return seq_slots(st, seq, positions, n, slots_out,
-                     [&](dspark::Stager& core) { core.reserve(seq, positions, n, slots_out); });
+    return dspark_reserve_tokens(st, seq, positions, n, slots_out, nullptr);
+}
+
+dspark_status dspark_reserve_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                         const int64_t* positions, size_t total, int64_t* slots_out,
+                                         const int32_t* tokens) {
+    return flat_slots(st, "reserve_many", seqs, n, offsets, positions, total, slots_out, [&](dspark::Stager& core) {
+        core.reserve_many(seqs, n, offsets, positions, total, slots_out, tokens);
+    });
 }
 
 dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                   const int64_t* positions, size_t total, int64_t* slots_out) {
-    return flat_slots(st, "reserve_many", &dspark::Stager::reserve_many, seqs, n, offsets, positions, total,
-                      slots_out);
+    return dspark_reserve_many_tokens(st, seqs, n, offsets, positions, total, slots_out, nullptr);
 }
 
 dspark_status dspark_confirm(dspark_stager* st, int64_t seq) {
@@ -623,6 +628,12 @@ dspark_status dspark_accept(dspark_stager* st, int64_t seq, int64_t n_accepted) 
 
 dspark_status dspark_process_tree(dspark_stager* st, int64_t seq, int64_t n_past, const int64_t* parents, size_t n,
                                   const void* rows, int32_t dtype, size_t rows_bytes) {
+    return dspark_process_tree_tokens(st, seq, n_past, parents, n, rows, dtype, rows_bytes, nullptr);
+}
+
+dspark_status dspark_process_tree_tokens(dspark_stager* st, int64_t seq, int64_t n_past, const int64_t* parents,
+                                         size_t n, const void* rows, int32_t dtype, size_t rows_bytes,
+                                         const int32_t* tokens) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         const ElemType t = converted(core, seq, false, [&] {
@@ -631,25 +642,39 @@ dspark_status dspark_process_tree(dspark_stager* st, int64_t seq, int64_t n_past
             require_buffer(rows, rows_bytes, "rows");
             return type;
         });
-        core.process_tree(seq, n_past, parents, n, rows, t);
+        core.process_tree(seq, n_past, parents, n, rows, t, tokens);
     });
 }
 
 dspark_status dspark_process_tree_external(dspark_stager* st, int64_t seq, int64_t n_past, const int64_t* parents,
                                            size_t n, int64_t* slots_out) {
+    return dspark_process_tree_external_tokens(st, seq, n_past, parents, n, slots_out, nullptr);
+}
+
+dspark_status dspark_process_tree_external_tokens(dspark_stager* st, int64_t seq, int64_t n_past,
+                                                  const int64_t* parents, size_t n, int64_t* slots_out,
+                                                  const int32_t* tokens) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         converted(core, seq, false, [&] {
             require_buffer(parents, n, "parents");
             require_buffer(slots_out, n, "slots_out");
         });
-        core.process_tree_external(seq, n_past, parents, n, slots_out);
+        core.process_tree_external(seq, n_past, parents, n, slots_out, tokens);
     });
 }
 
 dspark_status dspark_process_tree_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                        const int64_t* n_pasts, const int64_t* parents, size_t total, const void* rows,
                                        int32_t dtype, size_t rows_bytes) {
+    return dspark_process_tree_many_tokens(st, seqs, n, offsets, n_pasts, parents, total, rows, dtype, rows_bytes,
+                                           nullptr);
+}
+
+dspark_status dspark_process_tree_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
+                                              const int64_t* n_pasts, const int64_t* parents, size_t total,
+                                              const void* rows, int32_t dtype, size_t rows_bytes,
+                                              const int32_t* tokens) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
@@ -661,13 +686,20 @@ dspark_status dspark_process_tree_many(dspark_stager* st, const int64_t* seqs, s
             require_buffer(rows, rows_bytes, "rows");
             return type;
         });
-        core.process_tree_many(seqs, n, offsets, n_pasts, parents, total, rows, t);
+        core.process_tree_many(seqs, n, offsets, n_pasts, parents, total, rows, t, tokens);
     });
 }
 
 dspark_status dspark_process_tree_external_many(dspark_stager* st, const int64_t* seqs, size_t n,
                                                 const int64_t* offsets, const int64_t* n_pasts,
                                                 const int64_t* parents, size_t total, int64_t* slots_out) {
+    return dspark_process_tree_external_many_tokens(st, seqs, n, offsets, n_pasts, parents, total, slots_out, nullptr);
+}
+
+dspark_status dspark_process_tree_external_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                       const int64_t* offsets, const int64_t* n_pasts,
+                                                       const int64_t* parents, size_t total, int64_t* slots_out,
+                                                       const int32_t* tokens) {
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
@@ -677,7 +709,8 @@ dspark_status dspark_process_tree_external_many(dspark_stager* st, const int64_t
             require_buffer(parents, total, "parents");
             require_buffer(slots_out, total, "slots_out");
         });
-        core.process_tree_external_many(seqs, n, offsets, n_pasts, parents, total, slots_out);
+        core.process_tree_external_many(seqs, n, offsets, n_pasts, parents, total, slots_out,
+                                        "process_tree_external_many", tokens);
     });
 }
 

@@ -387,7 +387,6 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
                              bool reserve, const std::int32_t* tokens) {
     const char* name = call ? call : reserve ? "reserve" : "process_external";
     require_mode(RowMode::External, name);
-    if (reserve) require_block(name);
     if (call) check_offsets(call, cu, n, total);
     std::vector<std::int64_t> p0(n);
     auto check = [&](std::size_t i) {
@@ -436,13 +435,15 @@ void Stager::process_external_many(const std::int64_t* seqs, std::size_t n, cons
 
 // -- reservations --------------------------------------------------------------
 
-void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out) {
-    external_one(seq, positions, n, slots_out, true, nullptr);
+void Stager::reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
+                     const std::int32_t* tokens) {
+    external_one(seq, positions, n, slots_out, true, tokens);
 }
 
 void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* cu,
-                          const std::int64_t* positions, std::size_t total, std::int64_t* slots_out) {
-    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true, nullptr);
+                          const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
+                          const std::int32_t* tokens) {
+    external_many("reserve_many", seqs, n, cu, positions, total, slots_out, true, tokens);
 }
 
 // The rows are in the owner's table: the state the reservation made stands.

@@ -76,35 +76,33 @@ std::vector<std::int64_t> Stager::check_tree(std::int64_t seq_id, const Seq& s, 
 }
 
 void Stager::check_process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents,
-                                std::size_t n) const {
+                                std::size_t n, const std::int32_t* tokens) const {
     auto lock = lock_seq(seq);
-    const Seq& s = ready(seq);
-    require_block("check_process_tree");
-    (void)check_tree(seq, s, n_past, parents, n);
+    (void)check_tree(seq, ready(seq), n_past, parents, n);
+    check_tokens(nullptr, tokens, n);
 }
 
 void Stager::process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
-                          const void* rows, ElemType type) {
+                          const void* rows, ElemType type, const std::int32_t* tokens) {
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process_tree", "use process_tree_external: the rows stay with their owner");
-    require_block("process_tree");
     const std::vector<std::int64_t> positions = check_tree(seq, s, n_past, parents, n);
+    check_tokens(nullptr, tokens, n);
     std::vector<std::int64_t> tree(parents, parents + n);  // before any change: may throw
-    append_held(seq, s, positions[0], n, rows, type);
+    append_held(seq, s, positions[0], n, rows, type, tokens);
     s.tree = std::move(tree);
 }
 
 void Stager::process_tree_external(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents,
-                                   std::size_t n, std::int64_t* slots_out) {
+                                   std::size_t n, std::int64_t* slots_out, const std::int32_t* tokens) {
     auto lock = lock_seq(seq);
     Seq& s = mut(ready(seq));
     require_mode(RowMode::External, "process_tree_external", "use process_tree: this Stager holds its rows");
-    require_block("process_tree");  // the name a binding serves it under too
     const std::vector<std::int64_t> positions = check_tree(seq, s, n_past, parents, n);
     std::vector<std::int64_t> tree(parents, parents + n);
     const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
-    append_external(nullptr, &seq, 1, cu, positions.data(), n, slots_out, false, nullptr);
+    append_external(nullptr, &seq, 1, cu, positions.data(), n, slots_out, false, tokens);  // checks the tokens
     s.tree = std::move(tree);
 }
 
@@ -127,39 +125,41 @@ std::vector<std::vector<std::int64_t>> Stager::check_tree_many(const char* call,
 
 void Stager::tree_batch(const char* call, RowMode mode, const char* instead, const std::int64_t* seqs_in,
                         std::size_t n, const std::int64_t* offsets, const std::int64_t* n_pasts_in,
-                        const std::int64_t* parents_in, std::size_t total, const TreeAppend& append) {
+                        const std::int64_t* parents_in, std::size_t total, const std::int32_t* tokens,
+                        const TreeAppend& append) {
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Ready);
     const std::vector<std::int64_t>& seqs = batch.seqs();
     require_mode(mode, call, instead);
-    require_block(call);
     const std::vector<std::int64_t> cu = copy_of(offsets, n + 1), n_pasts = copy_of(n_pasts_in, n),
                                     parents = copy_of(parents_in, total);
     std::vector<std::int64_t> p0;
     std::vector<std::vector<std::int64_t>> trees = check_tree_many(call, seqs, cu, n_pasts.data(), parents.data(), total, p0);
+    check_tokens(call, tokens, total);
     append(seqs, cu, p0);
     for (std::size_t i = 0; i < n; ++i) mut(get(seqs[i])).tree = std::move(trees[i]);
 }
 
 void Stager::process_tree_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                                const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
-                               const void* rows, ElemType type) {
+                               const void* rows, ElemType type, const std::int32_t* tokens) {
     const char* call = "process_tree_many";
     tree_batch(call, RowMode::Held, "use process_tree_external_many: the rows stay with their owner", seqs, n, offsets,
-               n_pasts, parents, total, [&](const auto& ids, const auto& cu, const auto& p0) {
-                   append_held_many(call, ids, cu, p0, total, rows, type);
+               n_pasts, parents, total, tokens, [&](const auto& ids, const auto& cu, const auto& p0) {
+                   append_held_many(call, ids, cu, p0, total, rows, type, tokens);
                });
 }
 
 void Stager::process_tree_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                                         const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
-                                        std::int64_t* slots_out, const char* call) {
+                                        std::int64_t* slots_out, const char* call, const std::int32_t* tokens) {
     tree_batch(call, RowMode::External, "use process_tree_many: this Stager holds its rows", seqs, n, offsets, n_pasts,
-               parents, total, [&](const auto& ids, const auto& cu, const auto& p0) {
+               parents, total, tokens, [&](const auto& ids, const auto& cu, const auto& p0) {
                    std::vector<std::int64_t> positions(total);  // each node's ring position: root + its index
                    for (std::size_t i = 0; i < ids.size(); ++i)
                        for (std::int64_t k = cu[i]; k < cu[i + 1]; ++k)
                            positions[static_cast<std::size_t>(k)] = p0[i] + (k - cu[i]);
-                   append_external(call, ids.data(), ids.size(), cu.data(), positions.data(), total, slots_out, false, nullptr);
+                   append_external(call, ids.data(), ids.size(), cu.data(), positions.data(), total, slots_out, false,
+                                   tokens);
                });
 }
 

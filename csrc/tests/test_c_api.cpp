@@ -1365,6 +1365,25 @@ TEST_CASE(a_chain_stager_keeps_the_token_ids_it_is_given) {
     CHECK(out[0] == 50 && out[1] == 51);
     CHECK_EQ(dspark_tokens(h.st, 0, 4, 5, out), DSPARK_OK);
     CHECK_EQ(out[0], 44);
+    // A tree verify batch: each node with its id; the accepted path keeps its nodes' ids.
+    dspark_plan plan;
+    std::vector<float> staged(static_cast<std::size_t>(W * D));
+    size_t written = 0;
+    CHECK_EQ(dspark_draft(h.st, 0, 5, DSPARK_DTYPE_F32, staged.data(), staged.size() * sizeof(float), &plan, &written),
+             DSPARK_OK);
+    CHECK_EQ(dspark_commit(h.st, 0), DSPARK_OK);
+    const std::int64_t parents[3] = {-1, 0, 0};
+    const std::int32_t node_ids[3] = {60, 61, 62};
+    const auto trows = rows_for(5, 3);
+    CHECK_EQ(dspark_process_tree(h.st, 0, 5, parents, 3, trows.data(), DSPARK_DTYPE_F32, trows.size() * sizeof(float)),
+             DSPARK_E_INVALID_ARGUMENT);
+    CHECK_EQ(dspark_process_tree_tokens(h.st, 0, 5, parents, 3, trows.data(), DSPARK_DTYPE_F32,
+                                        trows.size() * sizeof(float), node_ids),
+             DSPARK_OK);
+    const std::int64_t path[2] = {0, 2};
+    CHECK_EQ(dspark_accept_path(h.st, 0, path, 2), DSPARK_OK);
+    CHECK_EQ(dspark_tokens(h.st, 0, 5, 7, out), DSPARK_OK);
+    CHECK(out[0] == 60 && out[1] == 62);
     // A block stager keeps none: ids are refused, not dropped.
     Handle b(config());
     CHECK_EQ(dspark_begin(b.st, 0), DSPARK_OK);

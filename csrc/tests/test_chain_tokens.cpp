@@ -170,7 +170,15 @@ TEST_CASE(token_arguments_are_checked_before_anything_changes) {
         }
         CHECK_EQ(s.state(0).end, 4);
         const std::int64_t parents[2] = {-1, 0};
-        CHECK_THROWS(s.check_process_tree(0, 4, parents, 2), std::invalid_argument);
+        const std::int32_t tree_ids[2] = {5, 6};
+        CHECK_THROWS(s.check_process_tree(0, 4, parents, 2, tree_ids), StateError);  // no draft since
+        ByteVec staged;
+        (void)s.draft(0, 4, staged);
+        s.commit(0);
+        CHECK_THROWS(s.check_process_tree(0, 4, parents, 2), std::invalid_argument);  // a tree's nodes need ids too
+        CHECK_THROWS(s.check_process_tree(0, 4, parents, 2, negative.data()), std::invalid_argument);
+        s.check_process_tree(0, 4, parents, 2, tree_ids);
+
         std::int32_t out[2];
         CHECK_THROWS(s.tokens(0, 3, 5, out), std::invalid_argument);  // past the end
         CHECK_THROWS(s.tokens(5, 0, 1, out), std::invalid_argument);  // no such sequence

@@ -111,8 +111,9 @@ enum { DSPARK_ROWS_HELD = 0, DSPARK_ROWS_EXTERNAL = 1 };
  * row, the id of the token the target read at its position (the *_tokens
  * process calls take them; a CHAIN stager refuses the plain ones) and hands
  * them back with dspark_tokens (a prefix hit takes the prompt's ids:
- * dspark_prefix_hit_tokens). Reservations, tree verification and the device
- * step serve BLOCK stagers only. */
+ * dspark_prefix_hit_tokens; a tree verify batch, dspark_process_tree_tokens;
+ * a reservation, dspark_reserve_tokens). The device step serves BLOCK
+ * stagers only. */
 enum { DSPARK_KIND_BLOCK = 0, DSPARK_KIND_CHAIN = 1 };
 
 /* ---- structs ------------------------------------------------------------- */
@@ -355,6 +356,22 @@ DSPARK_API dspark_status dspark_process_tree_many(dspark_stager* st, const int64
 DSPARK_API dspark_status dspark_process_tree_external_many(dspark_stager* st, const int64_t* seqs, size_t n,
                                                            const int64_t* offsets, const int64_t* n_pasts,
                                                            const int64_t* parents, size_t total, int64_t* slots_out);
+/* The four above with each node's token id (tokens[0..n), a batch's flat as
+ * its nodes): a CHAIN stager's (dspark_process_tokens). */
+DSPARK_API dspark_status dspark_process_tree_tokens(dspark_stager* st, int64_t seq, int64_t n_past,
+                                                    const int64_t* parents, size_t n, const void* rows, int32_t dtype,
+                                                    size_t rows_bytes, const int32_t* tokens);
+DSPARK_API dspark_status dspark_process_tree_external_tokens(dspark_stager* st, int64_t seq, int64_t n_past,
+                                                             const int64_t* parents, size_t n, int64_t* slots_out,
+                                                             const int32_t* tokens);
+DSPARK_API dspark_status dspark_process_tree_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                         const int64_t* offsets, const int64_t* n_pasts,
+                                                         const int64_t* parents, size_t total, const void* rows,
+                                                         int32_t dtype, size_t rows_bytes, const int32_t* tokens);
+DSPARK_API dspark_status dspark_process_tree_external_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                                  const int64_t* offsets, const int64_t* n_pasts,
+                                                                  const int64_t* parents, size_t total,
+                                                                  int64_t* slots_out, const int32_t* tokens);
 /* Keeps the accepted path nodes[0..n) (nodes[0] = 0, each node the child of
  * the one before) at positions n_past .. n_past + n - 1, drops the other
  * nodes: dspark_accept(seq, n - 1) of a chain. The copies that compact the
@@ -410,6 +427,12 @@ DSPARK_API dspark_status dspark_reserve(dspark_stager* st, int64_t seq, const in
                                         int64_t* slots_out);
 DSPARK_API dspark_status dspark_reserve_many(dspark_stager* st, const int64_t* seqs, size_t n, const int64_t* offsets,
                                              const int64_t* positions, size_t total, int64_t* slots_out);
+/* The two above with the rows' token ids (a CHAIN stager's, as dspark_process_external_tokens). */
+DSPARK_API dspark_status dspark_reserve_tokens(dspark_stager* st, int64_t seq, const int64_t* positions, size_t n,
+                                               int64_t* slots_out, const int32_t* tokens);
+DSPARK_API dspark_status dspark_reserve_many_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                                    const int64_t* offsets, const int64_t* positions, size_t total,
+                                                    int64_t* slots_out, const int32_t* tokens);
 DSPARK_API dspark_status dspark_confirm(dspark_stager* st, int64_t seq);
 DSPARK_API dspark_status dspark_cancel(dspark_stager* st, int64_t seq);
 DSPARK_API dspark_status dspark_confirm_many(dspark_stager* st, const int64_t* seqs, size_t n);

@@ -406,16 +406,20 @@ public:
     // ring in node order; until accept_path keeps one root-to-node path the
     // sequence holds the tree, and every call on it but accept_path, end,
     // disable and enable (and the read-only ones) is a StateError.
+    // tokens (a chain drafter's Stager: required, else null): each node's
+    // token id, as process takes them (the node's row keeps it; accept_path
+    // moves it with the row).
     void process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
-                      const void* rows, ElemType type);
+                      const void* rows, ElemType type, const std::int32_t* tokens = nullptr);
     // Every check process_tree / process_tree_external makes of the sequence,
     // n_past and the parents, in its order, changing nothing (an owner of
     // external rows runs it before it looks at the rows, as check_process).
-    void check_process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n) const;
+    void check_process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
+                            const std::int32_t* tokens = nullptr) const;
     // External mode: slots_out[i] is the global slot where the owner writes
     // node i's row (at most two runs of consecutive slots, as process_external's).
     void process_tree_external(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents,
-                               std::size_t n, std::int64_t* slots_out);
+                               std::size_t n, std::int64_t* slots_out, const std::int32_t* tokens = nullptr);
     // Keeps the rows of the accepted path nodes[0..n) (nodes[0] == 0, each
     // node the child of the one before it) at the consecutive positions
     // n_past .. n_past + n - 1 and drops every other node's: what
@@ -430,11 +434,12 @@ public:
     // its rows those rows of `rows` (held) or its slots those of slots_out.
     void process_tree_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                            const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
-                           const void* rows, ElemType type);
+                           const void* rows, ElemType type, const std::int32_t* tokens = nullptr);
     // `call`: the call's name in errors (a binding serves this as process_tree_many).
     void process_tree_external_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
                                     const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
-                                    std::int64_t* slots_out, const char* call = "process_tree_external_many");
+                                    std::int64_t* slots_out, const char* call = "process_tree_external_many",
+                                    const std::int32_t* tokens = nullptr);
     // accept_path for seqs[0..n) (checked whole, as every batch): the path of
     // seqs[i] is nodes[offsets[i] .. offsets[i + 1]). The moves of all of
     // them, in batch order, under one serial.
@@ -475,9 +480,12 @@ public:
     // StateError. confirm: the owner wrote the rows (the state is what
     // process_external would have left); cancel: they never came (the
     // forward was aborted), and the sequence is exactly as before reserve.
-    void reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out);
+    // tokens: a chain drafter's Stager's ids (as process_external's).
+    void reserve(std::int64_t seq, const std::int64_t* positions, std::size_t n, std::int64_t* slots_out,
+                 const std::int32_t* tokens = nullptr);
     void reserve_many(const std::int64_t* seqs, std::size_t n, const std::int64_t* offsets,
-                      const std::int64_t* positions, std::size_t total, std::int64_t* slots_out);
+                      const std::int64_t* positions, std::size_t total, std::int64_t* slots_out,
+                      const std::int32_t* tokens = nullptr);
     void confirm(std::int64_t seq);
     void cancel(std::int64_t seq);
     void confirm_many(const std::int64_t* seqs, std::size_t n);
@@ -817,7 +825,7 @@ private:
                                           const std::vector<std::int64_t>& p0)>;
     void tree_batch(const char* call, RowMode mode, const char* instead, const std::int64_t* seqs, std::size_t n,
                     const std::int64_t* offsets, const std::int64_t* n_pasts, const std::int64_t* parents,
-                    std::size_t total, const TreeAppend& append);
+                    std::size_t total, const std::int32_t* tokens, const TreeAppend& append);
     // accept_path's checks of a path against the sequence's tree.
     void check_path(const Seq& s, const std::int64_t* nodes, std::size_t n) const;
     // accept_path on a checked sequence: compacts the path, appends the copies.

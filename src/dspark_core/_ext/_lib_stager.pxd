@@ -205,17 +205,18 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t fail(int64_t seq, FailStage stage) except +dspark_translate_exception
         void accept(int64_t seq, int64_t n_accepted) except +dspark_translate_exception
         void process_tree(int64_t seq, int64_t n_past, const int64_t* parents, size_t n, const void* rows,
-                          ElemType type) except +dspark_translate_exception
+                          ElemType type, const int32_t* tokens) except +dspark_translate_exception
         void process_tree_external(int64_t seq, int64_t n_past, const int64_t* parents, size_t n,
-                                   int64_t* slots_out) except +dspark_translate_exception
+                                   int64_t* slots_out, const int32_t* tokens) except +dspark_translate_exception
         void check_process_tree(int64_t seq, int64_t n_past, const int64_t* parents,
-                                size_t n) except +dspark_translate_exception
+                                size_t n, const int32_t* tokens) except +dspark_translate_exception
         void process_tree_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* n_pasts,
                                const int64_t* parents, size_t total, const void* rows,
-                               ElemType type) except +dspark_translate_exception
+                               ElemType type, const int32_t* tokens) except +dspark_translate_exception
         void process_tree_external_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens,
                                         const int64_t* n_pasts, const int64_t* parents, size_t total,
-                                        int64_t* slots_out, const char* call) except +dspark_translate_exception
+                                        int64_t* slots_out, const char* call,
+                                        const int32_t* tokens) except +dspark_translate_exception
         vector[SlotMove] accept_path(int64_t seq, const int64_t* nodes, size_t n,
                                      uint64_t* serial) except +dspark_translate_exception
         vector[SlotMove] accept_path_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens,
@@ -232,9 +233,9 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void fail_many(const int64_t* seqs, const FailStage* stages, size_t n,
                        int64_t* disabled_after) except +dspark_translate_exception
         void reserve(int64_t seq, const int64_t* positions, size_t n,
-                     int64_t* slots_out) except +dspark_translate_exception
+                     int64_t* slots_out, const int32_t* tokens) except +dspark_translate_exception
         void reserve_many(const int64_t* seqs, size_t n, const int64_t* cu_seqlens, const int64_t* positions,
-                          size_t total, int64_t* slots_out) except +dspark_translate_exception
+                          size_t total, int64_t* slots_out, const int32_t* tokens) except +dspark_translate_exception
         void confirm(int64_t seq) except +dspark_translate_exception
         void cancel(int64_t seq) except +dspark_translate_exception
         void confirm_many(const int64_t* seqs, size_t n) except +dspark_translate_exception

@@ -951,7 +951,7 @@ cdef class Stager:
         self._on_seqs(_ENABLE_MANY, "enable_many", seqs)
 
     # -- slots before the rows (external-row mode) ----------------------------
-    def reserve(self, seq, positions):
+    def reserve(self, seq, positions, tokens=None):
         """External-row mode: the slots ``process(seq, positions)`` would return, before the rows exist.
 
         A GPU server calls it before it launches the target's forward (as it
@@ -960,7 +960,8 @@ cdef class Stager:
         reservation: every call on it but ``confirm``, ``cancel`` and ``end``
         raises ``StateError``. ``confirm(seq)`` once the rows are written (the
         state is then what ``process`` leaves); ``cancel(seq)`` if the forward
-        was aborted (the sequence is exactly as before).
+        was aborted (the sequence is exactly as before). ``tokens``: a chain
+        drafter's Stager's ids, as :meth:`process` takes them.
         """
         cdef int64_t s = _i64("seq", seq)
         pos = self._converted(s, Need.Ready, as_positions, (positions,))
@@ -968,13 +969,15 @@ cdef class Stager:
         cdef cnp.ndarray slots = np.empty(n, _I64)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
         cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(slots)
+        tokens = self._tokens_arg(s, tokens, n)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.reserve(s, pp, n, op)
+            self._core.reserve(s, pp, n, op, tp)
         return slots
 
-    def reserve_many(self, seqs, cu_seqlens, positions):
+    def reserve_many(self, seqs, cu_seqlens, positions, tokens=None):
         """``reserve`` for the sequences of one target forward (flat, as ``process_many``):
-        returns the flat int64 slots."""
+        returns the flat int64 slots (``tokens``: flat, a chain drafter's Stager's)."""
         sv = self._ids("reserve_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         if _plain_positions(cu_seqlens) and _plain_positions(positions) and \
@@ -989,8 +992,11 @@ cdef class Stager:
         cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef cnp.ndarray slots = np.empty(total, _I64)
         cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(slots)
+        if tokens is not None:
+            tokens = self._batch_converted("reserve_many", sv, Need.Ready, as_tokens, ("reserve_many", tokens, total))
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.reserve_many(sp, n, cp, pp, total, op)
+            self._core.reserve_many(sp, n, cp, pp, total, op, tp)
         return slots
 
     def confirm(self, seq):
@@ -1060,7 +1066,7 @@ cdef class Stager:
         self._core.accept(s, n)  # O(1) bookkeeping: the GIL kept (see above Stager)
 
     # -- tree verification (docs/design.md 2.11) ---------------------------
-    def process_tree(self, seq, n_past, parents, rows=None):
+    def process_tree(self, seq, n_past, parents, rows=None, tokens=None):
         """Buffer a tree verify batch: the rows of a draft tree's nodes, the first rows after a round's draft.
 
         Node 0 is the root (the token ``last``, at ``n_past``, the
@@ -1071,13 +1077,16 @@ cdef class Stager:
         sequence but ``end``, ``disable`` / ``enable`` and the read-only ones
         raises StateError. Held mode: ``rows`` ``(n, D)`` float32 / float16 /
         bfloat16, returns None. External-row mode (no rows): returns the
-        int64 slot where the owner writes each node's row.
+        int64 slot where the owner writes each node's row. ``tokens`` (a chain
+        drafter's Stager): each node's token id, as :meth:`process` takes them.
         """
         cdef int64_t s = _i64("seq", seq)
         cdef int64_t p = self._arg(s, "n_past", n_past)
         par, arr = self._converted(s, Need.Ready, tree_args, (self._external, self._D, parents, rows))
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>par, 0)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>par)
+        tokens = self._tokens_arg(s, tokens, n)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         cdef cnp.ndarray slots
         cdef int64_t* op
         cdef const void* rp
@@ -1086,30 +1095,33 @@ cdef class Stager:
             slots = np.empty(n, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
             with nogil:
-                self._core.process_tree_external(s, p, pp, n, op)
+                self._core.process_tree_external(s, p, pp, n, op, tp)
             return slots
         t = <ElemType><uint8_t>row_dtype_code(arr.dtype)
         rp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
-            self._core.process_tree(s, p, pp, n, rp, t)
+            self._core.process_tree(s, p, pp, n, rp, t, tp)
 
-    def check_process_tree(self, seq, n_past, parents):
-        """Raise what ``process_tree(seq, n_past, parents, ...)`` would raise for its sequence,
-        root and parents, in its order, and change nothing: an owner of external rows
-        (``DeviceRing.write_tree``) runs it before it looks at the rows."""
+    def check_process_tree(self, seq, n_past, parents, tokens=None):
+        """Raise what ``process_tree(seq, n_past, parents, ..., tokens=tokens)`` would raise for
+        its sequence, root, parents and token ids, in its order, and change nothing: an owner of
+        external rows (``DeviceRing.write_tree``) runs it before it looks at the rows."""
         cdef int64_t s = _i64("seq", seq)
         cdef int64_t p = self._arg(s, "n_past", n_past)
         par = self._converted(s, Need.Ready, as_parents, (parents,))
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>par, 0)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>par)
+        tokens = self._tokens_arg(s, tokens, n)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
-            self._core.check_process_tree(s, p, pp, n)
+            self._core.check_process_tree(s, p, pp, n, tp)
 
-    def process_tree_many(self, seqs, cu_seqlens, n_pasts, parents, rows=None):
+    def process_tree_many(self, seqs, cu_seqlens, n_pasts, parents, rows=None, tokens=None):
         """``process_tree`` for several sequences (one call, checked whole): the tree of
         ``seqs[i]`` is ``parents[cu_seqlens[i]:cu_seqlens[i + 1]]`` rooted at ``n_pasts[i]``,
         its rows those rows of ``rows`` (held mode). External-row mode (no rows): returns
-        the flat int64 slots, one per node."""
+        the flat int64 slots, one per node. ``tokens`` (a chain drafter's Stager): flat as
+        the nodes."""
         sv = self._ids("process_tree_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         cdef ElemType t = ElemType.F32
@@ -1133,15 +1145,19 @@ cdef class Stager:
         cdef cnp.ndarray slots
         cdef int64_t* op
         cdef const void* xp
+        if tokens is not None:
+            tokens = self._batch_converted("process_tree_many", sv, Need.Ready, as_tokens,
+                                           ("process_tree_many", tokens, total))
+        cdef const int32_t* tp = _ids_ptr(tokens)
         if self._external:
             slots = np.empty(total, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
             with nogil:
-                self._core.process_tree_external_many(sp, n, cp, rp_, pp, total, op, b"process_tree_many")
+                self._core.process_tree_external_many(sp, n, cp, rp_, pp, total, op, b"process_tree_many", tp)
             return slots
         xp = cnp.PyArray_DATA(<cnp.ndarray>arr)
         with nogil:
-            self._core.process_tree_many(sp, n, cp, rp_, pp, total, xp, t)
+            self._core.process_tree_many(sp, n, cp, rp_, pp, total, xp, t, tp)
 
     def accept_path(self, seq, nodes):
         """Keep the accepted path of the tree verify batch: ``nodes`` from the root (0) down,

@@ -873,38 +873,38 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
     # until confirm (the rows were written: nothing more to do) or cancel (the
     # sequence as it was before, exactly: it is put back whole).
 
-    def reserve(self, seq: int, positions: Any) -> np.ndarray:
+    def reserve(self, seq: int, positions: Any, tokens: Any = None) -> np.ndarray:
         """The slots ``process(seq, positions)`` would return, handed out before the rows exist."""
         i, st = self._closed(seq)
         pos = arg.positions(positions)
+        ids = arg.tokens("", tokens, len(pos))
         if not self._external:
             raise arg.external_only("reserve")
-        if self._chain:
-            raise arg.not_for_chain("reserve")
         self._check_positions(i, st, pos)
-        return np.array(self._reserve_checked(i, st, pos), np.int64)
+        arg.check_tokens("", self._chain, ids, len(pos))
+        return np.array(self._reserve_checked(i, st, pos, ids), np.int64)
 
-    def reserve_many(self, seqs: Any, cu_seqlens: Any, positions: Any) -> np.ndarray:
+    def reserve_many(self, seqs: Any, cu_seqlens: Any, positions: Any, tokens: Any = None) -> np.ndarray:
         """``reserve`` for the sequences of one target forward (flat, as ``process_many``)."""
         call = "reserve_many"
         ids = arg.seq_ids(call, seqs)
         cu, pos, _ = self._converted(call, ids, READY, arg.batch_rows, call, True, self.config.feature_dim,
                                      len(ids), cu_seqlens, positions, None)
+        flat = self._converted(call, ids, READY, arg.tokens, call, tokens, len(pos))
         states = self._check_batch(call, ids, READY)
         arg.unique(call, ids)
         if not self._external:
             raise arg.external_only(call)
-        if self._chain:
-            raise arg.not_for_chain(call)
         spans = self._check_rows(call, ids, states, cu, pos)
+        arg.check_tokens(call, self._chain, flat, len(pos))
         slots: list[int] = []
         for s, st, (a, b) in zip(ids.tolist(), states, spans):
-            slots += self._reserve_checked(s, st, pos[a:b])
+            slots += self._reserve_checked(s, st, pos[a:b], None if flat is None else flat[a:b])
         return np.array(slots, np.int64)
 
-    def _reserve_checked(self, i: int, st: _Seq, pos: np.ndarray) -> list[int]:
+    def _reserve_checked(self, i: int, st: _Seq, pos: np.ndarray, ids: np.ndarray | None = None) -> list[int]:
         before = copy.deepcopy(st)
-        slots = self._append(i, st, int(pos[0]), None, len(pos)) if len(pos) else []
+        slots = self._append(i, st, int(pos[0]), None, len(pos), ids) if len(pos) else []
         st.reservation = before
         return slots
 

@@ -39,8 +39,10 @@ READY, TREE = "ready", "tree"  # the stager's needs (reference/stager.py: READY,
 class TreeVerifyMixin:
     """``process_tree`` / ``accept_path`` / ``accept_path_many`` of :class:`ReferenceStager`."""
 
-    def process_tree(self, seq: int, n_past: int, parents: Any, rows: Any = None) -> np.ndarray | None:
-        """Buffer a tree verify batch (the module's rules). External-row mode: returns each node's slot."""
+    def process_tree(self, seq: int, n_past: int, parents: Any, rows: Any = None,
+                     tokens: Any = None) -> np.ndarray | None:
+        """Buffer a tree verify batch (the module's rules). External-row mode: returns each node's slot.
+        ``tokens``: a chain drafter's ids, one per node."""
         ref = cast("ReferenceStager", self)
         i, st = ref._closed(seq)
         root = arg.integer("n_past", n_past)
@@ -51,28 +53,25 @@ class TreeVerifyMixin:
             arr = arg.rows(rows, ref.config.feature_dim)
             if arr.shape[0] != len(par):
                 raise ValueError(f"{len(par)} parents for {arr.shape[0]} rows")
-        self._tree_kind("process_tree")
+        ids = arg.tokens("", tokens, len(par))
         pos = self._check_tree(i, st, root, par)
-        slots = ref._append(i, st, root, None if arr is None else ref._encode(i, pos, arr), len(pos))
+        arg.check_tokens("", ref._chain, ids, len(par))
+        slots = ref._append(i, st, root, None if arr is None else ref._encode(i, pos, arr), len(pos), ids)
         st.tree = par.tolist()
         return np.array(slots, np.int64) if ref._external else None
 
-    def check_process_tree(self, seq: int, n_past: int, parents: Any) -> None:
+    def check_process_tree(self, seq: int, n_past: int, parents: Any, tokens: Any = None) -> None:
         """What ``process_tree(seq, n_past, parents, ...)`` checks of its sequence, root and parents, changing nothing."""
         ref = cast("ReferenceStager", self)
         i, st = ref._closed(seq)
         root = arg.integer("n_past", n_past)
         par = arg.integers("parents", parents)
-        self._tree_kind("check_process_tree")
+        ids = arg.tokens("", tokens, len(par))
         self._check_tree(i, st, root, par)
-
-    def _tree_kind(self, call: str) -> None:
-        """Tree verification serves block drafters' Stagers (a chain drafter's rows need token ids)."""
-        if cast("ReferenceStager", self)._chain:
-            raise arg.not_for_chain(call)
+        arg.check_tokens("", ref._chain, ids, len(par))
 
     def process_tree_many(self, seqs: Any, cu_seqlens: Any, n_pasts: Any, parents: Any,
-                          rows: Any = None) -> np.ndarray | None:
+                          rows: Any = None, tokens: Any = None) -> np.ndarray | None:
         """``process_tree`` for several sequences (checked whole): the tree of ``seqs[i]`` is
         ``parents[cu_seqlens[i]:cu_seqlens[i + 1]]`` rooted at ``n_pasts[i]``. External-row
         mode: returns the flat slots, one per node."""
@@ -81,15 +80,16 @@ class TreeVerifyMixin:
         ids = arg.seq_ids(call, seqs)
         cu, roots, par, arr = ref._converted(call, ids, READY, self._trees_args, call, ref._external,
                                              ref.config.feature_dim, len(ids), cu_seqlens, n_pasts, parents, rows)
+        flat = ref._converted(call, ids, READY, arg.tokens, call, tokens, len(par))
         states = ref._check_batch(call, ids, READY)
         arg.unique(call, ids)
-        self._tree_kind(call)
         arg.offsets(call, cu, len(par))
         spans = [(int(cu[k]), int(cu[k + 1])) for k in range(len(ids))]
         positions = []
         for k, (s, st, (a, b)) in enumerate(zip(ids.tolist(), states, spans)):
             with arg.in_batch(call, k, s):
                 positions.append(self._check_tree(s, st, int(roots[k]), par[a:b]))
+        arg.check_tokens(call, ref._chain, flat, len(par))
         encoded: list[np.ndarray | None] = [None] * len(ids)
         if arr is not None:  # the rows' contents last, every sequence's before any change
             for k, (s, (a, b)) in enumerate(zip(ids.tolist(), spans)):
@@ -97,7 +97,7 @@ class TreeVerifyMixin:
                     encoded[k] = ref._encode(s, positions[k], arr[a:b])
         slots: list[int] = []
         for k, (s, st, (a, b)) in enumerate(zip(ids.tolist(), states, spans)):
-            slots += ref._append(s, st, int(roots[k]), encoded[k], b - a)
+            slots += ref._append(s, st, int(roots[k]), encoded[k], b - a, None if flat is None else flat[a:b])
             st.tree = par[a:b].tolist()
         return np.array(slots, np.int64) if ref._external else None
 
@@ -210,6 +210,8 @@ class TreeVerifyMixin:
                 continue
             if frm in st.rows:
                 st.rows[to] = st.rows[frm]
+            if frm in st.tokens:  # a chain drafter's ids move with their rows
+                st.tokens[to] = st.tokens[frm]
             src, dst = base + st.ring.index(frm), base + st.ring.index(to)
             last = moves[-1] if moves else None
             # Merged while the run stays no longer than the distance it moves (no overlap).

@@ -492,16 +492,18 @@ class RingOwner:
         return moves
 
     # -- tree verification (docs/design.md 2.11) ----------------------------
-    def write_tree(self, seq: int, n_past: int, parents: Any, rows: Any, *, in_dtype: Any = None) -> np.ndarray:
+    def write_tree(self, seq: int, n_past: int, parents: Any, rows: Any, *, in_dtype: Any = None,
+                   tokens: Any = None) -> np.ndarray:
         """``stager.process_tree(seq, n_past, parents)`` and encode the nodes' ``rows`` into the returned slots.
 
         ``rows``: (n, feature_dim), node ``i``'s row at ``rows[i]`` (as :meth:`write`'s).
         Returns the slots (int64). Checked first, in order: the Stager's own
         checks (the sequence, its state, the root, the parents), the table
-        changes of the sequence, the rows; a rejected call changes nothing.
+        changes of the sequence, the rows; a rejected call changes nothing. ``tokens``: a chain
+        drafter's Stager's ids, one per node.
         """
         par = as_parents(parents)
-        self.stager.check_process_tree(seq, n_past, par)
+        self.stager.check_process_tree(seq, n_past, par, tokens)
         self._require_applied("write_tree", [seq])
         a = self._input_rows(rows, in_dtype, f"{self._name}.write_tree", None)
         n = a.shape[0]
@@ -509,7 +511,7 @@ class RingOwner:
             raise ValueError(f"{self._name}.write_tree: {len(par)} parents for {n} rows")
         pos = np.arange(int(n_past), int(n_past) + n, dtype=np.int64)  # each node's ring position
         prepared = self._prepare_write(seq, pos, a)
-        slots = self.stager.process_tree(seq, n_past, par)
+        slots = self.stager.process_tree(seq, n_past, par, tokens=tokens)
         self._store_write(a, slots, prepared)
         return slots
 

@@ -360,8 +360,6 @@ class SpeculativeLoop:
         if drafter_kind != getattr(cfg, "kind", "block"):
             raise ValueError(f"a {drafter_kind} drafter needs a Stager of kind {drafter_kind!r}, got "
                              f"StagerConfig(kind={getattr(cfg, 'kind', 'block')!r})")
-        if tree and self.chain:
-            raise ValueError("tree verification serves block drafters; a chain drafter's rows need their token ids")
         if ring is not None and getattr(ring, "stager", None) is not stager:
             raise ValueError("ring must be a DeviceRing or HostRing over this loop's stager")
         if ring is None and getattr(cfg, "external_rows", False):
@@ -567,10 +565,7 @@ class SpeculativeLoop:
                                                np.asarray(plan.block_positions))
         else:
             ref = self.drafter.recompute(ctx, np.arange(0, start - base), block, np.asarray(plan.block_positions))  # type: ignore[attr-defined]
-        if self.chain:  # a chain drafter returns its drafts
-            ok = bool(np.array_equal(ref, draft))
-            err = 0.0
-        elif logits is None:  # the drafter returned tokens: compare the greedy choices
+        if logits is None:  # the drafter returned tokens: compare the greedy choices
             ok = bool(np.array_equal(np.argmax(ref, axis=1), draft))
             err = 0.0
         else:
@@ -635,13 +630,14 @@ class SpeculativeLoop:
                 nxt[i], rows[i] = leaf.next_tokens[0], leaf.rows[0]
         parents = np.asarray(tree.parents, np.int64)
         path = accepted_path(tree, nxt)
+        kw = {"tokens": np.asarray(tree.tokens, np.int64)} if self.chain else {}
         if self.ring is not None:
             t = time.perf_counter()
-            self.ring.write_tree(s.seq, n0, parents, self.ring.upload(rows))
+            self.ring.write_tree(s.seq, n0, parents, self.ring.upload(rows), **kw)
             self.ring.accept_path(s.seq, np.asarray(path, np.int64))  # applies the copies
             self._t_stager += time.perf_counter() - t
         else:
-            self._st("process_tree", s.seq, n0, parents, rows)
+            self._st("process_tree", s.seq, n0, parents, rows, **kw)
             self._st("accept_path", s.seq, np.asarray(path, np.int64))
         k = len(path)
         self._log(s, n0, rows[path], [tree.tokens[i] for i in path])

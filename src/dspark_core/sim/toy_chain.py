@@ -16,8 +16,9 @@ Stager keeps the ids (``StagerConfig(kind="chain")``) and a plan hands them out
   the successor's half exactly, even at the target's deviations;
 * draft step ``j`` queries from the position of the newest entry (the last
   context row, then each drafted entry) with a planted RoPE offset of ``L - 1``,
-  so it reads the entry whose expected token is the one being drafted, and
-  picks the token whose code matches best.
+  so it reads the entry whose expected token is the one being drafted; the
+  step's logits are each token's code against what it read (the draft is the
+  best, a tree's leaf the second best).
 
 So the drafts are right when the rows sit at the right relative positions
 and each row comes with the id of the token after it: a row paired with its
@@ -164,15 +165,15 @@ class ToyChainDrafter:
         q[0, 0, half:] = _AMP * np.sin(-theta * (self.lookahead - 1))
         return rotate(q, cos_sin(self.position_angles(np.array([position])), np.dtype(np.float64)))[0, 0]
 
-    def _pick(self, k: np.ndarray, v: np.ndarray, position: int, n_blank: int = 0) -> int:
-        """The token drafted from ``position`` over entries ``k`` / ``v`` and ``n_blank`` draft-step
-        entries (zero key and value: they only dilute the softmax)."""
+    def _logits(self, k: np.ndarray, v: np.ndarray, position: int, n_blank: int = 0) -> np.ndarray:
+        """The logits of the step drafted from ``position`` over entries ``k`` / ``v`` and ``n_blank``
+        draft-step entries (zero key and value: they only dilute the softmax)."""
         s = k @ self._query(position) / np.sqrt(_CODE)
         top = max(float(s.max()), 0.0) if n_blank else float(s.max())
         w = np.exp(s - top)
         out = (w @ v) / (w.sum() + n_blank * np.exp(-top))
         assert self._code is not None, "use ToyChainDrafter.for_target"
-        return int(np.argmax(self._code @ out))
+        return self._code @ out
 
     def decode_chain(
         self, seq: int, positions: np.ndarray, rows: np.ndarray, successors: Tokens, draft_positions: np.ndarray
@@ -182,7 +183,7 @@ class ToyChainDrafter:
         ``draft_positions``: the ``B`` positions after the context (``plan.block_positions``);
         draft step ``j`` queries from the position before ``draft_positions[j]`` and leaves an
         entry at ``draft_positions[j]`` (all but the last step's), which the caller crops.
-        Returns the ``B`` drafted token ids.
+        Returns the steps' logits ``(B, vocab_size)``: step ``j`` drafts ``argmax(logits[j])``.
         """
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
         dpos = np.asarray(draft_positions, dtype=np.int64).reshape(-1)
@@ -205,22 +206,22 @@ class ToyChainDrafter:
         self._k[seq][n : n + len(pos)] = k
         self._v[seq][n : n + len(pos)] = v
         end = ctx_end = n + len(pos)
-        drafts = np.empty(len(dpos), np.int64)
+        logits = np.empty((len(dpos), self.vocab_size))
         for j, p in enumerate(dpos.tolist()):
-            drafts[j] = self._pick(self._k[seq][:ctx_end], self._v[seq][:ctx_end], p - 1, end - ctx_end)
+            logits[j] = self._logits(self._k[seq][:ctx_end], self._v[seq][:ctx_end], p - 1, end - ctx_end)
             if j + 1 < len(dpos):  # the step's own entry: no presence, so the planted head skips it
                 self._k[seq][end] = 0.0
                 self._v[seq][end] = 0.0
                 end += 1
         self._n[seq] = end
         self._peak[seq] = max(self._peak.get(seq, 0), end)
-        return drafts
+        return logits
 
     def recompute_chain(self, rows: np.ndarray, positions: np.ndarray, successors: Tokens,
                         draft_positions: np.ndarray) -> np.ndarray:
-        """The same drafts from scratch over ``rows`` at ``positions`` (no cache)."""
+        """The same logits from scratch over ``rows`` at ``positions`` (no cache)."""
         pos = np.asarray(positions, dtype=np.int64).reshape(-1)
         x = np.asarray(rows, dtype=np.float64).reshape(len(pos), self.feature_dim)
         k, v = self._entries(pos, x, np.asarray(successors, dtype=np.int64).reshape(-1))
-        return np.array([self._pick(k, v, p - 1, j) for j, p in enumerate(np.asarray(draft_positions, np.int64).tolist())],
-                        np.int64)
+        dpos = np.asarray(draft_positions, np.int64).tolist()
+        return np.array([self._logits(k, v, p - 1, j) for j, p in enumerate(dpos)]).reshape(len(dpos), self.vocab_size)
