@@ -370,3 +370,24 @@ def test_a_prefix_hit_takes_the_prompts_ids(rows):
     st.begin(0)
     with pytest.raises(ValueError, match="kept for a chain drafter"):
         store.hit(st, 0, keys, 40, tokens=prompt)
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_the_invariant_checker_passes_a_chain_drafters_ids_on(rows):
+    """A chain drafter's loop runs under InvariantChecker: the ids reach the Stager (which keeps
+    them), while the checker checks its invariants of the rows."""
+    from dspark_core.testing import InvariantChecker
+
+    cfg = config(rows)
+    chk = InvariantChecker(Stager(cfg))
+    chk.begin(0)
+    x = rows_with_ids(np.random.default_rng(2), np.arange(5, dtype=np.int32))
+    with pytest.raises(ValueError, match="needs the token id of every row"):
+        chk.process(0, np.arange(5), x)
+    chk.process(0, np.arange(5), x, tokens=np.arange(10, 15))
+    chk.process_many([0], [0, 2], [5, 6], x[:2], tokens=[15, 16])
+    assert chk.draft(0, 7).tokens.tolist() == list(range(10, 17))
+    chk.commit(0)
+    if rows == "held":  # a chain drafter's snapshot restores under the checker, ids and all
+        chk.restore(1, chk.snapshot(0))
+        assert chk.tokens(1, 0, 7).tolist() == list(range(10, 17))

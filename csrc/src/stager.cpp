@@ -358,7 +358,7 @@ void Stager::check_process(std::int64_t seq, const std::int64_t* positions, std:
     auto lock = lock_seq(seq);
     const Seq& s = ready(seq);
     validate_positions(seq, s, positions, n);
-    check_tokens(nullptr, tokens, n);
+    (void)check_tokens(nullptr, tokens, n);
 }
 
 void Stager::check_process_many(const std::int64_t* seqs_in, std::size_t n, const std::int64_t* cu_in,
@@ -372,7 +372,7 @@ void Stager::check_process_many(const std::int64_t* seqs_in, std::size_t n, cons
         in_batch(call, i, seqs[i], [&] {
             return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
         });
-    check_tokens(call, tokens, total);
+    (void)check_tokens(call, tokens, total);
 }
 
 RoundPlan Stager::check_draft(std::int64_t seq, const Seq& s, std::int64_t n_past) const {

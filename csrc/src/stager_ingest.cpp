@@ -198,25 +198,32 @@ void Stager::process(std::int64_t seq, const std::int64_t* positions, std::size_
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process");
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
-    check_tokens(nullptr, tokens, n);
-    append_held(seq, s, p0, n, rows, type, tokens);
+    const TokenIds ids = check_tokens(nullptr, tokens, n);
+    append_held(seq, s, p0, n, rows, type, ids.data());
 }
 
-void Stager::check_tokens(const char* call, const std::int32_t* tokens, std::size_t n) const {
+Stager::TokenIds Stager::check_tokens(const char* call, const std::int32_t* tokens, std::size_t n) const {
     const std::string in = call ? std::string(call) + ": " : std::string();
+    TokenIds out;
     if (opt_.kind != DrafterKind::Chain) {
         if (tokens)
             throw std::invalid_argument(in + "tokens are kept for a chain drafter (kind=\"chain\") only; this "
                                              "Stager's drafter kind is \"" + drafter_kind_name(opt_.kind) + "\"");
-        return;
+        return out;
     }
-    if (!tokens && n)
-        throw std::invalid_argument(in + "a chain drafter's Stager (kind=\"chain\") needs the token id of every row "
-                                         "(tokens: the token the target read at each row's position)");
+    if (!tokens) {
+        if (n)
+            throw std::invalid_argument(in + "a chain drafter's Stager (kind=\"chain\") needs the token id of every "
+                                             "row (tokens: the token the target read at each row's position)");
+        return out;
+    }
+    out.ids.assign(tokens, tokens + n);
+    out.given = true;
     for (std::size_t i = 0; i < n; ++i)
-        if (tokens[i] < 0)
-            throw std::invalid_argument(in + "tokens[" + std::to_string(i) + "] is " + std::to_string(tokens[i]) +
+        if (out.ids[i] < 0)
+            throw std::invalid_argument(in + "tokens[" + std::to_string(i) + "] is " + std::to_string(out.ids[i]) +
                                         ": token ids are >= 0; nothing was appended");
+    return out;
 }
 
 void Stager::require_block(const char* call) const {
@@ -287,7 +294,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
         throw std::invalid_argument("encoded rows must be " + std::to_string(n) + " x " + std::to_string(row_bytes_) +
                                     " bytes (" + storage_name(opt_.storage) + "), got " + std::to_string(nbytes));
     const std::int64_t p0 = validate_positions(seq, s, positions, n);
-    check_tokens(nullptr, tokens, n);
+    const TokenIds ids = check_tokens(nullptr, tokens, n);
     const std::size_t dim = static_cast<std::size_t>(opt_.feature_dim);
     const bool fallible = opt_.nonfinite == NonFinite::Error;
     std::vector<std::uint8_t> copy;
@@ -306,7 +313,7 @@ void Stager::process_encoded(std::int64_t seq, const std::int64_t* positions, st
         return row[static_cast<std::size_t>(flat) % dim];
     };
     Append g = prepare_append(seq, s, p0, n, encode, value, fallible);
-    g.tokens = tokens;
+    g.tokens = ids.data();
     commit_append(seq, s, g, encode, nullptr);
 }
 
@@ -339,8 +346,8 @@ void Stager::process_many(const std::int64_t* seqs_in, std::size_t n, const std:
         p0[i] = in_batch(call, i, seqs[i], [&] {
             return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
         });
-    check_tokens(call, tokens, total);
-    append_held_many(call, seqs, cu, p0, total, rows, type, tokens);
+    const TokenIds ids = check_tokens(call, tokens, total);
+    append_held_many(call, seqs, cu, p0, total, rows, type, ids.data());
 }
 
 void Stager::append_held_many(const char* call, const std::vector<std::int64_t>& seqs,
@@ -393,7 +400,7 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
         return validate_positions(seqs[i], get(seqs[i]), positions + cu[i], static_cast<std::size_t>(cu[i + 1] - cu[i]));
     };
     for (std::size_t i = 0; i < n; ++i) p0[i] = call ? in_batch(call, i, seqs[i], [&] { return check(i); }) : check(i);
-    check_tokens(call, tokens, total);
+    const TokenIds ids = check_tokens(call, tokens, total);
     const NoRows none;
     auto value = [&](std::int64_t flat) { return none.value(flat); };
     std::vector<Append> g(n);
@@ -404,7 +411,7 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
             s.before_marks = s.buf.marks();
         }
         g[i] = prepare_append(seqs[i], s, p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]), none, value, false);
-        g[i].tokens = tokens ? tokens + cu[i] : nullptr;
+        g[i].tokens = ids.given ? ids.ids.data() + cu[i] : nullptr;
     }
     for (std::size_t i = 0; i < n; ++i) {
         Seq& s = mut(get(seqs[i]));

@@ -285,8 +285,8 @@ PrefixHit Stager::start_from_prefix(std::int64_t seq, PrefixStore& store, const 
     if (external() && !moves) throw std::invalid_argument("an external-row hit needs somewhere to put its moves");
     std::lock_guard<std::mutex> store_lock(store.mu_);
     PrefixOps::Hit h = PrefixOps::plan_hit(*this, target, store, keys, n_tokens);
-    check_tokens(nullptr, tokens, static_cast<std::size_t>(n_tokens));  // n_tokens >= 0: the hit is planned
-    h.tokens = tokens;
+    const TokenIds ids = check_tokens(nullptr, tokens, static_cast<std::size_t>(n_tokens));  // n_tokens >= 0: planned
+    h.tokens = ids.data();
     std::vector<SlotMove> out;
     if (external()) out.reserve(h.plan.pieces.size());
     PrefixOps::apply_hit(*this, seq, target, store, h, out);
@@ -324,11 +324,10 @@ void Stager::start_from_prefix_many(const std::int64_t* seqs_in, std::size_t n, 
     }
     // The ids, flat in batch order (every n_tokens checked by its hit's plan).
     std::size_t total = 0;
-    for (std::size_t i = 0; i < n; ++i) {
-        work[i].tokens = tokens ? tokens + total : nullptr;
-        total += static_cast<std::size_t>(n_tokens[i]);
-    }
-    check_tokens(call, tokens, total);
+    for (std::size_t i = 0; i < n; ++i) total += static_cast<std::size_t>(n_tokens[i]);
+    const TokenIds ids = check_tokens(call, tokens, total);
+    for (std::size_t i = 0, at = 0; i < n; at += static_cast<std::size_t>(n_tokens[i++]))
+        work[i].tokens = ids.given ? ids.ids.data() + at : nullptr;
     std::vector<SlotMove> out;
     if (external()) out.reserve(pieces);
     std::vector<PrefixHit> result;

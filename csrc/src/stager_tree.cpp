@@ -79,7 +79,7 @@ void Stager::check_process_tree(std::int64_t seq, std::int64_t n_past, const std
                                 std::size_t n, const std::int32_t* tokens) const {
     auto lock = lock_seq(seq);
     (void)check_tree(seq, ready(seq), n_past, parents, n);
-    check_tokens(nullptr, tokens, n);
+    (void)check_tokens(nullptr, tokens, n);
 }
 
 void Stager::process_tree(std::int64_t seq, std::int64_t n_past, const std::int64_t* parents, std::size_t n,
@@ -88,9 +88,9 @@ void Stager::process_tree(std::int64_t seq, std::int64_t n_past, const std::int6
     Seq& s = mut(ready(seq));
     require_mode(RowMode::Held, "process_tree", "use process_tree_external: the rows stay with their owner");
     const std::vector<std::int64_t> positions = check_tree(seq, s, n_past, parents, n);
-    check_tokens(nullptr, tokens, n);
+    const TokenIds ids = check_tokens(nullptr, tokens, n);
     std::vector<std::int64_t> tree(parents, parents + n);  // before any change: may throw
-    append_held(seq, s, positions[0], n, rows, type, tokens);
+    append_held(seq, s, positions[0], n, rows, type, ids.data());
     s.tree = std::move(tree);
 }
 
@@ -134,8 +134,8 @@ void Stager::tree_batch(const char* call, RowMode mode, const char* instead, con
                                     parents = copy_of(parents_in, total);
     std::vector<std::int64_t> p0;
     std::vector<std::vector<std::int64_t>> trees = check_tree_many(call, seqs, cu, n_pasts.data(), parents.data(), total, p0);
-    check_tokens(call, tokens, total);
-    append(seqs, cu, p0);
+    const TokenIds ids = check_tokens(call, tokens, total);
+    append(seqs, cu, p0, ids.data());
     for (std::size_t i = 0; i < n; ++i) mut(get(seqs[i])).tree = std::move(trees[i]);
 }
 
@@ -144,8 +144,8 @@ void Stager::process_tree_many(const std::int64_t* seqs, std::size_t n, const st
                                const void* rows, ElemType type, const std::int32_t* tokens) {
     const char* call = "process_tree_many";
     tree_batch(call, RowMode::Held, "use process_tree_external_many: the rows stay with their owner", seqs, n, offsets,
-               n_pasts, parents, total, tokens, [&](const auto& ids, const auto& cu, const auto& p0) {
-                   append_held_many(call, ids, cu, p0, total, rows, type, tokens);
+               n_pasts, parents, total, tokens, [&](const auto& ids, const auto& cu, const auto& p0, const auto* t) {
+                   append_held_many(call, ids, cu, p0, total, rows, type, t);
                });
 }
 
@@ -153,13 +153,13 @@ void Stager::process_tree_external_many(const std::int64_t* seqs, std::size_t n,
                                         const std::int64_t* n_pasts, const std::int64_t* parents, std::size_t total,
                                         std::int64_t* slots_out, const char* call, const std::int32_t* tokens) {
     tree_batch(call, RowMode::External, "use process_tree_many: this Stager holds its rows", seqs, n, offsets, n_pasts,
-               parents, total, tokens, [&](const auto& ids, const auto& cu, const auto& p0) {
+               parents, total, tokens, [&](const auto& ids, const auto& cu, const auto& p0, const auto* t) {
                    std::vector<std::int64_t> positions(total);  // each node's ring position: root + its index
                    for (std::size_t i = 0; i < ids.size(); ++i)
                        for (std::int64_t k = cu[i]; k < cu[i + 1]; ++k)
                            positions[static_cast<std::size_t>(k)] = p0[i] + (k - cu[i]);
                    append_external(call, ids.data(), ids.size(), cu.data(), positions.data(), total, slots_out, false,
-                                   tokens);
+                                   t);
                });
 }
 

@@ -819,10 +819,11 @@ private:
                                                            const std::int64_t* n_pasts, const std::int64_t* parents,
                                                            std::size_t total, std::vector<std::int64_t>& p0) const;
     // process_tree_many and its external form: the batch locked and checked
-    // (the mode's too), then append(seqs, offsets, p0) adds the rows (the
-    // positions of seqs[i]'s nodes start at p0[i]), then each tree is kept.
+    // (the mode's too), then append(seqs, offsets, p0, ids) adds the rows (the
+    // positions of seqs[i]'s nodes start at p0[i]; ids: the checked token
+    // ids, flat, or null), then each tree is kept.
     using TreeAppend = std::function<void(const std::vector<std::int64_t>& seqs, const std::vector<std::int64_t>& cu,
-                                          const std::vector<std::int64_t>& p0)>;
+                                          const std::vector<std::int64_t>& p0, const std::int32_t* tokens)>;
     void tree_batch(const char* call, RowMode mode, const char* instead, const std::int64_t* seqs, std::size_t n,
                     const std::int64_t* offsets, const std::int64_t* n_pasts, const std::int64_t* parents,
                     std::size_t total, const std::int32_t* tokens, const TreeAppend& append);
@@ -839,9 +840,17 @@ private:
     void append_held_many(const char* call, const std::vector<std::int64_t>& seqs, const std::vector<std::int64_t>& cu,
                           const std::vector<std::int64_t>& p0, std::size_t total, const void* rows, ElemType type,
                           const std::int32_t* tokens = nullptr);
-    // The token ids of n rows (`call` names the batch, or null): present, and
-    // each >= 0, exactly when this Stager keeps tokens (std::invalid_argument).
-    void check_tokens(const char* call, const std::int32_t* tokens, std::size_t n) const;
+    // The token ids of n rows, checked (`call` names the batch, or null):
+    // present, and each >= 0, exactly when this Stager keeps tokens
+    // (std::invalid_argument). A private copy, checked after it was taken,
+    // so ids the caller's buffer changes meanwhile are never kept unchecked
+    // (data(): null when none were given).
+    struct TokenIds {
+        std::vector<std::int32_t> ids;
+        bool given = false;
+        const std::int32_t* data() const noexcept { return given ? ids.data() : nullptr; }
+    };
+    TokenIds check_tokens(const char* call, const std::int32_t* tokens, std::size_t n) const;
     // Throws std::invalid_argument when this is a chain drafter's Stager:
     // `call` takes no token ids, and a chain drafter's rows need theirs.
     void require_block(const char* call) const;

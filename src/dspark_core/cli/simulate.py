@@ -485,6 +485,9 @@ def _notes(result: dict[str, Any]) -> list[str]:
         f"A toy model of the effect: the toy drafter's position encoding is defined on [0, {T:,}) only, as a trained "
         f"drafter's is on its training length; {MEASURED}."
     )
+    if c.get("drafter_kind") == "chain":
+        out.append(f"The chain drafter ({c['drafter']}) hits the same wall: vLLM's EAGLE-3 fails past its 2,048 trained "
+                   "positions (vllm #48894); each of its rounds pairs every staged row with the id of the token after it.")
     return out
 
 

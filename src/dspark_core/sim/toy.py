@@ -67,6 +67,7 @@ __all__ = [
     "rotate",
     "cos_sin",
     "untrained_angles",
+    "trained_angles",
     "greedy_reference",
 ]
 
@@ -308,6 +309,18 @@ def untrained_angles(positions: np.ndarray, half: int, seed: int) -> np.ndarray:
     return (h >> np.uint64(11)).astype(np.float64) * (2.0 * np.pi / 2.0**53)
 
 
+def trained_angles(positions: np.ndarray, half: int, n_ctx_train: int | None, seed: int) -> np.ndarray:
+    """A toy drafter's rotation angles at ``positions``, ``(n, half)``: RoPE inside its trained
+    range ``[0, n_ctx_train)`` (everywhere when ``None``), :func:`untrained_angles` past it."""
+    ang = rope_angles(positions, half)
+    if n_ctx_train is not None:
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        past = pos >= n_ctx_train
+        if past.any():
+            ang[past] = untrained_angles(pos[past], half, seed)
+    return ang
+
+
 class _KVCache:
     """One sequence's drafter cache: K (after RoPE) and V, ``(layers, heads, capacity, head_dim)``.
 
@@ -479,14 +492,7 @@ class ToyDrafter:
     def position_angles(self, positions: np.ndarray) -> np.ndarray:
         """The drafter's rotation angles at ``positions``, ``(n, head_dim // 2)``: RoPE inside
         the trained range ``[0, n_ctx_train)``, :func:`untrained_angles` past it."""
-        half = self.head_dim // 2
-        ang = rope_angles(positions, half)
-        if self.n_ctx_train is not None:
-            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
-            past = pos >= self.n_ctx_train
-            if past.any():
-                ang[past] = untrained_angles(pos[past], half, self.seed)
-        return ang
+        return trained_angles(positions, self.head_dim // 2, self.n_ctx_train, self.seed)
 
     def _cs(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return cos_sin(self.position_angles(positions), self.dtype)

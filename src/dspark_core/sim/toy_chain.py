@@ -35,7 +35,7 @@ from __future__ import annotations
 import numpy as np
 
 from .loop import Tokens
-from .toy import _CODE, ToyTarget, cos_sin, rope_angles, rotate, untrained_angles
+from .toy import _CODE, ToyTarget, cos_sin, rotate, trained_angles
 
 __all__ = ["ToyChainDrafter"]
 
@@ -138,14 +138,7 @@ class ToyChainDrafter:
     # -- math -------------------------------------------------------------------
     def position_angles(self, positions: np.ndarray) -> np.ndarray:
         """RoPE angles inside ``[0, n_ctx_train)``, seeded pseudo-random ones past it."""
-        half = _CODE // 2
-        ang = rope_angles(positions, half)
-        if self.n_ctx_train is not None:
-            pos = np.asarray(positions, dtype=np.int64).reshape(-1)
-            past = pos >= self.n_ctx_train
-            if past.any():
-                ang[past] = untrained_angles(pos[past], half, self.seed)
-        return ang
+        return trained_angles(positions, _CODE // 2, self.n_ctx_train, self.seed)
 
     def _entries(self, positions: np.ndarray, rows: np.ndarray, successors: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Keys and values of (row, successor) entries at ``positions``."""

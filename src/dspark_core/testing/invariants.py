@@ -200,7 +200,7 @@ def check_invariants(
             # verify batch in flight has none: accept_path comes first).
             try:
                 snap = snapshot_format.unpack(bytes(stager.snapshot(s)), c.snapshot_fingerprint(), STORAGES,
-                                              external=c.external_rows)
+                                              external=c.external_rows, tokens=_chain(c))
             except ValueError as exc:
                 _violation(f"{tag}: its own snapshot would not restore: {exc}")
             if (snap.end, snap.horizon, snap.n_cache, snap.pos_base) != (end, h, nc, pb):
@@ -233,6 +233,16 @@ class _Model:
 UNWRITTEN = 0xA5
 #: Snapshots whose rows an external-row checker remembers for ``restore`` without ``rows``.
 SAVED_SNAPSHOTS = 64
+
+
+def _chain(config: Any) -> bool:
+    """A chain drafter's configuration: its snapshots carry token ids."""
+    return getattr(config, "kind", "block") == "chain"
+
+
+def _ids(tokens: Any) -> dict[str, Any]:
+    """A chain drafter's token ids as the Stager's keyword (none: a block drafter's call, unchanged)."""
+    return {} if tokens is None else {"tokens": tokens}
 
 
 class InvariantChecker:
@@ -308,11 +318,11 @@ class InvariantChecker:
     def _states(self) -> list[dict[str, Any]]:
         return [self._st.state(s) for s in range(self._cfg.max_seqs)]
 
-    def _call(self, name: str, *args: Any, closed: Iterable[int] = ()) -> Any:
+    def _call(self, name: str, *args: Any, closed: Iterable[int] = (), **kw: Any) -> Any:
         self.calls += 1
         before = self._states()
         try:
-            result = getattr(self._st, name)(*args)
+            result = getattr(self._st, name)(*args, **kw)
         except Exception:
             if self._states() != before:
                 _violation(f"{name}{args!r:.200}: the call was rejected but the state changed")
@@ -427,12 +437,13 @@ class InvariantChecker:
         if s is not None:
             self._models[s] = _Model()
 
-    def process(self, seq: int, positions: Any, rows: Any = None) -> np.ndarray | None:
+    def process(self, seq: int, positions: Any, rows: Any = None, tokens: Any = None) -> np.ndarray | None:
         """``process``; with external rows the checker keeps ``rows`` (it encodes them, asks the
-        Stager for slots, writes them there) and returns the slots."""
+        Stager for slots, writes them there) and returns the slots. ``tokens`` (a chain drafter's
+        Stager) go to the Stager as they are: the checker models rows, not ids."""
         if self._external:
-            return self._process_external(seq, positions, rows, encoded=False)
-        self._call("process", seq, positions, rows)
+            return self._process_external(seq, positions, rows, encoded=False, **_ids(tokens))
+        self._call("process", seq, positions, rows, **_ids(tokens))
         s = self._valid(seq)
         pos = np.asarray(positions).reshape(-1)
         if s is not None and len(pos):
@@ -442,12 +453,12 @@ class InvariantChecker:
             self._sync_truth(s)
         return None
 
-    def process_encoded(self, seq: int, positions: Any, data: Any) -> np.ndarray | None:
+    def process_encoded(self, seq: int, positions: Any, data: Any, tokens: Any = None) -> np.ndarray | None:
         """``process_encoded``; with external rows the checker writes ``data`` at the slots
-        ``process(seq, positions)`` returns, and returns them."""
+        ``process(seq, positions)`` returns, and returns them (``tokens``: as :meth:`process`'s)."""
         if self._external:
-            return self._process_external(seq, positions, data, encoded=True)
-        self._call("process_encoded", seq, positions, data)
+            return self._process_external(seq, positions, data, encoded=True, **_ids(tokens))
+        self._call("process_encoded", seq, positions, data, **_ids(tokens))
         s = self._valid(seq)
         pos = np.asarray(positions).reshape(-1)
         if s is not None and len(pos):
@@ -457,7 +468,7 @@ class InvariantChecker:
             self._sync_truth(s)
         return None
 
-    def _process_external(self, seq: int, positions: Any, rows: Any, *, encoded: bool) -> np.ndarray:
+    def _process_external(self, seq: int, positions: Any, rows: Any, *, encoded: bool, **ids: Any) -> np.ndarray:
         c = self._cfg
         if rows is None:
             raise TypeError("InvariantChecker owns the external rows: pass them to process(seq, positions, rows) "
@@ -473,7 +484,7 @@ class InvariantChecker:
             # under nonfinite="error" an unencodable row raises here, before the Stager sees the call
             enc = np.ascontiguousarray(rf.encode(x, c.storage, c.nonfinite, c.stage_dtype)).view(np.uint8)
             enc = enc.reshape(len(pos), c.row_bytes)
-        slots = self._call("process", seq, positions)
+        slots = self._call("process", seq, positions, **ids)
         s = int(seq)
         check_slots(slots, s, len(pos), c, f"seq {s} process")
         st = self._st.state(s)
@@ -491,13 +502,14 @@ class InvariantChecker:
         return np.asarray(slots)
 
     # -- tree verification (docs/design.md 2.11) ---------------------------------
-    def process_tree(self, seq: int, n_past: int, parents: Any, rows: Any = None) -> np.ndarray | None:
+    def process_tree(self, seq: int, n_past: int, parents: Any, rows: Any = None,
+                     tokens: Any = None) -> np.ndarray | None:
         """``process_tree``; with external rows the checker keeps ``rows`` (it checks and encodes
         them, asks the Stager for the nodes' slots, writes them there) and returns the slots.
         Node ``i``'s row is modelled at position ``n_past + i`` (its ring slot) until accept_path."""
         c = self._cfg
         if not self._external:
-            self._call("process_tree", seq, n_past, parents, rows)
+            self._call("process_tree", seq, n_past, parents, rows, **_ids(tokens))
             enc = self._enc(rows)
             slots = None
         else:
@@ -508,7 +520,7 @@ class InvariantChecker:
             # under nonfinite="error" an unencodable row raises here, before the Stager sees the call
             enc = np.ascontiguousarray(rf.encode(x, c.storage, c.nonfinite, c.stage_dtype)).view(np.uint8)
             enc = enc.reshape(len(x), c.row_bytes)
-            slots = np.asarray(self._call("process_tree", seq, n_past, parents))
+            slots = np.asarray(self._call("process_tree", seq, n_past, parents, **_ids(tokens)))
             check_slots(slots, int(seq), len(enc), c, f"seq {seq} process_tree")
             assert self.mirror is not None
             self.mirror[slots] = enc
@@ -622,7 +634,8 @@ class InvariantChecker:
         arr = np.asarray(seqs).reshape(-1)
         return [int(x) for x in arr.tolist()] if arr.dtype.kind in "iu" else []
 
-    def process_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any = None) -> np.ndarray | None:
+    def process_many(self, seqs: Any, cu_seqlens: Any, positions: Any, rows: Any = None,
+                     tokens: Any = None) -> np.ndarray | None:
         """``process_many``; with external rows the checker keeps ``rows`` as :meth:`process` does
         (it checks and encodes them, asks the Stager for the slots, writes them there) and
         returns the slots."""
@@ -637,12 +650,12 @@ class InvariantChecker:
                 raise ValueError(f"process_many: {len(pos)} positions for {len(x)} rows")
             enc = np.ascontiguousarray(rf.encode(x, c.storage, c.nonfinite, c.stage_dtype)).view(np.uint8)
             enc = enc.reshape(len(pos), c.row_bytes)
-            slots = np.asarray(self._call("process_many", seqs, cu_seqlens, positions))
+            slots = np.asarray(self._call("process_many", seqs, cu_seqlens, positions, **_ids(tokens)))
             assert self.mirror is not None
             keep = slots >= 0
             self.mirror[slots[keep]] = enc[keep]
         else:
-            self._call("process_many", seqs, cu_seqlens, positions, rows)
+            self._call("process_many", seqs, cu_seqlens, positions, rows, **_ids(tokens))
             pos = as_positions(positions)
             enc = self._enc(rows) if len(pos) else np.zeros((0, c.row_bytes), np.uint8)
             slots = None
@@ -746,7 +759,8 @@ class InvariantChecker:
         s = int(seq)
         c = self._cfg
         try:
-            snap = snapshot_format.unpack(bytes(data), c.snapshot_fingerprint(), STORAGES, external=c.external_rows)
+            snap = snapshot_format.unpack(bytes(data), c.snapshot_fingerprint(), STORAGES, external=c.external_rows,
+                                          tokens=_chain(c))
         except ValueError as exc:
             _violation(f"seq {s}: its own snapshot does not restore: {exc}")
         st = self._st.state(s)
@@ -790,7 +804,8 @@ class InvariantChecker:
         self._call("restore", seq, data)
         s = int(seq)
         c = self._cfg
-        snap = snapshot_format.unpack(bytes(memoryview(data)), c.snapshot_fingerprint(), STORAGES)  # accepted
+        snap = snapshot_format.unpack(bytes(memoryview(data)), c.snapshot_fingerprint(), STORAGES,  # accepted
+                                      tokens=_chain(c))
         m = _Model()
         rb = c.row_bytes
         for k in range(snap.end - snap.horizon):
@@ -802,7 +817,7 @@ class InvariantChecker:
         c = self._cfg
         raw = bytes(memoryview(data).cast("B"))
         try:
-            snap = snapshot_format.unpack(raw, c.snapshot_fingerprint(), STORAGES, external=True)
+            snap = snapshot_format.unpack(raw, c.snapshot_fingerprint(), STORAGES, external=True, tokens=_chain(c))
         except ValueError:
             snap = None  # the Stager must reject it (checked below)
         enc = np.zeros((0, c.row_bytes), np.uint8)
