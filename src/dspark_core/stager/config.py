@@ -150,9 +150,9 @@ class StagerConfig:
             the token the target read at each row's position, which the
             Stager keeps beside the row; plans carry them, see
             :meth:`StagePlan.successors`). Windows, rebases and recovery are
-            the same for both; a tree verify batch takes each node's id and a
-            prefix hit the prompt's; reservations and the device step serve
-            block drafters only.
+            the same for both; a tree verify batch takes each node's id, a
+            reservation its rows' and a prefix hit the prompt's; the device
+            step serves block drafters only.
 
     Raises:
         ConfigError: for any value that cannot work, naming it.
