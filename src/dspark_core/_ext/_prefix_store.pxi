@@ -325,9 +325,8 @@ cdef class PrefixStore:
         _chains(conv, chains)
         cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
         cdef const int64_t* hp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>h)
-        if tokens is not None:
-            tokens = st._batch_converted("hit_many", sv, Need.Ready, as_tokens,
-                                         ("hit_many", tokens, int(np.maximum(h, 0).sum())))
+        if tokens is not None:  # their count: the hits' n_tokens (a negative one is the core's to refuse)
+            tokens = st._flat_tokens_arg("hit_many", sv, tokens, int(np.maximum(h, 0).sum()))
         cdef const int32_t* tp = _ids_ptr(tokens)
         cdef vector[CPrefixHit] hits
         cdef vector[SlotMove] moves

@@ -644,6 +644,10 @@ cdef class Stager:
         """``tokens`` as the core reads them (an int32 array, or None), after ``s``'s own errors."""
         return None if tokens is None else self._converted(s, Need.Ready, as_tokens, ("", tokens, n))
 
+    cdef object _flat_tokens_arg(self, str call, cnp.ndarray sv, tokens, size_t total):
+        """A batch's flat ``tokens`` as the core reads them (or None), after its sequences' own errors."""
+        return None if tokens is None else self._batch_converted(call, sv, Need.Ready, as_tokens, (call, tokens, total))
+
     cdef object _process_external(self, int64_t s, pos, tokens):
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef cnp.ndarray slots = np.empty(n, _I64)
@@ -680,8 +684,7 @@ cdef class Stager:
         cdef const int64_t* cp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>cu)
         cdef const int64_t* pp = <const int64_t*>cnp.PyArray_DATA(<cnp.ndarray>pos)
         cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
-        if tokens is not None:
-            tokens = self._batch_converted("process_many", sv, Need.Ready, as_tokens, ("process_many", tokens, total))
+        tokens = self._flat_tokens_arg("process_many", sv, tokens, total)
         cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
             self._core.check_process_many(sp, n, cp, pp, total, tp)
@@ -849,10 +852,8 @@ cdef class Stager:
         cdef cnp.ndarray slots
         cdef int64_t* op
         cdef const void* rp
-        cdef const int32_t* tp = NULL
-        if tokens is not None:
-            tokens = self._batch_converted("process_many", sv, Need.Ready, as_tokens, ("process_many", tokens, total))
-            tp = _ids_ptr(tokens)
+        tokens = self._flat_tokens_arg("process_many", sv, tokens, total)
+        cdef const int32_t* tp = _ids_ptr(tokens)
         if self._external:
             slots = np.empty(total, _I64)
             op = <int64_t*>cnp.PyArray_DATA(slots)
@@ -992,8 +993,7 @@ cdef class Stager:
         cdef size_t total = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
         cdef cnp.ndarray slots = np.empty(total, _I64)
         cdef int64_t* op = <int64_t*>cnp.PyArray_DATA(slots)
-        if tokens is not None:
-            tokens = self._batch_converted("reserve_many", sv, Need.Ready, as_tokens, ("reserve_many", tokens, total))
+        tokens = self._flat_tokens_arg("reserve_many", sv, tokens, total)
         cdef const int32_t* tp = _ids_ptr(tokens)
         with nogil:
             self._core.reserve_many(sp, n, cp, pp, total, op, tp)
@@ -1145,9 +1145,7 @@ cdef class Stager:
         cdef cnp.ndarray slots
         cdef int64_t* op
         cdef const void* xp
-        if tokens is not None:
-            tokens = self._batch_converted("process_tree_many", sv, Need.Ready, as_tokens,
-                                           ("process_tree_many", tokens, total))
+        tokens = self._flat_tokens_arg("process_tree_many", sv, tokens, total)
         cdef const int32_t* tp = _ids_ptr(tokens)
         if self._external:
             slots = np.empty(total, _I64)
