@@ -235,9 +235,10 @@ def test_calls_that_carry_no_ids_refuse_a_chain_drafters_stager_and_trees_take_t
         p = s.draft(0, 2)
         s.commit(0)
         assert p.tokens.tolist() == [1, 2]
-    for s in ext:
-        with pytest.raises(ValueError, match=r"^to_device is not available to a chain drafter's Stager"):
+    for s in ext:  # the device step takes the ids in a slot token table (test_device_step.py)
+        with pytest.raises(ValueError, match=r"^to_device: a chain drafter's Stager .* pass tokens, the slot token"):
             s.to_device([0])
+        assert not s.on_device(0)
     for s in held + ext:
         rows = None if s in ext else np.zeros((3, D), np.float32)
         with pytest.raises(ValueError, match="needs the token id of every row"):

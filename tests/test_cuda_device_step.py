@@ -74,6 +74,62 @@ def test_device_steps_equal_the_cpu_twin():
 
 
 @gpu
+def test_a_chain_drafters_ids_travel_in_a_device_token_table():
+    """A chain drafter's Stager on the CUDA step: the ids go over in a device slot token table
+    (only the handed sequences' slots copied), the server writes each verify row's id at its
+    verify slot on the device, and what comes back equals the CPU twin's hand-backs over a
+    host table: the tables, states and ids."""
+    from dspark_core.cuda import DeviceArray
+
+    n, b, w = 6, 3, 13
+    cfg = config(n, b, w).replace(kind="chain")
+    cpu, dev = Stager(cfg), Stager(cfg)
+    ids_of = lambda pos, g: ((np.asarray(pos) * 7 + 1000 * g) % 50_000).astype(np.int32)  # noqa: E731
+    for q in range(n):
+        for st in (cpu, dev):
+            st.begin(q)
+            st.process(q, np.arange(q, q + 9 + q), tokens=ids_of(np.arange(q, q + 9 + q), 0))
+    host_table = cpu.new_token_table()
+    table = DeviceArray.from_numpy(np.full_like(host_table, 5), device=0, stream=0)
+    step = cuda.DeviceStep(dev, capacity=n)
+    with pytest.raises(ValueError, match="slot token table"):
+        step.to_device([0], tokens=DeviceArray.from_numpy(np.zeros(3, np.int32), device=0, stream=0))
+    with pytest.raises(ValueError, match="pass tokens, the slot token table"):
+        step.to_device([0])
+    assert not dev.on_device(0)
+    seqs = [4, 1, 2]
+    cpu.to_device(seqs, tokens=host_table)
+    step.to_device(seqs, tokens=table)
+    got = table.get()
+    rr = dev.ring_rows
+    for q in range(n):  # the handed sequences' slots as the twin wrote them, the others untouched
+        want = host_table[q * rr:(q + 1) * rr] if q in seqs else np.full(rr, 5, np.int32)
+        np.testing.assert_array_equal(got[q * rr:(q + 1) * rr], want)
+    rng = np.random.default_rng(5)
+    for g in range(1, 40):
+        counts = [int(c) for c in rng.integers(0, b + 1, len(seqs))]
+        step.set_batch(seqs, counts)
+        step.launch()
+        out = step.outputs()
+        same(out, cpu.step_many(seqs, counts))
+        # The verify batch's ids at its verify slots, on the device and in the twin's table.
+        cur = table.get()
+        for k in range(len(seqs)):
+            slots = out.verify_slots[k][out.verify_slots[k] >= 0]
+            ids = ids_of(out.start[k] + np.arange(len(slots)), g)
+            cur[slots] = host_table[slots] = ids
+        table = DeviceArray.from_numpy(cur, device=0, stream=0)
+    np.testing.assert_array_equal(cpu.to_host(seqs, tokens=host_table), step.to_host(seqs, tokens=table))
+    for q in seqs:
+        assert cpu.state(q) == dev.state(q)
+        s = dev.state(q)
+        np.testing.assert_array_equal(dev.tokens(q, s["horizon"], s["end"]), cpu.tokens(q, s["horizon"], s["end"]))
+        for st in (cpu, dev):
+            st.confirm(q)
+        assert cpu.snapshot(q) == dev.snapshot(q)
+
+
+@gpu
 def test_a_captured_step_replays_with_new_counts():
     cu = cuda._cuda
     n, b, w = 8, 4, 20

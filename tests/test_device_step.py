@@ -21,12 +21,13 @@ from dspark_core.reference import ReferenceStager
 SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4}
 
 
-def config(n: int, b: int, w: int, storage: str = "f32", rows: str = "external") -> StagerConfig:
-    return StagerConfig(feature_dim=32, block_size=b, window=w, max_seqs=n, storage=storage, rows=rows)
+def config(n: int, b: int, w: int, storage: str = "f32", rows: str = "external", kind: str = "block") -> StagerConfig:
+    return StagerConfig(feature_dim=32, block_size=b, window=w, max_seqs=n, storage=storage, rows=rows, kind=kind)
 
 
-def host_step(st, q: int, a: int, stage: str | None) -> tuple[object, np.ndarray]:
-    """One step of ``q`` in per-sequence calls: confirm, accept, draft, commit or fail, reserve."""
+def host_step(st, q: int, a: int, stage: str | None, ids=None) -> tuple[object, np.ndarray]:
+    """One step of ``q`` in per-sequence calls: confirm, accept, draft, commit or fail, reserve
+    (``ids``: a chain drafter's, the id of the row at each position)."""
     b = st.config.block_size
     if st.state(q)["reservation_open"]:
         st.confirm(q)
@@ -40,7 +41,8 @@ def host_step(st, q: int, a: int, stage: str | None) -> tuple[object, np.ndarray
     end = st.state(q)["end"]
     n_verify = b + 1 if plan.skip is None else 1
     verify = np.full(b + 1, -1, np.int64)
-    verify[:n_verify] = st.reserve(q, np.arange(end, end + n_verify))
+    pos = np.arange(end, end + n_verify)
+    verify[:n_verify] = st.reserve(q, pos, tokens=None if ids is None else ids(pos))
     return plan, verify
 
 
@@ -79,36 +81,73 @@ def same_seq(a, b, q: int) -> None:
     s = a.state(q)
     if not s["reservation_open"] and not s["open_round"]:
         assert a.snapshot(q) == b.snapshot(q)
+    if a.config.kind == "chain":
+        np.testing.assert_array_equal(a.tokens(q, s["horizon"], s["end"]), b.tokens(q, s["horizon"], s["end"]))
 
 
-def prompt(st, q: int, p0: int, n: int) -> None:
+def prompt(st, q: int, p0: int, n: int, ids=None) -> None:
     st.begin(q)
-    st.process(q, np.arange(p0, p0 + n))
+    pos = np.arange(p0, p0 + n)
+    st.process(q, pos, tokens=None if ids is None else ids(pos))
 
 
-@pytest.mark.parametrize("n,b,w,storage,seed,steps", [
-    (1, 1, 3, "f32", 11, 400),
-    (5, 3, 11, "f16", 12, 250),
-    (16, 2, 9, "bf16", 13, 150),
-    (32, 4, 16, "q8_0", 14, 80),
-    (9, 2, 7, "q4_0", 15, 200),
+class _Ids:
+    """A chain drafter's row ids for the differential: a function of the sequence, the
+    position and a generation bumped by each of its steps (a verify row at a position an
+    accept freed gets a new id, so an id left behind at a slot shows), and the slot token
+    tables the core and the twin hand them over in. ``None`` tables: a block drafter."""
+
+    def __init__(self, n: int, dev, ref) -> None:
+        self.chain = dev.config.kind == "chain"
+        self.gen = [0] * n
+        self.dev = dev.new_token_table() if self.chain else None
+        self.ref = ref.new_token_table() if self.chain else None
+
+    def of(self, q: int):
+        if not self.chain:
+            return None
+        g = self.gen[q]
+        return lambda pos: ((g * 1000003 + np.asarray(pos, np.int64) * 31 + q) % 2_000_000_000).astype(np.int32)
+
+    def write_verify(self, out: StepOutputs, k: int, q: int) -> None:
+        """The server's verify batch: its ids at the step's verify slots, in both tables."""
+        if self.chain:
+            slots = out.verify_slots[k]
+            ids = self.of(q)(out.start[k] + np.arange(len(slots)))
+            for t in (self.dev, self.ref):
+                t[slots[slots >= 0]] = ids[slots >= 0]
+
+
+@pytest.mark.parametrize("n,b,w,storage,seed,steps,kind", [
+    (1, 1, 3, "f32", 11, 400, "block"),
+    (5, 3, 11, "f16", 12, 250, "block"),
+    (16, 2, 9, "bf16", 13, 150, "block"),
+    (32, 4, 16, "q8_0", 14, 80, "block"),
+    (9, 2, 7, "q4_0", 15, 200, "block"),
+    (1, 1, 3, "f32", 21, 300, "chain"),
+    (7, 3, 11, "f16", 22, 200, "chain"),
+    (16, 2, 9, "q8_0", 23, 120, "chain"),
 ])
-def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage, seed, steps):
+def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage, seed, steps, kind):
+    """A chain drafter's Stager hands its ids over in the slot token table: the test writes
+    each verify row's id at its verify slot (as a server does), the core's and the twin's
+    tables agree after every hand-over, and every hand-back compares the ids too."""
     rng = np.random.default_rng(seed)
-    cfg = config(n, b, w, storage)
+    cfg = config(n, b, w, storage, kind=kind)
     dev, orc, ref = Stager(cfg), Stager(cfg), ReferenceStager(cfg)
+    ids = _Ids(n, dev, ref)
     for q in range(n):
         p0, ln = int(rng.integers(0, 60)), int(rng.integers(1, 3 * w))
         for st in (dev, orc, ref):
-            prompt(st, q, p0, ln)
+            prompt(st, q, p0, ln, ids.of(q))
     on_dev = np.zeros(n, bool)
     rebases = 0
     for _ in range(steps):
         go = [q for q in range(n) if not on_dev[q] and not orc.state(q)["disabled"] and rng.random() < 0.2]
         back = [q for q in range(n) if on_dev[q] and rng.random() < 0.05]
         if back:
-            dev.to_host(back)
-            ref.to_host(back)
+            dev.to_host(back, tokens=ids.dev)
+            ref.to_host(back, tokens=ids.ref)
             on_dev[back] = False
             for q in back:
                 same_seq(dev, orc, q)
@@ -118,9 +157,11 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
                         st.cancel(q)
                     same_seq(dev, orc, q)
         if go:
-            dev.to_device(go)
-            ref.to_device(go)
+            dev.to_device(go, tokens=ids.dev)
+            ref.to_device(go, tokens=ids.ref)
             on_dev[go] = True
+            if ids.chain:
+                np.testing.assert_array_equal(ids.dev, ids.ref)
         seqs = [int(q) for q in rng.permutation(np.flatnonzero(on_dev))]
         counts = [int(rng.integers(-1, b + 1)) if rng.random() < 0.15 else int(rng.integers(0, b + 1))
                   for _ in seqs]
@@ -148,28 +189,36 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
                 assert x.status[k] == STEP_NOT_IN_STEP and x.skip[k] == NOT_STEPPED
             else:
                 stage = ("decode", "crop")[int(rng.integers(0, 2))] if rng.random() < 0.05 else None
-                plan, verify = host_step(orc, q, a, stage)
+                ids.gen[q] += 1
+                plan, verify = host_step(orc, q, a, stage, ids.of(q))
                 expect_entry(x, k, plan, verify)
                 rebases += plan.rebase
                 if stage is not None and plan.skip is None:
-                    failed.append((q, stage))
+                    failed.append((q, stage))  # no verify batch: its ids are never written
+                else:
+                    ids.write_verify(x, k, q)
         if failed:  # the drafter failed on these rounds: back with their outcome
             qs, stages = [q for q, _ in failed], [s for _, s in failed]
-            np.testing.assert_array_equal(dev.to_host(qs, stages), ref.to_host(qs, stages))
+            np.testing.assert_array_equal(dev.to_host(qs, stages, tokens=ids.dev),
+                                          ref.to_host(qs, stages, tokens=ids.ref))
             on_dev[qs] = False
             for q in qs:
+                if ids.chain:  # the server drops a failed round's verify rows
+                    for st in (dev, orc, ref):
+                        st.cancel(q)
                 same_seq(dev, orc, q)
                 same_seq(ref, orc, q)
         for q in range(n):  # host sequences step by per-sequence calls on all three
             if on_dev[q] or orc.state(q)["disabled"]:
                 continue
             a = int(rng.integers(0, b + 1))
+            ids.gen[q] += 1
             for st in (dev, orc, ref):
-                host_step(st, q, a, None)
+                host_step(st, q, a, None, ids.of(q))
     assert rebases > 0
     held = list(np.flatnonzero(on_dev))
-    dev.to_host(held)
-    ref.to_host(held)
+    dev.to_host(held, tokens=ids.dev)
+    ref.to_host(held, tokens=ids.ref)
     for q in range(n):
         same_seq(dev, orc, q)
         same_seq(ref, orc, q)
@@ -398,3 +447,85 @@ def test_gathered_rows_equal_a_held_stagers_plans(storage, n, steps):
         assert np.array_equal(ext.accepted(q), held.accepted(q)), q
     assert held.totals().stats["verified_rounds"] > 0
     assert np.array_equal(ext.totals().accepted, held.totals().accepted)
+
+
+def _chain_table_script(cls) -> tuple[list[str], list[np.ndarray]]:
+    """The slot token table's refusals and hand-overs on a chain drafter's Stager (``cls``:
+    the core or the twin): the messages, in order, and the tables and ids it saw."""
+    ids = lambda pos: (40 + np.asarray(pos)).astype(np.int32)  # noqa: E731 - the row at p has id 40 + p
+    st, block = cls(config(3, 2, 9, kind="chain")), cls(config(3, 2, 9))
+    prompt(st, 0, 0, 6, ids)
+    prompt(st, 1, 0, 3, ids)
+    prompt(block, 0, 0, 6)
+    msgs: list[str] = []
+    seen: list[np.ndarray] = []
+
+    def refused(exc, call, *args, **kw):
+        with pytest.raises(exc) as info:
+            call(*args, **kw)
+        msgs.append(str(info.value))
+
+    table = st.new_token_table()
+    assert table.dtype == np.int32 and table.shape == (3 * st.ring_rows,) and (table == -1).all()
+    table[:] = 77
+    refused(ValueError, st.to_device, [0])
+    refused(TypeError, st.to_device, [0], tokens=table.tolist())
+    refused(TypeError, st.to_device, [0], tokens=table.astype(np.int64))
+    refused(ValueError, st.to_device, [0], tokens=table.reshape(3, -1))
+    refused(ValueError, st.to_device, [0], tokens=table[::2])
+    ro = table.copy()
+    ro.flags.writeable = False
+    refused(ValueError, st.to_device, [0], tokens=ro)
+    refused(ValueError, st.to_device, [0], tokens=table[:-1].copy())
+    refused(ValueError, block.to_device, [0], tokens=table)
+    refused(ValueError, st.to_device, [0, 1, 0], tokens=table)
+    assert not st.on_device(0) and not block.on_device(0) and (table == 77).all()  # nothing half-applied
+    st.to_device([0], tokens=table)
+    seen.append(table.copy())
+    a = st.step_many([0], [0])
+    b = st.step_many([0], [0])  # confirms a's verify rows, whose ids were never written
+    assert (a.status == STEP_OK).all() and (b.status == STEP_OK).all()
+    before = table.copy()
+    refused(ValueError, st.to_host, [0], tokens=table)
+    refused(ValueError, st.to_host, [0])
+    assert st.on_device(0) and (table == before).all()
+    table[a.verify_slots[0, 0]] = 1234  # accept 0 kept the first row of a's verify batch
+    st.to_host([0], ["crop"], tokens=table)  # b's round failed: its verify rows stay unwritten
+    assert st.state(0)["reservation_open"]
+    refused(ValueError, st.confirm, 0)
+    refused(ValueError, st.confirm_many, [0])
+    assert st.state(0)["reservation_open"]
+    seen.append(st.tokens(0, st.state(0)["horizon"], st.state(0)["end"]))
+    st.cancel(0)
+    seen.append(st.tokens(0, 0, st.state(0)["end"]))
+    return msgs, seen
+
+
+def test_chain_token_table_refusals_and_hand_overs():
+    """A chain drafter's slot token table: every refusal changes nothing and names its
+    cause, the core's messages are the twin's, and the ids that come back are the ones the
+    table held at the rows' slots."""
+    core, twin = _chain_table_script(Stager), _chain_table_script(ReferenceStager)
+    assert core[0] == twin[0]
+    for x, y in zip(core[1], twin[1]):
+        np.testing.assert_array_equal(x, y)
+    msgs, seen = core
+    rr = Stager(config(3, 2, 9, kind="chain")).ring_rows
+    assert "pass tokens, the slot token table" in msgs[0]
+    assert "numpy int32 array" in msgs[1] and "must be int32, got dtype int64" in msgs[2]
+    assert "1-D C-contiguous" in msgs[3] and "1-D C-contiguous" in msgs[4] and "writable" in msgs[5]
+    assert f"holds {3 * rr - 1} ids; it needs one per global slot, max_seqs * ring_rows = {3 * rr}" in msgs[6]
+    assert 'kept for a chain drafter (kind="chain") only' in msgs[7] and "appears twice" in msgs[8]
+    assert "to_host: seqs[0] (sequence 0): the slot token table holds -1 at slot" in msgs[9]
+    assert "the row of position 6" in msgs[9] and "nothing was brought back" in msgs[9]
+    assert "pass tokens" in msgs[10]
+    assert "sequence 0's reserved row at position 7 has no token id" in msgs[11] and "cancel" in msgs[11]
+    assert msgs[12].startswith("confirm_many: seqs[0] (sequence 0): ")
+    # The hand-over wrote sequence 0's ids at its rows' slots, -1 at its others, and left
+    # sequence 1's slots alone.
+    handed = seen[0]
+    mine = handed[:rr]
+    assert sorted(mine[mine >= 0].tolist()) == list(range(40, 46)) and (mine[mine < 0] == -1).all()
+    assert (handed[rr:] == 77).all()
+    assert seen[1][:7].tolist() == list(range(40, 46)) + [1234] and (seen[1][7:] == -1).all()
+    assert seen[2].tolist() == list(range(40, 46)) + [1234]

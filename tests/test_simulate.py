@@ -276,11 +276,6 @@ def test_simulate_eagle3_over_external_rows_and_with_failures(capsys):
         assert e["accepted_histogram"] == h["accepted_histogram"] and e["rebases"] == h["rebases"]
 
 
-def test_simulate_eagle3_refuses_the_device_step(capsys):
-    rc, _, err = _run([*SMALL, "--drafter", "eagle3", "--device-step", "--rows", "external", "--ring", "host"], capsys)
-    assert rc == 2 and "the device step serves block drafters" in err
-
-
 @pytest.mark.parametrize("rows", ["held", "external"])
 def test_simulate_eagle3_tree_paths_carry_their_ids(capsys, rows):
     """--drafter eagle3 --tree: the chain drafter's second choices as leaves, each node with its

@@ -89,6 +89,26 @@ dspark_status dspark_to_host(dspark_stager* st, const int64_t* seqs, size_t n, c
     });
 }
 
+dspark_status dspark_to_device_tokens(dspark_stager* st, const int64_t* seqs, size_t n, int32_t* tokens,
+                                     size_t n_tokens) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        require(tokens, "tokens");
+        core.to_device(seqs, n, tokens, n_tokens);
+    });
+}
+
+dspark_status dspark_to_host_tokens(dspark_stager* st, const int64_t* seqs, size_t n, const int32_t* outcomes,
+                                   int64_t* disabled_after, const int32_t* tokens, size_t n_tokens) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        require(tokens, "tokens");
+        core.to_host(seqs, n, outcomes, disabled_after, tokens, n_tokens);
+    });
+}
+
 dspark_status dspark_step_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n,
                                const dspark_step_out* out) {
     return guarded([&] {

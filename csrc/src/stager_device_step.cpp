@@ -161,7 +161,46 @@ void check_unique_ids(const char* call, const std::vector<i64>& seqs, std::size_
                                             std::to_string(j) + "]): a batch names each sequence once");
 }
 
+// A chain drafter's ids travel by slot (to_device / to_host), those of the
+// rows a later call may read: the stageable rows [horizon, end) of the
+// step's fields and, with a reservation, those of the fields before it
+// (cancel puts them back; the reservation's rows never take their slots).
+// Dead rows below the horizon keep no id anyone reads.
+struct StageableRows {
+    const Regs &live, &before;
+    // f(pos, k) for each row, k its ring index (either ring may list a row twice: same k).
+    template <class F>
+    void each(F&& f) const {
+        each_of(live, f);
+        if (live.reserved) each_of(before, f);
+    }
+    template <class F>
+    static void each_of(const Regs& r, F&& f) {
+        for (i64 p = r.horizon; p < r.end; ++p) f(p, static_cast<std::size_t>(device_step::slot(r, p)));
+    }
+};
+StageableRows rows_of(const Regs& live, const Regs& before) { return StageableRows{live, before}; }
+
 }  // namespace
+
+void Stager::check_token_table(const char* call, const void* tokens, std::size_t n_tokens) const {
+    const std::size_t want = static_cast<std::size_t>(opt_.max_seqs) * ring_rows_;
+    if (opt_.kind != DrafterKind::Chain) {
+        if (tokens)
+            throw std::invalid_argument(std::string(call) + ": tokens (the slot token table) are kept for a chain "
+                                        "drafter (kind=\"chain\") only; this Stager's drafter kind is \"" +
+                                        drafter_kind_name(opt_.kind) + "\"");
+        return;
+    }
+    if (!tokens)
+        throw std::invalid_argument(std::string(call) + ": a chain drafter's Stager (kind=\"chain\") hands its "
+                                    "rows' token ids over by slot: pass tokens, the slot token table (int32, "
+                                    "max_seqs * ring_rows = " + std::to_string(want) + ")");
+    if (n_tokens != want)
+        throw std::invalid_argument(std::string(call) + ": the slot token table holds " + std::to_string(n_tokens) +
+                                    " ids; it needs one per global slot, max_seqs * ring_rows = " +
+                                    std::to_string(want));
+}
 
 struct StepIO {
     using SeqFields = Stager::SeqFields;
@@ -305,7 +344,7 @@ bool Stager::on_device(std::int64_t seq) const {
     return get(seq).on_device;
 }
 
-void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
+void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t* tokens, std::size_t n_tokens) {
     const char* call = "to_device";
     const std::vector<i64> seqs = copy_ids(seqs_in, n);
     for (std::size_t i = 0; i < n; ++i)
@@ -315,7 +354,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
             rethrow_with_prefix(where(call, i, seqs[i]));
         }
     require_mode(RowMode::External, call, "the device step plans slots: run the Stager with rows=\"external\"");
-    require_block(call);
+    check_token_table(call, tokens, n_tokens);
     i64* state = step_state();  // may throw (allocation): nothing has changed
     const device_step::Config c = step_config();
     const std::vector<i64> order = lock_order(seqs, c.max_seqs);
@@ -352,12 +391,18 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n) {
         device_step::store(state, c.max_seqs, q, r);
         const i64* hist = accepted_row(s);
         for (i64 k = 0; k <= c.block; ++k) state[device_step::bucket_at(c, q, k)] = hist[k];
+        if (tokens) {  // the ids at their rows' slots, -1 at the sequence's others
+            std::int32_t* mine = tokens + q * c.ring_rows;
+            std::fill(mine, mine + c.ring_rows, -1);
+            const Regs pre = StepIO::before_of(r);
+            rows_of(r, pre).each([&](i64, std::size_t k) { mine[k] = s.buf.slot_token(k); });
+        }
         s.on_device = true;
     }
 }
 
 void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int32_t* outcomes_in,
-                     std::int64_t* disabled_after) {
+                     std::int64_t* disabled_after, const std::int32_t* tokens, std::size_t n_tokens) {
     const char* call = "to_host";
     const std::vector<i64> seqs = copy_ids(seqs_in, n);
     std::vector<std::int32_t> outcomes(n, -1);
@@ -368,6 +413,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         } catch (...) {
             rethrow_with_prefix(where(call, i, seqs[i]));
         }
+    check_token_table(call, tokens, n_tokens);
     i64* state = step_state();
     const device_step::Config c = step_config();
     const std::vector<i64> order = lock_order(seqs, c.max_seqs);
@@ -375,7 +421,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
     held.reserve(order.size());
     for (i64 q : order) held.emplace_back(locks_[static_cast<std::size_t>(q)].m);
     // Every check before any change (design.md 2.1): states, uniqueness,
-    // the outcomes, then the step state's consistency.
+    // the outcomes, the step state's consistency, then the token ids.
     for (std::size_t i = 0; i < n; ++i)
         if (!get(seqs[i]).on_device)
             throw StateError(where(call, i, seqs[i]) + seq_msg(seqs[i]) + " is not on the device (to_device)");
@@ -400,38 +446,70 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
             throw std::invalid_argument(where(call, i, seqs[i]) + "the step state is damaged (" + damaged +
                                         "); nothing was brought back");
     }
-    // Bring each back: its round resolved by its outcome, on the live fields
-    // and on the ones before the reservation (resolving first or after the
-    // reservation is the same: the two touch disjoint fields).
+    // Each round resolved by its outcome, on the live fields and on the ones
+    // before the reservation (resolving first or after the reservation is
+    // the same: the two touch disjoint fields); nothing is stored yet.
+    std::vector<Regs> pres(n);
+    std::vector<i64> disabled(n, 0);
+    std::vector<char> failed(n, 0);
+    for (std::size_t i = 0; i < n; ++i) {
+        Regs& r = regs[i];
+        pres[i] = StepIO::before_of(r);
+        if (!r.open) continue;
+        failed[i] = outcomes[i] != -1;
+        if (failed[i]) {
+            disabled[i] = fail_regs(c, r, opt_.max_failures);
+            (void)fail_regs(c, pres[i], opt_.max_failures);
+        } else {
+            device_step::commit(c, r);
+            device_step::commit(c, pres[i]);
+        }
+    }
+    // A chain drafter's ids: a private copy of each sequence's slots (the
+    // caller's table may change under a released GIL), checked at the rows
+    // that come back, and room for them in its ring (allocated now, before
+    // anything changes).
+    std::vector<std::vector<std::int32_t>> ids(tokens ? n : 0);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+        const i64 q = seqs[i];
+        const Regs &r = regs[i], &pre = pres[i];
+        const std::int32_t* mine = tokens + q * c.ring_rows;
+        ids[i].assign(mine, mine + c.ring_rows);
+        // The reservation's own rows (the last step's verify rows, from
+        // pre.end on) may come back unwritten: a round whose drafter failed
+        // builds no verify batch. confirm refuses them; cancel drops them.
+        const i64 unwritten_from = r.reserved ? pre.end : r.end;
+        rows_of(r, pre).each([&](i64 pos, std::size_t k) {
+            if (ids[i][k] < 0 && pos < unwritten_from)
+                throw std::invalid_argument(where(call, i, q) + "the slot token table holds " +
+                                            std::to_string(ids[i][k]) + " at slot " +
+                                            std::to_string(q * c.ring_rows + static_cast<i64>(k)) +
+                                            ", the row of position " + std::to_string(pos) +
+                                            ": write each verify row's token id at its verify slot before the "
+                                            "next step (docs/protocol.md, the device step); nothing was brought "
+                                            "back");
+        });
+        seqs_[static_cast<std::size_t>(q)].buf.size_tokens(static_cast<std::size_t>(c.ring_rows));
+    }
+    // Bring each back.
     std::size_t faulted = n;
     for (std::size_t i = 0; i < n; ++i) {
         Seq& s = seqs_[static_cast<std::size_t>(seqs[i])];
-        Regs& r = regs[i];
-        Regs pre = StepIO::before_of(r);
-        i64 d = 0;
-        const bool failed = r.open && outcomes[i] != -1;
-        if (r.open) {
-            if (failed) {
-                d = fail_regs(c, r, opt_.max_failures);
-                (void)fail_regs(c, pre, opt_.max_failures);
-            } else {
-                device_step::commit(c, r);
-                device_step::commit(c, pre);
-            }
-        }
-        if (disabled_after) disabled_after[i] = d;
+        const Regs &r = regs[i], &pre = pres[i];
+        if (disabled_after) disabled_after[i] = disabled[i];
         StepIO::put_fields(r, s);
         i64* hist = accepted_row(s);
         for (i64 k = 0; k <= c.block; ++k) hist[k] = state[device_step::bucket_at(c, seqs[i], k)];
         s.buf.set_marks(marks_of(r.cap, r.touched, r.head_slot, r.count, r.head_pos));
         s.round = 0;
-        if (failed) s.stats.failures += 1;
+        if (failed[i]) s.stats.failures += 1;
         s.reserved = r.reserved != 0;
         if (s.reserved) {
             s.before = static_cast<const SeqFields&>(s);
             StepIO::put_fields(pre, s.before);
             s.before_marks = marks_of(pre.cap, pre.touched, pre.head_slot, pre.count, pre.head_pos);
         }
+        if (!ids.empty()) rows_of(r, pre).each([&](i64, std::size_t k) { s.buf.set_slot_token(k, ids[i][k]); });
         s.on_device = false;
         state[device_step::F_live * c.max_seqs + seqs[i]] = 0;
         if (faulted == n && r.fault != 0) faulted = i;

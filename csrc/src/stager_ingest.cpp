@@ -226,12 +226,6 @@ Stager::TokenIds Stager::check_tokens(const char* call, const std::int32_t* toke
     return out;
 }
 
-void Stager::require_block(const char* call) const {
-    if (opt_.kind == DrafterKind::Chain)
-        throw std::invalid_argument(std::string(call) + " is not available to a chain drafter's Stager (kind=\"chain\"): "
-                                    "its rows need their token ids, and " + call + " does not carry them");
-}
-
 void Stager::tokens(std::int64_t seq, std::int64_t from, std::int64_t to, std::int32_t* out) const {
     auto lock = lock_seq(seq);
     const Seq& s = needs(seq, Need::Any);
@@ -462,9 +456,25 @@ void Stager::end_reservation(Seq& s, bool keep) noexcept {
     s.reserved = false;
 }
 
+void Stager::check_confirmable(std::int64_t seq, const Seq& s) const {
+    if (!s.buf.with_tokens()) return;
+    // A reservation that came back from the device step before the server
+    // wrote its verify rows' ids (to_host): its rows have no ids to keep.
+    for (std::int64_t p = std::max(s.before.end, s.horizon); p < s.end; ++p) {
+        std::int32_t id = 0;
+        s.buf.copy_tokens_out(p, p + 1, &id);
+        if (id < 0)
+            throw std::invalid_argument(seq_msg(seq) + "'s reserved row at position " + std::to_string(p) +
+                                        " has no token id (it came back from the device step before its verify "
+                                        "batch's ids were written at its verify slots): cancel the reservation");
+    }
+}
+
 void Stager::confirm(std::int64_t seq) {
     auto lock = lock_seq(seq);
-    end_reservation(mut(needs(seq, Need::Reserved)), true);
+    const Seq& s = needs(seq, Need::Reserved);
+    check_confirmable(seq, s);
+    end_reservation(mut(s), true);
 }
 
 void Stager::cancel(std::int64_t seq) {
@@ -476,6 +486,11 @@ void Stager::confirm_many(const std::int64_t* seqs_in, std::size_t n) {
     const char* call = "confirm_many";
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Reserved);
     const std::vector<std::int64_t>& seqs = batch.seqs();
+    for (std::size_t i = 0; i < seqs.size(); ++i) try {
+            check_confirmable(seqs[i], get(seqs[i]));
+        } catch (...) {
+            rethrow_with_prefix(batch_context(call, i, seqs[i]));
+        }
     for (std::int64_t q : seqs) end_reservation(mut(get(q)), true);
 }
 

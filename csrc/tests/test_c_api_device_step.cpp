@@ -200,4 +200,65 @@ TEST_CASE(c_refusals_are_the_cores) {
     CHECK(snap(h.st, 0) == before);
 }
 
+// A chain drafter's Stager hands its ids over by slot: the _tokens forms
+// equal the C++ calls (the table they write, the ids they bring back), the
+// plain forms refuse it with the core's message, and a block drafter's
+// Stager refuses a table.
+TEST_CASE(c_chain_ids_travel_by_slot) {
+    dspark_config cc = config();
+    cc.kind = DSPARK_KIND_CHAIN;
+    Handle h(cc);
+    dspark::StagerOptions oc = options();
+    oc.kind = dspark::DrafterKind::Chain;
+    dspark::Stager core(oc);
+    const std::int64_t seq = 2;
+    const auto pos = span(0, 7);
+    std::vector<std::int32_t> ids;
+    for (std::int64_t p : pos) ids.push_back(static_cast<std::int32_t>(500 + p));
+    std::vector<std::int64_t> a(pos.size()), b(pos.size());
+    CHECK_EQ(dspark_begin(h.st, seq), DSPARK_OK);
+    core.begin(seq);
+    CHECK_EQ(dspark_process_external_tokens(h.st, seq, pos.data(), pos.size(), a.data(), ids.data()), DSPARK_OK);
+    core.process_external(seq, pos.data(), pos.size(), b.data(), ids.data());
+    const std::size_t n_tab = static_cast<std::size_t>(SEQS * core.ring_rows());
+    std::vector<std::int32_t> tc(n_tab, 3), tp(n_tab, 3);
+    CHECK(same_error([&] { return dspark_to_device(h.st, &seq, 1); }, [&] { core.to_device(&seq, 1); },
+                     DSPARK_E_INVALID_ARGUMENT));
+    CHECK(same_error([&] { return dspark_to_device_tokens(h.st, &seq, 1, tc.data(), n_tab - 1); },
+                     [&] { core.to_device(&seq, 1, tp.data(), n_tab - 1); }, DSPARK_E_INVALID_ARGUMENT));
+    CHECK_EQ(dspark_to_device_tokens(h.st, &seq, 1, nullptr, n_tab), DSPARK_E_NULL_POINTER);
+    CHECK_EQ(dspark_to_device_tokens(h.st, &seq, 1, tc.data(), n_tab), DSPARK_OK);
+    core.to_device(&seq, 1, tp.data(), n_tab);
+    CHECK(tc == tp);
+    for (std::size_t k = 0; k < pos.size(); ++k) CHECK_EQ(tc[static_cast<std::size_t>(a[k])], ids[k]);
+    Answers x(1, W - B), y(1, W - B);
+    const std::int64_t zero = 0;
+    const dspark_step_out out = x.c();
+    CHECK_EQ(dspark_step_many(h.st, &seq, &zero, 1, &out), DSPARK_OK);
+    core.step_many(&seq, &zero, 1, y.cpp());
+    CHECK(x == y);
+    for (std::size_t k = 0; k <= static_cast<std::size_t>(B); ++k)  // the verify batch's ids at its slots
+        tc[static_cast<std::size_t>(x.verify[k])] = tp[static_cast<std::size_t>(y.verify[k])] =
+            static_cast<std::int32_t>(900 + k);
+    CHECK(same_error([&] { return dspark_to_host(h.st, &seq, 1, nullptr, nullptr); }, [&] { core.to_host(&seq, 1); },
+                     DSPARK_E_INVALID_ARGUMENT));
+    CHECK_EQ(dspark_to_host_tokens(h.st, &seq, 1, nullptr, nullptr, tc.data(), n_tab), DSPARK_OK);
+    core.to_host(&seq, 1, nullptr, nullptr, tp.data(), n_tab);
+    CHECK_EQ(dspark_confirm(h.st, seq), DSPARK_OK);
+    core.confirm(seq);
+    CHECK(snap(h.st, seq) == core.snapshot(seq));
+    std::vector<std::int32_t> got(pos.size() + B + 1), want(got.size());
+    CHECK_EQ(dspark_tokens(h.st, seq, 0, static_cast<std::int64_t>(got.size()), got.data()), DSPARK_OK);
+    core.tokens(seq, 0, static_cast<std::int64_t>(want.size()), want.data());
+    CHECK(got == want);
+    CHECK_EQ(got.back(), 900 + B);
+    // A block drafter's Stager takes no table.
+    Handle hb(config());
+    dspark::Stager block(options());
+    prompt(hb.st, block, 0, 4);
+    const std::int64_t first = 0;
+    CHECK(same_error([&] { return dspark_to_device_tokens(hb.st, &first, 1, tc.data(), n_tab); },
+                     [&] { block.to_device(&first, 1, tp.data(), n_tab); }, DSPARK_E_INVALID_ARGUMENT));
+}
+
 TEST_MAIN()

@@ -7,10 +7,14 @@
 // status word, and after each hand-back state(), stats(), live_slots() and
 // snapshot bytes. Fixed tests pin the window rule's boundary and the accept
 // arithmetic (each kills its mutant of step_math.hpp), the refusals of
-// host-only calls, and the atomicity of rejected calls.
+// host-only calls, and the atomicity of rejected calls. A chain drafter's
+// Stager runs the same differential with its token ids handed over by slot
+// (the slot token table): the test writes each verify row's id at its
+// verify slot, as a server does, and every hand-back compares the ids too.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -25,8 +29,9 @@ using i64 = std::int64_t;
 
 namespace {
 
-StagerOptions options(i64 n, i64 block, i64 window, Storage storage) {
+StagerOptions options(i64 n, i64 block, i64 window, Storage storage, DrafterKind kind = DrafterKind::Block) {
     StagerOptions o;
+    o.kind = kind;
     o.feature_dim = 32;  // whole q blocks
     o.block_size = block;
     o.window = window;
@@ -77,9 +82,13 @@ struct Expected {
     std::vector<i64> verify;
 };
 
+// The token id of a row at a position (a chain drafter's Stager), or null.
+using IdFn = std::function<std::int32_t(i64)>;
+
 // confirm, accept(a), draft(end), commit or fail(stage) (fail_stage: -1 =
-// commit), reserve [end, end + B] (only [end] after a skip).
-Expected host_step(Stager& st, i64 seq, i64 a, int fail_stage) {
+// commit), reserve [end, end + B] (only [end] after a skip), with the ids
+// id(p) of the reserved rows when given.
+Expected host_step(Stager& st, i64 seq, i64 a, int fail_stage, const IdFn& id = nullptr) {
     const i64 b = st.options().block_size;
     if (st.state(seq).reservation_open) st.confirm(seq);
     st.accept(seq, a);
@@ -95,7 +104,10 @@ Expected host_step(Stager& st, i64 seq, i64 a, int fail_stage) {
     std::vector<i64> pos(static_cast<std::size_t>(nv));
     for (i64 k = 0; k < nv; ++k) pos[static_cast<std::size_t>(k)] = end + k;
     e.verify.assign(static_cast<std::size_t>(b + 1), -1);
-    st.reserve(seq, pos.data(), pos.size(), e.verify.data());
+    std::vector<std::int32_t> ids;
+    for (i64 p : pos)
+        if (id) ids.push_back(id(p));
+    st.reserve(seq, pos.data(), pos.size(), e.verify.data(), id ? ids.data() : nullptr);
     return e;
 }
 
@@ -165,14 +177,27 @@ bool same_seq(const Stager& a, const Stager& b, i64 seq) {
     b.live_slots(seq, rb);
     for (int k = 0; k < 2; ++k) ok = ok && ra[k].first == rb[k].first && ra[k].count == rb[k].count;
     if (!a.state(seq).reservation_open && !a.state(seq).open_round) ok = ok && a.snapshot(seq) == b.snapshot(seq);
+    if (ok && a.options().kind == DrafterKind::Chain) {
+        const SeqState st = a.state(seq);
+        std::vector<std::int32_t> ta(static_cast<std::size_t>(st.end - st.horizon)), tb(ta.size());
+        a.tokens(seq, st.horizon, st.end, ta.data());
+        b.tokens(seq, st.horizon, st.end, tb.data());
+        if (ta != tb) {
+            std::printf("  sequence %lld: the token ids differ\n", static_cast<long long>(seq));
+            ok = false;
+        }
+    }
     return ok;
 }
 
-void prompt(Stager& st, i64 seq, i64 p0, i64 len, std::vector<i64>* slots) {
+void prompt(Stager& st, i64 seq, i64 p0, i64 len, std::vector<i64>* slots, const IdFn& id = nullptr) {
     std::vector<i64> pos(static_cast<std::size_t>(len)), out(static_cast<std::size_t>(len));
+    std::vector<std::int32_t> ids;
     for (i64 k = 0; k < len; ++k) pos[static_cast<std::size_t>(k)] = p0 + k;
+    for (i64 p : pos)
+        if (id) ids.push_back(id(p));
     st.begin(seq);
-    st.process_external(seq, pos.data(), pos.size(), out.data());
+    st.process_external(seq, pos.data(), pos.size(), out.data(), id ? ids.data() : nullptr);
     if (slots) *slots = out;
 }
 
@@ -187,18 +212,41 @@ struct Differential {
     std::vector<int> pending_fail;  // the stage a device round failed at, -1: none
     int mismatches = 0;
     long steps = 0, rebases = 0, skips = 0, faults = 0, wraps = 0;
+    // A chain drafter's Stager: the slot token table the device side's ids
+    // travel in, and a generation per sequence, bumped by each step and
+    // prompt, in its rows' ids (a verify row at a position an accept freed
+    // gets a new id, so an id left behind at a slot shows).
+    bool chain;
+    std::vector<std::int32_t> table;
+    std::vector<i64> gen;
+    std::vector<bool> cleared;  // a failed round's verify slots set to -1
+    long refusals = 0;
 
-    Differential(i64 n_, i64 b_, i64 w_, Storage s, std::uint64_t seed)
-        : dev(options(n_, b_, w_, s)), orc(options(n_, b_, w_, s)), rng(seed), n(n_), b(b_), w(w_),
-          on_dev(static_cast<std::size_t>(n_), false), pending_fail(static_cast<std::size_t>(n_), -1) {
+    Differential(i64 n_, i64 b_, i64 w_, Storage s, std::uint64_t seed, DrafterKind kind)
+        : dev(options(n_, b_, w_, s, kind)), orc(options(n_, b_, w_, s, kind)), rng(seed), n(n_), b(b_), w(w_),
+          on_dev(static_cast<std::size_t>(n_), false), pending_fail(static_cast<std::size_t>(n_), -1),
+          chain(kind == DrafterKind::Chain), gen(static_cast<std::size_t>(n_), 0),
+          cleared(static_cast<std::size_t>(n_), false) {
+        if (chain) table.assign(static_cast<std::size_t>(n * dev.ring_rows()), -5);
         for (i64 q = 0; q < n; ++q) {
             const i64 p0 = pick(0, 100), len = pick(1, 3 * w);
             std::vector<i64> sa, sb;
-            prompt(dev, q, p0, len, &sa);
-            prompt(orc, q, p0, len, &sb);
+            prompt(dev, q, p0, len, &sa, ids(q));
+            prompt(orc, q, p0, len, &sb, ids(q));
             if (sa != sb) ++mismatches;
         }
     }
+    // Sequence q's row ids in its current generation (null: block drafter).
+    IdFn ids(i64 q) const {
+        if (!chain) return nullptr;
+        const auto g = static_cast<std::uint64_t>(gen[static_cast<std::size_t>(q)]);
+        return [g, q](i64 p) {
+            return static_cast<std::int32_t>((g * 1000003u + static_cast<std::uint64_t>(p) * 31u +
+                                              static_cast<std::uint64_t>(q)) % 2000000000u);
+        };
+    }
+    std::int32_t* tokens() { return chain ? table.data() : nullptr; }
+    std::size_t n_tokens() const { return table.size(); }
     i64 pick(i64 lo, i64 hi) { return std::uniform_int_distribution<i64>(lo, hi)(rng); }
     bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
 
@@ -208,13 +256,35 @@ struct Differential {
         std::vector<i64> disabled(seqs.size(), -7);
         bool threw = false;
         try {
-            dev.to_host(seqs.data(), seqs.size(), outcomes.data(), disabled.data());
+            dev.to_host(seqs.data(), seqs.size(), outcomes.data(), disabled.data(), tokens(), n_tokens());
         } catch (const std::invalid_argument&) {
             threw = true;
         }
         if (threw != expect_fault) ++mismatches;
         for (i64 q : seqs) {
             on_dev[static_cast<std::size_t>(q)] = false;
+            // A chain drafter's failed round never wrote its verify rows' ids
+            // (their slots hold what an earlier round left, or the -1 the
+            // test wrote there: confirm refuses those, changing nothing);
+            // the server cancels.
+            if (chain && pending_fail[static_cast<std::size_t>(q)] >= 0) {
+                if (cleared[static_cast<std::size_t>(q)]) {
+                    const SeqState before = dev.state(q);
+                    bool refused = false;
+                    try {
+                        dev.confirm(q);
+                    } catch (const std::invalid_argument&) {
+                        refused = true;
+                    }
+                    if (!refused || !dev.state(q).reservation_open ||
+                        !same_fields(before, dev.state(q), SEQ_STATE_FIELDS, "state", q))
+                        ++mismatches;
+                    refusals += refused;
+                }
+                dev.cancel(q);
+                orc.cancel(q);
+            }
+            cleared[static_cast<std::size_t>(q)] = false;
             pending_fail[static_cast<std::size_t>(q)] = -1;
             if (!same_seq(dev, orc, q)) ++mismatches;
         }
@@ -254,8 +324,9 @@ struct Differential {
             orc.rollback(q, to);
         } else {
             const i64 p0 = pick(0, 50), len = pick(1, 2 * w);
-            prompt(dev, q, p0, len, nullptr);
-            prompt(orc, q, p0, len, nullptr);
+            gen[static_cast<std::size_t>(q)] += 1;
+            prompt(dev, q, p0, len, nullptr, ids(q));
+            prompt(orc, q, p0, len, nullptr, ids(q));
         }
         if (!same_seq(dev, orc, q)) ++mismatches;
     }
@@ -277,7 +348,7 @@ struct Differential {
             for (i64 q : to_dev)
                 if (chance(0.3)) half_step(q);
             if (!to_dev.empty()) {
-                dev.to_device(to_dev.data(), to_dev.size());
+                dev.to_device(to_dev.data(), to_dev.size(), tokens(), n_tokens());
                 for (i64 q : to_dev) on_dev[static_cast<std::size_t>(q)] = true;
             }
             // The step's batch: device sequences in random order, some sitting
@@ -327,7 +398,18 @@ struct Differential {
                 const i64 q = seqs[i];
                 if (kind[i] == 0) {
                     const int stage = chance(0.05) ? static_cast<int>(pick(0, 1)) : -1;
-                    const Expected e = host_step(orc, q, counts[i], stage);
+                    gen[static_cast<std::size_t>(q)] += 1;
+                    const Expected e = host_step(orc, q, counts[i], stage, ids(q));
+                    // The server's verify batch: its ids at the verify slots
+                    // (a round whose drafter failed builds none).
+                    const bool drafted_failed = stage >= 0 && e.plan.skip == Skip::None;
+                    const bool clear = drafted_failed && chance(0.5);
+                    cleared[static_cast<std::size_t>(q)] = clear;
+                    if (chain && (!drafted_failed || clear) && o.status[i] == device_step::STATUS_OK)
+                        for (i64 k = 0; k <= b; ++k) {
+                            const i64 g = o.verify[i * static_cast<std::size_t>(b + 1) + static_cast<std::size_t>(k)];
+                            if (g >= 0) table[static_cast<std::size_t>(g)] = clear ? -1 : ids(q)(o.start[i] + k);
+                        }
                     if (!same_entry(dev, o, i, e)) {
                         if (mismatches < 5)
                             std::printf("  step %d entry %zu (sequence %lld, a=%lld): status %d plan differs\n", t, i,
@@ -380,7 +462,8 @@ struct Differential {
                 if (orc.state(q).disabled) continue;
                 const i64 a = pick(0, b);
                 const int stage = chance(0.05) ? static_cast<int>(pick(0, 1)) : -1;
-                const Expected x = host_step(dev, q, a, stage), y = host_step(orc, q, a, stage);
+                gen[static_cast<std::size_t>(q)] += 1;
+                const Expected x = host_step(dev, q, a, stage, ids(q)), y = host_step(orc, q, a, stage, ids(q));
                 if (x.verify != y.verify || x.plan.n_rows != y.plan.n_rows) ++mismatches;
             }
         }
@@ -402,13 +485,15 @@ struct Differential {
     }
 };
 
-void differential(i64 n, i64 b, i64 w, Storage s, std::uint64_t seed, int n_steps) {
-    Differential d(n, b, w, s, seed);
+void differential(i64 n, i64 b, i64 w, Storage s, std::uint64_t seed, int n_steps,
+                  DrafterKind kind = DrafterKind::Block) {
+    Differential d(n, b, w, s, seed, kind);
     d.run(n_steps);
-    std::printf("  N=%lld B=%lld W=%lld %s: %ld steps, %ld rebases, %ld skips, %ld wraps, %ld faults\n",
+    std::printf("  N=%lld B=%lld W=%lld %s%s: %ld steps, %ld rebases, %ld skips, %ld wraps, %ld faults\n",
                 static_cast<long long>(n), static_cast<long long>(b), static_cast<long long>(w), storage_name(s),
-                d.steps, d.rebases, d.skips, d.wraps, d.faults);
+                d.chain ? " chain" : "", d.steps, d.rebases, d.skips, d.wraps, d.faults);
     CHECK_EQ(d.mismatches, 0);
+    CHECK(!d.chain || d.refusals > 0);
     CHECK(d.rebases > 0);
     CHECK(d.wraps > 0);
 }
@@ -443,6 +528,12 @@ TEST_CASE(differential_all_storages) {
     differential(64, 3, 11, Storage::BF16, 3, 600);
     differential(33, 2, 9, Storage::Q4_0, 4, 700);
     differential(256, 8, 40, Storage::Q8_0, 5, 300);
+}
+
+TEST_CASE(differential_chain_drafter) {
+    differential(1, 1, 3, Storage::F32, 11, 3000, DrafterKind::Chain);
+    differential(7, 4, 16, Storage::F16, 12, 900, DrafterKind::Chain);
+    differential(64, 3, 11, Storage::Q8_0, 13, 500, DrafterKind::Chain);
 }
 
 // The window rule's boundary: a round whose block ends exactly at the
@@ -767,6 +858,59 @@ TEST_CASE(position_limit_is_a_fault) {
     CHECK(st.state(0).reservation_open);
     CHECK_EQ(st.state(0).end, MAX_POSITION - 6 + 3);
     CHECK_EQ(st.stats(0).commits, 1);
+}
+
+// A chain drafter's slot token table: the hand-overs check it whole before
+// they change anything; to_device writes a sequence's ids at its rows' slots
+// and -1 at its others, leaving other sequences' slots alone; a row whose
+// id the server never wrote is refused by to_host (naming it), and a failed
+// round's unwritten verify rows by confirm (cancel takes them back).
+TEST_CASE(chain_token_table) {
+    const i64 B = 2;
+    Stager st(options(3, B, 9, Storage::F32, DrafterKind::Chain)), block(options(3, B, 9, Storage::F32));
+    const IdFn id = [](i64 p) { return static_cast<std::int32_t>(40 + p); };
+    std::vector<i64> slots0;
+    prompt(st, 0, 0, 6, &slots0, id);
+    prompt(st, 1, 0, 3, nullptr, id);
+    prompt(block, 0, 0, 6, nullptr);
+    const i64 rr = st.ring_rows();
+    const std::size_t n_tab = static_cast<std::size_t>(3 * rr);
+    std::vector<std::int32_t> table(n_tab, 77);
+    const i64 zero = 0;
+    CHECK(throws_with([&] { st.to_device(&zero, 1); }, "slot token table"));
+    CHECK(throws_with([&] { st.to_device(&zero, 1, table.data(), n_tab - 1); }, ("holds " + std::to_string(n_tab - 1)).c_str()));
+    CHECK(throws_with([&] { block.to_device(&zero, 1, table.data(), n_tab); }, "chain drafter"));
+    CHECK(!st.on_device(0) && !block.on_device(0));
+    CHECK(std::all_of(table.begin(), table.end(), [](std::int32_t v) { return v == 77; }));
+    st.to_device(&zero, 1, table.data(), n_tab);
+    for (i64 k = 0; k < rr; ++k) {
+        const auto it = std::find(slots0.begin(), slots0.end(), k);
+        CHECK_EQ(table[static_cast<std::size_t>(k)], it == slots0.end() ? -1 : id(it - slots0.begin()));
+    }
+    for (std::size_t g = static_cast<std::size_t>(rr); g < n_tab; ++g) CHECK_EQ(table[g], 77);
+    // Two steps: the second confirms the first's verify rows, whose ids
+    // were never written: to_host refuses, naming the first of them.
+    StepOut o1(st, 1), o2(st, 1);
+    i64 a = 0;
+    st.step_many(&zero, &a, 1, o1.out);
+    st.step_many(&zero, &a, 1, o2.out);
+    CHECK_EQ(o2.status[0], device_step::STATUS_OK);
+    const std::string first = "slot " + std::to_string(o1.verify[0]) + ", the row of position 6";
+    CHECK(throws_with([&] { st.to_host(&zero, 1, nullptr, nullptr, table.data(), n_tab); }, first.c_str()));
+    CHECK(st.on_device(0));
+    table[static_cast<std::size_t>(o1.verify[0])] = 1234;  // accept 0 kept the verify batch's first row
+    // The second step's verify rows stay unwritten: its round failed.
+    const std::int32_t crop = 1;
+    st.to_host(&zero, 1, &crop, nullptr, table.data(), n_tab);
+    CHECK(!st.on_device(0) && st.state(0).reservation_open);
+    CHECK(throws_with([&] { st.confirm(0); }, "has no token id"));
+    CHECK(throws_with([&] { st.confirm_many(&zero, 1); }, "confirm_many: seqs[0] (sequence 0)"));
+    CHECK(st.state(0).reservation_open);
+    st.cancel(0);
+    std::vector<std::int32_t> got(7);
+    st.tokens(0, 0, 7, got.data());
+    CHECK_EQ(got[6], 1234);
+    for (i64 p = 0; p < 6; ++p) CHECK_EQ(got[static_cast<std::size_t>(p)], id(p));
 }
 
 TEST_MAIN()

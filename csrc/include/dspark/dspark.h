@@ -515,6 +515,23 @@ DSPARK_API dspark_status dspark_to_device(dspark_stager* st, const int64_t* seqs
  * reported after every sequence is back, as that error's status. */
 DSPARK_API dspark_status dspark_to_host(dspark_stager* st, const int64_t* seqs, size_t n, const int32_t* outcomes,
                                         int64_t* disabled_after);
+/* A chain drafter's Stager (DSPARK_KIND_CHAIN) hands its rows' token ids
+ * over by slot: tokens is the slot token table, n_tokens = max_seqs *
+ * ring_rows int32 indexed by global slot (the slots of the step's
+ * row_slots and verify_slots). dspark_to_device_tokens writes each
+ * sequence's ids at its rows' slots and -1 at the rest of its ring_rows
+ * slots; between steps the server writes each verify row's id at its
+ * verify slot (the verify batch's input ids) and reads the staged rows'
+ * ids at their row_slots; dspark_to_host_tokens reads them back. An id < 0
+ * at a row's slot is DSPARK_E_INVALID_ARGUMENT naming it, and nothing is
+ * brought back; only the last step's verify rows may come back unwritten,
+ * which dspark_confirm then refuses (cancel them). The plain forms refuse a
+ * chain drafter's Stager, the _tokens forms a block drafter's. */
+DSPARK_API dspark_status dspark_to_device_tokens(dspark_stager* st, const int64_t* seqs, size_t n, int32_t* tokens,
+                                                 size_t n_tokens);
+DSPARK_API dspark_status dspark_to_host_tokens(dspark_stager* st, const int64_t* seqs, size_t n,
+                                               const int32_t* outcomes, int64_t* disabled_after,
+                                               const int32_t* tokens, size_t n_tokens);
 /* One step of the n entries (seqs[i], n_accepted[i]) over the host state. */
 DSPARK_API dspark_status dspark_step_many(dspark_stager* st, const int64_t* seqs, const int64_t* n_accepted, size_t n,
                                           const dspark_step_out* out);

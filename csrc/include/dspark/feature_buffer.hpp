@@ -147,6 +147,16 @@ public:
     // (all inside [head, end); set_tokens also right after commit_back).
     void set_tokens(std::int64_t from, const std::int32_t* ids, std::size_t n) noexcept;
     void copy_tokens_out(std::int64_t from, std::int64_t to, std::int32_t* dst) const noexcept;
+    // The ids by ring index (a ring with tokens; the device step hands them
+    // over by slot, stager_device_step.cpp): size_tokens makes room for the
+    // ids of `cap` slots (it allocates, so a caller sizes before it changes
+    // anything: set_marks may bring back a ring the ids never had room for);
+    // slot_token / set_slot_token read and write ring index k (inside it).
+    void size_tokens(std::size_t cap) {
+        if (with_tokens_ && tokens_.size() < cap) tokens_.resize(cap, 0);
+    }
+    std::int32_t slot_token(std::size_t k) const noexcept { return tokens_[k]; }
+    void set_slot_token(std::size_t k, std::int32_t id) noexcept { tokens_[k] = id; }
     // Calls f(data, bytes) for each contiguous run (at most two) holding rows
     // [from, to) (inside [head, end)), oldest first.
     template <class F>

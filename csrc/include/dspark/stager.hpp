@@ -670,7 +670,19 @@ public:
     // a round open (the next step commits it) or rows reserved (the next
     // step confirms them). Checked whole (ids, states, uniqueness); a
     // rejected call changes nothing.
-    void to_device(const std::int64_t* seqs, std::size_t n);
+    //
+    // tokens (a chain drafter's Stager: required, else must be null): the
+    // slot token table, max_seqs * ring_rows() int32 (n_tokens of them)
+    // indexed by global slot, the slots of the step's row_slots and
+    // verify_slots. A step never moves a row, so an id stays at its row's
+    // slot: to_device writes each sequence's ids at its rows' slots (the
+    // reservation's `before` rows too) and -1 at the rest of its
+    // ring_rows() slots (other sequences' slots are not touched); between
+    // steps the server writes each verify row's id at its verify slot (the
+    // verify batch's input ids: last, then the drafts) and reads the staged
+    // rows' ids at their row_slots; to_host reads them back.
+    void to_device(const std::int64_t* seqs, std::size_t n, std::int32_t* tokens = nullptr,
+                   std::size_t n_tokens = 0);
     // Brings seqs[0..n) back: the Stager is then exactly what the
     // per-sequence calls of their steps would have made it (confirm,
     // accept, draft, commit, reserve each step), with the round the last
@@ -684,8 +696,15 @@ public:
     // damaged). Then, with every sequence back, a fault a step recorded
     // (a bad accept count, ...) is raised as the core's own error, naming
     // the sequence: its step changed nothing, the sequence is back.
+    // tokens (a chain drafter's Stager: required, else null): the slot token
+    // table (as to_device's), read at the slots of each sequence's rows
+    // (those of the reservation's `before` too) after the step state's
+    // checks; an id < 0 there (a verify row whose id the server never
+    // wrote: to_device leaves -1) is std::invalid_argument naming the row,
+    // and nothing is brought back.
     void to_host(const std::int64_t* seqs, std::size_t n, const std::int32_t* outcomes = nullptr,
-                 std::int64_t* disabled_after = nullptr);
+                 std::int64_t* disabled_after = nullptr, const std::int32_t* tokens = nullptr,
+                 std::size_t n_tokens = 0);
     // The CPU twin of the device step: one step of entries
     // (seqs[i], n_accepted[i]) over the host step state, answers in `out`
     // (device_step::Outputs; out.status is required). A per-entry problem is a
@@ -851,9 +870,14 @@ private:
         const std::int32_t* data() const noexcept { return given ? ids.data() : nullptr; }
     };
     TokenIds check_tokens(const char* call, const std::int32_t* tokens, std::size_t n) const;
-    // Throws std::invalid_argument when this is a chain drafter's Stager:
-    // `call` takes no token ids, and a chain drafter's rows need theirs.
-    void require_block(const char* call) const;
+    // confirm's check of a chain drafter's reservation: every reserved row
+    // has its id (std::invalid_argument: one that came back from the device
+    // step unwritten, which only cancel takes back).
+    void check_confirmable(std::int64_t seq, const Seq& s) const;
+    // The device step's slot token table (to_device / to_host): present, and
+    // max_seqs * ring_rows() long, exactly when this Stager keeps tokens
+    // (std::invalid_argument naming `call`).
+    void check_token_table(const char* call, const void* tokens, std::size_t n_tokens) const;
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
     // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
     // the store's mutex): the store, its plan of the publish, the sequence's

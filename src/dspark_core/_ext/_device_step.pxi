@@ -11,26 +11,38 @@ from dspark_core.stager import device_step as _device_step
 _STEP_OUTPUT_NAMES = tuple(name for name, _, _ in _row_format.STEP_OUTPUTS)
 
 
-def _step_to_device(Stager st, seqs):
+def _step_to_device(Stager st, seqs, tokens):
     sv = st._ids("to_device", seqs)
     cdef size_t n = cnp.PyArray_DIM(sv, 0)
+    table = as_token_table("to_device", tokens, True)
     cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    cdef int32_t* tp = NULL
+    cdef size_t nt = 0
+    if table is not None:
+        tp = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>table)
+        nt = cnp.PyArray_DIM(<cnp.ndarray>table, 0)
     with nogil:
-        st._core.to_device(sp, n)
+        st._core.to_device(sp, n, tp, nt)
 
 
-def _step_to_host(Stager st, seqs, outcomes):
+def _step_to_host(Stager st, seqs, outcomes, tokens):
     sv = st._ids("to_host", seqs)
     cdef size_t n = cnp.PyArray_DIM(sv, 0)
     codes = outcome_codes("to_host", outcomes, sv, FAIL_STAGES, batch_context)
+    table = as_token_table("to_host", tokens, False)
     cdef cnp.ndarray disabled = np.zeros(n, _I64)
     cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
     cdef const int32_t* op = NULL
     if codes is not None:
         op = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>codes)
     cdef int64_t* dp = <int64_t*>cnp.PyArray_DATA(disabled)
+    cdef const int32_t* tp = NULL
+    cdef size_t nt = 0
+    if table is not None:
+        tp = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>table)
+        nt = cnp.PyArray_DIM(<cnp.ndarray>table, 0)
     with nogil:
-        st._core.to_host(sp, n, op, dp)
+        st._core.to_host(sp, n, op, dp, tp, nt)
     for i in np.flatnonzero(disabled).tolist():
         log_disabled(int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
     return disabled

@@ -266,9 +266,10 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         uint64_t open_round_id(int64_t seq) except +dspark_translate_exception
         void open_round_ids(const int64_t* seqs, size_t n, uint64_t* out) except +dspark_translate_exception
         # the device step (stager_device_step.cpp)
-        void to_device(const int64_t* seqs, size_t n) except +dspark_translate_exception
-        void to_host(const int64_t* seqs, size_t n, const int32_t* outcomes,
-                     int64_t* disabled_after) except +dspark_translate_exception
+        void to_device(const int64_t* seqs, size_t n, int32_t* tokens,
+                       size_t n_tokens) except +dspark_translate_exception
+        void to_host(const int64_t* seqs, size_t n, const int32_t* outcomes, int64_t* disabled_after,
+                     const int32_t* tokens, size_t n_tokens) except +dspark_translate_exception
         void step_many(const int64_t* seqs, const int64_t* n_accepted, size_t n,
                        const StepOutputs& out) except +dspark_translate_exception
         void check_step(const int64_t* seqs, const int32_t* statuses, size_t n) except +dspark_translate_exception

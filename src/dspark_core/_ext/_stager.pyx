@@ -34,7 +34,8 @@ from dspark_core._ext._lib_stager cimport (
 )
 
 from dspark_core.stager._args import (
-    as_choice, as_index, as_int64, as_nodes, as_parents, as_positions, as_seq_ids, as_tokens, batch_ints,
+    as_choice, as_index, as_int64, as_nodes, as_parents, as_positions, as_seq_ids, as_token_table, as_tokens,
+    batch_ints,
     batch_paths_args,
     batch_rows_args, batch_tree_args, encoded_args, fail_stage_codes, tree_args, outcome_codes, process_args, readable_bytes, row_dtype_code, view_args, writable_bytes,
 )
@@ -1381,20 +1382,39 @@ cdef class Stager:
                                     int(t.started))
 
     # -- the device step (_device_step.pxi; docs/protocol.md "The device step") --
-    def to_device(self, seqs):
+    def to_device(self, seqs, tokens=None):
         """External-row mode: hand ``seqs`` over to the device step (``step_many`` or the
         CUDA step run their steps from then on). Every other call on them raises
         ``StateError`` naming ``to_host`` until they come back. Each must be started and
-        not disabled; checked whole, a rejected call changes nothing."""
-        _step_to_device(self, seqs)
+        not disabled; checked whole, a rejected call changes nothing.
 
-    def to_host(self, seqs, outcomes=None):
+        ``tokens`` (a chain drafter's Stager: required; else None): the slot token table
+        (:meth:`new_token_table`: int32, one id per global slot), into which this writes
+        each sequence's ids at its rows' slots and -1 at its other slots. A step never
+        moves a row, so between steps the server writes each verify row's id at its
+        verify slot (the verify batch's input ids: ``last``, then the drafts) and reads
+        the staged rows' ids at their row slots; :meth:`to_host` reads them back."""
+        _step_to_device(self, seqs, tokens)
+
+    def to_host(self, seqs, outcomes=None, tokens=None):
         """Bring ``seqs`` back: the Stager is then exactly what the per-sequence calls of
         their steps would have made it. ``outcomes`` resolves the round each last step
         opened: None (all: the drafter ran, commit), or one per sequence, None or a fail
         stage name (``fail``). Returns ``fail``'s disabled counts (0 where none). A fault a
-        step recorded (a bad accept count) is raised after every sequence is back."""
-        return _step_to_host(self, seqs, outcomes)
+        step recorded (a bad accept count) is raised after every sequence is back.
+
+        ``tokens`` (a chain drafter's Stager: required): the slot token table
+        :meth:`to_device` filled, read at the slots of the rows that come back. An id
+        below 0 there (a verify row whose id was never written) is a ``ValueError``
+        naming the row, and nothing is brought back; only the last step's verify rows
+        may come back unwritten (a round whose drafter failed), which ``confirm``
+        then refuses: cancel them."""
+        return _step_to_host(self, seqs, outcomes, tokens)
+
+    def new_token_table(self):
+        """A slot token table for :meth:`to_device` / :meth:`to_host` (a chain drafter's
+        Stager): int32, ``max_seqs * ring_rows`` ids, all -1 (no id written)."""
+        return np.full(self.config.max_seqs * self.ring_rows, -1, np.int32)
 
     def step_many(self, seqs, n_accepted, out=None):
         """The CPU twin of the device step for the entries ``(seqs[i], n_accepted[i])``

@@ -282,9 +282,6 @@ def _simulate(
     if drafter not in DRAFTERS:
         raise ValueError(f"--drafter must be one of {tuple(DRAFTERS)}, got {drafter!r}")
     kind = DRAFTERS[drafter]
-    if kind == "chain" and device_step:
-        raise ValueError(f"--drafter {drafter} is a chain drafter, whose rows need their token ids: the device step "
-                         "serves block drafters (no --device-step)")
     win_cfg = StagerConfig(feature_dim, block, window, max_seqs=seqs, storage=storage, rows=rows, kind=kind)
     # "absolute": a window no session position can reach, so no rebase ever fires; its w_keep
     # (W // 2) also exceeds the session, so nothing is ever trimmed: every row is held, as without a window

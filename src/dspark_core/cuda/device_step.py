@@ -10,6 +10,14 @@ verify forward; between replays the sampler writes new counts into
 :attr:`counts_ptr`. Handing sequences over and back (:meth:`to_device`,
 :meth:`to_host`) copies the state between the host and the device: one wait,
 outside the graph.
+
+A chain drafter's Stager (``kind="chain"``) hands its rows' ids over by slot:
+the server keeps the slot token table on the device beside its rows (int32,
+``Stager.new_token_table()``'s size), writes each verify row's id at its verify
+slot in the same graph as the verify forward (``table[verify_slots] =
+input_ids``), and reads the staged rows' ids at ``row_slots``;
+:meth:`to_device` / :meth:`to_host` take it as ``tokens`` and copy only the
+handed sequences' slots.
 """
 
 from __future__ import annotations
@@ -18,7 +26,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import _backend
+from . import _backend, interop
 from ..stager.device_step import _LAYOUT, StepOutputs
 from .interop import DeviceArray
 
@@ -144,23 +152,58 @@ class DeviceStep:
         cu.copy_to_device(self._state.ptr, np.ascontiguousarray(state).view(np.uint8).reshape(-1), 0)
         cu.synchronize(0, self.device)
 
-    def to_device(self, seqs: Sequence[int]) -> None:
-        """``stager.to_device(seqs)`` and their columns onto the device (one wait)."""
+    def _token_table(self, tokens: Any, fn: str) -> Any:
+        """A chain drafter's device slot token table (None: a block drafter's Stager, which
+        the Stager itself checks), checked: int32, one id per global slot, on this device."""
+        if tokens is None:
+            return None
+        t = interop._dev_array(tokens, f"DeviceStep.{fn}: tokens", stream=0, writable=True)
+        want = self.max_seqs * int(self.stager.ring_rows)
+        if t.dtype != np.dtype(np.int32) or t.shape != (want,):
+            raise ValueError(f"DeviceStep.{fn}: tokens must be the slot token table, int32 ({want},) "
+                             f"(Stager.new_token_table()'s shape), got {t.dtype} {t.shape}")
+        if interop._device_of(t) != self.device:
+            raise ValueError(f"DeviceStep.{fn}: tokens are on device {t.device}, the step on device {self.device}")
+        return t
+
+    def _slices(self, ids: np.ndarray) -> list[tuple[int, int]]:
+        """Each sequence's slots of the token table: (first id, count)."""
+        rr = int(self.stager.ring_rows)
+        return [(int(q) * rr, rr) for q in ids.tolist()]
+
+    def to_device(self, seqs: Sequence[int], tokens: Any = None) -> None:
+        """``stager.to_device(seqs)`` and their columns onto the device (one wait).
+        ``tokens`` (a chain drafter's Stager): the device slot token table, whose slots of
+        ``seqs`` receive their ids (-1 where no row is)."""
         ids = np.asarray(seqs, np.int64)
+        t = self._token_table(tokens, "to_device")
+        host_table = self.stager.new_token_table() if t is not None else None
         dev = self._download()
-        self.stager.to_device(ids)
+        self.stager.to_device(ids, tokens=host_table)
         dev[:, ids] = self.stager.step_state[:, ids]
+        if t is not None and host_table is not None:
+            for first, n in self._slices(ids):
+                self._cu.copy_to_device(t.ptr + 4 * first, host_table[first:first + n].view(np.uint8), 0)
         self._upload(dev)
 
-    def to_host(self, seqs: Sequence[int], outcomes: Any = None) -> np.ndarray:
+    def to_host(self, seqs: Sequence[int], outcomes: Any = None, tokens: Any = None) -> np.ndarray:
         """Their columns back from the device, then ``stager.to_host(seqs, outcomes)``; the
-        columns go back to the device after it (no longer live there). One wait."""
+        columns go back to the device after it (no longer live there). One wait.
+        ``tokens`` (a chain drafter's Stager): the device slot token table, read at the
+        slots of ``seqs``."""
         ids = np.asarray(seqs, np.int64)
+        t = self._token_table(tokens, "to_host")
+        host_table = None
         dev = self._download()
+        if t is not None:
+            host_table = self.stager.new_token_table()
+            for first, n in self._slices(ids):
+                raw = self._cu.copy_to_host(t.ptr + 4 * first, 4 * n)
+                host_table[first:first + n] = np.frombuffer(raw, np.int32)
         host = self.stager.step_state
         host[:, ids] = dev[:, ids]
         try:
-            return self.stager.to_host(ids, outcomes)
+            return self.stager.to_host(ids, outcomes, tokens=host_table)
         finally:
             dev[:, ids] = host[:, ids]
             self._upload(dev)

@@ -129,10 +129,38 @@ def check_tokens(call: str, chain: bool, ids: np.ndarray | None, n: int) -> None
             raise ValueError(f"{at}tokens[{k}] is {v}: token ids are >= 0; nothing was appended")
 
 
-def not_for_chain(call: str) -> ValueError:
-    """A call that takes no token ids, on a chain drafter's Stager."""
-    return ValueError(f'{call} is not available to a chain drafter\'s Stager (kind="chain"): its rows need '
-                      f"their token ids, and {call} does not carry them")
+def token_table(call: str, value: Any, writable: bool) -> np.ndarray | None:
+    """The device step's slot token table: None, or the caller's own 1-D C-contiguous int32
+    array (used in place); TypeError for another type or dtype, ValueError for another
+    shape or layout, or a read-only one where ``writable``."""
+    if value is None:
+        return None
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{call}: tokens must be the slot token table, a numpy int32 array "
+                        f"(Stager.new_token_table()), got {type(value).__name__}")
+    if value.dtype != np.int32:
+        raise TypeError(f"{call}: the slot token table must be int32, got dtype {value.dtype}")
+    if value.ndim != 1 or not value.flags.c_contiguous:
+        raise ValueError(f"{call}: the slot token table must be a 1-D C-contiguous array, got shape {value.shape}")
+    if writable and not value.flags.writeable:
+        raise ValueError(f"{call}: the slot token table must be writable ({call} writes the ids into it)")
+    return value
+
+
+def check_token_table(call: str, chain: bool, table: np.ndarray | None, want: int) -> None:
+    """The core's check of a slot token table: given exactly when the Stager keeps ids, one
+    per global slot (``want``)."""
+    if not chain:
+        if table is not None:
+            raise ValueError(f'{call}: tokens (the slot token table) are kept for a chain drafter (kind="chain") '
+                             'only; this Stager\'s drafter kind is "block"')
+        return
+    if table is None:
+        raise ValueError(f'{call}: a chain drafter\'s Stager (kind="chain") hands its rows\' token ids over by '
+                         f"slot: pass tokens, the slot token table (int32, max_seqs * ring_rows = {want})")
+    if len(table) != want:
+        raise ValueError(f"{call}: the slot token table holds {len(table)} ids; it needs one per global slot, "
+                         f"max_seqs * ring_rows = {want}")
 
 
 def rows(value: Any, feature_dim: int) -> np.ndarray:

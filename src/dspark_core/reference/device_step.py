@@ -98,15 +98,37 @@ class DeviceStepMixin:
             if not 0 <= q < len(ref._seqs):
                 raise ValueError(arg.batch_context(call, k, q) + str(arg.unknown_sequence(q, len(ref._seqs))))
 
-    def to_device(self, seqs: Any) -> None:
+    def _table_size(self) -> int:
+        ref = cast("ReferenceStager", self)
+        return len(ref._seqs) * ref.ring_rows
+
+    def new_token_table(self) -> np.ndarray:
+        """A slot token table (int32, one id per global slot, all -1)."""
+        return np.full(self._table_size(), -1, np.int32)
+
+    def _slot_ids(self, q: int, st: _Seq) -> list[tuple[int, int, dict[int, int]]]:
+        """A chain drafter's ids travel by slot: (position, global slot, the ids' dict) of the
+        rows a later call may read, the stageable rows [horizon, end) and, with a
+        reservation, those of the sequence before it."""
+        ref = cast("ReferenceStager", self)
+        base = q * ref.ring_rows
+        out = []
+        for x in (st, st.reservation):
+            if x is None or not x.started:
+                continue
+            for p, g in zip(range(x.horizon, x.end), x.ring.slots(x.horizon, x.end, base)):
+                out.append((p, g, x.tokens))
+        return out
+
+    def to_device(self, seqs: Any, tokens: Any = None) -> None:
         ref = cast("ReferenceStager", self)
         call = "to_device"
         ids = arg.seq_ids(call, seqs)
+        table = arg.token_table(call, tokens, True)
         self._known(call, ids)
         if not ref._external:
             raise ValueError(f"{call} needs external-row mode, but this Stager holds its rows ({_MODE_HINT})")
-        if ref._chain:
-            raise arg.not_for_chain(call)
+        arg.check_token_table(call, ref._chain, table, self._table_size())
         device = self._device()
         for k, q in enumerate(ids.tolist()):
             st = ref._seqs[q]
@@ -129,13 +151,17 @@ class DeviceStepMixin:
         for q in ids.tolist():
             st = ref._seqs[q]
             self._handovers()[q] = copy.deepcopy(st)
+            if table is not None:  # the ids at their rows' slots, -1 at the sequence's others
+                table[q * ref.ring_rows:(q + 1) * ref.ring_rows] = -1
+                for p, g, kept in self._slot_ids(q, st):
+                    table[g] = kept[p]
             pending = None
             if st.open_round is not None:  # the next step commits it: now, keeping the state before
                 pending = copy.deepcopy(st)
                 ref._commit_checked(st)
             device[q] = pending
 
-    def to_host(self, seqs: Any, outcomes: Any = None) -> np.ndarray:
+    def to_host(self, seqs: Any, outcomes: Any = None, tokens: Any = None) -> np.ndarray:
         ref = cast("ReferenceStager", self)
         call = "to_host"
         ids = arg.seq_ids(call, seqs)
@@ -155,7 +181,9 @@ class DeviceStepMixin:
                         raise ValueError(arg.batch_context(call, k, int(ids[k])) + str(exc)) from None
                 else:
                     codes[k] = arg.integer("outcome", o)
+        table = arg.token_table(call, tokens, False)
         self._known(call, ids)
+        arg.check_token_table(call, ref._chain, table, self._table_size())
         device = self._device()
         for k, q in enumerate(ids.tolist()):
             if q not in device:
@@ -170,13 +198,11 @@ class DeviceStepMixin:
                 raise StateError(at + f"sequence {q} has no open round to fail (its last step skipped, or it was never "
                                  "stepped)")
         disabled = np.zeros(n, np.int64)
-        faults = self._faults()
-        faulted: tuple[int, int, tuple[int, int]] | None = None
+        # Each round resolved by its outcome, on copies (nothing changes until every check passed).
+        resolved = []
         for k, q in enumerate(ids.tolist()):
-            pending = device.pop(q)
-            self._handovers().pop(q)
+            st, pending = copy.deepcopy(ref._seqs[q]), device[q]
             if codes[k] != -1 and pending is not None:
-                st = ref._seqs[q]
                 for x in (st, st.reservation):
                     if x is None:
                         continue
@@ -187,6 +213,22 @@ class DeviceStepMixin:
                     now = ref._fail_checked(x)
                     if x is st and now:
                         disabled[k] = st.failures
+            resolved.append(st)
+        if table is not None:
+            for k, q in enumerate(ids.tolist()):
+                self._check_slot_ids(call, k, q, resolved[k], table)
+        faults = self._faults()
+        faulted: tuple[int, int, tuple[int, int]] | None = None
+        for k, q in enumerate(ids.tolist()):
+            device.pop(q)
+            self._handovers().pop(q)
+            st = ref._seqs[q] = resolved[k]
+            if table is not None:
+                for x in (st, st.reservation):
+                    if x is not None:
+                        x.tokens = {}
+                for p, g, kept in self._slot_ids(q, st):
+                    kept[p] = int(table[g])
             fault = faults.pop(q, None)
             if fault is not None and faulted is None:
                 faulted = (k, q, fault)
@@ -196,6 +238,17 @@ class DeviceStepMixin:
                 "steps failed: "
             raise _status_error(prefix, ref.config.block_size, len(ref._seqs), status, q, value)
         return disabled
+
+    def _check_slot_ids(self, call: str, k: int, q: int, st: _Seq, table: np.ndarray) -> None:
+        """The ids of the rows that come back are written (>= 0), but for the reservation's own
+        rows (the last step's verify rows): a round whose drafter failed builds no verify
+        batch, and confirm refuses them."""
+        unwritten_from = st.reservation.end if st.reservation is not None else st.end
+        for p, g, _ in self._slot_ids(q, st):
+            if table[g] < 0 and p < unwritten_from:
+                raise ValueError(arg.batch_context(call, k, q) + f"the slot token table holds {int(table[g])} at slot "
+                                 f"{g}, the row of position {p}: write each verify row's token id at its verify slot "
+                                 "before the next step (docs/protocol.md, the device step); nothing was brought back")
 
     def step_many(self, seqs: Any, n_accepted: Any, out: StepOutputs | None = None) -> StepOutputs:
         ref = cast("ReferenceStager", self)
@@ -253,7 +306,7 @@ class DeviceStepMixin:
         st.reservation = None  # confirm
         ref._accept_checked(st, a)
         try:
-            plan = ref._draft_checked(q, st, st.end)
+            plan = ref._draft_checked(q, st, st.end, ids=False)
         except AssertionError:
             ref._rounds = rounds
             faults[q] = (STEP_INTERNAL, ref._seqs[q].end)

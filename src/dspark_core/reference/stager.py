@@ -515,7 +515,9 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         if self._strict and self._out_of_protocol(st, start):
             raise arg.strict_mismatch(i, start, st.end)
 
-    def _draft_checked(self, i: int, st: _Seq, start: int, views: bool = False) -> StagePlan:
+    def _draft_checked(self, i: int, st: _Seq, start: int, views: bool = False, ids: bool = True) -> StagePlan:
+        """``ids``: a chain drafter's plan carries its rows' ids (the device step's does not:
+        they are in the server's slot token table while the sequence is on the device)."""
         c = self.config
         st.verify_owed = False  # a draft, skipped or not: the last round's verify is over
         reason = self._skip_reason(st, start)
@@ -550,7 +552,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             # copy=False: the rows cut where the ring wraps, as the core's views of it are.
             encoded_runs=_ring_runs(enc, slots) if views and enc is not None else None,
             decode=self._decode if views else None,
-            tokens=np.array([st.tokens[p] for p in range(lo, start)], np.int32) if self._chain else None,
+            tokens=np.array([st.tokens[p] for p in range(lo, start)], np.int32) if self._chain and ids else None,
         )
         self._rounds += 1
         st.open_round = (start, base)
@@ -912,7 +914,19 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         """The reserved rows are in the owner's table: they are the sequence's now."""
         i = arg.integer("seq", seq)
         self._need(i, self._get(i), RESERVED)
+        self._check_confirmable(i, self._seqs[i])
         self._seqs[i].reservation = None
+
+    def _check_confirmable(self, i: int, st: _Seq) -> None:
+        """A chain drafter's reservation back from the device step before its verify rows' ids
+        were written (to_host) has rows without ids: only cancel takes it back."""
+        if not self._chain or st.reservation is None:
+            return
+        for p in range(max(st.reservation.end, st.horizon), st.end):
+            if st.tokens.get(p, 0) < 0:
+                raise ValueError(f"sequence {i}'s reserved row at position {p} has no token id (it came back from the "
+                                 "device step before its verify batch's ids were written at its verify slots): "
+                                 "cancel the reservation")
 
     def cancel(self, seq: int) -> None:
         """The reserved rows never came: the sequence is exactly as before ``reserve``."""
@@ -931,6 +945,11 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         ids = arg.seq_ids("confirm_many", seqs)
         states = self._check_batch("confirm_many", ids, RESERVED)
         arg.unique("confirm_many", ids)
+        for k, (q, st) in enumerate(zip(ids.tolist(), states)):
+            try:
+                self._check_confirmable(q, st)
+            except ValueError as exc:
+                raise ValueError(arg.batch_context("confirm_many", k, q) + str(exc)) from None
         for st in states:
             st.reservation = None
 

@@ -14,6 +14,12 @@ one per iteration (the accept counts on the host before ``accept`` and
 
 External rows only (a :class:`~dspark_core.HostRing` or ``DeviceRing`` owns
 them); the recompute check is not supported here (it reads the Stager's plans).
+
+A chain drafter's ids travel by slot while its sequences are on the device: the
+loop keeps the slot token table (``Stager.new_token_table``) a server keeps
+beside its rows, hands it to ``to_device`` / ``to_host``, writes each verify
+row's id at its verify slot with the row, and reads the staged rows' ids at
+their row slots (each row's successor: the next row's id, then ``last``).
 """
 
 from __future__ import annotations
@@ -58,20 +64,28 @@ class DeviceStepLoop(SpeculativeLoop):
         self.host_waits = 0  # hand-backs (to_host) during generation
         self.steps = 0
         self._on_device: set[int] = set()
+        # A chain drafter's slot token table, passed to every hand-over and hand-back.
+        self._table = self.stager.new_token_table() if self.chain else None
+        self._hand = {"tokens": self._table} if self.chain else {}
 
     def _track_rows(self, s: _SeqState) -> int:
         # stats() refuses a handed-over sequence: its rows are tracked once it is back.
         return 0 if s.seq in self._on_device else super()._track_rows(s)
 
-    def _write_at(self, s: _SeqState, slots: np.ndarray, rows: np.ndarray) -> None:
+    def _write_at(self, s: _SeqState, slots: np.ndarray, rows: np.ndarray, tokens: Tokens) -> None:
+        """The target's rows (read from ``tokens``) at the step's verify slots; a chain
+        drafter's ids at the same slots of the token table."""
         t = time.perf_counter()
         self.ring.write_slots(slots, self.ring.upload(rows))
+        if self._table is not None:
+            ids = np.asarray(tokens, np.int64)[: len(slots)]
+            self._table[slots[slots >= 0]] = ids[slots >= 0]
         self._t_stager += time.perf_counter() - t
 
     def _decode_last(self, s: _SeqState, slots: np.ndarray) -> None:
         """A plain decode of ``last`` whose row goes to ``slots[0]`` (reserved by the step)."""
         out = self._tg(s, [s.last])
-        self._write_at(s, slots[:1], np.asarray(out.rows)[:1])
+        self._write_at(s, slots[:1], np.asarray(out.rows)[:1], [s.last])
         s.n_past += 1
         s.last = int(out.next_tokens[0])
         s.out.append(s.last)
@@ -82,11 +96,11 @@ class DeviceStepLoop(SpeculativeLoop):
         q = s.seq
         self.host_waits += 1
         self._on_device.discard(q)
-        self._st("to_host", [q], [stage])
-        self._st("cancel", q)
+        self._st("to_host", [q], [stage], **self._hand)
+        self._st("cancel", q)  # the round built no verify batch: its rows and ids were never written
         self._plain_decode(s)
         self._track_rows(s)
-        self._st("to_device", [q])
+        self._st("to_device", [q], **self._hand)
         self._on_device.add(q)
 
     def _draft(self, s: _SeqState, plan: _StepPlan) -> np.ndarray | None:
@@ -98,14 +112,20 @@ class DeviceStepLoop(SpeculativeLoop):
         res.max_drafter_batch = max(res.max_drafter_batch, len(plan.positions) + B)
         t = time.perf_counter()
         rows = self.ring.to_numpy(self.ring.gather_slots(plan.slots))
+        if self._table is not None:  # each staged row's successor: the next row's id, then last
+            block = [*self._table[plan.slots[1:]].tolist(), s.last] if len(plan.slots) else []
+        else:
+            block = [s.last] + [int(d.mask_token_id)] * (B - 1)
         self._t_stager += time.perf_counter() - t
-        block = [s.last] + [int(d.mask_token_id)] * (B - 1)
         stage = "decode"
         t = time.perf_counter()
         try:
             if plan.clear_cache:
                 d.clear(s.seq)
-            out = d.decode(s.seq, plan.positions, rows, block, plan.block_positions)
+            if self._table is not None:
+                out = d.decode_chain(s.seq, plan.positions, rows, block, plan.block_positions)  # type: ignore[attr-defined]
+            else:
+                out = d.decode(s.seq, plan.positions, rows, block, plan.block_positions)
             stage = "crop"
             d.crop(s.seq, plan.crop_from)
         except AssertionError:
@@ -130,8 +150,9 @@ class DeviceStepLoop(SpeculativeLoop):
         B = self.block_size
         res = s.res
         assert res is not None
-        out = self._tg(s, [s.last, *(int(x) for x in draft)])
-        self._write_at(s, slots, np.asarray(out.rows))
+        tokens = [s.last, *(int(x) for x in draft)]
+        out = self._tg(s, tokens)
+        self._write_at(s, slots, np.asarray(out.rows), tokens)
         g = np.asarray(out.next_tokens)
         n_acc = 0
         while n_acc < B and int(draft[n_acc]) == int(g[n_acc]):
@@ -156,7 +177,7 @@ class DeviceStepLoop(SpeculativeLoop):
         total = n_generate * len(states)
         counts = {s.seq: 0 for s in states}  # the last verify's accept counts (0 before the first)
         active = [s for s in states if len(s.out) < n_generate]
-        self._st("to_device", [s.seq for s in active])
+        self._st("to_device", [s.seq for s in active], **self._hand)
         self._on_device.update(s.seq for s in active)
         iterations = 0
         while active:
@@ -193,7 +214,7 @@ class DeviceStepLoop(SpeculativeLoop):
             done = [s for s in active if len(s.out) >= n_generate]
             if done:  # finished: back on the host (their last verify rows confirmed)
                 ids_done = [s.seq for s in done]
-                self._st("to_host", ids_done)
+                self._st("to_host", ids_done, **self._hand)
                 self._on_device.difference_update(ids_done)
                 for s in done:
                     if self.stager.state(s.seq)["reservation_open"]:  # not after a failure's plain decode

@@ -316,6 +316,30 @@ def as_tokens(call: str, tokens: Any, n: int) -> np.ndarray | None:
     return np.ascontiguousarray(arr, dtype=np.int32)
 
 
+def as_token_table(call: str, tokens: Any, writable: bool) -> np.ndarray | None:
+    """The device step's slot token table (``to_device`` / ``to_host`` of a chain drafter's
+    Stager): None, or the caller's own 1-D C-contiguous int32 array, used in place
+    (``to_device`` writes into it, so it is never a converted copy). Its length, and
+    whether the Stager takes one, are the core's to check.
+
+    Raises:
+        TypeError: not a numpy array, or not int32.
+        ValueError: not 1-D and C-contiguous, or read-only where ``writable``.
+    """
+    if tokens is None:
+        return None
+    if not isinstance(tokens, np.ndarray):
+        raise TypeError(f"{call}: tokens must be the slot token table, a numpy int32 array "
+                        f"(Stager.new_token_table()), got {type(tokens).__name__}")
+    if tokens.dtype != np.int32:
+        raise TypeError(f"{call}: the slot token table must be int32, got dtype {tokens.dtype}")
+    if tokens.ndim != 1 or not tokens.flags.c_contiguous:
+        raise ValueError(f"{call}: the slot token table must be a 1-D C-contiguous array, got shape {tokens.shape}")
+    if writable and not tokens.flags.writeable:
+        raise ValueError(f"{call}: the slot token table must be writable ({call} writes the ids into it)")
+    return tokens
+
+
 def as_seq_ids(call: str, seqs: Any) -> np.ndarray:
     """A batch's sequence ids: a 1-D int64 array."""
     return _int_array(call, "seqs", seqs)
