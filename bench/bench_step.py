@@ -117,10 +117,13 @@ def run_floor(exe: Path, mode: str, n: int, warmup: int, steps: int) -> dict[str
     return cols
 
 
-def python_way(mode: str, n: int, batched: bool, warmup: int, steps: int, copy: bool = True) -> dict[str, list[int]]:
+def python_way(mode: str, n: int, batched: bool, warmup: int, steps: int, copy: bool = True,
+               kind: str = "block") -> dict[str, list[int]]:
     """Per-step ns by phase of the Python calls: one call per sequence, or the batch calls
-    (``copy=False``: zero-copy drafts, held mode)."""
-    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, storage=STORAGE, max_seqs=n, rows=mode)
+    (``copy=False``: zero-copy drafts, held mode; ``kind="chain"``: a chain drafter's Stager,
+    every row with its token id, bench_chain.py)."""
+    cfg = StagerConfig(feature_dim=D, block_size=B, window=W, storage=STORAGE, max_seqs=n, rows=mode, kind=kind)
+    chain = kind == "chain"
     st = Stager(cfg)
     external = mode == "external"
     seqs = np.arange(n, dtype=np.int64)
@@ -136,11 +139,12 @@ def python_way(mode: str, n: int, batched: bool, warmup: int, steps: int, copy: 
         rows = all_rows[: n * B]
     # Prefill B + 1 rows and one round per sequence, as the C floor does.
     pre = np.arange(B + 1, dtype=np.int64)
+    pre_ids = (pre % 32000).astype(np.int32) if chain else None
     for q in ids:
         if all_rows is None:
-            st.process(q, pre)
+            st.process(q, pre, tokens=pre_ids)
         else:
-            st.process(q, pre, all_rows[n * B:])
+            st.process(q, pre, all_rows[n * B:], tokens=pre_ids)
     n_past = np.full(n, B + 1, dtype=np.int64)
     st.draft_many(seqs, n_past)
     st.commit_many(seqs)
@@ -148,13 +152,15 @@ def python_way(mode: str, n: int, batched: bool, warmup: int, steps: int, copy: 
     cols: dict[str, list[int]] = {k: [] for k in ("step", *PHASES)}
     clock = time.perf_counter_ns
     for t in range(warmup + steps):
+        # The verify batch's ids (a chain drafter's): the server holds them, so not timed.
+        tok = ((n_past[:, None] + block).ravel() % 32000).astype(np.int32) if chain else None
         t0 = clock()
         pos = (n_past[:, None] + block).ravel()
         if batched:
             if external:
-                st.process_many(seqs, cu, pos)
+                st.process_many(seqs, cu, pos, tokens=tok)
             else:
-                st.process_many(seqs, cu, pos, rows)
+                st.process_many(seqs, cu, pos, rows, tokens=tok)
             t1 = clock()
             st.accept_many(seqs, acc)
             n_past += ACCEPT + 1
@@ -164,10 +170,11 @@ def python_way(mode: str, n: int, batched: bool, warmup: int, steps: int, copy: 
             st.commit_many(seqs)
         else:
             for i in ids:
+                t_i = None if tok is None else tok[i * B:(i + 1) * B]
                 if rows is None:
-                    st.process(i, pos[i * B:(i + 1) * B])
+                    st.process(i, pos[i * B:(i + 1) * B], tokens=t_i)
                 else:
-                    st.process(i, pos[i * B:(i + 1) * B], rows[i * B:(i + 1) * B])
+                    st.process(i, pos[i * B:(i + 1) * B], rows[i * B:(i + 1) * B], tokens=t_i)
             t1 = clock()
             for i in ids:
                 st.accept(i, ACCEPT)

@@ -168,15 +168,21 @@ void check_unique_ids(const char* call, const std::vector<i64>& seqs, std::size_
 // Dead rows below the horizon keep no id anyone reads.
 struct StageableRows {
     const Regs &live, &before;
-    // f(pos, k) for each row, k its ring index (either ring may list a row twice: same k).
+    // f(pos, k, m) for each run of rows (at most two per ring: it wraps at
+    // most once): positions [pos, pos + m) at ring indices [k, k + m). A row
+    // of both rings is listed twice, at the same index.
     template <class F>
     void each(F&& f) const {
-        each_of(live, f);
-        if (live.reserved) each_of(before, f);
+        runs_of(live, f);
+        if (live.reserved) runs_of(before, f);
     }
     template <class F>
-    static void each_of(const Regs& r, F&& f) {
-        for (i64 p = r.horizon; p < r.end; ++p) f(p, static_cast<std::size_t>(device_step::slot(r, p)));
+    static void runs_of(const Regs& r, F&& f) {
+        const i64 n = r.end - r.horizon;
+        if (n <= 0) return;
+        const i64 k = device_step::slot(r, r.horizon), run = device_step::imin(n, r.cap - k);
+        f(r.horizon, static_cast<std::size_t>(k), static_cast<std::size_t>(run));
+        if (run < n) f(r.horizon + run, std::size_t{0}, static_cast<std::size_t>(n - run));
     }
 };
 StageableRows rows_of(const Regs& live, const Regs& before) { return StageableRows{live, before}; }
@@ -395,7 +401,8 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t*
             std::int32_t* mine = tokens + q * c.ring_rows;
             std::fill(mine, mine + c.ring_rows, -1);
             const Regs pre = StepIO::before_of(r);
-            rows_of(r, pre).each([&](i64, std::size_t k) { mine[k] = s.buf.slot_token(k); });
+            const std::int32_t* kept = s.buf.slot_tokens();
+            rows_of(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(kept + k, m, mine + k); });
         }
         s.on_device = true;
     }
@@ -479,15 +486,18 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         // pre.end on) may come back unwritten: a round whose drafter failed
         // builds no verify batch. confirm refuses them; cancel drops them.
         const i64 unwritten_from = r.reserved ? pre.end : r.end;
-        rows_of(r, pre).each([&](i64 pos, std::size_t k) {
-            if (ids[i][k] < 0 && pos < unwritten_from)
-                throw std::invalid_argument(where(call, i, q) + "the slot token table holds " +
-                                            std::to_string(ids[i][k]) + " at slot " +
-                                            std::to_string(q * c.ring_rows + static_cast<i64>(k)) +
-                                            ", the row of position " + std::to_string(pos) +
-                                            ": write each verify row's token id at its verify slot before the "
-                                            "next step (docs/protocol.md, the device step); nothing was brought "
-                                            "back");
+        rows_of(r, pre).each([&](i64 pos, std::size_t k, std::size_t m) {
+            const std::int32_t* run = ids[i].data() + k;
+            const auto checked = static_cast<std::ptrdiff_t>(
+                device_step::iclamp(unwritten_from - pos, 0, static_cast<i64>(m)));
+            const std::int32_t* bad = std::find_if(run, run + checked, [](std::int32_t v) { return v < 0; });
+            if (bad == run + checked) return;
+            const i64 j = bad - run;
+            throw std::invalid_argument(where(call, i, q) + "the slot token table holds " + std::to_string(*bad) +
+                                        " at slot " + std::to_string(q * c.ring_rows + static_cast<i64>(k) + j) +
+                                        ", the row of position " + std::to_string(pos + j) +
+                                        ": write each verify row's token id at its verify slot before the next "
+                                        "step (docs/protocol.md, the device step); nothing was brought back");
         });
         seqs_[static_cast<std::size_t>(q)].buf.size_tokens(static_cast<std::size_t>(c.ring_rows));
     }
@@ -509,7 +519,10 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
             StepIO::put_fields(pre, s.before);
             s.before_marks = marks_of(pre.cap, pre.touched, pre.head_slot, pre.count, pre.head_pos);
         }
-        if (!ids.empty()) rows_of(r, pre).each([&](i64, std::size_t k) { s.buf.set_slot_token(k, ids[i][k]); });
+        if (!ids.empty()) {
+            std::int32_t* kept = s.buf.slot_tokens();
+            rows_of(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(ids[i].data() + k, m, kept + k); });
+        }
         s.on_device = false;
         state[device_step::F_live * c.max_seqs + seqs[i]] = 0;
         if (faulted == n && r.fault != 0) faulted = i;

@@ -151,12 +151,12 @@ public:
     // over by slot, stager_device_step.cpp): size_tokens makes room for the
     // ids of `cap` slots (it allocates, so a caller sizes before it changes
     // anything: set_marks may bring back a ring the ids never had room for);
-    // slot_token / set_slot_token read and write ring index k (inside it).
+    // slot_tokens are the ids by ring index (the id of ring index k at [k]).
     void size_tokens(std::size_t cap) {
         if (with_tokens_ && tokens_.size() < cap) tokens_.resize(cap, 0);
     }
-    std::int32_t slot_token(std::size_t k) const noexcept { return tokens_[k]; }
-    void set_slot_token(std::size_t k, std::int32_t id) noexcept { tokens_[k] = id; }
+    const std::int32_t* slot_tokens() const noexcept { return tokens_.data(); }
+    std::int32_t* slot_tokens() noexcept { return tokens_.data(); }
     // Calls f(data, bytes) for each contiguous run (at most two) holding rows
     // [from, to) (inside [head, end)), oldest first.
     template <class F>

@@ -204,6 +204,15 @@ cdef inline bint _plain_positions(x):
             and cnp.PyArray_ISNOTSWAPPED(a))
 
 
+cdef inline bint _plain_tokens(x, size_t n):
+    """A C-contiguous 1-D int32 ndarray of n ids (the hot path's token ids: no conversion)."""
+    if type(x) is not np.ndarray:
+        return False
+    cdef cnp.ndarray a = <cnp.ndarray>x
+    return (cnp.PyArray_NDIM(a) == 1 and cnp.PyArray_TYPE(a) == cnp.NPY_INT32 and cnp.PyArray_IS_C_CONTIGUOUS(a)
+            and cnp.PyArray_ISNOTSWAPPED(a) and <size_t>cnp.PyArray_DIM(a, 0) == n)
+
+
 cdef inline bint _plain_rows(x, int64_t dim, ElemType* t):
     """A C-contiguous (n, dim) float32 / float16 ndarray; sets its element type."""
     if type(x) is not np.ndarray:
@@ -643,11 +652,15 @@ cdef class Stager:
 
     cdef object _tokens_arg(self, int64_t s, tokens, size_t n):
         """``tokens`` as the core reads them (an int32 array, or None), after ``s``'s own errors."""
-        return None if tokens is None else self._converted(s, Need.Ready, as_tokens, ("", tokens, n))
+        if tokens is None or _plain_tokens(tokens, n):
+            return tokens
+        return self._converted(s, Need.Ready, as_tokens, ("", tokens, n))
 
     cdef object _flat_tokens_arg(self, str call, cnp.ndarray sv, tokens, size_t total):
         """A batch's flat ``tokens`` as the core reads them (or None), after its sequences' own errors."""
-        return None if tokens is None else self._batch_converted(call, sv, Need.Ready, as_tokens, (call, tokens, total))
+        if tokens is None or _plain_tokens(tokens, total):
+            return tokens
+        return self._batch_converted(call, sv, Need.Ready, as_tokens, (call, tokens, total))
 
     cdef object _process_external(self, int64_t s, pos, tokens):
         cdef size_t n = cnp.PyArray_DIM(<cnp.ndarray>pos, 0)
