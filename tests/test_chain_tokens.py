@@ -44,6 +44,14 @@ def rows_with_ids(rng: np.random.Generator, ids: np.ndarray) -> np.ndarray:
     return x
 
 
+def frozen(s, seq: int):
+    """What a refused call must leave as it was: the sequence's state, its counters and its snapshot's
+    bytes (which carry the ids; none while a round, a tree or a reservation is open)."""
+    st = s.state(seq)
+    snap = None if st["open_round"] or st["tree_nodes"] or st["reservation_open"] else s.snapshot(seq)
+    return st, s.stats(seq), snap
+
+
 class Quad:
     """The same calls into the core and the twin, held and external (with the owner's table)."""
 
@@ -241,10 +249,24 @@ def test_calls_that_carry_no_ids_refuse_a_chain_drafters_stager_and_trees_take_t
         assert not s.on_device(0)
     for s in held + ext:
         rows = None if s in ext else np.zeros((3, D), np.float32)
+        before = frozen(s, 0)
+        assert before[2] is not None  # a snapshot to compare
         with pytest.raises(ValueError, match="needs the token id of every row"):
             s.process_tree(0, 2, [-1, 0, 0], rows)
         with pytest.raises(ValueError, match="needs the token id of every row"):
             s.check_process_tree(0, 2, [-1, 0, 0])
+        # A bad id, or not one per node: refused, with nothing changed (state, counters, snapshot bytes).
+        with pytest.raises(ValueError, match=r"tokens\[1\] is -1: token ids are >= 0"):
+            s.process_tree(0, 2, [-1, 0, 0], rows, tokens=[30, -1, 32])
+        with pytest.raises(ValueError, match=r"tokens\[2\] is -5"):
+            s.check_process_tree(0, 2, [-1, 0, 0], [30, 31, -5])
+        with pytest.raises(ValueError, match="2 token ids for 3 rows"):
+            s.process_tree(0, 2, [-1, 0, 0], rows, tokens=[30, 31])
+        with pytest.raises(ValueError, match=r"process_tree_many: tokens\[0\] is -2"):
+            s.process_tree_many([0], [0, 3], [2], [-1, 0, 0], rows, tokens=[-2, 31, 32])
+        with pytest.raises(ValueError, match="process_tree_many: a chain drafter's Stager"):
+            s.process_tree_many([0], [0, 3], [2], [-1, 0, 0], rows)
+        assert frozen(s, 0) == before
         assert s.state(0)["end"] == 2 and s.state(0)["tree_nodes"] == 0
         # A tree of [last, a, b] (a and b siblings): the path through b keeps b's id at position 3.
         s.check_process_tree(0, 2, [-1, 0, 0], [30, 31, 32])
@@ -260,14 +282,55 @@ def test_calls_that_carry_no_ids_refuse_a_chain_drafters_stager_and_trees_take_t
         assert s.tokens(0, 0, 6).tolist() == [1, 2, 30, 32, 40, 41]
     for s in ext:
         # A reservation takes the ids with the slots; cancel takes both back, confirm keeps them.
+        # Without them, with a bad one or with one too many, it is refused and nothing changed.
+        before = frozen(s, 0)
         with pytest.raises(ValueError, match="needs the token id of every row"):
             s.reserve(0, [6])
+        with pytest.raises(ValueError, match=r"tokens\[1\] is -1: token ids are >= 0"):
+            s.reserve(0, [6, 7], tokens=[3, -1])
+        with pytest.raises(ValueError, match="3 token ids for 2 rows"):
+            s.reserve(0, [6, 7], tokens=[3, 4, 5])
+        with pytest.raises(ValueError, match=r"reserve_many: tokens\[0\] is -7"):
+            s.reserve_many([0], [0, 1], [6], tokens=[-7])
+        with pytest.raises(ValueError, match="reserve_many: a chain drafter's Stager"):
+            s.reserve_many([0], [0, 1], [6])
+        assert frozen(s, 0) == before
+        assert not s.state(0)["reservation_open"]
         s.reserve(0, [6], tokens=[3])
         s.cancel(0)
         assert s.state(0)["end"] == 6
         s.reserve_many([0], [0, 1], [6], tokens=[4])
         s.confirm(0)
         assert s.tokens(0, 0, 7).tolist() == [1, 2, 30, 32, 40, 41, 4]
+    # The core and the twin agree on every refusal's aftermath, snapshot bytes and counters alike.
+    for a, b in (held, ext):
+        assert frozen(a, 0)[2] == frozen(b, 0)[2]
+        assert a.state(0) == b.state(0)
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_a_block_drafters_stager_refuses_ids_on_trees_and_reservations_changing_nothing(rows):
+    """tokens= on a block drafter's Stager: process_tree(_many), check_process_tree, reserve(_many)
+    refuse them (ValueError), leaving state, counters and snapshot bytes as they were."""
+    ext = rows == "external"
+    for s in (Stager(config(rows, "block")), ReferenceStager(config(rows, "block"))):
+        s.begin(0)
+        s.process(0, [0, 1], None if ext else np.zeros((2, D), np.float32))
+        s.draft(0, 2)
+        s.commit(0)
+        before = frozen(s, 0)
+        tree_rows = None if ext else np.zeros((2, D), np.float32)
+        calls = [("process_tree", (0, 2, [-1, 0], tree_rows), [1, 2]),
+                 ("check_process_tree", (0, 2, [-1, 0]), [1, 2]),
+                 ("process_tree_many", ([0], [0, 2], [2], [-1, 0], tree_rows), [1, 2])]
+        if ext:
+            calls += [("reserve", (0, [2]), [1]), ("reserve_many", ([0], [0, 1], [2]), [1])]
+        for name, args, ids in calls:
+            with pytest.raises(ValueError, match='kept for a chain drafter .kind="chain". only'):
+                getattr(s, name)(*args, tokens=ids)
+            assert frozen(s, 0) == before, name
+        s.process_tree(0, 2, [-1, 0], tree_rows)  # without them: taken
+        assert s.state(0)["tree_nodes"] == 2
 
 
 def test_snapshots_carry_the_ids_and_refuse_the_other_kind():
@@ -350,11 +413,21 @@ def test_a_prefix_hit_takes_the_prompts_ids(rows):
                    tokens=prompt)
         store.publish(st, 0, keys, 0, 40)  # a chain Stager publishes its rows as any
         st.begin(1)
+        before, before2, store_before = frozen(st, 1), frozen(st, 2), (store.keys(), store.stats())
         with pytest.raises(ValueError, match="needs the token id of every row"):
             store.hit(st, 1, keys, 40)
         with pytest.raises(ValueError, match=r"tokens\[3\] is -1"):
             store.hit(st, 1, keys, 40, tokens=np.where(np.arange(40) == 3, -1, prompt))
+        with pytest.raises(ValueError, match="41 token ids for 40 rows"):
+            store.hit(st, 1, keys, 40, tokens=np.append(prompt, 1))
+        with pytest.raises(ValueError, match=r"hit_many: tokens\[45\] is -9"):  # the batch: flat in batch order
+            store.hit_many(st, [1, 2], [keys, keys[:5]], [40, 20],
+                           tokens=np.concatenate([prompt, np.where(np.arange(20) == 5, -9, prompt[:20])]))
+        with pytest.raises(ValueError, match="needs the token id of every row"):
+            store.hit_many(st, [1], [keys], [40])
         assert not st.state(1)["started"]
+        assert frozen(st, 1) == before and frozen(st, 2) == before2
+        assert (store.keys(), store.stats()) == store_before  # no hit counted
         hit = store.hit(st, 1, keys, 40, tokens=prompt)
         assert hit.replay_from > hit.first_row >= 0
         got = st.tokens(1, hit.first_row, hit.replay_from)

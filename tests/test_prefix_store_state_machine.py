@@ -69,9 +69,11 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         pages=hs.sampled_from([0, 1, 3, 8, 20, 60, 200]),
         system=hs.integers(0, 60),
         seed=hs.integers(0, 2**16),
+        kind=hs.sampled_from(["block", "block", "chain"]),
     )
-    def setup(self, dim, block, extra, seqs, storage, stage_dtype, block_tokens, pages, system, seed):
-        cfg = StagerConfig(dim, block, 2 * block + extra, max_seqs=seqs, storage=storage, stage_dtype=stage_dtype)
+    def setup(self, dim, block, extra, seqs, storage, stage_dtype, block_tokens, pages, system, seed, kind):
+        cfg = StagerConfig(dim, block, 2 * block + extra, max_seqs=seqs, storage=storage, stage_dtype=stage_dtype,
+                           kind=kind)
         ext = cfg.replace(rows="external")
         self.cfg, self.bt = cfg, block_tokens
         page_rows = min(block_tokens, cfg.w_keep)
@@ -94,6 +96,15 @@ class PrefixStoreMachine(RuleBasedStateMachine):
             own = np.clip(massive_rows(rng, MAX_LEN, dim, peak=3e4), -6e4, 6e4)
             own[:system] = base[:system]
             self.rows.append(own)
+        # Each conversation's token ids (a chain drafter's Stagers keep them beside the rows; the
+        # system prompt's are shared, as its keys are).
+        base_ids = rng.integers(0, 50000, MAX_LEN, dtype=np.int32)
+        self.ids = []
+        for _ in range(CONVS):
+            own_ids = rng.integers(0, 50000, MAX_LEN, dtype=np.int32)
+            own_ids[:system] = base_ids[:system]
+            self.ids.append(own_ids)
+        self.rng = rng
         self.system = system
         self.conv = [0] * seqs  # the conversation each sequence follows
         self.published: list[tuple[int, int]] = []  # (conversation, tokens) of requests that published
@@ -134,11 +145,56 @@ class PrefixStoreMachine(RuleBasedStateMachine):
             event("rejected: " + outs[0][1][0].__name__)
         return outs
 
+    @property
+    def chain_kind(self) -> bool:
+        return self.cfg.kind == "chain"
+
+    def prompt_kw(self, ids: np.ndarray) -> tuple[dict, bool]:
+        """A hit's tokens= (the prompt's ids, flat in a batch): a chain Stager's, now and then with
+        a negative id, none or one too many; a block Stager's none, now and then some. Returns (kw,
+        bad): bad when the ids must be refused."""
+        defect = self.rng.random()
+        if self.chain_kind:
+            if defect < 0.04 and len(ids):
+                bad = ids.copy()
+                bad[int(self.rng.integers(len(ids)))] = -1
+                return {"tokens": bad}, True
+            if defect < 0.07 and len(ids):
+                return {}, True
+            if defect < 0.10:
+                return {"tokens": np.append(ids, 7)}, True
+            return {"tokens": ids}, False
+        if defect < 0.05:
+            return {"tokens": ids}, True
+        return {}, False
+
+    def image(self):
+        """What a rejected call must leave as it was, in every pair: the store's keys and counters,
+        every sequence's state, counters and ids."""
+        out = []
+        for p in self.pairs:
+            seqs = []
+            for s in range(self.cfg.max_seqs):
+                ids = None
+                if self.chain_kind:
+                    lo, hi = p.st.buffered_positions(s)
+                    ids = p.st.tokens(s, lo, hi).tolist()
+                seqs.append((p.st.state(s), p.st.stats(s), ids))
+            out.append((p.store.keys(), p.store.stats(), seqs))
+        return out
+
+    def refused(self, before, outs, kw) -> None:
+        """A call with bad ids: refused everywhere (ValueError / TypeError, or the sequence's own
+        error first), nothing changed."""
+        assert outs[0][0] == "raise", (kw, outs)
+        assert self.image() == before, kw
+
     def feed(self, seq: int, lo: int, hi: int) -> None:
         """process rows [lo, hi) of the sequence's conversation; the owner writes the external rows."""
         rows = self.rows[self.conv[seq]][lo:hi]
         pos = np.arange(lo, hi)
-        outs = self.all4(lambda p: p.st.process(seq, pos, None if p.st.config.external_rows else rows))
+        kw = {"tokens": self.ids[self.conv[seq]][lo:hi]} if self.chain_kind else {}
+        outs = self.all4(lambda p: p.st.process(seq, pos, None if p.st.config.external_rows else rows, **kw))
         if outs[0][0] == "ok":
             slots = outs[2][1]
             assert np.array_equal(slots, outs[3][1])
@@ -231,7 +287,12 @@ class PrefixStoreMachine(RuleBasedStateMachine):
         keys = self.chain(conv, 0, h)
         if shift and keys:  # a chain that does not match the positions (or the wrong length)
             keys = keys[1:] if shift < 0 else keys + [b"extra"]
-        outs = self.all4(lambda p: p.store.hit(p.st, seq, keys, h))
+        kw, bad = self.prompt_kw(self.ids[conv][:h])
+        before = self.image() if bad else None
+        outs = self.all4(lambda p: p.store.hit(p.st, seq, keys, h, **kw))
+        if bad:
+            self.refused(before, outs, kw)
+            return
         self.moves(outs, self.table, self.ring)
         if outs[0][0] != "ok":
             return
@@ -285,7 +346,13 @@ class PrefixStoreMachine(RuleBasedStateMachine):
             hs_.append(h)
             convs.append(conv)
             extras.append(extra)
-        outs = self.all4(lambda p: p.store.hit_many(p.st, seqs, keys, hs_))
+        flat = np.concatenate([self.ids[c][:h] for c, h in zip(convs, hs_)])
+        kw, bad = self.prompt_kw(flat)
+        before = self.image() if bad else None
+        outs = self.all4(lambda p: p.store.hit_many(p.st, seqs, keys, hs_, **kw))
+        if bad:
+            self.refused(before, outs, kw)
+            return
         self.moves(outs, self.table, self.ring)
         if outs[0][0] != "ok":
             return
@@ -402,6 +469,13 @@ class PrefixStoreMachine(RuleBasedStateMachine):
                 assert p.st.state(s) == state, (p.name, s)
                 assert {k: p.st.stats(s)[k] for k in SEMANTIC_STATS} == counters, (p.name, s)
                 assert np.array_equal(p.st.accepted(s), self.held.st.accepted(s)), (p.name, s)
+            if self.chain_kind:  # the ids beside the rows: the same everywhere, the conversation's own
+                lo, hi = self.held.st.buffered_positions(s)
+                ids = self.held.st.tokens(s, lo, hi)
+                for p in self.pairs[1:]:
+                    assert np.array_equal(p.st.tokens(s, lo, hi), ids), (p.name, s)
+                if state["started"]:
+                    assert np.array_equal(ids, self.ids[self.conv[s]][lo:hi]), s
         # The Stagers' totals: a prefix start keeps the replaced request's counters in them.
         totals = self.held.st.totals()
         for p in self.pairs[1:]:

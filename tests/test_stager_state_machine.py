@@ -47,6 +47,11 @@ def assert_same_plan(a, b):
     np.testing.assert_array_equal(a.block_positions, b.block_positions)
     assert a.slots.dtype == b.slots.dtype == np.int64 and np.array_equal(a.slots, b.slots)
     assert a.positions.dtype == b.positions.dtype == np.int32
+    assert a.external == b.external
+    if a.tokens is not None or b.tokens is not None:  # a chain drafter's: the staged rows' ids
+        assert np.array_equal(a.tokens, b.tokens)
+    if a.external:  # external rows: the plan holds slots (compared above), not rows
+        return
     assert a.encoded_rows.dtype == np.uint8 and a.encoded_rows.tobytes() == b.encoded_rows.tobytes()
     assert a.rows.dtype == b.rows.dtype and a.rows.shape == b.rows.shape
     assert a.rows.tobytes() == b.rows.tobytes()
@@ -64,11 +69,12 @@ class CoreMatchesReference(RuleBasedStateMachine):
         nonfinite=hs.sampled_from(["error", "error", "zero", "clamp_f16", "clamp"]),
         strict=hs.booleans(),
         kind=hs.sampled_from(["block", "block", "chain"]),
+        rows=hs.sampled_from(["held", "held", "external"]),
     )
-    def setup(self, dim, block, extra, seqs, storage, max_failures, stage_dtype, nonfinite, strict, kind):
+    def setup(self, dim, block, extra, seqs, storage, max_failures, stage_dtype, nonfinite, strict, kind, rows):
         self.cfg = StagerConfig(
             dim, block, 2 * block + extra, max_seqs=seqs, storage=storage, max_failures=max_failures,
-            stage_dtype=stage_dtype, nonfinite=nonfinite, strict=strict, kind=kind,
+            stage_dtype=stage_dtype, nonfinite=nonfinite, strict=strict, kind=kind, rows=rows,
         )
         self.core = Stager(self.cfg)
         self.ref = ReferenceStager(self.cfg)
@@ -76,9 +82,14 @@ class CoreMatchesReference(RuleBasedStateMachine):
         self.snaps: list[bytes] = []
 
     # -- helpers --------------------------------------------------------
-    #: The calls that take rows, and where their positions are: a chain drafter's Stager
-    #: gets each row's token id with them (a function of the position; now and then a bad one).
-    _POSITIONS_AT = {"process": 1, "process_encoded": 1, "process_many": 2}
+    #: The calls that append rows (or check them), and where their positions (process,
+    #: reserve) or the tree's parents are: a chain drafter's Stager gets each row's token id
+    #: with them (a function of the position, or of the node; now and then a bad one).
+    _POSITIONS_AT = {"process": 1, "process_encoded": 1, "process_many": 2, "reserve": 1, "reserve_many": 2,
+                     "process_tree": 2, "check_process_tree": 2, "process_tree_many": 3}
+    #: Where their rows are (external rows: the core and the twin get None there, and the
+    #: owner's slots come back).
+    _ROWS_AT = {"process": 2, "process_many": 3, "process_tree": 3, "process_tree_many": 4}
 
     def token_ids(self, positions):
         ids = (np.abs(np.asarray(positions, np.int64)) * 7 + 3) % 50000
@@ -86,17 +97,58 @@ class CoreMatchesReference(RuleBasedStateMachine):
             ids[int(self.rng.integers(len(ids)))] = -1  # refused: ids are >= 0
         return ids
 
+    def token_kw(self, name, args):
+        """The tokens= of a call that takes them: a chain Stager's ids (now and then a negative one,
+        none, or one too many), a block Stager's none (now and then some). Returns (kw, bad): bad when
+        the ids themselves must be refused."""
+        n = len(np.asarray(args[self._POSITIONS_AT[name]]).reshape(-1))
+        ids = self.token_ids(args[self._POSITIONS_AT[name]])
+        bad = bool((ids < 0).any())
+        defect = self.rng.random()
+        if self.cfg.kind == "chain":
+            if defect < 0.04 and n:
+                return {}, True  # a chain drafter's rows need their ids
+            if defect < 0.08:
+                return {"tokens": np.append(ids, 5)}, True  # one id per row
+            return {"tokens": ids}, bad
+        if defect < 0.05:
+            return {"tokens": ids}, True  # a block drafter's Stager keeps no ids
+        return {}, False
+
+    def fingerprint(self):
+        """Everything a rejected call must leave as it was: every sequence's state, counters,
+        snapshot bytes (which hold the ids) and ids."""
+        out = []
+        for s in range(self.cfg.max_seqs):
+            st = self.core.state(s)
+            snap = None if st["open_round"] or st["tree_nodes"] or st["reservation_open"] else self.core.snapshot(s)
+            ids = None
+            if self.cfg.kind == "chain":
+                lo, hi = self.core.buffered_positions(s)
+                ids = self.core.tokens(s, lo, hi).tolist()
+            out.append((st, self.core.stats(s), snap, ids))
+        return out
+
     def both(self, name, *args):
-        kw = {}
-        if self.cfg.kind == "chain" and name in self._POSITIONS_AT:
-            kw["tokens"] = self.token_ids(args[self._POSITIONS_AT[name]])
+        kw, bad = {}, False
+        if name in self._POSITIONS_AT:
+            kw, bad = self.token_kw(name, args)
+        if self.cfg.rows == "external" and name in self._ROWS_AT:
+            at = self._ROWS_AT[name]
+            args = args[:at] + (None,) + args[at + 1:]
+        before = self.fingerprint() if bad else None
         a = outcome(lambda *x: getattr(self.core, name)(*x, **kw), *args)
         b = outcome(lambda *x: getattr(self.ref, name)(*x, **kw), *args)
-        assert a[0] == b[0], (name, args, a, b)
+        assert a[0] == b[0], (name, args, kw, a, b)
         if a[0] == "raise":  # the same exception, word for word
-            assert a[1][0] is b[1][0] and a[1][1] == b[1][1], (name, args, a, b)
+            assert a[1][0] is b[1][0] and a[1][1] == b[1][1], (name, args, kw, a, b)
         elif name in ("fork", "shift", "accept_path", "accept_path_many"):  # the moves an owner of external rows would apply
             assert a[1].dtype == b[1].dtype == np.int64 and np.array_equal(a[1], b[1]), (name, args, a, b)
+        elif isinstance(a[1], np.ndarray):  # the slots of external rows
+            assert a[1].dtype == b[1].dtype and np.array_equal(a[1], b[1]), (name, args, a, b)
+        if bad:  # bad ids: refused by both, nothing changed
+            assert a[0] == "raise", (name, args, kw, a)
+            assert self.fingerprint() == before, (name, args, kw)
         return a, b
 
     def pick(self, k):
@@ -238,7 +290,8 @@ class CoreMatchesReference(RuleBasedStateMachine):
                 assert_same_plan(pa, pb)
             np.testing.assert_array_equal(a[1].row_seq, b[1].row_seq)
             np.testing.assert_array_equal(a[1].positions, b[1].positions)
-            assert a[1].rows.tobytes() == b[1].rows.tobytes()
+            if not self.cfg.external_rows:
+                assert a[1].rows.tobytes() == b[1].rows.tobytes()
 
     @rule(
         seq=hs.integers(0, 5),
@@ -348,6 +401,40 @@ class CoreMatchesReference(RuleBasedStateMachine):
         seq = self.pick(seq)
         self.both("process_tree", seq, self.end(seq), self.tree(n, None), self.rows(n, "float32", 1.0, None))
 
+    @rule(seq=SEQ, n=hs.integers(0, 4), tree_bad=hs.sampled_from([None, None, "later", "n_past"]))
+    def check_process_tree(self, seq, n, tree_bad):
+        """process_tree's checks alone (after a round's draft): the same verdict, nothing changed."""
+        seq = self.pick(seq)
+        if 0 <= seq < self.cfg.max_seqs and self.ref.state(seq)["started"]:
+            a, _ = self.both("draft", seq, self.end(seq))
+            if a[0] == "ok" and a[1].skip is None:
+                self.both("commit", seq)
+        before = self.fingerprint()
+        self.both("check_process_tree", seq, self.end(seq) + (tree_bad == "n_past"),
+                  np.array(self.tree(n, tree_bad), np.int64))
+        assert self.fingerprint() == before
+
+    # -- slots before the rows (external rows; held: refused) ------------
+    @rule(seq=SEQ, n=hs.integers(0, 6), offset=hs.sampled_from([0, 0, 0, 1, -1]),
+          close=hs.sampled_from(["confirm", "cancel", "confirm_many", "cancel_many", None]))
+    def reserve(self, seq, n, offset, close):
+        """reserve the next rows' slots (with their ids), then confirm or cancel (or leave it open)."""
+        seq = self.pick(seq)
+        start = max(0, self.end(seq) + offset)
+        self.both("reserve", seq, np.arange(start, start + n))
+        if close is not None:
+            self.both(close, [seq] if close.endswith("_many") else seq)
+
+    @rule(seqs=hs.lists(SEQ, max_size=3), counts=hs.lists(hs.integers(0, 3), min_size=3, max_size=3),
+          close=hs.sampled_from(["confirm_many", "cancel_many", None]))
+    def reserve_many(self, seqs, counts, close):
+        ids = [self.pick(s) for s in seqs]
+        pos = [np.arange(self.end(s), self.end(s) + c) for s, c in zip(ids, counts)]
+        cu = np.cumsum([0] + [len(p) for p in pos])
+        self.both("reserve_many", np.array(ids, np.int64), cu, np.concatenate(pos + [np.zeros(0, np.int64)]))
+        if close is not None:
+            self.both(close, ids)
+
     @rule(seq=SEQ, nodes=hs.lists(hs.integers(-1, 6), max_size=5))
     def accept_path_anytime(self, seq, nodes):
         self.both("accept_path", self.pick(seq), nodes)
@@ -449,7 +536,7 @@ class CoreMatchesReference(RuleBasedStateMachine):
             assert {k: sa[k] for k in SEMANTIC_STATS} == {k: sb[k] for k in SEMANTIC_STATS}
             assert sa["peak_rows"] <= bound
             assert np.array_equal(self.core.accepted(s), self.ref.accepted(s)), s
-            if not a["open_round"] and not a["tree_nodes"]:
+            if not a["open_round"] and not a["tree_nodes"] and not a["reservation_open"]:
                 assert self.core.snapshot(s) == self.ref.snapshot(s)
             if self.cfg.kind == "chain":  # the ids beside the rows: a snapshot holds them too, this reads them
                 lo, hi = self.core.buffered_positions(s)

@@ -386,6 +386,34 @@ void check_tokens(Fixture& fx, std::int64_t seq) {
     FUZZ_CHECK(got == want);
 }
 
+// Token ids of n rows drawn from a byte (the calls that append rows but op_process): a chain
+// stager's, mostly valid, now and then one negative (tok % 8 == 7) or none at all (tok % 16 ==
+// 15), both refused with nothing changed; a block stager's none, now and then some (tok % 32 ==
+// 31), refused. Through both APIs the same pointer, so the core's checks are compared.
+struct Ids {
+    std::vector<std::int32_t> v;
+    const std::int32_t* p = nullptr;
+};
+
+Ids ids_of(const Fixture& fx, std::size_t n, std::uint8_t seed, std::uint8_t tok) {
+    Ids out;
+    out.v.resize(n + 1);  // never empty: a pointer even for no rows
+    for (std::size_t i = 0; i < n; ++i) out.v[i] = static_cast<std::int32_t>((seed * 131u + i * 7u + 11u) % 50000u);
+    if (fx.c.kind == DSPARK_KIND_CHAIN) {
+        if (tok % 16 == 15) return out;
+        if (n && tok % 8 == 7) out.v[(tok >> 4) % n] = -1 - (tok >> 7);
+        out.p = out.v.data();
+    } else if (tok % 32 == 31) {
+        out.p = out.v.data();
+    }
+    return out;
+}
+
+// The rows a round appends: a chain stager's with valid ids, a block stager's without.
+const std::int32_t* round_ids(const Fixture& fx, Ids& ids) {
+    return fx.c.kind == DSPARK_KIND_CHAIN ? ids.v.data() : nullptr;
+}
+
 void op_process(Reader& r, Fixture& fx, std::int64_t seq) {
     const std::size_t n = r.u8() % 10;
     const std::uint8_t pmode = r.u8(), tmode = r.u8(), seed = r.u8(), special = r.u8(), bad = r.u8();
@@ -810,14 +838,17 @@ void round_of(Fixture& fx, std::int64_t seq, std::uint8_t acc, std::uint8_t seed
     }
     const std::size_t n = static_cast<std::size_t>(fx.c.block_size + 1), D = static_cast<std::size_t>(fx.c.feature_dim);
     const auto x = rows_of(n, D, seed, 0);
+    Ids ids = ids_of(fx, n, seed, 0);
+    const std::int32_t* tp = round_ids(fx, ids);
     std::vector<std::int64_t> pos(n), slots(n), want(n);
     for (std::size_t i = 0; i < n; ++i) pos[i] = end + static_cast<std::int64_t>(i);
     if (fx.external)
-        check_same(dspark_process_external(fx.st, seq, pos.data(), n, slots.data()),
-                   expect_of([&] { fx.cpp->process_external(seq, pos.data(), n, want.data()); }), "round process");
+        check_same(dspark_process_external_tokens(fx.st, seq, pos.data(), n, slots.data(), tp),
+                   expect_of([&] { fx.cpp->process_external(seq, pos.data(), n, want.data(), tp); }), "round process");
     else
-        check_same(dspark_process(fx.st, seq, pos.data(), n, x.data(), DSPARK_DTYPE_F32, x.size() * 4),
-                   expect_of([&] { fx.cpp->process(seq, pos.data(), n, x.data(), ElemType::F32); }), "round process");
+        check_same(dspark_process_tokens(fx.st, seq, pos.data(), n, x.data(), DSPARK_DTYPE_F32, x.size() * 4, tp),
+                   expect_of([&] { fx.cpp->process(seq, pos.data(), n, x.data(), ElemType::F32, tp); }), "round process");
+    check_tokens(fx, seq);
     const std::int64_t a = acc % (fx.c.block_size + 1);
     check_same(dspark_accept(fx.st, seq, a), expect_of([&] { fx.cpp->accept(seq, a); }), "round accept");
 }
@@ -826,7 +857,7 @@ void round_of(Fixture& fx, std::int64_t seq, std::uint8_t acc, std::uint8_t seed
 // fuzzed parents (mostly valid), a fuzzed path (mostly root-to-node), each
 // call through the C ABI and the C++ oracle, statuses, slots and moves alike.
 void tree_round_of(Reader& r, Fixture& fx, std::int64_t seq) {
-    const std::uint8_t size = r.u8(), shape = r.u8(), pick_node = r.u8(), damage = r.u8(), seed = r.u8();
+    const std::uint8_t size = r.u8(), shape = r.u8(), pick_node = r.u8(), damage = r.u8(), seed = r.u8(), tok = r.u8();
     if (!fx.valid(seq)) return;
     const std::int64_t end = fx.end_of(seq);
     dspark_plan plan;
@@ -847,28 +878,41 @@ void tree_round_of(Reader& r, Fixture& fx, std::int64_t seq) {
     if (n && damage % 8 == 1) parents[(damage >> 3) % n] = static_cast<std::int64_t>(n);  // a parent after its child
     const std::int64_t root = damage % 8 == 2 ? end + 1 : end;
     const auto x = rows_of(n, D, seed, 0);
+    // Each node's token id (a chain stager's: the _tokens forms; a block stager's: the plain
+    // forms, now and then a _tokens form, refused).
+    const Ids ids = ids_of(fx, n, seed, tok);
+    const std::int32_t* tp = ids.p;
     std::vector<std::int64_t> slots(n, -9), want(n, -9);
     const std::int64_t cu[2] = {0, static_cast<std::int64_t>(n)};
+    const auto before = fx.fingerprint();
+    dspark_status ts = DSPARK_OK;
     if (damage & 0x80) {  // the batched form, one sequence
         if (fx.external)
-            check_same(dspark_process_tree_external_many(fx.st, &seq, 1, cu, &root, parents.data(), n, slots.data()),
-                       expect_of([&] { fx.cpp->process_tree_external_many(&seq, 1, cu, &root, parents.data(), n, want.data()); }),
+            check_same(ts = dspark_process_tree_external_many_tokens(fx.st, &seq, 1, cu, &root, parents.data(), n, slots.data(), tp),
+                       expect_of([&] { fx.cpp->process_tree_external_many(&seq, 1, cu, &root, parents.data(), n, want.data(),
+                                                                          "process_tree_external_many", tp); }),
                        "process_tree_external_many");
         else
-            check_same(dspark_process_tree_many(fx.st, &seq, 1, cu, &root, parents.data(), n, x.data(), DSPARK_DTYPE_F32,
-                                                x.size() * 4),
-                       expect_of([&] { fx.cpp->process_tree_many(&seq, 1, cu, &root, parents.data(), n, x.data(), ElemType::F32); }),
+            check_same(ts = dspark_process_tree_many_tokens(fx.st, &seq, 1, cu, &root, parents.data(), n, x.data(), DSPARK_DTYPE_F32,
+                                                            x.size() * 4, tp),
+                       expect_of([&] { fx.cpp->process_tree_many(&seq, 1, cu, &root, parents.data(), n, x.data(), ElemType::F32, tp); }),
                        "process_tree_many");
     } else if (fx.external) {
-        check_same(dspark_process_tree_external(fx.st, seq, root, parents.data(), n, slots.data()),
-                   expect_of([&] { fx.cpp->process_tree_external(seq, root, parents.data(), n, want.data()); }),
+        check_same(ts = dspark_process_tree_external_tokens(fx.st, seq, root, parents.data(), n, slots.data(), tp),
+                   expect_of([&] { fx.cpp->process_tree_external(seq, root, parents.data(), n, want.data(), tp); }),
                    "process_tree_external");
     } else {
-        check_same(dspark_process_tree(fx.st, seq, root, parents.data(), n, x.data(), DSPARK_DTYPE_F32, x.size() * 4),
-                   expect_of([&] { fx.cpp->process_tree(seq, root, parents.data(), n, x.data(), ElemType::F32); }),
+        check_same(ts = dspark_process_tree_tokens(fx.st, seq, root, parents.data(), n, x.data(), DSPARK_DTYPE_F32, x.size() * 4, tp),
+                   expect_of([&] { fx.cpp->process_tree(seq, root, parents.data(), n, x.data(), ElemType::F32, tp); }),
                    "process_tree");
     }
     FUZZ_CHECK(slots == want);
+    // A refused id (negative, missing, or given to a block stager) is refused with nothing changed.
+    const bool bad_ids = fx.c.kind == DSPARK_KIND_CHAIN ? (tp == nullptr && n) || std::any_of(ids.v.begin(), ids.v.begin() + static_cast<std::ptrdiff_t>(n), [](std::int32_t v) { return v < 0; })
+                                                        : tp != nullptr;
+    if (bad_ids) FUZZ_CHECK(ts != DSPARK_OK);
+    if (ts != DSPARK_OK) FUZZ_CHECK(fx.fingerprint() == before);
+    check_tokens(fx, seq);
     // The path from a node up to the root, reversed; sometimes spoiled.
     std::vector<std::int64_t> path;
     if (n) {
@@ -889,10 +933,12 @@ void tree_round_of(Reader& r, Fixture& fx, std::int64_t seq) {
         check_same(dspark_accept_path(fx.st, seq, path.data(), path.size()), w, "accept_path");
     }
     check_moves(moved);
+    check_tokens(fx, seq);  // the kept nodes' ids moved with their rows
     if (fx.cpp->state(seq).tree_nodes) {  // a bad path left the tree: keep the root alone
         const std::int64_t just_root = 0;
         check_same(dspark_accept_path(fx.st, seq, &just_root, 1), expect_of([&] { fx.cpp->accept_path(seq, &just_root, 1); }),
                    "accept_path(root)");
+        check_tokens(fx, seq);
     }
 }
 
@@ -916,7 +962,7 @@ std::pair<dspark_status, std::string> outcome_of(Fn&& fn) {
 // nothing. Ids may repeat or be unknown, offsets may be broken, positions
 // may skip; k = 0 is an empty batch.
 void op_batch(Reader& r, Fixture& fx) {
-    const std::uint8_t kind = r.u8(), shape = r.u8(), mode = r.u8(), seed = r.u8();
+    const std::uint8_t kind = r.u8(), shape = r.u8(), mode = r.u8(), seed = r.u8(), tok = r.u8();
     const std::size_t k = shape % 5, D = static_cast<std::size_t>(std::max<std::int64_t>(0, fx.c.feature_dim));
     std::vector<std::int64_t> seqs(k), cu{0}, pos, vals(k);
     for (std::size_t i = 0; i < k; ++i) {
@@ -938,6 +984,12 @@ void op_batch(Reader& r, Fixture& fx) {
         fstages[i] = static_cast<FailStage>(stages[i]);
     }
     const std::int64_t seq = k ? seqs[0] : fx.seq_of(seed);
+    // The rows' token ids, flat as the rows (the calls that append rows: process_many,
+    // process_external_many, reserve_many, reserve); the _tokens forms with ids_of's draws.
+    const Ids ids = ids_of(fx, total, seed, tok);
+    const std::int32_t* tp = ids.p;
+    bool appends = false;  // the call takes ids
+    std::size_t n_ids = total;  // how many of them it reads
     const auto before = fx.fingerprint();
     dspark_status s = DSPARK_OK;
     std::pair<dspark_status, std::string> w;
@@ -945,14 +997,18 @@ void op_batch(Reader& r, Fixture& fx) {
     switch (kind % 12) {
         case 0:
             name = "process_many";
-            s = dspark_process_many(fx.st, seqs.data(), k, cu.data(), pos.data(), total, x.data(), DSPARK_DTYPE_F32,
-                                    x.size() * 4);
-            w = outcome_of([&] { fx.cpp->process_many(seqs.data(), k, cu.data(), pos.data(), total, x.data(), ElemType::F32); });
+            appends = true;
+            s = dspark_process_many_tokens(fx.st, seqs.data(), k, cu.data(), pos.data(), total, x.data(), DSPARK_DTYPE_F32,
+                                           x.size() * 4, tp);
+            w = outcome_of([&] { fx.cpp->process_many(seqs.data(), k, cu.data(), pos.data(), total, x.data(), ElemType::F32, tp); });
             break;
         case 1:
             name = "process_external_many";
-            s = dspark_process_external_many(fx.st, seqs.data(), k, cu.data(), pos.data(), total, slots.data());
-            w = outcome_of([&] { fx.cpp->process_external_many(seqs.data(), k, cu.data(), pos.data(), total, want.data()); });
+            appends = true;
+            s = dspark_process_external_many_tokens(fx.st, seqs.data(), k, cu.data(), pos.data(), total, slots.data(), tp);
+            w = outcome_of([&] {
+                fx.cpp->process_external_many(seqs.data(), k, cu.data(), pos.data(), total, want.data(), "process_external_many", tp);
+            });
             break;
         case 2:
             name = "accept_many";
@@ -971,8 +1027,9 @@ void op_batch(Reader& r, Fixture& fx) {
             break;
         case 5:
             name = "reserve_many";
-            s = dspark_reserve_many(fx.st, seqs.data(), k, cu.data(), pos.data(), total, slots.data());
-            w = outcome_of([&] { fx.cpp->reserve_many(seqs.data(), k, cu.data(), pos.data(), total, want.data()); });
+            appends = true;
+            s = dspark_reserve_many_tokens(fx.st, seqs.data(), k, cu.data(), pos.data(), total, slots.data(), tp);
+            w = outcome_of([&] { fx.cpp->reserve_many(seqs.data(), k, cu.data(), pos.data(), total, want.data(), tp); });
             break;
         case 6:
             name = "confirm_many";
@@ -993,8 +1050,10 @@ void op_batch(Reader& r, Fixture& fx) {
             name = "reserve";
             // The first sequence's rows (cu may have been broken above: clamp to the array).
             const std::size_t n = k ? std::min<std::size_t>(static_cast<std::size_t>(std::max<std::int64_t>(cu[1], 0)), total) : 0;
-            s = dspark_reserve(fx.st, seq, pos.data(), n, slots.data());
-            w = outcome_of([&] { fx.cpp->reserve(seq, pos.data(), n, want.data()); });
+            appends = true;
+            n_ids = n;
+            s = dspark_reserve_tokens(fx.st, seq, pos.data(), n, slots.data(), tp);
+            w = outcome_of([&] { fx.cpp->reserve(seq, pos.data(), n, want.data(), tp); });
             break;
         }
         case 10:  // drafting per request: one sequence or the batch, off or on
@@ -1045,12 +1104,20 @@ void op_batch(Reader& r, Fixture& fx) {
         std::fprintf(stderr, "%s: C ABI \"%s\", C++ API \"%s\"\n", name, dspark_last_error(), w.second.c_str());
         FUZZ_CHECK(w.second == dspark_last_error());
     }
+    // A refused id (negative, missing, or given to a block stager) is refused with nothing changed.
+    if (appends && (fx.c.kind == DSPARK_KIND_CHAIN
+                        ? (tp == nullptr && n_ids) || std::any_of(ids.v.begin(), ids.v.begin() + static_cast<std::ptrdiff_t>(n_ids),
+                                                       [](std::int32_t v) { return v < 0; })
+                        : tp != nullptr))
+        FUZZ_CHECK(s != DSPARK_OK);
     if (s != DSPARK_OK) {
         FUZZ_CHECK(fx.fingerprint() == before);
         FUZZ_CHECK(slots[0] == -9 && dis[0] == -9);  // outputs untouched
         return;
     }
     FUZZ_CHECK(slots == want && dis == want_dis);
+    if (appends)  // the ids beside the rows, through both APIs
+        for (std::size_t i = 0; i < std::max<std::size_t>(k, 1); ++i) check_tokens(fx, k ? seqs[i] : seq);
 }
 
 // The op code of a round verified as a tree: one that no recorded finding
@@ -1079,12 +1146,14 @@ void step(Reader& r, Fixture& fx) {
             for (std::int64_t k = 0; k * static_cast<std::int64_t>(chunk) <= fx.ring; ++k) {
                 const auto pos = positions(fx, seq, chunk, 0);
                 const auto x = rows_of(chunk, D, static_cast<std::uint8_t>(k), 0);
+                Ids ids = ids_of(fx, chunk, static_cast<std::uint8_t>(k), 0);
+                const std::int32_t* tp = round_ids(fx, ids);
                 std::vector<std::int64_t> slots(chunk), want(chunk);
-                const dspark_status s = fx.external ? dspark_process_external(fx.st, seq, pos.data(), chunk, slots.data())
-                                                    : dspark_process(fx.st, seq, pos.data(), chunk, x.data(), DSPARK_DTYPE_F32, x.size() * 4);
+                const dspark_status s = fx.external ? dspark_process_external_tokens(fx.st, seq, pos.data(), chunk, slots.data(), tp)
+                                                    : dspark_process_tokens(fx.st, seq, pos.data(), chunk, x.data(), DSPARK_DTYPE_F32, x.size() * 4, tp);
                 const dspark_status w = expect_of([&] {
-                    if (fx.external) fx.cpp->process_external(seq, pos.data(), chunk, want.data());
-                    else fx.cpp->process(seq, pos.data(), chunk, x.data(), ElemType::F32);
+                    if (fx.external) fx.cpp->process_external(seq, pos.data(), chunk, want.data(), tp);
+                    else fx.cpp->process(seq, pos.data(), chunk, x.data(), ElemType::F32, tp);
                 });
                 check_same(s, w, "long decode");
                 if (s != DSPARK_OK) break;

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "dspark/crc32c.hpp"
+#include "dspark/dspark.h"
 #include "dspark/errors.hpp"
 #include "dspark/prefix_store.hpp"
 #include "dspark/stager.hpp"
@@ -97,6 +98,11 @@ std::vector<float> rows_of(int conv, std::int64_t lo, std::int64_t hi, float sca
     for (std::int64_t p = lo; p < hi; ++p)
         for (std::int64_t c = 0; c < D; ++c) r[static_cast<std::size_t>((p - lo) * D + c)] = scale * value(conv, p, c);
     return r;
+}
+
+// The id of the token at position p of conversation conv (the prompt a chain drafter's hit takes).
+std::int32_t tok_of(int conv, std::int64_t p) {
+    return static_cast<std::int32_t>((conv * 7919 + p * 31 + 5) % 50000);
 }
 
 // A chain of keys: key of block [s, e) of conversation conv is "c<conv>:<s>:<e>".
@@ -275,6 +281,34 @@ void import_checked(PrefixStore& store, const std::vector<std::uint8_t>& data) {
     check_store(store);
 }
 
+StagerOptions chain_options(StagerOptions o) {
+    o.kind = DrafterKind::Chain;
+    return o;
+}
+
+// A C ABI stager of the configuration (the C++ defaults of every field not set).
+dspark_stager* c_stager(const StagerOptions& o) {
+    dspark_config c;
+    dspark_config_init(&c);
+    c.storage = static_cast<std::int32_t>(o.storage);
+    c.feature_dim = o.feature_dim;
+    c.block_size = o.block_size;
+    c.window = o.window;
+    c.max_seqs = o.max_seqs;
+    c.kind = o.kind == DrafterKind::Chain ? DSPARK_KIND_CHAIN : DSPARK_KIND_BLOCK;
+    dspark_stager* st = nullptr;
+    FUZZ_CHECK(dspark_stager_create(&c, &st) == DSPARK_OK && st != nullptr);
+    return st;
+}
+
+// The C ABI's status as the C++ outcome it stands for.
+int outcome_of_status(dspark_status s) {
+    if (s == DSPARK_OK) return OK;
+    if (s == DSPARK_E_STATE) return STATE;
+    FUZZ_CHECK(s == DSPARK_E_INVALID_ARGUMENT || s == DSPARK_E_CONFIG || s == DSPARK_E_TYPE);
+    return INVALID;
+}
+
 struct Harness {
     Config c;
     Stager st;        // sequence q belongs to conversation q
@@ -282,9 +316,228 @@ struct Harness {
     Stager full;      // sequence 0: a full prefill, the hits' oracle
     PrefixStore store, other;
     std::int64_t bt;
+    // A chain drafter's hits (docs/design.md 2.12): the C ABI's chain stager (cst) hits cstore, a
+    // copy of store's blocks made before every hit, through dspark_prefix_hit(_many)_tokens; its
+    // oracle is the C++ chain stager chit hitting store. A block stager through the C ABI (cbst)
+    // hits with the plain forms (the oracle: hitter), and its _tokens forms are refused.
+    Stager chit;
+    dspark_stager* cst = nullptr;
+    dspark_stager* cbst = nullptr;
+    dspark_prefix_store* cstore = nullptr;
+    int chit_conv[N_CONV] = {-1, -1, -1};  // the conversation whose prompt a chain sequence hit, or -1
 
     explicit Harness(const Config& cfg)
-        : c(cfg), st(cfg.so), hitter(cfg.so), full(cfg.so), store(cfg.po), other(cfg.po), bt(cfg.po.block_tokens) {}
+        : c(cfg), st(cfg.so), hitter(cfg.so), full(cfg.so), store(cfg.po), other(cfg.po), bt(cfg.po.block_tokens),
+          chit(chain_options(cfg.so)) {
+        cst = c_stager(chit.options());
+        cbst = c_stager(cfg.so);
+        FUZZ_CHECK(dspark_prefix_store_create(cst, cfg.po.block_tokens, cfg.po.budget_bytes, &cstore) == DSPARK_OK);
+    }
+    ~Harness() {
+        dspark_prefix_store_destroy(cstore);
+        dspark_stager_destroy(cst);
+        dspark_stager_destroy(cbst);
+    }
+    Harness(const Harness&) = delete;
+    Harness& operator=(const Harness&) = delete;
+
+    // cstore holds store's blocks (their rows as exported), nothing else.
+    void sync_cstore() {
+        FUZZ_CHECK(dspark_prefix_clear(cstore) == DSPARK_OK);
+        for (const std::string& k : store.keys()) {
+            const auto data = export_of(store, k);
+            std::size_t n_slots = 9;
+            FUZZ_CHECK(dspark_prefix_import(cstore, data.data(), data.size(), nullptr, 0, &n_slots) == DSPARK_OK);
+            FUZZ_CHECK(n_slots == 0);
+        }
+        std::size_t n = 0;
+        FUZZ_CHECK(dspark_prefix_count(cstore, &n) == DSPARK_OK && n == store.size());
+    }
+
+    // A C ABI stager's sequence: its state and snapshot bytes (a snapshot holds the ids).
+    static std::vector<std::uint8_t> c_image(dspark_stager* s, std::int64_t q) {
+        dspark_state x;
+        dspark_state_init(&x);
+        FUZZ_CHECK(dspark_state_get(s, q, &x) == DSPARK_OK);
+        std::vector<std::uint8_t> out(reinterpret_cast<const std::uint8_t*>(&x),
+                                      reinterpret_cast<const std::uint8_t*>(&x) + sizeof x);
+        std::size_t n = 0, w = 0;
+        if (dspark_snapshot_size(s, q, &n) == DSPARK_OK) {
+            std::vector<std::uint8_t> snap(n);
+            FUZZ_CHECK(dspark_snapshot(s, q, snap.data(), n, &w) == DSPARK_OK && w == n);
+            out.insert(out.end(), snap.begin(), snap.end());
+        }
+        return out;
+    }
+    // The C++ chain stager's sequence as the same bytes: its snapshot (and its state, below).
+    std::vector<std::uint8_t> cpp_snapshot(std::int64_t q) const {
+        std::vector<std::uint8_t> snap;
+        if (outcome_of([&] { snap = chit.snapshot(q); }) != OK) return {};
+        return snap;
+    }
+
+    // cst and chit agree on every sequence: state, snapshot bytes, the ids of the stageable rows;
+    // a sequence started by a hit holds its prompt's ids.
+    void check_chain_twins() {
+        for (std::int64_t q = 0; q < N_CONV; ++q) {
+            dspark_state x;
+            dspark_state_init(&x);
+            FUZZ_CHECK(dspark_state_get(cst, q, &x) == DSPARK_OK);
+            const SeqState y = chit.state(q);
+            FUZZ_CHECK(x.started == y.started && x.end == y.end && x.horizon == y.horizon && x.n_cache == y.n_cache &&
+                       x.pos_base == y.pos_base && x.open_round == y.open_round && x.n_retained == y.n_retained &&
+                       x.n_pending == y.n_pending && x.first_round == y.first_round);
+            std::size_t n = 0, w = 0;
+            const bool has = dspark_snapshot_size(cst, q, &n) == DSPARK_OK;
+            const std::vector<std::uint8_t> want = cpp_snapshot(q);
+            FUZZ_CHECK(has == !want.empty());
+            if (has) {
+                std::vector<std::uint8_t> snap(n);
+                FUZZ_CHECK(dspark_snapshot(cst, q, snap.data(), n, &w) == DSPARK_OK && snap == want);
+            }
+            const std::int64_t lo = y.started ? y.horizon : 0, hi = y.started ? y.end : 0;
+            std::vector<std::int32_t> got(static_cast<std::size_t>(hi - lo) + 1, -7), ids(got.size(), -7);
+            FUZZ_CHECK(dspark_tokens(cst, q, lo, hi, got.data()) == DSPARK_OK);
+            chit.tokens(q, lo, hi, ids.data());
+            FUZZ_CHECK(got == ids);
+            if (chit_conv[q] >= 0)
+                for (std::int64_t p = lo; p < hi; ++p)
+                    FUZZ_CHECK(got[static_cast<std::size_t>(p - lo)] == tok_of(chit_conv[q], p));
+        }
+    }
+
+    // One chain hit of conversation conv's first h positions under ch (through the C ABI and the
+    // C++ oracle), with the prompt's ids drawn by tk: mostly right, tk % 8 == 7 one negative,
+    // tk % 16 == 15 none (refused, nothing changed); then the plain and _tokens forms on the C
+    // block stager. `looked`, `seen`: what lookup and the block hitter found.
+    void chain_hit(int conv, const Chain& ch, std::int64_t h, std::uint8_t tk, int looked, const PrefixHit& seen,
+                   const std::string& seen_what) {
+        std::vector<std::int32_t> ids(static_cast<std::size_t>(h) + 1);
+        for (std::int64_t p = 0; p < h; ++p) ids[static_cast<std::size_t>(p)] = tok_of(conv, p);
+        const bool none = tk % 16 == 15, negative = !none && h && tk % 8 == 7;
+        if (negative) ids[(tk >> 4) % static_cast<std::size_t>(h)] = -1;
+        const std::int32_t* tp = none ? nullptr : ids.data();
+        const std::int64_t q = tk % N_CONV;
+        sync_cstore();
+        const auto c_before = c_image(cst, q);
+        const auto cpp_before = cpp_snapshot(q);
+        const std::string sb = state_image(chit);
+        std::string what;
+        PrefixHit got;
+        std::vector<SlotMove> moves;
+        const int out = outcome_of([&] { got = chit.start_from_prefix(q, store, ch.view(), h, &moves, nullptr, tp); }, &what);
+        dspark_prefix_hit_result res;
+        std::memset(&res, 0x5a, sizeof res);
+        const dspark_status s = dspark_prefix_hit_tokens(cst, q, cstore, reinterpret_cast<const std::uint8_t*>(ch.bytes.data()),
+                                                         ch.offsets.data(), ch.n(), h, tp, &res);
+        FUZZ_CHECK(outcome_of_status(s) == out && (s == DSPARK_OK ? std::string() : what) == dspark_last_error());
+        if (none && h) FUZZ_CHECK(out == INVALID);
+        if (negative) FUZZ_CHECK(out == INVALID);
+        if (!none && !negative) {  // the ids change nothing else: the block hitter's outcome and hit
+            FUZZ_CHECK(out == looked && (out == OK || what == seen_what));
+        }
+        if (out != OK) {
+            FUZZ_CHECK(c_image(cst, q) == c_before && cpp_snapshot(q) == cpp_before && state_image(chit) == sb);
+        } else {
+#define DSPARK_SAME_FIELD(type, name) && got.name == seen.name && static_cast<std::int64_t>(res.name) == static_cast<std::int64_t>(got.name)
+            FUZZ_CHECK(true DSPARK_PREFIX_HIT_FIELDS(DSPARK_SAME_FIELD));
+#undef DSPARK_SAME_FIELD
+            chit_conv[q] = conv;
+            // The rows the hit brought back carry the prompt's ids.
+            const std::size_t m = static_cast<std::size_t>(got.replay_from - got.first_row);
+            std::vector<std::int32_t> back(m + 1, -7);
+            FUZZ_CHECK(dspark_tokens(cst, q, got.first_row, got.replay_from, back.data()) == DSPARK_OK);
+            for (std::size_t i = 0; i < m; ++i) FUZZ_CHECK(back[i] == tok_of(conv, got.first_row + static_cast<std::int64_t>(i)));
+        }
+        check_chain_twins();
+        // A block stager through the C ABI: the plain form finds what the block hitter found;
+        // the _tokens form (ids given) is refused, nothing changed.
+        const auto b_before = c_image(cbst, 0);
+        std::memset(&res, 0x5a, sizeof res);
+        const dspark_status bs = dspark_prefix_hit_tokens(cbst, 0, cstore, reinterpret_cast<const std::uint8_t*>(ch.bytes.data()),
+                                                          ch.offsets.data(), ch.n(), h, ids.data(), &res);
+        FUZZ_CHECK(bs != DSPARK_OK && c_image(cbst, 0) == b_before);
+        const dspark_status ps = dspark_prefix_hit(cbst, 0, cstore, reinterpret_cast<const std::uint8_t*>(ch.bytes.data()),
+                                                   ch.offsets.data(), ch.n(), h, &res);
+        FUZZ_CHECK(outcome_of_status(ps) == looked);
+        if (ps == DSPARK_OK) {
+#define DSPARK_SAME_FIELD(type, name) && static_cast<std::int64_t>(res.name) == static_cast<std::int64_t>(seen.name)
+            FUZZ_CHECK(true DSPARK_PREFIX_HIT_FIELDS(DSPARK_SAME_FIELD));
+#undef DSPARK_SAME_FIELD
+        }
+    }
+
+    // Several chain hits in one call (dspark_prefix_hit_many_tokens against C++
+    // start_from_prefix_many, ids flat in batch order; sequences may repeat, defects as
+    // chain_hit's); with right ids, the block hitter's batch finds the same.
+    void chain_hit_many(Reader& r) {
+        const std::uint8_t shape = r.u8(), tk = r.u8();
+        const std::size_t k = 1 + shape % 3;
+        std::vector<std::int64_t> seqs(k), n_tokens(k);
+        std::vector<int> convs(k);
+        std::vector<Chain> chains(k);
+        std::string keys;
+        std::vector<std::size_t> key_offsets{0}, chain_offsets{0};
+        std::vector<std::int32_t> ids;
+        for (std::size_t i = 0; i < k; ++i) {
+            seqs[i] = r.u8() % N_CONV;
+            convs[i] = r.u8() % N_CONV;
+            n_tokens[i] = r.u16() % (MAX_LEN + 1);
+            chains[i] = chain_of(convs[i], 0, n_tokens[i], bt, (shape >> 4) % 8 == 7 ? 1 : 0);
+            for (std::size_t j = 0; j < chains[i].n(); ++j) {
+                keys += chains[i].key(j);
+                key_offsets.push_back(keys.size());
+            }
+            chain_offsets.push_back(key_offsets.size() - 1);
+            for (std::int64_t p = 0; p < n_tokens[i]; ++p) ids.push_back(tok_of(convs[i], p));
+        }
+        const std::size_t total = ids.size();
+        ids.push_back(0);  // never empty
+        const bool none = tk % 16 == 15, negative = !none && total && tk % 8 == 7;
+        if (negative) ids[(tk >> 4) % total] = -3;
+        const std::int32_t* tp = none ? nullptr : ids.data();
+        std::vector<KeyChain> views(k);
+        for (std::size_t i = 0; i < k; ++i) views[i] = chains[i].view();
+        sync_cstore();
+        std::vector<std::vector<std::uint8_t>> c_before, cpp_before;
+        for (std::int64_t q = 0; q < N_CONV; ++q) {
+            c_before.push_back(c_image(cst, q));
+            cpp_before.push_back(cpp_snapshot(q));
+        }
+        const std::string sb = state_image(chit);
+        std::vector<PrefixHit> hits, bhits;
+        std::vector<SlotMove> moves;
+        std::string what, bwhat;
+        const int out = outcome_of([&] {
+            chit.start_from_prefix_many(seqs.data(), k, store, views.data(), n_tokens.data(), hits, &moves, nullptr, tp);
+        }, &what);
+        std::vector<dspark_prefix_hit_result> res(k);
+        const dspark_status s = dspark_prefix_hit_many_tokens(cst, seqs.data(), k, cstore,
+                                                              reinterpret_cast<const std::uint8_t*>(keys.data()),
+                                                              key_offsets.data(), chain_offsets.data(), n_tokens.data(),
+                                                              tp, res.data());
+        FUZZ_CHECK(outcome_of_status(s) == out && (s == DSPARK_OK ? std::string() : what) == dspark_last_error());
+        if ((none && total) || negative) FUZZ_CHECK(out == INVALID);
+        const int bout = attempt([&] {
+            hitter.start_from_prefix_many(seqs.data(), k, store, views.data(), n_tokens.data(), bhits, &moves);
+        }, &bwhat);
+        if (!none && !negative) FUZZ_CHECK(out == bout && (out == OK || what == bwhat));
+        if (out != OK) {
+            for (std::int64_t q = 0; q < N_CONV; ++q)
+                FUZZ_CHECK(c_image(cst, q) == c_before[static_cast<std::size_t>(q)] &&
+                           cpp_snapshot(q) == cpp_before[static_cast<std::size_t>(q)]);
+            FUZZ_CHECK(state_image(chit) == sb);
+        } else {
+            FUZZ_CHECK(hits.size() == k && bhits.size() == k);
+            for (std::size_t i = 0; i < k; ++i) {
+#define DSPARK_SAME_FIELD(type, name) && hits[i].name == bhits[i].name && static_cast<std::int64_t>(res[i].name) == static_cast<std::int64_t>(hits[i].name)
+                FUZZ_CHECK(true DSPARK_PREFIX_HIT_FIELDS(DSPARK_SAME_FIELD));
+#undef DSPARK_SAME_FIELD
+                chit_conv[seqs[i]] = convs[i];
+            }
+        }
+        check_chain_twins();
+    }
 
     std::int64_t end(std::int64_t q) const { return st.state(q).end; }
 
@@ -353,6 +606,15 @@ struct Harness {
         std::vector<SlotMove> moves;
         const int out = attempt([&] { got = hitter.start_from_prefix(0, store, ch.view(), h, &moves); }, &got_what);
         FUZZ_CHECK(out == looked && got_what == seen_what);
+        // A block stager refuses the prompt's ids, changing nothing (attempt checks).
+        if (how >> 3 == 30) {
+            std::vector<std::int32_t> ids(static_cast<std::size_t>(h) + 1, 1);
+            PrefixHit ignored;
+            std::vector<SlotMove> none;
+            FUZZ_CHECK(attempt([&] { ignored = hitter.start_from_prefix(0, store, ch.view(), h, &none, nullptr, ids.data()); }) ==
+                       (out == STATE ? STATE : INVALID));
+        }
+        chain_hit(conv, ch, h, static_cast<std::uint8_t>(how >> 3), looked, seen, seen_what);
         if (out != OK) return;
         FUZZ_CHECK(moves.empty());  // held rows: the core copies them itself
 #define DSPARK_SAME_FIELD(type, name) && got.name == seen.name
@@ -439,9 +701,12 @@ void fuzz_ops(Reader& r, const Config& cfg) {
                 h.st.begin(q);
                 break;
             }
-            default:
-                if (r.u8() % 8 == 0) h.store.clear();
+            default: {
+                const std::uint8_t b = r.u8();
+                if (b % 8 == 0) h.store.clear();
+                else if (b % 8 >= 5) h.chain_hit_many(r);
                 break;
+            }
         }
         check_store(h.store);
     }

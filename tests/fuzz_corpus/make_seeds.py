@@ -163,15 +163,44 @@ def cpp_seeds() -> None:
                     5, 0, 2, 0, 1, 0, 1, 15, 0, 1, 2, 3, 16, 0, 14, 0, 1, 4, 0, 0, 2, 2, 17, 0, 1, 9, 2])
     for k, (b0, rows_mode) in enumerate([(0x00, 0), (0x00, 1), (0x31, 0), (0x31, 1), (0x40, 0), (0x21, 1)]):
         write("cpp_c_api", f"script-{k}", bytes([b0, 3, 10 + 7 * k, 2, 0, rows_mode, 0, 0]) + script)
-    # Rounds verified as trees (op 239: size, shape, node, damage, seed): valid trees and paths, the batched
-    # process_tree and accept_path, a parent after its child, a root off the end, bad paths.
-    trees = bytes([3, 0, 239, 0, 5, 1, 3, 0, 7, 239, 0, 6, 2, 5, 0xC0, 8, 239, 0, 3, 0, 2, 1, 9, 239, 0, 7, 5, 6, 3, 1,
-                   239, 0, 4, 9, 1, 4, 2, 239, 0, 9, 0, 0, 2, 3, 17, 0, 1, 2, 0, 239, 0, 6, 7, 4, 0x43, 5])
+    # Rounds verified as trees (op 239: size, shape, node, damage, seed, token ids): valid trees and paths, the
+    # batched process_tree and accept_path, a parent after its child, a root off the end, bad paths. The ids
+    # byte (fuzz_c_api.cpp's ids_of): 0 right ids (a chain stager's) or none (a block stager's); 7 a negative
+    # id, 15 none at all (a chain stager refuses both); 31 ids for a block stager (refused).
+    def trees(ids: list[int]) -> bytes:
+        recs = [[5, 1, 3, 0, 7], [6, 2, 5, 0xC0, 8], [3, 0, 2, 1, 9], [7, 5, 6, 3, 1], [4, 9, 1, 4, 2], [9, 0, 0, 2, 3]]
+        out = [3, 0]  # a long decode: rows to draft from
+        for rec, tok in zip(recs, ids):
+            out += [239, 0] + rec + [tok]
+        return bytes(out + [17, 0, 1, 2, 0, 239, 0, 6, 7, 4, 0x43, 5, ids[-1]])
+
     for k, rows_mode in enumerate([0, 1]):
-        write("cpp_c_api", f"trees-{k}", bytes([0x00, 3, 12, 2, 0, rows_mode, 0, 0]) + trees)
+        write("cpp_c_api", f"trees-{k}", bytes([0x00, 3, 12, 2, 0, rows_mode, 0, 0]) + trees([0, 0, 0, 31, 0, 31, 0]))
     # A chain drafter's stager (rows-mode byte 6 / 7: kind chain): the script's rows with their token ids.
     for k, rows_mode in enumerate([0, 1]):
         write("cpp_c_api", f"chain-{k}", bytes([0x00, 3, 17, 2, 0, 6 + rows_mode, 0, 0]) + script)
+    # ... its trees through dspark_process_tree(_external)(_many)_tokens, a negative id and none among them.
+    for k, rows_mode in enumerate([0, 1]):
+        write("cpp_c_api", f"chain-trees-{k}", bytes([0x00, 3, 12, 2, 0, 6 + rows_mode, 0, 0]) +
+              trees([0, 7, 0, 15, 0, 0x87, 0]))
+    # ... and its batches (op >= 240: kind, shape, mode, seed, ids, then per sequence id, rows, value):
+    # reserve_many / confirm_many, reserve / cancel, a reservation with a negative id and one with none,
+    # process_many, process_external_many (the ids byte as the trees'; 31: a block stager given ids).
+    def batches(ids: int) -> bytes:
+        return bytes([3, 0, 3, 1,  # long decodes of sequences 0 and 1
+                      240, 0, 5, 2, 0, 1, ids, 0, 2, 0, 1, 1, 0,  # reserve_many: 2 rows of 0, 1 of 1
+                      240, 0, 6, 2, 0, 1, 0, 0, 0, 0, 1, 0, 0,  # confirm_many
+                      240, 0, 9, 1, 0, 2, ids, 0, 3, 0,  # reserve 3 rows of 0
+                      240, 0, 11, 1, 1, 2, 0, 0, 0, 0,  # cancel
+                      240, 0, 9, 1, 0, 3, 7, 0, 2, 0,  # reserve, a negative id
+                      240, 0, 5, 1, 0, 3, 15, 1, 2, 0,  # reserve_many, no ids
+                      240, 0, 0, 2, 0, 4, ids, 0, 2, 0, 1, 2, 0,  # process_many
+                      240, 0, 1, 2, 0, 5, ids, 0, 1, 0, 1, 3, 0,  # process_external_many
+                      240, 0, 0, 1, 0, 6, 7, 1, 3, 0,  # process_many, a negative id
+                      17, 0, 1, 2, 1, 239, 0, 4, 1, 3, 0, 9, ids])  # a round, a tree
+    for k, rows_mode in enumerate([0, 1]):
+        write("cpp_c_api", f"chain-batches-{k}", bytes([0x00, 3, 17, 2, 0, 6 + rows_mode, 0, 0]) + batches(0))
+        write("cpp_c_api", f"block-batches-{k}", bytes([0x00, 3, 17, 2, 0, rows_mode, 0, 0]) + batches(31))
 
 
 #: fuzz_prefix ops (csrc/fuzz/fuzz_prefix.cpp): conversation 0 to 120 positions, published
@@ -183,6 +212,21 @@ CPP_PREFIX_OPS = bytes([0, 0, 39, 0, 0, 39, 0, 0, 39, 1, 0, 2, 0, 3, 0, 0, 100, 
                         2, 1, 2, 0, 3, 3, 1, 0, 30, 0, 2, 5, 1, 0, 2, 40, 0, 1, 4, 7])
 
 
+#: fuzz_prefix ops for a chain drafter's hits (dspark_prefix_hit(_many)_tokens on the C ABI's chain stager,
+#: the C++ one the oracle): conversation 0 to 120 positions, published; hits whose `how` byte >> 3 draws the
+#: ids (7: a negative one, 15: none, 30: also given to the block hitter, refused; the low bits pick the
+#: chain sequence); batched hits (op 7, then 5 / 6: hit_many) of three sequences, of a repeated sequence,
+#: with a negative id and with none.
+CPP_PREFIX_CHAIN_OPS = bytes([0, 0, 39, 0, 0, 39, 0, 0, 39, 1, 0, 2, 0,
+                              3, 0, 56, 100, 0, 2, 3, 0, 120, 100, 0, 2, 3, 0, 240, 57, 0, 0,
+                              3, 0, 8, 120, 0, 0, 3, 0, 16, 100, 0, 1,
+                              7, 5, 2, 0, 0, 0, 100, 0, 1, 0, 57, 0, 2, 0, 120, 0,
+                              7, 5, 1, 0, 0, 0, 100, 0, 0, 0, 50, 0,
+                              7, 6, 1, 7, 0, 0, 100, 0, 1, 0, 40, 0,
+                              7, 5, 0, 15, 1, 0, 90, 0,
+                              0, 1, 39, 1, 1, 2, 0, 3, 1, 8, 40, 0, 3, 7, 5, 2, 1, 1, 1, 40, 0, 2, 0, 100, 0, 0, 1, 20, 0])
+
+
 def cpp_prefix_seeds() -> None:
     # Byte 0: the mode (0 ops, 1 a damaged export, 2 raw bytes); then storage, B, W, block_tokens,
     # pages, budget slack (see config_of in csrc/fuzz/fuzz_prefix.cpp).
@@ -191,6 +235,7 @@ def cpp_prefix_seeds() -> None:
     for k, (storage, block, extra, tokens, pages) in enumerate(
             [(0, 3, 40, 6, 12), (3, 3, 20, 2, 4), (4, 1, 47, 8, 3), (1, 5, 9, 10, 2), (2, 0, 30, 11, 1)]):
         write("cpp_prefix", f"script-{k}", bytes([0, storage, block, extra, tokens, pages, 7]) + CPP_PREFIX_OPS)
+        write("cpp_prefix", f"chain-{k}", bytes([0, storage, block, extra, tokens, pages, 7]) + CPP_PREFIX_CHAIN_OPS)
 
 
 def findings() -> None:
