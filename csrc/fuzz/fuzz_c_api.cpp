@@ -1123,6 +1123,154 @@ void op_batch(Reader& r, Fixture& fx) {
 // The op code of a round verified as a tree: one that no recorded finding
 // uses (it was another rounds code), so the findings replay as written.
 constexpr std::uint8_t TREE_CODE = 239;
+// The op code of the device step (op_device_step), chosen the same way.
+constexpr std::uint8_t DEVICE_STEP_CODE = 237;
+// The most slot-token-table ids an op allocates (max_seqs * ring_rows): larger
+// configurations skip the device step's op.
+constexpr std::int64_t MAX_TABLE_IDS = 1 << 18;
+
+// One step's answers, every output of dspark_step_out (C ABI) or Outputs (C++).
+struct StepAnswers {
+    std::vector<std::int32_t> status, skip, flags, row_pos, block_pos;
+    std::vector<std::int64_t> start, pos_base, crop_from, n_rows, row_slots, verify;
+    StepAnswers(std::size_t n, std::size_t max_rows, std::size_t b)
+        : status(n, 99), skip(n, 99), flags(n, 99), row_pos(n * max_rows, 99), block_pos(n * b, 99), start(n, 99),
+          pos_base(n, 99), crop_from(n, 99), n_rows(n, 99), row_slots(n * max_rows, 99), verify(n * (b + 1), 99) {}
+    dspark_step_out c() {
+        return {status.data(), skip.data(),     flags.data(),   start.data(),     pos_base.data(), crop_from.data(),
+                n_rows.data(), row_slots.data(), row_pos.data(), block_pos.data(), verify.data()};
+    }
+    device_step::Outputs cpp() {
+        device_step::Outputs o;
+        o.status = status.data();
+        o.skip = skip.data();
+        o.flags = flags.data();
+        o.start = start.data();
+        o.pos_base = pos_base.data();
+        o.crop_from = crop_from.data();
+        o.n_rows = n_rows.data();
+        o.row_slots = row_slots.data();
+        o.row_positions = row_pos.data();
+        o.block_positions = block_pos.data();
+        o.verify_slots = verify.data();
+        return o;
+    }
+    bool operator==(const StepAnswers& o) const {
+        return status == o.status && skip == o.skip && flags == o.flags && row_pos == o.row_pos &&
+               block_pos == o.block_pos && start == o.start && pos_base == o.pos_base && crop_from == o.crop_from &&
+               n_rows == o.n_rows && row_slots == o.row_slots && verify == o.verify;
+    }
+};
+
+// The device step through the C ABI against the C++ API: a hand-over of up to
+// three sequences (a chain stager's through the _tokens forms, each API with its
+// own slot token table; a block stager's through the plain forms; now and then
+// the other form, refused), a few steps with fuzzed accept counts (bad ones:
+// sticky faults), the verify rows' ids written into both tables as a server
+// does (now and then one left unwritten: to_host refuses, naming it), and a
+// hand-back with fuzzed outcomes; whatever is still handed over then comes
+// back with the missing ids written, and a reservation left is cancelled or
+// confirmed. Every call's status and message, every answer and table compared;
+// check_twins after the op compares the sequences, ids included.
+void op_device_step(Reader& r, Fixture& fx) {
+    const std::uint8_t pick_b = r.u8(), form = r.u8(), n_steps = r.u8(), outcome_b = r.u8(), hole = r.u8();
+    std::vector<std::int64_t> seqs;
+    for (int k = 0; k < 1 + pick_b % 3; ++k) seqs.push_back(fx.seq_of(r.u8()));
+    const std::int64_t table_ids = fx.c.max_seqs * fx.ring;
+    if (fx.ring <= 0 || table_ids > MAX_TABLE_IDS) return;
+    const bool chain = fx.c.kind == DSPARK_KIND_CHAIN;
+    const bool with_ids = chain != (form % 16 == 15);  // now and then the other form
+    const std::size_t nt = static_cast<std::size_t>(table_ids) - (form % 64 == 62 ? 1 : 0);  // now and then short
+    std::vector<std::int32_t> tc(nt, -1), tp(nt, -1);
+    const std::size_t n = seqs.size();
+    auto to_device = [&] {
+        const dspark_status s = with_ids ? dspark_to_device_tokens(fx.st, seqs.data(), n, tc.data(), nt)
+                                         : dspark_to_device(fx.st, seqs.data(), n);
+        check_same(s, expect_of([&] { fx.cpp->to_device(seqs.data(), n, with_ids ? tp.data() : nullptr, with_ids ? nt : 0); }),
+                   "to_device");
+        FUZZ_CHECK(tc == tp);
+        return s;
+    };
+    auto to_host = [&](const std::vector<std::int32_t>& outcomes) {
+        std::vector<std::int64_t> dc(n, -5), dp(n, -5);
+        const dspark_status s =
+            with_ids ? dspark_to_host_tokens(fx.st, seqs.data(), n, outcomes.data(), dc.data(), tc.data(), nt)
+                     : dspark_to_host(fx.st, seqs.data(), n, outcomes.data(), dc.data());
+        check_same(s, expect_of([&] {
+                       fx.cpp->to_host(seqs.data(), n, outcomes.data(), dp.data(), with_ids ? tp.data() : nullptr,
+                                       with_ids ? nt : 0);
+                   }),
+                   "to_host");
+        if (s == DSPARK_OK) FUZZ_CHECK(dc == dp);
+        return s;
+    };
+    if (to_device() != DSPARK_OK) return;
+    const std::size_t b = static_cast<std::size_t>(fx.c.block_size), mr = static_cast<std::size_t>(fx.cpp->step_config().max_rows);
+    // The hand-back's outcomes: a failure is a round whose drafter failed, which builds
+    // no verify batch: the last step's verify rows of that entry stay unwritten.
+    std::vector<std::int32_t> outcomes(n, -1);
+    for (std::size_t i = 0; i < n; ++i)
+        if (outcome_b >> i & 1) outcomes[i] = static_cast<std::int32_t>((outcome_b >> 4 >> i) % 3) - (i == 2 ? 1 : 0);
+    bool holed = hole % 8 != 7;  // the hole: in the first drafted verify batch of entry 0
+    std::vector<std::int64_t> last_verify;  // entry 0's verify slots in the last step
+    const int steps = 1 + n_steps % 4;
+    for (int k = 0; k < steps; ++k) {
+        std::vector<std::int64_t> counts;
+        for (std::size_t i = 0; i < n; ++i)
+            counts.push_back(pick(r, {0, 1, 2, 3, fx.c.block_size, -1, 0, fx.c.block_size + 1}));
+        StepAnswers x(n, mr, b), y(n, mr, b);
+        const dspark_step_out out = x.c();
+        check_same(dspark_step_many(fx.st, seqs.data(), counts.data(), n, &out),
+                   expect_of([&] { fx.cpp->step_many(seqs.data(), counts.data(), n, y.cpp()); }), "step_many");
+        FUZZ_CHECK(x == y);
+        check_same(dspark_check_step(fx.st, seqs.data(), x.status.data(), n),
+                   expect_of([&] { fx.cpp->check_step(seqs.data(), y.status.data(), n); }), "check_step");
+        last_verify.assign(x.verify.begin(), x.verify.begin() + static_cast<std::ptrdiff_t>(b + 1));
+        const bool hole_now = !holed && x.status[0] == DSPARK_STEP_OK && x.skip[0] == DSPARK_SKIP_NONE;
+        holed = holed || hole_now;
+        for (std::size_t i = 0; i < n && with_ids; ++i)  // the verify batch's ids at its verify slots
+            for (std::size_t j = 0; j <= b; ++j) {
+                const std::int64_t g = x.verify[i * (b + 1) + j];
+                if (g < 0 || static_cast<std::size_t>(g) >= nt || (hole_now && i == 0 && j == hole % (b + 1)) ||
+                    (k == steps - 1 && outcomes[i] != -1))
+                    continue;
+                tc[static_cast<std::size_t>(g)] = tp[static_cast<std::size_t>(g)] =
+                    static_cast<std::int32_t>((x.start[i] * 31 + static_cast<std::int64_t>(j) * 7 + k) % 50000);
+            }
+    }
+    if (to_host(outcomes) != DSPARK_OK) {
+        // Still handed over (a refused hand-back changes nothing): bring them back with the
+        // holes filled but entry 0's last verify rows (a reservation comes back unwritten:
+        // confirm refuses it below); a step's fault is raised after every sequence is back.
+        bool any = false;
+        for (std::int64_t q : seqs) {
+            std::int32_t on = 0;
+            if (fx.valid(q) && dspark_on_device(fx.st, q, &on) == DSPARK_OK && on) any = true;
+        }
+        if (any) {
+            for (std::int64_t q : seqs)
+                if (fx.valid(q))
+                    for (std::int64_t g = q * fx.ring; g < (q + 1) * fx.ring && static_cast<std::size_t>(g) < nt; ++g)
+                        if (tc[static_cast<std::size_t>(g)] < 0 &&
+                            std::find(last_verify.begin(), last_verify.end(), g) == last_verify.end())
+                            tc[static_cast<std::size_t>(g)] = tp[static_cast<std::size_t>(g)] = 9;
+            (void)to_host(std::vector<std::int32_t>(n, -1));
+        }
+    }
+    for (std::int64_t q : seqs) {
+        if (!fx.valid(q)) continue;
+        std::int32_t on = 1;
+        FUZZ_CHECK(dspark_on_device(fx.st, q, &on) == DSPARK_OK && on == 0 && !fx.cpp->on_device(q));
+        if (fx.cpp->state(q).reservation_open) {
+            const bool confirm = (form >> 4) & 1;
+            check_same(confirm ? dspark_confirm(fx.st, q) : dspark_cancel(fx.st, q),
+                       expect_of([&] { confirm ? fx.cpp->confirm(q) : fx.cpp->cancel(q); }), "confirm / cancel");
+            if (fx.cpp->state(q).reservation_open)  // refused: an unwritten verify row's id
+                check_same(dspark_cancel(fx.st, q), expect_of([&] { fx.cpp->cancel(q); }), "cancel");
+        }
+        check_tokens(fx, q);
+    }
+}
 
 void step(Reader& r, Fixture& fx) {
     const std::uint8_t code = r.u8();
@@ -1135,6 +1283,10 @@ void step(Reader& r, Fixture& fx) {
     }
     if (code == TREE_CODE) {
         tree_round_of(r, fx, seq);
+        return;
+    }
+    if (code == DEVICE_STEP_CODE) {
+        op_device_step(r, fx);
         return;
     }
     switch (code % 20) {

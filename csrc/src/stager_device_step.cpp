@@ -185,7 +185,7 @@ struct StageableRows {
         if (run < n) f(r.horizon + run, std::size_t{0}, static_cast<std::size_t>(n - run));
     }
 };
-StageableRows rows_of(const Regs& live, const Regs& before) { return StageableRows{live, before}; }
+StageableRows stageable_rows(const Regs& live, const Regs& before) { return StageableRows{live, before}; }
 
 }  // namespace
 
@@ -402,7 +402,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t*
             std::fill(mine, mine + c.ring_rows, -1);
             const Regs pre = StepIO::before_of(r);
             const std::int32_t* kept = s.buf.slot_tokens();
-            rows_of(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(kept + k, m, mine + k); });
+            stageable_rows(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(kept + k, m, mine + k); });
         }
         s.on_device = true;
     }
@@ -486,7 +486,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         // pre.end on) may come back unwritten: a round whose drafter failed
         // builds no verify batch. confirm refuses them; cancel drops them.
         const i64 unwritten_from = r.reserved ? pre.end : r.end;
-        rows_of(r, pre).each([&](i64 pos, std::size_t k, std::size_t m) {
+        stageable_rows(r, pre).each([&](i64 pos, std::size_t k, std::size_t m) {
             const std::int32_t* run = ids[i].data() + k;
             const auto checked = static_cast<std::ptrdiff_t>(
                 device_step::iclamp(unwritten_from - pos, 0, static_cast<i64>(m)));
@@ -521,7 +521,8 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         }
         if (!ids.empty()) {
             std::int32_t* kept = s.buf.slot_tokens();
-            rows_of(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(ids[i].data() + k, m, kept + k); });
+            const std::int32_t* got = ids[i].data();
+            stageable_rows(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(got + k, m, kept + k); });
         }
         s.on_device = false;
         state[device_step::F_live * c.max_seqs + seqs[i]] = 0;

@@ -201,6 +201,17 @@ def cpp_seeds() -> None:
     for k, rows_mode in enumerate([0, 1]):
         write("cpp_c_api", f"chain-batches-{k}", bytes([0x00, 3, 17, 2, 0, 6 + rows_mode, 0, 0]) + batches(0))
         write("cpp_c_api", f"block-batches-{k}", bytes([0x00, 3, 17, 2, 0, rows_mode, 0, 0]) + batches(31))
+    # The device step (op 237: pick, form, steps, outcomes, hole, then the sequences and per step one
+    # count byte per sequence): three sequences over four steps; two with an unwritten verify id (hole 7:
+    # to_host refuses, then they come back with it written), a drafter failure and a bad count (a
+    # sticky fault); the other form of the hand-over (form 15: refused). External rows only.
+    device = bytes([3, 0, 3, 1, 3, 2,  # long decodes: rows to step from
+                    237, 0, 2, 0, 3, 0, 0, 0, 1, 2, 1, 2, 3, 0, 4, 1, 2, 2, 2, 1, 0, 3,
+                    237, 0, 1, 0x10, 2, 0x11, 7, 0, 1, 1, 1, 4, 1, 2, 7,
+                    237, 0, 0, 15, 0, 0, 0, 1,
+                    17, 0, 1, 2, 1])  # a round after it
+    write("cpp_c_api", "chain-device-0", bytes([0x00, 3, 17, 2, 0, 7, 0, 0]) + device)
+    write("cpp_c_api", "block-device-0", bytes([0x00, 3, 17, 2, 0, 1, 0, 0]) + device)
 
 
 #: fuzz_prefix ops (csrc/fuzz/fuzz_prefix.cpp): conversation 0 to 120 positions, published
