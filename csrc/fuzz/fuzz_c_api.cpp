@@ -38,6 +38,7 @@
 #include "dspark/row_format.hpp"
 #include "dspark/stager.hpp"
 #include "fuzz_common.hpp"
+#include "../tests/step_answers.hpp"
 
 using namespace dspark;
 using dspark_fuzz::Reader;
@@ -1129,39 +1130,6 @@ constexpr std::uint8_t DEVICE_STEP_CODE = 237;
 // configurations skip the device step's op.
 constexpr std::int64_t MAX_TABLE_IDS = 1 << 18;
 
-// One step's answers, every output of dspark_step_out (C ABI) or Outputs (C++).
-struct StepAnswers {
-    std::vector<std::int32_t> status, skip, flags, row_pos, block_pos;
-    std::vector<std::int64_t> start, pos_base, crop_from, n_rows, row_slots, verify;
-    StepAnswers(std::size_t n, std::size_t max_rows, std::size_t b)
-        : status(n, 99), skip(n, 99), flags(n, 99), row_pos(n * max_rows, 99), block_pos(n * b, 99), start(n, 99),
-          pos_base(n, 99), crop_from(n, 99), n_rows(n, 99), row_slots(n * max_rows, 99), verify(n * (b + 1), 99) {}
-    dspark_step_out c() {
-        return {status.data(), skip.data(),     flags.data(),   start.data(),     pos_base.data(), crop_from.data(),
-                n_rows.data(), row_slots.data(), row_pos.data(), block_pos.data(), verify.data()};
-    }
-    device_step::Outputs cpp() {
-        device_step::Outputs o;
-        o.status = status.data();
-        o.skip = skip.data();
-        o.flags = flags.data();
-        o.start = start.data();
-        o.pos_base = pos_base.data();
-        o.crop_from = crop_from.data();
-        o.n_rows = n_rows.data();
-        o.row_slots = row_slots.data();
-        o.row_positions = row_pos.data();
-        o.block_positions = block_pos.data();
-        o.verify_slots = verify.data();
-        return o;
-    }
-    bool operator==(const StepAnswers& o) const {
-        return status == o.status && skip == o.skip && flags == o.flags && row_pos == o.row_pos &&
-               block_pos == o.block_pos && start == o.start && pos_base == o.pos_base && crop_from == o.crop_from &&
-               n_rows == o.n_rows && row_slots == o.row_slots && verify == o.verify;
-    }
-};
-
 // The device step through the C ABI against the C++ API: a hand-over of up to
 // three sequences (a chain stager's through the _tokens forms, each API with its
 // own slot token table; a block stager's through the plain forms; now and then
@@ -1218,19 +1186,19 @@ void op_device_step(Reader& r, Fixture& fx) {
         std::vector<std::int64_t> counts;
         for (std::size_t i = 0; i < n; ++i)
             counts.push_back(pick(r, {0, 1, 2, 3, fx.c.block_size, -1, 0, fx.c.block_size + 1}));
-        StepAnswers x(n, mr, b), y(n, mr, b);
+        step_test::StepAnswers x(n, mr, b), y(n, mr, b);
         const dspark_step_out out = x.c();
         check_same(dspark_step_many(fx.st, seqs.data(), counts.data(), n, &out),
                    expect_of([&] { fx.cpp->step_many(seqs.data(), counts.data(), n, y.cpp()); }), "step_many");
         FUZZ_CHECK(x == y);
         check_same(dspark_check_step(fx.st, seqs.data(), x.status.data(), n),
                    expect_of([&] { fx.cpp->check_step(seqs.data(), y.status.data(), n); }), "check_step");
-        last_verify.assign(x.verify.begin(), x.verify.begin() + static_cast<std::ptrdiff_t>(b + 1));
+        last_verify.assign(x.verify_slots.begin(), x.verify_slots.begin() + static_cast<std::ptrdiff_t>(b + 1));
         const bool hole_now = !holed && x.status[0] == DSPARK_STEP_OK && x.skip[0] == DSPARK_SKIP_NONE;
         holed = holed || hole_now;
         for (std::size_t i = 0; i < n && with_ids; ++i)  // the verify batch's ids at its verify slots
             for (std::size_t j = 0; j <= b; ++j) {
-                const std::int64_t g = x.verify[i * (b + 1) + j];
+                const std::int64_t g = x.verify_slots[i * (b + 1) + j];
                 if (g < 0 || static_cast<std::size_t>(g) >= nt || (hole_now && i == 0 && j == hole % (b + 1)) ||
                     (k == steps - 1 && outcomes[i] != -1))
                     continue;

@@ -14,6 +14,7 @@
 #include "dspark/dspark.h"
 #include "dspark/errors.hpp"
 #include "dspark/stager.hpp"
+#include "step_answers.hpp"
 
 namespace {
 
@@ -41,37 +42,9 @@ dspark::StagerOptions options() {
     return o;
 }
 
-// One step's answers (every output of dspark_step_out).
-struct Answers {
-    std::vector<std::int32_t> status, skip, flags, row_pos, block_pos;
-    std::vector<std::int64_t> start, pos_base, crop_from, n_rows, row_slots, verify;
-    Answers(std::size_t n, std::size_t max_rows)
-        : status(n), skip(n), flags(n), row_pos(n * max_rows), block_pos(n * B), start(n), pos_base(n), crop_from(n),
-          n_rows(n), row_slots(n * max_rows), verify(n * (B + 1)) {}
-    dspark_step_out c() {
-        return {status.data(), skip.data(),     flags.data(),   start.data(),     pos_base.data(), crop_from.data(),
-                n_rows.data(), row_slots.data(), row_pos.data(), block_pos.data(), verify.data()};
-    }
-    dspark::device_step::Outputs cpp() {
-        dspark::device_step::Outputs o;
-        o.status = status.data();
-        o.skip = skip.data();
-        o.flags = flags.data();
-        o.start = start.data();
-        o.pos_base = pos_base.data();
-        o.crop_from = crop_from.data();
-        o.n_rows = n_rows.data();
-        o.row_slots = row_slots.data();
-        o.row_positions = row_pos.data();
-        o.block_positions = block_pos.data();
-        o.verify_slots = verify.data();
-        return o;
-    }
-    bool operator==(const Answers& o) const {
-        return status == o.status && skip == o.skip && flags == o.flags && row_pos == o.row_pos &&
-               block_pos == o.block_pos && start == o.start && pos_base == o.pos_base && crop_from == o.crop_from &&
-               n_rows == o.n_rows && row_slots == o.row_slots && verify == o.verify;
-    }
+// One step's answers (every output of dspark_step_out), B wide.
+struct Answers : step_test::StepAnswers {
+    Answers(std::size_t n, std::size_t max_rows) : StepAnswers(n, max_rows, B, 0) {}
 };
 
 // The C call's status and message equal the C++ call's exception.
@@ -238,7 +211,7 @@ TEST_CASE(c_chain_ids_travel_by_slot) {
     core.step_many(&seq, &zero, 1, y.cpp());
     CHECK(x == y);
     for (std::size_t k = 0; k <= static_cast<std::size_t>(B); ++k)  // the verify batch's ids at its slots
-        tc[static_cast<std::size_t>(x.verify[k])] = tp[static_cast<std::size_t>(y.verify[k])] =
+        tc[static_cast<std::size_t>(x.verify_slots[k])] = tp[static_cast<std::size_t>(y.verify_slots[k])] =
             static_cast<std::int32_t>(900 + k);
     CHECK(same_error([&] { return dspark_to_host(h.st, &seq, 1, nullptr, nullptr); }, [&] { core.to_host(&seq, 1); },
                      DSPARK_E_INVALID_ARGUMENT));
