@@ -28,6 +28,7 @@ pytest).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Any
@@ -106,8 +107,6 @@ def main() -> int:
                         "ratio": med["chain"] / med["block"]})
     load_after = os.getloadavg()[0]
     if args.json == "-":
-        import json
-
         for r in records:
             print(json.dumps(r))
         return 0

@@ -486,11 +486,8 @@ void Stager::confirm_many(const std::int64_t* seqs_in, std::size_t n) {
     const char* call = "confirm_many";
     const CheckedBatch batch(*this, call, seqs_in, n, Need::Reserved);
     const std::vector<std::int64_t>& seqs = batch.seqs();
-    for (std::size_t i = 0; i < seqs.size(); ++i) try {
-            check_confirmable(seqs[i], get(seqs[i]));
-        } catch (...) {
-            rethrow_with_prefix(batch_context(call, i, seqs[i]));
-        }
+    for (std::size_t i = 0; i < seqs.size(); ++i)
+        in_batch(call, i, seqs[i], [&] { check_confirmable(seqs[i], get(seqs[i])); });
     for (std::int64_t q : seqs) end_reservation(mut(get(q)), true);
 }
 

@@ -11,16 +11,22 @@ from dspark_core.stager import device_step as _device_step
 _STEP_OUTPUT_NAMES = tuple(name for name, _, _ in _row_format.STEP_OUTPUTS)
 
 
+cdef int32_t* _table_data(table, size_t* n):
+    """A slot token table's ids and their count (NULL and 0 for None)."""
+    if table is None:
+        n[0] = 0
+        return NULL
+    n[0] = cnp.PyArray_DIM(<cnp.ndarray>table, 0)
+    return <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>table)
+
+
 def _step_to_device(Stager st, seqs, tokens):
     sv = st._ids("to_device", seqs)
     cdef size_t n = cnp.PyArray_DIM(sv, 0)
     table = as_token_table("to_device", tokens, True)
     cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
-    cdef int32_t* tp = NULL
-    cdef size_t nt = 0
-    if table is not None:
-        tp = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>table)
-        nt = cnp.PyArray_DIM(<cnp.ndarray>table, 0)
+    cdef size_t nt
+    cdef int32_t* tp = _table_data(table, &nt)
     with nogil:
         st._core.to_device(sp, n, tp, nt)
 
@@ -36,11 +42,8 @@ def _step_to_host(Stager st, seqs, outcomes, tokens):
     if codes is not None:
         op = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>codes)
     cdef int64_t* dp = <int64_t*>cnp.PyArray_DATA(disabled)
-    cdef const int32_t* tp = NULL
-    cdef size_t nt = 0
-    if table is not None:
-        tp = <const int32_t*>cnp.PyArray_DATA(<cnp.ndarray>table)
-        nt = cnp.PyArray_DIM(<cnp.ndarray>table, 0)
+    cdef size_t nt
+    cdef const int32_t* tp = _table_data(table, &nt)
     with nogil:
         st._core.to_host(sp, n, op, dp, tp, nt)
     for i in np.flatnonzero(disabled).tolist():

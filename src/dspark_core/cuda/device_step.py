@@ -181,7 +181,7 @@ class DeviceStep:
         dev = self._download()
         self.stager.to_device(ids, tokens=host_table)
         dev[:, ids] = self.stager.step_state[:, ids]
-        if t is not None and host_table is not None:
+        if host_table is not None:  # given exactly with t
             for first, n in self._slices(ids):
                 self._cu.copy_to_device(t.ptr + 4 * first, host_table[first:first + n].view(np.uint8), 0)
         self._upload(dev)

@@ -946,10 +946,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         states = self._check_batch("confirm_many", ids, RESERVED)
         arg.unique("confirm_many", ids)
         for k, (q, st) in enumerate(zip(ids.tolist(), states)):
-            try:
+            with arg.in_batch("confirm_many", k, q):
                 self._check_confirmable(q, st)
-            except ValueError as exc:
-                raise ValueError(arg.batch_context("confirm_many", k, q) + str(exc)) from None
         for st in states:
             st.reservation = None
 
