@@ -468,6 +468,7 @@ def _chain_table_script(cls) -> tuple[list[str], list[np.ndarray]]:
     table = st.new_token_table()
     assert table.dtype == np.int32 and table.shape == (3 * st.ring_rows,) and (table == -1).all()
     table[:] = 77
+    whole = {q: (st.state(q), st.stats(q), st.snapshot(q)) for q in (0, 1)}
     refused(ValueError, st.to_device, [0])
     refused(TypeError, st.to_device, [0], tokens=table.tolist())
     refused(TypeError, st.to_device, [0], tokens=table.astype(np.int64))
@@ -478,20 +479,31 @@ def _chain_table_script(cls) -> tuple[list[str], list[np.ndarray]]:
     refused(ValueError, st.to_device, [0], tokens=ro)
     refused(ValueError, st.to_device, [0], tokens=table[:-1].copy())
     refused(ValueError, block.to_device, [0], tokens=table)
-    refused(ValueError, st.to_device, [0, 1, 0], tokens=table)
-    assert not st.on_device(0) and not block.on_device(0) and (table == 77).all()  # nothing half-applied
-    st.to_device([0], tokens=table)
+    refused(ValueError, st.to_device, [1, 0, 1], tokens=table)  # after a valid part
+    assert not st.on_device(0) and not st.on_device(1) and not block.on_device(0)
+    assert (table == 77).all()  # nothing half-applied
+    assert {q: (st.state(q), st.stats(q), st.snapshot(q)) for q in (0, 1)} == whole
+    st.to_device([1, 0], tokens=table)  # sequence 1 a valid part of every call below
     seen.append(table.copy())
-    a = st.step_many([0], [0])
-    b = st.step_many([0], [0])  # confirms a's verify rows, whose ids were never written
+    a = st.step_many([1, 0], [0, 0])
+    va = a.verify_slots[0]
+    table[va[va >= 0]] = 500 + np.flatnonzero(va >= 0)  # sequence 1's verify batch, its ids written
+    b = st.step_many([1, 0], [0, 0])  # confirms a's verify rows: sequence 0's ids were never written
     assert (a.status == STEP_OK).all() and (b.status == STEP_OK).all()
-    before = table.copy()
-    refused(ValueError, st.to_host, [0], tokens=table)
-    refused(ValueError, st.to_host, [0])
-    assert st.on_device(0) and (table == before).all()
-    table[a.verify_slots[0, 0]] = 1234  # accept 0 kept the first row of a's verify batch
-    st.to_host([0], ["crop"], tokens=table)  # b's round failed: its verify rows stay unwritten
+    vb = b.verify_slots[0]
+    table[vb[vb >= 0]] = 600 + np.flatnonzero(vb >= 0)
+    state = getattr(st, "step_state", None)  # the core's step state (the twin keeps its own Seqs)
+    before, state = table.copy(), None if state is None else state.copy()
+    refused(ValueError, st.to_host, [1, 0], tokens=table)
+    refused(ValueError, st.to_host, [1, 0])
+    assert st.on_device(0) and st.on_device(1) and (table == before).all()
+    if state is not None:  # nothing brought back, nothing changed
+        np.testing.assert_array_equal(st.step_state, state)
+    table[a.verify_slots[1, 0]] = 1234  # accept 0 kept the first row of a's verify batch
+    st.to_host([1, 0], [None, "crop"], tokens=table)  # 0's round failed: its verify rows stay unwritten
     assert st.state(0)["reservation_open"]
+    st.confirm(1)
+    seen.append(st.tokens(1, 0, st.state(1)["end"]))
     refused(ValueError, st.confirm, 0)
     refused(ValueError, st.confirm_many, [0])
     assert st.state(0)["reservation_open"]
@@ -516,16 +528,19 @@ def test_chain_token_table_refusals_and_hand_overs():
     assert "1-D C-contiguous" in msgs[3] and "1-D C-contiguous" in msgs[4] and "writable" in msgs[5]
     assert f"holds {3 * rr - 1} ids; it needs one per global slot, max_seqs * ring_rows = {3 * rr}" in msgs[6]
     assert 'kept for a chain drafter (kind="chain") only' in msgs[7] and "appears twice" in msgs[8]
-    assert "to_host: seqs[0] (sequence 0): the slot token table holds -1 at slot" in msgs[9]
+    assert "to_host: seqs[1] (sequence 0): the slot token table holds -1 at slot" in msgs[9]
     assert "the row of position 6" in msgs[9] and "nothing was brought back" in msgs[9]
     assert "pass tokens" in msgs[10]
     assert "sequence 0's reserved row at position 7 has no token id" in msgs[11] and "cancel" in msgs[11]
     assert msgs[12].startswith("confirm_many: seqs[0] (sequence 0): ")
-    # The hand-over wrote sequence 0's ids at its rows' slots, -1 at its others, and left
-    # sequence 1's slots alone.
+    # The hand-over wrote sequences 0 and 1's ids at their rows' slots, -1 at their others,
+    # and left sequence 2's slots alone.
     handed = seen[0]
-    mine = handed[:rr]
-    assert sorted(mine[mine >= 0].tolist()) == list(range(40, 46)) and (mine[mine < 0] == -1).all()
-    assert (handed[rr:] == 77).all()
-    assert seen[1][:7].tolist() == list(range(40, 46)) + [1234] and (seen[1][7:] == -1).all()
-    assert seen[2].tolist() == list(range(40, 46)) + [1234]
+    for q, n in ((0, 6), (1, 3)):
+        mine = handed[q * rr:(q + 1) * rr]
+        assert sorted(mine[mine >= 0].tolist()) == list(range(40, 40 + n)) and (mine[mine < 0] == -1).all()
+    assert (handed[2 * rr:] == 77).all()
+    # Sequence 1 came back with the ids written at its verify slots, and confirmed them.
+    assert seen[1].tolist() == [40, 41, 42, 500, 600, 601, 602]
+    assert seen[2][:7].tolist() == list(range(40, 46)) + [1234] and (seen[2][7:] == -1).all()
+    assert seen[3].tolist() == list(range(40, 46)) + [1234]
