@@ -226,12 +226,12 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
     np.testing.assert_array_equal(dev.totals().accepted, orc.totals().accepted)
 
 
-#: Host-only calls on sequence 0 (sequence 1 idle).
-#: Every host-only call on sequence 0, handed over (sequence 1 holds rows and stays on the
+#: Every host-only call on sequence 0, handed over (all but end / end_many, which end it:
+#: test_device_step_safety.py) (sequence 1 holds rows and stays on the
 #: host; a batch naming both, 1 first where 1 passes the call's checks, refuses as a whole).
 HOST_CALLS = (
     lambda s: s.accept(0, 0), lambda s: s.draft(0, 5), lambda s: s.process(0, [5]), lambda s: s.reserve(0, [5]),
-    lambda s: s.begin(0), lambda s: s.end(0), lambda s: s.rollback(0, 1), lambda s: s.fork(0, 1),
+    lambda s: s.begin(0), lambda s: s.rollback(0, 1), lambda s: s.fork(0, 1),
     lambda s: s.fork(1, 0), lambda s: s.shift(0, 1, 1), lambda s: s.snapshot(0), lambda s: s.state(0),
     lambda s: s.stats(0), lambda s: s.live_slots(0), lambda s: s.accept_many([0], [0]),
     lambda s: s.commit(0), lambda s: s.fail(0, "decode"), lambda s: s.confirm(0), lambda s: s.cancel(0),
@@ -239,7 +239,7 @@ HOST_CALLS = (
     lambda s: s.restore(0, s.snapshot(1)), lambda s: s.check_restore(0, s.snapshot(1)),
     lambda s: s.open_round_id(0),
     lambda s: s.accept_many([1, 0], [0, 0]), lambda s: s.commit_many([0, 1]), lambda s: s.fail_many([0, 1]),
-    lambda s: s.confirm_many([0, 1]), lambda s: s.cancel_many([0, 1]), lambda s: s.end_many([1, 0]),
+    lambda s: s.confirm_many([0, 1]), lambda s: s.cancel_many([0, 1]),
     lambda s: s.draft_many([1, 0], [4, 5]), lambda s: s.process_many([1, 0], [0, 1, 2], [4, 5]),
     lambda s: s.reserve_many([1, 0], [0, 1, 2], [4, 5]),
 )

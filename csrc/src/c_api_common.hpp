@@ -11,6 +11,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "dspark/dspark.h"
@@ -107,10 +108,26 @@ inline void require(const void* p, const char* name) {
     if (!p) throw dspark::NullPointer(std::string(name) + " is NULL");
 }
 
-// A buffer of `n` bytes may be NULL only when it is empty.
-inline void require_buffer(const void* p, std::size_t n, const char* name) {
+// A typed buffer is aligned for its type: the core reads and writes it as
+// T (a misaligned one is undefined behaviour, and a fault on some CPUs).
+template <class T>
+void require_aligned(const T* p, const char* name) {
+    if constexpr (!std::is_void_v<T>) {
+        if (reinterpret_cast<std::uintptr_t>(p) % alignof(T) != 0)
+            throw std::invalid_argument(std::string(name) + " is not aligned to " + std::to_string(alignof(T)) +
+                                        " bytes (the alignment of its element type)");
+    }
+}
+
+// A buffer of `n` elements (bytes for void and byte buffers) may be NULL
+// only when it is empty, and is aligned for its element type.
+template <class T>
+void require_buffer(const T* p, std::size_t n, const char* name) {
+    constexpr bool bytes = std::is_void_v<T> || sizeof(T) == 1;
     if (!p && n)
-        throw dspark::NullPointer(std::string(name) + " is NULL but " + std::to_string(n) + " bytes were given");
+        throw dspark::NullPointer(std::string(name) + " is NULL but " + std::to_string(n) +
+                                  (bytes ? " bytes were given" : " entries were given"));
+    require_aligned(p, name);
 }
 
 // int32 codes -> the core's enums, with the core's message naming the valid codes.

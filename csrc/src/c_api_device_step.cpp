@@ -27,9 +27,12 @@ static_assert(eq(DSPARK_STEP_OK, step::STATUS_OK) && eq(DSPARK_STEP_NOT_IN_STEP,
 static_assert(eq(DSPARK_STEP_REBASE, step::PLAN_REBASE) && eq(DSPARK_STEP_CLEAR_CACHE, step::PLAN_CLEAR_CACHE),
               "the C plan flags are step_math.hpp's");
 
+// The step writes each output as its element type: each must be aligned for it.
 step::Outputs outputs_of(const dspark_step_out& from) {
     step::Outputs to;
-#define DSPARK_COPY_OUTPUT(type, name, shape) to.name = from.name;
+#define DSPARK_COPY_OUTPUT(type, name, shape) \
+    require_aligned(from.name, "out->" #name);  \
+    to.name = from.name;
     DSPARK_STEP_OUTPUT_FIELDS(DSPARK_COPY_OUTPUT)
 #undef DSPARK_COPY_OUTPUT
     return to;
@@ -85,6 +88,8 @@ dspark_status dspark_to_host(dspark_stager* st, const int64_t* seqs, size_t n, c
     return guarded([&] {
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
+        require_aligned(outcomes, "outcomes");
+        require_aligned(disabled_after, "disabled_after");
         core.to_host(seqs, n, outcomes, disabled_after);
     });
 }
@@ -95,6 +100,7 @@ dspark_status dspark_to_device_tokens(dspark_stager* st, const int64_t* seqs, si
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
         require(tokens, "tokens");
+        require_aligned(tokens, "tokens");
         core.to_device(seqs, n, tokens, n_tokens);
     });
 }
@@ -105,6 +111,9 @@ dspark_status dspark_to_host_tokens(dspark_stager* st, const int64_t* seqs, size
         dspark::Stager& core = core_of(st);
         require_buffer(seqs, n, "seqs");
         require(tokens, "tokens");
+        require_aligned(tokens, "tokens");
+        require_aligned(outcomes, "outcomes");
+        require_aligned(disabled_after, "disabled_after");
         core.to_host(seqs, n, outcomes, disabled_after, tokens, n_tokens);
     });
 }

@@ -238,9 +238,7 @@ std::pair<std::unique_lock<std::mutex>, std::unique_lock<std::mutex>> Stager::lo
 // sequences before the next step.
 
 const Stager::Seq& Stager::get(std::int64_t seq) const {
-    if (seq < 0 || seq >= opt_.max_seqs)
-        throw std::invalid_argument("unknown sequence " + std::to_string(seq) + " (this Stager has sequences 0.." +
-                                    std::to_string(opt_.max_seqs - 1) + ")");
+    if (seq < 0 || seq >= opt_.max_seqs) throw std::invalid_argument(detail::unknown_sequence(seq, opt_.max_seqs));
     return seqs_[static_cast<std::size_t>(seq)];
 }
 
@@ -741,7 +739,9 @@ FeatureBuffer Stager::end_seq(Seq& s) const {
 void Stager::end(std::int64_t seq) {
     FeatureBuffer ring;  // freed after the lock is released
     auto lock = lock_seq(seq);
-    ring = end_seq(mut(needs(seq, Need::Any)));
+    Seq& s = mut(get(seq));
+    if (s.on_device) leave_step(seq, s);  // end takes any state, a handed-over one too
+    ring = end_seq(s);
 }
 
 void Stager::end_many(const std::int64_t* seqs_in, std::size_t n) {
@@ -751,12 +751,12 @@ void Stager::end_many(const std::int64_t* seqs_in, std::size_t n) {
     check_ids(call, seqs.data(), n);
     rings.reserve(n);
     BatchLock lock(*this, seqs.data(), n);
-    // end ends any state but one: a sequence on the device step is refused, as
-    // end() refuses it, before any sequence of the batch ends.
-    for (std::size_t i = 0; i < n; ++i)
-        in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], get(seqs[i])); });
     check_unique(call, lock, seqs.data(), n);
-    for (std::int64_t q : seqs) rings.push_back(end_seq(mut(get(q))));
+    for (std::int64_t q : seqs) {  // end takes any state, a handed-over one too
+        Seq& s = mut(get(q));
+        if (s.on_device) leave_step(q, s);
+        rings.push_back(end_seq(s));
+    }
 }
 
 void Stager::set_drafting(const char* call, const std::int64_t* seqs_in, std::size_t n, bool off) {

@@ -75,6 +75,12 @@ namespace detail {
 // How an error names one sequence: "sequence <id>".
 inline std::string seq_msg(std::int64_t seq) { return "sequence " + std::to_string(seq); }
 
+// How an error names an id outside 0..max_seqs - 1 (Stager::get, the step's status words).
+inline std::string unknown_sequence(std::int64_t seq, std::int64_t max_seqs) {
+    return "unknown sequence " + std::to_string(seq) + " (this Stager has sequences 0.." +
+           std::to_string(max_seqs - 1) + ")";
+}
+
 // Runs one sequence's check (or step) of a batch call; an error it throws
 // comes out as the same kind of error, prefixed "<call>: seqs[i] (sequence s): "
 // (the per-sequence call's error, named).

@@ -26,6 +26,9 @@ const FieldInfo STEP_CONFIG_FIELDS[] = {DSPARK_STEP_CONFIG_FIELDS(DSPARK_STEP_CO
 #define DSPARK_STEP_OUTPUT_INFO(type, name, shape) {#name, offsetof(device_step::Outputs, name), sizeof(type), shape},
 const device_step::OutputInfo STEP_OUTPUTS[] = {DSPARK_STEP_OUTPUT_FIELDS(DSPARK_STEP_OUTPUT_INFO){nullptr, 0, 0, nullptr}};
 #undef DSPARK_STEP_OUTPUT_INFO
+#define DSPARK_STEP_FIELD_NAME(name) #name,
+const char* const STEP_STATE_FIELDS[] = {DSPARK_STEP_FIELDS(DSPARK_STEP_FIELD_NAME) nullptr};
+#undef DSPARK_STEP_FIELD_NAME
 
 namespace {
 
@@ -65,46 +68,31 @@ i64 fail_regs(const device_step::Config& c, Regs& r, i64 max_failures) {
     return disabled_after;
 }
 
-// What a consistent step state holds (the first broken rule, or "").
-std::string damage(const device_step::Config& c, const Regs& r, i64 max_failures) {
-    auto flag = [](i64 v) { return v == 0 || v == 1; };
-    if (!flag(r.restage_owed) || !flag(r.first_round) || !flag(r.disabled) || !flag(r.accept_open) ||
-        !flag(r.open) || !flag(r.reserved) || !flag(r.pre_accept_open) || !flag(r.verify_owed))
-        return "a flag is neither 0 nor 1";
-    auto ring_ok = [&](i64 cap, i64 touched, i64 head_slot, i64 count, i64 head_pos, i64 end, i64 horizon) {
-        if (cap != 0 && cap != c.ring_rows) return false;
-        if (count < 0 || count > cap || touched < 0 || touched > cap) return false;
-        if (head_slot < 0 || (cap ? head_slot >= cap : head_slot != 0)) return false;
-        return head_pos >= 0 && head_pos <= horizon && horizon <= end && head_pos + count == end &&
-               end < c.max_position;
-    };
-    if (!ring_ok(r.cap, r.touched, r.head_slot, r.count, r.head_pos, r.end, r.horizon))
-        return "the ring's bookkeeping is inconsistent";
-    if (r.reserved && !ring_ok(r.pre_cap, r.pre_touched, r.pre_head_slot, r.pre_count, r.pre_head_pos,
-                               r.pre_end, r.pre_horizon))
-        return "the reservation's saved ring is inconsistent";
-    if (r.pos_base < 0 || r.pos_base > r.n_cache || r.n_cache > r.end) return "the drafter cache's range is inconsistent";
-    if (r.tentative < 0 || r.tentative > c.block + 1 || r.pre_tentative < 0 || r.pre_tentative > c.block + 1)
-        return "the tentative row count is out of range";
-    if (r.failures < 0 || r.failures > max_failures) return "the failure count is out of range";
-    if (r.open && (r.open_start > r.end || r.open_base < 0 || r.open_base > r.open_start))
-        return "the open round is inconsistent";
-    const i64 stats[] = {r.rounds,    r.commits,     r.rebases,        r.staged_rows,      r.restaged_rows,
-                         r.skips,     r.trims,       r.trimmed_rows,   r.peak_rows,        r.skips_disabled,
-                         r.skips_no_context, r.pre_trims, r.pre_trimmed_rows, r.pre_peak_rows};
-    for (i64 v : stats)
-        if (v < 0) return "a counter is negative";
-    if (r.fault != 0 && r.fault != device_step::STATUS_BAD_COUNT && r.fault != device_step::STATUS_POSITION_LIMIT &&
-        r.fault != device_step::STATUS_INTERNAL)
-        return "the fault code is unknown";
-    return "";
+// What each broken rule says (step_math.hpp's DSPARK_STEP_DAMAGE list).
+const char* damage_text(int code) {
+#define DSPARK_STEP_DAMAGE_TEXT(name, text) text,
+    static const char* const texts[] = {DSPARK_STEP_DAMAGE(DSPARK_STEP_DAMAGE_TEXT)};
+#undef DSPARK_STEP_DAMAGE_TEXT
+    return code >= 0 && code < device_step::DAMAGE_COUNT ? texts[code] : "an unknown rule is broken";
 }
 
-// The histogram columns of sequence q hold counts ("" when they do).
-std::string histogram_damage(const device_step::Config& c, const i64* state, i64 q) {
-    for (i64 k = 0; k <= c.block; ++k)
-        if (state[device_step::bucket_at(c, q, k)] < 0) return "a histogram count is negative";
-    return "";
+// What a step state holds that the host cannot serve (the first broken
+// rule, or ""): the step's own rules (damage_of), and the bound only the
+// host knows (max_failures).
+std::string damage(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, i64 max_failures) {
+    if (r.live == 0) return "the sequence is not live in it";
+    int code = device_step::damage_of(c, state, seq, r);
+    if (code == device_step::DAMAGE_NONE && r.failures > max_failures) code = device_step::DAMAGE_FAILURES;
+    return damage_text(code);
+}
+
+// The rows a draft at `end` would stage without a rebase are buffered (the
+// host's plan_round would otherwise find them missing: "dspark internal
+// error"). Checked on the state as it comes back, its round resolved; an
+// accept before that draft only lowers `end` (or skips it: no_context).
+bool drafts_buffered(const device_step::Config& c, const Regs& r) {
+    const bool rebase = r.restage_owed || r.end - r.pos_base + c.block > c.window;
+    return rebase || r.n_cache >= r.end || (r.n_cache >= r.head_pos && r.n_cache >= r.horizon);
 }
 
 // A status word as the core's own error, after `prefix` (which names the
@@ -115,9 +103,7 @@ std::string histogram_damage(const device_step::Config& c, const i64* state, i64
     const std::string b = std::to_string(c.block);
     switch (status) {
         case device_step::STATUS_NOT_ON_DEVICE:
-            if (seq < 0 || seq >= c.max_seqs)
-                throw std::invalid_argument(prefix + "unknown sequence " + std::to_string(seq) +
-                                            " (this Stager has sequences 0.." + std::to_string(c.max_seqs - 1) + ")");
+            if (seq < 0 || seq >= c.max_seqs) throw std::invalid_argument(prefix + detail::unknown_sequence(seq, c.max_seqs));
             throw StateError(prefix + seq_msg(seq) + " is not on the device: call to_device([" +
                              std::to_string(seq) + "]) before its steps");
         case device_step::STATUS_DUPLICATE:
@@ -131,10 +117,19 @@ std::string histogram_damage(const device_step::Config& c, const i64* state, i64
             throw std::invalid_argument(prefix + "the verify rows after position " +
                                         (has_arg ? std::to_string(arg) : std::string("end")) +
                                         " would pass 2**62 - 1; that step changed nothing for the sequence");
-        default:
+        case device_step::STATUS_DAMAGED:
+            throw std::invalid_argument(prefix + "the step state is damaged (" +
+                                        (has_arg ? damage_text(static_cast<int>(arg)) : "a rule is broken") +
+                                        "); the step changed nothing for the sequence: end it, or copy back a "
+                                        "state a step wrote");
+        case device_step::STATUS_INTERNAL:
             throw std::logic_error(prefix + "dspark internal error: a device step found the staged rows not "
                                             "buffered (status " + std::to_string(status) +
                                    "); that step changed nothing for the sequence");
+        default:
+            throw std::invalid_argument(prefix + "status " + std::to_string(status) +
+                                        " is not a status word of the device step (0, 1 or 16.." +
+                                        std::to_string(device_step::STATUS_LAST) + ")");
     }
 }
 
@@ -164,17 +159,23 @@ void check_unique_ids(const char* call, const std::vector<i64>& seqs, std::size_
 // A chain drafter's ids travel by slot (to_device / to_host), those of the
 // rows a later call may read: the stageable rows [horizon, end) of the
 // step's fields and, with a reservation, those of the fields before it
-// (cancel puts them back; the reservation's rows never take their slots).
-// Dead rows below the horizon keep no id anyone reads.
+// (cancel puts them back). A short reservation never takes their slots; one
+// longer than the ring's free slots may (a long prefill chunk): its slot then
+// holds the reservation's row, whose id is the one on the device, and the
+// host keeps the displaced id (Seq::before_tokens) for a cancel. So the
+// `before` rows come first and the live ones last: written in that order,
+// the live id wins a shared slot. Dead rows below the horizon keep no id
+// anyone reads.
 struct StageableRows {
     const Regs &live, &before;
+    bool with_before;
     // f(pos, k, m) for each run of rows (at most two per ring: it wraps at
     // most once): positions [pos, pos + m) at ring indices [k, k + m). A row
     // of both rings is listed twice, at the same index.
     template <class F>
     void each(F&& f) const {
+        if (with_before) runs_of(before, f);
         runs_of(live, f);
-        if (live.reserved) runs_of(before, f);
     }
     template <class F>
     static void runs_of(const Regs& r, F&& f) {
@@ -185,7 +186,9 @@ struct StageableRows {
         if (run < n) f(r.horizon + run, std::size_t{0}, static_cast<std::size_t>(n - run));
     }
 };
-StageableRows stageable_rows(const Regs& live, const Regs& before) { return StageableRows{live, before}; }
+StageableRows stageable_rows(const Regs& live, const Regs& before, bool with_before) {
+    return StageableRows{live, before, with_before};
+}
 
 }  // namespace
 
@@ -345,6 +348,32 @@ std::int64_t* Stager::step_state() {
     return step_state_.get();
 }
 
+// The sequence's step fields and counters come back when its state is one
+// to_host would take (so totals() never go back by the steps it made), else
+// it keeps those it was handed over with; either way its live column is
+// cleared, so a later step names it STEP_NOT_ON_DEVICE. The caller ends it.
+void Stager::leave_step(std::int64_t seq, Seq& s) noexcept {
+    const device_step::Config c = step_config();
+    i64* state = step_state_.get();  // allocated: the sequence was handed over
+    Regs r;
+    device_step::load(state, c.max_seqs, seq, r);
+    if (r.live == 1 && device_step::damage_of(c, state, seq, r) == device_step::DAMAGE_NONE &&
+        r.failures <= opt_.max_failures) {
+        // As end on the host: an open round is dropped (counted in rounds, not
+        // in commits), a reservation counts as before it (Stager::stats_of).
+        StepIO::put_fields(r, s);
+        i64* hist = accepted_row(s);
+        for (i64 k = 0; k <= c.block; ++k) hist[k] = state[device_step::bucket_at(c, seq, k)];
+        if (r.reserved == device_step::RESERVED_STEP) {
+            s.before = static_cast<const SeqFields&>(s);
+            StepIO::put_fields(StepIO::before_of(r), s.before);
+        }
+        s.reserved = r.reserved != device_step::RESERVED_NONE;
+    }
+    state[device_step::F_live * c.max_seqs + seq] = 0;
+    s.on_device = false;
+}
+
 bool Stager::on_device(std::int64_t seq) const {
     auto lock = lock_seq(seq);
     return get(seq).on_device;
@@ -390,7 +419,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t*
     for (i64 q : seqs) {
         Seq& s = seqs_[static_cast<std::size_t>(q)];
         Regs r = StepIO::regs_of(s, s.buf.marks());
-        r.reserved = s.reserved;
+        r.reserved = s.reserved ? device_step::RESERVED_HOST : device_step::RESERVED_NONE;
         if (s.reserved) StepIO::set_pre(r, s.before, s.before_marks);
         else StepIO::set_pre(r, s, s.buf.marks());
         r.fault = r.fault_arg = 0;
@@ -402,7 +431,9 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t*
             std::fill(mine, mine + c.ring_rows, -1);
             const Regs pre = StepIO::before_of(r);
             const std::int32_t* kept = s.buf.slot_tokens();
-            stageable_rows(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(kept + k, m, mine + k); });
+            stageable_rows(r, pre, s.reserved).each([&](i64, std::size_t k, std::size_t m) {
+                std::copy_n(kept + k, m, mine + k);
+            });
         }
         s.on_device = true;
     }
@@ -445,23 +476,30 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
             throw StateError(at + seq_msg(seqs[i]) +
                              " has no open round to fail (its last step skipped, or it was never stepped)");
     }
+    auto refuse = [&](std::size_t i, const std::string& why) {
+        throw std::invalid_argument(where(call, i, seqs[i]) + "the step state is damaged (" + why +
+                                    "); nothing was brought back");
+    };
     for (std::size_t i = 0; i < n; ++i) {
-        const std::string bad = regs[i].live == 1 ? damage(c, regs[i], opt_.max_failures)
-                                                  : std::string("the sequence is not live in it");
-        const std::string damaged = !bad.empty() ? bad : histogram_damage(c, state, seqs[i]);
-        if (!damaged.empty())
-            throw std::invalid_argument(where(call, i, seqs[i]) + "the step state is damaged (" + damaged +
-                                        "); nothing was brought back");
+        const std::string bad = damage(c, state, seqs[i], regs[i], opt_.max_failures);
+        if (!bad.empty()) refuse(i, bad);
+        // The host's own reservation, untouched on the device, comes back as the host keeps it.
+        if (regs[i].reserved == device_step::RESERVED_HOST && !get(seqs[i]).reserved)
+            refuse(i, "it names a reservation the host never handed over");
     }
     // Each round resolved by its outcome, on the live fields and on the ones
     // before the reservation (resolving first or after the reservation is
-    // the same: the two touch disjoint fields); nothing is stored yet.
+    // the same: the two touch disjoint fields); nothing is stored yet. The
+    // `before` of the host's reservation is the host's own (it also holds
+    // what the step state does not carry: started, n_cache, pos_base, ...).
     std::vector<Regs> pres(n);
     std::vector<i64> disabled(n, 0);
     std::vector<char> failed(n, 0);
     for (std::size_t i = 0; i < n; ++i) {
         Regs& r = regs[i];
-        pres[i] = StepIO::before_of(r);
+        const Seq& s = get(seqs[i]);
+        pres[i] = r.reserved == device_step::RESERVED_HOST ? StepIO::regs_of(s.before, s.before_marks)
+                                                           : StepIO::before_of(r);
         if (!r.open) continue;
         failed[i] = outcomes[i] != -1;
         if (failed[i]) {
@@ -472,6 +510,9 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
             device_step::commit(c, pres[i]);
         }
     }
+    for (std::size_t i = 0; i < n; ++i)
+        if (!drafts_buffered(c, regs[i]) || (regs[i].reserved && !drafts_buffered(c, pres[i])))
+            refuse(i, "the rows of its next round are not buffered");
     // A chain drafter's ids: a private copy of each sequence's slots (the
     // caller's table may change under a released GIL), checked at the rows
     // that come back, and room for them in its ring (allocated now, before
@@ -486,7 +527,8 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         // pre.end on) may come back unwritten: a round whose drafter failed
         // builds no verify batch. confirm refuses them; cancel drops them.
         const i64 unwritten_from = r.reserved ? pre.end : r.end;
-        stageable_rows(r, pre).each([&](i64 pos, std::size_t k, std::size_t m) {
+        stageable_rows(r, pre, r.reserved == device_step::RESERVED_STEP).each([&](i64 pos, std::size_t k,
+                                                                                   std::size_t m) {
             const std::int32_t* run = ids[i].data() + k;
             const auto checked = static_cast<std::ptrdiff_t>(
                 device_step::iclamp(unwritten_from - pos, 0, static_cast<i64>(m)));
@@ -513,16 +555,22 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         s.buf.set_marks(marks_of(r.cap, r.touched, r.head_slot, r.count, r.head_pos));
         s.round = 0;
         if (failed[i]) s.stats.failures += 1;
-        s.reserved = r.reserved != 0;
-        if (s.reserved) {
+        s.reserved = r.reserved != device_step::RESERVED_NONE;
+        if (r.reserved == device_step::RESERVED_STEP) {  // the last step's: its `before` is the step's fields
             s.before = static_cast<const SeqFields&>(s);
             StepIO::put_fields(pre, s.before);
             s.before_marks = marks_of(pre.cap, pre.touched, pre.head_slot, pre.count, pre.head_pos);
+            s.before_tokens.clear();
+        } else if (r.reserved == device_step::RESERVED_HOST) {  // the host's: kept, its round resolved
+            StepIO::put_fields(pre, s.before);
+        } else {
+            s.before_tokens.clear();
         }
         if (!ids.empty()) {
             std::int32_t* kept = s.buf.slot_tokens();
             const std::int32_t* got = ids[i].data();
-            stageable_rows(r, pre).each([&](i64, std::size_t k, std::size_t m) { std::copy_n(got + k, m, kept + k); });
+            stageable_rows(r, pre, r.reserved == device_step::RESERVED_STEP)
+                .each([&](i64, std::size_t k, std::size_t m) { std::copy_n(got + k, m, kept + k); });
         }
         s.on_device = false;
         state[device_step::F_live * c.max_seqs + seqs[i]] = 0;

@@ -406,6 +406,12 @@ void Stager::append_external(const char* call, const std::int64_t* seqs, std::si
         }
         g[i] = prepare_append(seqs[i], s, p0[i], static_cast<std::size_t>(cu[i + 1] - cu[i]), none, value, false);
         g[i].tokens = ids.given ? ids.ids.data() + cu[i] : nullptr;
+        // Only an append that is not clean (rows trimmed or the ring full) may
+        // take the slots of rows cancel puts back: keep their ids.
+        if (reserve) {
+            if (s.buf.with_tokens() && !g[i].clean) s.before_tokens = s.buf.save_tokens();
+            else s.before_tokens.clear();
+        }
     }
     for (std::size_t i = 0; i < n; ++i) {
         Seq& s = mut(get(seqs[i]));
@@ -449,10 +455,12 @@ void Stager::reserve_many(const std::int64_t* seqs, std::size_t n, const std::in
 
 // The rows are in the owner's table: the state the reservation made stands.
 void Stager::end_reservation(Seq& s, bool keep) noexcept {
-    if (!keep) {  // the fields and the ring as before reserve: nothing happened
+    if (!keep) {  // the fields, the ring and the ids as before reserve: nothing happened
         static_cast<SeqFields&>(s) = s.before;
         s.buf.set_marks(s.before_marks);
+        if (!s.before_tokens.empty()) s.buf.restore_tokens(std::move(s.before_tokens));
     }
+    s.before_tokens.clear();
     s.reserved = false;
 }
 

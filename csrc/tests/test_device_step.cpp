@@ -613,7 +613,7 @@ TEST_CASE(accept_arithmetic) {
     }
 }
 
-// A sequence on the device refuses every host call, naming to_host.
+// A sequence on the device refuses every host call but end (which ends it: end_on_device), naming to_host.
 TEST_CASE(host_calls_refused_on_device) {
     Stager st(options(2, 2, 9, Storage::F32));
     start(st, 5);
@@ -636,7 +636,6 @@ TEST_CASE(host_calls_refused_on_device) {
     CHECK(refused([&] { st.accept(0, 0); }));
     CHECK(refused([&] { (void)st.draft(0, 5, rows); }));
     CHECK(refused([&] { st.begin(0); }));
-    CHECK(refused([&] { st.end(0); }));
     CHECK(refused([&] { st.rollback(0, 2); }));
     CHECK(refused([&] { (void)st.shift(0, 1, 1); }));
     CHECK(refused([&] { (void)st.fork(0, 1); }));
@@ -671,7 +670,6 @@ TEST_CASE(host_calls_refused_on_device) {
     CHECK(refused([&] { st.fail_many(zero_first, stages, 2, disabled); }));
     CHECK(refused([&] { st.confirm_many(zero_first, 2); }));
     CHECK(refused([&] { st.cancel_many(zero_first, 2); }));
-    CHECK(refused([&] { st.end_many(both, 2); }));
     CHECK(refused([&] { st.draft_many(both, past, 2, plans, rows); }));
     CHECK(refused([&] { st.process_external_many(both, 2, offsets, &pos, 1, slots2); }));
     CHECK(refused([&] { st.reserve_many(both, 2, offsets, &pos, 1, slots2); }));

@@ -157,6 +157,9 @@ public:
     }
     const std::int32_t* slot_tokens() const noexcept { return tokens_.data(); }
     std::int32_t* slot_tokens() noexcept { return tokens_.data(); }
+    // Every slot's id, and putting them back (with the marks they were taken with).
+    std::vector<std::int32_t> save_tokens() const { return tokens_; }
+    void restore_tokens(std::vector<std::int32_t>&& ids) noexcept { tokens_ = std::move(ids); }
     // Calls f(data, bytes) for each contiguous run (at most two) holding rows
     // [from, to) (inside [head, end)), oldest first.
     template <class F>

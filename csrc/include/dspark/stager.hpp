@@ -283,6 +283,9 @@ extern const char* const SEQ_STATS_PEAKS[];
 // and device_step::Outputs' (DSPARK_STEP_OUTPUT_FIELDS).
 extern const FieldInfo STEP_CONFIG_FIELDS[];
 extern const device_step::OutputInfo STEP_OUTPUTS[];
+// The step state's field names (DSPARK_STEP_FIELDS), in column order,
+// null-terminated: the histogram's block + 1 columns follow them.
+extern const char* const STEP_STATE_FIELDS[];
 
 class Stager {
 public:
@@ -769,6 +772,10 @@ private:
         bool reserved = false;
         SeqFields before;
         FeatureBuffer::Marks before_marks;
+        // A chain drafter's ids by slot before a reservation that took slots
+        // of rows cancel puts back (one longer than the ring's free slots: a
+        // long prefill chunk); empty when it took none.
+        std::vector<std::int32_t> before_tokens;
         // Handed over to the device step: its fields live in the step state.
         bool on_device = false;
         // The request's drafting switch (disable / enable): outside SeqFields,
@@ -1017,6 +1024,9 @@ private:
     friend struct StepIO;
     // StateError for a sequence handed over to the device step (call under its lock).
     void refuse_on_device(std::int64_t seq, const Seq& s) const;
+    // end / end_many of a handed-over sequence: it leaves the step state
+    // (stager_device_step.cpp), its counters with it.
+    void leave_step(std::int64_t seq, Seq& s) noexcept;
     // disable_many / enable_many: every id checked (and not on the device) before any switch changes.
     void set_drafting(const char* call, const std::int64_t* seqs, std::size_t n, bool off);
 };

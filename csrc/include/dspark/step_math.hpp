@@ -91,7 +91,20 @@ enum Status : std::int32_t {
     STATUS_BAD_COUNT = 18,        // accept count outside [-1, B] (fault_arg: the count)
     STATUS_POSITION_LIMIT = 19,   // the verify rows would pass 2**62 - 1 (fault_arg: end)
     STATUS_INTERNAL = 20,         // a broken invariant (staged rows not buffered)
+    STATUS_DAMAGED = 21,          // the state breaks a rule of damage_of (fault_arg: the Damage code)
+    STATUS_LAST = STATUS_DAMAGED,
 };
+
+// Whether `status` is one of the words a step writes.
+DSPARK_HD bool known_status(std::int64_t status) {
+    return status == STATUS_OK || status == STATUS_NOT_IN_STEP ||
+           (status >= STATUS_FIRST_ERROR && status <= STATUS_LAST);
+}
+// The sticky faults, which a sequence's `fault` field may hold.
+DSPARK_HD bool sticky_status(std::int64_t status) {
+    return status == STATUS_BAD_COUNT || status == STATUS_POSITION_LIMIT || status == STATUS_INTERNAL ||
+           status == STATUS_DAMAGED;
+}
 
 // plan flags (int32 bits).
 enum : std::int32_t { PLAN_REBASE = 1, PLAN_CLEAR_CACHE = 2 };
@@ -176,6 +189,81 @@ DSPARK_HD void store(i64* state, i64 max_seqs, i64 seq, const Regs& r) {
 #define DSPARK_STEP_STORE(name) state[F_##name * max_seqs + seq] = r.name;
     DSPARK_STEP_FIELDS(DSPARK_STEP_STORE)
 #undef DSPARK_STEP_STORE
+}
+
+// -- what a state may hold ----------------------------------------------------
+// The step state is a plain array a server may copy back from its device (or
+// scribble on): the step trusts no field of it before damage_of has passed,
+// and Stager::to_host refuses the same states (and a few more it can see:
+// failures above max_failures). Every rule below is one a step's own writes
+// keep; together they bound every index and slot a step computes (the plan's
+// rows inside the sequence's ring and at most max_rows of them, the verify
+// slots, the histogram bucket) and keep every counter far from overflow.
+
+// `reserved`: whose reservation the sequence holds. The host's (made by
+// reserve before to_device and untouched since: no step has run) comes back
+// as the host made it, with the fields the step state does not carry;
+// a step's own is confirmed by the next step or comes back from pre_*.
+enum : std::int32_t { RESERVED_NONE = 0, RESERVED_HOST = 1, RESERVED_STEP = 2 };
+
+// The broken rules, as X(code name, what it says).
+#define DSPARK_STEP_DAMAGE(X)                                                 \
+    X(NONE, "")                                                               \
+    X(LIVE, "its live flag is neither 0 nor 1")                               \
+    X(FLAG, "a flag is neither 0 nor 1")                                      \
+    X(RING, "the ring's bookkeeping is inconsistent")                         \
+    X(PRE_RING, "the reservation's saved ring is inconsistent")               \
+    X(CACHE, "the drafter cache's range is inconsistent")                     \
+    X(TENTATIVE, "the tentative row count is out of range")                   \
+    X(FAILURES, "the failure count is out of range")                          \
+    X(OPEN, "the open round is inconsistent")                                 \
+    X(COUNTER, "a counter is negative or past 2**62")                         \
+    X(HISTOGRAM, "a histogram count is negative or past 2**62")               \
+    X(FAULT, "the fault code is unknown")
+#define DSPARK_STEP_DAMAGE_ENUM(name, text) DAMAGE_##name,
+enum Damage : int { DSPARK_STEP_DAMAGE(DSPARK_STEP_DAMAGE_ENUM) DAMAGE_COUNT };
+#undef DSPARK_STEP_DAMAGE_ENUM
+
+DSPARK_HD bool is_flag(i64 v) { return v == 0 || v == 1; }
+DSPARK_HD bool is_count(const Config& c, i64 v) { return v >= 0 && v < c.max_position; }
+
+// A ring's bookkeeping (FeatureBuffer::Marks) with its sequence's end and
+// horizon: rows [head_pos, end) held, the horizon among them.
+DSPARK_HD bool ring_ok(const Config& c, i64 cap, i64 touched, i64 head_slot, i64 count, i64 head_pos, i64 end,
+                       i64 horizon) {
+    if (cap != 0 && cap != c.ring_rows) return false;
+    if (count < 0 || count > cap || touched < 0 || touched > cap) return false;
+    if (head_slot < 0 || (cap ? head_slot >= cap : head_slot != 0)) return false;
+    if (head_pos < 0 || end >= c.max_position) return false;  // first: head_pos + count cannot overflow
+    return head_pos <= horizon && horizon <= end && head_pos + count == end;
+}
+
+// The first rule sequence `seq`'s state breaks (DAMAGE_NONE when it breaks none).
+DSPARK_HD int damage_of(const Config& c, const i64* state, i64 seq, const Regs& r) {
+    if (!is_flag(r.live)) return DAMAGE_LIVE;
+    if (!is_flag(r.restage_owed) || !is_flag(r.first_round) || !is_flag(r.disabled) || !is_flag(r.accept_open) ||
+        !is_flag(r.open) || !is_flag(r.pre_accept_open) || !is_flag(r.verify_owed) || r.reserved < RESERVED_NONE ||
+        r.reserved > RESERVED_STEP)
+        return DAMAGE_FLAG;
+    if (!ring_ok(c, r.cap, r.touched, r.head_slot, r.count, r.head_pos, r.end, r.horizon)) return DAMAGE_RING;
+    if (r.reserved && !ring_ok(c, r.pre_cap, r.pre_touched, r.pre_head_slot, r.pre_count, r.pre_head_pos, r.pre_end,
+                               r.pre_horizon))
+        return DAMAGE_PRE_RING;
+    if (r.pos_base < 0 || r.pos_base > r.n_cache || r.n_cache > r.end) return DAMAGE_CACHE;
+    if (r.tentative < 0 || r.tentative > c.block + 1 || r.pre_tentative < 0 || r.pre_tentative > c.block + 1)
+        return DAMAGE_TENTATIVE;
+    if (!is_count(c, r.failures)) return DAMAGE_FAILURES;
+    if (r.open && (r.open_start > r.end || r.open_base < 0 || r.open_base > r.open_start)) return DAMAGE_OPEN;
+    const i64 counters[] = {r.rounds,       r.commits,        r.rebases,       r.staged_rows,
+                            r.restaged_rows, r.skips,         r.trims,         r.trimmed_rows,
+                            r.peak_rows,    r.skips_disabled, r.skips_no_context, r.pre_trims,
+                            r.pre_trimmed_rows, r.pre_peak_rows};
+    for (i64 v : counters)
+        if (!is_count(c, v)) return DAMAGE_COUNTER;
+    for (i64 k = 0; k <= c.block; ++k)
+        if (!is_count(c, state[(FIELD_COUNT + k) * c.max_seqs + seq])) return DAMAGE_HISTOGRAM;
+    if (r.fault != 0 && !sticky_status(r.fault)) return DAMAGE_FAULT;
+    return DAMAGE_NONE;
 }
 
 // -- the ring (FeatureBuffer's bookkeeping, external: no bytes) ----------------
@@ -309,7 +397,9 @@ DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
         base = r.pos_base;
         lo = r.n_cache;
     }
-    if (lo < r.head_pos || lo < r.horizon || p.start > r.head_pos + r.count) return false;
+    // Also a bound by construction: never more rows than the padded plan holds.
+    if (lo < r.head_pos || lo < r.horizon || p.start > r.head_pos + r.count || p.start - lo > c.max_rows)
+        return false;
     p.rebase = rebase;
     p.clear_cache = rebase || r.first_round;
     p.pos_base = base;
@@ -391,7 +481,7 @@ DSPARK_HD bool reserve(const Config& c, Regs& r, i64 seq, i64 n, i64* slots_out)
     r.tentative = after.tentative;
     r.horizon = g_horizon;
     advance_horizon(c, r);
-    r.reserved = 1;
+    r.reserved = RESERVED_STEP;
     return true;
 }
 
@@ -477,8 +567,13 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
         status = STATUS_DUPLICATE;
     } else {
         load(state, c.max_seqs, seq, r);
-        if (!r.live) {
+        const int damage = r.live == 0 ? DAMAGE_NONE : damage_of(c, state, seq, r);
+        if (r.live == 0) {
             status = STATUS_NOT_ON_DEVICE;
+        } else if (damage != DAMAGE_NONE) {
+            status = STATUS_DAMAGED;  // sticky: nothing of the state is trusted, only the fault is recorded
+            state[F_fault * c.max_seqs + seq] = status;
+            state[F_fault_arg * c.max_seqs + seq] = damage;
         } else if (r.fault) {
             status = static_cast<std::int32_t>(r.fault);  // repeated; its first value is kept
         } else if (count == -1) {

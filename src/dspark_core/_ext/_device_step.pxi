@@ -8,8 +8,6 @@ from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, step_columns,
 
 from dspark_core.stager import device_step as _device_step
 
-_STEP_OUTPUT_NAMES = tuple(name for name, _, _ in _row_format.STEP_OUTPUTS)
-
 
 cdef int32_t* _table_data(table, size_t* n):
     """A slot token table's ids and their count (NULL and 0 for None)."""
@@ -65,13 +63,14 @@ def _step_many(Stager st, seqs, n_accepted, out):
         out = _device_step.StepOutputs.empty(n, c.max_rows, c.block)
     elif not isinstance(out, _device_step.StepOutputs):
         raise TypeError(f"step_many: out must be a StepOutputs, got {type(out).__name__}")
-    else:
-        out.check(n, c.max_rows, c.block)
+    # The arrays checked are the ones written through, held here for the call
+    # (the base class's reader: a subclass cannot swap it).
+    arrays = _device_step.StepOutputs.checked_arrays(out, n, c.max_rows, c.block)
     cdef StepOutputs o  # every pointer from the core's output list (None: NULL, not written)
     cdef char* base = <char*>&o
     cdef size_t k = 0
     while STEP_OUTPUTS[k].name != NULL:
-        arr = getattr(out, _STEP_OUTPUT_NAMES[k])
+        arr = arrays[k]
         (<void**>(base + STEP_OUTPUTS[k].offset))[0] = NULL if arr is None else cnp.PyArray_DATA(<cnp.ndarray>arr)
         k += 1
     cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)

@@ -163,6 +163,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
     const char* const* SEQ_STATS_PEAKS
     const FieldInfo* STEP_CONFIG_FIELDS
     const StepOutputInfo* STEP_OUTPUTS
+    const char* const* STEP_STATE_FIELDS
 
     # What a call needs of a sequence's state (Stager::Need).
     enum class Need "dspark::Stager::Need"(uint8_t):

@@ -24,6 +24,7 @@ PREFIX_HIT_FIELDS: tuple[str, ...]
 PREFIX_STATS_FIELDS: tuple[str, ...]
 STEP_CONFIG_FIELDS: tuple[str, ...]
 STEP_OUTPUTS: tuple[tuple[str, int, str], ...]
+STEP_STATE_FIELDS: tuple[str, ...]
 # The rows of a batch plan's packed arrays (pack_plans): int64 meta, uint8 flags.
 BATCH_META_ROWS: tuple[str, ...]
 BATCH_FLAG_ROWS: tuple[str, ...]

@@ -35,6 +35,7 @@ from dspark_core._ext._lib_stager cimport (
     FieldInfo, SEQ_STATE_FIELDS as C_SEQ_STATE_FIELDS, SEQ_STATS_FIELDS as C_SEQ_STATS_FIELDS,
     SEQ_STATS_GAUGES as C_SEQ_STATS_GAUGES, SEQ_STATS_PEAKS as C_SEQ_STATS_PEAKS,
     STEP_CONFIG_FIELDS as C_STEP_CONFIG_FIELDS, STEP_OUTPUTS as C_STEP_OUTPUTS,
+    STEP_STATE_FIELDS as C_STEP_STATE_FIELDS,
     BATCH_META_ROWS as C_BATCH_META_ROWS, BATCH_FLAG_ROWS as C_BATCH_FLAG_ROWS, pad_rows as c_pad_rows,
     ROUND_PLAN_FIELDS as C_ROUND_PLAN_FIELDS,
 )
@@ -142,6 +143,8 @@ cdef tuple _step_outputs():
 # The device step's outputs, in order: (name, element bytes, shape) (DSPARK_STEP_OUTPUT_FIELDS;
 # the shape in units "n", "max_rows", "block", "block+1").
 STEP_OUTPUTS = _step_outputs()
+# The step state's fields, in column order (DSPARK_STEP_FIELDS): Stager.step_state's first rows.
+STEP_STATE_FIELDS = _name_list(C_STEP_STATE_FIELDS)
 
 # The rows of a batch plan's two packed arrays, in order (dspark/stager.hpp,
 # pack_plans): int64 ``meta`` (the last row row_offsets) and uint8 ``flags``.

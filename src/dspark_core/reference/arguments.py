@@ -130,8 +130,8 @@ def check_tokens(call: str, chain: bool, ids: np.ndarray | None, n: int) -> None
 
 
 def token_table(call: str, value: Any, writable: bool) -> np.ndarray | None:
-    """The device step's slot token table: None, or the caller's own 1-D C-contiguous int32
-    array (used in place); TypeError for another type or dtype, ValueError for another
+    """The device step's slot token table: None, or the caller's own 1-D C-contiguous, aligned
+    int32 array (used in place); TypeError for another type or dtype, ValueError for another
     shape or layout, or a read-only one where ``writable``."""
     if value is None:
         return None
@@ -140,8 +140,9 @@ def token_table(call: str, value: Any, writable: bool) -> np.ndarray | None:
                         f"(Stager.new_token_table()), got {type(value).__name__}")
     if value.dtype != np.int32:
         raise TypeError(f"{call}: the slot token table must be int32, got dtype {value.dtype}")
-    if value.ndim != 1 or not value.flags.c_contiguous:
-        raise ValueError(f"{call}: the slot token table must be a 1-D C-contiguous array, got shape {value.shape}")
+    if value.ndim != 1 or not value.flags.c_contiguous or not value.flags.aligned:
+        raise ValueError(f"{call}: the slot token table must be a 1-D C-contiguous, aligned array, got shape "
+                         f"{value.shape}" + ("" if value.flags.aligned else " (misaligned)"))
     if writable and not value.flags.writeable:
         raise ValueError(f"{call}: the slot token table must be writable ({call} writes the ids into it)")
     return value

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 # the core's): docs/protocol.md "The device step".
 STEP_OK, STEP_NOT_IN_STEP, STEP_FIRST_ERROR = 0, 1, 16
 STEP_NOT_ON_DEVICE, STEP_DUPLICATE, STEP_BAD_COUNT, STEP_POSITION_LIMIT, STEP_INTERNAL = 16, 17, 18, 19, 20
+STEP_DAMAGED = 21  # only the core's step state can be damaged: this twin keeps none
 STEP_REBASE, STEP_CLEAR_CACHE = 1, 2
 NOT_STEPPED = -1
 #: A plan's skip reason -> its code in ``StepOutputs.skip``.
@@ -62,8 +63,13 @@ def _status_error(prefix: str, block: int, max_seqs: int, status: int, seq: int,
         at = str(value) if value is not None else "end"
         return ValueError(prefix + f"the verify rows after position {at} would pass 2**62 - 1; that step changed "
                           "nothing for the sequence")
-    return RuntimeError(prefix + "dspark internal error: a device step found the staged rows not buffered "
-                        f"(status {status}); that step changed nothing for the sequence")
+    if status == STEP_DAMAGED:
+        return ValueError(prefix + "the step state is damaged (a rule is broken); the step changed nothing for the "
+                          "sequence: end it, or copy back a state a step wrote")
+    if status == STEP_INTERNAL:
+        return RuntimeError(prefix + "dspark internal error: a device step found the staged rows not buffered "
+                            f"(status {status}); that step changed nothing for the sequence")
+    return ValueError(prefix + f"status {status} is not a status word of the device step (0, 1 or 16..{STEP_DAMAGED})")
 
 
 class DeviceStepMixin:
@@ -119,6 +125,25 @@ class DeviceStepMixin:
             for p, g in zip(range(x.horizon, x.end), x.ring.slots(x.horizon, x.end, base)):
                 out.append((p, g, x.tokens))
         return out
+
+    def _leave_step(self, i: int) -> None:
+        """``end`` of a handed-over sequence: it leaves the step as ``end`` finds it on the
+        host: an open round dropped (the early commit undone: counted in rounds, not in
+        commits), a reservation kept for ``end`` to count as before it."""
+        device = self._device()
+        if i not in device:
+            return
+        pending = device.pop(i)
+        self._handovers().pop(i, None)
+        self._faults().pop(i, None)
+        st = cast("ReferenceStager", self)._seqs[i]
+        if pending is not None:
+            for x in (st, st.reservation):
+                if x is not None:
+                    for name in _COMMIT_FIELDS:
+                        setattr(x, name, getattr(pending, name))
+                    x.stats["commits"] = pending.stats["commits"]
+                    x.open_round = pending.open_round
 
     def to_device(self, seqs: Any, tokens: Any = None) -> None:
         ref = cast("ReferenceStager", self)
@@ -180,7 +205,7 @@ class DeviceStepMixin:
                     except ValueError as exc:
                         raise ValueError(arg.batch_context(call, k, int(ids[k])) + str(exc)) from None
                 else:
-                    codes[k] = arg.integer("outcome", o)
+                    codes[k] = min(max(arg.integer("outcome", o), -(2**31)), 2**31 - 1)  # int32, as the core's
         table = arg.token_table(call, tokens, False)
         self._known(call, ids)
         arg.check_token_table(call, ref._chain, table, self._table_size())

@@ -833,16 +833,21 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         """The request on ``seq`` is over: drop whatever it holds (an open round, a
         reservation, its rows and ring); the sequence is as a new Stager's."""
         i = arg.integer("seq", seq)
-        self._get(i)
+        if not 0 <= i < len(self._seqs):
+            raise arg.unknown_sequence(i, len(self._seqs))
+        self._leave_step(i)  # end takes any state, a handed-over one too
         self._end_checked(i)
 
     def end_many(self, seqs: Any) -> None:
-        """``end`` for several sequences."""
+        """``end`` for several sequences (handed-over ones too)."""
         ids = arg.seq_ids("end_many", seqs)
-        self._check_batch("end_many", ids, ANY)
+        for k, q in enumerate(ids.tolist()):
+            if not 0 <= q < len(self._seqs):
+                raise ValueError(arg.batch_context("end_many", k, q) + str(arg.unknown_sequence(q, len(self._seqs))))
         arg.unique("end_many", ids)
-        for s in ids.tolist():
-            self._end_checked(s)
+        for q in ids.tolist():
+            self._leave_step(q)
+            self._end_checked(q)
 
     def _end_checked(self, i: int) -> None:
         self._reset_seq(i, self._new_seq(RingModel(self._ring_rows)))

@@ -333,8 +333,9 @@ def as_token_table(call: str, tokens: Any, writable: bool) -> np.ndarray | None:
                         f"(Stager.new_token_table()), got {type(tokens).__name__}")
     if tokens.dtype != np.int32:
         raise TypeError(f"{call}: the slot token table must be int32, got dtype {tokens.dtype}")
-    if tokens.ndim != 1 or not tokens.flags.c_contiguous:
-        raise ValueError(f"{call}: the slot token table must be a 1-D C-contiguous array, got shape {tokens.shape}")
+    if tokens.ndim != 1 or not tokens.flags.c_contiguous or not tokens.flags.aligned:
+        raise ValueError(f"{call}: the slot token table must be a 1-D C-contiguous, aligned array, got shape "
+                         f"{tokens.shape}" + ("" if tokens.flags.aligned else " (misaligned)"))
     if writable and not tokens.flags.writeable:
         raise ValueError(f"{call}: the slot token table must be writable ({call} writes the ids into it)")
     return tokens
@@ -440,6 +441,7 @@ def outcome_codes(call: str, outcomes: Any, seqs: np.ndarray, choices: Sequence[
                 codes[i] = as_choice("outcome", o, choices)
             except ValueError as exc:
                 raise ValueError(context(call, i, int(seqs[i])) + str(exc)) from None
-        else:
-            codes[i] = as_index("outcome", o)
+        else:  # clamped into int32, as as_int64 clamps: the core refuses it just as the original
+            v = as_index("outcome", o)
+            codes[i] = _INT32_MIN if v < _INT32_MIN else _INT32_MAX if v > _INT32_MAX else v
     return codes

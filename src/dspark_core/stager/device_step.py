@@ -30,6 +30,7 @@ STEP_DUPLICATE = 17
 STEP_BAD_COUNT = 18
 STEP_POSITION_LIMIT = 19
 STEP_INTERNAL = 20
+STEP_DAMAGED = 21
 #: The names of the status codes (for logs).
 STEP_STATUS_NAMES = {
     STEP_OK: "ok",
@@ -39,6 +40,7 @@ STEP_STATUS_NAMES = {
     STEP_BAD_COUNT: "bad_count",
     STEP_POSITION_LIMIT: "position_limit",
     STEP_INTERNAL: "internal",
+    STEP_DAMAGED: "damaged",
 }
 #: ``flags`` bits.
 STEP_REBASE = 1
@@ -52,6 +54,10 @@ _INT = {4: np.int32, 8: np.int64}
 _LAYOUT: tuple[tuple[str, type, str], ...] = tuple(
     (name, _INT[nbytes], shape) for name, nbytes, shape in _row_format.STEP_OUTPUTS)
 
+
+#: The step state's fields, in column order (``Stager.step_state[STEP_STATE_FIELDS.index(name)]``
+#: is that field of every sequence); the acceptance histogram's ``B + 1`` columns follow.
+STEP_STATE_FIELDS: tuple[str, ...] = _row_format.STEP_STATE_FIELDS
 
 #: The padded arrays, which may be None (not written).
 _PADDED = ("row_slots", "row_positions")
@@ -90,10 +96,19 @@ class StepOutputs:
         return cls(**arrays)  # type: ignore[arg-type]
 
     def check(self, n: int, max_rows: int, block: int) -> None:
-        """Raise unless every array has its dtype and shape for ``n`` entries, C-contiguous
-        and writable (the core writes through raw pointers: nothing else is safe)."""
+        """Raise unless every array has its dtype and shape for ``n`` entries, C-contiguous,
+        aligned and writable (the core writes through raw pointers: nothing else is safe)."""
+        StepOutputs.checked_arrays(self, n, max_rows, block)
+
+    def checked_arrays(self, n: int, max_rows: int, block: int) -> tuple[np.ndarray | None, ...]:
+        """Every field read once, in the core's order, and checked as :meth:`check` does: the
+        very arrays checked, which a step writes through (the binding holds them for the
+        call, so a field that changes after the check, a property that makes a new array
+        each time, or another thread replacing one, can never hand the core other memory)."""
+        arrays: list[np.ndarray | None] = []
         for name, dtype, kind in _LAYOUT:
             arr = getattr(self, name)
+            arrays.append(arr)
             if arr is None and name in _PADDED:
                 continue
             want = _shape(kind, n, max_rows, block)
@@ -102,8 +117,9 @@ class StepOutputs:
             if arr.dtype != np.dtype(dtype) or arr.shape != want:
                 raise ValueError(f"step outputs: {name} must be {np.dtype(dtype).name} of shape {want}, "
                                  f"got {arr.dtype.name} of shape {arr.shape}")
-            if not arr.flags.c_contiguous or not arr.flags.writeable:
-                raise ValueError(f"step outputs: {name} must be C-contiguous and writable")
+            if not arr.flags.c_contiguous or not arr.flags.writeable or not arr.flags.aligned:
+                raise ValueError(f"step outputs: {name} must be C-contiguous, aligned and writable")
+        return tuple(arrays)
 
     def errors(self) -> np.ndarray:
         """The indices of the entries whose status is an error."""
