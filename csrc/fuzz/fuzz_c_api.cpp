@@ -1130,6 +1130,34 @@ constexpr std::uint8_t DEVICE_STEP_CODE = 237;
 // configurations skip the device step's op.
 constexpr std::int64_t MAX_TABLE_IDS = 1 << 18;
 
+// Now and then one field of a handed-over sequence's step state, the same in
+// both APIs' states, set to a value a careless server's copy back could leave
+// there (the rules of step_math.hpp's damage_of, their edges and beyond):
+// the steps that follow must agree, with no write out of bounds (ASan).
+void damage_step_state(Reader& r, Fixture& fx, const std::vector<std::int64_t>& seqs) {
+    const std::uint8_t when = r.u8();
+    if (when % 8 != 7) return;
+    const std::uint8_t which = r.u8(), field = r.u8(), value = r.u8();
+    const std::int64_t q = seqs[which % seqs.size()];
+    if (!fx.valid(q)) return;
+    std::int64_t* sc = nullptr;
+    FUZZ_CHECK(dspark_step_state(fx.st, &sc) == DSPARK_OK);
+    std::int64_t* sp = fx.cpp->step_state();
+    const std::int64_t cols = dspark::device_step::columns(fx.cpp->step_config()), m = fx.c.max_seqs;
+    const std::size_t at = static_cast<std::size_t>((field % cols) * m + q);
+    const std::int64_t now = sp[at];
+    auto plus = [](std::int64_t a, std::int64_t b) {  // wrapping: the value is garbage on purpose
+        return static_cast<std::int64_t>(static_cast<std::uint64_t>(a) + static_cast<std::uint64_t>(b));
+    };
+    const std::int64_t values[] = {-1, 0, 1, 2, plus(now, 1), plus(now, -1), plus(now, fx.ring), 200000,
+                                   std::int64_t{1} << 40,
+                                   (std::int64_t{1} << 62) + 1, INT64_MAX, INT64_MIN};
+    sc[at] = sp[at] = values[value % (sizeof values / sizeof values[0])];
+}
+
+// Now and then a misaligned buffer (one fuzzed byte).
+bool misaligned(Reader& r) { return r.u8() % 32 == 31; }
+
 // The device step through the C ABI against the C++ API: a hand-over of up to
 // three sequences (a chain stager's through the _tokens forms, each API with its
 // own slot token table; a block stager's through the plain forms; now and then
@@ -1188,6 +1216,12 @@ void op_device_step(Reader& r, Fixture& fx) {
             counts.push_back(pick(r, {0, 1, 2, 3, fx.c.block_size, -1, 0, fx.c.block_size + 1}));
         step_test::StepAnswers x(n, mr, b), y(n, mr, b);
         const dspark_step_out out = x.c();
+        damage_step_state(r, fx, seqs);
+        if (misaligned(r)) {  // a misaligned typed buffer: refused, nothing changes
+            alignas(8) unsigned char raw[8 * 4 + 8] = {};
+            const auto* odd = reinterpret_cast<const std::int64_t*>(raw + 1);
+            FUZZ_CHECK(dspark_step_many(fx.st, odd, counts.data(), 1, &out) == DSPARK_E_INVALID_ARGUMENT);
+        }
         check_same(dspark_step_many(fx.st, seqs.data(), counts.data(), n, &out),
                    expect_of([&] { fx.cpp->step_many(seqs.data(), counts.data(), n, y.cpp()); }), "step_many");
         FUZZ_CHECK(x == y);
@@ -1224,6 +1258,11 @@ void op_device_step(Reader& r, Fixture& fx) {
                             tc[static_cast<std::size_t>(g)] = tp[static_cast<std::size_t>(g)] = 9;
             (void)to_host(std::vector<std::int32_t>(n, -1));
         }
+    }
+    for (std::int64_t q : seqs) {  // a damaged state never comes back: end frees it (no sequence is stranded)
+        std::int32_t on = 0;
+        if (fx.valid(q) && dspark_on_device(fx.st, q, &on) == DSPARK_OK && on)
+            check_same(dspark_end(fx.st, q), expect_of([&] { fx.cpp->end(q); }), "end (damaged)");
     }
     for (std::int64_t q : seqs) {
         if (!fx.valid(q)) continue;

@@ -119,11 +119,18 @@ void require_aligned(const T* p, const char* name) {
     }
 }
 
+// Whether a T buffer's length counts bytes (void and byte buffers).
+template <class T>
+constexpr bool counts_bytes() {
+    if constexpr (std::is_void_v<T>) return true;
+    else return sizeof(T) == 1;
+}
+
 // A buffer of `n` elements (bytes for void and byte buffers) may be NULL
 // only when it is empty, and is aligned for its element type.
 template <class T>
 void require_buffer(const T* p, std::size_t n, const char* name) {
-    constexpr bool bytes = std::is_void_v<T> || sizeof(T) == 1;
+    constexpr bool bytes = counts_bytes<T>();
     if (!p && n)
         throw dspark::NullPointer(std::string(name) + " is NULL but " + std::to_string(n) +
                                   (bytes ? " bytes were given" : " entries were given"));

@@ -22,7 +22,8 @@ static_assert(eq(DSPARK_STEP_OK, step::STATUS_OK) && eq(DSPARK_STEP_NOT_IN_STEP,
                   eq(DSPARK_STEP_NOT_ON_DEVICE, step::STATUS_NOT_ON_DEVICE) &&
                   eq(DSPARK_STEP_DUPLICATE, step::STATUS_DUPLICATE) && eq(DSPARK_STEP_BAD_COUNT, step::STATUS_BAD_COUNT) &&
                   eq(DSPARK_STEP_POSITION_LIMIT, step::STATUS_POSITION_LIMIT) &&
-                  eq(DSPARK_STEP_INTERNAL, step::STATUS_INTERNAL),
+                  eq(DSPARK_STEP_INTERNAL, step::STATUS_INTERNAL) && eq(DSPARK_STEP_DAMAGED, step::STATUS_DAMAGED) &&
+                  eq(DSPARK_STEP_DAMAGED, step::STATUS_LAST),
               "the C status codes are step_math.hpp's");
 static_assert(eq(DSPARK_STEP_REBASE, step::PLAN_REBASE) && eq(DSPARK_STEP_CLEAR_CACHE, step::PLAN_CLEAR_CACHE),
               "the C plan flags are step_math.hpp's");

@@ -235,3 +235,62 @@ TEST_CASE(c_chain_ids_travel_by_slot) {
 }
 
 TEST_MAIN()
+
+// What a careless server hands the C ABI: a damaged step state is a sticky
+// DSPARK_STEP_DAMAGED with nothing written (and to_host refuses it, end frees
+// it), misaligned typed buffers are refused, and a NULL buffer's message
+// counts its entries.
+TEST_CASE(c_damaged_states_and_misaligned_buffers) {
+    Handle h(config());
+    dspark::Stager core(options());
+    prompt(h.st, core, 0, 6);
+    const std::int64_t zero = 0, one = 1;
+    CHECK_EQ(dspark_to_device(h.st, nullptr, 2), DSPARK_E_NULL_POINTER);
+    CHECK(std::string(dspark_last_error()) == "seqs is NULL but 2 entries were given");
+    CHECK_EQ(dspark_to_device(h.st, &zero, 1), DSPARK_OK);
+    std::int64_t fields = 0, max_rows = 0;
+    CHECK_EQ(dspark_step_layout(h.st, &fields, &max_rows), DSPARK_OK);
+    Answers x(1, static_cast<std::size_t>(max_rows));
+    dspark_step_out out = x.c();
+    // Misaligned: seqs, counts, an output.
+    alignas(8) unsigned char raw[32] = {};
+    const auto* odd = reinterpret_cast<const std::int64_t*>(raw + 1);
+    CHECK_EQ(dspark_step_many(h.st, odd, &zero, 1, &out), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(std::string(dspark_last_error()).find("seqs is not aligned to 8 bytes") != std::string::npos);
+    CHECK_EQ(dspark_step_many(h.st, &zero, odd, 1, &out), DSPARK_E_INVALID_ARGUMENT);
+    out.start = reinterpret_cast<std::int64_t*>(raw + 4);
+    CHECK_EQ(dspark_step_many(h.st, &zero, &zero, 1, &out), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(std::string(dspark_last_error()).find("out->start is not aligned") != std::string::npos);
+    out = x.c();
+    // A damaged state: the reported one (200,000 rows for a plan max_rows wide).
+    std::int64_t* state = nullptr;
+    CHECK_EQ(dspark_step_state(h.st, &state), DSPARK_OK);
+    namespace step = dspark::device_step;
+    state[step::F_end * SEQS + 0] = state[step::F_count * SEQS + 0] = 200000;
+    state[step::F_pos_base * SEQS + 0] = 200000 - 1;
+    CHECK_EQ(dspark_step_many(h.st, &zero, &zero, 1, &out), DSPARK_OK);
+    CHECK_EQ(x.status[0], DSPARK_STEP_DAMAGED);
+    CHECK_EQ(x.n_rows[0], 0);
+    for (std::int64_t v : x.row_slots) CHECK_EQ(v, -1);
+    CHECK_EQ(dspark_check_step(h.st, &zero, x.status.data(), 1), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(std::string(dspark_last_error()).find("the step state is damaged (a rule is broken)") !=
+          std::string::npos);
+    CHECK_EQ(dspark_to_host(h.st, &zero, 1, nullptr, nullptr), DSPARK_E_INVALID_ARGUMENT);
+    std::int32_t on = 0;
+    CHECK_EQ(dspark_on_device(h.st, 0, &on), DSPARK_OK);
+    CHECK_EQ(on, 1);
+    // end frees it; the slot serves the next request.
+    CHECK_EQ(dspark_end(h.st, 0), DSPARK_OK);
+    CHECK_EQ(dspark_on_device(h.st, 0, &on), DSPARK_OK);
+    CHECK_EQ(on, 0);
+    CHECK_EQ(dspark_step_many(h.st, &zero, &zero, 1, &out), DSPARK_OK);
+    CHECK_EQ(x.status[0], DSPARK_STEP_NOT_ON_DEVICE);
+    prompt(h.st, core, 0, 4);
+    const std::int64_t both[] = {0, 1};
+    prompt(h.st, core, 1, 4);
+    CHECK_EQ(dspark_to_device(h.st, both, 2), DSPARK_OK);
+    CHECK_EQ(dspark_end_many(h.st, both, 2), DSPARK_OK);
+    CHECK_EQ(dspark_on_device(h.st, 1, &on), DSPARK_OK);
+    CHECK_EQ(on, 0);
+    (void)one;
+}

@@ -112,8 +112,9 @@ enum { DSPARK_ROWS_HELD = 0, DSPARK_ROWS_EXTERNAL = 1 };
  * process calls take them; a CHAIN stager refuses the plain ones) and hands
  * them back with dspark_tokens (a prefix hit takes the prompt's ids:
  * dspark_prefix_hit_tokens; a tree verify batch, dspark_process_tree_tokens;
- * a reservation, dspark_reserve_tokens). The device step serves BLOCK
- * stagers only. */
+ * a reservation, dspark_reserve_tokens). The device step serves both: a
+ * CHAIN stager's ids travel in a slot token table (dspark_to_device_tokens,
+ * dspark_to_host_tokens). */
 enum { DSPARK_KIND_BLOCK = 0, DSPARK_KIND_CHAIN = 1 };
 
 /* ---- structs ------------------------------------------------------------- */
@@ -445,10 +446,13 @@ DSPARK_API dspark_status dspark_cancel_many(dspark_stager* st, const int64_t* se
  * next round at n_past = end as dspark_draft would, and reserve the next
  * verify batch's slots. dspark_step_many is the CPU twin over the host state
  * (dspark_step_state); the CUDA kernel runs the same math over a device copy.
- * Every other call on a handed-over sequence is DSPARK_E_STATE until
- * dspark_to_host brings it back. Per-entry problems are status words
- * (DSPARK_STEP_*), never a failed call; dspark_check_step turns them into the
- * core's errors. */
+ * Every other call on a handed-over sequence but dspark_end is
+ * DSPARK_E_STATE until dspark_to_host brings it back. Per-entry problems are
+ * status words (DSPARK_STEP_*), never a failed call; dspark_check_step turns
+ * them into the core's errors. The step trusts no field of the state before
+ * checking it: a state a server damaged is DSPARK_STEP_DAMAGED, never a write
+ * out of bounds, and dspark_to_host refuses it (end the sequence). Every
+ * typed buffer must be aligned for its type (DSPARK_E_INVALID_ARGUMENT). */
 enum {
     DSPARK_STEP_OK = 0, /* stepped */
     DSPARK_STEP_NOT_IN_STEP = 1, /* n_accepted -1: the sequence sat this step out */
@@ -458,6 +462,7 @@ enum {
     DSPARK_STEP_BAD_COUNT = 18, /* n_accepted outside [-1, B]: sticky until to_host */
     DSPARK_STEP_POSITION_LIMIT = 19, /* the verify rows would pass 2**62 - 1: sticky */
     DSPARK_STEP_INTERNAL = 20, /* a broken invariant: sticky */
+    DSPARK_STEP_DAMAGED = 21, /* the step state breaks a rule (a server's copy back went wrong): sticky, no write */
 };
 enum {
     DSPARK_STEP_REBASE = 1, /* flags: the round rebases */
@@ -541,7 +546,8 @@ DSPARK_API dspark_status dspark_check_step(const dspark_stager* st, const int64_
 
 /* ---- a request's end ----------------------------------------------------- */
 /* Ends seq's request in any state (an open round or a reservation is
- * dropped: the abort path) and frees its ring (dspark_begin keeps it for the
+ * dropped: the abort path; a handed-over sequence leaves the device step,
+ * its counters with it) and frees its ring (dspark_begin keeps it for the
  * next request): the sequence is as a new Stager's. */
 DSPARK_API dspark_status dspark_end(dspark_stager* st, int64_t seq);
 DSPARK_API dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs, size_t n);
