@@ -25,6 +25,7 @@ static_assert(eq(DSPARK_STEP_OK, step::STATUS_OK) && eq(DSPARK_STEP_NOT_IN_STEP,
                   eq(DSPARK_STEP_INTERNAL, step::STATUS_INTERNAL) && eq(DSPARK_STEP_DAMAGED, step::STATUS_DAMAGED) &&
                   eq(DSPARK_STEP_DAMAGED, step::STATUS_LAST),
               "the C status codes are step_math.hpp's");
+static_assert(DSPARK_STEP_PADDING_ID == step::PADDING_ID, "the C padding id is step_math.hpp's");
 static_assert(eq(DSPARK_STEP_REBASE, step::PLAN_REBASE) && eq(DSPARK_STEP_CLEAR_CACHE, step::PLAN_CLEAR_CACHE),
               "the C plan flags are step_math.hpp's");
 

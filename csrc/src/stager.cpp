@@ -667,6 +667,10 @@ void Stager::keep_tentative(Seq& s, std::int64_t keep) noexcept {
     s.buf.drop_back(new_end);
     s.end = new_end;
     s.tentative = 0;
+    // An accept acts on the round just drafted, once: rows that arrive after
+    // it (plain decodes after a skip or a failure) are final, and a later
+    // accept is harmless (protocol.md 2.3).
+    s.accept_open = false;
     advance_horizon(s);
 }
 

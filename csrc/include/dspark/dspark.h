@@ -464,6 +464,10 @@ enum {
     DSPARK_STEP_INTERNAL = 20, /* a broken invariant: sticky */
     DSPARK_STEP_DAMAGED = 21, /* the step state breaks a rule (a server's copy back went wrong): sticky, no write */
 };
+/* A fixed-capacity step's padding entry: id DSPARK_STEP_PADDING_ID with
+ * n_accepted -1 is DSPARK_STEP_NOT_IN_STEP and changes nothing (a graph
+ * captured for N entries serves any batch of at most N). */
+#define DSPARK_STEP_PADDING_ID (-1)
 enum {
     DSPARK_STEP_REBASE = 1, /* flags: the round rebases */
     DSPARK_STEP_CLEAR_CACHE = 2, /* flags: clear the drafter's cache of the sequence first */

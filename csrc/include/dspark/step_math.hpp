@@ -106,6 +106,11 @@ DSPARK_HD bool sticky_status(std::int64_t status) {
            status == STATUS_DAMAGED;
 }
 
+// The neutral padding entry of a fixed-capacity step (a CUDA graph captured
+// for N entries serving a batch of fewer): id PADDING_ID with count -1 is
+// STATUS_NOT_IN_STEP and changes nothing, however often it appears.
+enum : std::int64_t { PADDING_ID = -1 };
+
 // plan flags (int32 bits).
 enum : std::int32_t { PLAN_REBASE = 1, PLAN_CLEAR_CACHE = 2 };
 // The skip codes of dspark::Skip; the only one a step can make is no_context.
@@ -363,6 +368,7 @@ DSPARK_HD i64 accept(const Config& c, Regs& r, i64 n_accepted) {
     drop_back(r, new_end);
     r.end = new_end;
     r.tentative = 0;
+    r.accept_open = 0;  // an accept acts on the round just drafted, once (stager.cpp's keep_tentative)
     advance_horizon(c, r);
     return verified;
 }
@@ -561,7 +567,9 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
     write_nothing(c, o, i);
     std::int32_t status = STATUS_OK;
     Regs r;
-    if (seq < 0 || seq >= c.max_seqs) {
+    if (seq == PADDING_ID && count == -1) {
+        status = STATUS_NOT_IN_STEP;
+    } else if (seq < 0 || seq >= c.max_seqs) {
         status = STATUS_NOT_ON_DEVICE;
     } else if (duplicate) {
         status = STATUS_DUPLICATE;

@@ -66,6 +66,11 @@ def _step_many(Stager st, seqs, n_accepted, out):
     # The arrays checked are the ones written through, held here for the call
     # (the base class's reader: a subclass cannot swap it).
     arrays = _device_step.StepOutputs.checked_arrays(out, n, c.max_rows, c.block)
+    cdef size_t capacity = cnp.PyArray_DIM(<cnp.ndarray>arrays[0], 0)
+    if capacity > n:  # a fixed-capacity step: the entries past the batch are padding
+        sv = np.concatenate([sv, np.full(capacity - n, _device_step.PADDING_ID, _I64)])
+        av = np.concatenate([av, np.full(capacity - n, -1, _I64)])
+        n = capacity
     cdef StepOutputs o  # every pointer from the core's output list (None: NULL, not written)
     cdef char* base = <char*>&o
     cdef size_t k = 0

@@ -32,6 +32,7 @@ STEP_OK, STEP_NOT_IN_STEP, STEP_FIRST_ERROR = 0, 1, 16
 STEP_NOT_ON_DEVICE, STEP_DUPLICATE, STEP_BAD_COUNT, STEP_POSITION_LIMIT, STEP_INTERNAL = 16, 17, 18, 19, 20
 STEP_DAMAGED = 21  # only the core's step state can be damaged: this twin keeps none
 STEP_REBASE, STEP_CLEAR_CACHE = 1, 2
+PADDING_ID = -1  # with count -1: a fixed-capacity step's padding entry, STEP_NOT_IN_STEP
 NOT_STEPPED = -1
 #: A plan's skip reason -> its code in ``StepOutputs.skip``.
 SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4, "drafting_off": 5}
@@ -288,6 +289,10 @@ class DeviceStepMixin:
             out = StepOutputs.empty(len(ids), max_rows, c.block_size)
         else:
             out.check(len(ids), max_rows, c.block_size)
+        if len(out.status) > len(ids):  # a fixed-capacity step: the entries past the batch are padding
+            pad = len(out.status) - len(ids)
+            ids = np.concatenate([ids, np.full(pad, PADDING_ID, np.int64)])
+            counts = np.concatenate([counts, np.full(pad, -1, np.int64)])
         seen: set[int] = set()
         for k, (q, a) in enumerate(zip(ids.tolist(), counts.tolist())):
             dup = q in seen
@@ -313,6 +318,8 @@ class DeviceStepMixin:
         ref = cast("ReferenceStager", self)
         c = ref.config
         device, faults = self._device(), self._faults()
+        if q == PADDING_ID and a == -1:
+            return STEP_NOT_IN_STEP
         if not 0 <= q < len(ref._seqs):
             return STEP_NOT_ON_DEVICE
         if dup:

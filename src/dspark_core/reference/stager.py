@@ -647,6 +647,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         st.ring.drop_back(new_end)
         st.end = new_end
         st.tentative = 0
+        st.accept_open = False  # an accept acts on the round just drafted, once: later rows are final
         self._advance_horizon(st)
 
     # -- batches: one call for many sequences ----------------------------

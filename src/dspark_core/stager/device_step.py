@@ -12,6 +12,12 @@ step (a captured CUDA graph needs fixed buffers).
 The status codes are the core's (``dspark/step_math.hpp``): ``STEP_OK`` and
 ``STEP_NOT_IN_STEP`` are not errors; every code from ``STEP_FIRST_ERROR`` on
 is one, and the step changed nothing for that entry.
+
+A ``StepOutputs`` of capacity ``N`` (``StepOutputs.empty(N, ...)``) serves any batch of at most
+``N`` entries: the entries past the batch are padding (:data:`PADDING_ID`, count ``-1``:
+``STEP_NOT_IN_STEP``, nothing changed, "nothing" written), so a CUDA graph captured for ``N``
+entries replays over a batch whose size changes step to step; a server that keeps its own id
+and count arrays of length ``N`` writes the padding entry itself.
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ STEP_STATUS_NAMES = {
     STEP_DAMAGED: "damaged",
 }
 #: ``flags`` bits.
+#: The id of a padding entry (with accept count -1): ``STEP_NOT_IN_STEP``, changes nothing.
+PADDING_ID = -1
 STEP_REBASE = 1
 STEP_CLEAR_CACHE = 2
 #: ``skip`` of an entry that was not stepped (else the core's skip code: 0 none, 3 no_context).
@@ -95,23 +103,37 @@ class StepOutputs:
             for name, dtype, kind in _LAYOUT}
         return cls(**arrays)  # type: ignore[arg-type]
 
+    @property
+    def capacity(self) -> int:
+        """How many entries these arrays hold: a step of any batch of at most this many
+        (the rest are padding entries)."""
+        return int(np.shape(self.status)[0])
+
     def check(self, n: int, max_rows: int, block: int) -> None:
-        """Raise unless every array has its dtype and shape for ``n`` entries, C-contiguous,
-        aligned and writable (the core writes through raw pointers: nothing else is safe)."""
+        """Raise unless every array has its dtype and shape for one capacity of at least ``n``
+        entries, C-contiguous, aligned and writable (the core writes through raw pointers:
+        nothing else is safe)."""
         StepOutputs.checked_arrays(self, n, max_rows, block)
 
     def checked_arrays(self, n: int, max_rows: int, block: int) -> tuple[np.ndarray | None, ...]:
         """Every field read once, in the core's order, and checked as :meth:`check` does: the
         very arrays checked, which a step writes through (the binding holds them for the
         call, so a field that changes after the check, a property that makes a new array
-        each time, or another thread replacing one, can never hand the core other memory)."""
+        each time, or another thread replacing one, can never hand the core other memory).
+        Their capacity is the first one's (``status``): at least ``n``."""
         arrays: list[np.ndarray | None] = []
+        capacity = -1
         for name, dtype, kind in _LAYOUT:
             arr = getattr(self, name)
             arrays.append(arr)
             if arr is None and name in _PADDED:
                 continue
-            want = _shape(kind, n, max_rows, block)
+            if capacity < 0:
+                capacity = arr.shape[0] if isinstance(arr, np.ndarray) and arr.ndim >= 1 else n
+                if capacity < n:
+                    raise ValueError(f"step outputs: {capacity} entries for a batch of {n}: a StepOutputs "
+                                     "serves any batch of at most its capacity")
+            want = _shape(kind, capacity, max_rows, block)
             if not isinstance(arr, np.ndarray):
                 raise TypeError(f"step outputs: {name} must be a numpy array, got {type(arr).__name__}")
             if arr.dtype != np.dtype(dtype) or arr.shape != want:
