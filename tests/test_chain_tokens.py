@@ -465,3 +465,31 @@ def test_the_invariant_checker_passes_a_chain_drafters_ids_on(rows):
     if rows == "held":  # a chain drafter's snapshot restores under the checker, ids and all
         chk.restore(1, chk.snapshot(0))
         assert chk.tokens(1, 0, 7).tolist() == list(range(10, 17))
+
+
+@pytest.mark.parametrize("cls", [Stager, ReferenceStager], ids=["core", "reference"])
+def test_a_batch_plans_successors_are_each_sequences_own(cls):
+    """BatchPlan.successors(lasts): the flat successors of every sequence, equal to each
+    sequence's own StagePlan.successors(last) (a skipped sequence has no rows and needs no
+    last); bad lasts refused."""
+    st = cls(StagerConfig(feature_dim=16, block_size=2, window=9, max_seqs=4, rows="external", kind="chain"))
+    for q, n in ((0, 5), (1, 12), (3, 7)):
+        st.begin(q)
+        st.process(q, np.arange(n), tokens=np.arange(n) * 10 + q)
+    plan = st.draft_many([0, 1, 2, 3], [5, 12, 0, 7])
+    lasts = np.array([501, 502, -3, 504])  # sequence 2 is skipped (empty): its last is never read
+    got = plan.successors(lasts)
+    offs = plan.row_offsets
+    for i, q in enumerate(plan.seqs.tolist()):
+        p = plan.plan(q)
+        want = p.successors(int(lasts[i])) if p.skip is None else np.zeros(0, np.int32)
+        np.testing.assert_array_equal(got[offs[i]:offs[i + 1]], want)
+    with pytest.raises(ValueError, match="4 sequences for lasts of shape"):
+        plan.successors([1, 2])
+    with pytest.raises(ValueError, match=r"lasts\[1\] must be a token id"):
+        plan.successors([1, -1, 3, 4])
+    block = cls(StagerConfig(feature_dim=16, block_size=2, window=9, max_seqs=1, rows="external"))
+    block.begin(0)
+    block.process(0, np.arange(5))
+    with pytest.raises(ValueError, match="block drafter"):
+        block.draft_many([0], [5]).successors([1])

@@ -96,3 +96,22 @@ def test_unsupported_dtype_still_rejected_without_loading_bfloat16():
     """)
     assert out["err"] is not None and "not supported" in out["err"]
     assert out["loaded"] is False
+
+
+def test_a_bf16_ring_owner_loads_bfloat16_when_made_not_in_its_first_write():
+    """A server's first step must not pay for ml_dtypes (about a second under load): a HostRing
+    of a bf16 Stager loads it when it is made; one of another storage does not."""
+    out = run("""
+        import json, sys
+        from dspark_core import Stager, StagerConfig
+        from dspark_core.rows.host_ring import HostRing
+        res = {}
+        f16 = Stager(StagerConfig(feature_dim=32, block_size=2, window=16, max_seqs=1, storage="f16", rows="external"))
+        HostRing(f16)
+        res["f16_ring"] = "ml_dtypes" in sys.modules
+        bf16 = Stager(StagerConfig(feature_dim=32, block_size=2, window=16, max_seqs=1, storage="bf16", rows="external"))
+        HostRing(bf16)
+        res["bf16_ring"] = "ml_dtypes" in sys.modules
+        print(json.dumps(res))
+    """)
+    assert out == {"f16_ring": False, "bf16_ring": True}

@@ -48,3 +48,14 @@ def test_cli_flag_and_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["config"]["drafter"] == "eagle3" and out["lossless"]
     assert all(m["host_syncs_per_step"] == 0.0 for m in out["modes"].values())
+
+
+def test_the_text_output_says_the_device_step_ran(capsys):
+    assert main(["simulate", "--rows", "external", "--ring", "host", "--device-step", "--context", "300",
+                 "--generate", "60", "--window", "40", "--block", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "on the device step (step_many: one call per step)" in text.splitlines()[0]
+    assert any(line.startswith("host waits per server step") for line in text.splitlines())
+    assert main(["simulate", "--rows", "external", "--ring", "host", "--context", "300",
+                 "--generate", "60", "--window", "40", "--block", "4"]) == 0
+    assert "device step" not in capsys.readouterr().out.splitlines()[0]

@@ -914,7 +914,9 @@ cdef class Stager:
 
     def fail_many(self, seqs, stages="decode"):
         """``fail`` for several sequences: ``stages`` is one stage name for all of them, or one
-        per sequence (names, or integer codes: the index in ``FAIL_STAGES``)."""
+        per sequence (names, or integer codes: the index in ``FAIL_STAGES``). Returns int64
+        ``(N,)``: ``fail``'s answer per sequence (its failure count where this failure
+        disabled it, else 0), as ``to_host``'s and the C ABI's ``disabled_after``."""
         sv = self._ids("fail_many", seqs)
         cdef size_t n = cnp.PyArray_DIM(sv, 0)
         codes = self._batch_converted("fail_many", sv, Need.Open, fail_stage_codes,
@@ -927,6 +929,7 @@ cdef class Stager:
             self._core.fail_many(sp, fp, n, dp)
         for i in np.flatnonzero(disabled).tolist():
             log_disabled(int(sv[i]), int(disabled[i]), FAIL_STAGES[int(codes[i])])
+        return disabled
 
     def end(self, seq):
         """The request on ``seq`` is over (finished or aborted): drop its state, whatever it
@@ -1063,7 +1066,9 @@ cdef class Stager:
         self._core.commit(s)  # O(1) bookkeeping: the GIL kept (see above Stager)
 
     def fail(self, seq, stage="decode"):
-        """The drafter ``stage`` ("decode" or "crop") failed: the next round restages cleanly."""
+        """The drafter ``stage`` ("decode" or "crop") failed: the next round restages cleanly.
+        Returns the sequence's failure count when this failure disabled it (drafting off
+        until ``begin``: ``max_failures`` in a row), else 0."""
         cdef int64_t s = _i64("seq", seq)
         cdef FailStage fs = _FAIL_STAGES[stage] if isinstance(stage, str) and stage in _FAIL_STAGES \
             else <FailStage><uint8_t>self._converted(s, Need.Open, as_choice, ("stage", stage, FAIL_STAGES))
@@ -1072,6 +1077,7 @@ cdef class Stager:
             disabled_after = self._core.fail(s, fs)
         if disabled_after:
             log_disabled(s, disabled_after, FAIL_STAGES[<int>fs])
+        return disabled_after
 
     def accept(self, seq, n_accepted):
         """Keep the rows of the accepted tokens (``n_accepted + 1``) of the last verify batch."""

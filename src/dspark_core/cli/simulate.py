@@ -135,7 +135,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--only", choices=("both", "windowed", "absolute"), default="both", help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
     p.add_argument("--plot", metavar="FILE.png", default=None,
-                   help="draw drafter position and buffered rows over the session (needs matplotlib: pip install 'dspark_core[plot]')")
+                   help="draw acceptance against drafter position, and the largest drafter position and the "
+                        "buffered rows over the session (three panels; needs matplotlib: pip install 'dspark_core[plot]')")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     from .simulate_multiturn import add_arguments as add_multiturn_arguments
 
@@ -417,6 +418,7 @@ def format_table(result: dict[str, Any]) -> str:
         f"(D={c['feature_dim']}, {c['row_bytes']} B/row), Stager: {result.get('stager', '?')}"
         + (f", drafter: {c['drafter']} ({c['drafter_kind']})" if c.get("drafter_kind") == "chain" else "")
         + (f", {_EXTERNAL.get(c.get('ring'), 'external rows')}" if c.get("rows") == "external" else "")
+        + (", on the device step (step_many: one call per step)" if c.get("device_step") else "")
     )
     labels = {"windowed": f"windowed (W={c['window']})", "absolute": "absolute (no window)"}
     cols = [labels.get(m, m) for m in modes]
@@ -431,6 +433,8 @@ def format_table(result: dict[str, Any]) -> str:
                       for m in modes]))
     if c.get("fail_every"):
         rows.append(("injected drafter failures", [f"{result['modes'][m]['failures']:,}" for m in modes]))
+    if c.get("device_step"):
+        rows.append(("host waits per server step", [f"{result['modes'][m]['host_syncs_per_step']:.2f}" for m in modes]))
     if c["trained"] != c["window"]:
         rows.insert(3, (f"drafter rounds at positions >= {c['trained']:,} (trained)",
                         [f"{result['modes'][m]['rounds_past_trained_range']:,}" for m in modes]))

@@ -99,9 +99,10 @@ class CheckedStager:
         self.stager.commit(seq)
         self.trace.append(("commit", seq))
 
-    def fail(self, seq: int, stage: str = "decode") -> None:
-        self.stager.fail(seq, stage)
+    def fail(self, seq: int, stage: str = "decode") -> int:
+        disabled_after = int(self.stager.fail(seq, stage))
         self.trace.append(("fail", seq, stage))
+        return disabled_after
 
     def accept(self, seq: int, n_accepted: int) -> None:
         self.stager.accept(seq, n_accepted)

@@ -598,12 +598,15 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         st.stats["commits"] += 1
         self._advance_horizon(st)
 
-    def fail(self, seq: int, stage: str = "decode") -> None:
-        """The drafter decode or crop of the open round failed: restage next round."""
+    def fail(self, seq: int, stage: str = "decode") -> int:
+        """The drafter decode or crop of the open round failed: restage next round. Returns the
+        failure count when this failure disabled the sequence, else 0."""
         i, st = self._open(seq)
         stage = arg.fail_stage(stage)
         if self._fail_checked(st):
             logger.warning(DISABLED_WARNING, i, st.failures, stage)
+            return st.failures
+        return 0
 
     def _fail_checked(self, st: _Seq) -> bool:
         """Close the open round as failed; True when this failure disabled the sequence."""
@@ -792,9 +795,9 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         for st in states:
             self._commit_checked(st)
 
-    def fail_many(self, seqs: Any, stages: Any = "decode") -> None:
+    def fail_many(self, seqs: Any, stages: Any = "decode") -> np.ndarray:
         """``fail`` for several sequences: one stage for all of them, or one per sequence
-        (names, or indices in ``FAIL_STAGES``)."""
+        (names, or indices in ``FAIL_STAGES``). Returns ``fail``'s answer per sequence."""
         call = "fail_many"
         ids = arg.seq_ids(call, seqs)
         names = self._converted(call, ids, OPEN, arg.fail_stages, call, stages, ids)
@@ -804,6 +807,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         for s, st, name, now in zip(ids.tolist(), states, names, disabled):
             if now:
                 logger.warning(DISABLED_WARNING, s, st.failures, name)
+        return np.array([st.failures if now else 0 for st, now in zip(states, disabled)], np.int64)
 
     def _number_change(self, call: str, *seqs: int) -> int:
         """The next table change's serial, issued by ``call``, copying into or out of ``seqs``' slots."""

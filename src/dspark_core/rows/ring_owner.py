@@ -43,6 +43,7 @@ from .. import formats
 from ..stager._args import as_parents, as_positions
 from ..prefix.hit import PrefixMoves
 from ..prefix.table_owner import PrefixTableOwner
+from . import _bf16
 from .row_dtypes import input_row_dtype, is_row_dtype, row_dtype
 from .slot_moves import RestoredSlots, SlotMoves
 from ..stager.stage_plan import BatchPlan, StagePlan
@@ -142,6 +143,10 @@ class RingOwner:
         self._nonfinite = cfg.nonfinite
         self._error = cfg.nonfinite == "error"
         self._moves_applied = int(stager.moves_issued)
+        if self.storage == "bf16":
+            # bfloat16 rows are likely: load their support (ml_dtypes, about a second on a
+            # loaded machine) now, with the owner, not inside a server's first step.
+            _bf16.dtype()
         # Held across a Stager call that changes the table and the owner's copies
         # for it, so that table changes apply in serial order from any thread.
         self._lock = threading.RLock()

@@ -753,6 +753,34 @@ class BatchPlan:
         return PaddedRows(pos, slots)
 
     # -- the per-sequence view (scripting) ----------------------------------
+    def successors(self, lasts: Any) -> np.ndarray:
+        """:meth:`StagePlan.successors` for the whole batch in one array: int32, flat as the
+        context rows (``row_offsets``): for sequence ``i``'s rows, the id after each row, its
+        newest row's being ``lasts[i]`` (the token its round drafts from). ``lasts``: one id
+        per sequence of the batch (a skipped sequence's is not read: it has no rows). Raises
+        ValueError for a block drafter's plan (no tokens kept), a ``lasts`` of another
+        length, or an id outside ``[0, 2**31)`` where it is read."""
+        if self.tokens is None:
+            raise ValueError("successors: this plan is from a block drafter's Stager, which keeps no token ids "
+                             "(StagerConfig(kind='chain') keeps them)")
+        last = np.asarray(lasts)
+        if last.ndim != 1 or last.shape[0] != len(self.seqs):
+            raise ValueError(f"successors: {len(self.seqs)} sequences for lasts of shape {last.shape}")
+        if last.size and last.dtype.kind not in "iu":
+            raise TypeError(f"successors: lasts must be token ids (integers), got dtype {last.dtype}")
+        offsets = self.row_offsets
+        newest = offsets[1:] - 1
+        has_rows = offsets[1:] > offsets[:-1]
+        given = last[has_rows].astype(np.int64)
+        bad = np.flatnonzero((given < 0) | (given >= 2**31))
+        if bad.size:
+            i = int(np.flatnonzero(has_rows)[bad[0]])
+            raise ValueError(f"successors: lasts[{i}] must be a token id in [0, 2**31), got {int(last[i])}")
+        out = np.empty(len(self.tokens), np.int32)
+        out[:-1] = self.tokens[1:]
+        out[newest[has_rows]] = given  # each sequence's newest row: its own next token, never the next sequence's
+        return out
+
     @property
     def plans(self) -> list[StagePlan]:
         """One :class:`StagePlan` per sequence, in request order (built on first access)."""

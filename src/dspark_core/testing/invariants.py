@@ -603,9 +603,10 @@ class InvariantChecker:
         m.cache = {d: v for d, v in cache.items() if d < plan.crop_from}  # the crop
         self._sync_truth(s)
 
-    def fail(self, seq: int, stage: str = "decode") -> None:
-        self._call("fail", seq, stage, closed=[int(seq)])
+    def fail(self, seq: int, stage: str = "decode") -> int:
+        disabled_after: int = self._call("fail", seq, stage, closed=[int(seq)])
         self._after_fail(int(seq))
+        return disabled_after
 
     def _after_fail(self, s: int) -> None:
         m = self._models[s]
@@ -681,11 +682,12 @@ class InvariantChecker:
         for s in ids:
             self._after_commit(s)
 
-    def fail_many(self, seqs: Any, stages: Any = "decode") -> None:
+    def fail_many(self, seqs: Any, stages: Any = "decode") -> np.ndarray:
         ids = self._batch_ids(seqs)
-        self._call("fail_many", seqs, stages, closed=ids)
+        disabled: np.ndarray = self._call("fail_many", seqs, stages, closed=ids)
         for s in ids:
             self._after_fail(s)
+        return disabled
 
     def accept_many(self, seqs: Any, n_accepted: Any) -> None:
         before = self._states()
