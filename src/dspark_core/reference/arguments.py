@@ -214,10 +214,11 @@ def writable(value: Any) -> memoryview:
     return view.cast("B")
 
 
-def fail_stage(value: Any) -> str:
+def fail_stage(value: Any, name: str = "stage") -> str:
+    """A fail stage's name (``name``: the argument's, ``"outcome"`` for ``to_host``'s)."""
     if isinstance(value, str) and value in FAIL_STAGES:
         return value
-    raise ValueError(f"stage must be one of {FAIL_STAGES}, got {value!r}")
+    raise ValueError(f"{name} must be one of {FAIL_STAGES}, got {value!r}")
 
 
 def rows_given(external: bool, value: Any, call: str = "process") -> None:

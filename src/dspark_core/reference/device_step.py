@@ -99,12 +99,6 @@ class DeviceStepMixin:
             raise arg.unknown_sequence(i, len(ref._seqs))
         return i in self._device()
 
-    def _known(self, call: str, ids: np.ndarray) -> None:
-        ref = cast("ReferenceStager", self)
-        for k, q in enumerate(ids.tolist()):
-            if not 0 <= q < len(ref._seqs):
-                raise ValueError(arg.batch_context(call, k, q) + str(arg.unknown_sequence(q, len(ref._seqs))))
-
     def _table_size(self) -> int:
         ref = cast("ReferenceStager", self)
         return len(ref._seqs) * ref.ring_rows
@@ -151,7 +145,7 @@ class DeviceStepMixin:
         call = "to_device"
         ids = arg.seq_ids(call, seqs)
         table = arg.token_table(call, tokens, True)
-        self._known(call, ids)
+        ref._check_ids(call, ids)
         if not ref._external:
             raise ValueError(f"{call} needs external-row mode, but this Stager holds its rows ({_MODE_HINT})")
         arg.check_token_table(call, ref._chain, table, self._table_size())
@@ -202,13 +196,13 @@ class DeviceStepMixin:
                     codes[k] = -1
                 elif isinstance(o, str):
                     try:
-                        codes[k] = FAIL_STAGES.index(arg.fail_stage(o))
+                        codes[k] = FAIL_STAGES.index(arg.fail_stage(o, "outcome"))
                     except ValueError as exc:
                         raise ValueError(arg.batch_context(call, k, int(ids[k])) + str(exc)) from None
                 else:
                     codes[k] = min(max(arg.integer("outcome", o), -(2**31)), 2**31 - 1)  # int32, as the core's
         table = arg.token_table(call, tokens, False)
-        self._known(call, ids)
+        ref._check_ids(call, ids)
         arg.check_token_table(call, ref._chain, table, self._table_size())
         device = self._device()
         for k, q in enumerate(ids.tolist()):

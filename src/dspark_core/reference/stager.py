@@ -245,12 +245,23 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
                 to[name] += now[name]
 
     def _get(self, seq: Any) -> _Seq:
+        """Sequence ``seq`` on the host: its id first, then that it is not handed over."""
+        i = self._known_id(seq)
+        self._on_host(i)
+        return self._seqs[i]
+
+    def _known_id(self, seq: Any) -> int:
+        """The id ``seq`` of a sequence of this Stager (the core's ``get``)."""
         i = arg.integer("seq", seq)
         if not 0 <= i < len(self._seqs):
             raise arg.unknown_sequence(i, len(self._seqs))
-        if i in self._device():  # handed over: its state is the device step's (device_step.py)
+        return i
+
+    def _on_host(self, i: int) -> None:
+        """The first state check (the core's ``refuse_on_device``): a handed-over sequence's
+        state is the device step's (device_step.py) until ``to_host``."""
+        if i in self._device():
             raise on_device_error(i)
-        return self._seqs[i]
 
     def _closed(self, seq: Any) -> tuple[int, _Seq]:
         st = self._get(seq)
@@ -663,16 +674,23 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
     # is the per-sequence call's error, prefixed by ``arg.batch_context``.
 
     def _check_batch(self, call: str, ids: np.ndarray, need: str) -> list[_Seq]:
-        """A batch's first two steps: every id exists, then every state is ``need``."""
+        """A batch's first two steps, as the core's (``check_ids``, then ``check_states``):
+        every id exists, then sequence by sequence, it is on the host (not handed over to
+        the device step) and its state is ``need``."""
         seqs = ids.tolist()
-        for k, s in enumerate(seqs):
-            with arg.in_batch(call, k, s):
-                self._get(s)
+        self._check_ids(call, ids)
         states = [self._seqs[s] for s in seqs]
         for k, (s, st) in enumerate(zip(seqs, states)):
             with arg.in_batch(call, k, s):
+                self._on_host(s)
                 self._need(s, st, need)
         return states
+
+    def _check_ids(self, call: str, ids: np.ndarray) -> None:
+        """A batch's first step: every id is one of this Stager's sequences."""
+        for k, s in enumerate(ids.tolist()):
+            with arg.in_batch(call, k, s):
+                self._known_id(s)
 
     def _converted(self, call: str, ids: np.ndarray, need: str, convert: Callable[..., Any], *args: Any) -> Any:
         """``convert(*args)``: a batch's other arrays; when one cannot be converted,
@@ -821,10 +839,7 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         """The serial of the newest table change that copies rows into or out of the slots of any of
         ``seqs`` (0: none yet)."""
         ids = arg.seq_ids("changes_of", seqs)
-        for k, s in enumerate(ids.tolist()):  # the ids alone: a question any sequence answers, on the device too
-            if not 0 <= s < len(self._seqs):
-                with arg.in_batch("changes_of", k, s):
-                    raise arg.unknown_sequence(s, len(self._seqs))
+        self._check_ids("changes_of", ids)  # the ids alone: a question any sequence answers, on the device too
         return max((self._changed[s] for s in ids.tolist()), default=0)
 
     def open_round_ids(self, seqs: Any) -> np.ndarray:
@@ -837,18 +852,14 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
     def end(self, seq: int) -> None:
         """The request on ``seq`` is over: drop whatever it holds (an open round, a
         reservation, its rows and ring); the sequence is as a new Stager's."""
-        i = arg.integer("seq", seq)
-        if not 0 <= i < len(self._seqs):
-            raise arg.unknown_sequence(i, len(self._seqs))
+        i = self._known_id(seq)
         self._leave_step(i)  # end takes any state, a handed-over one too
         self._end_checked(i)
 
     def end_many(self, seqs: Any) -> None:
         """``end`` for several sequences (handed-over ones too)."""
         ids = arg.seq_ids("end_many", seqs)
-        for k, q in enumerate(ids.tolist()):
-            if not 0 <= q < len(self._seqs):
-                raise ValueError(arg.batch_context("end_many", k, q) + str(arg.unknown_sequence(q, len(self._seqs))))
+        self._check_ids("end_many", ids)
         arg.unique("end_many", ids)
         for q in ids.tolist():
             self._leave_step(q)
@@ -1035,8 +1046,8 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         """
         s = arg.integer("src", src)
         d = arg.integer("dst", dst)
-        self._get(s)
-        self._get(d)
+        self._known_id(s)  # both ids, then each one's state, as the core's lock_pair and ready()
+        self._known_id(d)
         self._closed(s)
         self._closed(d)
         if s == d:
