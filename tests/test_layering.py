@@ -31,9 +31,19 @@ def test_no_import_circle():
 def test_only_known_lazy_import_circles():
     """One circle closes through imports that never run (type annotations); a new one fails here."""
     assert layering.cycles(layering.graph()) == [
-        # The twin's mixins (device step, trees) import the stager under TYPE_CHECKING only.
+        # The twin's mixins (device step, trees) take the stager's type under TYPE_CHECKING only.
         ["reference.device_step", "reference.stager", "reference.tree"],
     ]
+
+
+def test_the_twins_mixins_share_its_sequences_without_importing_it():
+    """The sequence the twin's stager and its mixins share (reference.seq) imports none of
+    them, and the mixins take nothing from the stager while they load."""
+    g, loaded = layering.graph(), layering.graph(lazy=False)
+    twin = {"reference.stager", "reference.device_step", "reference.tree", "reference.prefix_store"}
+    assert not g["reference.seq"] & twin
+    for mixin in ("reference.device_step", "reference.tree"):
+        assert "reference.seq" in loaded[mixin] and "reference.stager" not in loaded[mixin], mixin
 
 
 def test_an_import_circle_is_reported():

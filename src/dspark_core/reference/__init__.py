@@ -10,7 +10,8 @@ core's conversion code.
 from __future__ import annotations
 
 from . import formats
-from .stager import FAIL_STAGES, SEMANTIC_STATS, ReferenceStager, logger
+from .seq import SEMANTIC_STATS
+from .stager import FAIL_STAGES, ReferenceStager, logger
 from .prefix_store import SEMANTIC_PREFIX_STATS, ReferencePrefixStore
 
 __all__ = ["ReferenceStager", "FAIL_STAGES", "SEMANTIC_STATS", "formats", "logger", "ReferencePrefixStore",

@@ -22,9 +22,10 @@ from . import arguments as arg
 from ..stager.device_step import StepOutputs
 from ..errors import StateError
 from .arguments import FAIL_STAGES, MAX_POSITION
+from .seq import _Seq
 
 if TYPE_CHECKING:
-    from .stager import ReferenceStager, _Seq
+    from .stager import ReferenceStager
 
 # The status words and codes, spelled out here (the oracle borrows no table of
 # the core's): docs/protocol.md "The device step".

@@ -54,7 +54,8 @@ from ..prefix import block_format as prefix_block_format
 from ..stager.config import StagerConfig
 from ..prefix.hit import HIT, PUBLISH, PrefixHit, PrefixHits, PrefixMoves, no_prefix_moves
 from .ring import RingModel
-from .stager import READY, ReferenceStager, _moves, _Seq
+from .seq import READY, _Seq
+from .stager import ReferenceStager, _moves
 
 __all__ = ["ReferencePrefixStore", "SEMANTIC_PREFIX_STATS"]
 

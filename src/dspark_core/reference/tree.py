@@ -27,13 +27,12 @@ import numpy as np
 from . import arguments as arg
 from ..errors import StateError
 from ..rows.slot_moves import SlotMoves
+from .seq import READY, TREE, _Seq
 
 if TYPE_CHECKING:
-    from .stager import ReferenceStager, _Seq
+    from .stager import ReferenceStager
 
 __all__ = ["TreeVerifyMixin"]
-
-READY, TREE = "ready", "tree"  # the stager's needs (reference/stager.py: READY, TREE)
 
 
 class TreeVerifyMixin:
