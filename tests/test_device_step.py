@@ -227,13 +227,13 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
 
 
 #: Every host-only call on sequence 0, handed over (all but end / end_many, which end it:
-#: test_device_step_safety.py) (sequence 1 holds rows and stays on the
+#: test_device_step_safety.py, and the metrics, which read the step state: test_device_step_metrics.py) (sequence 1 holds rows and stays on the
 #: host; a batch naming both, 1 first where 1 passes the call's checks, refuses as a whole).
 HOST_CALLS = (
     lambda s: s.accept(0, 0), lambda s: s.draft(0, 5), lambda s: s.process(0, [5]), lambda s: s.reserve(0, [5]),
     lambda s: s.begin(0), lambda s: s.rollback(0, 1), lambda s: s.fork(0, 1),
     lambda s: s.fork(1, 0), lambda s: s.shift(0, 1, 1), lambda s: s.snapshot(0), lambda s: s.state(0),
-    lambda s: s.stats(0), lambda s: s.live_slots(0), lambda s: s.accept_many([0], [0]),
+    lambda s: s.live_slots(0), lambda s: s.accept_many([0], [0]),
     lambda s: s.commit(0), lambda s: s.fail(0, "decode"), lambda s: s.confirm(0), lambda s: s.cancel(0),
     lambda s: s.snapshot_size(0), lambda s: s.snapshot_into(0, bytearray(4096)),
     lambda s: s.restore(0, s.snapshot(1)), lambda s: s.check_restore(0, s.snapshot(1)),

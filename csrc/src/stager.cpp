@@ -193,10 +193,16 @@ void Stager::retire_stats(const Seq& s) const {
 }
 
 SeqStats Stager::stats_of(const Seq& s, bool settled) const {
-    const SeqFields& f = settled && s.reserved ? s.before : s;
+    if (s.on_device) {
+        std::vector<std::int64_t> hist(static_cast<std::size_t>(opt_.block_size) + 1);
+        return stats_on_device(s, settled, hist.data());
+    }
+    return stats_of_fields(settled && s.reserved ? s.before : s, accepted_row(s));
+}
+
+SeqStats Stager::stats_of_fields(const SeqFields& f, const std::int64_t* row) const {
     SeqStats out = f.stats;
     out.live_rows = f.started ? f.end - f.horizon : 0;
-    const std::int64_t* row = accepted_row(s);
     for (std::int64_t k = 0; k <= opt_.block_size; ++k) {
         out.verified_rounds += row[k];
         out.accepted_tokens += k * row[k];
@@ -985,19 +991,28 @@ void Stager::live_slots(std::int64_t seq, SlotRun out[2]) const {
     if (s.started) s.buf.runs(s.horizon, s.end, slot_base(seq), out);
 }
 
+// The metrics of a handed-over sequence are its step state's (live: they
+// never stall or go back while the device steps it).
 SeqStats Stager::stats(std::int64_t seq) const {
     auto lock = lock_seq(seq);
-    const Seq& s = get(seq);
-    refuse_on_device(seq, s);
-    return stats_of(s);
+    return stats_of(get(seq));
+}
+
+// The sequence's histogram into out (block_size + 1 counts).
+void Stager::histogram_of(const Seq& s, std::int64_t* out) const {
+    if (s.on_device) {
+        (void)stats_on_device(s, false, out);
+        return;
+    }
+    const std::int64_t* row = accepted_row(s);
+    std::copy(row, row + opt_.block_size + 1, out);
 }
 
 std::vector<std::int64_t> Stager::accepted(std::int64_t seq) const {
     auto lock = lock_seq(seq);
-    const Seq& s = get(seq);
-    refuse_on_device(seq, s);
-    const std::int64_t* row = accepted_row(s);
-    return std::vector<std::int64_t>(row, row + opt_.block_size + 1);
+    std::vector<std::int64_t> out(static_cast<std::size_t>(opt_.block_size) + 1);
+    histogram_of(get(seq), out.data());
+    return out;
 }
 
 void Stager::accepted_many(const std::int64_t* seqs_in, std::size_t n, std::int64_t* out) const {
@@ -1005,12 +1020,8 @@ void Stager::accepted_many(const std::int64_t* seqs_in, std::size_t n, std::int6
     const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
     check_ids(call, seqs.data(), n);
     BatchLock lock(*this, seqs.data(), n);  // a question: a repeated id is answered twice
-    for (std::size_t i = 0; i < n; ++i) in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], get(seqs[i])); });
     const auto buckets = static_cast<std::size_t>(opt_.block_size) + 1;
-    for (std::size_t i = 0; i < n; ++i) {
-        const std::int64_t* row = accepted_row(get(seqs[i]));
-        std::copy(row, row + buckets, out + i * buckets);
-    }
+    for (std::size_t i = 0; i < n; ++i) histogram_of(get(seqs[i]), out + i * buckets);
 }
 
 StagerTotals Stager::totals() const {
@@ -1024,9 +1035,10 @@ StagerTotals Stager::totals() const {
     std::lock_guard<std::mutex> lock(retired_.m);
     t.stats = retired_.stats;
     t.accepted = retired_.accepted;
+    std::vector<std::int64_t> row(t.accepted.size());
     for (const Seq& s : seqs_) {
         add_stats(t.stats, stats_of(s, true));
-        const std::int64_t* row = accepted_row(s);
+        histogram_of(s, row.data());
         for (std::size_t k = 0; k < t.accepted.size(); ++k) t.accepted[k] += row[k];
         if ((s.reserved ? s.before : s).started) t.started += 1;
     }

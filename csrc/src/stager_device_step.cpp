@@ -355,23 +355,46 @@ std::int64_t* Stager::step_state() {
 void Stager::leave_step(std::int64_t seq, Seq& s) noexcept {
     const device_step::Config c = step_config();
     i64* state = step_state_.get();  // allocated: the sequence was handed over
-    Regs r;
-    device_step::load(state, c.max_seqs, seq, r);
-    if (r.live == 1 && device_step::damage_of(c, state, seq, r) == device_step::DAMAGE_NONE &&
-        r.failures <= opt_.max_failures) {
-        // As end on the host: an open round is dropped (counted in rounds, not
-        // in commits), a reservation counts as before it (Stager::stats_of).
-        StepIO::put_fields(r, s);
-        i64* hist = accepted_row(s);
-        for (i64 k = 0; k <= c.block; ++k) hist[k] = state[device_step::bucket_at(c, seq, k)];
-        if (r.reserved == device_step::RESERVED_STEP) {
-            s.before = static_cast<const SeqFields&>(s);
-            StepIO::put_fields(StepIO::before_of(r), s.before);
-        }
-        s.reserved = r.reserved != device_step::RESERVED_NONE;
+    // As end on the host: an open round is dropped (counted in rounds, not in
+    // commits), a reservation counts as before it (Stager::stats_of).
+    const Regs r = trusted_regs(s, accepted_row(s));
+    StepIO::put_fields(r, s);
+    if (r.reserved == device_step::RESERVED_STEP) {
+        s.before = static_cast<const SeqFields&>(s);
+        StepIO::put_fields(StepIO::before_of(r), s.before);
     }
+    s.reserved = r.reserved != device_step::RESERVED_NONE;
     state[device_step::F_live * c.max_seqs + seq] = 0;
     s.on_device = false;
+}
+
+Regs Stager::trusted_regs(const Seq& s, std::int64_t* histogram) const {
+    const device_step::Config c = step_config();
+    const i64 seq = static_cast<i64>(&s - seqs_.data());
+    const i64* state = step_state_.get();  // allocated: the sequence was handed over
+    Regs r;
+    device_step::load(state, c.max_seqs, seq, r);
+    const bool whole = r.live == 1 && device_step::damage_of(c, state, seq, r) == device_step::DAMAGE_NONE &&
+                       r.failures <= opt_.max_failures;
+    if (!whole) {  // the last whole state seen: counters never go back
+        std::copy(s.last_whole_hist.begin(), s.last_whole_hist.end(), histogram);
+        return s.last_whole;
+    }
+    for (i64 k = 0; k <= c.block; ++k) histogram[k] = state[device_step::bucket_at(c, seq, k)];
+    s.last_whole = r;
+    s.last_whole_hist.assign(histogram, histogram + c.block + 1);
+    return r;
+}
+
+SeqStats Stager::stats_on_device(const Seq& s, bool settled, std::int64_t* histogram) const {
+    const Regs r = trusted_regs(s, histogram);
+    SeqFields f = s;  // the fields as to_host would bring them back (the open round not committed)
+    if (settled && r.reserved == device_step::RESERVED_HOST) {
+        f = s.before;
+    } else {
+        StepIO::put_fields(settled && r.reserved == device_step::RESERVED_STEP ? StepIO::before_of(r) : r, f);
+    }
+    return stats_of_fields(f, histogram);
 }
 
 bool Stager::on_device(std::int64_t seq) const {
@@ -426,6 +449,8 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t*
         device_step::store(state, c.max_seqs, q, r);
         const i64* hist = accepted_row(s);
         for (i64 k = 0; k <= c.block; ++k) state[device_step::bucket_at(c, q, k)] = hist[k];
+        s.last_whole = r;
+        s.last_whole_hist.assign(hist, hist + c.block + 1);
         if (tokens) {  // the ids at their rows' slots, -1 at the sequence's others
             std::int32_t* mine = tokens + q * c.ring_rows;
             std::fill(mine, mine + c.ring_rows, -1);

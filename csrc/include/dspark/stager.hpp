@@ -666,8 +666,9 @@ public:
     //
     // to_device hands seqs[0..n) over to the step: their fields go into the
     // step state (step_state()) and every other call on them (process,
-    // reserve, accept, draft, begin, end, fork, shift, rollback, snapshot,
-    // restore, prefix hits and publishes, state(), stats(), ...) raises
+    // reserve, accept, draft, begin, fork, shift, rollback, snapshot,
+    // restore, prefix hits and publishes, state(), ...; not end, which ends
+    // it, nor the metrics, which read its step state) raises
     // StateError naming to_host until they come back. Each must be started
     // and not disabled (StateError), in any state but a held-mode one: ready,
     // a round open (the next step commits it) or rows reserved (the next
@@ -778,6 +779,11 @@ private:
         std::vector<std::int32_t> before_tokens;
         // Handed over to the device step: its fields live in the step state.
         bool on_device = false;
+        // The last step state of it read whole (at to_device, and whenever its
+        // metrics are read): what its metrics fall back to if a server damages
+        // the state, so they never go back. Under the sequence's lock.
+        mutable device_step::Regs last_whole{};
+        mutable std::vector<std::int64_t> last_whole_hist;
         // The request's drafting switch (disable / enable): outside SeqFields,
         // so a cancelled reservation does not undo a switch made after it.
         bool drafting_off = false;
@@ -910,7 +916,19 @@ private:
     // `settled`: as before an open reservation (what totals count: a
     // reservation's trims and peaks become theirs when it is confirmed, and
     // a cancel takes back nothing they counted, so they never go back).
+    // A handed-over sequence's are read from the step state (stats_on_device).
     SeqStats stats_of(const Seq& s, bool settled = false) const;
+    SeqStats stats_of_fields(const SeqFields& f, const std::int64_t* histogram) const;
+    // A handed-over sequence's stats and histogram (block_size + 1 counts into
+    // `histogram`) from the step state, as its steps made them (as a to_host
+    // would bring them back, the open round not committed), or as it was
+    // handed over where its state is damaged (stager_device_step.cpp).
+    SeqStats stats_on_device(const Seq& s, bool settled, std::int64_t* histogram) const;
+    // A handed-over sequence's step fields and histogram as they may be
+    // trusted: the step state's when whole (remembered in last_whole), else
+    // the last whole ones seen.
+    device_step::Regs trusted_regs(const Seq& s, std::int64_t* histogram) const;
+    void histogram_of(const Seq& s, std::int64_t* out) const;
     // The next serial of a table change (call under the lock of every
     // sequence the change touches, so that serial order is execution order).
     // `call`: the change's call (a string literal), for last_change();

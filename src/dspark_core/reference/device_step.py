@@ -122,6 +122,29 @@ class DeviceStepMixin:
                 out.append((p, g, x.tokens))
         return out
 
+    @staticmethod
+    def _uncommit(st: _Seq, pending: _Seq | None) -> None:
+        """Undo this twin's early commit of the round the last step opened (the core keeps it
+        open until the next step): ``st`` and its reservation as the core's step state holds them."""
+        if pending is None:
+            return
+        for x in (st, st.reservation):
+            if x is not None:
+                for name in _COMMIT_FIELDS:
+                    setattr(x, name, getattr(pending, name))
+                x.stats["commits"] = pending.stats["commits"]
+                x.open_round = pending.open_round
+
+    def _metrics_seq(self, i: int) -> _Seq:
+        """Sequence ``i`` as its metrics read it: a handed-over one's as its steps made it (live)."""
+        ref = cast("ReferenceStager", self)
+        device = self._device()
+        if i not in device:
+            return ref._seqs[i]
+        st = copy.deepcopy(ref._seqs[i])
+        self._uncommit(st, device[i])
+        return st
+
     def _leave_step(self, i: int) -> None:
         """``end`` of a handed-over sequence: it leaves the step as ``end`` finds it on the
         host: an open round dropped (the early commit undone: counted in rounds, not in
@@ -132,14 +155,7 @@ class DeviceStepMixin:
         pending = device.pop(i)
         self._handovers().pop(i, None)
         self._faults().pop(i, None)
-        st = cast("ReferenceStager", self)._seqs[i]
-        if pending is not None:
-            for x in (st, st.reservation):
-                if x is not None:
-                    for name in _COMMIT_FIELDS:
-                        setattr(x, name, getattr(pending, name))
-                    x.stats["commits"] = pending.stats["commits"]
-                    x.open_round = pending.open_round
+        self._uncommit(cast("ReferenceStager", self)._seqs[i], pending)
 
     def to_device(self, seqs: Any, tokens: Any = None) -> None:
         ref = cast("ReferenceStager", self)
