@@ -523,6 +523,76 @@ class CoreMatchesReference(RuleBasedStateMachine):
             data += b"\0" * (1 + which % 5)
         self.both("restore", self.pick(seq), bytes(data))
 
+    # -- the device step's hand-overs (external rows; held: refused) ------
+    def tables(self):
+        """The slot token tables of a chain drafter's Stager (the core's, the twin's), kept across
+        hand-overs: to_host reads back the ids to_device wrote."""
+        if self.cfg.kind != "chain":
+            return {}, {}
+        if not hasattr(self, "core_table"):
+            self.core_table, self.ref_table = self.core.new_token_table(), self.ref.new_token_table()
+        return {"tokens": self.core_table}, {"tokens": self.ref_table}
+
+    def hand(self, name, seqs):
+        """to_device / to_host of ``seqs`` on both: the same outcome, the same tables."""
+        kc, kr = self.tables()
+        a = outcome(lambda x: getattr(self.core, name)(x, **kc), seqs)
+        b = outcome(lambda x: getattr(self.ref, name)(x, **kr), seqs)
+        assert a[0] == b[0] and (a[0] == "ok" or a[1] == b[1]), (name, seqs, a, b)
+        if kc:
+            assert np.array_equal(kc["tokens"], kr["tokens"]), (name, seqs)
+        return a[0] == "ok"
+
+    def back_to_host(self):
+        """Every handed-over sequence back (the invariants read every sequence on the host)."""
+        held = [q for q in range(self.cfg.max_seqs) if self.core.on_device(q)]
+        assert held == [q for q in range(self.cfg.max_seqs) if self.ref.on_device(q)]
+        if held:
+            assert self.hand("to_host", held), held
+
+    #: Batch calls a handed-over sequence meets (beside others) while it is on the device.
+    _BESIDE = ("accept_many", "enable_many", "disable_many", "commit_many", "fail_many", "draft_many",
+               "confirm_many", "cancel_many", "end_many", "open_round_ids", "accepted_many", "changes_of")
+
+    @rule(seqs=hs.lists(SEQ, max_size=3), others=hs.lists(SEQ, max_size=3), call=hs.sampled_from(_BESIDE),
+          order=hs.randoms(use_true_random=False))
+    def hand_over_in_batches(self, seqs, others, call, order):
+        """to_device, then a batch naming the handed-over sequences among others (unknown ids,
+        repeats), refused in the core's order of checks (or, end_many, ending them), then to_host."""
+        ids = [self.pick(x) for x in seqs]
+        self.hand("to_device", ids)
+        batch = ids + [self.pick(x) for x in others]
+        order.shuffle(batch)
+        extra = {"accept_many": ([0] * len(batch),), "fail_many": (["decode"] * len(batch),),
+                 "draft_many": ([self.end(q) if q < 0 or not self.core.on_device(q) else 0 for q in batch],)}
+        self.both(call, batch, *extra.get(call, ()))
+        self.back_to_host()
+
+    @rule(seq=hs.integers(0, 2), extra=hs.integers(0, 30), hand=hs.booleans(),
+          close=hs.sampled_from(["cancel", "cancel", "confirm", "cancel_many"]))
+    def long_reservation(self, seq, extra, hand, close):
+        """A reservation of more than the window's rows (a long prefill chunk's), handed over
+        and back now and then, then cancelled (the sequence as before it, ids and all) or
+        confirmed."""
+        seq = self.pick(seq)
+        end = self.end(seq)
+        self.both("reserve", seq, np.arange(end, end + self.cfg.window + 1 + extra))
+        if hand:
+            self.hand("to_device", [seq])
+            self.back_to_host()
+        self.both(close, [seq] if close.endswith("_many") else seq)
+
+    @rule(seq=hs.integers(0, 2), p0=hs.sampled_from([0, 100]), n=hs.integers(1, 4))
+    def hand_over_after_reserve(self, seq, p0, n):
+        """begin, reserve, to_device, to_host, cancel: the hand-over round trip of a sequence
+        whose only rows are reserved; cancel puts back the sequence begin left."""
+        seq = self.pick(seq)
+        self.both("begin", seq)
+        self.both("reserve", seq, np.arange(p0, p0 + n))
+        self.hand("to_device", [seq])
+        self.back_to_host()
+        self.both("cancel", seq)
+
     # -- invariants -----------------------------------------------------
     @invariant()
     def same_state(self):
