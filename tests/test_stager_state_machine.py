@@ -560,6 +560,8 @@ class CoreMatchesReference(RuleBasedStateMachine):
         """to_device, then a batch naming the handed-over sequences among others (unknown ids,
         repeats), refused in the core's order of checks (or, end_many, ending them), then to_host."""
         ids = [self.pick(x) for x in seqs]
+        for q in dict.fromkeys(q for q in ids if q >= 0 and not self.ref.state(q)["started"]):
+            self.both("process", q, np.arange(4), self.rows(4, "float32", 1.0, None))  # rows to hand over
         self.hand("to_device", ids)
         batch = ids + [self.pick(x) for x in others]
         order.shuffle(batch)
