@@ -118,6 +118,38 @@ class _Ids:
                 t[slots[slots >= 0]] = ids[slots >= 0]
 
 
+#: Host batch calls (beside their per-sequence arguments) that refuse a handed-over sequence.
+MIXED_CALLS = {
+    "accept_many": lambda k: ([0] * k,), "draft_many": lambda k: ([0] * k,), "commit_many": lambda k: (),
+    "fail_many": lambda k: (), "enable_many": lambda k: (), "disable_many": lambda k: (),
+    "confirm_many": lambda k: (), "cancel_many": lambda k: (), "accepted_many": lambda k: (),
+    "open_round_ids": lambda k: (),
+}
+
+
+def mixed_batch(dev, ref, rng, n: int, on_dev: np.ndarray) -> None:
+    """One host batch call naming a handed-over sequence among host ones, an unknown id and
+    repeats, in a random order: the core and the twin answer it alike; a refusal (the core's
+    order of checks: ids, then states in batch order) changes nothing."""
+    batch = [int(rng.choice(np.flatnonzero(on_dev)))] + [int(q) for q in rng.integers(-1, n + 2, 3)]
+    batch = [int(q) for q in rng.permutation(batch)]
+    name = str(rng.choice(sorted(MIXED_CALLS)))
+    args = MIXED_CALLS[name](len(batch))
+    host = [q for q in range(n) if not on_dev[q]]
+    before = [(dev.state(q), dev.stats(q)) for q in host]
+    got = []
+    for st in (dev, ref):
+        try:
+            got.append(("ok", np.asarray(getattr(st, name)(batch, *args)).tolist()))
+        except Exception as exc:  # noqa: BLE001 - the type and the message are what is compared
+            got.append(("raise", (type(exc), str(exc))))
+    assert got[0] == got[1], (name, batch, got)
+    if got[0][0] == "raise":
+        assert [(dev.state(q), dev.stats(q)) for q in host] == before, (name, batch)
+    else:  # a question (a handed-over sequence's metrics are live): nothing to change
+        assert name in ("accepted_many", "open_round_ids"), (name, batch, got)
+
+
 @pytest.mark.parametrize("n,b,w,storage,seed,steps,kind", [
     (1, 1, 3, "f32", 11, 400, "block"),
     (5, 3, 11, "f16", 12, 250, "block"),
@@ -162,6 +194,8 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
             on_dev[go] = True
             if ids.chain:
                 np.testing.assert_array_equal(ids.dev, ids.ref)
+        if on_dev.any() and rng.random() < 0.2:  # a host batch naming a handed-over sequence among others
+            mixed_batch(dev, ref, rng, n, on_dev)
         seqs = [int(q) for q in rng.permutation(np.flatnonzero(on_dev))]
         counts = [int(rng.integers(-1, b + 1)) if rng.random() < 0.15 else int(rng.integers(0, b + 1))
                   for _ in seqs]
