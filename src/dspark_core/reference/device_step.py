@@ -94,11 +94,7 @@ class DeviceStepMixin:
         return self.__dict__.setdefault("_device_faults", {})
 
     def on_device(self, seq: int) -> bool:
-        ref = cast("ReferenceStager", self)
-        i = arg.integer("seq", seq)
-        if not 0 <= i < len(ref._seqs):
-            raise arg.unknown_sequence(i, len(ref._seqs))
-        return i in self._device()
+        return cast("ReferenceStager", self)._known_id(seq) in self._device()
 
     def _table_size(self) -> int:
         ref = cast("ReferenceStager", self)

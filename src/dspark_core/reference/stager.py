@@ -1143,15 +1143,9 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
             "tree_nodes": len(st.tree) if st.tree is not None else 0,
         }
 
-    def _known_seq(self, seq: Any) -> int:
-        i = arg.integer("seq", seq)
-        if not 0 <= i < len(self._seqs):
-            raise arg.unknown_sequence(i, len(self._seqs))
-        return i
-
     def stats(self, seq: int) -> dict[str, int]:
         """Counters of the sequence since its last ``begin`` (a handed-over one's: live, from its steps)."""
-        return self._stats_of(self._metrics_seq(self._known_seq(seq)))
+        return self._stats_of(self._metrics_seq(self._known_id(seq)))
 
     @staticmethod
     def _stats_of(st: _Seq) -> dict[str, int]:
@@ -1161,14 +1155,12 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
 
     def accepted(self, seq: int) -> np.ndarray:
         """The sequence's accepted drafts per verified round since its last ``begin`` (``[k]``: k accepted)."""
-        return np.array(self._metrics_seq(self._known_seq(seq)).accepted, np.int64)
+        return np.array(self._metrics_seq(self._known_id(seq)).accepted, np.int64)
 
     def accepted_many(self, seqs: Any) -> np.ndarray:
         """``accepted`` of several sequences: int64 ``[len(seqs), block_size + 1]``, every id checked first."""
         ids = arg.seq_ids("accepted_many", seqs)
-        for k, q in enumerate(ids.tolist()):
-            if not 0 <= q < len(self._seqs):
-                raise ValueError(arg.batch_context("accepted_many", k, q) + str(arg.unknown_sequence(q, len(self._seqs))))
+        self._check_ids("accepted_many", ids)  # a question: a handed-over sequence's answer is live
         return np.array([self._metrics_seq(s).accepted for s in ids.tolist()], np.int64).reshape(
             len(ids), self.config.block_size + 1)
 
