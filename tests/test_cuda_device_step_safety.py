@@ -118,12 +118,13 @@ def test_two_threads_lose_no_step():
     for st in (cpu, step):
         st.to_device([STEPPED])
     counts = np.random.default_rng(12).integers(0, 4, THREAD_STEPS).tolist()
-    done = threading.Event()
+    handing_started, done = threading.Event(), threading.Event()
     errors: list[BaseException] = []
     hand_overs = [0]
 
     def stepping() -> None:
         try:
+            handing_started.wait()  # the steps begin while the hand-overs go on
             for c in counts:
                 step.set_batch([STEPPED], [c])
                 step.launch()
@@ -139,8 +140,11 @@ def test_two_threads_lose_no_step():
                 step.to_device([HANDED])
                 step.to_host([HANDED])
                 hand_overs[0] += 1
+                handing_started.set()
         except BaseException as exc:  # noqa: BLE001
             errors.append(exc)
+        finally:
+            handing_started.set()
 
     old = sys.getswitchinterval()
     sys.setswitchinterval(SWITCH_INTERVAL)
