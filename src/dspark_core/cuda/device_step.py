@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _backend, interop
 from ..stager._args import _INT32_MAX, _INT32_MIN, as_seq_ids, batch_ints
-from ..stager.device_step import _LAYOUT, StepOutputs
+from ..stager.device_step import _LAYOUT, PADDING_ID, StepOutputs
 from .interop import DeviceArray
 
 #: The step's outputs as laid out on the device: name, dtype, columns (per entry), from the
@@ -145,15 +145,24 @@ class DeviceStep:
             c = np.clip(c, _INT32_MIN, _INT32_MAX).astype(np.int32)
         return np.ascontiguousarray(c, self._counts_dtype)
 
-    def set_batch(self, seqs: Sequence[int], counts: Sequence[int] | None = None) -> None:
+    def set_batch(self, seqs: Sequence[int], counts: Sequence[int] | None = None, pad: bool = False) -> None:
         """The batch's sequence ids (and counts), copied to the device (outside a graph).
         Ids convert as ``step_many``'s do (TypeError: not integers); every check comes
-        before any copy."""
+        before any copy. ``pad``: the batch fills the first entries and the rest of the
+        capacity holds padding entries (``PADDING_ID``, count -1: ``STEP_NOT_IN_STEP``,
+        nothing changed), so every launch is one of ``capacity`` entries and a graph
+        captured once replays over a batch whose size changes (the sampler writes -1 at
+        the padding entries' counts)."""
         cu = self._cu
         ids = as_seq_ids("DeviceStep.set_batch", seqs)
         if len(ids) > self.capacity:
             raise ValueError(f"DeviceStep.set_batch: at most {self.capacity} sequence ids (seqs), got {len(ids)}")
         c = None if counts is None else self._counts_of(counts, len(ids), "DeviceStep.set_batch")
+        if pad and len(ids) < self.capacity:
+            extra = self.capacity - len(ids)
+            ids = np.concatenate([ids, np.full(extra, PADDING_ID, np.int64)])
+            if c is not None:
+                c = np.concatenate([c, np.full(extra, -1, c.dtype)])
         cu.copy_to_device(self._seqs.ptr, ids.view(np.uint8), self.stream)
         self.n = len(ids)
         if c is not None:
