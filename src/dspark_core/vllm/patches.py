@@ -103,9 +103,11 @@ def _attach(proposer: Any) -> None:
     """Check the settings (raising at engine start) and give the proposer its RequestStaging."""
     from .cpu_workarounds import apply as apply_cpu_workarounds
 
+    from . import enabled
+
     method = proposer.vllm_config.speculative_config.method
-    if method not in _PATCHED_METHODS:
-        return
+    if method not in _PATCHED_METHODS or not enabled():
+        return  # an engine started without DSPARK_VLLM=1 in this process stays stock
     s = settings_for(proposer)
     apply_cpu_workarounds(proposer)
     staging = RequestStaging(kind=s.kind, feature_dim=s.feature_dim, block_size=s.block_size, window=s.window,
@@ -156,6 +158,7 @@ def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, 
 
     def run(sel: np.ndarray) -> Any:
         sub = staging.select(inp, sel)
+        staging.current_req_ids = [rows.req_ids[i] for i in sel]
         new_cad = dataclasses.replace(
             cad,
             query_start_loc=sub.query_start_loc,

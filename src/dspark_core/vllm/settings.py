@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..gguf.drafter_info import DrafterInfo
+from ..gguf.reader import DrafterMetadataError
 
 __all__ = ["PluginSettings", "settings_for", "check_runtime", "WINDOW_ENV"]
 
@@ -79,7 +80,11 @@ def settings_for(proposer: Any) -> PluginSettings:
     k = int(spec.num_speculative_tokens)
     block = k + _EXTRA_QUERY[method]
     draft_dir = spec.draft_model_config.model
-    info = DrafterInfo.from_hf_config(draft_dir, block_size=block)
+    try:
+        info = DrafterInfo.from_hf_config(draft_dir, block_size=block)
+    except DrafterMetadataError as err:
+        raise ConfigError(f"{err} (the block is num_speculative_tokens={k}"
+                          f"{' + 1 query token' if _EXTRA_QUERY[method] else ''} for {method})") from err
     if info.n_ctx_train is None:
         raise ConfigError(f"{draft_dir}: the drafter's config.json states no trained range (max_position_embeddings)")
     window, source = int(info.n_ctx_train), f"{info.n_ctx_train_source} of {draft_dir}"

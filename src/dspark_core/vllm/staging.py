@@ -139,6 +139,7 @@ class RequestStaging:
         self._logged: set[str] = set()
         self.fallbacks = 0                       # requests x steps that decoded without drafts
         self.last: DrafterInputs | None = None   # the latest step's drafter inputs (for checks and tests)
+        self.current_req_ids: list[str] = []     # the requests of the drafter call running now
 
     # -- lifecycle -------------------------------------------------------------------------------
 

