@@ -127,6 +127,48 @@ def test_plugin_rebases_the_long_request(runs):
     assert int(first["pos_base"][i]) > 0
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_inside_the_window_the_drafter_gets_what_stock_vllm_gives_it(method):
+    """Prompts that stay inside the range: the same rows at the same positions, the same drafts."""
+    prompts, n_tokens = [SHORT, LONG[:20]], 16
+    with H.engine(method, plugin=False) as (llm, stock):
+        stock_out = H.generate(llm, prompts, n_tokens)
+    with H.engine(method, plugin=True) as (llm, plug):
+        plug_out = H.generate(llm, prompts, n_tokens)
+    assert plug_out == stock_out
+    assert len(plug.drafter) == len(stock.drafter) >= n_tokens - 1
+    for s_call, p_call in zip(stock.drafter, plug.drafter):
+        assert torch.equal(p_call["drafts"], s_call["drafts"])
+        assert int(p_call["pos_base"].max()) == 0
+        # Stock passes the whole verify batch (its rejected rows are masked); the plugin the kept rows.
+        for i in range(p_call["n"]):
+            a, b = int(p_call["qsl"][i]), int(p_call["qsl"][i + 1])
+            sa = int(s_call["qsl"][i])
+            assert torch.equal(p_call["positions"][a:b], s_call["positions"][sa:sa + b - a])
+            assert torch.equal(p_call["rows"][a:b], s_call["rows"][sa:sa + b - a])
+
+
+def test_cpu_workaround_dflash_packed_qkv():
+    """vLLM 0.32's CPU linear method empties qkv_proj.weight after packing it, so DFlash's fused
+    context-KV projection would multiply by an empty weight; the workaround (applied on the CPU
+    platform only) routes it through each layer's qkv_proj."""
+    from dspark_core.vllm.cpu_workarounds import apply, needs_dflash_packed_qkv
+
+    with H.engine("dflash", plugin=False, cpu_workarounds=False) as (llm, _):
+        proposer = H.proposer_of(llm)
+        assert needs_dflash_packed_qkv(proposer)
+        inner = proposer.model.model
+        inner._build_fused_kv_buffers()
+        assert inner._fused_kv_weight is not None and inner._fused_kv_weight.numel() == 0   # the bug
+        apply(proposer)
+        assert inner._fused_kv_weight is None
+        out = H.generate(llm, [SHORT], 8)                 # drafts inside the range: the projection runs
+    with H.engine("dflash", plugin=False, speculative=False) as (llm, _):
+        assert out == H.generate(llm, [SHORT], 8)
+    with H.engine("eagle3", plugin=False, cpu_workarounds=False) as (llm, _):
+        assert not needs_dflash_packed_qkv(H.proposer_of(llm))
+
+
 def test_fault_in_one_request_leaves_the_others_drafting():
     """A drafter that raises whenever the short request is in its batch: the long one keeps drafting."""
     with H.engine("eagle3", plugin=False, speculative=False) as (llm, _):
@@ -149,6 +191,43 @@ def test_fault_in_one_request_leaves_the_others_drafting():
     assert len(singles) >= MAX_TOKENS - 1
     assert staging.fallbacks >= MAX_TOKENS - 1
     assert short not in staging.current_req_ids
+
+
+def first_call_of(rec: H.Recorder, req: str) -> dict:
+    call = next(c for c in rec.drafter if not c["subset"] and req in c["req_ids"])
+    i = call["req_ids"].index(req)
+    a, b = int(call["qsl"][i]), int(call["qsl"][i + 1])
+    return dict(positions=call["positions"][a:b], rows=call["rows"][a:b], pos_base=int(call["pos_base"][i]),
+                seq_len=int(call["seq_lens"][i]))
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_prefix_cache_hit_restages_a_full_prefill(method):
+    """A second request sharing the first one's 96-token prefix (three 32-token blocks) hits vLLM's
+    prefix cache (vLLM keeps the last matched block out of an EAGLE / DFlash hit, so 64 tokens):
+    the target computes only the rest, and the drafter's first context is the one a full prefill
+    of the same prompt gives."""
+    first, second = LONG, LONG[:96] + [7, 8, 9, 10]
+    runs = {}
+    for caching in (False, True):
+        with H.engine(method, plugin=True, prefix_caching=caching) as (llm, rec):
+            out_a = H.generate(llm, [first], 8)
+            n_before = len(rec.captured)
+            out_b = H.generate(llm, [second], 8)
+            req_b = rec.captured[n_before]["req_ids"][0]
+            runs[caching] = dict(rec=rec, out=(out_a, out_b), req=req_b, step=rec.captured[n_before],
+                                 prefix=H.proposer_of(llm)._dspark_staging.prefix)
+    full, cached = runs[False], runs[True]
+    assert cached["out"] == full["out"]
+    # vLLM's cache served the first positions: the target computed only the rows after the hit.
+    hit = int(cached["step"]["positions"][0])
+    assert hit > 0 and hit % H.KV_BLOCK == 0 and cached["step"]["rows"].shape[0] == len(second) - hit
+    assert full["step"]["rows"].shape[0] == len(second)
+    assert cached["prefix"].hits == 1 and full["prefix"] is None
+    a, b = first_call_of(full["rec"], full["req"]), first_call_of(cached["rec"], cached["req"])
+    assert a["pos_base"] == b["pos_base"] > 0 and a["seq_len"] == b["seq_len"] == W // 2
+    assert torch.equal(a["positions"], b["positions"])
+    assert torch.equal(a["rows"], b["rows"])
 
 
 def test_window_not_above_twice_the_block_refuses_at_engine_start():

@@ -29,6 +29,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 SPEC_TOKENS = 3
 MAX_MODEL_LEN = 256
+KV_BLOCK = 32
 
 
 @dataclass
@@ -85,8 +86,11 @@ def _install_recorders() -> None:
             if any(r in rec.poison for r in serving):
                 rec.raised += 1
                 raise RuntimeError("injected drafter failure")
-        return stock(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
-                     next_token_ids, token_indices_to_sample, common_attn_metadata, *args, **kw)
+        drafts = stock(self, num_speculative_tokens, target_token_ids, target_positions, target_hidden_states,
+                       next_token_ids, token_indices_to_sample, common_attn_metadata, *args, **kw)
+        if rec is not None:
+            rec.drafter[-1]["drafts"] = drafts.cpu().clone()
+        return drafts
 
     SpecDecodeBaseProposer.propose = drafter  # type: ignore[method-assign]
     patches.install()  # the plugin wraps the recorder: its "stock" propose is the recorder
@@ -124,8 +128,12 @@ def _install_recorders() -> None:
 
 @contextlib.contextmanager
 def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_caching: bool = False,
-           max_num_seqs: int = 8, trained_range: int | None = None) -> Iterator[tuple[Any, Recorder]]:
-    """A tiny in-process vLLM engine (``method``: "eagle3" or "dflash") and the recorder of its steps."""
+           max_num_seqs: int = 8, trained_range: int | None = None,
+           cpu_workarounds: bool = True) -> Iterator[tuple[Any, Recorder]]:
+    """A tiny in-process vLLM engine (``method``: "eagle3" or "dflash") and the recorder of its steps.
+
+    A stock engine (``plugin=False``) gets the plugin's CPU workarounds too (``cpu_workarounds``),
+    so stock DFlash can draft on the CPU at all (dspark_core.vllm.cpu_workarounds)."""
     global _current
     if plugin:
         os.environ["DSPARK_VLLM"] = "1"
@@ -144,7 +152,12 @@ def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_cachin
     rec = Recorder()
     llm = LLM(model=target, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
               max_model_len=MAX_MODEL_LEN, speculative_config=spec, seed=0, dtype="float32",
-              max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching, disable_log_stats=False)
+              max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching, disable_log_stats=False,
+              block_size=KV_BLOCK)
+    if speculative and not plugin and cpu_workarounds:
+        from dspark_core.vllm.cpu_workarounds import apply
+
+        apply(proposer_of(llm))
     _current = rec
     try:
         yield llm, rec

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,8 @@ __all__ = ["install", "installed", "staging_of", "STAGING_ATTR"]
 
 logger = logging.getLogger(__name__)
 
+#: Bytes of rows the prefix store keeps (vLLM's prefix caching on), LRU beyond it.
+PREFIX_BYTES_ENV = "DSPARK_VLLM_PREFIX_BYTES"
 #: Attribute of a proposer that holds its RequestStaging.
 STAGING_ATTR = "_dspark_staging"
 _PATCHED_METHODS = ("eagle3", "dflash")
@@ -114,6 +117,13 @@ def _attach(proposer: Any) -> None:
                              max_seqs=s.max_seqs, kv_block_size=proposer.block_size if proposer.block_size > 0
                              else proposer.vllm_config.cache_config.block_size,
                              dtype=proposer.dtype, device=proposer.device)
+    cache = proposer.vllm_config.cache_config
+    if cache.enable_prefix_caching:
+        from .prefix_rows import DEFAULT_BUDGET_BYTES, PrefixRows
+
+        budget = int(os.environ.get(PREFIX_BYTES_ENV, DEFAULT_BUDGET_BYTES))
+        staging.prefix = PrefixRows(staging, block_tokens=int(cache.block_size),
+                                    hash_name=str(cache.prefix_caching_hash_algo), budget_bytes=budget)
     setattr(proposer, STAGING_ATTR, staging)
     logger.info("dspark_core: %s drafter staged in a window of %d positions (%s), block %d, rows %d wide",
                 method, s.window, s.window_source, s.block_size, s.feature_dim)
@@ -138,6 +148,8 @@ def _target_rows(proposer: Any, target_token_ids: Any, target_positions: Any, ta
         next_token_ids=next_token_ids[:n].cpu().numpy().astype(np.int64),
         block_table=cad.block_table_tensor[:n],
         live=set(runner.requests),
+        prompts=({r: runner.requests[r].prompt_token_ids for r in runner.input_batch.req_ids[:n]}
+                 if proposer._dspark_staging.prefix is not None else {}),
     )
 
 

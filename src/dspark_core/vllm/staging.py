@@ -53,6 +53,7 @@ class TargetRows:
         next_token_ids: int64 ``(N,)``: each request's sampled token (``last``).
         block_table: ``(N, M)`` int32 torch tensor: the requests' KV blocks.
         live: every request the runner still holds (ended ones are not).
+        prompts: the prompt token ids of the batch's requests (for prefix-cache keys).
     """
 
     req_ids: list[str]
@@ -64,6 +65,7 @@ class TargetRows:
     next_token_ids: np.ndarray
     block_table: Any
     live: set[str]
+    prompts: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -140,6 +142,7 @@ class RequestStaging:
         self.fallbacks = 0                       # requests x steps that decoded without drafts
         self.last: DrafterInputs | None = None   # the latest step's drafter inputs (for checks and tests)
         self.current_req_ids: list[str] = []     # the requests of the drafter call running now
+        self.prefix: Any = None                  # a PrefixRows when vLLM's prefix caching is on
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -150,17 +153,23 @@ class RequestStaging:
     def _end(self, req_id: str) -> None:
         seq = self._seq_of.pop(req_id)
         self.stager.end(seq)
+        if self.prefix is not None:
+            self.prefix.forget(req_id)
         self._free.append(seq)
         self._next_pos.pop(req_id, None)
         self._open.discard(req_id)
 
-    def _begin(self, req_id: str) -> int:
+    def _begin(self, req_id: str, first: int = 0, prompt: Any = None) -> int:
+        """A sequence for ``req_id``; one whose rows start at ``first > 0`` (vLLM's prefix-cache hit)
+        starts from the prefix store's rows when it has them all, else cold."""
         if not self._free:
             raise RuntimeError("more running requests than max_num_seqs")
         seq = self._free.pop()
-        self.stager.begin(seq)
+        if not (first > 0 and self.prefix is not None and prompt is not None
+                and self.prefix.hit(req_id, seq, prompt, first)):
+            self.stager.begin(seq)
         self._seq_of[req_id] = seq
-        self._next_pos[req_id] = 0
+        self._next_pos[req_id] = first
         return seq
 
     def _sync(self, rows: TargetRows) -> None:
@@ -172,8 +181,7 @@ class RequestStaging:
         for i, req_id in enumerate(rows.req_ids):
             first = int(rows.positions[qsl[i]]) if qsl[i + 1] > qsl[i] else self._next_pos.get(req_id, 0)
             if req_id not in self._seq_of:
-                self._begin(req_id)
-                self._next_pos[req_id] = first      # > 0: a prefix-cache hit (rows before it unseen)
+                self._begin(req_id, first, rows.prompts.get(req_id))   # first > 0: a prefix-cache hit
             elif first < self._next_pos[req_id]:
                 # Preempted and recomputed, or rolled back: keep the rows before it.
                 self.stager.rollback(self._seq_of[req_id], first)
@@ -182,8 +190,7 @@ class RequestStaging:
             elif first > self._next_pos[req_id]:
                 # A gap (rows the plugin never saw): start the sequence again from here.
                 self._end(req_id)
-                self._begin(req_id)
-                self._next_pos[req_id] = first
+                self._begin(req_id, first)
 
     def _refuse(self, req_id: str, err: BaseException) -> None:
         """Plain decoding for ``req_id`` from now on; logged once per request."""
@@ -251,6 +258,14 @@ class RequestStaging:
                 except Exception as err:  # noqa: BLE001
                     self._refuse(rows.req_ids[i], err)
             idx = good
+        if self.prefix is not None:
+            qsl = rows.query_start_loc
+            for i in idx:
+                req = rows.req_ids[i]
+                a = int(qsl[i])
+                if req in rows.prompts:
+                    self.prefix.publish(req, rows.prompts[req], int(rows.positions[a]),
+                                        rows.rows[a:a + int(rows.n_valid[i])])
         n_pasts = np.array([self._next_pos[rows.req_ids[i]] for i in idx], dtype=np.int64)
         seqs = np.array([self._seq_of[rows.req_ids[i]] for i in idx], dtype=np.int64)
         plan = self.stager.draft_many(seqs, n_pasts)
