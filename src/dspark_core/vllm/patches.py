@@ -106,7 +106,7 @@ def _attach(proposer: Any) -> None:
     """Check the settings (raising at engine start) and give the proposer its RequestStaging."""
     from .cpu_workarounds import apply as apply_cpu_workarounds
 
-    from . import enabled
+    from .switch import enabled
 
     method = proposer.vllm_config.speculative_config.method
     if method not in _PATCHED_METHODS or not enabled():

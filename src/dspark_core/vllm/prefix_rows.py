@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import PrefixStore
+from .._ext._stager import PrefixStore
 
 __all__ = ["PrefixRows", "vllm_block_hashes", "DEFAULT_BUDGET_BYTES"]
 

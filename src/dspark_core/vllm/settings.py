@@ -48,7 +48,7 @@ def check_runtime() -> None:
     """Refuse a vLLM release the plugin was not written for."""
     import vllm
 
-    from . import SUPPORTED_VLLM_VERSIONS
+    from .switch import SUPPORTED_VLLM_VERSIONS
 
     version = getattr(vllm, "__version__", "?")
     base = version.split("+", 1)[0]

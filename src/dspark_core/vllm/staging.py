@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import Stager, StagerConfig
+from .._ext._stager import Stager
+from ..stager.config import StagerConfig
 
 __all__ = ["RequestStaging", "TargetRows", "DrafterInputs", "NULL_BLOCK"]
 
