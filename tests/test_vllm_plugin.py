@@ -242,3 +242,40 @@ def test_window_not_above_twice_the_block_refuses_at_engine_start():
     config_errors = [e for e in chain if isinstance(e, ConfigError)]
     assert config_errors, chain
     assert "num_speculative_tokens=3" in str(config_errors[0]) and "max_position_embeddings" in str(config_errors[0])
+
+
+def test_tap_layers_that_do_not_match_the_captured_width_refuse_at_engine_start():
+    # vLLM captures eagle_config's three layers (3 x 64 wide); the drafter's top-level key states two.
+    with pytest.raises(Exception) as err:
+        with H.engine("eagle3", plugin=True, model_kw={"stated_layers": (1, 2)}):
+            pass
+    chain, e = [], err.value
+    while e is not None:
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    msg = next(str(e) for e in chain if isinstance(e, ConfigError))
+    assert "eagle_aux_hidden_state_layer_ids" in msg and "192" in msg and "128" in msg
+
+
+def test_unsupported_vllm_version_refuses(monkeypatch):
+    import vllm
+
+    from dspark_core.vllm.settings import check_runtime
+
+    check_runtime()                                   # the pinned version passes
+    monkeypatch.setattr(vllm, "__version__", "0.31.2")
+    with pytest.raises(ConfigError, match=r"vLLM 0\.31\.2 is not supported.*DSPARK_VLLM"):
+        check_runtime()
+
+
+def test_v2_model_runner_refuses_a_drafter_engine():
+    from types import SimpleNamespace
+
+    from dspark_core.vllm.settings import refuse_v2_runner
+
+    for method in ("eagle3", "dflash"):
+        cfg = SimpleNamespace(speculative_config=SimpleNamespace(method=method))
+        with pytest.raises(ConfigError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+            refuse_v2_runner(cfg)
+    refuse_v2_runner(SimpleNamespace(speculative_config=SimpleNamespace(method="ngram")))
+    refuse_v2_runner(SimpleNamespace(speculative_config=None))

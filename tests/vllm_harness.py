@@ -129,7 +129,7 @@ def _install_recorders() -> None:
 @contextlib.contextmanager
 def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_caching: bool = False,
            max_num_seqs: int = 8, trained_range: int | None = None,
-           cpu_workarounds: bool = True) -> Iterator[tuple[Any, Recorder]]:
+           cpu_workarounds: bool = True, model_kw: dict[str, Any] | None = None) -> Iterator[tuple[Any, Recorder]]:
     """A tiny in-process vLLM engine (``method``: "eagle3" or "dflash") and the recorder of its steps.
 
     A stock engine (``plugin=False``) gets the plugin's CPU workarounds too (``cpu_workarounds``),
@@ -145,7 +145,9 @@ def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_cachin
     from dspark_core.vllm import tiny_models
 
     root = tempfile.mkdtemp(prefix="dspark-vllm-")
-    kw = {} if trained_range is None else {"trained_range": trained_range}
+    kw: dict[str, Any] = dict(model_kw or {})
+    if trained_range is not None:
+        kw["trained_range"] = trained_range
     target, drafter = (tiny_models.write_llama_eagle3(root, **kw) if method == "eagle3"
                        else tiny_models.write_qwen3_dflash(root, **kw))
     spec = {"method": method, "model": drafter, "num_speculative_tokens": SPEC_TOKENS} if speculative else None

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .settings import check_runtime, settings_for
+from .settings import check_runtime, refuse_v2_runner, settings_for
 from .staging import RequestStaging, TargetRows
 
 __all__ = ["install", "installed", "staging_of", "STAGING_ATTR"]
@@ -98,8 +98,27 @@ def install() -> None:
         cls.load_model = load_model  # type: ignore[method-assign]
         cls.propose = propose  # type: ignore[method-assign]
     GPUModelRunner._input_fits_in_drafter = input_fits_in_drafter  # type: ignore[method-assign]
+    _refuse_v2()
     _installed = True
     logger.info("dspark_core: vLLM plugin installed (DFlash, EAGLE-3 proposers)")
+
+
+def _refuse_v2() -> None:
+    """Make vLLM's V2 model runner refuse to start a DFlash / EAGLE-3 engine while the plugin is on."""
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+    except Exception:  # noqa: BLE001 - the V2 runner needs Triton; where it cannot import it cannot run
+        return
+    stock_init = V2Runner.__init__
+
+    def init(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        from .switch import enabled
+
+        if enabled():
+            refuse_v2_runner(vllm_config)
+        stock_init(self, vllm_config, *args, **kwargs)
+
+    V2Runner.__init__ = init  # type: ignore[method-assign]
 
 
 def _attach(proposer: Any) -> None:

@@ -20,7 +20,7 @@ from ..errors import ConfigError
 from ..gguf.drafter_info import DrafterInfo
 from ..gguf.reader import DrafterMetadataError
 
-__all__ = ["PluginSettings", "settings_for", "check_runtime", "WINDOW_ENV"]
+__all__ = ["PluginSettings", "settings_for", "check_runtime", "refuse_v2_runner", "WINDOW_ENV"]
 
 #: Optional cap on the window (an integer); the drafter's trained range bounds it anyway.
 WINDOW_ENV = "DSPARK_VLLM_WINDOW"
@@ -55,6 +55,16 @@ def check_runtime() -> None:
     if base not in SUPPORTED_VLLM_VERSIONS:
         raise ConfigError(f"DSPARK_VLLM=1: vLLM {version} is not supported (supported: "
                           f"{', '.join(SUPPORTED_VLLM_VERSIONS)}); unset DSPARK_VLLM or install a supported vLLM")
+
+
+def refuse_v2_runner(vllm_config: Any) -> None:
+    """Refuse vLLM's V2 model runner for a DFlash / EAGLE-3 engine: the plugin patches the V1 runner
+    only, and under V2 the drafter would run unstaged (vllm #57964: it crashes past the range)."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    method = getattr(spec, "method", None)
+    if method in _KIND:
+        raise ConfigError(f"DSPARK_VLLM=1 with speculative method {method!r} needs vLLM's V1 model runner: "
+                          "set VLLM_USE_V2_MODEL_RUNNER=0 (or unset DSPARK_VLLM)")
 
 
 def _captured_width(proposer: Any) -> int | None:

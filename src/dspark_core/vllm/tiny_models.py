@@ -73,8 +73,11 @@ def write_qwen3_dflash(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE,
 
 
 def write_llama_eagle3(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE,
-                       aux_layers: tuple[int, ...] = (1, 2, 3)) -> tuple[str, str]:
-    """``(target_dir, drafter_dir)``: a Llama target and an EAGLE-3 drafter reading ``aux_layers``."""
+                       aux_layers: tuple[int, ...] = (1, 2, 3),
+                       stated_layers: tuple[int, ...] | None = None) -> tuple[str, str]:
+    """``(target_dir, drafter_dir)``: a Llama target and an EAGLE-3 drafter reading ``aux_layers``
+    (vLLM reads ``eagle_config``'s list); ``stated_layers`` states another top-level list (a
+    config whose two lists disagree)."""
     target = _write(os.path.join(root, "llama-target"), {
         **_common(_HIDDEN, _TARGET_LAYERS, TARGET_CONTEXT),
         "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
@@ -83,5 +86,5 @@ def write_llama_eagle3(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE,
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
         "target_hidden_size": _HIDDEN, "draft_vocab_size": TINY_VOCAB,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers)},
-        "eagle_aux_hidden_state_layer_ids": list(aux_layers)})
+        "eagle_aux_hidden_state_layer_ids": list(aux_layers if stated_layers is None else stated_layers)})
     return target, drafter
