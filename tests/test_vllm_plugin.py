@@ -50,17 +50,34 @@ def runs(request):
     return out
 
 
-def kept_rows(rec: H.Recorder) -> dict[tuple[str, int], torch.Tensor]:
-    """The row vLLM captured at each (request, position) the target kept (a later step's row wins)."""
+def kept_rows(step: dict, rows: dict[tuple[str, int], torch.Tensor]) -> None:
+    """Record the rows vLLM captured in ``step`` at each (request, position) the target kept."""
+    qsl = step["qsl"]
+    for i, req in enumerate(step["req_ids"]):
+        a, b = int(qsl[i]), int(qsl[i + 1])
+        keep = (b - a) - (0 if step["rejected"] is None else int(step["rejected"][i]))
+        for j in range(a, a + keep):
+            rows[(req, int(step["positions"][j]))] = step["rows"][j]
+
+
+def check_context_rows(rec: H.Recorder) -> int:
+    """Every context row the drafter received equals the row vLLM captured at that position (as of
+    that step: a recomputed request's rows replace its earlier ones), bit for bit. Returns the
+    number of rows checked."""
+    calls = [c for c in rec.drafter if not c["subset"]]
+    assert len(calls) == len(rec.captured)
     rows: dict[tuple[str, int], torch.Tensor] = {}
-    for step in rec.captured:
-        qsl = step["qsl"]
-        for i, req in enumerate(step["req_ids"]):
-            a, b = int(qsl[i]), int(qsl[i + 1])
-            keep = (b - a) - (0 if step["rejected"] is None else int(step["rejected"][i]))
-            for j in range(a, a + keep):
-                rows[(req, int(step["positions"][j]))] = step["rows"][j]
-    return rows
+    checked = 0
+    for step, call in zip(rec.captured, calls):
+        kept_rows(step, rows)
+        qsl = call["qsl"]
+        for i, req in enumerate(call["req_ids"]):
+            base = int(call["pos_base"][i])
+            for j in range(int(qsl[i]), int(qsl[i + 1])):
+                want = rows[(req, base + int(call["positions"][j]))]
+                assert torch.equal(call["rows"][j], want), (req, base, int(call["positions"][j]))
+                checked += 1
+    return checked
 
 
 def test_stock_vllm_skips_the_drafter_past_its_range(runs):
@@ -99,20 +116,7 @@ def test_plugin_positions_stay_inside_the_window(runs):
 
 
 def test_plugin_context_rows_are_the_captured_rows_bit_for_bit(runs):
-    rec = runs["plugin_rec"]
-    kept = kept_rows(rec)
-    checked = 0
-    for call in rec.drafter:
-        if call["subset"]:
-            continue
-        qsl = call["qsl"]
-        for i, req in enumerate(call["req_ids"]):
-            base = int(call["pos_base"][i])
-            for j in range(int(qsl[i]), int(qsl[i + 1])):
-                want = kept[(req, base + int(call["positions"][j]))]
-                assert torch.equal(call["rows"][j], want), (req, base, int(call["positions"][j]))
-                checked += 1
-    assert checked >= 2 * MAX_TOKENS
+    assert check_context_rows(runs["plugin_rec"]) >= 2 * MAX_TOKENS
 
 
 def test_plugin_rebases_the_long_request(runs):
@@ -167,6 +171,31 @@ def test_cpu_workaround_dflash_packed_qkv():
         assert out == H.generate(llm, [SHORT], 8)
     with H.engine("eagle3", plugin=False, cpu_workarounds=False) as (llm, _):
         assert not needs_dflash_packed_qkv(H.proposer_of(llm))
+
+
+def test_preempted_requests_keep_drafting_and_stay_greedy():
+    """Four 100-token prompts in a KV cache too small for all of them: vLLM preempts and recomputes;
+    each recomputed request's sequence rolls back and keeps drafting inside its window."""
+    prompts = [[(i * 7 + r * 31) % 500 + 3 for i in range(100)] for r in range(4)]
+    n_tokens = 60
+    with H.engine("eagle3", plugin=False, speculative=False) as (llm, _):
+        greedy = H.generate(llm, prompts, n_tokens)
+    # Two requests are admitted (4 blocks of 32 each); growing to 100 + 60 + 3 lookahead tokens
+    # (6 blocks each), they no longer fit 11 blocks and one is preempted.
+    with H.engine("eagle3", plugin=True, kv_blocks=11) as (llm, rec):
+        out = H.generate(llm, prompts, n_tokens)
+        staging = H.proposer_of(llm)._dspark_staging
+    assert out == greedy
+    restarts = [(req, int(step["positions"][int(step["qsl"][i])]))
+                for n, step in enumerate(rec.captured) for i, req in enumerate(step["req_ids"])
+                if n and int(step["positions"][int(step["qsl"][i])]) == 0
+                and any(req in s["req_ids"] for s in rec.captured[:n])]
+    assert restarts, "no request was preempted and recomputed"
+    calls = [c for c in rec.drafter if not c["subset"]]
+    assert all(c["drafting"].all() for c in calls)
+    assert max(int(c["positions"].max()) for c in calls) < W
+    assert check_context_rows(rec) > 0
+    assert staging.fallbacks == 0
 
 
 def test_fault_in_one_request_leaves_the_others_drafting():

@@ -129,7 +129,8 @@ def _install_recorders() -> None:
 @contextlib.contextmanager
 def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_caching: bool = False,
            max_num_seqs: int = 8, trained_range: int | None = None,
-           cpu_workarounds: bool = True, model_kw: dict[str, Any] | None = None) -> Iterator[tuple[Any, Recorder]]:
+           cpu_workarounds: bool = True, model_kw: dict[str, Any] | None = None,
+           kv_blocks: int | None = None) -> Iterator[tuple[Any, Recorder]]:
     """A tiny in-process vLLM engine (``method``: "eagle3" or "dflash") and the recorder of its steps.
 
     A stock engine (``plugin=False``) gets the plugin's CPU workarounds too (``cpu_workarounds``),
@@ -155,7 +156,7 @@ def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_cachin
     llm = LLM(model=target, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True,
               max_model_len=MAX_MODEL_LEN, speculative_config=spec, seed=0, dtype="float32",
               max_num_seqs=max_num_seqs, enable_prefix_caching=prefix_caching, disable_log_stats=False,
-              block_size=KV_BLOCK)
+              block_size=KV_BLOCK, num_gpu_blocks_override=kv_blocks)
     if speculative and not plugin and cpu_workarounds:
         from dspark_core.vllm.cpu_workarounds import apply
 

@@ -282,44 +282,40 @@ class RequestStaging:
         import torch
 
         bs = self.kv_block_size
-        drafting = np.zeros(n, dtype=bool)
-        pos_base = np.zeros(n, dtype=np.int64)
-        rebase = np.zeros(n, dtype=bool)
-        counts = np.ones(n, dtype=np.int64)          # a request that does not draft: one placeholder row
-        seq_lens = np.ones(n, dtype=np.int32)
-        shift = np.zeros(n, dtype=np.int64)          # block-table shift: slot_base // kv block size
-        offs = plan.row_offsets
-        plan_slots, plan_pos = plan.slots, plan.positions
-        slot_parts: list[np.ndarray] = []
-        pos_parts: list[np.ndarray] = []
-        tok_parts: list[np.ndarray] = []
-        by_batch = {i: k for k, i in enumerate(idx)}
-        for i in range(n):
-            k = by_batch.get(i)
-            if k is not None and plan.active[k]:
-                a, b = int(offs[k]), int(offs[k + 1])
-                drafting[i] = True
-                pos_base[i] = int(plan.pos_base[k])
-                rebase[i] = bool(plan.rebase[k])
-                counts[i] = b - a
-                seq_lens[i] = int(plan.crop_from[k])
-                shift[i] = pos_base[i] // bs
-                slot_parts.append(plan_slots[a:b])
-                pos_parts.append(plan_pos[a:b].astype(np.int64))
-                if self.kind == "chain":
-                    # The id after each row: the next row's, and the sampled token after the newest.
-                    tok = plan.tokens[a:b].astype(np.int64)
-                    tok_parts.append(np.concatenate([tok[1:], [int(rows.next_token_ids[i])]]))
-                else:
-                    tok_parts.append(np.zeros(b - a, dtype=np.int64))
-            else:
-                slot_parts.append(np.array([self._scratch_slot], dtype=np.int64))
-                pos_parts.append(np.zeros(1, dtype=np.int64))
-                tok_parts.append(np.array([int(rows.next_token_ids[i])], dtype=np.int64))
+        # Per request in batch order: its plan index k (-1: the Stager refused it), and whether it drafts.
+        k_of = np.full(n, -1, dtype=np.int64)
+        k_of[np.asarray(idx, dtype=np.int64)] = np.arange(len(idx))
+        has = k_of >= 0
+        kk = np.where(has, k_of, 0)
+        active = np.asarray(plan.active, dtype=bool)
+        drafting = has & (active[kk] if len(idx) else np.zeros(n, dtype=bool))
+        offs = np.asarray(plan.row_offsets, dtype=np.int64)
+        n_rows = np.diff(offs)
+        pos_base = np.where(drafting, np.asarray(plan.pos_base, np.int64)[kk] if len(idx) else 0, 0)
+        rebase = drafting & (np.asarray(plan.rebase, dtype=bool)[kk] if len(idx) else False)
+        # A request that does not draft gets one placeholder row (the table's zero scratch row).
+        counts = np.where(drafting, n_rows[kk] if len(idx) else 0, 1).astype(np.int64)
+        seq_lens = np.where(drafting, np.asarray(plan.crop_from, np.int64)[kk] if len(idx) else 1, 1).astype(np.int32)
+        shift = pos_base // bs                       # block-table shift: slot_base // kv block size
         qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        gather = np.concatenate(slot_parts)
-        positions = np.concatenate(pos_parts)
-        succ = np.concatenate(tok_parts)
+        total = int(qsl[-1])
+        gather = np.full(total, self._scratch_slot, dtype=np.int64)
+        positions = np.zeros(total, dtype=np.int64)
+        next_ids = rows.next_token_ids[:n].astype(np.int64)
+        succ = np.repeat(next_ids, counts)           # placeholders' ids, and every request's newest row's
+        n_plan = int(offs[-1]) if len(offs) else 0
+        if n_plan:
+            # Plan rows are in batch order (idx ascends) and only drafting requests have any.
+            batch_of_k = np.asarray(idx, dtype=np.int64)
+            row_k = np.repeat(np.arange(len(idx)), n_rows)
+            dest = np.arange(n_plan) - offs[row_k] + qsl[batch_of_k[row_k]]
+            gather[dest] = plan.slots
+            positions[dest] = plan.positions
+            if self.kind == "chain":
+                # The id after each row: the next row's, and the sampled token after the newest.
+                tok = np.asarray(plan.tokens, dtype=np.int64)
+                not_last = np.arange(n_plan) + 1 < offs[row_k + 1]
+                succ[dest[not_last]] = tok[1:][not_last[:-1]] if n_plan > 1 else tok[:0]
         # vLLM's first pass reads input_ids[j] = token_ids[j + 1] (then the newest row's is the sampled
         # token): lay the successors out one place later.
         token_ids = np.concatenate([[0], succ[:-1]]) if len(succ) else succ
