@@ -398,16 +398,15 @@ class RequestStaging:
             ok: bool ``(N,)`` in batch order: the drafter ran for that request.
         """
         plan, idx = self._plan, self._plan_index
-        commit: list[int] = []
-        fail: list[int] = []
         drafted = np.zeros(len(rows.req_ids), dtype=bool)
-        for k, i in enumerate(idx):
-            if not plan.active[k]:
-                continue
-            (commit if ok[i] else fail).append(int(plan.seqs[k]))
-            drafted[i] = bool(ok[i])
-        if commit:
-            self.stager.commit_many(np.array(commit, dtype=np.int64))
-        if fail:
-            self.stager.fail_many(np.array(fail, dtype=np.int64), "decode")
+        if idx:
+            where = np.asarray(idx, dtype=np.int64)
+            active = np.asarray(plan.active, dtype=bool)
+            went = ok[where]
+            seqs = np.asarray(plan.seqs, dtype=np.int64)
+            if (active & went).any():
+                self.stager.commit_many(seqs[active & went])
+            if (active & ~went).any():
+                self.stager.fail_many(seqs[active & ~went], "decode")
+            drafted[where] = active & went
         self.fallbacks += int((~drafted).sum())
