@@ -198,6 +198,54 @@ def test_preempted_requests_keep_drafting_and_stay_greedy():
     assert staging.fallbacks == 0
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_accepted_drafts_past_the_range_stay_greedy(method):
+    """The tiny drafters' random weights never guess right, so here the drafts the target verifies
+    are replaced with the greedy continuation, right for the first 0-3 of them in turn: the Stager
+    keeps the accepted rows (accept with n > 0, rounds of several new rows, rebases after them),
+    every request drafts on every step inside its window, on the captured rows, and the output
+    stays greedy. (The drafter still runs on the plugin's inputs; only its answer is replaced.)"""
+    prompts, n_tokens = [SHORT, LONG], 40
+    with H.engine(method, plugin=False, speculative=False) as (llm, _):
+        greedy = H.generate(llm, prompts, n_tokens)
+    with H.engine(method, plugin=True) as (llm, rec):
+        prompt_len: dict[str, int] = {}
+
+        def note_prompt(step):
+            for i, req in enumerate(step["req_ids"]):
+                if int(step["positions"][int(step["qsl"][i])]) == 0:
+                    prompt_len[req] = int(step["qsl"][i + 1] - step["qsl"][i])
+
+        def oracle(call, drafts):
+            out = drafts.clone()
+            right = len(rec.drafter) % (H.SPEC_TOKENS + 1)
+            for i, req in enumerate(call["req_ids"]):
+                plen = prompt_len[req]
+                n_past = int(call["pos_base"][i]) + int(call["seq_lens"][i])
+                want = (greedy[0] if plen == len(SHORT) else greedy[1])[n_past - plen + 1:]
+                for j in range(H.SPEC_TOKENS):
+                    tok = want[j] if j < len(want) else 0
+                    out[i, j] = tok if j < right else (tok + 1) % 500
+            return out.to(drafts.dtype)
+
+        rec.on_captured, rec.override_drafts = note_prompt, oracle
+        out = H.generate(llm, prompts, n_tokens)
+        stats = H.proposer_of(llm)._dspark_staging.stager.totals()
+    assert out == greedy
+    calls = [c for c in rec.drafter if not c["subset"]]
+    assert all(c["drafting"].all() for c in calls)
+    assert max(int(c["positions"].max()) for c in calls) < W
+    assert max(int(c["seq_lens"].max()) for c in calls) + QUERY[method] <= W
+    assert check_context_rows(rec) > 0
+    # Drafts were accepted (fewer steps than tokens), rounds staged several rows, and the long request rebased.
+    assert len(calls) < n_tokens
+    assert max(int((c["qsl"][1:] - c["qsl"][:-1]).max()) for c in calls[1:]) >= 2
+    assert any(c["rebase"].any() for c in calls[1:])
+    # The Stager saw the verify batches' acceptance: every count from 0 to all 3 drafts.
+    assert stats.stats["accepted_tokens"] > 0 and stats.stats["verified_rounds"] >= len(calls) - 2
+    assert (stats.accepted[: H.SPEC_TOKENS + 1] > 0).all(), stats.accepted
+
+
 def test_fault_in_one_request_leaves_the_others_drafting():
     """A drafter that raises whenever the short request is in its batch: the long one keeps drafting."""
     with H.engine("eagle3", plugin=False, speculative=False) as (llm, _):

@@ -40,6 +40,7 @@ class Recorder:
     drafter: list[dict[str, Any]] = field(default_factory=list)
     poison: set[str] = field(default_factory=set)     # requests whose drafter batches raise
     on_captured: Any = None                           # called with each captured step
+    override_drafts: Any = None                       # (call, drafts) -> drafts the target verifies
     raised: int = 0
 
 
@@ -90,6 +91,8 @@ def _install_recorders() -> None:
                        next_token_ids, token_indices_to_sample, common_attn_metadata, *args, **kw)
         if rec is not None:
             rec.drafter[-1]["drafts"] = drafts.cpu().clone()
+            if rec.override_drafts is not None:
+                drafts = rec.override_drafts(rec.drafter[-1], drafts)
         return drafts
 
     SpecDecodeBaseProposer.propose = drafter  # type: ignore[method-assign]
