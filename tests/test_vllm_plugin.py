@@ -356,3 +356,50 @@ def test_v2_model_runner_refuses_a_drafter_engine():
             refuse_v2_runner(cfg)
     refuse_v2_runner(SimpleNamespace(speculative_config=SimpleNamespace(method="ngram")))
     refuse_v2_runner(SimpleNamespace(speculative_config=None))
+
+
+class _RefusingStager:
+    """A Stager that refuses any batch holding one sequence (as it refuses rows it cannot stage)."""
+
+    def __init__(self, stager, bad_seq):
+        self._stager, self.bad_seq = stager, bad_seq
+
+    def process_many(self, seqs, *args, **kwargs):
+        if self.bad_seq in list(seqs):
+            raise ValueError(f"sequence {self.bad_seq}: refused")
+        return self._stager.process_many(seqs, *args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._stager, name)
+
+
+def test_a_request_the_stager_refuses_decodes_without_drafts_and_the_others_draft():
+    import numpy as np
+
+    from dspark_core.vllm.staging import RequestStaging, TargetRows
+
+    d, k = 8, 3
+    st = RequestStaging(kind="chain", feature_dim=d, block_size=k, window=W, max_seqs=4, kv_block_size=32,
+                        dtype=torch.float32, device=torch.device("cpu"))
+    st.stager = _RefusingStager(st.stager, bad_seq=1)
+    gen = torch.Generator().manual_seed(0)
+
+    def step(lens, firsts):
+        qsl = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        pos = np.concatenate([np.arange(f, f + n) for f, n in zip(firsts, lens)]).astype(np.int64)
+        rows = TargetRows(req_ids=["a", "b"], query_start_loc=qsl, positions=pos, n_valid=np.array([1, 1]) if
+                          min(firsts) else np.array(lens), rows=torch.randn(int(qsl[-1]), d, generator=gen),
+                          token_ids=pos % 97, next_token_ids=np.array([5, 6]),
+                          block_table=torch.arange(8, dtype=torch.int32).reshape(2, 4), live={"a", "b"})
+        inp = st.stage(rows)
+        st.finish(rows, np.ones(2, dtype=bool))
+        return inp, rows
+
+    inp, rows = step([10, 100], [0, 0])
+    assert inp.drafting.tolist() == [True, False] and st.disabled == {"b"}
+    # The refused request's one placeholder row goes to vLLM's null block; the other's rows are its own.
+    a, b = inp.query_start_loc_cpu[1], inp.query_start_loc_cpu[2]
+    assert b - a == 1 and int(inp.slot_mapping[a]) // 32 == 0 and torch.equal(inp.rows[a], torch.zeros(d))
+    assert torch.equal(inp.rows[:a], rows.rows[:10]) and inp.positions[:a].tolist() == list(range(10))
+    inp, _ = step([k + 1, k + 1], [10, 100])
+    assert inp.drafting.tolist() == [True, False] and st.fallbacks == 2
