@@ -19,7 +19,6 @@ greedy choice.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,8 +75,8 @@ def evaluate(cap: Captured, runtime: Any, mode: Mode, T: int, n_max: int) -> Off
     process(0, 1)
     depth, match = [], []
     checked = 0
-    t_draft = 0.0
     runtime.drafter_s = 0.0
+    runtime.max_position = -1
     s = 1
     while s + B <= n:
         plan = st.draft(0, s)
@@ -105,17 +104,5 @@ def evaluate(cap: Captured, runtime: Any, mode: Mode, T: int, n_max: int) -> Off
         process(s, hi)
         st.accept(0, min(B, hi - s - 1))  # a no-op past B + 1 rows: they are final
         s = hi
-    t_draft = runtime.drafter_s
     return OfflineResult(cap.name, np.asarray(depth, np.int32), np.asarray(match, bool), checked,
-                         int(st.stats(0)["rebases"]), t_draft, len(depth), runtime.max_position)
-
-
-def evaluate_all(caps: list[Captured], runtime: Any, mode: Mode, T: int) -> list[OfflineResult]:
-    """:func:`evaluate` over every document (progress logged)."""
-    n_max = max(len(c.tokens) for c in caps)
-    out = []
-    t0 = time.perf_counter()
-    for cap in caps:
-        out.append(evaluate(cap, runtime, mode, T, n_max))
-    log.debug("offline %s: %d documents in %.1f s", mode.name, len(caps), time.perf_counter() - t0)
-    return out
+                         int(st.stats(0)["rebases"]), runtime.drafter_s, len(depth), runtime.max_position)

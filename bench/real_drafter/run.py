@@ -82,7 +82,7 @@ class Plan:
 def full_plan(seeds: tuple[int, ...]) -> Plan:
     import corpus
 
-    return Plan(corpus.TRAIN_MODULES, corpus.EVAL_MODULES, 16 * T, 17 * T, seeds, block_steps=250, chain_steps=150,
+    return Plan(corpus.TRAIN_MODULES, corpus.EVAL_MODULES, 16 * T, 17 * T, seeds, block_steps=500, chain_steps=250,
                 live_docs=4, live_buckets=(0, 15), generate=24, offline_stride=24)
 
 
