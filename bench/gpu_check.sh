@@ -97,9 +97,9 @@ for lib in ("cupy", "torch"):
         print(f"{lib} not available ({type(exc).__name__})")
 EOF
 
-log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_ring_batches.py, tests/test_device_prefix.py, tests/test_cuda_device_step.py)"
+log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_ring_batches.py, tests/test_device_prefix.py, tests/test_cuda_device_step.py, tests/test_cuda_device_step_safety.py)"
 $PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_ring_batches.py tests/test_device_prefix.py \
-  tests/test_cuda_device_step.py -q -p no:cacheprovider -rfEs -x
+  tests/test_cuda_device_step.py tests/test_cuda_device_step_safety.py -q -p no:cacheprovider -rfEs -x
 
 log "benchmark"
 $PY - <<'EOF'

@@ -18,8 +18,8 @@ included. Layers, bottom up:
 4 api        formats, kernels, cuda, gguf, context_plan, sdk, rows.ring_owner, rows.host_ring,
              prefix.table_owner, prefix.host_table: the Python API over the core
 5 reference  reference: the pure-Python twin (test oracle)
-6 tools      testing, sim, engines: differential runner, fuzzing, the loop, toy models,
-             real-engine adapters (optional engines, imported lazily)
+6 tools      testing, sim, engines, vllm: differential runner, fuzzing, the loop, toy models,
+             real-engine adapters and the vLLM plugin (optional engines, imported lazily)
 7 cli        cli: commands and all table / text presentation
 8 root       the package's ``__init__`` (the embedding API)
 
@@ -72,6 +72,7 @@ LAYERS: dict[str, int] = {
     "testing": 6,
     "sim": 6,
     "engines": 6,
+    "vllm": 6,
     "cli": 7,
     "": 8,
 }

@@ -277,3 +277,45 @@ def test_a_graph_of_step_gather_and_capture_write_equals_a_held_stager(storage):
         assert ext.state(q) == held.state(q)
         assert {k: ext.stats(q)[k] for k in SEMANTIC_STATS} == {k: held.stats(q)[k] for k in SEMANTIC_STATS}
         np.testing.assert_array_equal(ext.accepted(q), held.accepted(q))
+
+
+@gpu
+def test_one_captured_graph_replays_over_a_batch_of_changing_size():
+    """A graph captured once for ``capacity`` entries serves batches that grow and shrink: the
+    ids and counts are rewritten in place with padding entries past the batch
+    (``set_batch(..., pad=True)``), with no re-capture; every replay equals the CPU twin's
+    fixed-capacity step."""
+    from dspark_core.stager.device_step import StepOutputs
+
+    cu = cuda._cuda
+    n, b, w, cap = 6, 3, 16, 8
+    cpu, dev = Stager(config(n, b, w)), Stager(config(n, b, w))
+    for q in range(n):
+        prompt(cpu, q, 0, 4 + 2 * q)
+        prompt(dev, q, 0, 4 + 2 * q)
+    everyone = list(range(n))
+    cpu.to_device(everyone)
+    step = cuda.DeviceStep(dev, capacity=cap)
+    step.to_device(everyone)
+    step.set_batch([0], [0], pad=True)
+    stream = cu.Stream(0)
+    cu.capture_begin(stream.handle)
+    try:
+        step.launch(stream.handle)
+    finally:
+        graph = cu.capture_end(stream.handle)
+    rng = np.random.default_rng(7)
+    out = StepOutputs.empty(cap, cpu.step_layout[1], b)
+    for _ in range(60):
+        k = int(rng.integers(0, n + 1))
+        seqs = [int(q) for q in rng.permutation(n)[:k]]
+        counts = [int(c) for c in rng.integers(-1, b + 1, k)]
+        step.set_batch(seqs, counts, pad=True)
+        graph.launch(stream.handle)
+        cu.synchronize(stream.handle)
+        cpu.step_many(seqs, counts, out=out)
+        same(step.outputs(), out)
+    step.to_host(everyone)
+    cpu.to_host(everyone)
+    for q in everyone:
+        assert cpu.state(q) == dev.state(q) and cpu.stats(q) == dev.stats(q)

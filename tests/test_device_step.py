@@ -261,7 +261,7 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
 
 
 #: Every host-only call on sequence 0, handed over (all but end / end_many, which end it:
-#: test_device_step_safety.py, and the metrics, which read the step state: test_device_step_metrics.py) (sequence 1 holds rows and stays on the
+#: test_device_step_safety.py, and the metrics, which read the step state: test_metrics.py) (sequence 1 holds rows and stays on the
 #: host; a batch naming both, 1 first where 1 passes the call's checks, refuses as a whole).
 HOST_CALLS = (
     lambda s: s.accept(0, 0), lambda s: s.draft(0, 5), lambda s: s.process(0, [5]), lambda s: s.reserve(0, [5]),

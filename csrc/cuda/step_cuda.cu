@@ -1,11 +1,15 @@
 // Host side of the device step (step_cuda.hpp): argument checks, device
-// handling and the one launch of step_kernels.cuh. Nothing here allocates,
-// copies or synchronizes, so the call can be captured into a CUDA graph.
+// handling and the one launch of step_kernels.cuh. Nothing in the step
+// allocates, copies or synchronizes, so the call can be captured into a CUDA
+// graph; the hand-overs' column copies (outside a graph) come after it.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "step_kernels.cuh"  // before dspark headers (see cuda_host.hpp)
 #include "cuda_host.hpp"
@@ -33,7 +37,92 @@ void on_device(const T* p, int dev, const char* what, bool optional = true) {
     check_aligned(p, sizeof(T), "device_step_cuda", what);
 }
 
+constexpr std::size_t kWord = sizeof(std::int64_t);  // one step-state value
+
+// The device owning the step state `state` (checked: device memory, aligned).
+int state_device(const void* state, const char* fn) {
+    if (state == nullptr) throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the step state is null");
+    const int dev = cuda_pointer_device(state);
+    if (dev < 0)
+        throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the step state is not CUDA device memory");
+    check_aligned(state, kWord, fn, "step state");
+    return dev;
+}
+
+// The host state: host memory, aligned.
+void check_host_state(const void* host, const char* fn) {
+    if (host == nullptr) throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the host step state is null");
+    if (cuda_pointer_device(host) >= 0)
+        throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the host step state is device memory");
+    check_aligned(host, kWord, fn, "host step state");
+}
+
+// The handed sequences as runs of consecutive ids (first, count), each id once;
+// std::invalid_argument naming an id outside [0, max_seqs).
+std::vector<std::pair<std::int64_t, std::int64_t>> id_runs(const device_step::Config& c, const std::int64_t* seqs,
+                                                          std::size_t n, const char* fn) {
+    if (seqs == nullptr) throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": the sequence ids are null");
+    std::vector<std::int64_t> ids(seqs, seqs + n);
+    for (std::size_t i = 0; i < n; ++i)
+        if (ids[i] < 0 || ids[i] >= c.max_seqs)
+            throw std::invalid_argument(std::string("dspark cuda: ") + fn + ": seqs[" + std::to_string(i) + "] is " +
+                                        std::to_string(ids[i]) + ", outside 0.." + std::to_string(c.max_seqs - 1));
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+    for (const std::int64_t q : ids) {
+        if (!runs.empty() && runs.back().first + runs.back().second == q) ++runs.back().second;
+        else runs.emplace_back(q, 1);
+    }
+    return runs;
+}
+
+// Each run's columns between `src` and `dst` (both the state's layout: a column's
+// values of every sequence one pitch apart), as one strided copy on `s`.
+void copy_runs(std::int64_t* dst, const std::int64_t* src, const device_step::Config& c,
+               const std::vector<std::pair<std::int64_t, std::int64_t>>& runs, cudaMemcpyKind kind, cudaStream_t s) {
+    const auto pitch = static_cast<std::size_t>(c.max_seqs) * kWord;
+    const auto height = static_cast<std::size_t>(device_step::columns(c));
+    for (const auto& r : runs)
+        DSPARK_CK(cudaMemcpy2DAsync(dst + r.first, pitch, src + r.first, pitch, static_cast<std::size_t>(r.second) * kWord,
+                                    height, kind, s),
+                  "cudaMemcpy2DAsync (step-state columns)");
+}
+
 }  // namespace
+
+void step_columns_to_device_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* host,
+                                 const std::int64_t* seqs, std::size_t n, void* stream) {
+    constexpr const char* fn = "step_columns_to_device_cuda";
+    if (n == 0) return;
+    require_device();
+    const int dev = state_device(state, fn);
+    check_host_state(host, fn);
+    const auto runs = id_runs(c, seqs, n, fn);
+    DeviceGuard guard(dev);
+    const auto s = static_cast<cudaStream_t>(stream);
+    // Pageable memory is staged before the copy returns; memory the driver knows
+    // (pinned, registered) is read later, so wait for it (the reuse promise).
+    cudaPointerAttributes a{};
+    const bool known = cudaPointerGetAttributes(&a, host) == cudaSuccess && a.type != cudaMemoryTypeUnregistered;
+    (void)cudaGetLastError();
+    copy_runs(state, host, c, runs, cudaMemcpyHostToDevice, s);
+    if (known) DSPARK_CK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
+
+void step_columns_to_host_cuda(const device_step::Config& c, const std::int64_t* state, std::int64_t* host,
+                               const std::int64_t* seqs, std::size_t n, void* stream) {
+    constexpr const char* fn = "step_columns_to_host_cuda";
+    if (n == 0) return;
+    require_device();
+    const int dev = state_device(state, fn);
+    check_host_state(host, fn);
+    const auto runs = id_runs(c, seqs, n, fn);
+    DeviceGuard guard(dev);
+    const auto s = static_cast<cudaStream_t>(stream);
+    copy_runs(host, state, c, runs, cudaMemcpyDeviceToHost, s);
+    DSPARK_CK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+}
 
 void device_step_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* seqs, const void* n_accepted,
                       int count_bytes, std::size_t n, const device_step::Outputs& out, void* stream) {

@@ -12,10 +12,13 @@
 // caller copies the columns of the sequences it hands over to the device
 // after Stager::to_device, and back before Stager::to_host and to the device
 // again after it (their `live` column is 0 then: a later step names them
-// NOT_ON_DEVICE instead of stepping a stale copy).
+// NOT_ON_DEVICE instead of stepping a stale copy): step_columns_to_device_cuda
+// and step_columns_to_host_cuda, which move those sequences' columns only, so
+// that a step of another sequence running meanwhile is neither raced nor undone.
 //
-// Errors (null or host pointers, pointers on different devices, a count type
-// that is neither 4 nor 8 bytes, a launch failure) are exceptions, as
+// Errors (null or host pointers, misaligned pointers, pointers on different
+// devices, a count type that is neither 4 nor 8 bytes, a sequence id out of
+// range, a launch or copy failure) are exceptions, as
 // dspark_cuda.hpp; what a step cannot decide is a status word.
 #pragma once
 #include <cstddef>
@@ -31,5 +34,21 @@ namespace dspark {
 // nothing is launched.
 void device_step_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* seqs, const void* n_accepted,
                       int count_bytes, std::size_t n, const device_step::Outputs& out, void* stream);
+
+// The step-state columns of the n sequences `seqs` (ids in [0, c.max_seqs);
+// repeats allowed) from the host state `host` (the same layout as `state`:
+// Stager::step_state()) into the device state `state`, enqueued on `stream`:
+// one strided copy per run of consecutive ids, nothing else of either state
+// touched. `host` may be reused once the call returns. Enqueue it on the
+// stream the steps run on, so that it lands after the steps before it and
+// before the steps after it.
+void step_columns_to_device_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* host,
+                                 const std::int64_t* seqs, std::size_t n, void* stream);
+
+// The reverse: those sequences' columns of the device state into `host`,
+// ordered on `stream` after the steps enqueued there before; returns once
+// `host` holds them (it synchronizes `stream`).
+void step_columns_to_host_cuda(const device_step::Config& c, const std::int64_t* state, std::int64_t* host,
+                               const std::int64_t* seqs, std::size_t n, void* stream);
 
 }  // namespace dspark

@@ -113,18 +113,13 @@ void prompt(Stager& st, i64 seq, i64 p0, i64 len) {
     st.process_external(seq, pos.data(), pos.size(), slots.data());
 }
 
-// The device owner's copies of a sequence's step state columns.
+// The device owner's copies of the handed sequences' step state columns
+// (step_columns_to_device_cuda / step_columns_to_host_cuda, on the stream the steps use).
 void upload(Stager& st, i64* dev_state, const std::vector<i64>& seqs) {
-    const i64* h = st.step_state();
-    const i64 m = st.step_config().max_seqs;
-    for (i64 f = 0; f < device_step::columns(st.step_config()); ++f)
-        for (i64 q : seqs) dev_state[f * m + q] = h[f * m + q];
+    step_columns_to_device_cuda(st.step_config(), dev_state, st.step_state(), seqs.data(), seqs.size(), nullptr);
 }
 void download(Stager& st, const i64* dev_state, const std::vector<i64>& seqs) {
-    i64* h = st.step_state();
-    const i64 m = st.step_config().max_seqs;
-    for (i64 f = 0; f < device_step::columns(st.step_config()); ++f)
-        for (i64 q : seqs) h[f * m + q] = dev_state[f * m + q];
+    step_columns_to_host_cuda(st.step_config(), dev_state, st.step_state(), seqs.data(), seqs.size(), nullptr);
 }
 
 // Snapshots compared by same_seq (a test checks that some were).
@@ -338,6 +333,53 @@ TEST_CASE(bad_arguments_throw_before_any_launch) {
     device_step::Outputs none;
     CHECK_THROWS(device_step_cuda(c, state.p, seqs.p, counts.p, 8, 1, none, nullptr), std::invalid_argument);
     CHECK_EQ(dspark_emu::launch_count(), before);
+}
+
+// The column copies move the named sequences' columns and nothing else (runs of
+// consecutive ids, repeats and any order alike), and refuse bad arguments
+// before copying anything.
+TEST_CASE(column_copies_move_the_handed_sequences_alone) {
+    const i64 n = 9;
+    Stager st(options(n, 3, 13));
+    const auto c = st.step_config();
+    const i64 cols = device_step::columns(c);
+    const auto total = static_cast<std::size_t>(cols * n);
+    DevArray<i64> dev(total);
+    std::vector<i64> host(total), dev_before(total);
+    for (std::size_t k = 0; k < total; ++k) {
+        host[k] = 1000 + static_cast<i64>(k);
+        dev.p[k] = dev_before[k] = -1 - static_cast<i64>(k);
+    }
+    const std::vector<i64> seqs = {5, 2, 3, 8, 3};  // runs 2..3, 5, 8; 3 twice
+    auto handed = [&](i64 q) { return std::find(seqs.begin(), seqs.end(), q) != seqs.end(); };
+    step_columns_to_device_cuda(c, dev.p, host.data(), seqs.data(), seqs.size(), nullptr);
+    for (i64 f = 0; f < cols; ++f)
+        for (i64 q = 0; q < n; ++q) {
+            const auto k = static_cast<std::size_t>(f * n + q);
+            CHECK_EQ(dev.p[k], handed(q) ? host[k] : dev_before[k]);
+        }
+    std::vector<i64> back(total, 7);
+    const std::vector<i64> one = {0};
+    step_columns_to_host_cuda(c, dev.p, back.data(), one.data(), one.size(), nullptr);
+    for (i64 f = 0; f < cols; ++f)
+        for (i64 q = 0; q < n; ++q) {
+            const auto k = static_cast<std::size_t>(f * n + q);
+            CHECK_EQ(back[k], q == 0 ? dev_before[k] : 7);
+        }
+    const std::vector<i64> outside = {1, n}, negative = {-1};
+    const std::vector<i64> after(dev.p, dev.p + total);
+    CHECK_THROWS(step_columns_to_device_cuda(c, dev.p, host.data(), outside.data(), 2, nullptr), std::invalid_argument);
+    CHECK_THROWS(step_columns_to_host_cuda(c, dev.p, back.data(), negative.data(), 1, nullptr), std::invalid_argument);
+    CHECK_THROWS(step_columns_to_device_cuda(c, host.data(), host.data(), one.data(), 1, nullptr),
+                 std::invalid_argument);  // the device state in host memory
+    CHECK_THROWS(step_columns_to_device_cuda(c, dev.p, dev.p, one.data(), 1, nullptr),
+                 std::invalid_argument);  // the host state in device memory
+    CHECK_THROWS(step_columns_to_device_cuda(c, reinterpret_cast<i64*>(reinterpret_cast<char*>(dev.p) + 4),
+                                             host.data(), one.data(), 1, nullptr),
+                 std::invalid_argument);  // misaligned
+    CHECK_THROWS(step_columns_to_device_cuda(c, dev.p, nullptr, one.data(), 1, nullptr), std::invalid_argument);
+    CHECK(std::vector<i64>(dev.p, dev.p + total) == after);
+    CHECK(std::all_of(back.begin() + 1, back.begin() + n, [](i64 v) { return v == 7; }));
 }
 
 TEST_MAIN()

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .errors import StateError
+from .stager._args import as_flag, as_seq_ids
 from .stager.totals import COUNTERS, GAUGES, PEAKS
 
 __all__ = ["CONTENT_TYPE", "prometheus_text", "METRIC_HELP"]
@@ -95,8 +96,23 @@ def _check_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
                              "not starting with '__')")
         if key in ("le", "reason", "seq"):
             raise ValueError(f"label name {key!r} is the exporter's own: choose another")
-        out[key] = str(value)
+        text = str(value)
+        try:  # the exposition is UTF-8: a lone surrogate would fail the server's encode, not this call
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"label {key!r}: its value {text!r} is not encodable as UTF-8") from None
+        out[key] = text
     return out
+
+
+def _listed(seqs: Any) -> list[Any]:
+    """``seqs`` (any iterable: a generator, an array) as a list, or a TypeError naming it."""
+    if isinstance(seqs, (str, bytes)):
+        raise TypeError(f"prometheus_text: seqs must be integers, got {type(seqs).__name__}")
+    try:
+        return list(seqs)
+    except TypeError:
+        raise TypeError(f"prometheus_text: seqs must be an iterable of integers, got {type(seqs).__name__}") from None
 
 
 class _Writer:
@@ -151,11 +167,20 @@ def prometheus_text(stager: Any, *, namespace: str = "dspark", labels: Mapping[s
     prefix. labels: constant labels on every sample (``{"model": ...}``).
     per_sequence: also each started sequence's counters and histogram (those
     in ``seqs`` when given, else every one), ``<namespace>_sequence_*`` with a
-    ``seq`` label. Raises ValueError for a bad namespace or label name.
+    ``seq`` label: integers (numpy integers too; a float, bool or string is a
+    TypeError, as the Stager's own batch calls refuse them).
+
+    Raises:
+        ValueError: a bad namespace, label name or label value (not UTF-8), or ``seqs``
+            not 1-D.
+        TypeError: ``per_sequence`` is not a bool, or ``seqs`` are not integers.
     """
     if not isinstance(namespace, str) or not _NAME.match(namespace):
         raise ValueError(f"namespace {namespace!r} is not a Prometheus metric name ([a-zA-Z_:][a-zA-Z0-9_:]*)")
     w = _Writer(namespace, _check_labels(labels))
+    per_sequence = as_flag("prometheus_text: per_sequence", per_sequence)
+    # Converted before any read, as the Stager's batch calls convert their ids (1.9 is no sequence 1).
+    wanted = None if seqs is None else as_seq_ids("prometheus_text", _listed(seqs)).tolist()
     totals = stager.totals()
     w.counters("", totals.stats)
     w.histogram("accepted_drafts", totals.accepted)
@@ -164,7 +189,7 @@ def prometheus_text(stager: Any, *, namespace: str = "dspark", labels: Mapping[s
             w.sample(w.family(field, "gauge", field), totals.stats[field])
     w.sample(w.family("sequences_started", "gauge", "sequences_started"), totals.started)
     if per_sequence:
-        ids = range(stager.config.max_seqs) if seqs is None else dict.fromkeys(int(q) for q in seqs)
+        ids = range(stager.config.max_seqs) if wanted is None else dict.fromkeys(wanted)
         for seq in ids:  # each once: a series appears once in an exposition
             try:
                 if not stager.state(seq)["started"]:

@@ -1,5 +1,5 @@
 // An emulated CUDA runtime: the subset of the CUDA runtime API that
-// csrc/cuda/row_format_cuda.cu calls, over host memory, so that the whole
+// csrc/cuda/*.cu call, over host memory, so that the whole
 // CUDA path (host code, kernels through kernel_emulation.hpp, the `_cuda`
 // extension and dspark_core.cuda) builds and runs on a machine without a GPU.
 //
@@ -14,8 +14,9 @@
 //    recorded with its device; cudaPointerGetAttributes reports it as
 //    cudaMemoryTypeDevice and anything else as cudaMemoryTypeUnregistered
 //    (what CUDA >= 11 says of pageable host memory);
-//  * copies and memsets check that their device side lies inside a live
-//    allocation (cudaErrorInvalidValue otherwise, as a GPU would fault);
+//  * copies (2-D, strided ones too) and memsets check that their device side
+//    lies inside a live allocation (cudaErrorInvalidValue otherwise, as a GPU
+//    would fault);
 //  * every operation runs at once, in call order, whatever the stream: a
 //    valid schedule of any stream-ordered program, so ordering bugs between
 //    streams are NOT detectable here;
@@ -362,6 +363,35 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t n, cu
         return cudaSuccess;
     }
     return dspark_emu::copy(dst, src, n, kind);
+}
+
+// `height` rows of `width` bytes, one pitch apart on either side (CUDA: a pitch
+// below the width is cudaErrorInvalidPitchValue; here cudaErrorInvalidValue).
+// Each side in device memory must lie inside one live allocation, as a whole.
+inline cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                                     std::size_t width, std::size_t height, cudaMemcpyKind kind, cudaStream_t s) {
+    DSPARK_EMU_LOCK;
+    if (width > dpitch || width > spitch) return dspark_emu::fail(cudaErrorInvalidValue);
+    if (width == 0 || height == 0) return cudaSuccess;
+    if (dst == nullptr || src == nullptr) return dspark_emu::fail(cudaErrorInvalidValue);
+    const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if ((dst_dev && !dspark_emu::find_alloc(dst, (height - 1) * dpitch + width, nullptr)) ||
+        (src_dev && !dspark_emu::find_alloc(src, (height - 1) * spitch + width, nullptr)))
+        return dspark_emu::fail(cudaErrorInvalidValue);
+    auto run = [dst, dpitch, src, spitch, width, height] {
+        for (std::size_t r = 0; r < height; ++r)
+            std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width);
+    };
+    if (dspark_emu::capturing(s)) {
+        if (kind != cudaMemcpyDeviceToDevice) {
+            DSPARK_EMU_NOT_IN_CAPTURE("cudaMemcpy2DAsync from or to host memory");
+        }
+        dspark_emu::capture().ops.emplace_back(run);
+        return cudaSuccess;
+    }
+    run();
+    return cudaSuccess;
 }
 
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) {

@@ -163,3 +163,13 @@ def device_step(
 ) -> None:
     """device_step_cuda (csrc/cuda/step_cuda.hpp): one launch. ``config``: the values of
     STEP_CONFIG_KEYS; ``outputs``: device pointers in STEP_OUTPUT_KEYS order (0: not written)."""
+
+def step_columns_to_device(config: tuple[int, ...], state: int, host: Any, seqs: Any,
+                           stream: int) -> None:
+    """step_columns_to_device_cuda: the columns of ``seqs`` of the host step state (int64
+    ``(columns, max_seqs)``, Stager.step_state) into the device state, on ``stream``."""
+
+def step_columns_to_host(config: tuple[int, ...], state: int, host: Any, seqs: Any,
+                         stream: int) -> None:
+    """step_columns_to_host_cuda: the columns of ``seqs`` of the device state into the host
+    step state, ordered on ``stream`` (returns once they are there)."""

@@ -13,8 +13,8 @@ from libcpp cimport bool as cbool
 from libcpp.string cimport string
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
-from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs, STEP_CONFIG_FIELDS, STEP_OUTPUTS
-from dspark_core._ext._lib_cuda cimport device_step_cuda
+from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs, STEP_CONFIG_FIELDS, STEP_OUTPUTS, step_columns
+from dspark_core._ext._lib_cuda cimport device_step_cuda, step_columns_to_device_cuda, step_columns_to_host_cuda
 from dspark_core._ext._lib_cuda cimport (
     cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
     cuda_pointer_device, cuda_device_name, encode_rows_cuda, decode_rows_cuda,
@@ -311,24 +311,67 @@ STEP_CONFIG_KEYS = _row_format.STEP_CONFIG_FIELDS
 STEP_OUTPUT_KEYS = tuple(name for name, _, _ in _row_format.STEP_OUTPUTS)
 
 
+cdef StepConfig _config_of(tuple config) except *:
+    """A StepConfig from the values of STEP_CONFIG_KEYS, field by field from the core's table (all int64)."""
+    if len(config) != len(STEP_CONFIG_KEYS):
+        raise ValueError("device_step: config must follow STEP_CONFIG_KEYS")
+    cdef StepConfig c
+    cdef char* base = <char*>&c
+    cdef size_t k = 0
+    while STEP_CONFIG_FIELDS[k].name != NULL:
+        (<int64_t*>(base + STEP_CONFIG_FIELDS[k].offset))[0] = config[k]
+        k += 1
+    return c
+
+
 def device_step(tuple config, uintptr_t state, uintptr_t seqs, uintptr_t counts, int count_bytes, size_t n,
                 tuple outputs, uintptr_t stream):
     """device_step_cuda (csrc/cuda/step_cuda.hpp): one launch. ``config``: the values of
     STEP_CONFIG_KEYS; ``outputs``: device pointers in STEP_OUTPUT_KEYS order (0: not written)."""
     if len(config) != len(STEP_CONFIG_KEYS) or len(outputs) != len(STEP_OUTPUT_KEYS):
         raise ValueError("device_step: config and outputs must follow STEP_CONFIG_KEYS / STEP_OUTPUT_KEYS")
-    cdef StepConfig c
-    cdef char* base = <char*>&c
-    cdef size_t k = 0
-    while STEP_CONFIG_FIELDS[k].name != NULL:  # field by field from the core's table (all int64)
-        (<int64_t*>(base + STEP_CONFIG_FIELDS[k].offset))[0] = config[k]
-        k += 1
+    cdef StepConfig c = _config_of(config)
     cdef StepOutputs o  # every pointer by the core's output list (STEP_OUTPUTS: offsets in Outputs)
     cdef char* obase = <char*>&o
-    k = 0
+    cdef size_t k = 0
     while STEP_OUTPUTS[k].name != NULL:
         (<void**>(obase + STEP_OUTPUTS[k].offset))[0] = <void*><uintptr_t>outputs[k]
         k += 1
     with nogil:
         device_step_cuda(c, <int64_t*>state, <const int64_t*>seqs, <const void*>counts, count_bytes, n, o,
                          <void*>stream)
+
+
+cdef void _check_host_state(const StepConfig& c, Py_ssize_t rows, Py_ssize_t cols, str fn) except *:
+    """The host state must have the device state's layout: (columns, max_seqs)."""
+    cdef int64_t want_rows = step_columns(c)
+    cdef int64_t want_cols = c.max_seqs
+    if rows != want_rows or cols != want_cols:
+        raise ValueError(f"{fn}: the host step state must be ({want_rows}, {want_cols}) "
+                         f"(Stager.step_state's shape), got ({rows}, {cols})")
+
+
+def step_columns_to_device(tuple config, uintptr_t state, const int64_t[:, ::1] host not None,
+                           const int64_t[::1] seqs not None, uintptr_t stream):
+    """step_columns_to_device_cuda: the columns of ``seqs`` of the host step state (int64
+    ``(columns, max_seqs)``, Stager.step_state) into the device state, on ``stream``."""
+    cdef StepConfig c = _config_of(config)
+    _check_host_state(c, host.shape[0], host.shape[1], "step_columns_to_device")
+    cdef size_t n = seqs.shape[0]
+    if n == 0:
+        return
+    with nogil:
+        step_columns_to_device_cuda(c, <int64_t*>state, &host[0, 0], &seqs[0], n, <void*>stream)
+
+
+def step_columns_to_host(tuple config, uintptr_t state, int64_t[:, ::1] host not None,
+                         const int64_t[::1] seqs not None, uintptr_t stream):
+    """step_columns_to_host_cuda: the columns of ``seqs`` of the device state into the host
+    step state, ordered on ``stream`` (returns once they are there)."""
+    cdef StepConfig c = _config_of(config)
+    _check_host_state(c, host.shape[0], host.shape[1], "step_columns_to_host")
+    cdef size_t n = seqs.shape[0]
+    if n == 0:
+        return
+    with nogil:
+        step_columns_to_host_cuda(c, <const int64_t*>state, &host[0, 0], &seqs[0], n, <void*>stream)

@@ -65,3 +65,7 @@ cdef extern from "step_cuda.hpp" namespace "dspark" nogil:
     void device_step_cuda(const StepConfig& c, int64_t* state, const int64_t* seqs, const void* n_accepted,
                           int count_bytes, size_t n, const StepOutputs& out,
                           void* stream) except +dspark_translate_exception
+    void step_columns_to_device_cuda(const StepConfig& c, int64_t* state, const int64_t* host, const int64_t* seqs,
+                                     size_t n, void* stream) except +dspark_translate_exception
+    void step_columns_to_host_cuda(const StepConfig& c, const int64_t* state, int64_t* host, const int64_t* seqs,
+                                   size_t n, void* stream) except +dspark_translate_exception

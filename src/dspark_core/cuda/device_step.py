@@ -7,9 +7,16 @@ the sampler's accept counts (int32, or the sampler's own int32 / int64 buffer:
 enqueues one step (one kernel launch; nothing synchronises, allocates or
 copies), so it can be captured into a CUDA graph with the drafter and the
 verify forward; between replays the sampler writes new counts into
-:attr:`counts_ptr`. Handing sequences over and back (:meth:`to_device`,
-:meth:`to_host`) copies the state between the host and the device: one wait,
-outside the graph.
+:attr:`counts_ptr`.
+
+Handing sequences over and back (:meth:`to_device`, :meth:`to_host`) moves
+only the handed sequences' columns of the step state (one strided copy per
+run of consecutive ids), ordered on the step's :attr:`stream` (``stream=`` at
+construction: the server's stream, the one its steps and graph replays run
+on). A step of another sequence, launched or running meanwhile, is neither
+undone nor raced; ``to_host`` waits for the steps enqueued on that stream
+before it, ``to_device`` waits for nothing. Steps run on another stream must
+be ordered before a hand-over by the caller (an event the step's stream waits for).
 
 A chain drafter's Stager (``kind="chain"``) hands its rows' ids over by slot:
 the server keeps the slot token table on the device beside its rows (int32,
@@ -17,7 +24,13 @@ the server keeps the slot token table on the device beside its rows (int32,
 slot in the same graph as the verify forward (``table[verify_slots] =
 input_ids``), and reads the staged rows' ids at ``row_slots``;
 :meth:`to_device` / :meth:`to_host` take it as ``tokens`` and copy only the
-handed sequences' slots.
+handed sequences' slots, on the same stream.
+
+Ids and accept counts are converted by the Stager's rules (``as_seq_ids``,
+``batch_ints``): what ``Stager.step_many`` / ``to_device`` / ``to_host`` refuse
+is refused with the same exception; an accept count the int32 buffer cannot
+hold is clamped into it, which keeps it a bad count (``STEP_BAD_COUNT``), as
+the CPU twin names it.
 """
 
 from __future__ import annotations
@@ -27,18 +40,25 @@ from typing import Any, Sequence
 import numpy as np
 
 from . import _backend, interop
-from ..stager.device_step import _LAYOUT, StepOutputs
+from ..stager._args import _INT32_MAX, _INT32_MIN, as_seq_ids, batch_ints
+from ..stager.device_step import _LAYOUT, PADDING_ID, StepOutputs
 from .interop import DeviceArray
 
 #: The step's outputs as laid out on the device: name, dtype, columns (per entry), from the
 #: core's output list (the host twin's StepOutputs layout).
 _OUTPUTS = tuple((name, dtype, 1 if shape == "n" else shape.split(",", 1)[1]) for name, dtype, shape in _LAYOUT)
 
+#: The accept count types the kernel reads.
+_COUNT_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
+
 
 class DeviceStep:
-    """The device step of ``stager`` (external rows) for batches of up to ``capacity`` entries."""
+    """The device step of ``stager`` (external rows) for batches of up to ``capacity`` entries,
+    on ``device``. ``stream`` (an int handle or a CUDA stream object; default the legacy
+    default stream): the stream the steps run on, on which every copy of this object is
+    ordered (hand-overs, batches, counts) and :meth:`launch` enqueues by default."""
 
-    def __init__(self, stager: Any, capacity: int, device: int = 0) -> None:
+    def __init__(self, stager: Any, capacity: int, device: int = 0, stream: Any = 0) -> None:
         cu: Any = _backend._cuda
         if cu is None:
             raise RuntimeError("dspark_core was built without its CUDA kernels: DeviceStep needs them")
@@ -46,12 +66,13 @@ class DeviceStep:
         self.stager = stager
         self.capacity = int(capacity)
         self.device = device
+        self.stream = interop._stream_handle(stream, "", device)
         cfg = stager.step_config
         self._config = tuple(int(cfg[k]) for k in cu.STEP_CONFIG_KEYS)
         self.block, self.max_rows, self.max_seqs = int(cfg["block"]), int(cfg["max_rows"]), int(cfg["max_seqs"])
         host = stager.step_state
         self._state = cu.Allocation(host.nbytes, device)
-        cu.copy_to_device(self._state.ptr, np.ascontiguousarray(host).view(np.uint8).reshape(-1), 0)
+        cu.copy_to_device(self._state.ptr, np.ascontiguousarray(host).view(np.uint8).reshape(-1), self.stream)
         self._seqs = cu.Allocation(8 * max(1, self.capacity), device)
         self._counts = cu.Allocation(4 * max(1, self.capacity), device)
         # Where the step reads the accept counts: this step's own int32 buffer, or the sampler's.
@@ -62,10 +83,10 @@ class DeviceStep:
         self._out: dict[str, Any] = {}
         for name, dtype, cols in _OUTPUTS:
             shape = (max(1, self.capacity),) if cols == 1 else (max(1, self.capacity), self._cols(cols))
-            arr = DeviceArray.from_numpy(np.full(shape, -1, dtype), device=device, stream=0)
+            arr = DeviceArray.from_numpy(np.full(shape, -1, dtype), device=device, stream=self.stream)
             self.arrays[name] = arr
             self._out[name] = (arr, dtype, cols)
-        cu.synchronize(0, device)
+        cu.synchronize(self.stream, device)
         self.n = 0
 
     def _cols(self, cols: Any) -> int:
@@ -88,51 +109,87 @@ class DeviceStep:
         :class:`~dspark_core.cuda.DeviceArray` of int32 / int64, or a device pointer with
         ``dtype``. Nothing is copied: each launch (a graph replay too) reads what the
         sampler last wrote there. Call it before capturing a graph; the buffer must hold
-        one count per batch entry and outlive the launches that read it."""
+        one count per batch entry and outlive the launches that read it. Refused
+        (ValueError, nothing changes): another type, a null or misaligned pointer, memory
+        that is not this step's device's."""
+        fn = "DeviceStep.read_counts_from"
         if isinstance(counts, DeviceArray):
             ptr, dt = int(counts.ptr), np.dtype(counts.dtype if dtype is None else dtype)
             if counts.size < self.capacity:
-                raise ValueError(f"DeviceStep.read_counts_from: {counts.size} counts, the capacity is {self.capacity}")
+                raise ValueError(f"{fn}: {counts.size} counts, the capacity is {self.capacity}")
         else:
             if dtype is None:
-                raise ValueError("DeviceStep.read_counts_from: a raw pointer needs its dtype (int32 or int64)")
+                raise ValueError(f"{fn}: a raw pointer needs its dtype (int32 or int64)")
             ptr, dt = int(counts), np.dtype(dtype)
-        if dt not in (np.dtype(np.int32), np.dtype(np.int64)):
-            raise ValueError(f"DeviceStep.read_counts_from: counts must be int32 or int64, got {dt}")
+        if dt not in _COUNT_DTYPES:
+            raise ValueError(f"{fn}: counts must be int32 or int64, got {dt}")
         if ptr == 0:
-            raise ValueError("DeviceStep.read_counts_from: a null pointer")
+            raise ValueError(f"{fn}: a null pointer")
+        # The kernel reads one count per entry: a misaligned buffer would fault on a GPU.
+        if ptr % dt.itemsize:
+            raise ValueError(f"{fn}: the counts pointer {ptr:#x} is not {dt.itemsize}-byte aligned ({dt})")
+        where = int(self._cu.pointer_device(ptr))
+        if where < 0:
+            raise ValueError(f"{fn}: the counts pointer {ptr:#x} is not CUDA device memory")
+        if where != self.device:
+            raise ValueError(f"{fn}: the counts are on device {where}, the step on device {self.device}")
         self._counts_at, self._counts_dtype = ptr, dt
 
-    def set_batch(self, seqs: Sequence[int], counts: Sequence[int] | None = None) -> None:
-        """The batch's sequence ids (and counts), copied to the device (outside a graph)."""
+    def _counts_of(self, counts: Any, n: int, fn: str) -> np.ndarray:
+        """``counts`` as the counts buffer's type, by ``step_many``'s rules (TypeError: not
+        integers; ValueError: not one per entry; beyond int64 clamped). A count int32 cannot
+        hold is clamped into it: still a bad count (-1 is the only negative one a step takes,
+        and none reaches the block size), as the twin names the original."""
+        c = batch_ints(fn, "n_accepted", counts, n)
+        if self._counts_dtype == np.dtype(np.int32):
+            c = np.clip(c, _INT32_MIN, _INT32_MAX).astype(np.int32)
+        return np.ascontiguousarray(c, self._counts_dtype)
+
+    def set_batch(self, seqs: Sequence[int], counts: Sequence[int] | None = None, pad: bool = False) -> None:
+        """The batch's sequence ids (and counts), copied to the device (outside a graph).
+        Ids convert as ``step_many``'s do (TypeError: not integers); every check comes
+        before any copy. ``pad``: the batch fills the first entries and the rest of the
+        capacity holds padding entries (``PADDING_ID``, count -1: ``STEP_NOT_IN_STEP``,
+        nothing changed), so every launch is one of ``capacity`` entries and a graph
+        captured once replays over a batch whose size changes (the sampler writes -1 at
+        the padding entries' counts)."""
         cu = self._cu
-        ids = np.ascontiguousarray(seqs, np.int64)
-        if ids.ndim != 1 or len(ids) > self.capacity:
-            raise ValueError(f"DeviceStep: at most {self.capacity} sequence ids, got shape {ids.shape}")
-        cu.copy_to_device(self._seqs.ptr, ids.view(np.uint8), 0)
+        ids = as_seq_ids("DeviceStep.set_batch", seqs)
+        if len(ids) > self.capacity:
+            raise ValueError(f"DeviceStep.set_batch: at most {self.capacity} sequence ids (seqs), got {len(ids)}")
+        c = None if counts is None else self._counts_of(counts, len(ids), "DeviceStep.set_batch")
+        if pad and len(ids) < self.capacity:
+            extra = self.capacity - len(ids)
+            ids = np.concatenate([ids, np.full(extra, PADDING_ID, np.int64)])
+            if c is not None:
+                c = np.concatenate([c, np.full(extra, -1, c.dtype)])
+        cu.copy_to_device(self._seqs.ptr, ids.view(np.uint8), self.stream)
         self.n = len(ids)
-        if counts is not None:
-            self.set_counts(counts)
-        cu.synchronize(0, self.device)
+        if c is not None:
+            cu.copy_to_device(self._counts_at, c.view(np.uint8), self.stream)
+        cu.synchronize(self.stream, self.device)
 
     def set_counts(self, counts: Sequence[int]) -> None:
-        """Write the accept counts (what a sampler kernel does on the device), outside a graph."""
+        """Write the accept counts (what a sampler kernel does on the device), outside a graph.
+        Converted as ``step_many``'s ``n_accepted`` (see :meth:`_counts_of`)."""
         cu = self._cu
-        c = np.ascontiguousarray(counts, self._counts_dtype)
-        if c.shape != (self.n,):
-            raise ValueError(f"DeviceStep: {self.n} accept counts expected, got shape {c.shape}")
-        cu.copy_to_device(self._counts_at, c.view(np.uint8), 0)
-        cu.synchronize(0, self.device)
+        c = self._counts_of(counts, self.n, "DeviceStep.set_counts")
+        cu.copy_to_device(self._counts_at, c.view(np.uint8), self.stream)
+        cu.synchronize(self.stream, self.device)
 
-    def launch(self, stream: int = 0) -> None:
-        """Enqueue one step of the current batch on ``stream``: one kernel launch, capturable."""
+    def launch(self, stream: Any = None) -> None:
+        """Enqueue one step of the current batch on ``stream`` (None: :attr:`stream`): one
+        kernel launch, capturable. On another stream, order it before the next hand-over."""
+        s = self.stream if stream is None else interop._stream_handle(stream, "", self.device)
         outs = tuple(int(self._out[name][0].ptr) for name, _, _ in _OUTPUTS)
         self._cu.device_step(self._config, self._state.ptr, self._seqs.ptr, self._counts_at,
-                             self._counts_dtype.itemsize, self.n, outs, stream)
+                             self._counts_dtype.itemsize, self.n, outs, s)
 
     def outputs(self) -> StepOutputs:
-        """The last step's answers, copied to the host (synchronous: tests and logs)."""
+        """The last step's answers, copied to the host after the steps enqueued on
+        :attr:`stream` (synchronous: tests and logs)."""
         cu = self._cu
+        cu.synchronize(self.stream, self.device)
         arrays = {}
         for name, (alloc, dtype, cols) in self._out.items():
             k = self._cols(cols)
@@ -141,27 +198,25 @@ class DeviceStep:
             arrays[name] = a if cols == 1 else a.reshape(self.n, k)
         return StepOutputs(**arrays)
 
-    def _download(self) -> np.ndarray:
-        cu = self._cu
-        cu.synchronize(0, self.device)
-        raw = cu.copy_to_host(self._state.ptr, 8 * self.stager.step_state.size)
-        return np.frombuffer(raw, np.int64).reshape(self.stager.step_state.shape).copy()
-
-    def _upload(self, state: np.ndarray) -> None:
-        cu = self._cu
-        cu.copy_to_device(self._state.ptr, np.ascontiguousarray(state).view(np.uint8).reshape(-1), 0)
-        cu.synchronize(0, self.device)
+    def _columns_to_device(self, ids: np.ndarray) -> None:
+        """The host step state's columns of ``ids`` (and no other) into the device copy, on :attr:`stream`."""
+        if ids.size:
+            self._cu.step_columns_to_device(self._config, self._state.ptr, self.stager.step_state, ids, self.stream)
 
     def _token_table(self, tokens: Any, fn: str) -> Any:
         """A chain drafter's device slot token table (None: a block drafter's Stager, which
-        the Stager itself checks), checked: int32, one id per global slot, on this device."""
+        the Stager itself checks), checked: int32, one id per global slot, aligned, on this
+        device."""
         if tokens is None:
             return None
-        t = interop._dev_array(tokens, f"DeviceStep.{fn}: tokens", stream=0, writable=True)
+        t = interop._dev_array(tokens, f"DeviceStep.{fn}: tokens", stream=self.stream, writable=True)
         want = self.max_seqs * int(self.stager.ring_rows)
         if t.dtype != np.dtype(np.int32) or t.shape != (want,):
             raise ValueError(f"DeviceStep.{fn}: tokens must be the slot token table, int32 ({want},) "
                              f"(Stager.new_token_table()'s shape), got {t.dtype} {t.shape}")
+        if t.ptr % t.dtype.itemsize:  # the server's kernels read and write it as int32
+            raise ValueError(f"DeviceStep.{fn}: tokens (the slot token table at {t.ptr:#x}) is not "
+                             f"{t.dtype.itemsize}-byte aligned")
         if interop._device_of(t) != self.device:
             raise ValueError(f"DeviceStep.{fn}: tokens are on device {t.device}, the step on device {self.device}")
         return t
@@ -172,38 +227,41 @@ class DeviceStep:
         return [(int(q) * rr, rr) for q in ids.tolist()]
 
     def to_device(self, seqs: Sequence[int], tokens: Any = None) -> None:
-        """``stager.to_device(seqs)`` and their columns onto the device (one wait).
-        ``tokens`` (a chain drafter's Stager): the device slot token table, whose slots of
-        ``seqs`` receive their ids (-1 where no row is)."""
-        ids = np.asarray(seqs, np.int64)
+        """``stager.to_device(seqs)``, then their columns (only theirs) onto the device, on
+        :attr:`stream` (no wait). ``tokens`` (a chain drafter's Stager): the device slot
+        token table, whose slots of ``seqs`` receive their ids (-1 where no row is).
+        Refused as the Stager refuses (the same exception), changing nothing."""
+        ids = as_seq_ids("to_device", seqs)
         t = self._token_table(tokens, "to_device")
         host_table = self.stager.new_token_table() if t is not None else None
-        dev = self._download()
         self.stager.to_device(ids, tokens=host_table)
-        dev[:, ids] = self.stager.step_state[:, ids]
+        self._columns_to_device(ids)
         if host_table is not None:  # given exactly with t
             for first, n in self._slices(ids):
-                self._cu.copy_to_device(t.ptr + 4 * first, host_table[first:first + n].view(np.uint8), 0)
-        self._upload(dev)
+                self._cu.copy_to_device(t.ptr + 4 * first, host_table[first:first + n].view(np.uint8), self.stream)
 
     def to_host(self, seqs: Sequence[int], outcomes: Any = None, tokens: Any = None) -> np.ndarray:
-        """Their columns back from the device, then ``stager.to_host(seqs, outcomes)``; the
-        columns go back to the device after it (no longer live there). One wait.
-        ``tokens`` (a chain drafter's Stager): the device slot token table, read at the
-        slots of ``seqs``."""
-        ids = np.asarray(seqs, np.int64)
+        """Their columns (only theirs) back from the device after the steps enqueued on
+        :attr:`stream` (one wait), then ``stager.to_host(seqs, outcomes)``; the columns go
+        back to the device after it (no longer live there). ``tokens`` (a chain drafter's
+        Stager): the device slot token table, read at the slots of ``seqs``. Refused as
+        the Stager refuses (the same exception), bringing nothing back."""
+        cu, st = self._cu, self.stager
+        ids = as_seq_ids("to_host", seqs)
         t = self._token_table(tokens, "to_host")
+        # Only columns of sequences on the device move: the Stager names any other id's fault.
+        held = np.array([q for q in ids.tolist() if 0 <= q < self.max_seqs and st.on_device(q)], np.int64)
+        if held.size:
+            cu.step_columns_to_host(self._config, self._state.ptr, st.step_state, held, self.stream)
         host_table = None
-        dev = self._download()
         if t is not None:
-            host_table = self.stager.new_token_table()
-            for first, n in self._slices(ids):
-                raw = self._cu.copy_to_host(t.ptr + 4 * first, 4 * n)
+            cu.synchronize(self.stream, self.device)  # the steps' writes into the table before it
+            host_table = st.new_token_table()
+            for first, n in self._slices(held):
+                raw = cu.copy_to_host(t.ptr + 4 * first, 4 * n)
                 host_table[first:first + n] = np.frombuffer(raw, np.int32)
-        host = self.stager.step_state
-        host[:, ids] = dev[:, ids]
         try:
-            return self.stager.to_host(ids, outcomes, tokens=host_table)
+            return st.to_host(ids, outcomes, tokens=host_table)
         finally:
-            dev[:, ids] = host[:, ids]
-            self._upload(dev)
+            # Those that came back (all, or none when refused) are no longer live on the device.
+            self._columns_to_device(held[np.array([not st.on_device(q) for q in held.tolist()], bool)])

@@ -30,18 +30,23 @@ that field silently decides the drafter's window.
 
 Every problem with the file is a :class:`DrafterMetadataError`
 (a :class:`~dspark_core.ConfigError`, hence a ``ValueError``) whose message is
-``"<path>: <problem>"``; parser internals never leak out as a traceback.
+``"<path>: <problem>"``; parser internals never leak out as a traceback. Only
+regular files are opened, within the limits :mod:`dspark_core.gguf.reader`
+lists; a ``general.architecture`` that is not printable text is refused (it
+spells the keys looked up), and ``general.name`` is escaped to be printable.
 """
 
 from __future__ import annotations
 
 import logging
+import operator
 import os
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from ..stager.config import positive_int
+from .override import override_int, strict_int
+from .printable import printable
 from .reader import (
     DrafterMetadataError, _feature_dim_from_tensors, _Fields, _open_reader, _spellings, check_trained_range,
 )
@@ -84,6 +89,22 @@ def inherited_context_warning(key: str, value: int, arch: str, target_n_ctx: int
         f"(dspark-core inspect --n-ctx-train) or add a {arch}.trained_context_length key"
     )
 
+
+
+#: DrafterInfo's integer fields (``None`` allowed but for the required ones).
+_INT_FIELDS = ("block_size", "mask_token_id", "n_ctx_train", "context_length", "trained_context_length",
+               "feature_dim", "embedding_length", "n_tensors", "file_size")
+_REQUIRED_INT_FIELDS = ("block_size", "n_tensors", "file_size")
+
+
+def _integer(name: str, value: Any) -> int:
+    """A DrafterInfo integer field: an int (numpy integers too), never a bool, float or string,
+    which ``int()`` would quietly turn into one (``int(1.9) == 1``)."""
+    strict_int(name, value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__}") from None
 
 
 @dataclass(frozen=True)
@@ -136,7 +157,12 @@ class DrafterInfo:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "target_layers", tuple(int(x) for x in self.target_layers))
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None or name in _REQUIRED_INT_FIELDS:
+                object.__setattr__(self, name, _integer(name, value))
+        object.__setattr__(self, "target_layers",
+                           tuple(_integer(f"target_layers[{k}]", x) for k, x in enumerate(self.target_layers)))
         object.__setattr__(self, "warnings", tuple(self.warnings))
         object.__setattr__(self, "sources", MappingProxyType(dict(self.sources)))
 
@@ -176,11 +202,12 @@ class DrafterInfo:
                 corrupt; ``block_size`` is missing; a key has the wrong type or an
                 impossible value; or ``n_ctx_train <= 2 * block_size`` (no window
                 could hold a rebase). The message names the file and the key.
+            TypeError: ``n_ctx_train`` / ``target_n_ctx`` is a bool.
             ConfigError: ``n_ctx_train`` / ``target_n_ctx`` is not a positive integer.
         """
         spath = os.fspath(path)
-        override = None if n_ctx_train is None else positive_int("n_ctx_train", n_ctx_train)
-        target = None if target_n_ctx is None else positive_int("target_n_ctx", target_n_ctx)
+        override = override_int("n_ctx_train", n_ctx_train)
+        target = override_int("target_n_ctx", target_n_ctx)
 
         reader = _open_reader(spath)
         error = None
@@ -223,8 +250,12 @@ class DrafterInfo:
             DrafterMetadataError: the file is missing or not a JSON object; its kind
                 is not one this package knows; a key has the wrong type; the trained
                 range or the block size is known neither from the file nor from the
-                caller; or ``n_ctx_train <= 2 * block_size``. The message names the file.
-            ConfigError: ``block_size`` / ``n_ctx_train`` is not a positive integer.
+                caller; or ``n_ctx_train <= 2 * block_size``; or the file is not a regular
+                file, is larger than ``MAX_CONFIG_BYTES`` or nested deeper than
+                ``MAX_CONFIG_DEPTH`` (:mod:`dspark_core.gguf.bounded_json`). The message
+                names the file.
+            TypeError: ``block_size`` / ``n_ctx_train`` / ``target_n_ctx`` is a bool.
+            ConfigError: ``block_size`` / ``n_ctx_train`` / ``target_n_ctx`` is not a positive integer.
         """
         from .hf_config import read_hf_config
 
@@ -241,7 +272,10 @@ class DrafterInfo:
         arch = f.string("general.architecture")
         if arch is None:
             raise DrafterMetadataError(path, "missing general.architecture")
+        if not arch.isprintable():  # it spells every key looked up: no escaped stand-in would do
+            raise DrafterMetadataError(path, f"general.architecture {arch!r} is not a printable name")
         name = f.string("general.name")
+        name = None if name is None else printable(name)
 
         # block size (required)
         keys = _spellings(arch, "block_size")
@@ -357,7 +391,8 @@ class DrafterInfo:
         }
 
     def table_rows(self) -> list[tuple[str, str]]:
-        """``(label, value)`` rows for a human-readable table."""
+        """``(label, value)`` rows for a human-readable table, every value printable
+        (a path may hold characters a terminal cannot show, e.g. undecodable bytes)."""
 
         def src(fld: str) -> str:
             s = self.sources.get(fld)
@@ -382,4 +417,4 @@ class DrafterInfo:
             ("tensors", str(self.n_tensors)),
             ("file_size", f"{self.file_size:,} bytes"),
         ]
-        return rows
+        return [(label, printable(value)) for label, value in rows]

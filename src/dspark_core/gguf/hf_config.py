@@ -29,19 +29,26 @@ Keys read (the first present wins)::
     mask_token_id   ``<kind>_config.mask_token_id``, else ``mask_token_id``
 
 Every problem is a :class:`DrafterMetadataError` (``"<path>: <problem>"``): a
-missing or unreadable file, JSON that is not an object, a key of the wrong
-type, a kind the file does not show, and a trained range or block size that
-neither the file nor the caller gives.
+missing or unreadable file, one that is not a regular file (a FIFO, a device),
+larger than :data:`~dspark_core.gguf.bounded_json.MAX_CONFIG_BYTES` or nested
+deeper than :data:`~dspark_core.gguf.bounded_json.MAX_CONFIG_DEPTH`, JSON that is
+not an object, a key of the wrong type (an integer longer than
+:data:`~dspark_core.gguf.bounded_json.MAX_JSON_INT_DIGITS` digits included), a
+kind the file does not show, and a trained range or block size that neither the
+file nor the caller gives. The architecture and name read are escaped to be
+printable (:func:`~dspark_core.gguf.printable.printable`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from ..stager.config import positive_int
+from .bounded_json import MAX_CONFIG_BYTES, load_config_json
+from .override import override_int
+from .printable import printable
 from .reader import DrafterMetadataError, check_trained_range
+from .regular_file import read_regular
 
 __all__ = ["read_hf_config", "CHAIN_TAPS", "CONFIG_NAME"]
 
@@ -60,17 +67,13 @@ def _config_path(path: str) -> str:
     return os.path.join(path, CONFIG_NAME) if os.path.isdir(path) else path
 
 
-def _load(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except OSError as exc:
-        raise DrafterMetadataError(path, f"cannot read the file ({exc.strerror or exc})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DrafterMetadataError(path, f"not a JSON config ({exc})") from None
+def _load(path: str) -> tuple[dict[str, Any], int]:
+    """The config's JSON object and the file's size in bytes."""
+    raw = read_regular(path, CONFIG_NAME, MAX_CONFIG_BYTES, missing="cannot read the file (no such file)")
+    data = load_config_json(path, raw)
     if not isinstance(data, dict):
         raise DrafterMetadataError(path, f"a config.json holds a JSON object, got {type(data).__name__}")
-    return data
+    return data, len(raw)
 
 
 def _int(path: str, key: str, value: Any, minimum: int) -> int:
@@ -129,13 +132,14 @@ def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = Non
 
     Raises:
         DrafterMetadataError: see the module.
-        ConfigError: ``block_size`` / ``n_ctx_train`` is not a positive integer.
+        TypeError: ``block_size`` / ``n_ctx_train`` / ``target_n_ctx`` is a bool.
+        ConfigError: ``block_size`` / ``n_ctx_train`` / ``target_n_ctx`` is not a positive integer.
     """
-    override_b = None if block_size is None else positive_int("block_size", block_size)
-    override_n = None if n_ctx_train is None else positive_int("n_ctx_train", n_ctx_train)
-    target = None if target_n_ctx is None else positive_int("target_n_ctx", target_n_ctx)
+    override_b = override_int("block_size", block_size)
+    override_n = override_int("n_ctx_train", n_ctx_train)
+    target = override_int("target_n_ctx", target_n_ctx)
     spath = _config_path(os.fspath(path))
-    data = _load(spath)
+    data, file_size = _load(spath)
     arch = _architecture(data)
     kind, family = _kind(spath, data, arch)
     sub = data.get(f"{family}_config") if kind == "block" else None
@@ -206,7 +210,7 @@ def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = Non
     hidden_size = data.get("hidden_size")
     return {
         "path": spath,
-        "architecture": arch or family,
+        "architecture": printable(arch) or family,
         "kind": kind,
         "block_size": b,
         "mask_token_id": mask_token_id,
@@ -217,8 +221,8 @@ def read_hf_config(path: str | os.PathLike[str], *, block_size: int | None = Non
         "feature_dim": feature_dim,
         "feature_dim_source": sources.get("feature_dim"),
         "embedding_length": None if hidden_size is None else _int(spath, "hidden_size", hidden_size, 1),
-        "name": name if isinstance(name, str) else None,
-        "file_size": os.path.getsize(spath),
+        "name": printable(name) if isinstance(name, str) else None,
+        "file_size": file_size,
         "warnings": tuple(warnings),
         "sources": sources,
     }

@@ -1,9 +1,17 @@
 """The gguf-py adapter: open a drafter GGUF strictly and read typed metadata fields.
 
-Every problem with the file (missing, not a GGUF, truncated, a mistyped
-field) is a :class:`DrafterMetadataError` naming the file; gguf-py's own
-exceptions never leak out. :mod:`dspark_core.gguf.drafter_info` builds
+Every problem with the file (missing, not a regular file, not a GGUF,
+truncated, a count or length beyond the limits below, a mistyped field) is a
+:class:`DrafterMetadataError` naming the file; gguf-py's own exceptions never
+leak out. :mod:`dspark_core.gguf.drafter_info` builds
 :class:`~dspark_core.DrafterInfo` from these fields.
+
+Limits: every read is bounded by the file's size (a count that claims more
+than the file holds is "truncated"); the header may claim at most
+:data:`MAX_GGUF_KV_PAIRS` metadata pairs and :data:`MAX_GGUF_TENSORS` tensors,
+a string at most :data:`MAX_GGUF_STRING_BYTES` bytes and a tensor at most
+:data:`MAX_GGUF_TENSOR_DIMS` dimensions (ggml's own ``GGML_MAX_DIMS``). A
+message's text is escaped to be printable (:func:`~dspark_core.gguf.printable.printable`).
 """
 
 from __future__ import annotations
@@ -13,7 +21,25 @@ import struct
 import sys
 from typing import Any, Mapping
 
-from ..errors import ConfigError
+from .metadata_error import DrafterMetadataError
+from .printable import printable
+from .regular_file import open_regular
+
+__all__ = [
+    "DrafterMetadataError", "MAX_GGUF_KV_PAIRS", "MAX_GGUF_TENSORS", "MAX_GGUF_STRING_BYTES",
+    "MAX_GGUF_TENSOR_DIMS", "check_trained_range",
+]
+
+#: The most metadata key / value pairs a drafter GGUF's header may claim (drafters
+#: carry a few dozen, a target's tokenizer included).
+MAX_GGUF_KV_PAIRS = 1 << 16
+#: The most tensors a drafter GGUF's header may claim (a drafter has tens to hundreds).
+MAX_GGUF_TENSORS = 1 << 16
+#: The longest string (a key, a value, a tensor name) read from a GGUF, in bytes:
+#: room for a whole ``tokenizer.huggingface.json``.
+MAX_GGUF_STRING_BYTES = 64 << 20
+#: The most dimensions a tensor may have (``GGML_MAX_DIMS``).
+MAX_GGUF_TENSOR_DIMS = 4
 
 _GGUF_MAGIC = b"GGUF"
 _HEADER_BYTES = 24  # magic, version, tensor count, kv count
@@ -21,21 +47,6 @@ _SUPPORTED_VERSIONS = (2, 3)
 
 # Families whose key spellings are accepted whatever the file's architecture.
 _FAMILY_PREFIXES = ("dspark.dspark", "dspark", "dflash", "dflash.dflash")
-
-
-class DrafterMetadataError(ConfigError):
-    """A drafter GGUF that cannot be used: missing, not a GGUF, truncated, or
-    missing / mistyped metadata. The message is ``"<path>: <problem>"``.
-
-    Attributes:
-        path: the file, as given.
-        problem: what is wrong with it.
-    """
-
-    def __init__(self, path: str | os.PathLike[str], problem: str) -> None:
-        self.path = os.fspath(path)
-        self.problem = problem
-        super().__init__(f"{self.path}: {problem}")
 
 
 # ---------------------------------------------------------------------------
@@ -60,6 +71,13 @@ def check_trained_range(path: str, n_train: int, source: str, block_size: int) -
         )
 
 
+class _OverLimit(Exception):
+    """Raised by the strict reader when the file claims more than a limit allows."""
+
+    def __init__(self, what: str, claimed: int, limit: int) -> None:
+        super().__init__(f"{what} of {claimed} exceeds the limit of {limit}")
+
+
 class _Truncated(Exception):
     """Raised by the strict reader when a read runs past the end of the file."""
 
@@ -75,8 +93,8 @@ _READER_CLASS: Any = None
 def _reader_class() -> Any:
     """A :class:`gguf.GGUFReader` subclass that is strict and fast on metadata.
 
-    Two changes to the stock reader, both on its (stable since 2023) helpers
-    ``_get`` and ``_get_field_parts``:
+    Three changes to the stock reader, on its (stable since 2023) helpers
+    ``_get``, ``_get_str``, ``_get_field_parts`` and ``_get_tensor_info_field``:
 
     * a read past the end of the file raises :class:`_Truncated` instead of
       returning a short array (the stock reader then fails later with an
@@ -87,7 +105,9 @@ def _reader_class() -> Any:
       carry the target's tokenizer) is skipped over by reading its length
       prefixes only. The stock reader builds two numpy views per entry, which
       takes about 6 s for a Qwen-sized vocabulary. Skipped string arrays read
-      back as empty; nothing here needs their contents.
+      back as empty; nothing here needs their contents;
+    * a string longer than :data:`MAX_GGUF_STRING_BYTES` or a tensor with more than
+      :data:`MAX_GGUF_TENSOR_DIMS` dimensions raises :class:`_OverLimit`.
 
     If the installed gguf lacks those helpers the stock reader is used as is.
     """
@@ -97,7 +117,8 @@ def _reader_class() -> Any:
     import numpy as np
     from gguf import GGUFReader, GGUFValueType
 
-    if not (callable(getattr(GGUFReader, "_get", None)) and callable(getattr(GGUFReader, "_get_field_parts", None))):
+    helpers = ("_get", "_get_str", "_get_field_parts", "_get_tensor_info_field")
+    if not all(callable(getattr(GGUFReader, h, None)) for h in helpers):
         _READER_CLASS = GGUFReader  # pragma: no cover - other gguf versions
         return _READER_CLASS
 
@@ -108,6 +129,19 @@ def _reader_class() -> Any:
             if offset < 0 or offset + itemsize * count > self.data.shape[0]:
                 raise _Truncated(offset + itemsize * count, int(self.data.shape[0]))
             return super()._get(offset, dtype, count, override_order)
+
+        def _get_str(self, offset: int) -> Any:
+            slen = self._get(offset, np.uint64)
+            if int(slen[0]) > MAX_GGUF_STRING_BYTES:
+                raise _OverLimit(f"a string at offset {offset}: a length", int(slen[0]), MAX_GGUF_STRING_BYTES)
+            return slen, self._get(offset + 8, np.uint8, slen[0])
+
+        def _get_tensor_info_field(self, orig_offs: int) -> Any:
+            fld = super()._get_tensor_info_field(orig_offs)
+            n_dims = int(fld.parts[2][0])
+            if n_dims > MAX_GGUF_TENSOR_DIMS:
+                raise _OverLimit(f"tensor {printable(fld.name)!r}: a dimension count", n_dims, MAX_GGUF_TENSOR_DIMS)
+            return fld
 
         def _get_field_parts(self, orig_offs: int, raw_type: int) -> Any:
             if raw_type != GGUFValueType.ARRAY:
@@ -150,18 +184,16 @@ def _reader_class() -> Any:
 
 def _open_reader(path: str) -> Any:
     """Check the file up front (clear messages), then parse it with the reader."""
+    with open_regular(path, "GGUF file") as f:
+        return _parse(path, f)
+
+
+def _parse(path: str, f: Any) -> Any:
+    """Check the header of the open regular file ``f``, then parse it (the reader maps ``f``
+    itself, not the path, which may name another file by now)."""
+    size = os.fstat(f.fileno()).st_size
     try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        raise DrafterMetadataError(path, "no such file") from None
-    except OSError as exc:
-        raise DrafterMetadataError(path, f"cannot open: {exc.strerror or exc}") from None
-    if os.path.isdir(path):
-        raise DrafterMetadataError(path, "is a directory, not a GGUF file")
-    size = st.st_size
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_HEADER_BYTES)
+        head = f.read(_HEADER_BYTES)
     except OSError as exc:
         raise DrafterMetadataError(path, f"cannot read: {exc.strerror or exc}") from None
     if size == 0 or not head:
@@ -170,19 +202,29 @@ def _open_reader(path: str) -> Any:
         raise DrafterMetadataError(path, f"not a GGUF file (starts with {head[:4]!r}, expected b'GGUF')")
     if len(head) < _HEADER_BYTES:
         raise DrafterMetadataError(path, f"truncated GGUF: {size} bytes, shorter than the {_HEADER_BYTES}-byte header")
-    version = int.from_bytes(head[4:8], "little")
+    order: Any = "little"
+    version = int.from_bytes(head[4:8], order)
     if version & 0xFFFF == 0:  # written with the other byte order
-        version = int.from_bytes(head[4:8], "big")
+        order = "big"
+        version = int.from_bytes(head[4:8], order)
     if version not in _SUPPORTED_VERSIONS:
         raise DrafterMetadataError(path, f"unsupported GGUF version {version} (supported: 2, 3)")
+    # The counts bound the parser's loops: checked before it runs.
+    for what, start, limit in (("tensors", 8, MAX_GGUF_TENSORS), ("metadata pairs", 16, MAX_GGUF_KV_PAIRS)):
+        claimed = int.from_bytes(head[start:start + 8], order)
+        if claimed > limit:
+            raise DrafterMetadataError(path, f"corrupt GGUF: the header claims {claimed} {what}, more than the "
+                                             f"{limit} a drafter may have")
 
     # The problem is raised outside the ``except`` blocks so that the error keeps
     # no reference to the parser's exception (whose frames hold the mapping).
     problem = None
     try:
-        return _reader_class()(path, "r")
+        return _reader_class()(f, "r")
     except _Truncated as exc:
         problem = f"truncated GGUF: needs {exc.offset} bytes, the file has {exc.size}"
+    except _OverLimit as exc:
+        problem = f"corrupt GGUF: {exc}"
     except MemoryError:
         problem = "corrupt GGUF: a header field claims an impossible size"
     except OSError as exc:

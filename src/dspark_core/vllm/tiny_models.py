@@ -1,0 +1,90 @@
+"""Tiny target / drafter model directories for the vLLM plugin's tests and benchmark.
+
+Each directory holds a ``config.json`` only: vLLM loads it with
+``load_format="dummy"`` (random weights drawn from a fixed seed) and
+``skip_tokenizer_init=True`` (prompts as token ids), so nothing is downloaded.
+The drafters state their trained range (``max_position_embeddings``) small on
+purpose, so a 100-token prompt runs past it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+__all__ = ["write_qwen3_dflash", "write_llama_eagle3", "TINY_VOCAB", "DRAFTER_TRAINED_RANGE"]
+
+#: Vocabulary of every tiny model (small: the LM head is most of a tiny model's cost).
+TINY_VOCAB = 512
+#: The drafters' trained range (``max_position_embeddings``).
+DRAFTER_TRAINED_RANGE = 64
+#: The targets' context (``max_position_embeddings``).
+TARGET_CONTEXT = 512
+
+_HIDDEN = 64
+_HEADS = 2
+_KV_HEADS = 1
+_HEAD_DIM = 32
+_TARGET_LAYERS = 4
+
+
+def _common(hidden: int, layers: int, max_pos: int) -> dict[str, Any]:
+    return {
+        "hidden_size": hidden,
+        "intermediate_size": 2 * hidden,
+        "num_hidden_layers": layers,
+        "num_attention_heads": _HEADS,
+        "num_key_value_heads": _KV_HEADS,
+        "head_dim": _HEAD_DIM,
+        "max_position_embeddings": max_pos,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "vocab_size": TINY_VOCAB,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "float32",
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
+
+
+def _write(path: str, config: dict[str, Any]) -> str:
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=1)
+    return path
+
+
+def write_qwen3_dflash(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE,
+                       target_layers: tuple[int, ...] = (1, 2)) -> tuple[str, str]:
+    """``(target_dir, drafter_dir)``: a Qwen3 target and a DFlash drafter reading ``target_layers``."""
+    target = _write(os.path.join(root, "qwen3-target"), {
+        **_common(_HIDDEN, _TARGET_LAYERS, TARGET_CONTEXT),
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False})
+    drafter = _write(os.path.join(root, "qwen3-dflash"), {
+        **_common(_HIDDEN, 1, trained_range),
+        "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "attention_bias": False,
+        "target_hidden_size": _HIDDEN, "num_target_layers": _TARGET_LAYERS,
+        "dflash_config": {"target_layer_ids": list(target_layers), "mask_token_id": TINY_VOCAB - 1,
+                          "use_aux_hidden_state": True, "causal": True},
+        "block_size": 4})
+    return target, drafter
+
+
+def write_llama_eagle3(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE,
+                       aux_layers: tuple[int, ...] = (1, 2, 3),
+                       stated_layers: tuple[int, ...] | None = None) -> tuple[str, str]:
+    """``(target_dir, drafter_dir)``: a Llama target and an EAGLE-3 drafter reading ``aux_layers``
+    (vLLM reads ``eagle_config``'s list); ``stated_layers`` states another top-level list (a
+    config whose two lists disagree)."""
+    target = _write(os.path.join(root, "llama-target"), {
+        **_common(_HIDDEN, _TARGET_LAYERS, TARGET_CONTEXT),
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
+    drafter = _write(os.path.join(root, "llama-eagle3"), {
+        **_common(_HIDDEN, 1, trained_range),
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+        "target_hidden_size": _HIDDEN, "draft_vocab_size": TINY_VOCAB,
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers)},
+        "eagle_aux_hidden_state_layer_ids": list(aux_layers if stated_layers is None else stated_layers)})
+    return target, drafter
