@@ -578,3 +578,29 @@ def test_chain_token_table_refusals_and_hand_overs():
     assert seen[1].tolist() == [40, 41, 42, 500, 600, 601, 602]
     assert seen[2][:7].tolist() == list(range(40, 46)) + [1234] and (seen[2][7:] == -1).all()
     assert seen[3].tolist() == list(range(40, 46)) + [1234]
+
+
+@pytest.mark.parametrize("close", ["cancel", "confirm"])
+def test_a_long_reservation_handed_over_keeps_every_rows_id(close):
+    """A chain drafter's reservation longer than the window takes the slots of rows before
+    it: handed over, the table holds the reserved rows' ids there (the ones the step reads);
+    back on the host, confirm keeps those ids and cancel puts the earlier rows' back: the
+    twin as the core."""
+    ids = lambda pos: (7 * np.asarray(pos) + 3).astype(np.int32)  # noqa: E731 - the row at p has id 7p + 3
+    got = []
+    for cls in (Stager, ReferenceStager):
+        st = cls(StagerConfig(feature_dim=32, block_size=1, window=3, max_seqs=1, rows="external", kind="chain"))
+        prompt(st, 0, 0, 5, ids)
+        st.reserve(0, np.arange(5, 9), tokens=ids(np.arange(5, 9)))  # window + 1 rows
+        table = st.new_token_table()
+        st.to_device([0], tokens=table)
+        handed = table.copy()
+        st.to_host([0], tokens=table)
+        getattr(st, close)(0)
+        s = st.state(0)
+        got.append((handed, st.tokens(0, s["horizon"], s["end"]), s))
+    np.testing.assert_array_equal(got[0][0], got[1][0])
+    np.testing.assert_array_equal(got[0][1], got[1][1])
+    assert got[0][2] == got[1][2]
+    s = got[0][2]
+    np.testing.assert_array_equal(got[0][1], ids(np.arange(s["horizon"], s["end"])))  # each row its own id

@@ -89,6 +89,11 @@ class DeviceStepMixin:
         """Sequence ``i`` as it was handed over, or None when it is on the host."""
         return self._handovers().get(i)
 
+    def _stepped(self) -> set[int]:
+        """Handed-over sequences whose reservation is a step's (the host's, handed over, saved
+        the slot ids a long reservation displaced; a step's saves none)."""
+        return self.__dict__.setdefault("_device_stepped", set())
+
     def _faults(self) -> dict[int, tuple[int, int]]:
         """Sticky faults of handed-over sequences: (status, value)."""
         return self.__dict__.setdefault("_device_faults", {})
@@ -104,18 +109,26 @@ class DeviceStepMixin:
         """A slot token table (int32, one id per global slot, all -1)."""
         return np.full(self._table_size(), -1, np.int32)
 
-    def _slot_ids(self, q: int, st: _Seq) -> list[tuple[int, int, dict[int, int]]]:
+    def _slot_ids(self, q: int, st: _Seq, every: bool = False) -> list[tuple[int, int, dict[int, int]]]:
         """A chain drafter's ids travel by slot: (position, global slot, the ids' dict) of the
         rows a later call may read, the stageable rows [horizon, end) and, with a
-        reservation, those of the sequence before it."""
+        reservation, those of the sequence before it. A slot holds one id: where a long
+        reservation's row took the slot of a row before it, the reservation's id travels and
+        the row before keeps its own (the core's saved slot ids put it back on cancel);
+        ``every``: that row listed too (at the same slot), as the core's to_host checks it."""
         ref = cast("ReferenceStager", self)
         base = q * ref.ring_rows
         out = []
+        taken: set[int] = set()
         for x in (st, st.reservation):
             if x is None or not x.started:
                 continue
+            mine = []
             for p, g in zip(range(x.horizon, x.end), x.ring.slots(x.horizon, x.end, base)):
-                out.append((p, g, x.tokens))
+                if every or g not in taken:
+                    mine.append((p, g, x.tokens))
+            taken.update(g for _, g, _ in mine)
+            out += mine
         return out
 
     @staticmethod
@@ -150,6 +163,7 @@ class DeviceStepMixin:
             return
         pending = device.pop(i)
         self._handovers().pop(i, None)
+        self._stepped().discard(i)
         self._faults().pop(i, None)
         self._uncommit(cast("ReferenceStager", self)._seqs[i], pending)
 
@@ -184,6 +198,7 @@ class DeviceStepMixin:
         for q in ids.tolist():
             st = ref._seqs[q]
             self._handovers()[q] = copy.deepcopy(st)
+            self._stepped().discard(q)
             if table is not None:  # the ids at their rows' slots, -1 at the sequence's others
                 table[q * ref.ring_rows:(q + 1) * ref.ring_rows] = -1
                 for p, g, kept in self._slot_ids(q, st):
@@ -255,12 +270,18 @@ class DeviceStepMixin:
         for k, q in enumerate(ids.tolist()):
             device.pop(q)
             self._handovers().pop(q)
+            stepped = q in self._stepped()
+            self._stepped().discard(q)
             st = ref._seqs[q] = resolved[k]
             if table is not None:
-                for x in (st, st.reservation):
-                    if x is not None:
-                        x.tokens = {}
-                for p, g, kept in self._slot_ids(q, st):
+                x = st.reservation
+                if x is not None and not stepped:  # a host reservation's displaced rows keep their ids
+                    travels = {p for p, _, kept in self._slot_ids(q, st) if kept is x.tokens}
+                    x.tokens = {p: t for p, t in x.tokens.items() if x.horizon <= p < x.end and p not in travels}
+                elif x is not None:
+                    x.tokens = {}
+                st.tokens = {}
+                for p, g, kept in self._slot_ids(q, st, every=stepped):
                     kept[p] = int(table[g])
             fault = faults.pop(q, None)
             if fault is not None and faulted is None:
@@ -277,7 +298,7 @@ class DeviceStepMixin:
         rows (the last step's verify rows): a round whose drafter failed builds no verify
         batch, and confirm refuses them."""
         unwritten_from = st.reservation.end if st.reservation is not None else st.end
-        for p, g, _ in self._slot_ids(q, st):
+        for p, g, _ in self._slot_ids(q, st, every=True):
             if table[g] < 0 and p < unwritten_from:
                 raise ValueError(arg.batch_context(call, k, q) + f"the slot token table holds {int(table[g])} at slot "
                                  f"{g}, the row of position {p}: write each verify row's token id at its verify slot "
@@ -360,6 +381,7 @@ class DeviceStepMixin:
             faults[q] = (STEP_POSITION_LIMIT, st.end)
             return STEP_POSITION_LIMIT
         slots = ref._reserve_checked(q, st, np.arange(st.end, st.end + n_verify, dtype=np.int64))
+        self._stepped().add(q)
         ref._seqs[q] = st
         device[q] = pending
         out.skip[k] = SKIP_CODES[plan.skip]
