@@ -350,12 +350,12 @@ def test_prometheus_per_sequence_series_and_the_twin_render_alike():
         count = [s.value for s in fams["spec_sequence_accepted_drafts"].samples
                  if s.labels["seq"] == str(q) and s.name.endswith("_count")]
         assert count == [acc.sum()]
-    # A handed-over sequence is left out of the per-sequence series until to_host; a
-    # sequence named twice appears once.
+    # A handed-over sequence is written live (its step state's counters); a sequence named
+    # twice appears once.
     core.to_device([1])
     text = prometheus_text(core, per_sequence=True, seqs=[0, 1, 0, 2])
     fams = _families(text)
-    assert [s.labels["seq"] for s in fams["dspark_sequence_rounds"].samples] == ["0"]
+    assert [s.labels["seq"] for s in fams["dspark_sequence_rounds"].samples] == ["0", "1"]
     assert text.count('dspark_sequence_rounds_total{seq="0"}') == 1
 
 
@@ -387,3 +387,27 @@ def test_totals_is_a_value():
         hash(t)
     with pytest.raises(AttributeError):
         t.started = 3  # type: ignore[misc]
+
+
+def test_per_request_series_carry_the_servers_request_id_and_handed_over_ones_are_live():
+    st = Stager(_cfg(rows="external"))
+    for q in (0, 1):
+        st.process(q, np.arange(6))
+    st.to_device([1])
+    for a in (0, 1):
+        st.step_many([1], [a])
+    fams = _families(prometheus_text(st, per_sequence=True, request_ids={0: "req-a", 1: "req-b"}))
+    rounds = {(s.labels["seq"], s.labels["request"]): s.value
+              for s in fams["dspark_sequence_rounds"].samples}
+    assert rounds == {("0", "req-a"): 0, ("1", "req-b"): st.stats(1)["rounds"]}
+    assert st.stats(1)["rounds"] == 2  # live from the step state, not frozen at the hand-over
+    st.end(1)  # the slot's next request: new series, not a reset of the old ones
+    st.process(1, np.arange(3))
+    fams = _families(prometheus_text(st, per_sequence=True, request_ids={1: "req-c"}))
+    assert {s.labels["request"] for s in fams["dspark_sequence_rounds"].samples} == {"req-c"}
+    with pytest.raises(TypeError, match="request_ids must be a mapping"):
+        prometheus_text(st, per_sequence=True, request_ids=[("0", "x")])
+    with pytest.raises(TypeError):
+        prometheus_text(st, per_sequence=True, request_ids={1.5: "x"})
+    with pytest.raises(ValueError, match="exporter's own"):
+        prometheus_text(st, labels={"request": "x"})

@@ -94,15 +94,21 @@ def _check_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
         if not isinstance(key, str) or not _LABEL.match(key) or key.startswith("__"):
             raise ValueError(f"label name {key!r} is not a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*, "
                              "not starting with '__')")
-        if key in ("le", "reason", "seq"):
+        if key in ("le", "reason", "seq", "request"):
             raise ValueError(f"label name {key!r} is the exporter's own: choose another")
-        text = str(value)
-        try:  # the exposition is UTF-8: a lone surrogate would fail the server's encode, not this call
-            text.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(f"label {key!r}: its value {text!r} is not encodable as UTF-8") from None
-        out[key] = text
+        out[key] = _label_value(key, value)
     return out
+
+
+def _label_value(key: str, value: Any) -> str:
+    """A label's value as text; the exposition is UTF-8, so a lone surrogate is a ValueError
+    here rather than a failure of the server's encode."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"label {key!r}: its value {text!r} is not encodable as UTF-8") from None
+    return text
 
 
 def _listed(seqs: Any) -> list[Any]:
@@ -159,8 +165,21 @@ class _Writer:
                 self.sample(skips, stats[field], **extra, reason=field[len(_SKIP_PREFIX):])
 
 
+def _request_labels(request_ids: Mapping[int, Any]) -> dict[int, str]:
+    """``{seq: request id}`` as label values: integer sequences (as the Stager's ids), ids as text."""
+    if not isinstance(request_ids, Mapping):
+        raise TypeError(f"prometheus_text: request_ids must be a mapping {{seq: request id}}, got "
+                        f"{type(request_ids).__name__}")
+    keys = as_seq_ids("prometheus_text: request_ids", _listed(list(request_ids))).tolist()
+    out = {}
+    for seq, rid in zip(keys, request_ids.values()):
+        out[int(seq)] = _label_value("request", rid)
+    return out
+
+
 def prometheus_text(stager: Any, *, namespace: str = "dspark", labels: Mapping[str, Any] | None = None,
-                    per_sequence: bool = False, seqs: Iterable[int] | None = None) -> str:
+                    per_sequence: bool = False, seqs: Iterable[int] | None = None,
+                    request_ids: Mapping[int, Any] | None = None) -> str:
     """The Stager's metrics in the Prometheus text format (see the module).
 
     stager: a ``Stager`` or ``ReferenceStager``. namespace: the metric names'
@@ -168,7 +187,12 @@ def prometheus_text(stager: Any, *, namespace: str = "dspark", labels: Mapping[s
     per_sequence: also each started sequence's counters and histogram (those
     in ``seqs`` when given, else every one), ``<namespace>_sequence_*`` with a
     ``seq`` label: integers (numpy integers too; a float, bool or string is a
-    TypeError, as the Stager's own batch calls refuse them).
+    TypeError, as the Stager's own batch calls refuse them). request_ids: the
+    server's request id of each sequence (``{seq: id}``): its series carry a
+    ``request`` label beside ``seq``, so a slot reused by the next request starts
+    new series instead of resetting the old ones' counters; with it, only the
+    sequences it names are written. A sequence handed over to the device step
+    is written live, from its step state.
 
     Raises:
         ValueError: a bad namespace, label name or label value (not UTF-8), or ``seqs``
@@ -188,16 +212,19 @@ def prometheus_text(stager: Any, *, namespace: str = "dspark", labels: Mapping[s
         if field in totals.stats:  # the reference twin keeps no byte counts
             w.sample(w.family(field, "gauge", field), totals.stats[field])
     w.sample(w.family("sequences_started", "gauge", "sequences_started"), totals.started)
+    requests = None if request_ids is None else _request_labels(request_ids)
     if per_sequence:
         ids = range(stager.config.max_seqs) if wanted is None else dict.fromkeys(wanted)
         for seq in ids:  # each once: a series appears once in an exposition
+            if requests is not None and seq not in requests:
+                continue
             try:
-                if not stager.state(seq)["started"]:
+                if not (stager.on_device(seq) or stager.state(seq)["started"]):
                     continue
                 stats, accepted = stager.stats(seq), stager.accepted(seq)
-            except StateError:  # handed over to the device step (perhaps just now): left out
+            except StateError:  # handed over to the device step just now: its state() refused
                 continue
-            label = str(seq)
-            w.counters("sequence_", stats, seq=label)
-            w.histogram("sequence_accepted_drafts", accepted, seq=label)
+            extra = {"seq": str(seq)} if requests is None else {"seq": str(seq), "request": requests[seq]}
+            w.counters("sequence_", stats, **extra)
+            w.histogram("sequence_accepted_drafts", accepted, **extra)
     return w.text()

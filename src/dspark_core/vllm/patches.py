@@ -81,7 +81,9 @@ def install() -> None:
             return common_attn_metadata is not None
         return bool(stock_fits(self, common_attn_metadata))
 
-    for cls in (EagleProposer, DFlashProposer):
+    # Any: the patched classes are vLLM's (typed where vLLM is installed, Any where it is not).
+    proposers: tuple[Any, ...] = (EagleProposer, DFlashProposer)
+    for cls in proposers:
         stock_load = cls.load_model
         stock_init = cls.__init__
 
@@ -94,10 +96,11 @@ def install() -> None:
             _stock_load(self, target_model)
             _attach(self)
 
-        cls.__init__ = init  # type: ignore[method-assign]
-        cls.load_model = load_model  # type: ignore[method-assign]
-        cls.propose = propose  # type: ignore[method-assign]
-    GPUModelRunner._input_fits_in_drafter = input_fits_in_drafter  # type: ignore[method-assign]
+        cls.__init__ = init
+        cls.load_model = load_model
+        cls.propose = propose
+    runner_cls: Any = GPUModelRunner
+    runner_cls._input_fits_in_drafter = input_fits_in_drafter
     _refuse_v2()
     _installed = True
     logger.info("dspark_core: vLLM plugin installed (DFlash, EAGLE-3 proposers)")
@@ -109,7 +112,8 @@ def _refuse_v2() -> None:
         from vllm.v1.worker.gpu.model_runner import GPUModelRunner as V2Runner
     except Exception:  # noqa: BLE001 - the V2 runner needs Triton; where it cannot import it cannot run
         return
-    stock_init = V2Runner.__init__
+    v2: Any = V2Runner
+    stock_init = v2.__init__
 
     def init(self: Any, vllm_config: Any, *args: Any, **kwargs: Any) -> None:
         from .switch import enabled
@@ -118,7 +122,7 @@ def _refuse_v2() -> None:
             refuse_v2_runner(vllm_config)
         stock_init(self, vllm_config, *args, **kwargs)
 
-    V2Runner.__init__ = init  # type: ignore[method-assign]
+    v2.__init__ = init
 
 
 def _attach(proposer: Any) -> None:
