@@ -17,19 +17,15 @@ from pathlib import Path
 
 __all__ = ["Document", "TRAIN_MODULES", "EVAL_MODULES", "load", "SMOKE_TRAIN", "SMOKE_EVAL"]
 
-#: Standard-library files the drafters are trained on (each over 50 kB).
+#: Standard-library modules the drafters are trained on (each source over 50 kB).
 TRAIN_MODULES = (
-    "argparse.py", "subprocess.py", "typing.py", "inspect.py", "tarfile.py",
-    "collections/__init__.py", "logging/__init__.py", "doctest.py", "pydoc.py",
+    "argparse", "subprocess", "typing", "inspect", "tarfile", "collections", "logging", "doctest", "pydoc",
 )
-#: Held-out files the drafters are evaluated on, offline and live.
-EVAL_MODULES = (
-    "difflib.py", "ssl.py", "shutil.py", "threading.py", "enum.py", "dataclasses.py",
-    "configparser.py", "ast.py",
-)
+#: Held-out modules the drafters are evaluated on, offline and live.
+EVAL_MODULES = ("difflib", "ssl", "shutil", "threading", "enum", "dataclasses", "configparser", "ast")
 #: The CI smoke run's few documents.
-SMOKE_TRAIN = ("argparse.py",)
-SMOKE_EVAL = ("difflib.py", "shutil.py")
+SMOKE_TRAIN = ("argparse",)
+SMOKE_EVAL = ("difflib", "shutil")
 
 
 @dataclass(frozen=True)
@@ -44,13 +40,16 @@ class Document:
         return hashlib.sha256(self.text.encode("utf-8")).hexdigest()
 
 
-def load(names: tuple[str, ...] | list[str]) -> list[Document]:
-    """The documents of ``names`` (paths inside this interpreter's standard library)."""
+def load(modules: tuple[str, ...] | list[str]) -> list[Document]:
+    """The documents of ``modules`` (standard-library modules: a module's source, a package's
+    ``__init__``), each named by its file's path inside this interpreter's standard library."""
     root = Path(sysconfig.get_paths()["stdlib"])
     out = []
-    for name in names:
-        path = root / name
-        if not path.is_file():
-            raise FileNotFoundError(f"the standard library has no {name} (looked in {root})")
-        out.append(Document(name, path.read_text(encoding="utf-8")))
+    for module in modules:
+        single = Path(*module.split(".")).with_suffix(".py")
+        package = Path(*module.split("."), "__init__.py")
+        name = next((p for p in (single, package) if (root / p).is_file()), None)
+        if name is None:
+            raise FileNotFoundError(f"the standard library has no module {module} (looked in {root})")
+        out.append(Document(name.as_posix(), (root / name).read_text(encoding="utf-8")))
     return out
