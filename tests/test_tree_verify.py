@@ -245,11 +245,21 @@ def test_trees_at_the_wrong_time_or_place_change_nothing(impl):
         st.accept_path(0, [0])
     assert _looks(st) == before
     st.process(1, [10], x[:1])  # a row since the draft: no longer the round's verify
-    with pytest.raises(StateError, match="the first rows after a round's draft or accept \\(1 rows arrived"):
+    with pytest.raises(StateError, match="the first rows after a round's draft \\(1 rows arrived"):
         st.process_tree(1, 11, [-1], x[:1])
     fresh = impl(StagerConfig(D, B, W))
     with pytest.raises(StateError, match="its rows are final: no draft since"):
         fresh.process_tree(0, 0, [-1], x[:1])
+    # A round's accept closes it: a tree after it (no new draft) would bring final rows.
+    fresh.process(0, np.arange(6), np.repeat(x[:1], 6, axis=0))
+    fresh.draft(0, 6)
+    fresh.commit(0)
+    fresh.process(0, np.arange(6, 6 + B + 1), np.repeat(x[:1], B + 1, axis=0))
+    fresh.accept(0, 0)
+    before = (fresh.state(0), fresh.stats(0), fresh.snapshot(0))
+    with pytest.raises(StateError, match=r"its rows are final: no draft since \(an accept closes a round\)"):
+        fresh.process_tree(0, 7, [-1], x[:1])
+    assert (fresh.state(0), fresh.stats(0), fresh.snapshot(0)) == before
 
 
 BAD_PATHS = [

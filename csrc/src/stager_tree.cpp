@@ -50,9 +50,9 @@ std::vector<std::int64_t> Stager::check_tree(std::int64_t seq_id, const Seq& s, 
     // The tree's rows must be the round's tentative rows, the root first.
     if (!s.started || !s.accept_open || s.tentative != 0)
         throw StateError(seq_msg(seq_id) +
-                         " takes a tree verify batch only as the first rows after a round's draft or accept (" +
+                         " takes a tree verify batch only as the first rows after a round's draft (" +
                          (!s.started || !s.accept_open
-                              ? std::string("its rows are final: no draft since, or a rollback, shift or more than "
+                              ? std::string("its rows are final: no draft since (an accept closes a round), or a rollback, shift or more than "
                                             "block_size + 1 rows since")
                               : std::to_string(s.tentative) + " rows arrived since") +
                          ")");

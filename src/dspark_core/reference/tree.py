@@ -120,10 +120,11 @@ class TreeVerifyMixin:
         """The sequence takes a tree now, its size, the root's position, the parents; returns the rows' positions."""
         ref = cast("ReferenceStager", self)
         if not st.started or not st.accept_open or st.tentative != 0:
-            why = ("its rows are final: no draft since, or a rollback, shift or more than block_size + 1 rows since"
+            why = ("its rows are final: no draft since (an accept closes a round), or a rollback, shift or more than "
+                   "block_size + 1 rows since"
                    if not st.started or not st.accept_open else f"{st.tentative} rows arrived since")
             raise StateError(f"sequence {i} takes a tree verify batch only as the first rows after a round's "
-                             f"draft or accept ({why})")
+                             f"draft ({why})")
         cap = ref.config.block_size + 1
         if not 1 <= len(par) <= cap:
             raise ValueError(f"a tree verify batch holds 1 to {cap} nodes (the root and at most block_size drafts), "
