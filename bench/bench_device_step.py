@@ -18,7 +18,11 @@ ways), two ways, in the same run, on the same Stager configuration:
   padded gather slots and positions ([N, W - B] each, -1 padding: a fixed
   shape for a captured graph), which the host path's plans do not hold;
 * ``host path + padded rows``: the host path plus ``BatchPlan.padded`` into
-  fixed buffers (the same padded answers: the baseline of the row above).
+  fixed buffers (the same padded answers: the baseline of the row above);
+* ``device step + padded rows, capacity 2N``: the padded step through one
+  ``StepOutputs`` of twice the batch (a graph captured for 2N entries serving N:
+  the N entries past the batch are padding, ``STEP_NOT_IN_STEP``), what a
+  fixed-capacity server pays for its headroom.
 
 The table gives the median step time, the ratio of the two, the host
 synchronisations and kernel launches a GPU server's step needs each way. Target
@@ -59,12 +63,14 @@ SHAPE = {"B": 16, "W": 4096}
 PROMPT = 3000
 TARGET_RATIO = 1.5
 #: What a GPU server's step needs from the host, each way (by construction of the calls).
-WAYS = ("host path", "device step (CPU twin)", "host path + padded rows", "device step + padded rows")
+CAPACITY_WAY = "device step + padded rows, capacity 2N"
+WAYS = ("host path", "device step (CPU twin)", "host path + padded rows", "device step + padded rows", CAPACITY_WAY)
 HOST_SYNCS = {"host path": 1, "device step (CPU twin)": 0, "host path + padded rows": 1,
-              "device step + padded rows": 0, "device step (CUDA graph)": 0, "host path + count copy": 1}
+              "device step + padded rows": 0, CAPACITY_WAY: 0, "device step (CUDA graph)": 0,
+              "host path + count copy": 1}
 LAUNCHES = {"host path": "0 (+ host work)", "device step (CPU twin)": "1 (the kernel)",
             "host path + padded rows": "0 (+ host work)", "device step + padded rows": "1 (the kernel)",
-            "host path + count copy": "0 (+ host work)"}
+            CAPACITY_WAY: "1 (the kernel)", "host path + count copy": "0 (+ host work)"}
 
 
 def make(n: int) -> Any:
@@ -107,20 +113,21 @@ def host_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool = False
     return times
 
 
-def device_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool) -> list[int]:
+def device_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool, capacity: int | None = None) -> list[int]:
     """Step times (ns) of the CPU twin, answers into fixed buffers (``padded``: with the
-    [N, W - B] gather slots and positions of a CUDA graph's fixed shape)."""
+    [N, W - B] gather slots and positions of a CUDA graph's fixed shape; ``capacity``:
+    buffers of that many entries, the ones past the batch padding)."""
     st = make(n)
     seqs = np.arange(n, dtype=np.int64)
     st.to_device(seqs)
-    out = StepOutputs.empty(n, st.step_layout[1], SHAPE["B"], padded=padded)
+    out = StepOutputs.empty(capacity or n, st.step_layout[1], SHAPE["B"], padded=padded)
     first = np.zeros(n, np.int64)  # the first step: no verify rows yet (accept does nothing)
     times = []
     for t, a in enumerate(counts):
         t0 = time.perf_counter_ns()
         st.step_many(seqs, first if t == 0 else a, out=out)
         t1 = time.perf_counter_ns()
-        if not (out.status == STEP_OK).all():
+        if not (out.status[:n] == STEP_OK).all():
             raise SystemExit(f"step {t}: status words {np.unique(out.status)}")
         if t >= warmup:
             times.append(t1 - t0)
@@ -209,6 +216,7 @@ def main() -> int:
             runs["device step (CPU twin)"] += device_way(n, part, args.warmup, False)
             runs["host path + padded rows"] += host_way(n, part, args.warmup, True)
             runs["device step + padded rows"] += device_way(n, part, args.warmup, True)
+            runs[CAPACITY_WAY] += device_way(n, part, args.warmup, True, capacity=2 * n)
         for way, times in runs.items():
             records.append({"n": n, "way": way, "steps": len(times), "median_step_us": float(np.median(times)) / 1e3,
                             "host_syncs_per_step": HOST_SYNCS[way]})
