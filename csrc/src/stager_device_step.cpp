@@ -76,14 +76,20 @@ const char* damage_text(int code) {
     return code >= 0 && code < device_step::DAMAGE_COUNT ? texts[code] : "an unknown rule is broken";
 }
 
-// What a step state holds that the host cannot serve (the first broken
-// rule, or ""): the step's own rules (damage_of), and the bound only the
-// host knows (max_failures).
+// The first rule a step state breaks that the host cannot serve (NOT_LIVE,
+// a Damage code, or DAMAGE_NONE): the step's own rules (damage_of), and the
+// bound only the host knows (max_failures).
+constexpr int NOT_LIVE = -1;
+int host_damage(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, i64 max_failures) {
+    if (r.live == 0) return NOT_LIVE;
+    const int code = device_step::damage_of(c, state, seq, r);
+    return code == device_step::DAMAGE_NONE && r.failures > max_failures ? int{device_step::DAMAGE_FAILURES} : code;
+}
+
+// What host_damage found, in words ("" when nothing).
 std::string damage(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, i64 max_failures) {
-    if (r.live == 0) return "the sequence is not live in it";
-    int code = device_step::damage_of(c, state, seq, r);
-    if (code == device_step::DAMAGE_NONE && r.failures > max_failures) code = device_step::DAMAGE_FAILURES;
-    return damage_text(code);
+    const int code = host_damage(c, state, seq, r, max_failures);
+    return code == NOT_LIVE ? "the sequence is not live in it" : damage_text(code);
 }
 
 // The rows a draft at `end` would stage without a rebase are buffered (the
@@ -348,10 +354,9 @@ std::int64_t* Stager::step_state() {
     return step_state_.get();
 }
 
-// The sequence's step fields and counters come back when its state is one
-// to_host would take (so totals() never go back by the steps it made), else
-// it keeps those it was handed over with; either way its live column is
-// cleared, so a later step names it STEP_NOT_ON_DEVICE. The caller ends it.
+// The sequence's step fields and counters come back as trusted_regs reads
+// them (so totals() never go back by the steps it made), and its live column
+// is cleared, so a later step names it STEP_NOT_ON_DEVICE. The caller ends it.
 void Stager::leave_step(std::int64_t seq, Seq& s) noexcept {
     const device_step::Config c = step_config();
     i64* state = step_state_.get();  // allocated: the sequence was handed over
@@ -374,9 +379,7 @@ Regs Stager::trusted_regs(const Seq& s, std::int64_t* histogram) const {
     const i64* state = step_state_.get();  // allocated: the sequence was handed over
     Regs r;
     device_step::load(state, c.max_seqs, seq, r);
-    const bool whole = r.live == 1 && device_step::damage_of(c, state, seq, r) == device_step::DAMAGE_NONE &&
-                       r.failures <= opt_.max_failures;
-    if (!whole) {  // the last whole state seen: counters never go back
+    if (host_damage(c, state, seq, r, opt_.max_failures) != device_step::DAMAGE_NONE) {  // the last whole state seen: counters never go back
         std::copy(s.last_whole_hist.begin(), s.last_whole_hist.end(), histogram);
         return s.last_whole;
     }
