@@ -48,9 +48,9 @@ STEP_STATUS_NAMES = {
     STEP_INTERNAL: "internal",
     STEP_DAMAGED: "damaged",
 }
-#: ``flags`` bits.
 #: The id of a padding entry (with accept count -1): ``STEP_NOT_IN_STEP``, changes nothing.
 PADDING_ID = -1
+#: ``flags`` bits.
 STEP_REBASE = 1
 STEP_CLEAR_CACHE = 2
 #: ``skip`` of an entry that was not stepped (else the core's skip code: 0 none, 3 no_context).
