@@ -33,10 +33,9 @@ import tempfile
 import time
 from typing import Any
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from dspark_core.vllm import tiny_models  # imports no vLLM
+
+tiny_models.use_offline_cpu_env()
 
 PROMPT = 8
 GENERATE = 40

@@ -22,10 +22,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+from dspark_core.vllm import tiny_models  # imports no vLLM
+
+tiny_models.use_offline_cpu_env()
 
 SPEC_TOKENS = 3
 MAX_MODEL_LEN = 256

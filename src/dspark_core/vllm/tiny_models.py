@@ -13,7 +13,19 @@ import json
 import os
 from typing import Any
 
-__all__ = ["write_qwen3_dflash", "write_llama_eagle3", "TINY_VOCAB", "DRAFTER_TRAINED_RANGE"]
+__all__ = ["write_qwen3_dflash", "write_llama_eagle3", "TINY_VOCAB", "DRAFTER_TRAINED_RANGE", "OFFLINE_CPU_ENV",
+           "use_offline_cpu_env"]
+
+#: vLLM's settings for an in-process CPU engine on these models with nothing downloaded:
+#: one process (the tests read the proposer's state), a small KV cache, hubs offline.
+OFFLINE_CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
+                   "TRANSFORMERS_OFFLINE": "1"}
+
+
+def use_offline_cpu_env() -> None:
+    """Set :data:`OFFLINE_CPU_ENV` where the caller has not (before vLLM is imported)."""
+    for key, value in OFFLINE_CPU_ENV.items():
+        os.environ.setdefault(key, value)
 
 #: Vocabulary of every tiny model (small: the LM head is most of a tiny model's cost).
 TINY_VOCAB = 512
