@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import gc
 import json
 import os
 import statistics
@@ -55,9 +54,6 @@ def engine(method: str, plugin: bool, max_seqs: int):
     else:
         os.environ.pop("DSPARK_VLLM", None)
     from vllm import LLM
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-    from dspark_core.vllm import tiny_models
 
     root = tempfile.mkdtemp(prefix="dspark-bench-vllm-")
     target, drafter = (tiny_models.write_llama_eagle3(root) if method == "eagle3"
@@ -73,11 +69,7 @@ def engine(method: str, plugin: bool, max_seqs: int):
         yield llm
     finally:
         os.environ.pop("DSPARK_VLLM", None)
-        with contextlib.suppress(Exception):
-            llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
+        tiny_models.close_engine(llm)
 
 
 def _drafter(llm: Any) -> Any:

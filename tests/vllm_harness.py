@@ -15,7 +15,6 @@ see every step.
 from __future__ import annotations
 
 import contextlib
-import gc
 import os
 import tempfile
 from collections.abc import Iterator
@@ -145,8 +144,6 @@ def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_cachin
     _install_recorders()
     from vllm import LLM
 
-    from dspark_core.vllm import tiny_models
-
     root = tempfile.mkdtemp(prefix="dspark-vllm-")
     kw: dict[str, Any] = dict(model_kw or {})
     if trained_range is not None:
@@ -169,13 +166,7 @@ def engine(method: str, *, plugin: bool, speculative: bool = True, prefix_cachin
     finally:
         _current = None
         os.environ.pop("DSPARK_VLLM", None)
-        from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-        with contextlib.suppress(Exception):
-            llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
-        cleanup_dist_env_and_memory()
+        tiny_models.close_engine(llm)
 
 
 def generate(llm: Any, prompts: list[list[int]], max_tokens: int) -> list[list[int]]:

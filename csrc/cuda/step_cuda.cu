@@ -89,38 +89,46 @@ void copy_runs(std::int64_t* dst, const std::int64_t* src, const device_step::Co
                   "cudaMemcpy2DAsync (step-state columns)");
 }
 
+// What both directions check before a copy (the device, the host state, the
+// ids): the device owning the state, and the ids' runs.
+struct ColumnCopy {
+    int device;
+    std::vector<std::pair<std::int64_t, std::int64_t>> runs;
+};
+ColumnCopy column_copy(const device_step::Config& c, const void* state, const void* host, const std::int64_t* seqs,
+                       std::size_t n, const char* fn) {
+    require_device();
+    ColumnCopy cc;
+    cc.device = state_device(state, fn);
+    check_host_state(host, fn);
+    cc.runs = id_runs(c, seqs, n, fn);
+    return cc;
+}
+
 }  // namespace
 
 void step_columns_to_device_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* host,
                                  const std::int64_t* seqs, std::size_t n, void* stream) {
-    constexpr const char* fn = "step_columns_to_device_cuda";
     if (n == 0) return;
-    require_device();
-    const int dev = state_device(state, fn);
-    check_host_state(host, fn);
-    const auto runs = id_runs(c, seqs, n, fn);
-    DeviceGuard guard(dev);
+    const ColumnCopy cc = column_copy(c, state, host, seqs, n, "step_columns_to_device_cuda");
+    DeviceGuard guard(cc.device);
     const auto s = static_cast<cudaStream_t>(stream);
     // Pageable memory is staged before the copy returns; memory the driver knows
     // (pinned, registered) is read later, so wait for it (the reuse promise).
     cudaPointerAttributes a{};
     const bool known = cudaPointerGetAttributes(&a, host) == cudaSuccess && a.type != cudaMemoryTypeUnregistered;
     (void)cudaGetLastError();
-    copy_runs(state, host, c, runs, cudaMemcpyHostToDevice, s);
+    copy_runs(state, host, c, cc.runs, cudaMemcpyHostToDevice, s);
     if (known) DSPARK_CK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 
 void step_columns_to_host_cuda(const device_step::Config& c, const std::int64_t* state, std::int64_t* host,
                                const std::int64_t* seqs, std::size_t n, void* stream) {
-    constexpr const char* fn = "step_columns_to_host_cuda";
     if (n == 0) return;
-    require_device();
-    const int dev = state_device(state, fn);
-    check_host_state(host, fn);
-    const auto runs = id_runs(c, seqs, n, fn);
-    DeviceGuard guard(dev);
+    const ColumnCopy cc = column_copy(c, state, host, seqs, n, "step_columns_to_host_cuda");
+    DeviceGuard guard(cc.device);
     const auto s = static_cast<cudaStream_t>(stream);
-    copy_runs(host, state, c, runs, cudaMemcpyDeviceToHost, s);
+    copy_runs(host, state, c, cc.runs, cudaMemcpyDeviceToHost, s);
     DSPARK_CK(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 }
 

@@ -14,12 +14,27 @@ import os
 from typing import Any
 
 __all__ = ["write_qwen3_dflash", "write_llama_eagle3", "TINY_VOCAB", "DRAFTER_TRAINED_RANGE", "OFFLINE_CPU_ENV",
-           "use_offline_cpu_env"]
+           "use_offline_cpu_env", "close_engine"]
 
 #: vLLM's settings for an in-process CPU engine on these models with nothing downloaded:
 #: one process (the tests read the proposer's state), a small KV cache, hubs offline.
 OFFLINE_CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1",
                    "TRANSFORMERS_OFFLINE": "1"}
+
+
+def close_engine(llm: Any) -> None:
+    """Shut an in-process vLLM engine down and free what it holds (so the next one in the
+    same process starts clean): its core, the object, vLLM's distributed state."""
+    import contextlib
+    import gc
+
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    with contextlib.suppress(Exception):
+        llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    cleanup_dist_env_and_memory()
 
 
 def use_offline_cpu_env() -> None:
