@@ -80,5 +80,9 @@ def test_a_padding_entry_needs_count_minus_one_and_outputs_must_hold_the_batch()
     assert out.status.tolist() == [16, STEP_NOT_IN_STEP]
     with pytest.raises(ValueError, match="unknown sequence -1"):
         st.check_step([PADDING_ID], out.status[:1])
+    state, answers = st.step_state.copy(), [getattr(out, f).copy() for f in StepOutputs.__dataclass_fields__]
     with pytest.raises(ValueError, match="2 entries for a batch of 3"):
         st.step_many([0, 1, 2], [0, 0, 0], out=out)
+    np.testing.assert_array_equal(st.step_state, state)  # refused before anything changed
+    for f, before in zip(StepOutputs.__dataclass_fields__, answers):
+        np.testing.assert_array_equal(getattr(out, f), before, err_msg=f)
