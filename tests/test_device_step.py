@@ -18,7 +18,7 @@ from dspark_core.stager.device_step import (
 from dspark_core.errors import StateError
 from dspark_core.reference import ReferenceStager
 
-SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4}
+SKIP_CODES = {None: 0, "disabled": 1, "empty": 2, "no_context": 3, "missing_rows": 4, "drafting_off": 5}
 
 
 def config(n: int, b: int, w: int, storage: str = "f32", rows: str = "external", kind: str = "block") -> StagerConfig:
@@ -119,9 +119,10 @@ class _Ids:
 
 
 #: Host batch calls (beside their per-sequence arguments) that refuse a handed-over sequence.
+#: (enable_many / disable_many take a handed-over sequence: the steps above switch it on all three.)
 MIXED_CALLS = {
     "accept_many": lambda k: ([0] * k,), "draft_many": lambda k: ([0] * k,), "commit_many": lambda k: (),
-    "fail_many": lambda k: (), "enable_many": lambda k: (), "disable_many": lambda k: (),
+    "fail_many": lambda k: (),
     "confirm_many": lambda k: (), "cancel_many": lambda k: (), "accepted_many": lambda k: (),
     "open_round_ids": lambda k: (),
 }
@@ -174,8 +175,13 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
             prompt(st, q, p0, ln, ids.of(q))
     on_dev = np.zeros(n, bool)
     rebases = 0
+    skips = {"drafting_off": 0, "disabled": 0}
     for _ in range(steps):
-        go = [q for q in range(n) if not on_dev[q] and not orc.state(q)["disabled"] and rng.random() < 0.2]
+        if rng.random() < 0.15:  # the server's switch, on the host or on the device alike
+            q, off = int(rng.integers(0, n)), bool(rng.random() < 0.6)
+            for st in (dev, orc, ref):
+                (st.disable if off else st.enable)(q)
+        go = [q for q in range(n) if not on_dev[q] and rng.random() < 0.2]  # disabled ones too: they skip
         back = [q for q in range(n) if on_dev[q] and rng.random() < 0.05]
         if back:
             dev.to_host(back, tokens=ids.dev)
@@ -227,6 +233,8 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
                 plan, verify = host_step(orc, q, a, stage, ids.of(q))
                 expect_entry(x, k, plan, verify)
                 rebases += plan.rebase
+                if plan.skip in skips:
+                    skips[plan.skip] += 1
                 if stage is not None and plan.skip is None:
                     failed.append((q, stage))  # no verify batch: its ids are never written
                 else:
@@ -249,7 +257,7 @@ def test_step_many_equals_per_sequence_calls_and_the_reference(n, b, w, storage,
             ids.gen[q] += 1
             for st in (dev, orc, ref):
                 host_step(st, q, a, None, ids.of(q))
-    assert rebases > 0
+    assert rebases > 0 and skips["drafting_off"] > 0, skips
     held = list(np.flatnonzero(on_dev))
     dev.to_host(held, tokens=ids.dev)
     ref.to_host(held, tokens=ids.ref)

@@ -69,6 +69,8 @@ DAMAGE = {
     "huge_counter": _set("staged_rows", 2**62 + 1),
     "unknown_fault": _set("fault", 12345),
     "reserved_code": _set("reserved", 9),
+    "drafting_flag": _set("drafting_off", 2),
+    "negative_drafting_skips": _set("skips_drafting_off", -3),
     "histogram": _histogram,
 }
 

@@ -5,8 +5,8 @@ code, in ``draft_many`` too) and the rows keep flowing: the ring stays bounded
 and the sequence's end moves on. ``enable`` drafts at once with a full context
 (a rebase onto the newest rows when they outgrew the window). The switch is the
 request's: begin / end / a prefix start clear it, fork copies it, snapshots
-carry it, a cancelled reservation does not undo it, a sequence handed over to
-the device step refuses it and cannot be handed over with drafting off. Batched
+carry it, a cancelled reservation does not undo it, and a sequence handed over to
+the device step takes it there (its steps skip). Batched
 forms check every id first and change nothing on an error.
 """
 
@@ -17,7 +17,6 @@ import pytest
 from conftest import massive_rows
 
 from dspark_core import PrefixStore, Stager, StagerConfig
-from dspark_core.errors import StateError
 from dspark_core.reference import ReferencePrefixStore, ReferenceStager
 from dspark_core.stager import snapshot_format
 from dspark_core.stager.core_tables import SKIP_REASONS, TRIM_CHUNK
@@ -147,23 +146,95 @@ def test_a_cancelled_reservation_keeps_the_switch(kind):
     assert st.draft(0, 6).skip == "drafting_off"
 
 
-@pytest.mark.parametrize("kind", [k for k, _ in KINDS], ids=[n for _, n in KINDS])
-def test_the_device_step_and_the_switch_exclude_each_other(kind):
-    st = make(kind, rows="external", storage="f32")
-    for q in (0, 1):
-        feed(st, q, 0, 6)
-    st.disable(1)
-    with pytest.raises(StateError, match=r"sequence 1 has drafting turned off \(disable\)"):
+def _step(st, seqs, counts):
+    """One device step of ``seqs``: the answers a server reads (status, skip, rows, verify rows)."""
+    out = st.step_many(seqs, counts)
+    st.check_step(seqs, out.status)
+    return [(int(out.skip[k]), int(out.n_rows[k]), int((out.verify_slots[k] >= 0).sum()), int(out.start[k]))
+            for k in range(len(seqs))]
+
+
+def test_the_switch_reaches_a_handed_over_sequence_as_on_the_host():
+    """disable / enable of a handed-over sequence: its steps skip with SKIP_DRAFTING_OFF (one
+    verify row each, the rows flowing), enable drafts at once (a rebase after the rows
+    outgrew the window), to_host brings the switch back; core and twin step alike and equal
+    a host-path Stager driven by per-sequence calls."""
+    from dspark_core.stager.device_step import SKIP_DRAFTING_OFF, SKIP_NONE
+
+    runs = []
+    for kind, _ in KINDS:
+        st = make(kind, rows="external", storage="f32")
+        for q in (0, 1):
+            feed(st, q, 0, 6)
+        st.disable(1)  # handed over with drafting off: accepted
         st.to_device([0, 1])
-    assert not st.on_device(0)  # checked whole
-    st.to_device([0])
-    with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
-        st.disable(0)
-    other = (st.state(1), st.stats(1), st.snapshot(1))
-    with pytest.raises(StateError, match=r"to_host\(\[0\]\)"):
-        st.enable_many([1, 0])  # sequence 1, valid, comes first: it keeps its switch off
-    assert (st.state(1), st.stats(1), st.snapshot(1)) == other and st.state(1)["drafting_off"]
-    st.to_host([0])
+        trace = [_step(st, [0, 1], [0, 0])]
+        st.disable_many([0])
+        for _ in range(2 * W):  # both paused: one verify row per step, past the window
+            trace.append(_step(st, [0, 1], [0, 0]))
+        st.enable(1)
+        trace.append(_step(st, [0, 1], [0, 0]))
+        st.to_host([0, 1])
+        runs.append((trace, st.state(0), st.state(1), st.stats(0), st.stats(1)))
+    runs[0] = (*runs[0][:3], *({k: s[k] for k in t} for s, t in zip(runs[0][3:], runs[1][3:])))
+    assert runs[0] == runs[1]
+    trace, s0, s1, st0, st1 = runs[0]
+    assert [k[0] for k in trace[0]] == [SKIP_NONE, SKIP_DRAFTING_OFF]
+    assert all(e[0] == SKIP_DRAFTING_OFF and e[1] == 0 and e[2] == 1 for step in trace[1:-1] for e in step)
+    assert trace[1][0][3] < trace[-2][0][3]  # the paused sequence's end moved on, a row a step
+    assert trace[-1][0][0] == SKIP_DRAFTING_OFF and trace[-1][1][0] == SKIP_NONE and trace[-1][1][1] > 0
+    assert s0["drafting_off"] and not s1["drafting_off"]
+    assert st0["skips_drafting_off"] == 2 * W + 1 and st1["skips_drafting_off"] == 2 * W + 1
+    assert st1["rebases"] >= 1
+    # The host path: the same calls per sequence make the same states.
+    host = make(Stager, rows="external", storage="f32")
+    for q in (0, 1):
+        feed(host, q, 0, 6)
+    host.disable(1)
+    for k in range(2 * W + 2):
+        if k == 1:
+            host.disable(0)
+        if k == 2 * W + 1:
+            host.enable(1)
+        for q in (0, 1):
+            if host.state(q)["reservation_open"]:
+                host.confirm(q)
+            host.accept(q, 0)
+            end = host.state(q)["end"]
+            p = host.draft(q, end)
+            if p.skip is None:
+                host.commit(q)
+            host.reserve(q, np.arange(end, end + (B + 1 if p.skip is None else 1)))
+    for q, s in ((0, s0), (1, s1)):
+        assert host.state(q) == s
+
+
+def test_a_disabled_sequence_steps_on_the_device_until_begin():
+    """max_failures drafter failures reported at hand-back disable the sequence; handed over
+    again it steps with SKIP_DISABLED (one verify row each) on core and twin alike, and only
+    begin re-enables it."""
+    from dspark_core.stager.device_step import SKIP_DISABLED
+
+    runs = []
+    for kind, _ in KINDS:
+        st = make(kind, rows="external", storage="f32")
+        feed(st, 0, 0, 6)
+        answers = []
+        for _ in range(st.config.max_failures):
+            st.to_device([0])
+            _step(st, [0], [0])
+            answers.append(int(st.to_host([0], ["decode"])[0]))
+            st.confirm(0)
+        st.to_device([0])
+        steps = [_step(st, [0], [0])[0] for _ in range(5)]
+        st.to_host([0])
+        runs.append((answers, steps, st.state(0), st.stats(0)))
+    runs[0] = (*runs[0][:3], {k: runs[0][3][k] for k in runs[1][3]})
+    assert runs[0] == runs[1]
+    answers, steps, state, stats = runs[0]
+    assert answers[-1] == runs[0][3]["failures"] and not any(answers[:-1])
+    assert all(s[0] == SKIP_DISABLED and s[1] == 0 and s[2] == 1 for s in steps)
+    assert state["disabled"] and stats["skips_disabled"] == 5
 
 
 @pytest.mark.parametrize("kinds", [(Stager, PrefixStore), (ReferenceStager, ReferencePrefixStore)],

@@ -773,19 +773,26 @@ void Stager::set_drafting(const char* call, const std::int64_t* seqs_in, std::si
     const std::vector<std::int64_t> seqs = copy_of(seqs_in, n);
     check_ids(call, seqs.data(), n);
     BatchLock lock(*this, seqs.data(), n);  // a repeated id sets the same switch twice: allowed
-    for (std::size_t i = 0; i < n; ++i)
-        in_batch(call, i, seqs[i], [&] { refuse_on_device(seqs[i], get(seqs[i])); });
-    for (std::int64_t q : seqs) mut(get(q)).drafting_off = off;
+    for (std::int64_t q : seqs) switch_drafting(q, mut(get(q)), off);
+}
+
+// Any state, a handed-over one too: its switch is then its step state's
+// drafting_off column (the CPU twin's truth; a GPU server writes the same
+// column of its device copy, cuda.DeviceStep.set_drafting), which to_host
+// brings back.
+void Stager::switch_drafting(std::int64_t seq, Seq& s, bool off) noexcept {
+    s.drafting_off = off;
+    if (s.on_device) step_state_.get()[device_step::F_drafting_off * opt_.max_seqs + seq] = off ? 1 : 0;
 }
 
 void Stager::disable(std::int64_t seq) {
     auto lock = lock_seq(seq);
-    mut(needs(seq, Need::Any)).drafting_off = true;
+    switch_drafting(seq, mut(get(seq)), true);
 }
 
 void Stager::enable(std::int64_t seq) {
     auto lock = lock_seq(seq);
-    mut(needs(seq, Need::Any)).drafting_off = false;
+    switch_drafting(seq, mut(get(seq)), false);
 }
 
 void Stager::disable_many(const std::int64_t* seqs, std::size_t n) { set_drafting("disable_many", seqs, n, true); }

@@ -253,6 +253,7 @@ struct StepIO {
         r.skips = s.stats.skips;
         r.skips_disabled = s.stats.skips_disabled;
         r.skips_no_context = s.stats.skips_no_context;
+        r.skips_drafting_off = s.stats.skips_drafting_off;
         r.trims = s.stats.trims;
         r.trimmed_rows = s.stats.trimmed_rows;
         r.peak_rows = s.stats.peak_rows;
@@ -318,6 +319,7 @@ struct StepIO {
         s.stats.skips = r.skips;
         s.stats.skips_disabled = r.skips_disabled;
         s.stats.skips_no_context = r.skips_no_context;
+        s.stats.skips_drafting_off = r.skips_drafting_off;
         s.stats.trims = r.trims;
         s.stats.trimmed_rows = r.trimmed_rows;
         s.stats.rows = r.count;  // note_size: rows held == the ring's count
@@ -429,13 +431,6 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t*
         if (!s.started)
             throw StateError(at + seq_msg(seqs[i]) +
                              " holds no rows: process its prompt (process_external) before to_device");
-        if (s.disabled)
-            throw StateError(at + seq_msg(seqs[i]) +
-                             " is disabled (drafting is off until begin()): decode it without drafts on the host");
-        if (s.drafting_off)
-            throw StateError(at + seq_msg(seqs[i]) +
-                             " has drafting turned off (disable): decode it without drafts on the host, or "
-                             "enable it before to_device");
         if (!s.tree.empty())
             throw StateError(at + seq_msg(seqs[i]) +
                              " holds a tree verify batch (the device step verifies linear batches): call "
@@ -445,6 +440,7 @@ void Stager::to_device(const std::int64_t* seqs_in, std::size_t n, std::int32_t*
     for (i64 q : seqs) {
         Seq& s = seqs_[static_cast<std::size_t>(q)];
         Regs r = StepIO::regs_of(s, s.buf.marks());
+        r.drafting_off = s.drafting_off;  // the request's switch, outside SeqFields
         r.reserved = s.reserved ? device_step::RESERVED_HOST : device_step::RESERVED_NONE;
         if (s.reserved) StepIO::set_pre(r, s.before, s.before_marks);
         else StepIO::set_pre(r, s, s.buf.marks());
@@ -578,6 +574,7 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
         const Regs &r = regs[i], &pre = pres[i];
         if (disabled_after) disabled_after[i] = disabled[i];
         StepIO::put_fields(r, s);
+        s.drafting_off = r.drafting_off != 0;  // switched on the device (set_drafting) or before it
         i64* hist = accepted_row(s);
         for (i64 k = 0; k <= c.block; ++k) hist[k] = state[device_step::bucket_at(c, seqs[i], k)];
         s.buf.set_marks(marks_of(r.cap, r.touched, r.head_slot, r.count, r.head_pos));

@@ -674,10 +674,12 @@ TEST_CASE(host_calls_refused_on_device) {
     CHECK(refused([&] { st.process_external_many(both, 2, offsets, &pos, 1, slots2); }));
     CHECK(refused([&] { st.reserve_many(both, 2, offsets, &pos, 1, slots2); }));
     CHECK(refused([&] { st.check_process_many(both, 2, offsets, &pos, 1); }));
-    CHECK(refused([&] { st.disable(0); }));
-    CHECK(refused([&] { st.enable(0); }));
-    CHECK(refused([&] { st.disable_many(both, 2); }));
-    CHECK(refused([&] { st.enable_many(both, 2); }));
+    // The drafting switch takes a handed-over sequence: it writes its step state's column.
+    const i64 col = device_step::F_drafting_off * st.step_config().max_seqs;
+    st.disable(0);
+    CHECK_EQ(st.step_state()[col], 1);
+    st.enable_many(both, 2);
+    CHECK_EQ(st.step_state()[col], 0);
     CHECK(st.snapshot(1) == snap_other);
     // Sequence 1 is untouched by it.
     prompt(st, 1, 0, 4, nullptr);
@@ -805,8 +807,9 @@ TEST_CASE(bad_count_is_a_sticky_fault) {
 }
 
 // A drafter failure reported at hand-back is fail(stage): after
-// max_failures of them the sequence is disabled (disabled_after says so)
-// and to_device refuses it.
+// max_failures of them the sequence is disabled (disabled_after says so);
+// handed over again it steps as the host path does, a disabled skip
+// verifying `last` alone.
 TEST_CASE(failures_reported_at_hand_back) {
     Stager dev(options(1, 2, 9, Storage::F32)), orc(options(1, 2, 9, Storage::F32));
     start(dev, 6);
@@ -826,7 +829,17 @@ TEST_CASE(failures_reported_at_hand_back) {
         CHECK(same_seq(dev, orc, seq));
     }
     CHECK(dev.state(0).disabled);
-    CHECK_THROWS(dev.to_device(&seq, 1), StateError);
+    dev.to_device(&seq, 1);
+    for (int k = 0; k < 3; ++k) {
+        StepOut o(dev, 1);
+        const i64 a = 0;
+        dev.step_many(&seq, &a, 1, o.out);
+        const Expected e = host_step(orc, seq, a, -1);
+        CHECK(e.plan.skip == Skip::Disabled && o.skip[0] == device_step::SKIP_DISABLED);
+        CHECK(same_entry(dev, o, 0, e));
+    }
+    dev.to_host(&seq, 1);
+    CHECK(same_seq(dev, orc, seq));
 }
 
 // The verify rows of a step may not pass 2**62 - 1: a sticky fault, the

@@ -514,8 +514,10 @@ DSPARK_API dspark_status dspark_step_layout(const dspark_stager* st, int64_t* fi
  * columns of handed-over sequences to its device copy after dspark_to_device
  * and back before dspark_to_host. */
 DSPARK_API dspark_status dspark_step_state(dspark_stager* st, int64_t** state);
-/* Hands seqs over: each started, not disabled, not on the device already;
- * checked whole, nothing changes on an error. */
+/* Hands seqs over: each started, holding no tree verify batch, not on the
+ * device already (a disabled sequence, or one whose drafting is off, steps
+ * with DSPARK_SKIP_DISABLED / DSPARK_SKIP_DRAFTING_OFF); checked whole,
+ * nothing changes on an error. */
 DSPARK_API dspark_status dspark_to_device(dspark_stager* st, const int64_t* seqs, size_t n);
 /* Brings seqs back, the last step's round resolved by outcomes[i] (NULL: all
  * -1): -1 the drafter ran (commit), DSPARK_FAIL_* it failed (fail). Each
@@ -560,8 +562,10 @@ DSPARK_API dspark_status dspark_end_many(dspark_stager* st, const int64_t* seqs,
  * dspark_disable turns drafting off for seq's request: every dspark_draft then
  * skips with DSPARK_SKIP_DRAFTING_OFF while its rows keep being processed;
  * dspark_enable turns it back on (the next draft plans at once, rebasing if the
- * rows outgrew the window meanwhile). Any state but handed over to the device
- * step; idempotent. Cleared by dspark_begin / dspark_end and a prefix start,
+ * rows outgrew the window meanwhile). Any state; on a handed-over sequence it
+ * writes the host step state's drafting_off column (a device owner copies
+ * that column to its device copy: the device step then skips with
+ * DSPARK_SKIP_DRAFTING_OFF); idempotent. Cleared by dspark_begin / dspark_end and a prefix start,
  * copied by dspark_fork, carried by snapshots. The _many forms check every id
  * first and change nothing on an error. */
 DSPARK_API dspark_status dspark_disable(dspark_stager* st, int64_t seq);

@@ -504,8 +504,8 @@ public:
     // Drafting per request: disable turns it off (every draft then skips with
     // Skip::DraftingOff, the round's rows still processed and trimmed as
     // always), enable turns it back on (the next draft plans at once: a rebase
-    // when the rows outgrew the window meanwhile). Any state but handed over
-    // to the device step; idempotent. The switch belongs to the request:
+    // when the rows outgrew the window meanwhile). Any state, handed over to
+    // the device step too (its steps then skip with SKIP_DRAFTING_OFF); idempotent. The switch belongs to the request:
     // begin, end and a prefix start clear it; fork copies it; snapshots carry
     // it. The batched forms check every id first and change nothing on an
     // error.
@@ -668,9 +668,10 @@ public:
     // step state (step_state()) and every other call on them (process,
     // reserve, accept, draft, begin, fork, shift, rollback, snapshot,
     // restore, prefix hits and publishes, state(), ...; not end, which ends
-    // it, nor the metrics, which read its step state) raises
+    // it, nor the metrics, which read its step state, nor disable / enable,
+    // which write its drafting_off column) raises
     // StateError naming to_host until they come back. Each must be started
-    // and not disabled (StateError), in any state but a held-mode one: ready,
+    // and hold no tree (StateError), in any state but a held-mode one: ready,
     // a round open (the next step commits it) or rows reserved (the next
     // step confirms them). Checked whole (ids, states, uniqueness); a
     // rejected call changes nothing.
@@ -1045,6 +1046,7 @@ private:
     // end / end_many of a handed-over sequence: it leaves the step state
     // (stager_device_step.cpp), its counters with it.
     void leave_step(std::int64_t seq, Seq& s) noexcept;
+    void switch_drafting(std::int64_t seq, Seq& s, bool off) noexcept;
     // disable_many / enable_many: every id checked (and not on the device) before any switch changes.
     void set_drafting(const char* call, const std::int64_t* seqs, std::size_t n, bool off);
 };

@@ -12,7 +12,7 @@
 //            failure is host-only: hand the sequence back with its outcome),
 //   confirm  the verify rows the previous step reserved (the target wrote them),
 //   accept(a),
-//   draft    at n_past = end (the only skip possible here is no_context),
+//   draft    at n_past = end (a skip: disabled, drafting_off or no_context),
 //   reserve  the next verify batch's rows [end, end + B] (only [end] after a
 //            skip: a skipped sequence verifies `last` alone).
 // That is the per-sequence sequence confirm, accept(a), draft(end), commit,
@@ -53,12 +53,14 @@ using i64 = std::int64_t;
     X(live)          /* 1 while handed over (to_device .. to_host) */                      \
     X(end) X(horizon) X(n_cache) X(pos_base)                                               \
     X(restage_owed) X(first_round) X(disabled) X(failures)                                 \
+    X(drafting_off)  /* the server's switch (disable / enable): every draft skips */       \
     X(accept_open) X(tentative) X(verify_owed)                                             \
     X(open) X(open_start) X(open_base) /* the round the last step opened */                \
     X(reserved)      /* the verify rows the last step reserved */                          \
     X(cap) X(touched) X(head_slot) X(head_pos) X(count) /* the ring (FeatureBuffer::Marks) */ \
     X(rounds) X(commits) X(rebases) X(staged_rows) X(restaged_rows) X(skips) X(trims)      \
-    X(trimmed_rows) X(peak_rows) X(skips_disabled) X(skips_no_context) /* the stats a step changes */ \
+    X(trimmed_rows) X(peak_rows) X(skips_disabled) X(skips_no_context)                     \
+    X(skips_drafting_off)  /* the stats a step changes */                                  \
     /* before the reservation (what cancel puts back): the fields reserve changes */       \
     X(pre_end) X(pre_horizon) X(pre_accept_open) X(pre_tentative) X(pre_cap) X(pre_touched) \
     X(pre_head_slot) X(pre_head_pos) X(pre_count) X(pre_trims) X(pre_trimmed_rows)         \
@@ -113,8 +115,9 @@ enum : std::int64_t { PADDING_ID = -1 };
 
 // plan flags (int32 bits).
 enum : std::int32_t { PLAN_REBASE = 1, PLAN_CLEAR_CACHE = 2 };
-// The skip codes of dspark::Skip; the only one a step can make is no_context.
-enum : std::int32_t { SKIP_NONE = 0, SKIP_DISABLED = 1, SKIP_NO_CONTEXT = 3, NOT_STEPPED = -1 };
+// The skip codes of dspark::Skip a step can make: disabled (max_failures
+// rounds failed), no_context, drafting_off (the server's switch: disable).
+enum : std::int32_t { SKIP_NONE = 0, SKIP_DISABLED = 1, SKIP_NO_CONTEXT = 3, SKIP_DRAFTING_OFF = 5, NOT_STEPPED = -1 };
 
 // The Stager's constants the step needs, listed once (Config, the C ABI's
 // dspark_step_config, Stager.step_config()'s keys and the CUDA binding's
@@ -246,7 +249,8 @@ DSPARK_HD bool ring_ok(const Config& c, i64 cap, i64 touched, i64 head_slot, i64
 // The first rule sequence `seq`'s state breaks (DAMAGE_NONE when it breaks none).
 DSPARK_HD int damage_of(const Config& c, const i64* state, i64 seq, const Regs& r) {
     if (!is_flag(r.live)) return DAMAGE_LIVE;
-    if (!is_flag(r.restage_owed) || !is_flag(r.first_round) || !is_flag(r.disabled) || !is_flag(r.accept_open) ||
+    if (!is_flag(r.restage_owed) || !is_flag(r.first_round) || !is_flag(r.disabled) || !is_flag(r.drafting_off) ||
+        !is_flag(r.accept_open) ||
         !is_flag(r.open) || !is_flag(r.pre_accept_open) || !is_flag(r.verify_owed) || r.reserved < RESERVED_NONE ||
         r.reserved > RESERVED_STEP)
         return DAMAGE_FLAG;
@@ -261,8 +265,8 @@ DSPARK_HD int damage_of(const Config& c, const i64* state, i64 seq, const Regs& 
     if (r.open && (r.open_start > r.end || r.open_base < 0 || r.open_base > r.open_start)) return DAMAGE_OPEN;
     const i64 counters[] = {r.rounds,       r.commits,        r.rebases,       r.staged_rows,
                             r.restaged_rows, r.skips,         r.trims,         r.trimmed_rows,
-                            r.peak_rows,    r.skips_disabled, r.skips_no_context, r.pre_trims,
-                            r.pre_trimmed_rows, r.pre_peak_rows};
+                            r.peak_rows,    r.skips_disabled, r.skips_no_context, r.skips_drafting_off,
+                            r.pre_trims,    r.pre_trimmed_rows, r.pre_peak_rows};
     for (i64 v : counters)
         if (!is_count(c, v)) return DAMAGE_COUNTER;
     for (i64 k = 0; k <= c.block; ++k)
@@ -386,11 +390,14 @@ struct Plan {
 DSPARK_HD bool draft(const Config& c, Regs& r, i64 seq, Plan& p) {
     p.start = r.end;
     r.verify_owed = 0;  // a draft, skipped or not: the last round's verify is over
+    // plan_round's order: a disabled sequence, then the server's switch, then no context.
     if (r.disabled) p.skip = SKIP_DISABLED;
+    else if (r.drafting_off) p.skip = SKIP_DRAFTING_OFF;
     else if (p.start <= r.n_cache) p.skip = SKIP_NO_CONTEXT;
     if (p.skip != SKIP_NONE) {
         r.skips += 1;
         if (p.skip == SKIP_DISABLED) r.skips_disabled += 1;
+        else if (p.skip == SKIP_DRAFTING_OFF) r.skips_drafting_off += 1;
         else r.skips_no_context += 1;
         return true;
     }

@@ -947,8 +947,11 @@ cdef class Stager:
     def disable(self, seq):
         """Turn drafting off for the request on ``seq``: every ``draft`` then skips with
         ``"drafting_off"`` while its rows keep being processed (and trimmed) as always.
-        Any state but handed over to the device step; idempotent. ``begin`` / ``end``
-        and a prefix start clear it, ``fork`` copies it, snapshots carry it."""
+        Any state; on a sequence handed over to the device step it writes the step
+        state's ``drafting_off`` column, and its steps skip with ``SKIP_DRAFTING_OFF``
+        (a GPU server's device copy needs the same column: ``cuda.DeviceStep.set_drafting``).
+        Idempotent. ``begin`` / ``end`` and a prefix start clear it, ``fork`` copies it,
+        snapshots carry it."""
         cdef int64_t s = _i64("seq", seq)
         with nogil:
             self._core.disable(s)
@@ -1404,8 +1407,10 @@ cdef class Stager:
     def to_device(self, seqs, tokens=None):
         """External-row mode: hand ``seqs`` over to the device step (``step_many`` or the
         CUDA step run their steps from then on). Every other call on them raises
-        ``StateError`` naming ``to_host`` until they come back. Each must be started and
-        not disabled; checked whole, a rejected call changes nothing.
+        ``StateError`` naming ``to_host`` until they come back (but ``end``, the metrics and
+        ``disable`` / ``enable``). Each must be started and hold no tree verify batch; a
+        disabled sequence or one whose drafting is off steps with a skip (``SKIP_DISABLED``,
+        ``SKIP_DRAFTING_OFF``). Checked whole, a rejected call changes nothing.
 
         ``tokens`` (a chain drafter's Stager: required; else None): the slot token table
         (:meth:`new_token_table`: int32, one id per global slot), into which this writes

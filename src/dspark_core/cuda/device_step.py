@@ -41,7 +41,7 @@ import numpy as np
 
 from . import _backend, interop
 from ..stager._args import _INT32_MAX, _INT32_MIN, as_seq_ids, batch_ints
-from ..stager.device_step import _LAYOUT, PADDING_ID, StepOutputs
+from ..stager.device_step import _LAYOUT, PADDING_ID, STEP_STATE_FIELDS, StepOutputs
 from .interop import DeviceArray
 
 #: The step's outputs as laid out on the device: name, dtype, columns (per entry), from the
@@ -55,8 +55,10 @@ _COUNT_DTYPES = (np.dtype(np.int32), np.dtype(np.int64))
 class DeviceStep:
     """The device step of ``stager`` (external rows) for batches of up to ``capacity`` entries,
     on ``device``. ``stream`` (an int handle or a CUDA stream object; default the legacy
-    default stream): the stream the steps run on, on which every copy of this object is
-    ordered (hand-overs, batches, counts) and :meth:`launch` enqueues by default."""
+    default stream; ``"new"``: a stream of this object's own, created here): the stream the
+    steps run on, on which every copy of this object is ordered (hand-overs, batches,
+    counts) and :meth:`launch` enqueues by default. :meth:`capture` needs a stream other
+    than the legacy default one (which cannot be captured)."""
 
     def __init__(self, stager: Any, capacity: int, device: int = 0, stream: Any = 0) -> None:
         cu: Any = _backend._cuda
@@ -66,6 +68,9 @@ class DeviceStep:
         self.stager = stager
         self.capacity = int(capacity)
         self.device = device
+        if isinstance(stream, str) and stream == "new":
+            self._own_stream = cu.Stream(device)  # kept alive with this object
+            stream = self._own_stream.handle
         self.stream = interop._stream_handle(stream, "", device)
         cfg = stager.step_config
         self._config = tuple(int(cfg[k]) for k in cu.STEP_CONFIG_KEYS)
@@ -185,6 +190,28 @@ class DeviceStep:
         self._cu.device_step(self._config, self._state.ptr, self._seqs.ptr, self._counts_at,
                              self._counts_dtype.itemsize, self.n, outs, s)
 
+    def capture(self) -> Any:
+        """One step of the batch buffers (:meth:`set_batch`, :attr:`counts_ptr`) captured into
+        a CUDA graph on :attr:`stream`, instantiated: :meth:`replay` (or ``graph.launch(stream)``)
+        replays it, one launch per step, whatever the batch written into those buffers since
+        (a fixed capacity: ``set_batch(..., pad=True)``). Capture it once, after
+        :meth:`read_counts_from` if the sampler's buffer is to be read. ValueError on the legacy
+        default stream (``stream=`` a stream of the server's, or ``"new"``)."""
+        if self.stream == 0:
+            raise ValueError("DeviceStep.capture: the legacy default stream cannot be captured: construct the "
+                             "step on a stream of its own (DeviceStep(..., stream=server_stream or \"new\"))")
+        cu = self._cu
+        cu.capture_begin(self.stream, self.device)
+        try:
+            self.launch()
+        finally:
+            graph = cu.capture_end(self.stream, self.device)
+        return graph
+
+    def replay(self, graph: Any) -> None:
+        """Enqueue one replay of a graph from :meth:`capture` on :attr:`stream` (asynchronous)."""
+        graph.launch(self.stream)
+
     def outputs(self) -> StepOutputs:
         """The last step's answers, copied to the host after the steps enqueued on
         :attr:`stream` (synchronous: tests and logs)."""
@@ -197,6 +224,23 @@ class DeviceStep:
             a = np.frombuffer(raw, dtype).copy()
             arrays[name] = a if cols == 1 else a.reshape(self.n, k)
         return StepOutputs(**arrays)
+
+    def set_drafting(self, seqs: Sequence[int], on: bool) -> None:
+        """Turn drafting on or off for ``seqs`` (``Stager.enable_many`` / ``disable_many``:
+        any state, every id checked first, nothing changed on an error). For those handed
+        over, their ``drafting_off`` column (that column only: the others are the device's,
+        newer than the host's) is copied onto the device copy, on :attr:`stream`, so the
+        steps enqueued after this call skip them with ``SKIP_DRAFTING_OFF`` (or draft them
+        again) and :meth:`to_host` brings the switch back. Waits for the copy (outside a
+        graph, as :meth:`set_batch`)."""
+        st = self.stager
+        ids = as_seq_ids("DeviceStep.set_drafting", seqs)
+        (st.enable_many if on else st.disable_many)(ids)
+        col = STEP_STATE_FIELDS.index("drafting_off")
+        value = np.array([0 if on else 1], np.int64).view(np.uint8)
+        for q in sorted({q for q in ids.tolist() if st.on_device(q)}):
+            self._cu.copy_to_device(self._state.ptr + 8 * (col * self.max_seqs + q), value, self.stream)
+        self._cu.synchronize(self.stream, self.device)
 
     def _columns_to_device(self, ids: np.ndarray) -> None:
         """The host step state's columns of ``ids`` (and no other) into the device copy, on :attr:`stream`."""

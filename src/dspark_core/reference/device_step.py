@@ -185,12 +185,6 @@ class DeviceStepMixin:
             if not st.started:
                 raise StateError(at + f"sequence {q} holds no rows: process its prompt (process_external) before "
                                  "to_device")
-            if st.disabled:
-                raise StateError(at + f"sequence {q} is disabled (drafting is off until begin()): decode it without "
-                                 "drafts on the host")
-            if st.drafting_off:
-                raise StateError(at + f"sequence {q} has drafting turned off (disable): decode it without drafts on "
-                                      "the host, or enable it before to_device")
             if st.tree is not None:
                 raise StateError(at + f"sequence {q} holds a tree verify batch (the device step verifies linear "
                                       "batches): call accept_path before to_device")

@@ -823,12 +823,20 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
 
     # -- drafting per request ---------------------------------------------
     def disable(self, seq: int) -> None:
-        """Drafting off for the request on ``seq``: every draft skips with ``"drafting_off"``."""
-        self._get(seq).drafting_off = True
+        """Drafting off for the request on ``seq``: every draft skips with ``"drafting_off"``
+        (any state: a handed-over sequence's steps skip too)."""
+        self._switch(self._known_id(seq), True)
 
     def enable(self, seq: int) -> None:
         """Drafting back on for ``seq``: the next draft plans at once."""
-        self._get(seq).drafting_off = False
+        self._switch(self._known_id(seq), False)
+
+    def _switch(self, i: int, off: bool) -> None:
+        """The request's switch, kept by its reservation too (a cancel does not undo it)."""
+        st = self._seqs[i]
+        for x in (st, st.reservation):
+            if x is not None:
+                x.drafting_off = off
 
     def disable_many(self, seqs: Any) -> None:
         """``disable`` for several sequences (every id checked first)."""
@@ -840,8 +848,9 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
 
     def _set_drafting(self, call: str, seqs: Any, off: bool) -> None:
         ids = arg.seq_ids(call, seqs)
-        for st in self._check_batch(call, ids, ANY):  # a repeated id: the same switch twice
-            st.drafting_off = off
+        self._check_ids(call, ids)  # any state, a handed-over one too; a repeated id: the same switch twice
+        for q in ids.tolist():
+            self._switch(q, off)
 
     # -- slots before the rows (external-row mode) ------------------------
     # reserve is process in external-row mode, with the sequence then held

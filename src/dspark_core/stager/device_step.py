@@ -53,8 +53,15 @@ PADDING_ID = -1
 #: ``flags`` bits.
 STEP_REBASE = 1
 STEP_CLEAR_CACHE = 2
-#: ``skip`` of an entry that was not stepped (else the core's skip code: 0 none, 3 no_context).
+#: ``skip`` of an entry that was not stepped (else the core's skip code, one of the three below or 0).
 NOT_STEPPED = -1
+#: The skips a step can make (the core's ``Skip`` codes; a skipped entry reserves its one verify
+#: row ``[end]``): ``max_failures`` rounds failed (until ``begin``), no context (nothing new to
+#: draft from), and drafting turned off for the request (``disable``; ``enable`` drafts again).
+SKIP_NONE = 0
+SKIP_DISABLED = 1
+SKIP_NO_CONTEXT = 3
+SKIP_DRAFTING_OFF = 5
 
 _INT = {4: np.int32, 8: np.int64}
 #: Each array's name, dtype and shape in units of (n, max_rows, block): the core's list
