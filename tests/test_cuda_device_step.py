@@ -319,3 +319,53 @@ def test_one_captured_graph_replays_over_a_batch_of_changing_size():
     cpu.to_host(everyone)
     for q in everyone:
         assert cpu.state(q) == dev.state(q) and cpu.stats(q) == dev.stats(q)
+
+
+@gpu
+def test_the_drafting_switch_reaches_the_device_copy_and_comes_back():
+    """DeviceStep.set_drafting on handed-over sequences: the steps launched after it skip them
+    with SKIP_DRAFTING_OFF (or draft them again), as the CPU twin's after disable / enable, the
+    other sequences' columns on the device untouched (their steps since the hand-over kept);
+    to_host brings the switch back."""
+    from dspark_core.stager.device_step import SKIP_DRAFTING_OFF, StepOutputs
+
+    n, b, w = 4, 3, 16
+    cpu, dev = Stager(config(n, b, w)), Stager(config(n, b, w))
+    for q in range(n):
+        prompt(cpu, q, 0, 5 + q)
+        prompt(dev, q, 0, 5 + q)
+    everyone = list(range(n))
+    cpu.to_device(everyone)
+    step = cuda.DeviceStep(dev, capacity=n, stream="new")
+    step.to_device(everyone)
+    graph = step.capture()
+    out = StepOutputs.empty(n, cpu.step_layout[1], b)
+    skips = []
+    for k in range(12):
+        if k == 2:
+            step.set_drafting([1, 3], on=False)
+            cpu.disable_many([1, 3])
+        if k == 7:
+            step.set_drafting([3], on=True)
+            cpu.enable(3)
+        counts = [k % (b + 1)] * n
+        step.set_batch(everyone, counts)
+        step.replay(graph)
+        cpu.step_many(everyone, counts, out=out)
+        got = step.outputs()
+        same(got, out)
+        skips.append(got.skip.tolist())
+    assert skips[3][1] == skips[3][3] == SKIP_DRAFTING_OFF and skips[8][3] == 0 and skips[8][1] == SKIP_DRAFTING_OFF
+    step.to_host(everyone)
+    cpu.to_host(everyone)
+    for q in everyone:
+        assert cpu.state(q) == dev.state(q) and cpu.stats(q) == dev.stats(q)
+    assert dev.state(1)["drafting_off"] and not dev.state(3)["drafting_off"]
+
+
+@gpu
+def test_capture_needs_a_stream_of_its_own():
+    st = Stager(config(1, 2, 9))
+    prompt(st, 0, 0, 4)
+    with pytest.raises(ValueError, match="legacy default stream cannot be captured"):
+        cuda.DeviceStep(st, capacity=1).capture()

@@ -93,6 +93,7 @@ class DeviceStep:
             self._out[name] = (arr, dtype, cols)
         cu.synchronize(self.stream, device)
         self.n = 0
+        self._captured = False  # a graph of capacity entries reads these buffers: every batch padded
 
     def _cols(self, cols: Any) -> int:
         return {1: 1, "max_rows": self.max_rows, "block": self.block, "block+1": self.block + 1}[cols]
@@ -157,21 +158,24 @@ class DeviceStep:
         capacity holds padding entries (``PADDING_ID``, count -1: ``STEP_NOT_IN_STEP``,
         nothing changed), so every launch is one of ``capacity`` entries and a graph
         captured once replays over a batch whose size changes (the sampler writes -1 at
-        the padding entries' counts)."""
+        the padding entries' counts). After :meth:`capture` every batch is padded."""
         cu = self._cu
         ids = as_seq_ids("DeviceStep.set_batch", seqs)
         if len(ids) > self.capacity:
             raise ValueError(f"DeviceStep.set_batch: at most {self.capacity} sequence ids (seqs), got {len(ids)}")
         c = None if counts is None else self._counts_of(counts, len(ids), "DeviceStep.set_batch")
-        if pad and len(ids) < self.capacity:
+        n_batch, extra = len(ids), 0
+        if (pad or self._captured) and len(ids) < self.capacity:
             extra = self.capacity - len(ids)
             ids = np.concatenate([ids, np.full(extra, PADDING_ID, np.int64)])
-            if c is not None:
-                c = np.concatenate([c, np.full(extra, -1, c.dtype)])
         cu.copy_to_device(self._seqs.ptr, ids.view(np.uint8), self.stream)
         self.n = len(ids)
         if c is not None:
             cu.copy_to_device(self._counts_at, c.view(np.uint8), self.stream)
+        if extra:  # a padding entry is PADDING_ID with count -1 (with any other count: an unknown id)
+            pad_counts = np.full(extra, -1, self._counts_dtype)
+            cu.copy_to_device(self._counts_at + self._counts_dtype.itemsize * n_batch, pad_counts.view(np.uint8),
+                              self.stream)
         cu.synchronize(self.stream, self.device)
 
     def set_counts(self, counts: Sequence[int]) -> None:
@@ -191,15 +195,19 @@ class DeviceStep:
                              self._counts_dtype.itemsize, self.n, outs, s)
 
     def capture(self) -> Any:
-        """One step of the batch buffers (:meth:`set_batch`, :attr:`counts_ptr`) captured into
-        a CUDA graph on :attr:`stream`, instantiated: :meth:`replay` (or ``graph.launch(stream)``)
-        replays it, one launch per step, whatever the batch written into those buffers since
-        (a fixed capacity: ``set_batch(..., pad=True)``). Capture it once, after
+        """One step of all ``capacity`` entries of the batch buffers (:meth:`set_batch`,
+        :attr:`counts_ptr`) captured into a CUDA graph on :attr:`stream`, instantiated:
+        :meth:`replay` (or ``graph.launch(stream)``) replays it, one launch per step, whatever
+        batch was written into those buffers since (from then on every :meth:`set_batch` pads
+        the entries past its batch; the current batch is padded now). Capture it once, after
         :meth:`read_counts_from` if the sampler's buffer is to be read. ValueError on the legacy
         default stream (``stream=`` a stream of the server's, or ``"new"``)."""
         if self.stream == 0:
             raise ValueError("DeviceStep.capture: the legacy default stream cannot be captured: construct the "
                              "step on a stream of its own (DeviceStep(..., stream=server_stream or \"new\"))")
+        if self.n < self.capacity:  # the graph steps every entry: those past the batch are padding
+            self.set_batch(self._batch_ids(), None, pad=True)
+        self._captured = True
         cu = self._cu
         cu.capture_begin(self.stream, self.device)
         try:
@@ -207,6 +215,11 @@ class DeviceStep:
         finally:
             graph = cu.capture_end(self.stream, self.device)
         return graph
+
+    def _batch_ids(self) -> np.ndarray:
+        """The current batch's ids, read back from the device."""
+        raw = self._cu.copy_to_host(self._seqs.ptr, 8 * self.n)
+        return np.frombuffer(raw, np.int64).copy()
 
     def replay(self, graph: Any) -> None:
         """Enqueue one replay of a graph from :meth:`capture` on :attr:`stream` (asynchronous)."""
