@@ -48,6 +48,7 @@ class PrefixStore;  // dspark/prefix_store.hpp
 struct KeyChain;
 struct PrefixHit;
 struct PrefixPlannedBlock;
+struct PrefixBatchBlocks;  // a publish batch's new blocks (stager_prefix.cpp)
 
 // Head rows below the horizon are dropped once this many have piled up.
 inline constexpr std::int64_t TRIM_CHUNK = 512;
@@ -635,9 +636,11 @@ public:
     // Checked whole before anything changes (a rejected batch changes
     // nothing): the ids, the locks, every sequence's state, unique ids, then
     // each entry's checks against the store as the call found it
-    // ("publish_many: seqs[i] (sequence s): " + publish_prefix's error), a
-    // block key new to the store in two entries (publish it once), and room
-    // for the batch beside the blocks it must keep. Where a loop would fail
+    // ("publish_many: seqs[i] (sequence s): " + publish_prefix's error;
+    // a block new to the store that an earlier entry adds counts as held, so
+    // a later entry of its key refreshes it: the same positions and, held
+    // mode, the same rows where it still holds them), and room for the
+    // batch beside the blocks it must keep. Where a loop would fail
     // part-way (an earlier entry evicting a block that a later one refreshes
     // from rows it no longer holds), the batch keeps that block and evicts
     // the next least recently used one. External rows: the copies of every
@@ -894,10 +897,12 @@ private:
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
     // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
     // the store's mutex): the store, its plan of the publish, the sequence's
-    // rows, the rows of blocks already held. Returns the plan.
+    // rows, the rows of blocks already held. `batch` (publish_prefix_many):
+    // the blocks new to the store that earlier entries add, which this entry
+    // finds held, as in a loop. Returns the plan (against the store as found).
     std::vector<PrefixPlannedBlock> check_publish_prefix(std::int64_t seq, const Seq& s, const PrefixStore& store,
-                                                         const KeyChain& keys, std::int64_t start,
-                                                         std::int64_t end) const;
+                                                         const KeyChain& keys, std::int64_t start, std::int64_t end,
+                                                         const PrefixBatchBlocks* batch = nullptr) const;
 
     std::int64_t firm_end(const SeqFields& s) const noexcept;
     std::int64_t horizon_after(const SeqFields& s) const noexcept;
