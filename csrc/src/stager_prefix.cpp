@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dspark/errors.hpp"
@@ -226,6 +227,14 @@ struct Stager::PrefixOps {
         }
     }
 };
+
+std::pair<std::int64_t, std::int64_t> Stager::publishable(std::int64_t seq) const {
+    auto lock = lock_seq(seq);
+    const Seq& s = ready(seq);
+    if (!s.started) return {0, 0};
+    // check_publish_prefix's bounds: final rows end at firm_end, held ones start at the horizon.
+    return {s.horizon, firm_end(s)};
+}
 
 std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
                                              std::int64_t start, std::int64_t end, std::uint64_t* serial) {

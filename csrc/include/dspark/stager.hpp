@@ -631,6 +631,15 @@ public:
                                 std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr,
                                 const std::int32_t* tokens = nullptr);
 
+    // The positions [lo, hi) whose rows publish_prefix can take from seq
+    // now: the rows it still holds (from its horizon) that are final (below
+    // what an accept may still drop). A block inside the range publishes; a
+    // block reaching below lo only where the keep rule drops its rows there
+    // (a block longer than K ending past W - B); one reaching past hi never.
+    // {0, 0} for a sequence holding no rows. The sequence checks are
+    // publish_prefix's (a ready sequence).
+    std::pair<std::int64_t, std::int64_t> publishable(std::int64_t seq) const;
+
     // A step's publishes in one call: publish_prefix of seqs[i]'s blocks
     // [starts[i], ends[i]) under keys[i], in batch order, as a loop would.
     // Checked whole before anything changes (a rejected batch changes
