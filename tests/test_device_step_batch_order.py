@@ -331,7 +331,7 @@ SINGLE_CALLS: dict[str, Callable[[Setup, int, Any], Any]] = {
                                          **({"tokens": ids_of(np.arange(4))} if s.chain else {})),
     **{name: _plain_single(name) for name in (
         "begin", "end", "disable", "enable", "confirm", "cancel", "commit", "snapshot", "snapshot_size", "state",
-        "stats", "accepted", "on_device", "live_slots", "buffered_positions", "open_round_id",
+        "stats", "accepted", "on_device", "live_slots", "buffered_positions", "publishable", "open_round_id",
     )},
 }
 

@@ -81,14 +81,14 @@ class Pair:
         return seqs, live, blocks, tuple(sorted(stats.items())), self.st.moves_issued
 
 
-def _step_publishes(rng, ends_now, published):
+def _step_publishes(rng, ends_now, published, shared):
     """One step's publishes: the blocks completed since each sequence's last publish (a sequence
-    whose lag is short may wait a step), one sequence per shared prompt (s and s + 3 share one:
-    a block new to the store is published once per batch)."""
+    whose lag is short may wait a step). s and s + 3 share a prompt: ``shared``, both may publish
+    in one step (a block new to the store in two entries), else one sequence per prompt."""
     seqs, keys, starts, ends, tags = [], [], [], [], set()
     for s in rng.permutation(N).tolist():
         lo, hi = published[s], ends_now[s] // BT * BT
-        if hi <= lo or s % 3 in tags or (hi - lo < 3 * BT and rng.random() < 0.3):
+        if hi <= lo or (s % 3 in tags and not shared) or (hi - lo < 3 * BT and rng.random() < 0.3):
             continue
         tags.add(s % 3)
         seqs.append(s)
@@ -101,8 +101,9 @@ def _step_publishes(rng, ends_now, published):
 @pytest.mark.parametrize("rows", ["held", "external"])
 @pytest.mark.parametrize("impl", sorted(IMPLS))
 @pytest.mark.parametrize("budget", [1 << 20, 12_000], ids=["roomy", "evicting"])
-def test_batches_equal_loops(impl, rows, budget):
-    rng = np.random.default_rng(hash((impl, rows, budget)) % 2**32)
+@pytest.mark.parametrize("shared", [False, True], ids=["one-entry-per-prompt", "shared-blocks"])
+def test_batches_equal_loops(impl, rows, budget, shared):
+    rng = np.random.default_rng(hash((impl, rows, budget, shared)) % 2**32)
     batch, loop = Pair(impl, rows, budget), Pair(impl, rows, budget)
     prompts = {t: massive_rows(np.random.default_rng(t), 400, D) for t in range(3)}
     ends_now, published = [0] * N, [0] * N
@@ -116,7 +117,7 @@ def test_batches_equal_loops(impl, rows, budget):
             for p in (batch, loop):
                 p.feed(s, ends_now[s], chunk)
             ends_now[s] += n
-        seqs, keys, starts, ends = _step_publishes(rng, ends_now, published)
+        seqs, keys, starts, ends = _step_publishes(rng, ends_now, published, shared)
         loop.publish_loop(seqs, keys, starts, ends)
         moves = batch.publish_many(seqs, keys, starts, ends)
         for i in range(len(seqs)):
@@ -169,8 +170,8 @@ def _rejections(p: Pair):
         ([0, 1, 2], ok[0][1] + [keys_of(3, 0, 80)], [0, 0, 0], [40, 40, 80]),
         # a chain of the wrong length
         ([0, 1, 2], ok[0][1] + [keys_of(3, 0, 24)], [0, 0, 0], [40, 40, 40]),
-        # a block new in two entries
-        ([0, 1, 2], ok[0][1] + [keys_of(1, 0, 40)], [0, 0, 0], [40, 40, 40]),
+        # a block new in two entries, at other positions in the second (as a loop's second publish)
+        ([0, 1, 2], ok[0][1] + [keys_of(1, 0, 40)], [0, 0, 8], [40, 40, 48]),
         # an unknown sequence
         ([0, 1, N], ok[0][1] + [keys_of(3, 0, 40)], [0, 0, 0], [40, 40, 40]),
     ]
@@ -198,7 +199,8 @@ def test_a_rejected_batch_changes_nothing_and_says_what_the_reference_says(rows)
         messages[impl] = got
     assert messages["core"] == messages["reference"]
     assert "publish_many: seqs[2] (sequence 2)" in messages["core"][0]
-    assert "new to the store in seqs[0] of this batch too" in messages["core"][2]
+    assert messages["core"][2].startswith("ValueError: publish_many: seqs[2] (sequence 2): key ")
+    assert "is held for positions [0, 8), not [8, 16)" in messages["core"][2]
     assert messages["core"][4].startswith("ValueError: hit_many: seqs[2] (sequence 5)")
 
 
@@ -236,6 +238,101 @@ def test_a_batch_keeps_a_block_a_later_entry_refreshes_from_rows_it_no_longer_ho
         with pytest.raises(ValueError, match="no longer held"):
             store2.publish(st2, 1, keys_of(1, 0, 8), 0, 8)
     assert results["core"] == results["reference"]
+
+
+# A block new to the store in two entries of a batch (a shared system prompt whose chunk two
+# requests finish in the same step): the first entry adds it, a later one refreshes it, as a loop
+# of publish does. The oracles: the loop, and the reference's batch.
+
+
+def _shared_prompt_pairs(impl: str, rows: str, budget: int) -> tuple[Pair, Pair]:
+    """A batch pair and a loop pair where seqs 0..2 hold the same 48-row system prompt and then
+    their own rows (seq 2: one more block), seq 3 the prompt and 100 rows more (the prompt's rows
+    have left its window), and seq 4 the prompt's positions with other rows."""
+    system = massive_rows(np.random.default_rng(11), 48, D)
+    pairs = Pair(impl, rows, budget), Pair(impl, rows, budget)
+    for p in pairs:
+        for s in range(3):
+            p.feed(s, 0, system)
+            p.feed(s, 48, massive_rows(np.random.default_rng(20 + s), 8 * (s + 1), D))
+        p.feed(3, 0, system)
+        p.feed(3, 48, massive_rows(np.random.default_rng(23), 100, D))
+        p.feed(4, 0, massive_rows(np.random.default_rng(24), 48, D))
+    return pairs
+
+
+SYSTEM = keys_of(1, 0, 48)
+SHARED_BATCH = (
+    [1, 0, 2, 3],
+    [SYSTEM, SYSTEM, SYSTEM + keys_of(52, 48, 64), SYSTEM],
+    [0, 0, 0, 0],
+    [48, 48, 64, 48],
+)
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+@pytest.mark.parametrize("impl", sorted(IMPLS))
+@pytest.mark.parametrize("budget", [1 << 20, 12_000], ids=["roomy", "evicting"])
+def test_a_block_new_in_two_entries_is_added_once_and_refreshed_as_a_loop_does(impl, rows, budget):
+    batch, loop = _shared_prompt_pairs(impl, rows, budget)
+    for p in (batch, loop):  # fill the store, so that the evicting budget evicts during the batch
+        for t in range(8):
+            p.feed(5, 8 * t, massive_rows(np.random.default_rng(30 + t), 8, D))
+            p.publish_loop([5], [keys_of(90 + t, 8 * t, 8 * t + 8)], [8 * t], [8 * t + 8])
+    seqs, keys, starts, ends = SHARED_BATCH
+    if budget < 1 << 20:  # seq 3 refreshes from rows it no longer holds: a loop is exact only while nothing evicts
+        seqs, keys, starts, ends = seqs[:3], keys[:3], starts[:3], ends[:3]
+    loop.publish_loop(seqs, keys, starts, ends)
+    moves = batch.publish_many(seqs, keys, starts, ends)
+    assert batch.everything()[:4] == loop.everything()[:4]  # (one table change, not one per entry)
+    stats = batch.store.stats()
+    assert stats["republished"] == loop.store.stats()["republished"] >= 2 * len(SYSTEM) // (1 if budget >= 1 << 20 else 2)
+    for k in SYSTEM:  # added from the batch's first entry (seq 1) and held under one key each
+        assert k in batch.store
+    if rows == "external":
+        assert moves.serial == batch.st.moves_issued
+    # A hit on the shared prompt stages seq 1's rows: the same as the loop's.
+    a, b = batch.hit_loop([5], [SYSTEM], [48]), loop.hit_loop([5], [SYSTEM], [48])
+    assert [h.as_dict() for h in a] == [h.as_dict() for h in b]
+    assert batch.everything()[:4] == loop.everything()[:4]
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_core_and_reference_agree_on_a_block_new_in_two_entries(rows):
+    core, ref = _shared_prompt_pairs("core", rows, 1 << 20), _shared_prompt_pairs("reference", rows, 1 << 20)
+    a, b = core[0].publish_many(*SHARED_BATCH), ref[0].publish_many(*SHARED_BATCH)
+    assert np.array_equal(a, b) and a.serial == b.serial
+    assert core[0].everything() == ref[0].everything()
+    assert core[0].store.stats()["published"] == len(SYSTEM) + 2  # seq 2's two own blocks
+    assert core[0].store.stats()["republished"] == 3 * len(SYSTEM)  # seqs 0, 2 and 3
+
+
+@pytest.mark.parametrize("rows", ["held", "external"])
+def test_a_later_entry_with_other_rows_or_positions_is_refused_as_a_loop_refuses_it(rows):
+    """The later entry of a block new to the store must bring what a second publish must: its
+    positions, and (held rows) the same rows where it still holds them. The batch is refused with
+    the loop's second publish's error, naming the entry, and changes nothing."""
+    cases = [
+        ([0, 4], [SYSTEM, SYSTEM], [0, 0], [48, 48]),  # seq 4: other rows at the prompt's positions
+        ([0, 1], [SYSTEM, [SYSTEM[1], 777]], [0, 0], [48, 16]),  # SYSTEM[1], of [8, 16), at [0, 8)
+    ]
+    for k, (seqs, keys, starts, ends) in enumerate(cases):
+        if rows == "external" and k == 0:
+            continue  # the owner's rows: not visible to the store, a refresh as a loop's
+        messages = {}
+        for impl in sorted(IMPLS):
+            batch, loop = _shared_prompt_pairs(impl, rows, 1 << 20)
+            loop.publish_loop(seqs[:1], keys[:1], starts[:1], ends[:1])
+            with pytest.raises(ValueError) as single:
+                loop.publish_loop(seqs[1:], keys[1:], starts[1:], ends[1:])
+            before = batch.everything()
+            with pytest.raises(ValueError) as exc:
+                batch.publish_many(seqs, keys, starts, ends)
+            assert str(exc.value) == f"publish_many: seqs[1] (sequence {seqs[1]}): {single.value}"
+            assert batch.everything() == before
+            messages[impl] = str(exc.value)
+        assert messages["core"] == messages["reference"]
+        assert ("other rows" if k == 0 else "is held for positions") in messages["core"]
 
 
 def test_hit_many_on_the_table_applies_one_change_and_gathers_the_published_rows():

@@ -179,12 +179,22 @@ std::vector<PrefixStore::PlannedBlock> PrefixStore::plan_publish(const KeyChain&
         pb.kept = kept_run(pb.start, pb.end);
         const auto it = index_.find(std::string(pb.key));
         pb.existing = it == index_.end() ? nullptr : const_cast<Block*>(&it->second);
-        if (pb.existing && (pb.existing->start != pb.start || pb.existing->end != pb.end))
-            bad("key " + key_text(pb.key) + " is held for positions " + range(pb.existing->start, pb.existing->end) +
-                ", not " + range(pb.start, pb.end) + ": a key must name the same block every time");
+        if (pb.existing) check_same_positions(pb.key, pb.existing->start, pb.existing->end, pb.start, pb.end);
         plan.push_back(pb);
     }
     return plan;
+}
+
+void PrefixStore::check_same_positions(std::string_view key, std::int64_t held_start, std::int64_t held_end,
+                                       std::int64_t start, std::int64_t end) {
+    if (held_start != start || held_end != end)
+        bad("key " + key_text(key) + " is held for positions " + range(held_start, held_end) + ", not " +
+            range(start, end) + ": a key must name the same block every time");
+}
+
+void PrefixStore::refuse_other_rows(const PlannedBlock& pb, const std::string& who) {
+    bad(who + "the block at " + range(pb.start, pb.end) + " (key " + key_text(pb.key) +
+        ") is already held with other rows: a block published twice must carry the same rows");
 }
 
 void PrefixStore::require_mode(RowMode mode, const char* call, const char* other) const {
@@ -205,16 +215,16 @@ std::int64_t PrefixStore::new_pages(const std::vector<PlannedBlock>& plan) const
 void PrefixStore::check_same_rows(const std::vector<PlannedBlock>& plan, const RowSame& same,
                                   const std::string& who) const {
     if (external()) return;  // the owner's rows: not visible here
-    for (const PlannedBlock& pb : plan) {
-        if (!pb.existing) continue;
-        bool equal = true;
-        for_each_piece(pb.existing->kept, pb.existing->pages, [&](const Piece& pc) {
-            equal = equal && same(pc, page_data(pc.page) + static_cast<std::size_t>(pc.off) * row_bytes_);
-        });
-        if (!equal)
-            bad(who + "the block at " + range(pb.start, pb.end) + " (key " + key_text(pb.key) +
-                ") is already held with other rows: a block published twice must carry the same rows");
-    }
+    for (const PlannedBlock& pb : plan)
+        if (pb.existing && !same_rows(*pb.existing, same)) refuse_other_rows(pb, who);
+}
+
+bool PrefixStore::same_rows(const Block& b, const RowSame& same) const {
+    bool equal = true;
+    for_each_piece(b.kept, b.pages, [&](const Piece& pc) {
+        equal = equal && same(pc, page_data(pc.page) + static_cast<std::size_t>(pc.off) * row_bytes_);
+    });
+    return equal;
 }
 
 void PrefixStore::reserve_pages(std::int64_t n_new) {
@@ -281,8 +291,7 @@ void PrefixStore::touch(Block& b) { lru_.splice(lru_.end(), lru_, b.lru); }
 // (reserve_pages): what is left to fail is the index's own small
 // allocations (std::bad_alloc), and then every block is added whole or not
 // at all, the ones before it staying added.
-void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill,
-                                 const std::unordered_map<const Block*, int>* keep) {
+void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill, const Keep* keep) {
     for (const PlannedBlock& pb : plan)
         if (pb.existing) {
             touch(*pb.existing);
@@ -294,7 +303,7 @@ void PrefixStore::commit_publish(const std::vector<PlannedBlock>& plan, const Ro
         while (n_pages_ - stats_.pages < need) {
             auto victim = lru_.begin();
             if (keep)
-                while (keep->count(*victim)) ++victim;
+                while (keep->count((*victim)->key)) ++victim;
             drop(**victim);
             stats_.evicted_lru += 1;
         }

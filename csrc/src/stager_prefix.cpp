@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "dspark/errors.hpp"
@@ -39,17 +40,40 @@ void add_move(std::vector<SlotMove>& moves, std::int64_t src, std::int64_t dst, 
 
 }  // namespace
 
+// A block new to the store that an entry of a publish batch adds, under its
+// key: what a later entry of the same key finds held when it runs (the
+// first entry's positions and rows; its ring holds every kept row).
+struct PrefixBatchBlock {
+    std::size_t entry;
+    const FeatureBuffer* rows;
+    std::int64_t start, end;
+};
+struct PrefixBatchBlocks {
+    std::unordered_map<std::string_view, PrefixBatchBlock> by_key;  // the first entry of each key
+};
+
 // After the sequence's own checks (ready()), under the store's mutex, in
 // order: the store's configuration (ConfigError), the publish itself (the
-// store's plan_publish: positions, keys, the chain against them), the
-// sequence's rows (it holds rows, [start, end) are final, the rows new blocks
-// keep are still held), then the contents: a block already held must carry
-// the rows the ring still holds. No side effects.
+// store's plan_publish: positions, keys, the chain against them; a batch's
+// earlier blocks as held ones), the sequence's rows (it holds rows, [start,
+// end) are final, the rows new blocks keep are still held), then the
+// contents, in chain order: a block already held must carry the rows the
+// ring still holds. No side effects.
 std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, const Seq& s, const PrefixStore& store,
                                                              const KeyChain& keys, std::int64_t start,
-                                                             std::int64_t end) const {
+                                                             std::int64_t end, const PrefixBatchBlocks* batch) const {
     store.check_compatible(opt_);
     std::vector<PrefixPlannedBlock> plan = store.plan_publish(keys, start, end);
+    // The batch's blocks this entry finds held by the time it runs.
+    std::vector<const PrefixBatchBlock*> earlier(plan.size(), nullptr);
+    if (batch)
+        for (std::size_t j = 0; j < plan.size(); ++j) {
+            const PrefixPlannedBlock& pb = plan[j];
+            const auto it = pb.existing ? batch->by_key.end() : batch->by_key.find(pb.key);
+            if (it == batch->by_key.end()) continue;
+            PrefixStore::check_same_positions(pb.key, it->second.start, it->second.end, pb.start, pb.end);
+            earlier[j] = &it->second;
+        }
     const std::string who = detail::seq_msg(seq);
     if (!s.started) throw std::invalid_argument(who + " holds no rows (nothing was processed since begin())");
     // Rows an accept() may still drop are not final (the first one is).
@@ -58,42 +82,60 @@ std::vector<PrefixPlannedBlock> Stager::check_publish_prefix(std::int64_t seq, c
         throw std::invalid_argument(who + ": positions " + range(start, end) + " reach past its final rows (" +
                                     range(s.horizon, final_end) + (final_end < s.end ? "; call accept() first" : "") +
                                     ")");
-    for (const auto& pb : plan)
-        if (!pb.existing && pb.kept.first < s.horizon)
+    for (std::size_t j = 0; j < plan.size(); ++j) {
+        const PrefixPlannedBlock& pb = plan[j];
+        if (!pb.existing && !earlier[j] && pb.kept.first < s.horizon)
             throw std::invalid_argument(
                 who + ": rows " + range(pb.kept.first, std::min(s.horizon, pb.kept.first + pb.kept.count)) +
                 " of the block at " + range(pb.start, pb.end) + " are no longer held (its oldest row is " +
                 std::to_string(s.horizon) +
                 "): publish each block when the server hands it over, before later rows push it out of the "
                 "window, or pass its rows to publish_rows (external rows: the store table's publish_rows)");
+    }
+    if (store.external()) return plan;  // the owner's rows: not visible here
     // A block published again after its rows left the window is refreshed on
     // its key and positions alone: only the rows the ring still holds compare.
-    store.check_same_rows(plan, [&](const PrefixStore::Piece& pc, const std::uint8_t* held) {
-        const std::int64_t lo = std::max(pc.pos, s.horizon), hi = pc.pos + pc.count;
-        if (lo >= hi) return true;
-        const std::uint8_t* want = held + static_cast<std::size_t>(lo - pc.pos) * row_bytes_;
+    const auto ring_equals = [&](std::int64_t lo, std::int64_t hi, const std::uint8_t* want) {
         bool same = true;
         s.buf.for_each_run(lo, hi, [&](const std::uint8_t* run, std::size_t bytes) {
             same = same && std::memcmp(run, want, bytes) == 0;
             want += bytes;
         });
         return same;
-    }, who + ": ");
+    };
+    ByteVec theirs;
+    for (std::size_t j = 0; j < plan.size(); ++j) {
+        const PrefixPlannedBlock& pb = plan[j];
+        bool same = true;
+        if (pb.existing) {
+            same = store.same_rows(*pb.existing, [&](const PrefixStore::Piece& pc, const std::uint8_t* held) {
+                const std::int64_t lo = std::max(pc.pos, s.horizon), hi = pc.pos + pc.count;
+                return lo >= hi || ring_equals(lo, hi, held + static_cast<std::size_t>(lo - pc.pos) * row_bytes_);
+            });
+        } else if (earlier[j]) {
+            const std::int64_t lo = std::max(pb.kept.first, s.horizon), hi = pb.end;
+            if (lo < hi) {
+                theirs.resize(static_cast<std::size_t>(hi - lo) * row_bytes_);
+                earlier[j]->rows->copy_out(lo, hi, theirs.data());
+                same = ring_equals(lo, hi, theirs.data());
+            }
+        }
+        if (!same) PrefixStore::refuse_other_rows(pb, who + ": ");
+    }
     return plan;
 }
 
 // The changes a prefix store makes to a sequence, shared by the calls and
 // their batches (each checks first, then calls these).
 struct Stager::PrefixOps {
-    using Keep = std::unordered_map<const PrefixStore::Block*, int>;
-
     // A checked publish's rows into the store: held mode copies them from
     // the ring into its pages; external mode records the copies (this
     // Stager's table -> the store's) in `moves`. `keep`: blocks no eviction
     // takes (a batch's). What can fail is the store index's own small
     // allocations (std::bad_alloc).
     static void publish(const Stager& st, std::int64_t seq, const Seq& s, PrefixStore& store,
-                        const std::vector<PrefixPlannedBlock>& plan, std::vector<SlotMove>& moves, const Keep* keep) {
+                        const std::vector<PrefixPlannedBlock>& plan, std::vector<SlotMove>& moves,
+                        const PrefixStore::Keep* keep) {
         const std::int64_t base = st.slot_base(seq);
         const std::int64_t pr = store.page_rows();
         store.commit_publish(plan, [&](const PrefixStore::Piece& pc, std::uint8_t* dst) {
@@ -186,6 +228,14 @@ struct Stager::PrefixOps {
     }
 };
 
+std::pair<std::int64_t, std::int64_t> Stager::publishable(std::int64_t seq) const {
+    auto lock = lock_seq(seq);
+    const Seq& s = ready(seq);
+    if (!s.started) return {0, 0};
+    // check_publish_prefix's bounds: final rows end at firm_end, held ones start at the horizon.
+    return {s.horizon, firm_end(s)};
+}
+
 std::vector<SlotMove> Stager::publish_prefix(std::int64_t seq, PrefixStore& store, const KeyChain& keys,
                                              std::int64_t start, std::int64_t end, std::uint64_t* serial) {
     auto lock = lock_seq(seq);
@@ -216,37 +266,35 @@ std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, s
     const std::vector<std::int64_t> starts = copy_of(starts_in, n), ends = copy_of(ends_in, n);
     if (serial) *serial = 0;
     std::lock_guard<std::mutex> store_lock(store.mu_);
-    // Every entry against the store as the call found it.
+    // Every entry against the store as the call found it, and the blocks new
+    // to it that earlier entries add: a later entry of such a key refreshes
+    // the block, as in a loop.
     std::vector<std::vector<PrefixPlannedBlock>> plans(n);
-    for (std::size_t i = 0; i < n; ++i)
+    PrefixBatchBlocks added;
+    for (std::size_t i = 0; i < n; ++i) {
+        const Seq& s = get(seqs[i]);
         plans[i] = in_batch(call, i, seqs[i], [&] {
-            return check_publish_prefix(seqs[i], get(seqs[i]), store, keys[i], starts[i], ends[i]);
+            return check_publish_prefix(seqs[i], s, store, keys[i], starts[i], ends[i], &added);
         });
-    // What the entries do to each other: a key new to the store in two of
-    // them (refused); blocks an entry refreshes from rows it no longer holds
-    // (kept from evictions until that entry has run: a loop would fail there).
-    std::unordered_map<std::string_view, std::size_t> added;
-    PrefixOps::Keep keep;
-    std::vector<std::vector<const PrefixStore::Block*>> fragile(n);
+        for (const PrefixPlannedBlock& pb : plans[i])
+            if (!pb.existing) added.by_key.emplace(pb.key, PrefixBatchBlock{i, &s.buf, pb.start, pb.end});
+    }
+    // Blocks an entry refreshes from rows it no longer holds (held ones, or
+    // ones an earlier entry adds): kept from evictions until that entry has
+    // run (a loop would fail there).
+    PrefixStore::Keep keep;
+    std::vector<std::vector<std::string_view>> fragile(n);
     std::int64_t upper = 0, kept_pages = 0, largest = 0;
     for (std::size_t i = 0; i < n; ++i)
         for (const PrefixPlannedBlock& pb : plans[i]) {
             const std::int64_t pages = store.pages_for(pb.kept.count);
             upper += pages;
             largest = std::max(largest, pages);
-            if (!pb.existing) {
-                // (No structured binding: a lambda may not capture one before C++20.)
-                const auto added_at = added.emplace(pb.key, i);
-                const std::size_t first = added_at.first->second;
-                if (!added_at.second)
-                    in_batch(call, i, seqs[i], [&] {
-                        throw std::invalid_argument(
-                            "the block at " + range(pb.start, pb.end) + " is new to the store in seqs[" +
-                            std::to_string(first) + "] of this batch too: publish a block once per batch");
-                    });
-            } else if (pb.kept.first < get(seqs[i]).horizon) {
-                fragile[i].push_back(pb.existing);
-                if (keep[pb.existing]++ == 0) kept_pages += static_cast<std::int64_t>(pb.existing->pages.size());
+            const bool held_then = pb.existing || added.by_key.at(pb.key).entry != i;
+            if (held_then && pb.kept.first < get(seqs[i]).horizon) {
+                fragile[i].push_back(pb.key);
+                if (keep[pb.key]++ == 0)
+                    kept_pages += pb.existing ? static_cast<std::int64_t>(pb.existing->pages.size()) : pages;
             }
         }
     if (store.n_pages_ - kept_pages < largest)
@@ -258,10 +306,11 @@ std::vector<SlotMove> Stager::publish_prefix_many(const std::int64_t* seqs_in, s
     if (external()) moves.reserve(static_cast<std::size_t>(2 * upper));
     store.reserve_pages(upper);  // may throw std::bad_alloc: nothing changed yet
     for (std::size_t i = 0; i < n; ++i) {
-        for (const PrefixStore::Block* b : fragile[i])  // refreshed now: as a loop would, from here on
-            if (--keep[b] == 0) keep.erase(b);
-        // Planned again: an earlier entry may have evicted a block this one
-        // found held (it then publishes it anew, from rows it still holds).
+        for (const std::string_view k : fragile[i])  // refreshed now: as a loop would, from here on
+            if (--keep[k] == 0) keep.erase(k);
+        // Planned again: an earlier entry may have added a block this one
+        // refreshes, or evicted one it found held (it then publishes it anew,
+        // from rows it still holds).
         const std::vector<PrefixPlannedBlock> plan =
             i == 0 ? std::move(plans[0]) : store.plan_publish(keys[i], starts[i], ends[i]);
         PrefixOps::publish(*this, seqs[i], get(seqs[i]), store, plan, moves, keep.empty() ? nullptr : &keep);

@@ -729,8 +729,9 @@ DSPARK_API dspark_status dspark_prefix_hit(dspark_stager* st, int64_t seq, dspar
  * 1] - c; chain_offsets has n + 1 entries rising from 0). Checked whole
  * first: a rejected batch changes nothing, and its message names the entry
  * ("publish_many: seqs[i] (sequence s): ..."); a block new to the store in
- * two entries is refused. EXTERNAL: the copies of every entry, in order,
- * are this thread's last moves (one table change). */
+ * two entries is added by the first and refreshed by the later ones, as a
+ * loop would. EXTERNAL: the copies of every entry, in order, are this
+ * thread's last moves (one table change). */
 DSPARK_API dspark_status dspark_prefix_publish_many(dspark_stager* st, const int64_t* seqs, size_t n,
                                                     dspark_prefix_store* store, const uint8_t* keys,
                                                     const size_t* key_offsets, const size_t* chain_offsets,

@@ -289,6 +289,14 @@ private:
     // Held mode: the kept rows of every block already held equal the new ones
     // (std::invalid_argument naming the block otherwise; `who` prefixes it).
     void check_same_rows(const std::vector<PlannedBlock>& plan, const RowSame& same, const std::string& who) const;
+    // Held mode: same(piece, held) for every piece of a held block's rows.
+    bool same_rows(const Block& b, const RowSame& same) const;
+    // The error of a block held with other rows than a publish brings.
+    [[noreturn]] static void refuse_other_rows(const PlannedBlock& pb, const std::string& who);
+    // std::invalid_argument unless a key held for [held_start, held_end) is
+    // published for the same positions [start, end).
+    static void check_same_positions(std::string_view key, std::int64_t held_start, std::int64_t held_end,
+                                     std::int64_t start, std::int64_t end);
     // A hit at n_tokens: the keys, n_tokens in [0, 2**62), one key per block,
     // held keys for the same positions; and the rows it places.
     struct HitPlan {
@@ -316,11 +324,13 @@ private:
     // Page memory for every page a commit of `n_new` more pages can touch
     // (allocates, may throw bad_alloc; changes nothing observable).
     void reserve_pages(std::int64_t n_new);
+    // Keys of blocks no eviction may take (a batch of publishes', counted;
+    // a key may name a block the batch adds later).
+    using Keep = std::unordered_map<std::string_view, int>;
     // Adds the planned blocks (evicting LRU blocks for room), filling their
-    // rows. `keep` (a batch of publishes): blocks no eviction may take, the
-    // least recently used one not in it goes instead (there must be one).
-    void commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill,
-                        const std::unordered_map<const Block*, int>* keep = nullptr);
+    // rows. `keep`: the least recently used block not in it goes instead
+    // (there must be one).
+    void commit_publish(const std::vector<PlannedBlock>& plan, const RowFill& fill, const Keep* keep = nullptr);
     std::int64_t take_page();
     void drop(Block& b);
     void touch(Block& b);

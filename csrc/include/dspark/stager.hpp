@@ -48,6 +48,7 @@ class PrefixStore;  // dspark/prefix_store.hpp
 struct KeyChain;
 struct PrefixHit;
 struct PrefixPlannedBlock;
+struct PrefixBatchBlocks;  // a publish batch's new blocks (stager_prefix.cpp)
 
 // Head rows below the horizon are dropped once this many have piled up.
 inline constexpr std::int64_t TRIM_CHUNK = 512;
@@ -630,14 +631,25 @@ public:
                                 std::vector<SlotMove>* moves, std::uint64_t* serial = nullptr,
                                 const std::int32_t* tokens = nullptr);
 
+    // The positions [lo, hi) whose rows publish_prefix can take from seq
+    // now: the rows it still holds (from its horizon) that are final (below
+    // what an accept may still drop). A block inside the range publishes; a
+    // block reaching below lo only where the keep rule drops its rows there
+    // (a block longer than K ending past W - B); one reaching past hi never.
+    // {0, 0} for a sequence holding no rows. The sequence checks are
+    // publish_prefix's (a ready sequence).
+    std::pair<std::int64_t, std::int64_t> publishable(std::int64_t seq) const;
+
     // A step's publishes in one call: publish_prefix of seqs[i]'s blocks
     // [starts[i], ends[i]) under keys[i], in batch order, as a loop would.
     // Checked whole before anything changes (a rejected batch changes
     // nothing): the ids, the locks, every sequence's state, unique ids, then
     // each entry's checks against the store as the call found it
-    // ("publish_many: seqs[i] (sequence s): " + publish_prefix's error), a
-    // block key new to the store in two entries (publish it once), and room
-    // for the batch beside the blocks it must keep. Where a loop would fail
+    // ("publish_many: seqs[i] (sequence s): " + publish_prefix's error;
+    // a block new to the store that an earlier entry adds counts as held, so
+    // a later entry of its key refreshes it: the same positions and, held
+    // mode, the same rows where it still holds them), and room for the
+    // batch beside the blocks it must keep. Where a loop would fail
     // part-way (an earlier entry evicting a block that a later one refreshes
     // from rows it no longer holds), the batch keeps that block and evicts
     // the next least recently used one. External rows: the copies of every
@@ -895,10 +907,12 @@ private:
     void check_shift(const Seq& s, std::int64_t n_keep, std::int64_t n_discard) const;
     // publish_prefix's checks after the sequence's (stager_prefix.cpp, under
     // the store's mutex): the store, its plan of the publish, the sequence's
-    // rows, the rows of blocks already held. Returns the plan.
+    // rows, the rows of blocks already held. `batch` (publish_prefix_many):
+    // the blocks new to the store that earlier entries add, which this entry
+    // finds held, as in a loop. Returns the plan (against the store as found).
     std::vector<PrefixPlannedBlock> check_publish_prefix(std::int64_t seq, const Seq& s, const PrefixStore& store,
-                                                         const KeyChain& keys, std::int64_t start,
-                                                         std::int64_t end) const;
+                                                         const KeyChain& keys, std::int64_t start, std::int64_t end,
+                                                         const PrefixBatchBlocks* batch = nullptr) const;
 
     std::int64_t firm_end(const SeqFields& s) const noexcept;
     std::int64_t horizon_after(const SeqFields& s) const noexcept;

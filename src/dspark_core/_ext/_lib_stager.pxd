@@ -5,6 +5,7 @@ from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp.string cimport string
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
+from libcpp.utility cimport pair
 from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_translate_exception
@@ -260,6 +261,7 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         int64_t check_restore(int64_t seq, const uint8_t* data, size_t nbytes) except +dspark_translate_exception
         SeqState state(int64_t seq) except +dspark_translate_exception
         void live_slots(int64_t seq, SlotRun* out) except +dspark_translate_exception
+        pair[int64_t, int64_t] publishable(int64_t seq) except +dspark_translate_exception
         SeqStats stats(int64_t seq) except +dspark_translate_exception
         vector[int64_t] accepted(int64_t seq) except +dspark_translate_exception
         void accepted_many(const int64_t* seqs, size_t n, int64_t* out) except +dspark_translate_exception

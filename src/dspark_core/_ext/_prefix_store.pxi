@@ -279,8 +279,11 @@ cdef class PrefixStore:
 
         Equal to a loop of ``publish``, checked whole first: a rejected batch changes nothing, and
         an error names the sequence (``"publish_many: seqs[i] (sequence s): ..."``). A block new
-        to the store in two entries is refused (publish it once). External-row mode: the copies
-        of every entry, one table change (:class:`PrefixMoves`); held mode: an empty one.
+        to the store in two entries (a shared prompt's block completed by two requests in one
+        step) is added by the first and refreshed by the later ones, as a second ``publish`` of
+        it would be (same positions, and the same rows where they still hold them). External-row
+        mode: the copies of every entry, one table change (:class:`PrefixMoves`); held mode: an
+        empty one.
         """
         cdef Stager st = _stager_arg(stager)
         sv = st._ids("publish_many", seqs)

@@ -19,7 +19,7 @@ from cpython.long cimport PyLong_AsLongLongAndOverflow
 from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
 from libcpp cimport bool
 from libcpp.memory cimport shared_ptr
-from libcpp.utility cimport move
+from libcpp.utility cimport move, pair
 from libcpp.vector cimport vector
 
 from dspark_core._ext._lib_row_format cimport (
@@ -1491,6 +1491,24 @@ cdef class Stager:
         """``(horizon, end)``: the absolute positions that can still be staged."""
         st = self.state(seq)
         return (st["horizon"], st["end"]) if st["started"] else (0, 0)
+
+    def publishable(self, seq):
+        """``(lo, hi)``: the positions whose rows ``PrefixStore.publish`` can take from ``seq`` now.
+
+        The rows the sequence still holds (from its horizon) that are final (below what an open
+        ``accept`` may still drop): a block ``[s, e)`` with ``lo <= s`` and ``e <= hi`` publishes,
+        so a server hands over the whole blocks inside the range (a finished request's reply:
+        its blocks up to ``hi``). A block reaching past ``hi`` is refused; one reaching below
+        ``lo`` too, unless the keep rule drops its rows there (a block longer than ``K`` that
+        ends past ``W - B`` keeps its last ``K``; docs/prefix_cache.md). A block the store
+        already holds is refreshed whatever the range. ``(0, 0)`` for a sequence holding no
+        rows; the sequence checks are ``publish``'s.
+        """
+        cdef int64_t s = _i64("seq", seq)
+        cdef pair[int64_t, int64_t] r
+        with nogil:
+            r = self._core.publishable(s)
+        return (r.first, r.second)
 
 
 # The prefix store (PrefixStore): its own file, compiled into this module

@@ -106,11 +106,6 @@ def key_chains(call: str, value: Any, n: int) -> list[list[bytes]]:
     return chains
 
 
-def new_twice_in_batch(block: tuple[int, int], first: int) -> ValueError:
-    return ValueError(f"the block at {span(*block)} is new to the store in seqs[{first}] of this batch too: publish "
-                      "a block once per batch")
-
-
 def batch_without_room(call: str, kept_pages: int, largest: int, n_pages: int) -> ValueError:
     return ValueError(f"{call}: the batch refreshes blocks of {kept_pages} pages from rows its sequences no longer "
                       f"hold, and a new block needs {largest} of the store's {n_pages} pages beside them: publish "

@@ -152,12 +152,23 @@ class ReferencePrefixStore:
             plan.append((k, s, e, b))
         return plan
 
-    def _same_rows(self, plan: _Plan, row: Callable[[int], bytes | None], who: str) -> None:
-        """Held mode: blocks already held carry these rows (``row(p)`` is None where not visible)."""
+    def _same_rows(self, plan: _Plan, row: Callable[[int], bytes | None], who: str,
+                   earlier: dict[bytes, _Seq] | None = None) -> None:
+        """Held mode, in chain order: blocks already held carry these rows (``row(p)`` is None where not
+        visible), and so do blocks an earlier entry of a batch adds (``earlier``: key -> that entry's
+        sequence, which holds every kept row)."""
         if self._external:
             return
+        earlier = earlier or {}
         for k, s, e, b in plan:
-            if b is not None and any(row(p) not in (None, b.rows[p]) for p in range(b.first, e)):
+            if b is not None:
+                held = b.rows
+            elif k in earlier:
+                src = earlier[k]
+                held = {p: src.rows[p].tobytes() for p in range(self._kept_first(s, e), e)}
+            else:
+                continue
+            if any(row(p) not in (None, held[p]) for p in range(self._kept_first(s, e), e)):
                 raise parg.other_rows(who, (s, e), k)
 
     def _take_page(self) -> int:
@@ -228,21 +239,30 @@ class ReferencePrefixStore:
         return self._issue(stager, _moves(src, dst), PUBLISH, i)
 
     def _check_publish(self, stager: ReferenceStager, i: int, st: _Seq, chain: list[bytes], start: int,
-                       end: int) -> _Plan:
-        """A publish's checks after the sequence's (the store, the plan, the rows); its plan."""
+                       end: int, batch: dict[bytes, tuple[int, int, int, _Seq]] | None = None) -> _Plan:
+        """A publish's checks after the sequence's (the store, the plan, the rows); its plan (against the
+        store as found). ``batch`` (publish_many): key -> (entry, start, end, sequence) of the blocks new
+        to the store that earlier entries add; this entry finds them held, as a loop would."""
         parg.compatible(self.config, stager.config)
         plan = self._plan(chain, start, end)
+        earlier: dict[bytes, _Seq] = {}
+        for k, s, e, b in plan:
+            if b is None and batch and k in batch:
+                _, bs, be, src = batch[k]
+                if (bs, be) != (s, e):
+                    raise parg.key_moved(k, (bs, be), (s, e))
+                earlier[k] = src
         if not st.started:
             raise parg.holds_no_rows(i)
         final_end = stager._firm_end(st)
         if end > final_end:
             raise parg.not_final(i, start, end, st.horizon, final_end, final_end < st.end)
-        for _, s, e, b in plan:
+        for k, s, e, b in plan:
             first = self._kept_first(s, e)
-            if b is None and first < st.horizon:
+            if b is None and k not in earlier and first < st.horizon:
                 raise parg.rows_gone(i, first, e - first, (s, e), st.horizon)
         # Rows the ring no longer holds compare as equal (a refresh on the key and positions alone).
-        self._same_rows(plan, lambda p: st.rows[p].tobytes() if p in st.rows else None, f"sequence {i}: ")
+        self._same_rows(plan, lambda p: st.rows[p].tobytes() if p in st.rows else None, f"sequence {i}: ", earlier)
         return plan
 
     def _publish_rows(self, stager: ReferenceStager, i: int, st: _Seq, plan: _Plan, src: list[int], dst: list[int],
@@ -267,28 +287,30 @@ class ReferencePrefixStore:
         states = stager._check_batch(call, ids, READY)
         arg.unique(call, ids)
         seq_list = ids.tolist()
+        # Every entry against the store as found, and the blocks new to it that earlier entries add
+        # (a later entry of such a key refreshes the block, as in a loop).
         plans = []
+        added: dict[bytes, tuple[int, int, int, _Seq]] = {}
         for k, s in enumerate(seq_list):
             with arg.in_batch(call, k, s):
-                plans.append(self._check_publish(stager, s, states[k], chains[k], first[k], last[k]))
-        # A key new to the store in two entries; blocks refreshed from rows no longer held (kept).
-        added: dict[bytes, int] = {}
+                plans.append(self._check_publish(stager, s, states[k], chains[k], first[k], last[k], added))
+            for key, bs, be, blk in plans[-1]:
+                if blk is None and key not in added:
+                    added[key] = (k, bs, be, states[k])
+        # Blocks an entry refreshes from rows it no longer holds (held, or added by an earlier entry): kept.
         keep: dict[bytes, int] = {}
         fragile: list[list[bytes]] = [[] for _ in seq_list]
         kept_pages = largest = 0
-        for k, (s, plan) in enumerate(zip(seq_list, plans)):
+        for k, plan in enumerate(plans):
             for key, bs, be, blk in plan:
                 kept_first = self._kept_first(bs, be)
-                largest = max(largest, self._pages_for(be - kept_first))
-                if blk is None:
-                    if key in added:
-                        with arg.in_batch(call, k, s):
-                            raise parg.new_twice_in_batch((bs, be), added[key])
-                    added[key] = k
-                elif kept_first < states[k].horizon:
+                pages = self._pages_for(be - kept_first)
+                largest = max(largest, pages)
+                held_then = blk is not None or added[key][0] != k
+                if held_then and kept_first < states[k].horizon:
                     fragile[k].append(key)
                     if key not in keep:
-                        kept_pages += len(blk.pages)
+                        kept_pages += len(blk.pages) if blk is not None else pages
                     keep[key] = keep.get(key, 0) + 1
         if self.n_pages - kept_pages < largest:
             raise parg.batch_without_room(call, kept_pages, largest, self.n_pages)

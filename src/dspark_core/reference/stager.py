@@ -1203,3 +1203,10 @@ class ReferenceStager(DeviceStepMixin, TreeVerifyMixin):
         """``(horizon, end)``: the absolute positions that can still be staged."""
         st = self._get(seq)
         return (st.horizon, st.end) if st.started else (0, 0)
+
+    def publishable(self, seq: Any) -> tuple[int, int]:
+        """``(lo, hi)``: the positions whose rows a prefix store's ``publish`` can take now: the rows
+        held (from the horizon) that are final (below what an open accept may drop); ``(0, 0)`` for a
+        sequence holding no rows. The checks are ``publish``'s (a ready sequence)."""
+        _, st = self._closed(seq)
+        return (st.horizon, self._firm_end(st)) if st.started else (0, 0)

@@ -241,12 +241,19 @@ class Publisher:
 
     def entry(self, end: int, partial: bool = False) -> tuple[list[bytes], int, int] | None:
         """``(keys, start, end)`` of the blocks complete below ``end`` not published yet (``partial``: and
-        the one ending at ``end``), now counted as published; None when there are none."""
-        hi = end if partial else end // self.bt * self.bt
-        if hi <= self.done:
+        the one ending at ``end``), now counted as published; None when there are none. Only whole
+        blocks inside the sequence's ``publishable`` range go in: blocks whose rows have left its
+        window are skipped, and a partial block reaching past its final rows waits."""
+        bt = self.bt
+        first, last = self.stager.publishable(self.seq)
+        if end > last:  # the rows past `last` are not final: the partial block's key is for `end`
+            end, partial = last, False
+        hi = end if partial else end // bt * bt
+        lo = max(self.done, -(-first // bt) * bt)
+        if hi <= lo:
             return None
-        lo, self.done = self.done, hi
-        return self.keys[lo // self.bt: -(-hi // self.bt)], lo, hi
+        self.done = hi
+        return self.keys[lo // bt: -(-hi // bt)], lo, hi
 
     def __call__(self, end: int, partial: bool = False) -> None:
         """Publish the blocks complete below ``end`` (``partial``: and the one ending at ``end``)."""
@@ -262,32 +269,19 @@ class Publisher:
 def publish_batch(store: Any, stager: Any, pubs: list[Publisher], ends: list[int], table: Any = None,
                   ring: Any = None, partial: bool = True) -> int:
     """One ``publish_many`` (``table.publish_many(ring, ...)``) for several requests' blocks up to
-    ``ends`` (``partial``: and their partial last blocks). A block already in an earlier entry of the batch is left
-    out (a key new to the store may appear in one entry only): at the front of an entry it is skipped,
-    further on the entry stops there. Returns the number of entries."""
+    ``ends`` (``partial``: and their partial last blocks). Requests on a shared prompt bring its new
+    blocks in several entries: the first adds them, the others refresh them. Returns the number of
+    entries."""
     seqs, keys, starts, stops = [], [], [], []
-    claimed: set[bytes] = set()
     for pub, end in zip(pubs, ends):
         e = pub.entry(end, partial)
         if e is None:
             continue
         chain, lo, hi = e
-        bt = pub.bt
-        lead = 0
-        while lead < len(chain) and chain[lead] in claimed:
-            lead += 1
-        take = lead
-        while take < len(chain) and chain[take] not in claimed:
-            take += 1
-        if take == lead:
-            continue
-        start = lo + lead * bt
-        stop = hi if take == len(chain) else lo + take * bt
-        claimed.update(chain[lead:take])
         seqs.append(pub.seq)
-        keys.append(chain[lead:take])
-        starts.append(start)
-        stops.append(stop)
+        keys.append(chain)
+        starts.append(lo)
+        stops.append(hi)
     if seqs:
         if table is not None:
             table.publish_many(ring, seqs, keys, starts, stops)
@@ -375,8 +369,6 @@ def run_multiturn(
 
     if cfg.lookahead >= cfg.window // 2:
         raise ValueError(f"lookahead ({cfg.lookahead}) must be below K = window // 2 ({cfg.window // 2})")
-    if cfg.generate + cfg.block + 1 > cfg.window // 2:
-        raise ValueError("generate must stay below window // 2 - block: the reply's blocks are published at the end")
     if cfg.seqs < 1:
         raise ValueError(f"seqs must be >= 1, got {cfg.seqs}")
     if cfg.rows not in ("held", "external"):
