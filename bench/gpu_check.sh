@@ -3,7 +3,8 @@
 #   1. builds and installs the package with the CUDA kernels (DSPARK_CUDA=ON),
 #   2. runs the GPU tests (tests/test_cuda.py: GPU bytes == CPU bytes; tests/test_device_ring.py,
 #      tests/test_ring_batches.py: the rows of external-row Stagers on the device, CUDA graphs;
-#      tests/test_device_prefix.py: a prefix store's rows on the device),
+#      tests/test_device_prefix.py: a prefix store's rows on the device; tests/test_graph_server.py
+#      and examples/graph_server.py --step graph: a server's whole loop on one captured graph),
 #   3. prints conversion throughput (GB/s) next to device-to-device copy
 #      bandwidth on the same GPU,
 #   4. runs bench/bench_ring_batches.py: launches per batch, per-sequence vs batched, and
@@ -97,9 +98,14 @@ for lib in ("cupy", "torch"):
         print(f"{lib} not available ({type(exc).__name__})")
 EOF
 
-log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_ring_batches.py, tests/test_device_prefix.py, tests/test_cuda_device_step.py, tests/test_cuda_device_step_safety.py)"
+log "GPU tests (tests/test_cuda.py, tests/test_device_ring.py, tests/test_ring_batches.py, tests/test_device_prefix.py, tests/test_cuda_device_step.py, tests/test_cuda_device_step_safety.py, tests/test_graph_server.py)"
 $PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_ring_batches.py tests/test_device_prefix.py \
-  tests/test_cuda_device_step.py tests/test_cuda_device_step_safety.py -q -p no:cacheprovider -rfEs -x
+  tests/test_cuda_device_step.py tests/test_cuda_device_step_safety.py tests/test_graph_server.py -q -p no:cacheprovider -rfEs -x
+
+log "graph server (examples/graph_server.py --step graph: the device step captured once into a CUDA graph)"
+graph_out=$(cd examples && $PY graph_server.py --step graph --storage q8_0)
+echo "$graph_out"
+tail -n 1 <<<"$graph_out" | grep -qx "lossless: yes"
 
 log "benchmark"
 $PY - <<'EOF'
