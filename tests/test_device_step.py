@@ -565,14 +565,14 @@ def test_chain_token_table_refusals_and_hand_overs():
         np.testing.assert_array_equal(x, y)
     msgs, seen = core
     rr = Stager(config(3, 2, 9, kind="chain")).ring_rows
-    assert "pass tokens, the slot token table" in msgs[0]
+    assert "it needs the slot token table (tokens: int32" in msgs[0]
     assert "numpy int32 array" in msgs[1] and "must be int32, got dtype int64" in msgs[2]
     assert "1-D C-contiguous" in msgs[3] and "1-D C-contiguous" in msgs[4] and "writable" in msgs[5]
     assert f"holds {3 * rr - 1} ids; it needs one per global slot, max_seqs * ring_rows = {3 * rr}" in msgs[6]
     assert 'kept for a chain drafter (kind="chain") only' in msgs[7] and "appears twice" in msgs[8]
     assert "to_host: seqs[1] (sequence 0): the slot token table holds -1 at slot" in msgs[9]
     assert "the row of position 6" in msgs[9] and "nothing was brought back" in msgs[9]
-    assert "pass tokens" in msgs[10]
+    assert "it needs the slot token table" in msgs[10]
     assert "sequence 0's reserved row at position 7 has no token id" in msgs[11] and "cancel" in msgs[11]
     assert msgs[12].startswith("confirm_many: seqs[0] (sequence 0): ")
     # The hand-over wrote sequences 0 and 1's ids at their rows' slots, -1 at their others,

@@ -208,9 +208,10 @@ void Stager::check_token_table(const char* call, const void* tokens, std::size_t
         return;
     }
     if (!tokens)
-        throw std::invalid_argument(std::string(call) + ": a chain drafter's Stager (kind=\"chain\") hands its "
-                                    "rows' token ids over by slot: pass tokens, the slot token table (int32, "
-                                    "max_seqs * ring_rows = " + std::to_string(want) + ")");
+        throw std::invalid_argument(std::string(call) + ": a chain drafter's Stager hands its rows' token ids over "
+                                    "by slot: it needs the slot token table (tokens: int32, max_seqs * ring_rows = " +
+                                    std::to_string(want) + " ids; in C, the dspark_to_device_tokens / "
+                                    "dspark_to_host_tokens forms)");
     if (n_tokens != want)
         throw std::invalid_argument(std::string(call) + ": the slot token table holds " + std::to_string(n_tokens) +
                                     " ids; it needs one per global slot, max_seqs * ring_rows = " +

@@ -175,7 +175,7 @@ TEST_CASE(c_refusals_are_the_cores) {
 
 // A chain drafter's Stager hands its ids over by slot: the _tokens forms
 // equal the C++ calls (the table they write, the ids they bring back), the
-// plain forms refuse it with the core's message, and a block drafter's
+// plain forms refuse it with the core's message (naming the _tokens forms), and a block drafter's
 // Stager refuses a table.
 TEST_CASE(c_chain_ids_travel_by_slot) {
     dspark_config cc = config();
@@ -197,6 +197,10 @@ TEST_CASE(c_chain_ids_travel_by_slot) {
     std::vector<std::int32_t> tc(n_tab, 3), tp(n_tab, 3);
     CHECK(same_error([&] { return dspark_to_device(h.st, &seq, 1); }, [&] { core.to_device(&seq, 1); },
                      DSPARK_E_INVALID_ARGUMENT));
+    // In words a C caller reads too: the C forms to call, not a Python argument.
+    CHECK(std::string(dspark_last_error()).find("in C, the dspark_to_device_tokens / dspark_to_host_tokens forms") !=
+          std::string::npos);
+    CHECK(std::string(dspark_last_error()).find("kind=") == std::string::npos);
     CHECK(same_error([&] { return dspark_to_device_tokens(h.st, &seq, 1, tc.data(), n_tab - 1); },
                      [&] { core.to_device(&seq, 1, tp.data(), n_tab - 1); }, DSPARK_E_INVALID_ARGUMENT));
     CHECK_EQ(dspark_to_device_tokens(h.st, &seq, 1, nullptr, n_tab), DSPARK_E_NULL_POINTER);

@@ -157,8 +157,9 @@ def check_token_table(call: str, chain: bool, table: np.ndarray | None, want: in
                              'only; this Stager\'s drafter kind is "block"')
         return
     if table is None:
-        raise ValueError(f'{call}: a chain drafter\'s Stager (kind="chain") hands its rows\' token ids over by '
-                         f"slot: pass tokens, the slot token table (int32, max_seqs * ring_rows = {want})")
+        raise ValueError(f"{call}: a chain drafter's Stager hands its rows' token ids over by slot: it needs the "
+                         f"slot token table (tokens: int32, max_seqs * ring_rows = {want} ids; in C, the "
+                         "dspark_to_device_tokens / dspark_to_host_tokens forms)")
     if len(table) != want:
         raise ValueError(f"{call}: the slot token table holds {len(table)} ids; it needs one per global slot, "
                          f"max_seqs * ring_rows = {want}")
