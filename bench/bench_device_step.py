@@ -22,7 +22,15 @@ ways), two ways, in the same run, on the same Stager configuration:
 * ``device step + padded rows, capacity 2N``: the padded step through one
   ``StepOutputs`` of twice the batch (a graph captured for 2N entries serving N:
   the N entries past the batch are padding, ``STEP_NOT_IN_STEP``), what a
-  fixed-capacity server pays for its headroom.
+  fixed-capacity server pays for its headroom;
+* ``device step + CSR rows``: the unpadded step, then ``step_rows`` (the CSR
+  rows of the batch: ``row_offsets`` and the flat slots and positions, a gather
+  of one call; the layout a server without the padded arrays gathers from),
+  and the same through capacity 2N (``device step + CSR rows, capacity 2N``).
+
+Besides ``x host path``, the table gives each device way's ratio to the unpadded
+device step of the same N, measured in the same run (``x unpadded step``: what
+the padded layout, the CSR rows and the fixed capacity cost on top of the step).
 
 The table gives the median step time, the ratio of the two, the host
 synchronisations and kernel launches a GPU server's step needs each way. Target
@@ -35,7 +43,7 @@ plus the device-to-host copy of the accept counts it needs), where the CUDA
 kernels are built (on the emulated device the times are CPU times; the
 launches per step are measured there).
 
-    python bench/bench_device_step.py               # N = 64, 256, 1024
+    python bench/bench_device_step.py               # N = 64, 128, 256, 512, 1024
     python bench/bench_device_step.py --quick       # fewer steps, N up to 256
     python bench/bench_device_step.py --json
 
@@ -55,7 +63,7 @@ import numpy as np
 import _common as C
 
 ds = C.import_dspark()
-from dspark_core.stager.device_step import STEP_OK, StepOutputs  # noqa: E402  (after the dev-build fallback)
+from dspark_core.stager.device_step import STEP_OK, StepOutputs, StepRows  # noqa: E402  (after the dev-build fallback)
 
 D, STORAGE = 8192, "q8_0"
 #: B and W (--block / --window change them: the emulated device wants a small W).
@@ -64,13 +72,18 @@ PROMPT = 3000
 TARGET_RATIO = 1.5
 #: What a GPU server's step needs from the host, each way (by construction of the calls).
 CAPACITY_WAY = "device step + padded rows, capacity 2N"
-WAYS = ("host path", "device step (CPU twin)", "host path + padded rows", "device step + padded rows", CAPACITY_WAY)
-HOST_SYNCS = {"host path": 1, "device step (CPU twin)": 0, "host path + padded rows": 1,
-              "device step + padded rows": 0, CAPACITY_WAY: 0, "device step (CUDA graph)": 0,
-              "host path + count copy": 1}
-LAUNCHES = {"host path": "0 (+ host work)", "device step (CPU twin)": "1 (the kernel)",
+CSR_WAY, CSR_CAPACITY_WAY = "device step + CSR rows", "device step + CSR rows, capacity 2N"
+#: The unpadded device step: the baseline of the "x unpadded step" column.
+UNPADDED_WAY = "device step (CPU twin)"
+WAYS = ("host path", UNPADDED_WAY, "host path + padded rows", "device step + padded rows", CAPACITY_WAY, CSR_WAY,
+        CSR_CAPACITY_WAY)
+HOST_SYNCS = {"host path": 1, UNPADDED_WAY: 0, "host path + padded rows": 1,
+              "device step + padded rows": 0, CAPACITY_WAY: 0, CSR_WAY: 0, CSR_CAPACITY_WAY: 0,
+              "device step (CUDA graph)": 0, "host path + count copy": 1}
+LAUNCHES = {"host path": "0 (+ host work)", UNPADDED_WAY: "1 (the kernel)",
             "host path + padded rows": "0 (+ host work)", "device step + padded rows": "1 (the kernel)",
-            CAPACITY_WAY: "1 (the kernel)", "host path + count copy": "0 (+ host work)"}
+            CAPACITY_WAY: "1 (the kernel)", CSR_WAY: "3 (the kernel, scan, rows)",
+            CSR_CAPACITY_WAY: "3 (the kernel, scan, rows)", "host path + count copy": "0 (+ host work)"}
 
 
 def make(n: int) -> Any:
@@ -113,19 +126,24 @@ def host_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool = False
     return times
 
 
-def device_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool, capacity: int | None = None) -> list[int]:
+def device_way(n: int, counts: list[np.ndarray], warmup: int, padded: bool, capacity: int | None = None,
+               csr: bool = False) -> list[int]:
     """Step times (ns) of the CPU twin, answers into fixed buffers (``padded``: with the
     [N, W - B] gather slots and positions of a CUDA graph's fixed shape; ``capacity``:
-    buffers of that many entries, the ones past the batch padding)."""
+    buffers of that many entries, the ones past the batch padding; ``csr``: then the
+    batch's CSR rows, ``step_rows``, into fixed buffers of the same capacity)."""
     st = make(n)
     seqs = np.arange(n, dtype=np.int64)
     st.to_device(seqs)
     out = StepOutputs.empty(capacity or n, st.step_layout[1], SHAPE["B"], padded=padded)
+    rows = StepRows.empty(capacity or n, st.step_layout[1]) if csr else None
     first = np.zeros(n, np.int64)  # the first step: no verify rows yet (accept does nothing)
     times = []
     for t, a in enumerate(counts):
         t0 = time.perf_counter_ns()
         st.step_many(seqs, first if t == 0 else a, out=out)
+        if rows is not None:
+            st.step_rows(seqs, out, rows)
         t1 = time.perf_counter_ns()
         if not (out.status[:n] == STEP_OK).all():
             raise SystemExit(f"step {t}: status words {np.unique(out.status)}")
@@ -179,7 +197,7 @@ def cuda_ways(n: int, counts: list[np.ndarray], warmup: int) -> dict[str, Any]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ns", default="64,256,1024", help="sequence counts N (comma separated)")
+    ap.add_argument("--ns", default="64,128,256,512,1024", help="sequence counts N (comma separated)")
     ap.add_argument("--steps", type=int, default=200, help="timed steps per (N, way)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first")
     ap.add_argument("--quick", action="store_true", help="N up to 256, 50 timed steps")
@@ -217,6 +235,8 @@ def main() -> int:
             runs["host path + padded rows"] += host_way(n, part, args.warmup, True)
             runs["device step + padded rows"] += device_way(n, part, args.warmup, True)
             runs[CAPACITY_WAY] += device_way(n, part, args.warmup, True, capacity=2 * n)
+            runs[CSR_WAY] += device_way(n, part, args.warmup, False, csr=True)
+            runs[CSR_CAPACITY_WAY] += device_way(n, part, args.warmup, False, capacity=2 * n, csr=True)
         for way, times in runs.items():
             records.append({"n": n, "way": way, "steps": len(times), "median_step_us": float(np.median(times)) / 1e3,
                             "host_syncs_per_step": HOST_SYNCS[way]})
@@ -243,6 +263,9 @@ def main() -> int:
                  / get(256, "host path + padded rows")["median_step_us"])
         targets.append({"target": f"CPU twin with padded rows within {TARGET_RATIO}x of the host path with them",
                         "where": "N = 256", "value": ratio, "pass": ratio <= TARGET_RATIO, "text": f"{ratio:.2f}x"})
+    for r in records:  # each device way's cost over the unpadded step, same N, same run
+        if r["way"] in WAYS and r["way"].startswith("device step"):
+            r["x_unpadded_step"] = r["median_step_us"] / get(r["n"], UNPADDED_WAY)["median_step_us"]
     if args.json == "-":
         for r in records:
             print(json.dumps(r))
@@ -256,14 +279,16 @@ def main() -> int:
          "device step: step_many (the CUDA kernel's CPU twin)"])
     rows = []
     for n in ns:
-        host = get(n, "host path")
+        host, unpadded = get(n, "host path"), get(n, UNPADDED_WAY)
         for way in WAYS + (("device step (CUDA graph)", "host path + count copy") if with_cuda else ()):
             r = get(n, way)
+            device_way_ = way.startswith("device step") and way != "device step (CUDA graph)"
             rows.append([n, way, C.fmt_us(r["median_step_us"] * 1e3),
                          C.fmt_x(r["median_step_us"] / host["median_step_us"], 2),
+                         C.fmt_x(r["median_step_us"] / unpadded["median_step_us"], 2) if device_way_ else "",
                          HOST_SYNCS[way], LAUNCHES[way]])
-    lines += C.table(["N", "way", "step (us)", "x host path", "host syncs / step", "launches / step"], rows,
-                     "rlrrrl")
+    lines += C.table(["N", "way", "step (us)", "x host path", "x unpadded step", "host syncs / step",
+                      "launches / step"], rows, "rlrrrrl")
     lines.append("")
     lines += [f"- {t['target']} ({t['where']}): {t['text']} {C.verdict(t['pass'])}" for t in targets]
     C.emit(lines, args.out)

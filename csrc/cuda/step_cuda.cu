@@ -169,4 +169,37 @@ void device_step_cuda(const device_step::Config& c, std::int64_t* state, const s
     DSPARK_CK(cudaGetLastError(), "launching the device step kernel");
 }
 
+void device_step_rows_cuda(const device_step::Config& c, const std::int64_t* state, const std::int64_t* seqs,
+                           std::size_t n, const device_step::Outputs& out, std::size_t capacity,
+                           const device_step::CsrRows& rows, void* stream) {
+    if (capacity < n)
+        throw std::invalid_argument("dspark cuda: device_step_rows_cuda: rows for " + std::to_string(capacity) +
+                                    " entries, a batch of " + std::to_string(n));
+    require_device();
+    if (state == nullptr) throw std::invalid_argument("dspark cuda: device_step_rows_cuda: the step state is null");
+    const int dev = cuda_pointer_device(state);
+    if (dev < 0)
+        throw std::invalid_argument("dspark cuda: device_step_rows_cuda: the step state is not CUDA device memory");
+    on_device(state, dev, "step state", false);
+    on_device(rows.row_offsets, dev, "row offset array", false);
+    on_device(rows.row_slots, dev, "CSR row slot array");
+    on_device(rows.row_positions, dev, "CSR row position array");
+    if (n) {
+        on_device(seqs, dev, "sequence ids", false);
+        on_device(out.status, dev, "status array", false);
+        on_device(out.skip, dev, "skip array", false);
+        on_device(out.start, dev, "start array", false);
+        on_device(out.n_rows, dev, "n_rows array", false);
+        on_device(out.pos_base, dev, "pos_base array", false);
+    }
+    DeviceGuard guard(dev);
+    const auto s = static_cast<cudaStream_t>(stream);
+    kernels::launch(kernels::k_step_rows_scan, 1, s, c, state, seqs, n, out, capacity, rows);
+    DSPARK_CK(cudaGetLastError(), "launching the CSR rows' scan kernel");
+    if (n == 0) return;
+    kernels::launch(kernels::k_step_rows_write, grid_for(n * kernels::kWarp, dev), s, c, state, seqs, n, out, capacity,
+                    rows);
+    DSPARK_CK(cudaGetLastError(), "launching the CSR rows' kernel");
+}
+
 }  // namespace dspark

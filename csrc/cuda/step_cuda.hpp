@@ -35,6 +35,17 @@ namespace dspark {
 void device_step_cuda(const device_step::Config& c, std::int64_t* state, const std::int64_t* seqs, const void* n_accepted,
                       int count_bytes, std::size_t n, const device_step::Outputs& out, void* stream);
 
+// The CSR rows of the batch a device_step_cuda on `stream` just stepped
+// (Stager::step_rows's, on the device; docs/protocol.md 2.10): seqs / n and
+// `out` as that step's (out.status, skip, start, n_rows and pos_base
+// required), rows for `capacity` >= n entries (row_offsets: capacity + 1;
+// row_slots / row_positions: capacity * max_rows, null: not written). Two
+// launches (the offsets' scan, then the rows), asynchronous on `stream`,
+// capturable. capacity 0 with n 0 still writes row_offsets[0].
+void device_step_rows_cuda(const device_step::Config& c, const std::int64_t* state, const std::int64_t* seqs,
+                           std::size_t n, const device_step::Outputs& out, std::size_t capacity,
+                           const device_step::CsrRows& rows, void* stream);
+
 // The step-state columns of the n sequences `seqs` (ids in [0, c.max_seqs);
 // repeats allowed) from the host state `host` (the same layout as `state`:
 // Stager::step_state()) into the device state `state`, enqueued on `stream`:

@@ -140,4 +140,22 @@ dspark_status dspark_check_step(const dspark_stager* st, const int64_t* seqs, co
     });
 }
 
+dspark_status dspark_step_rows(dspark_stager* st, const int64_t* seqs, size_t n, const dspark_step_out* out,
+                               size_t capacity, int64_t* row_offsets, int64_t* row_slots, int32_t* row_positions) {
+    return guarded([&] {
+        dspark::Stager& core = core_of(st);
+        require_buffer(seqs, n, "seqs");
+        require(out, "out");
+        require(row_offsets, "row_offsets");
+        require_aligned(row_offsets, "row_offsets");
+        require_aligned(row_slots, "row_slots");
+        require_aligned(row_positions, "row_positions");
+        step::CsrRows rows;
+        rows.row_offsets = row_offsets;
+        rows.row_slots = row_slots;
+        rows.row_positions = row_positions;
+        core.step_rows(seqs, n, outputs_of(*out), capacity, rows);
+    });
+}
+
 }  // extern "C"

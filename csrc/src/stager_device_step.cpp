@@ -641,6 +641,34 @@ void Stager::step_many(const std::int64_t* seqs_in, const std::int64_t* counts_i
         if (q >= 0 && q < c.max_seqs) seen[static_cast<std::size_t>(q)] = 0;
 }
 
+void Stager::step_rows(const std::int64_t* seqs_in, std::size_t n, const device_step::Outputs& out,
+                       std::size_t capacity, const device_step::CsrRows& rows) {
+    const char* call = "step_rows";
+    require_mode(RowMode::External, call, "the device step plans slots: run the Stager with rows=\"external\"");
+    if (capacity < n)
+        throw std::invalid_argument(std::string(call) + ": rows for " + std::to_string(capacity) +
+                                    " entries, a batch of " + std::to_string(n) +
+                                    ": the CSR rows serve any batch of at most their capacity");
+    if (rows.row_offsets == nullptr) throw NullPointer(std::string(call) + ": rows.row_offsets must not be null");
+    if (n && (!out.status || !out.skip || !out.start || !out.n_rows || !out.pos_base))
+        throw NullPointer(std::string(call) + ": out.status, skip, start, n_rows and pos_base must not be null");
+    const std::vector<i64> seqs = copy_ids(seqs_in, n);
+    const i64* state = step_state();
+    const device_step::Config c = step_config();
+    const std::vector<i64> order = lock_order(seqs, c.max_seqs);
+    std::vector<std::unique_lock<std::mutex>> held;
+    held.reserve(order.size());
+    for (i64 q : order) held.emplace_back(locks_[static_cast<std::size_t>(q)].m);
+    i64 total = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+        const device_step::Rows w = device_step::rows_after_step(c, state, out, static_cast<i64>(i), seqs[i]);
+        rows.row_offsets[i] = total;
+        device_step::write_csr_rows(rows, total, w, 0, 1);
+        total += w.n_rows;
+    }
+    for (std::size_t i = n; i <= capacity; ++i) rows.row_offsets[i] = total;
+}
+
 void Stager::check_step(const std::int64_t* seqs, const std::int32_t* statuses, std::size_t n) const {
     const device_step::Config c = step_config();
     for (std::size_t i = 0; i < n; ++i)

@@ -122,6 +122,54 @@ TEST_CASE(c_steps_equal_cpp_steps) {
         core.step_many(seqs.data(), counts.data(), seqs.size(), y.cpp());
         CHECK(x == y);
         CHECK_EQ(dspark_check_step(h.st, seqs.data(), x.status.data(), seqs.size()), DSPARK_OK);
+        // The CSR rows of the step: the C++ call's, and the padded rows concatenated.
+        const std::size_t cap = seqs.size() + static_cast<std::size_t>(t % 3), mr = static_cast<std::size_t>(max_rows);
+        std::vector<std::int64_t> offsets(cap + 1, -5), slots(cap * mr, -5), offsets_b(cap + 1, -5),
+            slots_b(cap * mr, -5);
+        std::vector<std::int32_t> pos(cap * mr, -5), pos_b(cap * mr, -5);
+        CHECK_EQ(dspark_step_rows(h.st, seqs.data(), seqs.size(), &out, cap, offsets.data(), slots.data(), pos.data()),
+                 DSPARK_OK);
+        dspark::device_step::CsrRows rows;
+        rows.row_offsets = offsets_b.data();
+        rows.row_slots = slots_b.data();
+        rows.row_positions = pos_b.data();
+        core.step_rows(seqs.data(), seqs.size(), y.cpp(), cap, rows);
+        CHECK(offsets == offsets_b && slots == slots_b && pos == pos_b);
+        std::int64_t at = 0;
+        for (std::size_t i = 0; i < seqs.size(); ++i) {
+            CHECK_EQ(offsets[i], at);
+            const std::int64_t m = x.status[i] == DSPARK_STEP_OK ? x.n_rows[i] : 0;
+            for (std::int64_t j = 0; j < m; ++j, ++at) {
+                CHECK_EQ(slots[static_cast<std::size_t>(at)], x.row_slots[i * mr + static_cast<std::size_t>(j)]);
+                CHECK_EQ(pos[static_cast<std::size_t>(at)], x.row_positions[i * mr + static_cast<std::size_t>(j)]);
+            }
+        }
+        CHECK_EQ(offsets[cap], at);
+        // Refusals: nothing written.
+        std::vector<std::int64_t> untouched(cap + 1, -5);
+        CHECK(same_error(
+            [&] { return dspark_step_rows(h.st, seqs.data(), seqs.size(), &out, seqs.size() - 1, untouched.data(),
+                                          nullptr, nullptr); },
+            [&] {
+                dspark::device_step::CsrRows r;
+                r.row_offsets = untouched.data();
+                core.step_rows(seqs.data(), seqs.size(), y.cpp(), seqs.size() - 1, r);
+            },
+            DSPARK_E_INVALID_ARGUMENT));
+        CHECK(untouched == std::vector<std::int64_t>(cap + 1, -5));
+        CHECK_EQ(dspark_step_rows(h.st, seqs.data(), seqs.size(), &out, cap, nullptr, nullptr, nullptr),
+                 DSPARK_E_NULL_POINTER);
+        CHECK_EQ(dspark_step_rows(h.st, seqs.data(), seqs.size(), nullptr, cap, untouched.data(), nullptr, nullptr),
+                 DSPARK_E_NULL_POINTER);
+        dspark_step_out no_plan = out;
+        no_plan.n_rows = nullptr;
+        CHECK_EQ(dspark_step_rows(h.st, seqs.data(), seqs.size(), &no_plan, cap, untouched.data(), nullptr, nullptr),
+                 DSPARK_E_NULL_POINTER);
+        CHECK_EQ(dspark_step_rows(h.st, seqs.data(), seqs.size(), &out, cap,
+                                  reinterpret_cast<std::int64_t*>(reinterpret_cast<char*>(untouched.data()) + 1),
+                                  nullptr, nullptr),
+                 DSPARK_E_INVALID_ARGUMENT);
+        CHECK(untouched == std::vector<std::int64_t>(cap + 1, -5));
     }
     const std::vector<std::int32_t> outcomes = {-1, DSPARK_FAIL_DECODE, -1};
     std::vector<std::int64_t> da(3, 9), db(3, 9);

@@ -150,6 +150,41 @@ bool same_seq(Stager& a, Stager& b, i64 q) {
     return a.snapshot(q) == b.snapshot(q);
 }
 
+// The CSR rows of a step (capacity cap >= k entries): the kernel's
+// (device_step_rows_cuda) equal the CPU twin's (Stager::step_rows), and both
+// the padded rows of the step concatenated.
+bool csr_rows_agree(Stager& cpu, const device_step::Config& c, const i64* dev_state, const std::vector<i64>& seqs,
+                    HostAnswers& h, DeviceAnswers& d, std::size_t cap) {
+    const std::size_t k = seqs.size(), mr = static_cast<std::size_t>(c.max_rows);
+    std::vector<i64> offsets(cap + 1, -5), slots(cap * mr, -5);
+    std::vector<std::int32_t> pos(cap * mr, -5);
+    device_step::CsrRows hr;
+    hr.row_offsets = offsets.data();
+    hr.row_slots = slots.data();
+    hr.row_positions = pos.data();
+    cpu.step_rows(seqs.data(), k, h.out(), cap, hr);
+    DevArray<i64> d_seqs(k), d_offsets(cap + 1, -5), d_slots(cap * mr, -5);
+    DevArray<std::int32_t> d_pos(cap * mr, -5);
+    d_seqs.set(seqs);
+    device_step::CsrRows dr;
+    dr.row_offsets = d_offsets.p;
+    dr.row_slots = d_slots.p;
+    dr.row_positions = d_pos.p;
+    device_step_rows_cuda(c, dev_state, d_seqs.p, k, d.out(), cap, dr, nullptr);
+    bool ok = d_offsets.get() == offsets && d_slots.get() == slots && d_pos.get() == pos;
+    i64 at = 0;
+    for (std::size_t i = 0; i < k; ++i) {
+        const i64 m = h.status[i] == device_step::STATUS_OK ? h.n_rows[i] : 0;
+        ok = ok && offsets[i] == at;
+        for (i64 j = 0; j < m; ++j, ++at)
+            ok = ok && slots[static_cast<std::size_t>(at)] == h.row_slots[i * mr + static_cast<std::size_t>(j)] &&
+                 pos[static_cast<std::size_t>(at)] == h.row_pos[i * mr + static_cast<std::size_t>(j)];
+    }
+    for (std::size_t i = k; i <= cap; ++i) ok = ok && offsets[i] == at;
+    for (std::size_t j = static_cast<std::size_t>(at); j < slots.size(); ++j) ok = ok && slots[j] == -5 && pos[j] == -5;
+    return ok;
+}
+
 }  // namespace
 
 // Random steps: the kernel (int32 and int64 counts) against the CPU twin.
@@ -233,6 +268,7 @@ void kernel_equals_cpu_twin(i64 n, i64 b, i64 w, Storage storage, std::uint64_t 
             device_step_cuda(c, state.p, d_seqs.p, d_counts.p, 4, k, d.out(), nullptr);
         }
         if (!(d == h)) ++mismatches;
+        if (!csr_rows_agree(cpu, c, state.p, seqs, h, d, k + static_cast<std::size_t>(t % 3))) ++mismatches;
         for (std::int32_t s : h.status) stepped += s == device_step::STATUS_OK;
     }
     std::vector<i64> all;

@@ -549,6 +549,22 @@ DSPARK_API dspark_status dspark_step_many(dspark_stager* st, const int64_t* seqs
 /* The error of the first entry whose status is one (DSPARK_OK when none). */
 DSPARK_API dspark_status dspark_check_step(const dspark_stager* st, const int64_t* seqs, const int32_t* statuses,
                                            size_t n);
+/* The CSR rows of the batch the last dspark_step_many stepped: the unpadded
+ * layout's gather in one call (docs/protocol.md 2.10, "the CSR rows").
+ * seqs / n and out as that step's (out->status, skip, start, n_rows and
+ * pos_base required; the padded row_slots / row_positions may be NULL),
+ * for capacity >= n entries (those past n: padding, 0 rows). Writes
+ * row_offsets [capacity + 1] (required) and entry i's context rows at
+ * [row_offsets[i], row_offsets[i + 1]) of row_slots [capacity * max_rows]
+ * (int64 global slots) and row_positions [capacity * max_rows] (int32
+ * drafter positions), either NULL: not written; the elements past
+ * row_offsets[capacity] are left as they were. An entry not stepped,
+ * skipped, or whose plan its ring does not hold (a stale out) has 0 rows.
+ * DSPARK_E_INVALID_ARGUMENT (capacity < n, HELD mode, a misaligned
+ * buffer), DSPARK_E_NULL_POINTER: nothing written. */
+DSPARK_API dspark_status dspark_step_rows(dspark_stager* st, const int64_t* seqs, size_t n, const dspark_step_out* out,
+                                          size_t capacity, int64_t* row_offsets, int64_t* row_slots,
+                                          int32_t* row_positions);
 
 /* ---- a request's end ----------------------------------------------------- */
 /* Ends seq's request in any state (an open round or a reservation is

@@ -733,6 +733,19 @@ public:
     // it) is an error, named "step_many: seqs[i] (sequence s): ..."; returns
     // when none is.
     void check_step(const std::int64_t* seqs, const std::int32_t* statuses, std::size_t n) const;
+    // The CSR rows of the batch step_many just stepped (the unpadded layout's
+    // gather; device_step::rows_after_step): seqs / n and `out` as that step's
+    // (out.status, skip, start, n_rows and pos_base required), into `rows`
+    // for `capacity` entries (at least n; the entries past n are padding, 0
+    // rows): row_offsets[0 .. capacity] (required), and entry i's slots and
+    // drafter positions at [row_offsets[i], row_offsets[i + 1]) of row_slots /
+    // row_positions (capacity * max_rows elements each; null: not written;
+    // the elements past row_offsets[capacity] are left as they were). An
+    // entry whose plan its ring does not hold has 0 rows.
+    // std::invalid_argument for a held-mode Stager or capacity < n, NullPointer
+    // for a null required pointer (nothing written).
+    void step_rows(const std::int64_t* seqs, std::size_t n, const device_step::Outputs& out, std::size_t capacity,
+                   const device_step::CsrRows& rows);
     // The constants the step's math needs (device_step::Config).
     device_step::Config step_config() const noexcept;
     // The host step state: device_step::columns() * max_seqs int64, field-major

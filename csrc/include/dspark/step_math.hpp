@@ -635,5 +635,74 @@ DSPARK_HD std::int32_t step_one(const Config& c, i64* state, const Outputs& o, i
     return STATUS_OK;
 }
 
+// -- the CSR rows of a step's batch (Stager::step_rows; the CUDA step's rows) --
+// The unpadded layout's gather (docs/protocol.md 2.10, "the CSR rows"): after
+// a step, the context rows of every entry of its batch as one flat list, the
+// rows of entry i at [row_offsets[i], row_offsets[i + 1]) of row_slots (int64
+// global slots) and row_positions (int32 drafter positions): draft_many's
+// BatchPlan layout, so a server's gather is one call over row_offsets[-1]
+// rows. A pass of its own after the step (it needs an exclusive scan of n_rows
+// over the batch), reading only the step's plan outputs (status, skip, start,
+// n_rows, pos_base) and the ring marks the step left in the state: an entry
+// stepped OK with a drafted round has its rows [start - n_rows, start) still
+// buffered in its ring (the step's reservation trims below the window's
+// start only). Nothing the caller hands in is trusted: an entry whose plan
+// does not describe rows its ring holds (a stale or mismatched `out`, a
+// damaged state) has 0 rows, so every slot lies in the entry's sequence's ring
+// and no entry writes past max_rows rows (row_slots / row_positions hold
+// capacity * max_rows elements).
+
+// Where a CSR pass writes (row_offsets: capacity + 1 elements, required;
+// row_slots / row_positions: capacity * max_rows elements, null: not written).
+struct CsrRows {
+    i64* row_offsets = nullptr;
+    i64* row_slots = nullptr;
+    std::int32_t* row_positions = nullptr;
+};
+
+// Entry i's context rows after the step that wrote `o` (seq: the batch's id
+// at entry i): its run(s) of slots and its first position, or 0 rows. Each
+// output is read once (a caller's array may change meanwhile: the checks hold
+// for the values used).
+DSPARK_HD Rows rows_after_step(const Config& c, const i64* state, const Outputs& o, i64 i, i64 seq) {
+    Rows w;
+    if (seq < 0 || seq >= c.max_seqs) return w;
+    if (o.status[i] != STATUS_OK || o.skip[i] != SKIP_NONE) return w;
+    const i64 n = o.n_rows[i], start = o.start[i], pos_base = o.pos_base[i];
+    if (n <= 0 || n > c.max_rows || start < n || start >= c.max_position) return w;
+    const i64 lo = start - n;
+    if (pos_base < 0 || pos_base > lo || start - pos_base > c.window) return w;
+    const i64 live = state[F_live * c.max_seqs + seq], fault = state[F_fault * c.max_seqs + seq];
+    const i64 cap = state[F_cap * c.max_seqs + seq], touched = state[F_touched * c.max_seqs + seq];
+    const i64 head_slot = state[F_head_slot * c.max_seqs + seq], head_pos = state[F_head_pos * c.max_seqs + seq];
+    const i64 count = state[F_count * c.max_seqs + seq], end = state[F_end * c.max_seqs + seq];
+    const i64 horizon = state[F_horizon * c.max_seqs + seq];
+    if (live != 1 || fault != 0 || cap == 0 || !ring_ok(c, cap, touched, head_slot, count, head_pos, end, horizon))
+        return w;
+    if (lo < head_pos || start > head_pos + count) return w;  // not (all) buffered
+    const i64 s0 = head_slot + (lo - head_pos), s = s0 >= cap ? s0 - cap : s0;
+    w.n_rows = n;
+    w.run_first0 = seq * c.ring_rows + s;
+    w.run_count0 = imin(n, cap - s);
+    w.run_first1 = seq * c.ring_rows;
+    w.pos0 = lo - pos_base;
+    return w;
+}
+
+// Entry w's rows at [at, at + w.n_rows) of the flat arrays: rows k = lane,
+// lane + lanes, ... (the CPU twin: lane 0 of 1; the kernel: a warp).
+DSPARK_HD void write_csr_rows(const CsrRows& o, i64 at, const Rows& w, i64 lane, i64 lanes) {
+    const i64 run0 = imin(w.n_rows, w.run_count0);
+    if (o.row_slots) {
+        i64* out = o.row_slots + at;
+        for (i64 k = lane; k < run0; k += lanes) out[k] = w.run_first0 + k;
+        for (i64 k = lane_from(run0, lane, lanes); k < w.n_rows; k += lanes) out[k] = w.run_first1 + (k - run0);
+    }
+    if (o.row_positions) {
+        std::int32_t* out = o.row_positions + at;
+        for (i64 k = lane; k < w.n_rows; k += lanes) out[k] = static_cast<std::int32_t>(w.pos0 + k);
+    }
+}
+
 }  // namespace device_step
 }  // namespace dspark

@@ -164,6 +164,23 @@ def device_step(
     """device_step_cuda (csrc/cuda/step_cuda.hpp): one launch. ``config``: the values of
     STEP_CONFIG_KEYS; ``outputs``: device pointers in STEP_OUTPUT_KEYS order (0: not written)."""
 
+def device_step_rows(
+    config: tuple[int, ...],
+    state: int,
+    seqs: int,
+    n: int,
+    outputs: tuple[int, ...],
+    capacity: int,
+    row_offsets: int,
+    row_slots: int,
+    row_positions: int,
+    stream: int,
+) -> None:
+    """device_step_rows_cuda (csrc/cuda/step_cuda.hpp): the CSR rows of the batch the last
+    step stepped, two launches. ``outputs``: that step's device pointers in STEP_OUTPUT_KEYS
+    order; ``row_offsets`` (capacity + 1 int64), ``row_slots`` / ``row_positions``
+    (capacity * max_rows int64 / int32; 0: not written)."""
+
 def step_columns_to_device(config: tuple[int, ...], state: int, host: Any, seqs: Any,
                            stream: int) -> None:
     """step_columns_to_device_cuda: the columns of ``seqs`` of the host step state (int64

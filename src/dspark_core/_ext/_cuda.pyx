@@ -13,8 +13,12 @@ from libcpp cimport bool as cbool
 from libcpp.string cimport string
 
 from dspark_core._ext._lib_row_format cimport Storage, ElemType, NonFinite, dspark_set_error_types
-from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs, STEP_CONFIG_FIELDS, STEP_OUTPUTS, step_columns
-from dspark_core._ext._lib_cuda cimport device_step_cuda, step_columns_to_device_cuda, step_columns_to_host_cuda
+from dspark_core._ext._lib_stager cimport (
+    StepConfig, StepOutputs, StepCsrRows, STEP_CONFIG_FIELDS, STEP_OUTPUTS, step_columns,
+)
+from dspark_core._ext._lib_cuda cimport (
+    device_step_cuda, device_step_rows_cuda, step_columns_to_device_cuda, step_columns_to_host_cuda,
+)
 from dspark_core._ext._lib_cuda cimport (
     cuda_device_count, cuda_is_emulated, cuda_unavailable_reason, cuda_runtime_version, cuda_driver_version,
     cuda_pointer_device, cuda_device_name, encode_rows_cuda, decode_rows_cuda,
@@ -340,6 +344,29 @@ def device_step(tuple config, uintptr_t state, uintptr_t seqs, uintptr_t counts,
     with nogil:
         device_step_cuda(c, <int64_t*>state, <const int64_t*>seqs, <const void*>counts, count_bytes, n, o,
                          <void*>stream)
+
+
+def device_step_rows(tuple config, uintptr_t state, uintptr_t seqs, size_t n, tuple outputs, size_t capacity,
+                     uintptr_t row_offsets, uintptr_t row_slots, uintptr_t row_positions, uintptr_t stream):
+    """device_step_rows_cuda (csrc/cuda/step_cuda.hpp): the CSR rows of the batch the last
+    step stepped, two launches. ``outputs``: that step's device pointers in STEP_OUTPUT_KEYS
+    order; ``row_offsets`` (capacity + 1 int64), ``row_slots`` / ``row_positions``
+    (capacity * max_rows int64 / int32; 0: not written)."""
+    if len(config) != len(STEP_CONFIG_KEYS) or len(outputs) != len(STEP_OUTPUT_KEYS):
+        raise ValueError("device_step_rows: config and outputs must follow STEP_CONFIG_KEYS / STEP_OUTPUT_KEYS")
+    cdef StepConfig c = _config_of(config)
+    cdef StepOutputs o
+    cdef char* obase = <char*>&o
+    cdef size_t k = 0
+    while STEP_OUTPUTS[k].name != NULL:
+        (<void**>(obase + STEP_OUTPUTS[k].offset))[0] = <void*><uintptr_t>outputs[k]
+        k += 1
+    cdef StepCsrRows r
+    r.row_offsets = <int64_t*>row_offsets
+    r.row_slots = <int64_t*>row_slots
+    r.row_positions = <int32_t*>row_positions
+    with nogil:
+        device_step_rows_cuda(c, <const int64_t*>state, <const int64_t*>seqs, n, o, capacity, r, <void*>stream)
 
 
 cdef void _check_host_state(const StepConfig& c, Py_ssize_t rows, Py_ssize_t cols, str fn) except *:

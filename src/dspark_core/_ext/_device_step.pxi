@@ -4,7 +4,9 @@
 # check_step call these). Thin, as the Stager's: it converts, checks the
 # output arrays the core writes through raw pointers, releases the GIL and
 # calls once; every rule and message is the core's.
-from dspark_core._ext._lib_stager cimport StepOutputs, StepConfig, step_columns, STEP_CONFIG_FIELDS, STEP_OUTPUTS
+from dspark_core._ext._lib_stager cimport (
+    StepOutputs, StepConfig, StepCsrRows, step_columns, STEP_CONFIG_FIELDS, STEP_OUTPUTS,
+)
 
 from dspark_core.stager import device_step as _device_step
 
@@ -83,6 +85,41 @@ def _step_many(Stager st, seqs, n_accepted, out):
     with nogil:
         st._core.step_many(sp, ap, n, o)
     return out
+
+
+def _step_rows(Stager st, seqs, out, rows):
+    sv = st._ids("step_rows", seqs)
+    cdef size_t n = cnp.PyArray_DIM(sv, 0)
+    cdef StepConfig c = st._core.step_config()
+    if not isinstance(out, _device_step.StepOutputs):
+        raise TypeError(f"step_rows: out must be a StepOutputs, got {type(out).__name__}")
+    arrays = _device_step.StepOutputs.checked_plan_arrays(out, n)
+    if rows is None:
+        rows = _device_step.StepRows.empty(cnp.PyArray_DIM(<cnp.ndarray>arrays[0], 0), c.max_rows)
+    elif not isinstance(rows, _device_step.StepRows):
+        raise TypeError(f"step_rows: rows must be a StepRows, got {type(rows).__name__}")
+    # Checked once and held for the call, as step_many's outputs.
+    flat = _device_step.StepRows.checked_arrays(rows, n, c.max_rows)
+    cdef size_t capacity = cnp.PyArray_DIM(<cnp.ndarray>flat[0], 0) - 1
+    cdef StepOutputs o
+    cdef char* base = <char*>&o
+    cdef size_t k = 0
+    while STEP_OUTPUTS[k].name != NULL:
+        arr = arrays[k]
+        (<void**>(base + STEP_OUTPUTS[k].offset))[0] = NULL if arr is None else cnp.PyArray_DATA(<cnp.ndarray>arr)
+        k += 1
+    cdef StepCsrRows r
+    r.row_offsets = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>flat[0])
+    r.row_slots = NULL
+    r.row_positions = NULL
+    if flat[1] is not None:
+        r.row_slots = <int64_t*>cnp.PyArray_DATA(<cnp.ndarray>flat[1])
+    if flat[2] is not None:
+        r.row_positions = <int32_t*>cnp.PyArray_DATA(<cnp.ndarray>flat[2])
+    cdef const int64_t* sp = <const int64_t*>cnp.PyArray_DATA(sv)
+    with nogil:
+        st._core.step_rows(sp, n, o, capacity, r)
+    return rows
 
 
 def _step_check(Stager st, seqs, statuses):

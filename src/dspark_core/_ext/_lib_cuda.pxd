@@ -58,13 +58,16 @@ cdef extern from "cuda_graph.hpp" namespace "dspark" nogil:
     int64_t cuda_emulated_launches()
 
 
-from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs
+from dspark_core._ext._lib_stager cimport StepConfig, StepOutputs, StepCsrRows
 
 
 cdef extern from "step_cuda.hpp" namespace "dspark" nogil:
     void device_step_cuda(const StepConfig& c, int64_t* state, const int64_t* seqs, const void* n_accepted,
                           int count_bytes, size_t n, const StepOutputs& out,
                           void* stream) except +dspark_translate_exception
+    void device_step_rows_cuda(const StepConfig& c, const int64_t* state, const int64_t* seqs, size_t n,
+                               const StepOutputs& out, size_t capacity, const StepCsrRows& rows,
+                               void* stream) except +dspark_translate_exception
     void step_columns_to_device_cuda(const StepConfig& c, int64_t* state, const int64_t* host, const int64_t* seqs,
                                      size_t n, void* stream) except +dspark_translate_exception
     void step_columns_to_host_cuda(const StepConfig& c, const int64_t* state, int64_t* host, const int64_t* seqs,

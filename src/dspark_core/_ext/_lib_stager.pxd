@@ -40,6 +40,11 @@ cdef extern from "dspark/step_math.hpp" nogil:
         int64_t max_rows
         int64_t trim_chunk
         int64_t max_position
+    # Where a CSR pass writes (Stager::step_rows; row_slots / row_positions may be NULL).
+    cdef cppclass StepCsrRows "dspark::device_step::CsrRows":
+        int64_t* row_offsets
+        int64_t* row_slots
+        int32_t* row_positions
     int STEP_FIELD_COUNT "dspark::device_step::FIELD_COUNT"
     int64_t step_columns "dspark::device_step::columns"(const StepConfig& c)
 
@@ -276,6 +281,8 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
         void step_many(const int64_t* seqs, const int64_t* n_accepted, size_t n,
                        const StepOutputs& out) except +dspark_translate_exception
         void check_step(const int64_t* seqs, const int32_t* statuses, size_t n) except +dspark_translate_exception
+        void step_rows(const int64_t* seqs, size_t n, const StepOutputs& out, size_t capacity,
+                       const StepCsrRows& rows) except +dspark_translate_exception
         StepConfig step_config()
         bool on_device(int64_t seq) except +dspark_translate_exception
         int64_t* step_state() except +dspark_translate_exception

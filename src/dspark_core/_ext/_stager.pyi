@@ -18,7 +18,7 @@ from ..stager.stage_plan import SKIP_REASONS as SKIP_REASONS
 from ..rows.slot_moves import RestoredSlots, SlotMoves
 from ..prefix.hit import PrefixHit, PrefixHits, PrefixMoves
 from ..stager.stage_plan import BatchPlan, StagePlan
-from ..stager.device_step import StepOutputs
+from ..stager.device_step import StepOutputs, StepRows
 from ..stager.totals import StagerTotals
 
 TRIM_CHUNK: int
@@ -106,6 +106,7 @@ class Stager:
     def step_many(self, seqs: npt.ArrayLike, n_accepted: npt.ArrayLike,
                   out: StepOutputs | None = None) -> StepOutputs: ...
     def check_step(self, seqs: npt.ArrayLike, statuses: npt.ArrayLike) -> None: ...
+    def step_rows(self, seqs: npt.ArrayLike, out: StepOutputs, rows: StepRows | None = None) -> StepRows: ...
     def on_device(self, seq: int) -> bool: ...
     @property
     def step_layout(self) -> tuple[int, int]: ...

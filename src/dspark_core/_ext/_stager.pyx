@@ -1451,6 +1451,16 @@ cdef class Stager:
         """Raise the core's error for the first entry whose status is an error."""
         _step_check(self, seqs, statuses)
 
+    def step_rows(self, seqs, out, rows=None):
+        """The CSR rows of the batch the last ``step_many(seqs, ..., out=out)`` stepped (the
+        unpadded layout's gather, one call, GIL released): into ``rows`` (a
+        ``device_step.StepRows``, allocated for ``out``'s capacity when None), entry i's
+        context rows at ``[rows.row_offsets[i], rows.row_offsets[i + 1])`` of
+        ``rows.row_slots`` / ``rows.row_positions``; an entry not stepped, skipped or
+        padding has 0 rows. Returns ``rows``. ``ValueError`` (nothing written): arrays of
+        the wrong dtype or shape, a capacity below the batch."""
+        return _step_rows(self, seqs, out, rows)
+
     def on_device(self, seq):
         """Whether ``seq`` is handed over (``to_device`` .. ``to_host``)."""
         cdef int64_t s = _i64("seq", seq)

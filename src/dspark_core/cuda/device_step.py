@@ -18,6 +18,13 @@ undone nor raced; ``to_host`` waits for the steps enqueued on that stream
 before it, ``to_device`` waits for nothing. Steps run on another stream must
 be ordered before a hand-over by the caller (an event the step's stream waits for).
 
+``padded=False`` leaves out the padded ``[capacity, max_rows]`` gather slots and positions
+(not allocated, not written); ``rows="csr"`` makes every :meth:`launch` also write the CSR
+rows of its batch (``Stager.step_rows`` on the device: two more launches in the same
+stream, so inside the same captured graph) into :attr:`csr`: ``row_offsets``
+(``capacity + 1``), ``row_slots`` and ``row_positions`` (``capacity * max_rows``, the first
+``row_offsets[-1]`` written), a gather of one call over them (docs/protocol.md 2.10).
+
 A chain drafter's Stager (``kind="chain"``) hands its rows' ids over by slot:
 the server keeps the slot token table on the device beside its rows (int32,
 ``Stager.new_token_table()``'s size), writes each verify row's id at its verify
@@ -41,7 +48,7 @@ import numpy as np
 
 from . import _backend, interop
 from ..stager._args import _INT32_MAX, _INT32_MIN, as_seq_ids, batch_ints
-from ..stager.device_step import _LAYOUT, PADDING_ID, STEP_STATE_FIELDS, StepOutputs
+from ..stager.device_step import _LAYOUT, _PADDED, PADDING_ID, STEP_STATE_FIELDS, StepOutputs, StepRows
 from .interop import DeviceArray
 
 #: The step's outputs as laid out on the device: name, dtype, columns (per entry), from the
@@ -60,7 +67,10 @@ class DeviceStep:
     counts) and :meth:`launch` enqueues by default. :meth:`capture` needs a stream other
     than the legacy default one (which cannot be captured)."""
 
-    def __init__(self, stager: Any, capacity: int, device: int = 0, stream: Any = 0) -> None:
+    def __init__(self, stager: Any, capacity: int, device: int = 0, stream: Any = 0, padded: bool = True,
+                 rows: str | None = None) -> None:
+        if rows not in (None, "csr"):
+            raise ValueError(f'DeviceStep: rows must be None or "csr", got {rows!r}')
         cu: Any = _backend._cuda
         if cu is None:
             raise RuntimeError("dspark_core was built without its CUDA kernels: DeviceStep needs them")
@@ -86,11 +96,20 @@ class DeviceStep:
         # gather_slots / write_slots take .arrays["row_slots"] / ["verify_slots"] in the same graph.
         self.arrays: dict[str, DeviceArray] = {}
         self._out: dict[str, Any] = {}
+        self.padded, self.rows = bool(padded), rows
         for name, dtype, cols in _OUTPUTS:
+            if name in _PADDED and not self.padded:
+                continue
             shape = (max(1, self.capacity),) if cols == 1 else (max(1, self.capacity), self._cols(cols))
             arr = DeviceArray.from_numpy(np.full(shape, -1, dtype), device=device, stream=self.stream)
             self.arrays[name] = arr
             self._out[name] = (arr, dtype, cols)
+        #: The CSR rows (rows="csr"): row_offsets, row_slots, row_positions as DeviceArrays.
+        self.csr: dict[str, DeviceArray] = {}
+        if rows == "csr":
+            host_rows = StepRows.empty(max(1, self.capacity), self.max_rows)
+            for name in ("row_offsets", "row_slots", "row_positions"):
+                self.csr[name] = DeviceArray.from_numpy(getattr(host_rows, name), device=device, stream=self.stream)
         cu.synchronize(self.stream, device)
         self.n = 0
         self._captured = False  # a graph of capacity entries reads these buffers: every batch padded
@@ -190,9 +209,14 @@ class DeviceStep:
         """Enqueue one step of the current batch on ``stream`` (None: :attr:`stream`): one
         kernel launch, capturable. On another stream, order it before the next hand-over."""
         s = self.stream if stream is None else interop._stream_handle(stream, "", self.device)
-        outs = tuple(int(self._out[name][0].ptr) for name, _, _ in _OUTPUTS)
+        outs = tuple(int(self._out[name][0].ptr) if name in self._out else 0 for name, _, _ in _OUTPUTS)
         self._cu.device_step(self._config, self._state.ptr, self._seqs.ptr, self._counts_at,
                              self._counts_dtype.itemsize, self.n, outs, s)
+        if self.csr:
+            r = self.csr
+            self._cu.device_step_rows(self._config, self._state.ptr, self._seqs.ptr, self.n, outs,
+                                      max(1, self.capacity), int(r["row_offsets"].ptr), int(r["row_slots"].ptr),
+                                      int(r["row_positions"].ptr), s)
 
     def capture(self) -> Any:
         """One step of all ``capacity`` entries of the batch buffers (:meth:`set_batch`,
@@ -230,7 +254,7 @@ class DeviceStep:
         :attr:`stream` (synchronous: tests and logs)."""
         cu = self._cu
         cu.synchronize(self.stream, self.device)
-        arrays = {}
+        arrays: dict[str, Any] = dict.fromkeys(_PADDED)
         for name, (alloc, dtype, cols) in self._out.items():
             k = self._cols(cols)
             raw = cu.copy_to_host(alloc.ptr, np.dtype(dtype).itemsize * k * self.n)
@@ -254,6 +278,21 @@ class DeviceStep:
         for q in sorted({q for q in ids.tolist() if st.on_device(q)}):
             self._cu.copy_to_device(self._state.ptr + 8 * (col * self.max_seqs + q), value, self.stream)
         self._cu.synchronize(self.stream, self.device)
+
+    def csr_rows(self) -> StepRows:
+        """The last step's CSR rows (rows="csr"), copied to the host after the steps enqueued
+        on :attr:`stream` (synchronous: tests and logs): the offsets, and the slots and
+        positions of the ``row_offsets[-1]`` rows written (the flat arrays' other elements
+        as the device holds them)."""
+        if not self.csr:
+            raise ValueError('DeviceStep.csr_rows: this step writes no CSR rows (DeviceStep(..., rows="csr"))')
+        cu = self._cu
+        cu.synchronize(self.stream, self.device)
+        got = {}
+        for name, arr in self.csr.items():
+            raw = cu.copy_to_host(arr.ptr, arr.nbytes)
+            got[name] = np.frombuffer(raw, arr.dtype).copy()
+        return StepRows(**got)
 
     def _columns_to_device(self, ids: np.ndarray) -> None:
         """The host step state's columns of ``ids`` (and no other) into the device copy, on :attr:`stream`."""

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from . import arguments as arg
-from ..stager.device_step import StepOutputs
+from ..stager.device_step import StepOutputs, StepRows
 from ..errors import StateError
 from .arguments import FAIL_STAGES, MAX_POSITION
 from .seq import _Seq
@@ -393,6 +393,44 @@ class DeviceStepMixin:
             out.block_positions[k, :] = plan.block_positions
         out.verify_slots[k, : len(slots)] = slots
         return STEP_OK
+
+    def step_rows(self, seqs: Any, out: StepOutputs, rows: StepRows | None = None) -> StepRows:
+        """The CSR rows of the batch the last ``step_many(seqs, ..., out=out)`` stepped, from
+        the sequences' own rings: entry i's drafted rows ``[start - n_rows, start)`` where the
+        ring still holds them (else, and for an entry not stepped or skipped, none)."""
+        ref = cast("ReferenceStager", self)
+        call = "step_rows"
+        if not ref._external:
+            raise ValueError(f"{call} needs external-row mode, but this Stager holds its rows ({_MODE_HINT})")
+        ids = arg.seq_ids(call, seqs)
+        c = ref.config
+        max_rows = c.window - c.block_size
+        if not isinstance(out, StepOutputs):
+            raise TypeError(f"{call}: out must be a StepOutputs, got {type(out).__name__}")
+        out.checked_plan_arrays(len(ids))
+        if rows is None:
+            rows = StepRows.empty(out.capacity, max_rows)
+        rows.check(len(ids), max_rows)
+        device, faults = self._device(), self._faults()
+        total = 0
+        for k, q in enumerate(ids.tolist()):
+            rows.row_offsets[k] = total
+            n, start, base = int(out.n_rows[k]), int(out.start[k]), int(out.pos_base[k])
+            if (not 0 <= q < len(ref._seqs) or q not in device or q in faults or out.status[k] != STEP_OK
+                    or out.skip[k] != 0 or not 0 < n <= max_rows or not 0 <= base <= start - n
+                    or start - base > c.window):
+                continue
+            ring = ref._seqs[q].ring
+            lo = start - n
+            if ring.cap == 0 or lo < ring.head or start > ring.end:
+                continue
+            if rows.row_slots is not None:
+                rows.row_slots[total:total + n] = ring.slots(lo, start, q * ref.ring_rows)
+            if rows.row_positions is not None:
+                rows.row_positions[total:total + n] = np.arange(lo - base, start - base)
+            total += n
+        rows.row_offsets[len(ids):] = total
+        return rows
 
     def check_step(self, seqs: Any, statuses: Any) -> None:
         ref = cast("ReferenceStager", self)

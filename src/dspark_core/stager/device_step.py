@@ -13,6 +13,10 @@ The status codes are the core's (``dspark/step_math.hpp``): ``STEP_OK`` and
 ``STEP_NOT_IN_STEP`` are not errors; every code from ``STEP_FIRST_ERROR`` on
 is one, and the step changed nothing for that entry.
 
+``padded=False`` leaves the padded arrays out (the step's biggest write); the batch's rows
+are then one call away as CSR rows, :class:`StepRows` (``Stager.step_rows``: ``row_offsets``
+and flat slots and positions, ``draft_many``'s layout; docs/protocol.md 2.10).
+
 A ``StepOutputs`` of capacity ``N`` (``StepOutputs.empty(N, ...)``) serves any batch of at most
 ``N`` entries: the entries past the batch are padding (:data:`PADDING_ID`, count ``-1``:
 ``STEP_NOT_IN_STEP``, nothing changed, "nothing" written), so a CUDA graph captured for ``N``
@@ -76,6 +80,12 @@ STEP_STATE_FIELDS: tuple[str, ...] = _row_format.STEP_STATE_FIELDS
 
 #: The padded arrays, which may be None (not written).
 _PADDED = ("row_slots", "row_positions")
+
+
+#: The plan arrays a CSR pass reads (Stager.step_rows): (index in the core's order, name, dtype).
+_PLAN = ("status", "skip", "start", "n_rows", "pos_base")
+_PLAN_AT: tuple[tuple[int, str, np.dtype], ...] = tuple(
+    (k, name, np.dtype(dtype)) for k, (name, dtype, _) in enumerate(_LAYOUT) if name in _PLAN)
 
 
 def _shape(kind: str, n: int, max_rows: int, block: int) -> tuple[int, ...]:
@@ -150,9 +160,111 @@ class StepOutputs:
                 raise ValueError(f"step outputs: {name} must be C-contiguous, aligned and writable")
         return tuple(arrays)
 
+    def checked_plan_arrays(self, n: int) -> tuple[np.ndarray | None, ...]:
+        """What ``Stager.step_rows`` reads of a step's answers, in the core's order: the plan
+        arrays (:data:`_PLAN`: status, skip, start, n_rows, pos_base), each read once and
+        checked (dtype, shape: one capacity of at least ``n``, C-contiguous, aligned), None
+        for the others (not read). Lighter than :meth:`checked_arrays`: a pass that reads
+        five per-entry arrays need not check the rest."""
+        arrays: list[np.ndarray | None] = [None] * len(_LAYOUT)
+        capacity = -1
+        for k, name, dtype in _PLAN_AT:
+            arr = getattr(self, name)
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"step outputs: {name} must be a numpy array, got {type(arr).__name__}")
+            if capacity < 0:
+                capacity = arr.shape[0] if arr.ndim == 1 else -1
+                if 0 <= capacity < n:
+                    raise ValueError(f"step outputs: {capacity} entries for a batch of {n}: a StepOutputs "
+                                     "serves any batch of at most its capacity")
+            if arr.dtype != dtype or arr.ndim != 1 or arr.shape[0] != capacity:
+                want = (max(capacity, n),)
+                raise ValueError(f"step outputs: {name} must be {dtype.name} of shape {want}, "
+                                 f"got {arr.dtype.name} of shape {arr.shape}")
+            if not arr.flags.c_contiguous or not arr.flags.aligned:
+                raise ValueError(f"step outputs: {name} must be C-contiguous and aligned")
+            arrays[k] = arr
+        return tuple(arrays)
+
     def errors(self) -> np.ndarray:
         """The indices of the entries whose status is an error."""
         return np.flatnonzero(self.status >= STEP_FIRST_ERROR)
+
+
+@dataclass
+class StepRows:
+    """The CSR rows of a step's batch (``Stager.step_rows``; ``cuda.DeviceStep(...,
+    rows="csr")``): the unpadded layout's gather, one call over ``row_offsets[-1]`` rows,
+    as ``draft_many``'s ``BatchPlan`` lays its rows out. For a capacity of ``N`` entries:
+
+    * ``row_offsets`` int64 ``(N + 1,)``: entry i's rows are ``[row_offsets[i],
+      row_offsets[i + 1])`` (an entry not stepped, skipped or padding has none);
+    * ``row_slots`` int64 ``(N * max_rows,)``: their global slots (what the padded
+      ``StepOutputs.row_slots[i, :n_rows[i]]`` hold, concatenated);
+    * ``row_positions`` int32 ``(N * max_rows,)``: their drafter positions.
+
+    Only the first ``row_offsets[-1]`` elements of the flat arrays are written; the rest
+    keep what they held. ``row_slots`` / ``row_positions`` may be None (not written).
+    Reusable step after step (fixed buffers)."""
+
+    row_offsets: np.ndarray
+    row_slots: np.ndarray | None
+    row_positions: np.ndarray | None
+
+    @classmethod
+    def empty(cls, capacity: int, max_rows: int) -> StepRows:
+        """Arrays for ``capacity`` entries (``max_rows``: ``Stager.step_layout[1]``), -1 filled."""
+        capacity, max_rows = int(capacity), int(max_rows)
+        if capacity < 0 or max_rows < 0:
+            raise ValueError(f"StepRows.empty: capacity and max_rows must be >= 0, got {capacity}, {max_rows}")
+        return cls(np.zeros(capacity + 1, np.int64), np.full(capacity * max_rows, -1, np.int64),
+                   np.full(capacity * max_rows, -1, np.int32))
+
+    @property
+    def capacity(self) -> int:
+        """How many entries these arrays hold."""
+        return int(np.shape(self.row_offsets)[0]) - 1
+
+    @property
+    def total(self) -> int:
+        """How many rows the last pass wrote (``row_offsets[-1]``)."""
+        return int(self.row_offsets[-1])
+
+    def entry(self, i: int) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """Entry i's slots and positions (views)."""
+        lo, hi = int(self.row_offsets[i]), int(self.row_offsets[i + 1])
+        return (None if self.row_slots is None else self.row_slots[lo:hi],
+                None if self.row_positions is None else self.row_positions[lo:hi])
+
+    def check(self, n: int, max_rows: int) -> None:
+        """Raise unless the arrays are laid out for one capacity of at least ``n`` entries."""
+        StepRows.checked_arrays(self, n, max_rows)
+
+    def checked_arrays(self, n: int, max_rows: int) -> tuple[np.ndarray | None, ...]:
+        """``(row_offsets, row_slots, row_positions)``, each read once and checked (dtype,
+        shape, C-contiguous, aligned, writable): the very arrays a pass writes through (see
+        :meth:`StepOutputs.checked_arrays`). Their capacity is ``row_offsets``': at least ``n``."""
+        offsets = self.row_offsets
+        arrays: list[np.ndarray | None] = [offsets, self.row_slots, self.row_positions]
+        if not isinstance(offsets, np.ndarray) or offsets.ndim != 1 or offsets.shape[0] < 1:
+            raise ValueError("step rows: row_offsets must be a 1-d int64 array of capacity + 1 entries")
+        capacity = offsets.shape[0] - 1
+        if capacity < n:
+            raise ValueError(f"step rows: {capacity} entries for a batch of {n}: StepRows serve any batch of at "
+                             "most their capacity")
+        for name, arr, dtype, want in (("row_offsets", offsets, np.int64, (capacity + 1,)),
+                                       ("row_slots", arrays[1], np.int64, (capacity * max_rows,)),
+                                       ("row_positions", arrays[2], np.int32, (capacity * max_rows,))):
+            if arr is None and name != "row_offsets":
+                continue
+            if not isinstance(arr, np.ndarray):
+                raise TypeError(f"step rows: {name} must be a numpy array, got {type(arr).__name__}")
+            if arr.dtype != np.dtype(dtype) or arr.shape != want:
+                raise ValueError(f"step rows: {name} must be {np.dtype(dtype).name} of shape {want}, "
+                                 f"got {arr.dtype.name} of shape {arr.shape}")
+            if not arr.flags.c_contiguous or not arr.flags.writeable or not arr.flags.aligned:
+                raise ValueError(f"step rows: {name} must be C-contiguous, aligned and writable")
+        return tuple(arrays)
 
 
 def _check() -> None:
