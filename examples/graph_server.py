@@ -208,6 +208,9 @@ class DeviceSteps:
             self.dev.set_batch(self.ids, self.counts)
             self.dev.replay(self.graph)
             out = self.dev.outputs()
+            # The metrics read the host step state: copy the device's back as often as they
+            # should be fresh (here every step: the loop waits for the outputs anyway).
+            self.dev.sync_metrics()
         else:
             out = self.st.step_many(self.ids, self.counts, out=self.out)
         self.st.check_step(self.ids, out.status)  # a status word as the core's own error

@@ -279,6 +279,17 @@ class DeviceStep:
             self._cu.copy_to_device(self._state.ptr + 8 * (col * self.max_seqs + q), value, self.stream)
         self._cu.synchronize(self.stream, self.device)
 
+    def sync_metrics(self) -> None:
+        """Copy every handed-over sequence's step-state columns back from the device copy into
+        the host step state, after the steps enqueued on :attr:`stream` (one wait), so the
+        Stager's metrics (``stats``, ``totals``, the Prometheus exporter) read them as of now
+        (design.md 2.10: as of the last copy back). They stay on the device; nothing else
+        changes. Call it as often as the metrics should be fresh."""
+        st = self.stager
+        held = np.array([q for q in range(self.max_seqs) if st.on_device(q)], np.int64)
+        if held.size:
+            self._cu.step_columns_to_host(self._config, self._state.ptr, st.step_state, held, self.stream)
+
     def csr_rows(self) -> StepRows:
         """The last step's CSR rows (rows="csr"), copied to the host after the steps enqueued
         on :attr:`stream` (synchronous: tests and logs): the offsets, and the slots and
