@@ -612,3 +612,33 @@ def test_a_long_reservation_handed_over_keeps_every_rows_id(close):
     assert got[0][2] == got[1][2]
     s = got[0][2]
     np.testing.assert_array_equal(got[0][1], ids(np.arange(s["horizon"], s["end"])))  # each row its own id
+
+
+@pytest.mark.parametrize("then", ["confirm", "cancel"])
+def test_a_block_stagers_failed_round_comes_back_holding_its_verify_rows(then):
+    """protocol.md 2.10: a block drafter's Stager keeps no ids, so after a failure hand-back its
+    last step's verify rows come back reserved: ``confirm`` them when the verify forward ran
+    anyway (a captured graph runs it whatever the drafts), ``cancel`` them otherwise. Either
+    way the Stager is what the host path makes of the same calls (fail, reserve, then the
+    same confirm or cancel), and the next round plans alike."""
+    cfg = config(2, 3, 16)
+    dev, orc = Stager(cfg), Stager(cfg)
+    for st in (dev, orc):
+        prompt(st, 0, 0, 9)
+    dev.to_device([0])
+    dev.step_many([0], [0])
+    dev.to_host([0], ["decode"])
+    host_step(orc, 0, 0, "decode")
+    same_seq(dev, orc, 0)
+    assert dev.state(0)["reservation_open"] and dev.stats(0)["failures"] == 1
+    for st in (dev, orc):
+        getattr(st, then)(0)
+    same_seq(dev, orc, 0)
+    end = dev.state(0)["end"]
+    assert end == (9 + cfg.block_size + 1 if then == "confirm" else 9)
+    for st in (dev, orc):
+        st.accept(0, 0)
+    plans = [st.draft(0, st.state(0)["end"]) for st in (dev, orc)]
+    assert plans[0].skip is None and plans[0].rebase  # a failure owes a restage
+    np.testing.assert_array_equal(plans[0].slots, plans[1].slots)
+    assert plans[0].pos_base == plans[1].pos_base
