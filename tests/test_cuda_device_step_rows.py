@@ -10,28 +10,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_core import Stager, StagerConfig, cuda
+from dspark_core import Stager, cuda
 from dspark_core.stager.device_step import PADDING_ID, STEP_OK, STEP_REBASE, StepOutputs, StepRows
+from test_device_step_rows import make as make_stager, padded_rows
 
 gpu = pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
 
 
 def make(n: int, b: int, w: int, seed: int) -> Stager:
-    st = Stager(StagerConfig(feature_dim=16, block_size=b, window=w, max_seqs=n, storage="f32", rows="external"))
-    rng = np.random.default_rng(seed)
-    for q in range(n):
-        st.begin(q)
-        p0, ln = int(rng.integers(0, 30)), int(rng.integers(1, 3 * w))
-        st.process(q, np.arange(p0, p0 + ln))
-    return st
-
-
-def padded_csr(out: StepOutputs, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    counts = [int(out.n_rows[k]) if out.status[k] == STEP_OK else 0 for k in range(n)]
-    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-    slots = np.concatenate([out.row_slots[k, :m] for k, m in enumerate(counts)] + [np.zeros(0, np.int64)])
-    pos = np.concatenate([out.row_positions[k, :m] for k, m in enumerate(counts)] + [np.zeros(0, np.int32)])
-    return offsets, slots, pos
+    return make_stager(Stager, n, b, w, seed)
 
 
 def same_rows(x: StepRows, y: StepRows) -> None:
@@ -81,7 +68,7 @@ def test_captured_csr_rows_equal_the_cpu_twin_over_changing_batches(padded, n, b
         cpu.step_rows(seqs, out, rows)
         got = step.csr_rows()
         same_rows(got, rows)
-        offsets, slots, pos = padded_csr(out, len(seqs))
+        offsets, slots, pos = padded_rows(out, len(seqs))
         np.testing.assert_array_equal(got.row_offsets[:len(seqs) + 1], offsets)
         np.testing.assert_array_equal(got.row_slots[:got.total], slots)
         np.testing.assert_array_equal(got.row_positions[:got.total], pos)

@@ -27,6 +27,7 @@ and count arrays of length ``N`` writes the padding entry itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -86,6 +87,18 @@ _PADDED = ("row_slots", "row_positions")
 _PLAN = ("status", "skip", "start", "n_rows", "pos_base")
 _PLAN_AT: tuple[tuple[int, str, np.dtype], ...] = tuple(
     (k, name, np.dtype(dtype)) for k, (name, dtype, _) in enumerate(_LAYOUT) if name in _PLAN)
+
+
+def _check_array(what: str, name: str, arr: Any, dtype: Any, want: tuple[int, ...]) -> None:
+    """Raise unless ``arr`` is a numpy array of ``dtype`` and shape ``want``, C-contiguous,
+    aligned and writable (the core writes through raw pointers: nothing else is safe)."""
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{what}: {name} must be a numpy array, got {type(arr).__name__}")
+    if arr.dtype != np.dtype(dtype) or arr.shape != want:
+        raise ValueError(f"{what}: {name} must be {np.dtype(dtype).name} of shape {want}, "
+                         f"got {arr.dtype.name} of shape {arr.shape}")
+    if not arr.flags.c_contiguous or not arr.flags.writeable or not arr.flags.aligned:
+        raise ValueError(f"{what}: {name} must be C-contiguous, aligned and writable")
 
 
 def _shape(kind: str, n: int, max_rows: int, block: int) -> tuple[int, ...]:
@@ -150,14 +163,7 @@ class StepOutputs:
                 if capacity < n:
                     raise ValueError(f"step outputs: {capacity} entries for a batch of {n}: a StepOutputs "
                                      "serves any batch of at most its capacity")
-            want = _shape(kind, capacity, max_rows, block)
-            if not isinstance(arr, np.ndarray):
-                raise TypeError(f"step outputs: {name} must be a numpy array, got {type(arr).__name__}")
-            if arr.dtype != np.dtype(dtype) or arr.shape != want:
-                raise ValueError(f"step outputs: {name} must be {np.dtype(dtype).name} of shape {want}, "
-                                 f"got {arr.dtype.name} of shape {arr.shape}")
-            if not arr.flags.c_contiguous or not arr.flags.writeable or not arr.flags.aligned:
-                raise ValueError(f"step outputs: {name} must be C-contiguous, aligned and writable")
+            _check_array("step outputs", name, arr, dtype, _shape(kind, capacity, max_rows, block))
         return tuple(arrays)
 
     def checked_plan_arrays(self, n: int) -> tuple[np.ndarray | None, ...]:
@@ -257,13 +263,7 @@ class StepRows:
                                        ("row_positions", arrays[2], np.int32, (capacity * max_rows,))):
             if arr is None and name != "row_offsets":
                 continue
-            if not isinstance(arr, np.ndarray):
-                raise TypeError(f"step rows: {name} must be a numpy array, got {type(arr).__name__}")
-            if arr.dtype != np.dtype(dtype) or arr.shape != want:
-                raise ValueError(f"step rows: {name} must be {np.dtype(dtype).name} of shape {want}, "
-                                 f"got {arr.dtype.name} of shape {arr.shape}")
-            if not arr.flags.c_contiguous or not arr.flags.writeable or not arr.flags.aligned:
-                raise ValueError(f"step rows: {name} must be C-contiguous, aligned and writable")
+            _check_array("step rows", name, arr, dtype, want)
         return tuple(arrays)
 
 
