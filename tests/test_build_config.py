@@ -60,6 +60,11 @@ def note(out: str) -> str:
     return lines[0]
 
 
+def recorded(tmp_path: pathlib.Path) -> str:
+    """The note the configure wrote for the package to install (dspark_core/_ext/build_note.txt)."""
+    return (tmp_path / "build" / "dspark_build_note.txt").read_text(encoding="utf-8")
+
+
 def test_auto_without_gpu_builds_no_kernels_and_says_how_to_force(tmp_path):
     rc, out, have = configure(tmp_path, "-DDSPARK_CUDA=AUTO")
     assert rc == 0, out
@@ -127,3 +132,37 @@ def test_auto_without_nvidia_smi_says_so(tmp_path):
     if NVCC:
         assert "nvcc at " in line
         assert "DSPARK_CUDA=ON for pip install, -DDSPARK_CUDA=ON for cmake" in line
+
+
+# -- the note kept where it can be read back: a redirected or CI build never shows the terminal line
+
+
+@pytest.mark.parametrize("mode", ["OFF", "AUTO", "EMULATE"])
+def test_the_note_is_recorded_for_the_package_word_for_word(tmp_path, mode):
+    rc, out, _ = configure(tmp_path, f"-DDSPARK_CUDA={mode}")
+    assert rc == 0, out
+    line = note(out)
+    assert recorded(tmp_path) == line[line.index("dspark: ") + len("dspark: "):] + "\n"
+    # A configure in another mode rewrites it (the note of the build that ran last).
+    (tmp_path / "build" / "CMakeCache.txt").unlink()
+    other = "EMULATE" if mode == "OFF" else "OFF"
+    rc, out, _ = configure(tmp_path, f"-DDSPARK_CUDA={other}")
+    assert rc == 0, out
+    assert recorded(tmp_path).startswith("CUDA kernels: " + ("emulated" if other == "EMULATE" else "none"))
+
+
+def test_the_installed_package_holds_its_builds_note_and_the_cli_prints_it(capsys):
+    import importlib.util
+    import json
+
+    from dspark_core.cuda.build_note import build_note
+    from dspark_core.cli import main as cli_main
+
+    got = build_note()
+    assert got is not None and got.startswith("CUDA kernels: ") and "\n" not in got
+    # The note agrees with what the build made: the _cuda extension exists unless it says "none".
+    assert (importlib.util.find_spec("dspark_core._ext._cuda") is not None) == (not got.startswith("CUDA kernels: none"))
+    assert cli_main(["kernels"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"build: {got}"
+    assert cli_main(["kernels", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["build"] == got

@@ -478,6 +478,51 @@ TEST_CASE(c_batches_equal_loops_and_a_rejected_batch_changes_nothing) {
     dspark_stager_destroy(b);
 }
 
+// Two requests on one shared prompt bring its new blocks in one batch: the
+// first entry adds them, the second refreshes them, as a loop of publishes
+// does (stores, snapshots and a hit equal); other rows in the second entry
+// are refused with the loop's second publish's error and change nothing.
+TEST_CASE(c_a_block_new_in_two_entries_is_added_once_and_refreshed) {
+    dspark_stager *a = make_stager(), *b = make_stager(), *c = make_stager();
+    dspark_prefix_store *sa = nullptr, *sb = nullptr, *sc = nullptr;
+    CHECK_EQ(dspark_prefix_store_create(a, BT, 1 << 20, &sa), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_store_create(b, BT, 1 << 20, &sb), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_store_create(c, BT, 1 << 20, &sc), DSPARK_OK);
+    const auto pos = span(0, 40);
+    for (dspark_stager* st : {a, b, c})
+        for (std::int64_t seq : {0, 1}) {
+            // a, b: the same prompt rows in both sequences; c: other rows in sequence 1
+            const auto rows = rows_for(st == c && seq == 1 ? 500 : 0, 40);
+            CHECK_EQ(dspark_process(st, seq, pos.data(), pos.size(), rows.data(), DSPARK_DTYPE_F32, rows.size() * 4), DSPARK_OK);
+        }
+    const Chain shared(0, 40, 7);
+    for (std::int64_t seq : {0, 1})
+        CHECK_EQ(dspark_prefix_publish(a, seq, sa, shared.bytes(), shared.offsets.data(), shared.n(), 0, 40), DSPARK_OK);
+    const Chains twice({&shared, &shared});
+    const std::int64_t seqs[2] = {0, 1}, starts[2] = {0, 0}, ends[2] = {40, 40};
+    CHECK_EQ(dspark_prefix_publish_many(b, seqs, 2, sb, twice.bytes.data(), twice.key_offsets.data(),
+                                        twice.chain_offsets.data(), starts, ends), DSPARK_OK);
+    CHECK(same_stats(stats_of(sa), stats_of(sb)));
+    CHECK_EQ(stats_of(sb).published, static_cast<std::int64_t>(shared.n()));
+    CHECK_EQ(stats_of(sb).republished, static_cast<std::int64_t>(shared.n()));
+    for (std::int64_t seq : {0, 1}) CHECK(snapshot_of(a, seq) == snapshot_of(b, seq));
+    dspark_prefix_hit_result loop, batch;
+    CHECK_EQ(dspark_prefix_hit(a, 1, sa, shared.bytes(), shared.offsets.data(), shared.n(), 40, &loop), DSPARK_OK);
+    CHECK_EQ(dspark_prefix_hit(b, 1, sb, shared.bytes(), shared.offsets.data(), shared.n(), 40, &batch), DSPARK_OK);
+    CHECK(std::memcmp(&loop, &batch, sizeof loop) == 0);
+    CHECK(snapshot_of(a, 1) == snapshot_of(b, 1));
+    // Other rows under the same new keys: refused whole, with the loop's error.
+    const dspark_prefix_stats before = stats_of(sc);
+    CHECK_EQ(dspark_prefix_publish_many(c, seqs, 2, sc, twice.bytes.data(), twice.key_offsets.data(),
+                                        twice.chain_offsets.data(), starts, ends), DSPARK_E_INVALID_ARGUMENT);
+    CHECK(mentions("publish_many: seqs[1] (sequence 1): "));
+    CHECK(mentions("is already held with other rows"));
+    CHECK(same_stats(before, stats_of(sc)));
+    CHECK_EQ(stats_of(sc).blocks, 0);
+    for (dspark_prefix_store* s : {sa, sb, sc}) dspark_prefix_store_destroy(s);
+    for (dspark_stager* st : {a, b, c}) dspark_stager_destroy(st);
+}
+
 TEST_CASE(c_a_chain_stagers_hit_takes_the_prompts_ids) {
     dspark_stager* block = make_stager();
     dspark_config c;

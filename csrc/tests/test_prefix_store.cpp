@@ -514,3 +514,33 @@ TEST_CASE(slots_are_asked_for_only_after_every_check) {
 }
 
 TEST_MAIN()
+
+// publishable(seq): [horizon, the final rows' end); a block inside it
+// publishes, one a row past either end is refused (W = 64, B = 4, blocks of 8).
+TEST_CASE(publishable_is_the_range_whose_whole_blocks_publish) {
+    const auto so = sopts(4, 64);
+    Stager st(so);
+    CHECK(st.publishable(0) == std::make_pair(std::int64_t{0}, std::int64_t{0}));  // no rows yet
+    process(st, 0, 0, 150);
+    draft(st, 0, 150);
+    st.commit(0);
+    process(st, 0, 150, 5);  // a verify batch: its first row is final, the rest wait for accept
+    const auto range = st.publishable(0);
+    CHECK_EQ(range.first, st.state(0).horizon);
+    CHECK_EQ(range.second, 151);
+    CHECK(range.first > 0);
+    const std::int64_t lo = (range.first + 7) / 8 * 8, hi = range.second / 8 * 8;
+    for (std::int64_t s = lo - 8; s <= hi; s += 8) {
+        PrefixStore store(popts(so, 8, 1 << 20));
+        Chain c(s, s + 8, 8);
+        bool ok = true;
+        try {
+            st.publish_prefix(0, store, c.view(), s, s + 8);
+        } catch (const std::invalid_argument&) {
+            ok = false;
+        }
+        CHECK_EQ(ok, s >= range.first && s + 8 <= range.second);
+    }
+    st.accept(0, 4);
+    CHECK_EQ(st.publishable(0).second, 155);
+}

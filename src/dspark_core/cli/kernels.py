@@ -1,9 +1,11 @@
 """``dspark-core kernels``: the dispatch table of this machine.
 
-For each kernel family of the core's registry (:mod:`dspark_core.kernels`):
+First what the build compiled for CUDA (``build: CUDA kernels: ...``, the
+line the build wrote into the package: :mod:`dspark_core.cuda.build_note`), then
+for each kernel family of the core's registry (:mod:`dspark_core.kernels`):
 the paths this CPU and build support, the best one, the active one (after
 ``DSPARK_SIMD``), and for each kernel the path whose code runs it. ``--json``
-prints the same as one JSON object.
+prints the same as one JSON object (``"build"``: the note, or null).
 """
 
 from __future__ import annotations
@@ -44,13 +46,21 @@ def table() -> dict[str, dict[str, Any]]:
     }
 
 
+#: Printed where the package holds no build note (a build from before the note was recorded).
+NO_NOTE = "not recorded by this build"
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import kernels
+    from ..cuda.build_note import build_note
 
     t = table()
+    note = build_note()
     if args.json:
-        print(json.dumps({"env": {kernels.ENV: os.environ.get(kernels.ENV, "")}, "families": t}, indent=1))
+        print(json.dumps({"build": note, "env": {kernels.ENV: os.environ.get(kernels.ENV, "")}, "families": t},
+                         indent=1))
         return 0
+    print(f"build: {note or NO_NOTE}")
     print(f"{kernels.ENV}={os.environ.get(kernels.ENV, '')!r}")
     for family, row in t.items():
         print(f"{family}: supported {', '.join(row['supported'])}; best {row['best']}; active {row['active']}")
