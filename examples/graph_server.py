@@ -25,10 +25,11 @@ the host. This loop runs such a server over one ``dspark_core.Stager``
 * per request, in the same loop: drafting switched off and on
   (``disable`` / ``enable`` on the handed-over sequence; on a GPU
   ``DeviceStep.set_drafting``): its steps skip with ``SKIP_DRAFTING_OFF``
-  and verify ``last`` alone; a disabled request skips the same way; an
+  and verify ``last`` alone; an
   abort mid-round (``end`` of the handed-over sequence); a drafter failure
   (handed back with the failure, ``last`` decoded plainly, handed over
-  again); a tree round (handed back, ``process_tree`` / ``accept_path`` on
+  again; a request whose drafter always fails is disabled after
+  ``max_failures`` of them and skips with ``SKIP_DISABLED`` from then on); a tree round (handed back, ``process_tree`` / ``accept_path`` on
   the host, handed over again: the device step verifies linear batches);
 * a finished request comes back (``to_host``), its decoded blocks are
   published (``st.publishable``: the next turn of its conversation hits
@@ -97,6 +98,7 @@ class Request:
     off_at: int = -1  # generated tokens after which drafting is switched off ...
     on_at: int = -1  # ... and back on (-1: never)
     tree_every: int = 0  # every k-th round of it is a tree round (0: never)
+    broken_drafter: bool = False  # its drafter fails every round: max_failures of them disable it
     follow_up: Request | None = None  # the conversation's next turn, queued when this one finishes
 
 
@@ -336,7 +338,8 @@ class GraphServer:
             while h < len(keys) and keys[h] in self.cached:
                 h += 1
             target = FakeTarget()
-            self.slots[free[0]] = Slot(req, target, FakeDrafter(target.embedding, self.fail_every))
+            drafter = FakeDrafter(target.embedding, 1 if req.broken_drafter else self.fail_every)
+            self.slots[free[0]] = Slot(req, target, drafter)
             new.append((free[0], req, keys, h))
         if not new:
             return
@@ -350,8 +353,9 @@ class GraphServer:
                 self.c.hits += 1
                 self.c.hit_tokens += n
                 self.c.turn_hits += n > SYSTEM_TOKENS
+        started = {q for q, _, _ in hit}
         for q, *_ in new:
-            if q not in {h[0] for h in hit}:
+            if q not in started:
                 self.st.begin(q)
         outs = []
         for q, req, _, _ in new:  # the target prefills from where the rows start to be missing
@@ -567,6 +571,8 @@ def requests(rng: np.random.Generator, n: int) -> list[Request]:
             r.off_at, r.on_at = 8, 8 + int(rng.integers(6, 2 * WINDOW))
         if rid % 4 == 2:
             r.tree_every = 3
+        if rid % 11 == 5:
+            r.broken_drafter = True
         if rid % 3 == 0:  # the next turn of the conversation: the reply so far plus new user tokens
             r.follow_up = Request(-rid - 1, arrival=1 << 30, prompt=[int(t) for t in rng.integers(0, VOCAB, 6)],
                                   generate=int(rng.integers(20, 60)))
@@ -604,12 +610,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{c.finished + c.aborted} requests")
     print(f"{c.steps} steps of {CAPACITY} entries, up to {c.max_batch} requests per step; {c.rounds} drafter rounds "
           f"({c.tree_rounds} trees), acceptance {100 * c.accepted / max(1, c.drafted):.1f}%")
-    print(f"{c.failures} drafter failures recovered, {c.skips} skipped rounds, {c.switched} drafting switches, "
+    t = srv.st.totals()
+    print(f"{c.failures} drafter failures recovered, {c.skips} skipped rounds ({t.stats['skips_disabled']} of "
+          f"disabled requests, {t.stats['skips_drafting_off']} with drafting off), {c.switched} drafting switches, "
           f"{c.aborted} aborted mid-round, {c.host_waits} hand-backs during generation")
     print(f"prefix: {c.hits} hits ({c.hit_tokens} tokens; {c.turn_hits} reaching into an earlier turn), "
           f"{c.published_blocks} blocks published ({c.reply_blocks} of replies)")
     print(f"staged rows vs the target's: max relative error {c.max_rel_err:.3g}")
-    t = srv.st.totals()
     counted = t.stats["verified_rounds"] == c.verified and t.stats["accepted_tokens"] == c.verified_accepted
     print(f"metrics: {t.stats['verified_rounds']} verified rounds, {t.stats['accepted_tokens']} accepted drafts; "
           f"equal to this loop's counts: {'yes' if counted else 'NO'}")
@@ -617,6 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     exact = a.storage == "f32"
     ok = ok and counted and c.lossless == c.finished and (c.max_rel_err == 0 or not exact)
     ok = ok and c.failures > 0 and c.tree_rounds > 0 and c.switched > 0 and c.aborted > 0 and c.turn_hits > 0
+    ok = ok and t.stats["skips_disabled"] > 0 and t.stats["skips_drafting_off"] > 0
     print(f"lossless: {'yes' if ok else 'NO'}")
     return 0 if ok else 1
 

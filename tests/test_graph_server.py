@@ -3,7 +3,7 @@
 
 The same workload (requests joining and leaving a fixed capacity of 8 slots, padding
 entries for the free ones, prefix hits and publishes, drafting switched off and on, drafter
-failures, aborts mid-round and tree rounds) runs three ways:
+failures, a request disabled by them, aborts mid-round and tree rounds) runs three ways:
 the device step's CPU twin over fixed-capacity arrays, the CUDA step captured once into a
 graph and replayed every step (where the kernels are built: the emulated device in CI), and
 the host path (the per-step batch calls). Every request's tokens are the target's greedy
@@ -57,6 +57,8 @@ def _exercised(srv: graph_server.GraphServer) -> None:
     assert c.failures and c.tree_rounds and c.switched and c.aborted and c.hits and c.published_blocks, c
     assert c.max_batch == graph_server.CAPACITY  # full, and padded on other steps
     assert c.finished == c.lossless
+    t = srv.st.totals().stats
+    assert t["skips_disabled"] and t["skips_drafting_off"]  # a disabled request and the switch, on the device too
 
 
 @pytest.mark.parametrize("storage,seed", [("f32", 3), ("q8_0", 5), ("bf16", 8)])
