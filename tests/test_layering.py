@@ -88,7 +88,7 @@ _REFERENCE_MAY_IMPORT = {
     "prefix.hit": {"HIT", "PUBLISH", "PrefixHit", "PrefixHits", "PrefixMoves", "no_prefix_moves"},
     "rows.slot_moves": {"RestoredSlots", "SlotMoves", "no_moves"},
     "stager.stage_plan": {"BatchPlan", "StagePlan"},
-    "stager.device_step": {"StepOutputs"},
+    "stager.device_step": {"StepOutputs", "StepRows"},  # the arrays a step writes (their shapes: the binding's)
     "stager.totals": {"StagerTotals"},
     "stager.pickling": {"reduce_stager"},
     "stager.snapshot_format": None,  # the module itself, given the reference's own name tables
