@@ -230,7 +230,7 @@ class DeviceStep:
             raise ValueError("DeviceStep.capture: the legacy default stream cannot be captured: construct the "
                              "step on a stream of its own (DeviceStep(..., stream=server_stream or \"new\"))")
         if self.n < self.capacity:  # the graph steps every entry: those past the batch are padding
-            self.set_batch(self._batch_ids(), None, pad=True)
+            self.set_batch(self._batch_ids().tolist(), None, pad=True)
         self._captured = True
         cu = self._cu
         cu.capture_begin(self.stream, self.device)
