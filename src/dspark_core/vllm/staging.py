@@ -29,13 +29,16 @@ import numpy as np
 from .._ext._stager import Stager
 from ..stager.config import StagerConfig
 
-__all__ = ["RequestStaging", "TargetRows", "DrafterInputs", "NULL_BLOCK"]
+__all__ = ["RequestStaging", "TargetRows", "DrafterInputs", "NULL_BLOCK", "FALLBACK_REASONS"]
 
 logger = logging.getLogger(__name__)
 
 #: vLLM's null block: reserved by the block pool, never given to a request, so
 #: a request that does not draft this step writes its one placeholder row there.
 NULL_BLOCK = 0
+#: Why a request-step goes without drafts: the drafter raised for it, the Stager refused it (from
+#: then on), the Stager opened no round for it (``BatchPlan.skips``), the step's staging failed.
+FALLBACK_REASONS = ("drafter", "refused", "skipped", "staging")
 
 
 @dataclasses.dataclass
@@ -141,6 +144,10 @@ class RequestStaging:
         self.disabled: set[str] = set()          # requests the Stager refused: plain decoding from now on
         self._logged: set[str] = set()
         self.fallbacks = 0                       # requests x steps that decoded without drafts
+        self.fallbacks_by_reason = dict.fromkeys(FALLBACK_REASONS, 0)
+        self.step_fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)   # the latest step's, by reason
+        self.no_drafts: set[str] = set()         # the latest step's requests that get no drafts
+        self.counter: Any = None                 # a metrics.FallbackCounter: the fallbacks in vLLM's metrics
         self.last: DrafterInputs | None = None   # the latest step's drafter inputs (for checks and tests)
         self.current_req_ids: list[str] = []     # the requests of the drafter call running now
         self.prefix: Any = None                  # a PrefixRows when vLLM's prefix caching is on
@@ -394,11 +401,16 @@ class RequestStaging:
     def finish(self, rows: TargetRows, ok: np.ndarray) -> None:
         """Close the step's rounds: commit the requests whose drafts came back, fail the others.
 
+        The requests without drafts this step (``no_drafts``) are counted by
+        reason in ``step_fallbacks`` (and ``fallbacks_by_reason``, ``fallbacks``).
+
         Args:
             ok: bool ``(N,)`` in batch order: the drafter ran for that request.
         """
         plan, idx = self._plan, self._plan_index
-        drafted = np.zeros(len(rows.req_ids), dtype=bool)
+        n = len(rows.req_ids)
+        drafted = np.zeros(n, dtype=bool)
+        skipped = drafter = 0
         if idx:
             where = np.asarray(idx, dtype=np.int64)
             active = np.asarray(plan.active, dtype=bool)
@@ -406,7 +418,23 @@ class RequestStaging:
             seqs = np.asarray(plan.seqs, dtype=np.int64)
             if (active & went).any():
                 self.stager.commit_many(seqs[active & went])
-            if (active & ~went).any():
-                self.stager.fail_many(seqs[active & ~went], "decode")
+            failed = active & ~went
+            if failed.any():
+                self.stager.fail_many(seqs[failed], "decode")
             drafted[where] = active & went
-        self.fallbacks += int((~drafted).sum())
+            skipped, drafter = int((~active).sum()), int(failed.sum())
+        self._count({"drafter": drafter, "refused": n - len(idx), "skipped": skipped, "staging": 0},
+                    [r for r, d in zip(rows.req_ids, drafted) if not d])
+
+    def step_failed(self, req_ids: list[str]) -> None:
+        """The staging of the step raised: none of ``req_ids`` drafts this step."""
+        self._count({"drafter": 0, "refused": 0, "skipped": 0, "staging": len(req_ids)}, req_ids)
+
+    def _count(self, by_reason: dict[str, int], no_drafts: list[str]) -> None:
+        self.step_fallbacks = by_reason
+        self.no_drafts = set(no_drafts)
+        for reason, k in by_reason.items():
+            self.fallbacks_by_reason[reason] += k
+        self.fallbacks += len(no_drafts)
+        if self.counter is not None and no_drafts:
+            self.counter.count(by_reason)
