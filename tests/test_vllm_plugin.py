@@ -246,8 +246,23 @@ def test_accepted_drafts_past_the_range_stay_greedy(method):
     assert (stats.accepted[: H.SPEC_TOKENS + 1] > 0).all(), stats.accepted
 
 
+def spec_decode_metrics(llm) -> dict[str, dict[tuple, float]]:
+    """vLLM's counters from ``LLM.get_metrics()`` (its Prometheus registry): name -> labels -> value."""
+    from vllm.v1.metrics.reader import Counter
+
+    out: dict[str, dict[tuple, float]] = {}
+    for m in llm.get_metrics():
+        if isinstance(m, Counter):
+            out.setdefault(m.name, {})[tuple(sorted(m.labels.items()))] = m.value
+    return out
+
+
 def test_fault_in_one_request_leaves_the_others_drafting():
-    """A drafter that raises whenever the short request is in its batch: the long one keeps drafting."""
+    """A drafter that raises whenever the short request is in its batch: the long one keeps drafting.
+    The short request gets no drafts at all (vLLM schedules none for it, so its spec-decode metrics
+    count only the long request's drafts), and its request-steps show up in the plugin's counter."""
+    from dspark_core.vllm.metrics import FALLBACK_METRIC
+
     with H.engine("eagle3", plugin=False, speculative=False) as (llm, _):
         greedy = H.generate(llm, [SHORT, LONG], MAX_TOKENS)
     with H.engine("eagle3", plugin=True) as (llm, rec):
@@ -260,14 +275,35 @@ def test_fault_in_one_request_leaves_the_others_drafting():
         rec.on_captured = poison_short
         out = H.generate(llm, [SHORT, LONG], MAX_TOKENS)
         staging = H.proposer_of(llm)._dspark_staging
+        metrics = spec_decode_metrics(llm)
     assert out == greedy
     assert rec.raised > 0
     (short,) = rec.poison
     # The long request drafted alone (a one-request retry) on every step after the batch raised.
     singles = [c for c in rec.drafter if c["subset"] and c["n"] == 1]
     assert len(singles) >= MAX_TOKENS - 1
-    assert staging.fallbacks >= MAX_TOKENS - 1
     assert short not in staging.current_req_ids
+    # Rows per request and step as the target computed them: a verify batch is 1 + the drafts scheduled.
+    rows_of: dict[str, list[int]] = {}
+    for step in rec.captured:
+        for i, req in enumerate(step["req_ids"]):
+            rows_of.setdefault(req, []).append(int(step["qsl"][i + 1] - step["qsl"][i]))
+    (long,) = set(rows_of) - {short}
+    assert rows_of[short][0] == len(SHORT) and set(rows_of[short][1:]) == {1}   # never a draft scheduled
+    verified = [n for n in rows_of[long][1:] if n > 1]
+    assert verified and set(verified) == {1 + H.SPEC_TOKENS}
+    # vLLM's spec-decode counters hold the long request's drafts only.
+    total = {name: sum(by_label.values()) for name, by_label in metrics.items()}
+    assert total["vllm:spec_decode_num_drafts"] == len(verified)
+    assert total["vllm:spec_decode_num_draft_tokens"] == H.SPEC_TOKENS * len(verified)
+    # Every step of the short request (its prefill's included) fell back: the drafter raised for it
+    # until the Stager stopped opening its rounds (StagerConfig.max_failures failed rounds in a row).
+    max_failures = staging.stager.config.max_failures
+    assert staging.fallbacks == len(rows_of[short]) >= MAX_TOKENS - 1
+    assert staging.fallbacks_by_reason == {"drafter": max_failures, "refused": 0, "staging": 0,
+                                           "skipped": staging.fallbacks - max_failures}
+    fallback = {dict(labels)["reason"]: v for labels, v in metrics[FALLBACK_METRIC].items()}
+    assert fallback == staging.fallbacks_by_reason
 
 
 def first_call_of(rec: H.Recorder, req: str) -> dict:
@@ -401,5 +437,7 @@ def test_a_request_the_stager_refuses_decodes_without_drafts_and_the_others_draf
     a, b = inp.query_start_loc_cpu[1], inp.query_start_loc_cpu[2]
     assert b - a == 1 and int(inp.slot_mapping[a]) // 32 == 0 and torch.equal(inp.rows[a], torch.zeros(d))
     assert torch.equal(inp.rows[:a], rows.rows[:10]) and inp.positions[:a].tolist() == list(range(10))
+    assert st.no_drafts == {"b"} and st.step_fallbacks["refused"] == 1
     inp, _ = step([k + 1, k + 1], [10, 100])
     assert inp.drafting.tolist() == [True, False] and st.fallbacks == 2
+    assert st.fallbacks_by_reason["refused"] == 2 and st.no_drafts == {"b"}

@@ -60,6 +60,7 @@ def install() -> None:
 
     stock_propose = SpecDecodeBaseProposer.propose
     stock_fits = GPUModelRunner._input_fits_in_drafter
+    stock_take = GPUModelRunner.take_draft_token_ids
 
     def propose(self: Any, num_speculative_tokens: int, target_token_ids: Any, target_positions: Any,
                 target_hidden_states: Any, next_token_ids: Any, token_indices_to_sample: Any,
@@ -81,6 +82,17 @@ def install() -> None:
             return common_attn_metadata is not None
         return bool(stock_fits(self, common_attn_metadata))
 
+    def take_draft_token_ids(self: Any) -> Any:
+        out = stock_take(self)
+        staging = staging_of(getattr(self, "drafter", None))
+        if out is None or staging is None or not staging.no_drafts:
+            return out
+        # An empty list: the scheduler schedules no draft for that request next step, so vLLM's
+        # spec-decode metrics count no placeholder draft for it (Scheduler.update_draft_token_ids).
+        gone, staging.no_drafts = staging.no_drafts, set()
+        out.draft_token_ids = [[] if r in gone else d for r, d in zip(out.req_ids, out.draft_token_ids)]
+        return out
+
     # Any: the patched classes are vLLM's (typed where vLLM is installed, Any where it is not).
     proposers: tuple[Any, ...] = (EagleProposer, DFlashProposer)
     for cls in proposers:
@@ -101,6 +113,7 @@ def install() -> None:
         cls.propose = propose
     runner_cls: Any = GPUModelRunner
     runner_cls._input_fits_in_drafter = input_fits_in_drafter
+    runner_cls.take_draft_token_ids = take_draft_token_ids
     _refuse_v2()
     _installed = True
     logger.info("dspark_core: vLLM plugin installed (DFlash, EAGLE-3 proposers)")
@@ -147,6 +160,10 @@ def _attach(proposer: Any) -> None:
         budget = int(os.environ.get(PREFIX_BYTES_ENV, DEFAULT_BUDGET_BYTES))
         staging.prefix = PrefixRows(staging, block_tokens=int(cache.block_size),
                                     hash_name=str(cache.prefix_caching_hash_algo), budget_bytes=budget)
+    from .metrics import FallbackCounter
+
+    served = proposer.vllm_config.model_config.served_model_name
+    staging.counter = FallbackCounter(str(served[0] if isinstance(served, (list, tuple)) else served))
     setattr(proposer, STAGING_ATTR, staging)
     logger.info("dspark_core: %s drafter staged in a window of %d positions (%s), block %d, rows %d wide",
                 method, s.window, s.window_source, s.block_size, s.feature_dim)
@@ -189,6 +206,7 @@ def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, 
     except Exception as err:  # the engine keeps running: no drafts this step
         logger.exception("dspark_core: staging failed; this step decodes without drafts")
         staging.note_failure(err)
+        staging.step_failed(rows.req_ids)
         return torch.zeros((n, num_speculative_tokens), dtype=torch.int64, device=next_token_ids.device)
 
     def run(sel: np.ndarray) -> Any:

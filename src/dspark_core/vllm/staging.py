@@ -29,13 +29,16 @@ import numpy as np
 from .._ext._stager import Stager
 from ..stager.config import StagerConfig
 
-__all__ = ["RequestStaging", "TargetRows", "DrafterInputs", "NULL_BLOCK"]
+__all__ = ["RequestStaging", "TargetRows", "DrafterInputs", "NULL_BLOCK", "FALLBACK_REASONS"]
 
 logger = logging.getLogger(__name__)
 
 #: vLLM's null block: reserved by the block pool, never given to a request, so
 #: a request that does not draft this step writes its one placeholder row there.
 NULL_BLOCK = 0
+#: Why a request-step goes without drafts: the drafter raised for it, the Stager refused it (from
+#: then on), the Stager opened no round for it (``BatchPlan.skips``), the step's staging failed.
+FALLBACK_REASONS = ("drafter", "refused", "skipped", "staging")
 
 
 @dataclasses.dataclass
@@ -141,6 +144,10 @@ class RequestStaging:
         self.disabled: set[str] = set()          # requests the Stager refused: plain decoding from now on
         self._logged: set[str] = set()
         self.fallbacks = 0                       # requests x steps that decoded without drafts
+        self.fallbacks_by_reason = dict.fromkeys(FALLBACK_REASONS, 0)
+        self.step_fallbacks = dict.fromkeys(FALLBACK_REASONS, 0)   # the latest step's, by reason
+        self.no_drafts: set[str] = set()         # the latest step's requests that get no drafts
+        self.counter: Any = None                 # a metrics.FallbackCounter: the fallbacks in vLLM's metrics
         self.last: DrafterInputs | None = None   # the latest step's drafter inputs (for checks and tests)
         self.current_req_ids: list[str] = []     # the requests of the drafter call running now
         self.prefix: Any = None                  # a PrefixRows when vLLM's prefix caching is on
@@ -215,13 +222,17 @@ class RequestStaging:
         import torch
 
         qsl = rows.query_start_loc
-        seqs = np.array([self._seq_of[rows.req_ids[i]] for i in idx], dtype=np.int64)
-        opened = [rows.req_ids[i] in self._open for i in idx]
-        lens = np.array([qsl[i + 1] - qsl[i] if o else rows.n_valid[i] for i, o in zip(idx, opened)],
-                        dtype=np.int64)
-        cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int64)
-        take = (np.concatenate([np.arange(qsl[i], qsl[i] + m) for i, m in zip(idx, lens)]).astype(np.int64)
-                if idx else np.zeros(0, np.int64))
+        reqs = [rows.req_ids[i] for i in idx]
+        where = np.asarray(idx, dtype=np.int64)
+        seqs = np.fromiter((self._seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
+        opened = np.fromiter((r in self._open for r in reqs), dtype=bool, count=len(reqs))
+        starts = qsl[where]
+        n_valid = rows.n_valid[where]
+        lens = np.where(opened, qsl[where + 1] - starts, n_valid).astype(np.int64)
+        cu = np.zeros(len(idx) + 1, dtype=np.int64)
+        np.cumsum(lens, out=cu[1:])
+        # Each request's rows [start, start + len), laid end to end: one arange, shifted per request.
+        take = np.arange(cu[-1], dtype=np.int64) + np.repeat(starts - cu[:-1], lens)
         tokens = rows.token_ids[take].astype(np.int32) if self.kind == "chain" else None
         slots = self.stager.process_many(seqs, cu, rows.positions[take], tokens=tokens)
         assert slots is not None
@@ -230,13 +241,11 @@ class RequestStaging:
             dst = torch.from_numpy(slots[keep]).to(self.device)
             src = torch.from_numpy(take[keep]).to(self.device)
             self.table.index_copy_(0, dst, rows.rows.index_select(0, src).to(self.table.dtype))
-        acc = [k for k, o in enumerate(opened) if o]
-        if acc:
-            n_acc = np.clip(rows.n_valid[[idx[k] for k in acc]] - 1, 0, self.block_size)
-            self.stager.accept_many(seqs[acc], n_acc)
-        for i in idx:
-            self._open.discard(rows.req_ids[i])
-            self._next_pos[rows.req_ids[i]] = int(rows.positions[qsl[i]]) + int(rows.n_valid[i])
+        if opened.any():
+            n_acc = np.clip(n_valid[opened] - 1, 0, self.block_size)
+            self.stager.accept_many(seqs[opened], n_acc)
+        self._open.difference_update(reqs)
+        self._next_pos.update(zip(reqs, (rows.positions[starts] + n_valid).tolist()))
 
     def stage(self, rows: TargetRows) -> DrafterInputs:
         """Feed the step's rows to the Stager and plan every request's drafter inputs.
@@ -244,9 +253,11 @@ class RequestStaging:
         A request the Stager refuses (its rows, or its plan) decodes without
         drafts from then on; the others are not affected.
         """
+        self.no_drafts = set()
         self._sync(rows)
         n = len(rows.req_ids)
-        idx = [i for i, r in enumerate(rows.req_ids) if r not in self.disabled]
+        disabled = self.disabled
+        idx = [i for i, r in enumerate(rows.req_ids) if r not in disabled] if disabled else list(range(n))
         try:
             self._process(rows, idx)
         except Exception:  # noqa: BLE001 - one request's bad rows must not stop the batch
@@ -259,20 +270,21 @@ class RequestStaging:
                 except Exception as err:  # noqa: BLE001
                     self._refuse(rows.req_ids[i], err)
             idx = good
+        reqs = [rows.req_ids[i] for i in idx]
         if self.prefix is not None:
             qsl = rows.query_start_loc
-            for i in idx:
-                req = rows.req_ids[i]
+            for i, req in zip(idx, reqs):
+                prompt = rows.prompts.get(req)
                 a = int(qsl[i])
-                if req in rows.prompts:
-                    self.prefix.publish(req, rows.prompts[req], int(rows.positions[a]),
-                                        rows.rows[a:a + int(rows.n_valid[i])])
-        n_pasts = np.array([self._next_pos[rows.req_ids[i]] for i in idx], dtype=np.int64)
-        seqs = np.array([self._seq_of[rows.req_ids[i]] for i in idx], dtype=np.int64)
+                # Rows past the prompt hold no prompt block: nothing to publish (publish would say so).
+                if prompt is not None and int(rows.positions[a]) < len(prompt):
+                    self.prefix.publish(req, prompt, int(rows.positions[a]), rows.rows[a:a + int(rows.n_valid[i])])
+        next_pos, seq_of = self._next_pos, self._seq_of
+        n_pasts = np.fromiter((next_pos[r] for r in reqs), dtype=np.int64, count=len(reqs))
+        seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
         plan = self.stager.draft_many(seqs, n_pasts)
-        for k, i in enumerate(idx):
-            if plan.active[k]:
-                self._open.add(rows.req_ids[i])
+        active = np.asarray(plan.active, dtype=bool)
+        self._open.update(r for r, a in zip(reqs, active.tolist()) if a)
         self._plan = plan
         self._plan_index = idx
         self.last = self._inputs(rows, n, idx, plan)
@@ -394,11 +406,16 @@ class RequestStaging:
     def finish(self, rows: TargetRows, ok: np.ndarray) -> None:
         """Close the step's rounds: commit the requests whose drafts came back, fail the others.
 
+        The requests without drafts this step (``no_drafts``) are counted by
+        reason in ``step_fallbacks`` (and ``fallbacks_by_reason``, ``fallbacks``).
+
         Args:
             ok: bool ``(N,)`` in batch order: the drafter ran for that request.
         """
         plan, idx = self._plan, self._plan_index
-        drafted = np.zeros(len(rows.req_ids), dtype=bool)
+        n = len(rows.req_ids)
+        drafted = np.zeros(n, dtype=bool)
+        skipped = drafter = 0
         if idx:
             where = np.asarray(idx, dtype=np.int64)
             active = np.asarray(plan.active, dtype=bool)
@@ -406,7 +423,23 @@ class RequestStaging:
             seqs = np.asarray(plan.seqs, dtype=np.int64)
             if (active & went).any():
                 self.stager.commit_many(seqs[active & went])
-            if (active & ~went).any():
-                self.stager.fail_many(seqs[active & ~went], "decode")
+            failed = active & ~went
+            if failed.any():
+                self.stager.fail_many(seqs[failed], "decode")
             drafted[where] = active & went
-        self.fallbacks += int((~drafted).sum())
+            skipped, drafter = int((~active).sum()), int(failed.sum())
+        self._count({"drafter": drafter, "refused": n - len(idx), "skipped": skipped, "staging": 0},
+                    [r for r, d in zip(rows.req_ids, drafted) if not d])
+
+    def step_failed(self, req_ids: list[str]) -> None:
+        """The staging of the step raised: none of ``req_ids`` drafts this step."""
+        self._count({"drafter": 0, "refused": 0, "skipped": 0, "staging": len(req_ids)}, req_ids)
+
+    def _count(self, by_reason: dict[str, int], no_drafts: list[str]) -> None:
+        self.step_fallbacks = by_reason
+        self.no_drafts = set(no_drafts)
+        for reason, k in by_reason.items():
+            self.fallbacks_by_reason[reason] += k
+        self.fallbacks += len(no_drafts)
+        if self.counter is not None and no_drafts:
+            self.counter.count(by_reason)
