@@ -103,9 +103,11 @@ $PY -m pytest tests/test_cuda.py tests/test_device_ring.py tests/test_ring_batch
   tests/test_cuda_device_step.py tests/test_cuda_device_step_safety.py tests/test_graph_server.py -q -p no:cacheprovider -rfEs -x
 
 log "graph server (examples/graph_server.py --step graph: the device step captured once into a CUDA graph)"
-graph_out=$(cd examples && $PY graph_server.py --step graph --storage q8_0)
-echo "$graph_out"
-tail -n 1 <<<"$graph_out" | grep -qx "lossless: yes"
+for layout in padded csr; do
+  graph_out=$(cd examples && $PY graph_server.py --step graph --layout "$layout" --storage q8_0)
+  echo "$graph_out"
+  tail -n 1 <<<"$graph_out" | grep -qx "lossless: yes"
+done
 
 log "benchmark"
 $PY - <<'EOF'

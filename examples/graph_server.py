@@ -41,14 +41,18 @@ into a CUDA graph and replayed every step (where the CUDA kernels are built:
 a GPU, or the emulated device of ``DSPARK_CUDA=EMULATE``); ``--step host`` as
 the host path (``confirm_many``, ``accept_many``, ``draft_many``,
 ``commit_many`` / ``fail_many``, ``reserve_many``), the baseline the others
-must equal. The fake target and drafter are those of
-examples/minimal_server.py (no model files). Checked at runtime, exit status 1
+must equal. ``--layout csr`` reads the drafter's rows from the step's CSR
+rows (``step_rows``: one flat list, no padded ``[N, W - B]`` arrays) instead
+of the padded layout; either way the batch's rows come in one gather. The
+fake target and drafter are those of examples/minimal_server.py (no model
+files). Checked at runtime, exit status 1
 if anything fails: every request's output equals the target's own greedy
 decoding, every staged row is the target's row at its position (exactly, in
 f32 storage), and the Stager's metrics equal this loop's counts.
 
     python examples/graph_server.py
     python examples/graph_server.py --step graph --storage q8_0
+    python examples/graph_server.py --layout csr
     python examples/graph_server.py --step host --requests 40
 """
 
@@ -63,7 +67,7 @@ import numpy as np
 from minimal_server import BLOCK, MASK, VOCAB, WINDOW, D, DrafterError, FakeDrafter, FakeTarget, greedy, next_token
 
 from dspark_core import HostPrefixTable, HostRing, PrefixStore, Stager, StagerConfig
-from dspark_core.stager.device_step import PADDING_ID, STEP_CLEAR_CACHE, StepOutputs
+from dspark_core.stager.device_step import PADDING_ID, STEP_CLEAR_CACHE, StepOutputs, StepRows
 
 CAPACITY = 8  # N: the graph's batch, one entry per slot (max_seqs)
 BLOCK_TOKENS = 16  # the KV cache's block (the prefix store's keys)
@@ -155,37 +159,47 @@ class Entry:
     verify: np.ndarray  # the next verify rows' slots (-1: unused); empty on the host path until resolve
 
 
-def _entries(out: StepOutputs, slots: list[int]) -> dict[int, Entry]:
-    """The device step's answers for ``slots`` (entry i is slot i)."""
-    assert out.row_slots is not None and out.row_positions is not None
+def _entries(out: StepOutputs, rows: StepRows | None, slots: list[int]) -> dict[int, Entry]:
+    """The device step's answers for ``slots`` (entry i is slot i): the context rows from the
+    padded layout (``out.row_slots[i, :n_rows[i]]``) or from the CSR rows (``rows``)."""
     got = {}
     for i in slots:
-        n = int(out.n_rows[i])
-        got[i] = Entry(int(out.skip[i]), bool(out.flags[i] & STEP_CLEAR_CACHE), int(out.crop_from[i]),
-                       out.row_slots[i, :n].copy(), out.row_positions[i, :n].copy(), int(out.pos_base[i]),
-                       out.block_positions[i].copy(), out.verify_slots[i].copy())
+        if rows is None:
+            assert out.row_slots is not None and out.row_positions is not None
+            n = int(out.n_rows[i])
+            at, pos = out.row_slots[i, :n].copy(), out.row_positions[i, :n].copy()
+        else:
+            lo, hi = int(rows.row_offsets[i]), int(rows.row_offsets[i + 1])
+            assert rows.row_slots is not None and rows.row_positions is not None
+            at, pos = rows.row_slots[lo:hi].copy(), rows.row_positions[lo:hi].copy()
+        got[i] = Entry(int(out.skip[i]), bool(out.flags[i] & STEP_CLEAR_CACHE), int(out.crop_from[i]), at, pos,
+                       int(out.pos_base[i]), out.block_positions[i].copy(), out.verify_slots[i].copy())
     return got
 
 
 class DeviceSteps:
     """The device step over all ``CAPACITY`` entries: the CPU twin (``Stager.step_many`` into
     fixed-capacity arrays), or (``graph=True``) ``cuda.DeviceStep`` captured once into a CUDA
-    graph. Hand-overs, hand-backs and the drafting switch go through it."""
+    graph. ``csr``: no padded rows; the CSR rows of the batch (``step_rows``, in the same graph
+    on a GPU) instead. Hand-overs, hand-backs and the drafting switch go through it."""
 
     on_device = True
 
-    def __init__(self, st: Stager, graph: bool) -> None:
+    def __init__(self, st: Stager, graph: bool, csr: bool = False) -> None:
         self.st = st
         self.ids = np.full(CAPACITY, PADDING_ID, np.int64)
         self.counts = np.full(CAPACITY, -1, np.int64)
-        self.out = StepOutputs.empty(CAPACITY, st.step_layout[1], BLOCK)
+        max_rows = st.step_layout[1]
+        self.out = StepOutputs.empty(CAPACITY, max_rows, BLOCK, padded=not csr)
+        self.rows = StepRows.empty(CAPACITY, max_rows) if csr else None
         self.dev: Any = None
         if graph:
             from dspark_core import cuda
 
             if not cuda.available():
                 raise SystemExit(f"--step graph needs the CUDA kernels: {cuda.unavailable_reason()}")
-            self.dev = cuda.DeviceStep(st, capacity=CAPACITY, stream="new")
+            self.dev = cuda.DeviceStep(st, capacity=CAPACITY, stream="new", padded=not csr,
+                                       rows="csr" if csr else None)
             self.dev.set_batch(self.ids, self.counts)
             self.graph = self.dev.capture()  # once: every step replays it over the batch of the moment
 
@@ -210,13 +224,15 @@ class DeviceSteps:
             self.dev.set_batch(self.ids, self.counts)
             self.dev.replay(self.graph)
             out = self.dev.outputs()
+            rows = self.dev.csr_rows() if self.rows is not None else None
             # The metrics read the host step state: copy the device's back as often as they
             # should be fresh (here every step: the loop waits for the outputs anyway).
             self.dev.sync_metrics()
         else:
             out = self.st.step_many(self.ids, self.counts, out=self.out)
+            rows = self.st.step_rows(self.ids, out, self.rows) if self.rows is not None else None
         self.st.check_step(self.ids, out.status)  # a status word as the core's own error
-        return _entries(out, sorted(counts))
+        return _entries(out, rows, sorted(counts))
 
     def resolve(self, entries: dict[int, Entry], ok: list[int], failed: list[tuple[int, str]],
                 trees: list[int], aborted: list[int]) -> None:
@@ -306,15 +322,15 @@ class GraphServer:
     """The server: its slots, the scheduler and the one loop (see the module docstring)."""
 
     def __init__(self, storage: str, step: str, fail_every: int,
-                 on_step: Callable[[GraphServer], None] | None = None) -> None:
+                 on_step: Callable[[GraphServer], None] | None = None, layout: str = "padded") -> None:
         self.cfg = StagerConfig(feature_dim=D, block_size=BLOCK, window=WINDOW, storage=storage, rows="external",
                                 max_seqs=CAPACITY, strict=True)
         self.st = Stager(self.cfg)
         self.ring = HostRing(self.st)
         self.store = PrefixStore(self.cfg, block_tokens=BLOCK_TOKENS, budget_bytes=64 << 20)
         self.table = HostPrefixTable(self.store, self.ring)
-        self.steps: DeviceSteps | HostPath = HostPath(self.st) if step == "host" else DeviceSteps(self.st,
-                                                                                                 step == "graph")
+        self.steps: DeviceSteps | HostPath = (HostPath(self.st) if step == "host" else
+                                              DeviceSteps(self.st, step == "graph", csr=layout == "csr"))
         self.fail_every = fail_every
         self.slots: dict[int, Slot] = {}
         self.counts: dict[int, int] = {}  # each slot's accept count of its last verify
@@ -423,6 +439,12 @@ class GraphServer:
         c.steps += 1
         c.max_batch = max(c.max_batch, len(self.slots))
         entries = self.steps.step({q: self.counts[q] for q in self.slots})
+        # The drafter batch's context rows in one gather (the CSR layout's row_slots[:total] as
+        # they are; the padded one's rows laid end to end), then each entry's share of them.
+        order = sorted(entries)
+        cu = np.cumsum([0] + [len(entries[q].slots) for q in order])
+        flat = np.concatenate([entries[q].slots for q in order] + [np.zeros(0, np.int64)])
+        gathered = self.ring.to_numpy(self.ring.gather_slots(flat))
         drafts: dict[int, list[int]] = {}
         ok, failed, trees, aborted = [], [], [], []
         for q in sorted(entries):
@@ -435,7 +457,8 @@ class GraphServer:
                 continue
             s.rounds += 1
             c.rounds += 1
-            rows = self.ring.to_numpy(self.ring.gather_slots(e.slots))
+            k = order.index(q)
+            rows = gathered[cu[k]:cu[k + 1]]
             self.check_rows(e, rows, s.target)
             try:
                 if e.clear_cache:
@@ -581,9 +604,9 @@ def requests(rng: np.random.Generator, n: int) -> list[Request]:
 
 
 def serve(storage: str = "f32", step: str = "twin", n_requests: int = 24, fail_every: int = 9, seed: int = 3,
-          on_step: Callable[[GraphServer], None] | None = None) -> tuple[GraphServer, bool]:
+          on_step: Callable[[GraphServer], None] | None = None, layout: str = "padded") -> tuple[GraphServer, bool]:
     """Serve the workload to the end; returns the server and whether every request was lossless."""
-    srv = GraphServer(storage, step, fail_every, on_step)
+    srv = GraphServer(storage, step, fail_every, on_step, layout)
     waiting = requests(np.random.default_rng(seed), n_requests)
     ok = True
     t = 0
@@ -603,10 +626,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=24, help="requests (follow-up turns come on top)")
     ap.add_argument("--fail-every", type=int, default=9, help="fail every N-th decode of each drafter (0: never)")
     ap.add_argument("--seed", type=int, default=3)
+    ap.add_argument("--layout", default="padded", choices=("padded", "csr"),
+                    help="the device step's context rows: padded [N, W - B] arrays, or one CSR list (step_rows)")
     a = ap.parse_args(argv)
-    srv, ok = serve(a.storage, a.step, a.requests, a.fail_every, a.seed)
+    if a.layout == "csr" and a.step == "host":
+        ap.error("--layout csr is the device step's (the host path's draft_many gives CSR rows already)")
+    srv, ok = serve(a.storage, a.step, a.requests, a.fail_every, a.seed, layout=a.layout)
     c = srv.c
-    print(f"graph_server: step={a.step} storage={a.storage} D={D} B={BLOCK} W={WINDOW}, capacity {CAPACITY}, "
+    print(f"graph_server: step={a.step} layout={a.layout} storage={a.storage} D={D} B={BLOCK} W={WINDOW}, "
+          f"capacity {CAPACITY}, "
           f"{c.finished + c.aborted} requests")
     print(f"{c.steps} steps of {CAPACITY} entries, up to {c.max_batch} requests per step; {c.rounds} drafter rounds "
           f"({c.tree_rounds} trees), acceptance {100 * c.accepted / max(1, c.drafted):.1f}%")

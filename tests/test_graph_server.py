@@ -34,10 +34,10 @@ def _metrics(srv: graph_server.GraphServer) -> dict:
             "open": sorted(srv.slots[q].req.rid for q in srv.open_slots)}
 
 
-def _run(step: str, storage: str, seed: int) -> tuple[graph_server.GraphServer, list[dict]]:
+def _run(step: str, storage: str, seed: int, layout: str = "padded") -> tuple[graph_server.GraphServer, list[dict]]:
     seen: list[dict] = []
     srv, ok = graph_server.serve(storage, step, n_requests=20, fail_every=7, seed=seed,
-                                 on_step=lambda s: seen.append(_metrics(s)))
+                                 on_step=lambda s: seen.append(_metrics(s)), layout=layout)
     assert ok, f"{step}: a request's output differs from the target's greedy decoding"
     return srv, seen
 
@@ -61,9 +61,11 @@ def _exercised(srv: graph_server.GraphServer) -> None:
     assert t["skips_disabled"] and t["skips_drafting_off"]  # a disabled request and the switch, on the device too
 
 
-@pytest.mark.parametrize("storage,seed", [("f32", 3), ("q8_0", 5), ("bf16", 8)])
-def test_the_cpu_twins_graph_loop_equals_the_host_path_token_for_token_and_metric_for_metric(storage, seed):
-    twin, seen_twin = _run("twin", storage, seed)
+@pytest.mark.parametrize("storage,seed,layout", [("f32", 3, "padded"), ("q8_0", 5, "csr"), ("bf16", 8, "padded"),
+                                                 ("f32", 9, "csr")])
+def test_the_cpu_twins_graph_loop_equals_the_host_path_token_for_token_and_metric_for_metric(storage, seed, layout):
+    """``layout``: the drafter's rows from the padded layout or from the CSR rows (step_rows)."""
+    twin, seen_twin = _run("twin", storage, seed, layout)
     host, seen_host = _run("host", storage, seed)
     _exercised(twin)
     assert twin.outputs == host.outputs
@@ -77,10 +79,10 @@ def test_the_cpu_twins_graph_loop_equals_the_host_path_token_for_token_and_metri
 
 
 @pytest.mark.skipif(not cuda.available(), reason=f"no CUDA device: {cuda.unavailable_reason()}")
-@pytest.mark.parametrize("storage,seed", [("f32", 3), ("q8_0", 5)])
-def test_one_captured_cuda_graph_serves_the_loop_as_the_cpu_twin(storage, seed):
-    graph, seen_graph = _run("graph", storage, seed)
-    twin, seen_twin = _run("twin", storage, seed)
+@pytest.mark.parametrize("storage,seed,layout", [("f32", 3, "padded"), ("q8_0", 5, "csr")])
+def test_one_captured_cuda_graph_serves_the_loop_as_the_cpu_twin(storage, seed, layout):
+    graph, seen_graph = _run("graph", storage, seed, layout)
+    twin, seen_twin = _run("twin", storage, seed, layout)
     _exercised(graph)
     assert graph.outputs == twin.outputs
     assert seen_graph == seen_twin
