@@ -212,40 +212,66 @@ class RequestStaging:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def _process(self, rows: TargetRows, idx: list[int]) -> None:
+    def _process(self, rows: TargetRows, idx: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """Append the step's rows of requests ``idx`` and keep the verified ones.
 
         A request whose round opened last step gets its whole verify batch and
         ``accept`` (the protocol's order); any other gets only the rows the
         target kept (a prefill, or placeholder drafts verified after a skip).
+        Returns the requests' sequences and their ``n_past`` after the step.
         """
         import torch
 
         qsl = rows.query_start_loc
-        reqs = [rows.req_ids[i] for i in idx]
-        where = np.asarray(idx, dtype=np.int64)
-        seqs = np.fromiter((self._seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
-        opened = np.fromiter((r in self._open for r in reqs), dtype=bool, count=len(reqs))
-        starts = qsl[where]
-        n_valid = rows.n_valid[where]
-        lens = np.where(opened, qsl[where + 1] - starts, n_valid).astype(np.int64)
-        cu = np.zeros(len(idx) + 1, dtype=np.int64)
-        np.cumsum(lens, out=cu[1:])
-        # Each request's rows [start, start + len), laid end to end: one arange, shifted per request.
-        take = np.arange(cu[-1], dtype=np.int64) + np.repeat(starts - cu[:-1], lens)
-        tokens = rows.token_ids[take].astype(np.int32) if self.kind == "chain" else None
-        slots = self.stager.process_many(seqs, cu, rows.positions[take], tokens=tokens)
+        req_ids = rows.req_ids
+        everyone = len(idx) == len(req_ids)
+        reqs = req_ids if everyone else [req_ids[i] for i in idx]
+        seq_of, is_open = self._seq_of, self._open
+        seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
+        opened = np.fromiter((r in is_open for r in reqs), dtype=bool, count=len(reqs))
+        if everyone:  # no request refused: the batch's own arrays, no fancy index
+            starts, ends, n_valid = qsl[:-1], qsl[1:], rows.n_valid[: len(reqs)]
+        else:
+            where = np.asarray(idx, dtype=np.int64)
+            starts, ends, n_valid = qsl[where], qsl[where + 1], rows.n_valid[where]
+        all_rows = everyone and bool(opened.all()) and not qsl[0]
+        if all_rows:  # every request verifies a round: it takes all its rows, the batch's in order
+            cu = qsl
+            take = None
+            positions, token_ids = rows.positions[: int(qsl[-1])], rows.token_ids[: int(qsl[-1])]
+        else:
+            lens = np.where(opened, ends - starts, n_valid).astype(np.int64)
+            cu = np.zeros(len(idx) + 1, dtype=np.int64)
+            np.cumsum(lens, out=cu[1:])
+            # Each request's rows [start, start + len), laid end to end: one arange, shifted per request.
+            take = np.arange(cu[-1], dtype=np.int64) + np.repeat(starts - cu[:-1], lens)
+            positions, token_ids = rows.positions[take], rows.token_ids[take]
+        tokens = token_ids.astype(np.int32) if self.kind == "chain" else None
+        slots = self.stager.process_many(seqs, cu, positions, tokens=tokens)
         assert slots is not None
         keep = slots >= 0
-        if keep.any():
-            dst = torch.from_numpy(slots[keep]).to(self.device)
-            src = torch.from_numpy(take[keep]).to(self.device)
-            self.table.index_copy_(0, dst, rows.rows.index_select(0, src).to(self.table.dtype))
+        n_keep = int(np.count_nonzero(keep))
+        if n_keep:
+            if n_keep == len(slots):
+                dst_np, src_np = slots, take
+            else:
+                dst_np = slots[keep]
+                src_np = np.flatnonzero(keep) if take is None else take[keep]
+            dst = torch.from_numpy(dst_np).to(self.device)
+            # All the batch's rows in order: the captured tensor itself, no gather.
+            src = rows.rows[: len(slots)] if src_np is None else rows.rows.index_select(
+                0, torch.from_numpy(src_np).to(self.device))
+            if src.dtype != self.table.dtype:
+                src = src.to(self.table.dtype)
+            self.table.index_copy_(0, dst, src)
         if opened.any():
-            n_acc = np.clip(n_valid[opened] - 1, 0, self.block_size)
+            # minimum / maximum, not np.clip: clip on integers costs more than the rest of the step's numpy.
+            n_acc = np.maximum(np.minimum(n_valid[opened] - 1, self.block_size), 0)
             self.stager.accept_many(seqs[opened], n_acc)
-        self._open.difference_update(reqs)
-        self._next_pos.update(zip(reqs, (rows.positions[starts] + n_valid).tolist()))
+        is_open.difference_update(reqs)
+        n_pasts = (rows.positions[starts] + n_valid).astype(np.int64)
+        self._next_pos.update(zip(reqs, n_pasts.tolist()))
+        return seqs, n_pasts
 
     def stage(self, rows: TargetRows) -> DrafterInputs:
         """Feed the step's rows to the Stager and plan every request's drafter inputs.
@@ -258,8 +284,9 @@ class RequestStaging:
         n = len(rows.req_ids)
         disabled = self.disabled
         idx = [i for i, r in enumerate(rows.req_ids) if r not in disabled] if disabled else list(range(n))
+        batch: tuple[np.ndarray, np.ndarray] | None = None
         try:
-            self._process(rows, idx)
+            batch = self._process(rows, idx)
         except Exception:  # noqa: BLE001 - one request's bad rows must not stop the batch
             # The batch call changed nothing: retry each request alone, refuse the ones that fail.
             good = []
@@ -279,73 +306,107 @@ class RequestStaging:
                 # Rows past the prompt hold no prompt block: nothing to publish (publish would say so).
                 if prompt is not None and int(rows.positions[a]) < len(prompt):
                     self.prefix.publish(req, prompt, int(rows.positions[a]), rows.rows[a:a + int(rows.n_valid[i])])
-        next_pos, seq_of = self._next_pos, self._seq_of
-        n_pasts = np.fromiter((next_pos[r] for r in reqs), dtype=np.int64, count=len(reqs))
-        seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
+        if batch is not None:  # the batch call went through: its sequences and n_past are the plan's
+            seqs, n_pasts = batch
+        else:
+            next_pos, seq_of = self._next_pos, self._seq_of
+            n_pasts = np.fromiter((next_pos[r] for r in reqs), dtype=np.int64, count=len(reqs))
+            seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
         plan = self.stager.draft_many(seqs, n_pasts)
         active = np.asarray(plan.active, dtype=bool)
-        self._open.update(r for r, a in zip(reqs, active.tolist()) if a)
+        if active.all():
+            self._open.update(reqs)
+        else:
+            self._open.update(r for r, a in zip(reqs, active.tolist()) if a)
         self._plan = plan
         self._plan_index = idx
         self.last = self._inputs(rows, n, idx, plan)
         return self.last
 
     def _inputs(self, rows: TargetRows, n: int, idx: list[int], plan: Any) -> DrafterInputs:
+        """The drafter's inputs from the plan: host arrays in numpy, then few device ops for the batch."""
         import torch
 
         bs = self.kv_block_size
-        # Per request in batch order: its plan index k (-1: the Stager refused it), and whether it drafts.
-        k_of = np.full(n, -1, dtype=np.int64)
-        k_of[np.asarray(idx, dtype=np.int64)] = np.arange(len(idx))
-        has = k_of >= 0
-        kk = np.where(has, k_of, 0)
-        active = np.asarray(plan.active, dtype=bool)
-        drafting = has & (active[kk] if len(idx) else np.zeros(n, dtype=bool))
+        nk = len(idx)
         offs = np.asarray(plan.row_offsets, dtype=np.int64)
-        n_rows = np.diff(offs)
-        pos_base = np.where(drafting, np.asarray(plan.pos_base, np.int64)[kk] if len(idx) else 0, 0)
-        rebase = drafting & (np.asarray(plan.rebase, dtype=bool)[kk] if len(idx) else False)
+        n_rows_k = offs[1:] - offs[:-1]
+        active_k = np.asarray(plan.active, dtype=bool)
+        if nk == n:  # no request refused: the plan's per-request arrays are the batch's
+            drafting = active_k.copy()
+            n_rows = n_rows_k
+            pb, rb, cf = (np.asarray(plan.pos_base, np.int64), np.asarray(plan.rebase, bool),
+                          np.asarray(plan.crop_from, np.int64))
+        else:
+            where = np.asarray(idx, dtype=np.int64)
+            drafting = np.zeros(n, dtype=bool)
+            drafting[where] = active_k
+            n_rows = np.zeros(n, dtype=np.int64)
+            n_rows[where] = n_rows_k
+            pb, rb, cf = np.zeros(n, np.int64), np.zeros(n, bool), np.ones(n, np.int64)
+            pb[where], rb[where], cf[where] = plan.pos_base, plan.rebase, plan.crop_from
+        pos_base = np.where(drafting, pb, 0)
+        rebase = drafting & rb
         # A request that does not draft gets one placeholder row (the table's zero scratch row).
-        counts = np.where(drafting, n_rows[kk] if len(idx) else 0, 1).astype(np.int64)
-        seq_lens = np.where(drafting, np.asarray(plan.crop_from, np.int64)[kk] if len(idx) else 1, 1).astype(np.int32)
-        shift = pos_base // bs                       # block-table shift: slot_base // kv block size
-        qsl = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        counts = np.where(drafting, n_rows, 1)
+        seq_lens = np.where(drafting, cf, 1).astype(np.int32)
+        qsl = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=qsl[1:])
         total = int(qsl[-1])
-        gather = np.full(total, self._scratch_slot, dtype=np.int64)
-        positions = np.zeros(total, dtype=np.int64)
-        next_ids = rows.next_token_ids[:n].astype(np.int64)
-        succ = np.repeat(next_ids, counts)           # placeholders' ids, and every request's newest row's
         n_plan = int(offs[-1]) if len(offs) else 0
-        if n_plan:
-            # Plan rows are in batch order (idx ascends) and only drafting requests have any.
-            batch_of_k = np.asarray(idx, dtype=np.int64)
-            row_k = np.repeat(np.arange(len(idx)), n_rows)
-            dest = np.arange(n_plan) - offs[row_k] + qsl[batch_of_k[row_k]]
-            gather[dest] = plan.slots
-            positions[dest] = plan.positions
-            if self.kind == "chain":
-                # The id after each row: the next row's, and the sampled token after the newest.
-                tok = np.asarray(plan.tokens, dtype=np.int64)
-                not_last = np.arange(n_plan) + 1 < offs[row_k + 1]
-                succ[dest[not_last]] = tok[1:][not_last[:-1]] if n_plan > 1 else tok[:0]
-        # vLLM's first pass reads input_ids[j] = token_ids[j + 1] (then the newest row's is the sampled
-        # token): lay the successors out one place later.
-        token_ids = np.concatenate([[0], succ[:-1]]) if len(succ) else succ
-        dev = self.device
-        gather_t = torch.from_numpy(gather).to(dev)
-        ctx_rows = self.table.index_select(0, gather_t)
+        next_ids = rows.next_token_ids[:n].astype(np.int64, copy=False)
+        chain = self.kind == "chain"
+        if n_plan == total and drafting.all():
+            # Every request drafts (plan rows are in batch order): the plan's rows are the batch's.
+            gather = np.asarray(plan.slots, dtype=np.int64)
+            positions = np.asarray(plan.positions).astype(np.int64)
+            # vLLM's first pass reads input_ids[j] = token_ids[j + 1] (then the newest row's is the
+            # sampled token): the ids one place late, so row j gets its own id (a chain drafter's
+            # kept id) except a request's first row, which gets the previous request's sampled token.
+            token_ids = (np.array(plan.tokens, dtype=np.int32) if chain
+                         else np.repeat(next_ids, counts).astype(np.int32))
+            if total:
+                token_ids[qsl[1:-1]] = next_ids[:-1]
+                token_ids[0] = 0
+        else:
+            gather = np.full(total, self._scratch_slot, dtype=np.int64)
+            positions = np.zeros(total, dtype=np.int64)
+            succ = np.repeat(next_ids, counts)       # placeholders' ids, and every request's newest row's
+            if n_plan:
+                # Plan rows are in batch order (idx ascends) and only drafting requests have any.
+                starts_k = qsl[:-1] if nk == n else qsl[np.asarray(idx, dtype=np.int64)]
+                dest = np.arange(n_plan) + np.repeat(starts_k - offs[:-1], n_rows_k)
+                gather[dest] = plan.slots
+                positions[dest] = plan.positions
+                if chain and n_plan > 1:
+                    # The id after each row: the next row's, and the sampled token after the newest.
+                    tok = np.asarray(plan.tokens, dtype=np.int64)
+                    not_last = np.ones(n_plan, dtype=bool)
+                    not_last[offs[1:][n_rows_k > 0] - 1] = False
+                    succ[dest[not_last]] = tok[1:][not_last[:-1]]
+            token_ids = np.empty(total, dtype=np.int32)
+            if total:
+                token_ids[0] = 0
+                token_ids[1:] = succ[:-1]
+        # The block tables shifted by slot_base // kv block size, on the host as indices: a column
+        # past the table, or a request that does not draft, reads the null block.
         bt = rows.block_table[:n]
         m = bt.shape[1]
-        col = torch.arange(m, device=dev).unsqueeze(0) + torch.from_numpy(shift).to(dev).unsqueeze(1)
-        shifted = torch.where(col < m, bt.gather(1, col.clamp(max=m - 1)), torch.zeros_like(bt))
-        drafting_t = torch.from_numpy(drafting).to(dev).unsqueeze(1)
-        shifted = torch.where(drafting_t, shifted, torch.full_like(shifted, NULL_BLOCK))
+        col = np.arange(m, dtype=np.int64) + (pos_base // bs)[:, None]
+        null = (col >= m) | ~drafting[:, None]
+        np.minimum(col, m - 1, out=col)
+        # Each row's KV slot: its block of the shifted table (flat index), and its offset in it.
+        blk = positions // bs
+        blk += np.repeat(np.arange(n, dtype=np.int64) * m, counts)
+        dev = self.device
+        ctx_rows = self.table.index_select(0, torch.from_numpy(gather).to(dev))
+        shifted = bt.gather(1, torch.from_numpy(col).to(dev))
+        shifted.masked_fill_(torch.from_numpy(null).to(dev), NULL_BLOCK)
         positions_t = torch.from_numpy(positions).to(dev)
-        row_req = torch.from_numpy(np.repeat(np.arange(n), counts)).to(dev)
-        blocks = shifted[row_req, positions_t // bs].to(torch.int64)
-        slot_mapping = blocks * bs + positions_t % bs
+        slot_mapping = torch.add(torch.from_numpy(positions % bs).to(dev),
+                                 shifted.view(-1).index_select(0, torch.from_numpy(blk).to(dev)), alpha=bs)
         return DrafterInputs(
-            token_ids=torch.from_numpy(token_ids.astype(np.int32)).to(dev),
+            token_ids=torch.from_numpy(token_ids).to(dev),
             positions=positions_t,
             rows=ctx_rows,
             query_start_loc=torch.from_numpy(qsl.astype(np.int32)).to(dev),
