@@ -149,6 +149,7 @@ class RequestStaging:
         self.no_drafts: set[str] = set()         # the latest step's requests that get no drafts
         self.counter: Any = None                 # a metrics.FallbackCounter: the fallbacks in vLLM's metrics
         self.last: DrafterInputs | None = None   # the latest step's drafter inputs (for checks and tests)
+        self._all_active = False                 # every request of the latest plan opened its round
         self.current_req_ids: list[str] = []     # the requests of the drafter call running now
         self.prefix: Any = None                  # a PrefixRows when vLLM's prefix caching is on
 
@@ -185,9 +186,16 @@ class RequestStaging:
         for req_id in [r for r in self._seq_of if r not in rows.live]:
             self._end(req_id)
         self.disabled &= rows.live
-        qsl = rows.query_start_loc
-        for i, req_id in enumerate(rows.req_ids):
-            first = int(rows.positions[qsl[i]]) if qsl[i + 1] > qsl[i] else self._next_pos.get(req_id, 0)
+        qsl, pos = rows.query_start_loc.tolist(), rows.positions
+        # Each request's first position as Python ints, read in one pass (a request without rows
+        # reads a neighbour's, not used).
+        firsts = pos.take(rows.query_start_loc[:-1], mode="clip").tolist() if len(pos) else qsl[:-1]
+        next_pos = self._next_pos
+        for req_id, first, a, b in zip(rows.req_ids, firsts, qsl, qsl[1:]):
+            if a == b:
+                first = next_pos.get(req_id, 0)
+            elif first == next_pos.get(req_id, -1):
+                continue  # the rows follow on: nothing to do
             if req_id not in self._seq_of:
                 self._begin(req_id, first, rows.prompts.get(req_id))   # first > 0: a prefix-cache hit
             elif first < self._next_pos[req_id]:
@@ -297,7 +305,7 @@ class RequestStaging:
                 except Exception as err:  # noqa: BLE001
                     self._refuse(rows.req_ids[i], err)
             idx = good
-        reqs = [rows.req_ids[i] for i in idx]
+        reqs = rows.req_ids if len(idx) == n else [rows.req_ids[i] for i in idx]
         if self.prefix is not None:
             qsl = rows.query_start_loc
             for i, req in zip(idx, reqs):
@@ -314,16 +322,17 @@ class RequestStaging:
             seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
         plan = self.stager.draft_many(seqs, n_pasts)
         active = np.asarray(plan.active, dtype=bool)
-        if active.all():
+        self._all_active = bool(active.all())
+        if self._all_active:
             self._open.update(reqs)
         else:
             self._open.update(r for r, a in zip(reqs, active.tolist()) if a)
         self._plan = plan
         self._plan_index = idx
-        self.last = self._inputs(rows, n, idx, plan)
+        self.last = self._inputs(rows, n, idx, plan, active)
         return self.last
 
-    def _inputs(self, rows: TargetRows, n: int, idx: list[int], plan: Any) -> DrafterInputs:
+    def _inputs(self, rows: TargetRows, n: int, idx: list[int], plan: Any, active_k: np.ndarray) -> DrafterInputs:
         """The drafter's inputs from the plan: host arrays in numpy, then few device ops for the batch."""
         import torch
 
@@ -331,32 +340,41 @@ class RequestStaging:
         nk = len(idx)
         offs = np.asarray(plan.row_offsets, dtype=np.int64)
         n_rows_k = offs[1:] - offs[:-1]
-        active_k = np.asarray(plan.active, dtype=bool)
-        if nk == n:  # no request refused: the plan's per-request arrays are the batch's
+        dense = nk == n and self._all_active
+        if dense:
+            # Every request drafts: the plan's per-request arrays and its row offsets are the batch's.
             drafting = active_k.copy()
-            n_rows = n_rows_k
-            pb, rb, cf = (np.asarray(plan.pos_base, np.int64), np.asarray(plan.rebase, bool),
-                          np.asarray(plan.crop_from, np.int64))
+            pos_base = np.asarray(plan.pos_base, np.int64)
+            rebase = np.asarray(plan.rebase, bool)
+            counts = n_rows_k
+            seq_lens = np.asarray(plan.crop_from).astype(np.int32)
+            qsl = offs
         else:
-            where = np.asarray(idx, dtype=np.int64)
-            drafting = np.zeros(n, dtype=bool)
-            drafting[where] = active_k
-            n_rows = np.zeros(n, dtype=np.int64)
-            n_rows[where] = n_rows_k
-            pb, rb, cf = np.zeros(n, np.int64), np.zeros(n, bool), np.ones(n, np.int64)
-            pb[where], rb[where], cf[where] = plan.pos_base, plan.rebase, plan.crop_from
-        pos_base = np.where(drafting, pb, 0)
-        rebase = drafting & rb
-        # A request that does not draft gets one placeholder row (the table's zero scratch row).
-        counts = np.where(drafting, n_rows, 1)
-        seq_lens = np.where(drafting, cf, 1).astype(np.int32)
-        qsl = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(counts, out=qsl[1:])
+            if nk == n:
+                drafting = active_k.copy()
+                n_rows = n_rows_k
+                pb, rb, cf = (np.asarray(plan.pos_base, np.int64), np.asarray(plan.rebase, bool),
+                              np.asarray(plan.crop_from, np.int64))
+            else:
+                where = np.asarray(idx, dtype=np.int64)
+                drafting = np.zeros(n, dtype=bool)
+                drafting[where] = active_k
+                n_rows = np.zeros(n, dtype=np.int64)
+                n_rows[where] = n_rows_k
+                pb, rb, cf = np.zeros(n, np.int64), np.zeros(n, bool), np.ones(n, np.int64)
+                pb[where], rb[where], cf[where] = plan.pos_base, plan.rebase, plan.crop_from
+            pos_base = np.where(drafting, pb, 0)
+            rebase = drafting & rb
+            # A request that does not draft gets one placeholder row (the table's zero scratch row).
+            counts = np.where(drafting, n_rows, 1)
+            seq_lens = np.where(drafting, cf, 1).astype(np.int32)
+            qsl = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(counts, out=qsl[1:])
         total = int(qsl[-1])
         n_plan = int(offs[-1]) if len(offs) else 0
         next_ids = rows.next_token_ids[:n].astype(np.int64, copy=False)
         chain = self.kind == "chain"
-        if n_plan == total and drafting.all():
+        if dense:
             # Every request drafts (plan rows are in batch order): the plan's rows are the batch's.
             gather = np.asarray(plan.slots, dtype=np.int64)
             positions = np.asarray(plan.positions).astype(np.int64)
@@ -393,17 +411,19 @@ class RequestStaging:
         bt = rows.block_table[:n]
         m = bt.shape[1]
         col = np.arange(m, dtype=np.int64) + (pos_base // bs)[:, None]
-        null = (col >= m) | ~drafting[:, None]
+        null = col >= m
+        if not dense:
+            null |= ~drafting[:, None]
         np.minimum(col, m - 1, out=col)
         # Each row's KV slot: its block of the shifted table (flat index), and its offset in it.
-        blk = positions // bs
+        blk, off = np.divmod(positions, bs)
         blk += np.repeat(np.arange(n, dtype=np.int64) * m, counts)
         dev = self.device
         ctx_rows = self.table.index_select(0, torch.from_numpy(gather).to(dev))
         shifted = bt.gather(1, torch.from_numpy(col).to(dev))
         shifted.masked_fill_(torch.from_numpy(null).to(dev), NULL_BLOCK)
         positions_t = torch.from_numpy(positions).to(dev)
-        slot_mapping = torch.add(torch.from_numpy(positions % bs).to(dev),
+        slot_mapping = torch.add(torch.from_numpy(off).to(dev),
                                  shifted.view(-1).index_select(0, torch.from_numpy(blk).to(dev)), alpha=bs)
         return DrafterInputs(
             token_ids=torch.from_numpy(token_ids).to(dev),
@@ -475,6 +495,11 @@ class RequestStaging:
         """
         plan, idx = self._plan, self._plan_index
         n = len(rows.req_ids)
+        if idx and len(idx) == n and self._all_active and ok.all():
+            # The common step: every request drafted; nothing to count but the commit.
+            self.stager.commit_many(np.asarray(plan.seqs, dtype=np.int64))
+            self._count(dict.fromkeys(FALLBACK_REASONS, 0), [])
+            return
         drafted = np.zeros(n, dtype=bool)
         skipped = drafter = 0
         if idx:
