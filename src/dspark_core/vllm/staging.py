@@ -273,7 +273,7 @@ class RequestStaging:
                 src = src.to(self.table.dtype)
             self.table.index_copy_(0, dst, src)
         if opened.any():
-            # minimum / maximum, not np.clip: clip on integers costs more than the rest of the step's numpy.
+            # minimum / maximum, not np.clip: clip on integers goes through a slow Python path (getlimits).
             n_acc = np.maximum(np.minimum(n_valid[opened] - 1, self.block_size), 0)
             self.stager.accept_many(seqs[opened], n_acc)
         is_open.difference_update(reqs)
