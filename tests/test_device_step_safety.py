@@ -132,6 +132,31 @@ def test_a_damaged_sequence_is_never_stranded_end_frees_it():
     st.to_host([0])
 
 
+@pytest.mark.parametrize("column", ["staged_rows", "rounds", "histogram"])
+def test_a_copy_back_that_lowers_a_counter_never_takes_the_metrics_back(column):
+    """A state a step could have written but for a counter below what the host saw last (a
+    stale copy back: the device keeps no history, so only the host can tell): the metrics stay
+    at the last whole state, to_host refuses it (nothing brought back) and end frees it with
+    counters that never went back. (The fuzzer found totals going back through such a copy.)"""
+    st = handed(n_rows=3 * W, steps=3)
+    before = st.totals()
+    s = st.step_state
+    at = len(STEP_STATE_FIELDS) + 1 if column == "histogram" else FIELD[column]  # bucket 1: one accepted draft
+    assert s[at, 0] > 0
+    s[at, 0] -= 1
+    after = st.totals()
+    assert all(after.stats[k] >= before.stats[k] for k in ("rounds", "staged_rows", "verified_rounds", "commits"))
+    assert (after.accepted >= before.accepted).all()
+    with pytest.raises(ValueError, match=r"the step state is damaged \(a counter is below what its steps had made\)"):
+        st.to_host([0])
+    assert st.on_device(0)
+    st.end(0)
+    assert not st.on_device(0)
+    ended = st.totals()
+    assert all(ended.stats[k] >= before.stats[k] for k in ("rounds", "staged_rows", "verified_rounds", "commits"))
+    assert (ended.accepted >= before.accepted).all()
+
+
 # -- 2. output arrays pinned for the call ---------------------------------------------------------
 
 class _FreshArrays(StepOutputs):

@@ -76,20 +76,52 @@ const char* damage_text(int code) {
     return code >= 0 && code < device_step::DAMAGE_COUNT ? texts[code] : "an unknown rule is broken";
 }
 
+// What the host saw of a sequence last, whole (Seq::last_whole and its
+// histogram): a step only raises its counters and its histogram, so a state
+// below it is one a copy back (or a server's write) made, and the metrics
+// read from it would go back.
+struct LastWhole {
+    const Regs& regs;
+    const std::vector<i64>& histogram;
+};
+
+// A counter or a histogram bucket below the last whole state's. Only the
+// live counters: a reservation's pre_* copies are lower by design.
+bool went_back(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, const LastWhole& last) {
+    const Regs& w = last.regs;
+    const i64 now[] = {r.rounds, r.commits, r.rebases, r.staged_rows, r.restaged_rows, r.skips, r.trims,
+                       r.trimmed_rows, r.peak_rows, r.skips_disabled, r.skips_no_context, r.skips_drafting_off};
+    const i64 was[] = {w.rounds, w.commits, w.rebases, w.staged_rows, w.restaged_rows, w.skips, w.trims,
+                       w.trimmed_rows, w.peak_rows, w.skips_disabled, w.skips_no_context, w.skips_drafting_off};
+    for (std::size_t k = 0; k < sizeof now / sizeof now[0]; ++k)
+        if (now[k] < was[k]) return true;
+    for (std::size_t k = 0; k < last.histogram.size() && static_cast<i64>(k) <= c.block; ++k)
+        if (state[device_step::bucket_at(c, seq, static_cast<i64>(k))] < last.histogram[k]) return true;
+    return false;
+}
+
 // The first rule a step state breaks that the host cannot serve (NOT_LIVE,
-// a Damage code, or DAMAGE_NONE): the step's own rules (damage_of), and the
-// bound only the host knows (max_failures).
+// a Damage code, WENT_BACK or DAMAGE_NONE): the step's own rules
+// (damage_of), and the ones only the host knows (max_failures, the last
+// whole state: the device keeps no history).
 constexpr int NOT_LIVE = -1;
-int host_damage(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, i64 max_failures) {
+constexpr int WENT_BACK = device_step::DAMAGE_COUNT;
+int host_damage(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, i64 max_failures,
+                const LastWhole& last) {
     if (r.live == 0) return NOT_LIVE;
     const int code = device_step::damage_of(c, state, seq, r);
-    return code == device_step::DAMAGE_NONE && r.failures > max_failures ? int{device_step::DAMAGE_FAILURES} : code;
+    if (code != device_step::DAMAGE_NONE) return code;
+    if (r.failures > max_failures) return device_step::DAMAGE_FAILURES;
+    return went_back(c, state, seq, r, last) ? WENT_BACK : int{device_step::DAMAGE_NONE};
 }
 
 // What host_damage found, in words ("" when nothing).
-std::string damage(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, i64 max_failures) {
-    const int code = host_damage(c, state, seq, r, max_failures);
-    return code == NOT_LIVE ? "the sequence is not live in it" : damage_text(code);
+std::string damage(const device_step::Config& c, const i64* state, i64 seq, const Regs& r, i64 max_failures,
+                   const LastWhole& last) {
+    const int code = host_damage(c, state, seq, r, max_failures, last);
+    if (code == NOT_LIVE) return "the sequence is not live in it";
+    if (code == WENT_BACK) return "a counter is below what its steps had made";
+    return damage_text(code);
 }
 
 // The rows a draft at `end` would stage without a rebase are buffered (the
@@ -382,7 +414,8 @@ Regs Stager::trusted_regs(const Seq& s, std::int64_t* histogram) const {
     const i64* state = step_state_.get();  // allocated: the sequence was handed over
     Regs r;
     device_step::load(state, c.max_seqs, seq, r);
-    if (host_damage(c, state, seq, r, opt_.max_failures) != device_step::DAMAGE_NONE) {  // the last whole state seen: counters never go back
+    if (host_damage(c, state, seq, r, opt_.max_failures, LastWhole{s.last_whole, s.last_whole_hist}) !=
+        device_step::DAMAGE_NONE) {  // the last whole state seen: counters never go back
         std::copy(s.last_whole_hist.begin(), s.last_whole_hist.end(), histogram);
         return s.last_whole;
     }
@@ -506,7 +539,9 @@ void Stager::to_host(const std::int64_t* seqs_in, std::size_t n, const std::int3
                                     "); nothing was brought back");
     };
     for (std::size_t i = 0; i < n; ++i) {
-        const std::string bad = damage(c, state, seqs[i], regs[i], opt_.max_failures);
+        const Seq& s = get(seqs[i]);
+        const std::string bad = damage(c, state, seqs[i], regs[i], opt_.max_failures,
+                                       LastWhole{s.last_whole, s.last_whole_hist});
         if (!bad.empty()) refuse(i, bad);
         // The host's own reservation, untouched on the device, comes back as the host keeps it.
         if (regs[i].reserved == device_step::RESERVED_HOST && !get(seqs[i]).reserved)
