@@ -442,6 +442,7 @@ class GraphServer:
         # The drafter batch's context rows in one gather (the CSR layout's row_slots[:total] as
         # they are; the padded one's rows laid end to end), then each entry's share of them.
         order = sorted(entries)
+        index = {q: k for k, q in enumerate(order)}
         cu = np.cumsum([0] + [len(entries[q].slots) for q in order])
         flat = np.concatenate([entries[q].slots for q in order] + [np.zeros(0, np.int64)])
         gathered = self.ring.to_numpy(self.ring.gather_slots(flat))
@@ -457,7 +458,7 @@ class GraphServer:
                 continue
             s.rounds += 1
             c.rounds += 1
-            k = order.index(q)
+            k = index[q]
             rows = gathered[cu[k]:cu[k + 1]]
             self.check_rows(e, rows, s.target)
             try:
