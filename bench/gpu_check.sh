@@ -10,7 +10,9 @@
 #   4. runs bench/bench_ring_batches.py: launches per batch, per-sequence vs batched, and
 #      the batched gather / write bandwidth against a device copy at N = 16, 64, 256,
 #   5. runs bench/bench_device_step.py: host synchronisations and launches per step of the
-#      device step against the host path, and its CPU twin's step time against the same work.
+#      device step against the host path, and its CPU twin's step time against the same work,
+#   6. where this Python has vLLM with a CUDA torch: the vLLM plugin's tests and its cost per
+#      engine step (bench/bench_vllm.py) on the GPU.
 #
 # Needs: an NVIDIA GPU + a driver new enough for the CUDA toolkit's runtime
 # (CUDA 13 needs driver >= 580; the runtime is linked statically), nvcc
@@ -258,5 +260,17 @@ if [ "$MODE" = "EMULATE" ]; then
   $PY bench/bench_device_step.py --ns 16 --window 64 --block 4 --steps 20 --warmup 3
 else
   $PY bench/bench_device_step.py --ns 64,256,1024 --steps 100
+fi
+
+log "the vLLM plugin on vLLM's CUDA build (tests/test_vllm_plugin.py, tests/test_vllm_staging.py, bench/bench_vllm.py)"
+# Only where this Python already has vLLM with a GPU torch (this script installs nothing that large):
+# the V1 runner (VLLM_USE_V2_MODEL_RUNNER=0), the row table and the drafter's inputs on the GPU.
+if [ "$MODE" != "EMULATE" ] && $PY -c "import torch, vllm; assert torch.cuda.is_available()" >/dev/null 2>&1; then
+  VLLM_USE_V2_MODEL_RUNNER=0 $PY -m pytest tests/test_vllm_plugin.py tests/test_vllm_staging.py -q -p no:cacheprovider -rfEs
+  for method in eagle3 dflash; do
+    VLLM_USE_V2_MODEL_RUNNER=0 $PY bench/bench_vllm.py --method "$method" --size small --general
+  done
+else
+  echo "skipped: no vLLM with a CUDA torch in this Python (or the emulated device); docs/vllm.md, Tests and CI"
 fi
 log "done"

@@ -441,3 +441,33 @@ def test_a_request_the_stager_refuses_decodes_without_drafts_and_the_others_draf
     inp, _ = step([k + 1, k + 1], [10, 100])
     assert inp.drafting.tolist() == [True, False] and st.fallbacks == 2
     assert st.fallbacks_by_reason["refused"] == 2 and st.no_drafts == {"b"}
+
+
+def test_drafter_metadata_drops_what_the_target_metadata_cached():
+    """The drafter's attention metadata has its own query starts and lengths, and none of the values
+    vLLM's metadata caches from the target's (a backend that asks recomputes them from the drafter's)."""
+    import numpy as np
+    from vllm.v1.attention.backend import CommonAttentionMetadata
+
+    from dspark_core.vllm.patches import drafter_metadata
+    from dspark_core.vllm.staging import DrafterInputs
+
+    i32 = torch.int32
+    cad = CommonAttentionMetadata(
+        query_start_loc=torch.tensor([0, 4, 8], dtype=i32), query_start_loc_cpu=torch.tensor([0, 4, 8], dtype=i32),
+        seq_lens=torch.tensor([20, 30], dtype=i32), num_reqs=2, num_actual_tokens=8, max_query_len=4,
+        max_seq_len=30, block_table_tensor=torch.arange(8, dtype=i32).reshape(2, 4),
+        slot_mapping=torch.arange(8, dtype=torch.int64))
+    assert cad.compute_num_computed_tokens().tolist() == [16, 26]     # now cached on the target's metadata
+    qsl, seq_lens = np.array([0, 3, 8]), np.array([5, 9], dtype=np.int32)
+    inp = DrafterInputs(
+        token_ids=torch.zeros(8, dtype=i32), positions=torch.arange(8), rows=torch.zeros(8, 4),
+        query_start_loc=torch.from_numpy(qsl.astype(np.int32)), query_start_loc_cpu=qsl,
+        seq_lens=torch.from_numpy(seq_lens), seq_lens_cpu=seq_lens, block_table=torch.zeros(2, 4, dtype=i32),
+        slot_mapping=torch.arange(8) + 100, drafting=np.ones(2, dtype=bool), pos_base=np.zeros(2, dtype=np.int64),
+        rebase=np.zeros(2, dtype=bool), max_query_len=5, max_seq_len=9)
+    new = drafter_metadata(cad, inp)
+    assert new.compute_num_computed_tokens().tolist() == [2, 4]
+    assert new.num_actual_tokens == 8 and new.max_query_len == 5 and new.max_seq_len == 9 and new.num_reqs == 2
+    assert new.slot_mapping is inp.slot_mapping and new.block_table_tensor is inp.block_table
+    assert cad.compute_num_computed_tokens().tolist() == [16, 26] and cad.seq_lens.tolist() == [20, 30]

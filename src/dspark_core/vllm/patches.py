@@ -15,9 +15,9 @@
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -25,7 +25,7 @@ import numpy as np
 from .settings import check_runtime, refuse_v2_runner, settings_for
 from .staging import RequestStaging, TargetRows
 
-__all__ = ["install", "installed", "staging_of", "STAGING_ATTR"]
+__all__ = ["install", "installed", "staging_of", "drafter_metadata", "STAGING_ATTR"]
 
 logger = logging.getLogger(__name__)
 
@@ -169,6 +169,22 @@ def _attach(proposer: Any) -> None:
                 method, s.window, s.window_source, s.block_size, s.feature_dim)
 
 
+class _Prompts(Mapping[str, Any]):
+    """The prompt token ids of the runner's requests, read when asked (most steps ask for none)."""
+
+    def __init__(self, requests: dict[str, Any]) -> None:
+        self._requests = requests
+
+    def __getitem__(self, req_id: str) -> Any:
+        return self._requests[req_id].prompt_token_ids
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._requests)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+
 def _target_rows(proposer: Any, target_token_ids: Any, target_positions: Any, target_hidden_states: Any,
                  next_token_ids: Any, cad: Any, num_rejected: Any) -> TargetRows:
     """The step's rows as the Stager takes them (one host copy of the bookkeeping for the batch)."""
@@ -194,10 +210,36 @@ def _target_rows(proposer: Any, target_token_ids: Any, target_positions: Any, ta
         token_ids=host[total:2 * total],
         next_token_ids=host[2 * total:2 * total + n],
         block_table=cad.block_table_tensor[:n],
-        live=set(runner.requests),
-        prompts=({r: runner.requests[r].prompt_token_ids for r in req_ids}
-                 if proposer._dspark_staging.prefix is not None else {}),
+        live=runner.requests,
+        prompts=_Prompts(runner.requests) if proposer._dspark_staging.prefix is not None else {},
     )
+
+
+def drafter_metadata(cad: Any, inp: Any) -> Any:
+    """vLLM's attention metadata ``cad`` for the drafter's rows ``inp`` (a :class:`DrafterInputs`).
+
+    A shallow copy (as ``dataclasses.replace``, at a fraction of its cost) with the drafter's query
+    starts, lengths, block tables and KV slots, and without the values ``cad`` caches from the
+    target's query starts and lengths (``compute_num_computed_tokens``, ``token_to_req_indices``).
+    """
+    import torch
+
+    new = object.__new__(type(cad))
+    new.__dict__.update(cad.__dict__)
+    new._num_computed_tokens_cache = None
+    new._token_to_req_indices_cache = None
+    new.query_start_loc = inp.query_start_loc
+    new.query_start_loc_cpu = torch.from_numpy(inp.query_start_loc_cpu.astype(np.int32))
+    new.seq_lens = inp.seq_lens
+    new.seq_lens_cpu_upper_bound = torch.from_numpy(inp.seq_lens_cpu.copy())
+    new.num_reqs = len(inp.drafting)
+    new.num_actual_tokens = int(inp.query_start_loc_cpu[-1])
+    new.max_query_len = inp.max_query_len
+    new.max_seq_len = inp.max_seq_len
+    new.block_table_tensor = inp.block_table
+    new.slot_mapping = inp.slot_mapping
+    new.positions = None
+    return new
 
 
 def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, num_speculative_tokens: int,
@@ -208,6 +250,7 @@ def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, 
     rows = _target_rows(proposer, target_token_ids, target_positions, target_hidden_states, next_token_ids,
                         cad, num_rejected)
     n = len(rows.req_ids)
+    next_token_ids = next_token_ids[:n]
     try:
         inp = staging.stage(rows)
     except Exception as err:  # the engine keeps running: no drafts this step
@@ -220,20 +263,8 @@ def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, 
         sub = staging.select(inp, sel)
         whole = len(sel) == n
         staging.current_req_ids = rows.req_ids if whole else [rows.req_ids[i] for i in sel]
-        # A shallow copy with the drafter's fields (as dataclasses.replace, at a fraction of its cost).
-        new_cad = copy.copy(cad)
-        new_cad.query_start_loc = sub.query_start_loc
-        new_cad.query_start_loc_cpu = torch.from_numpy(sub.query_start_loc_cpu.astype(np.int32))
-        new_cad.seq_lens = sub.seq_lens
-        new_cad.seq_lens_cpu_upper_bound = torch.from_numpy(sub.seq_lens_cpu.copy())
-        new_cad.num_reqs = len(sel)
-        new_cad.num_actual_tokens = int(sub.query_start_loc_cpu[-1])
-        new_cad.max_query_len = sub.max_query_len
-        new_cad.max_seq_len = sub.max_seq_len
-        new_cad.block_table_tensor = sub.block_table
-        new_cad.slot_mapping = sub.slot_mapping
-        new_cad.positions = None
-        next_ids = (next_token_ids[:n] if whole
+        new_cad = drafter_metadata(cad, sub)
+        next_ids = (next_token_ids if whole
                     else next_token_ids.index_select(0, torch.from_numpy(sel).to(next_token_ids.device)))
         return stock_propose(proposer, num_speculative_tokens, sub.token_ids, sub.positions, sub.rows,
                              next_ids, None, new_cad, sampling_metadata, None, None, slot_mappings)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Container, Mapping
 from typing import Any
 
 import numpy as np
@@ -42,6 +43,16 @@ FALLBACK_REASONS = ("drafter", "refused", "skipped", "staging")
 
 
 @dataclasses.dataclass
+class _Steady:
+    """A step's requests (batch order), their sequences and ``n_past`` after it, and which opened a round."""
+
+    req_ids: list[str]
+    seqs: np.ndarray
+    n_pasts: np.ndarray
+    opened: np.ndarray | None = None   # None: every one of them
+
+
+@dataclasses.dataclass
 class TargetRows:
     """What the target computed this step, as vLLM's proposer receives it.
 
@@ -54,10 +65,10 @@ class TargetRows:
             kept (a verify batch's accepted tokens + 1; a prefill's all).
         rows: ``(T, D)`` torch tensor on the device: the captured rows.
         token_ids: int64 ``(T,)``: the token the target read at each row.
-        next_token_ids: int64 ``(N,)``: each request's sampled token (``last``).
-        block_table: ``(N, M)`` int32 torch tensor: the requests' KV blocks.
-        live: every request the runner still holds (ended ones are not).
-        prompts: the prompt token ids of the batch's requests (for prefix-cache keys).
+        next_token_ids: int64 ``(N,)``: each request's sampled token (``last``; ``N`` only).
+        block_table: ``(N, M)`` int32 torch tensor: the batch's requests' KV blocks (``N`` rows only).
+        live: every request the runner still holds (ended ones are not): a set, or the runner's dict.
+        prompts: the prompt token ids of the batch's requests (for prefix-cache keys), by request.
     """
 
     req_ids: list[str]
@@ -68,8 +79,8 @@ class TargetRows:
     token_ids: np.ndarray
     next_token_ids: np.ndarray
     block_table: Any
-    live: set[str]
-    prompts: dict[str, Any] = dataclasses.field(default_factory=dict)
+    live: Container[str]
+    prompts: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -152,6 +163,18 @@ class RequestStaging:
         self._all_active = False                 # every request of the latest plan opened its round
         self.current_req_ids: list[str] = []     # the requests of the drafter call running now
         self.prefix: Any = None                  # a PrefixRows when vLLM's prefix caching is on
+        # The steady decode step (docs/vllm.md, "Cost"): the same requests as the last step, each
+        # drafting and committed, its rows following on. Such a step skips the per-request
+        # bookkeeping: _steady holds the last step's requests, sequences and n_past, and _lazy
+        # the step's changes to _next_pos and _open, which _materialize writes when a step is not steady.
+        self.fast_paths = True                   # False: every step takes the general paths (tests compare them)
+        self.tables_on_host: bool | None = None  # shift block tables in numpy; None: where they are on the CPU
+        self._steady: _Steady | None = None
+        self._lazy: _Steady | None = None
+        self._seqs = np.zeros(0, dtype=np.int64)     # the latest step's planned sequences (the plan's seqs)
+        self._n_pasts = np.zeros(0, dtype=np.int64)  # and their n_past
+        self._fast = False                       # the latest step took the steady path
+        self._past_prompts = False               # the latest general step's requests are all past their prompts
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -183,9 +206,11 @@ class RequestStaging:
 
     def _sync(self, rows: TargetRows) -> None:
         """End finished requests, begin new ones, and restart those whose rows do not follow on."""
-        for req_id in [r for r in self._seq_of if r not in rows.live]:
+        live = rows.live
+        for req_id in [r for r in self._seq_of if r not in live]:
             self._end(req_id)
-        self.disabled &= rows.live
+        if self.disabled:
+            self.disabled = {r for r in self.disabled if r in live}
         qsl, pos = rows.query_start_loc.tolist(), rows.positions
         # Each request's first position as Python ints, read in one pass (a request without rows
         # reads a neighbour's, not used).
@@ -220,13 +245,17 @@ class RequestStaging:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def _process(self, rows: TargetRows, idx: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def _process(self, rows: TargetRows, idx: list[int],
+                 steady: _Steady | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Append the step's rows of requests ``idx`` and keep the verified ones.
 
         A request whose round opened last step gets its whole verify batch and
         ``accept`` (the protocol's order); any other gets only the rows the
         target kept (a prefill, or placeholder drafts verified after a skip).
         Returns the requests' sequences and their ``n_past`` after the step.
+        With ``steady`` (the last step's requests, every one of them in the
+        batch and open) the sequences are its, and ``_next_pos`` / ``_open``
+        are left to the caller (``_lazy``).
         """
         import torch
 
@@ -234,21 +263,27 @@ class RequestStaging:
         req_ids = rows.req_ids
         everyone = len(idx) == len(req_ids)
         reqs = req_ids if everyone else [req_ids[i] for i in idx]
-        seq_of, is_open = self._seq_of, self._open
-        seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
-        opened = np.fromiter((r in is_open for r in reqs), dtype=bool, count=len(reqs))
+        opened: np.ndarray | None = None       # which requests verify a round; None: all of them
+        if steady is not None:
+            seqs = steady.seqs
+        else:
+            seq_of, is_open = self._seq_of, self._open
+            seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
+            opened = np.fromiter((r in is_open for r in reqs), dtype=bool, count=len(reqs))
         if everyone:  # no request refused: the batch's own arrays, no fancy index
             starts, ends, n_valid = qsl[:-1], qsl[1:], rows.n_valid[: len(reqs)]
         else:
             where = np.asarray(idx, dtype=np.int64)
             starts, ends, n_valid = qsl[where], qsl[where + 1], rows.n_valid[where]
-        all_rows = everyone and bool(opened.all()) and not qsl[0]
-        if all_rows:  # every request verifies a round: it takes all its rows, the batch's in order
+        if opened is not None and opened.all():
+            opened = None
+        if everyone and opened is None and not qsl[0]:
+            # Every request verifies a round: it takes all its rows, the batch's in order.
             cu = qsl
             take = None
             positions, token_ids = rows.positions[: int(qsl[-1])], rows.token_ids[: int(qsl[-1])]
         else:
-            lens = np.where(opened, ends - starts, n_valid).astype(np.int64)
+            lens = (ends - starts if opened is None else np.where(opened, ends - starts, n_valid)).astype(np.int64)
             cu = np.zeros(len(idx) + 1, dtype=np.int64)
             np.cumsum(lens, out=cu[1:])
             # Each request's rows [start, start + len), laid end to end: one arange, shifted per request.
@@ -267,18 +302,23 @@ class RequestStaging:
                 src_np = np.flatnonzero(keep) if take is None else take[keep]
             dst = torch.from_numpy(dst_np).to(self.device)
             # All the batch's rows in order: the captured tensor itself, no gather.
-            src = rows.rows[: len(slots)] if src_np is None else rows.rows.index_select(
-                0, torch.from_numpy(src_np).to(self.device))
+            if src_np is not None:
+                src = rows.rows.index_select(0, torch.from_numpy(src_np).to(self.device))
+            else:
+                src = rows.rows if rows.rows.shape[0] == len(slots) else rows.rows[: len(slots)]
             if src.dtype != self.table.dtype:
                 src = src.to(self.table.dtype)
             self.table.index_copy_(0, dst, src)
-        if opened.any():
-            # minimum / maximum, not np.clip: clip on integers goes through a slow Python path (getlimits).
+        # minimum / maximum, not np.clip: clip on integers goes through a slow Python path (getlimits).
+        if opened is None:
+            self.stager.accept_many(seqs, np.maximum(np.minimum(n_valid - 1, self.block_size), 0))
+        elif opened.any():
             n_acc = np.maximum(np.minimum(n_valid[opened] - 1, self.block_size), 0)
             self.stager.accept_many(seqs[opened], n_acc)
-        is_open.difference_update(reqs)
         n_pasts = (rows.positions[starts] + n_valid).astype(np.int64)
-        self._next_pos.update(zip(reqs, n_pasts.tolist()))
+        if steady is None:
+            self._open.difference_update(reqs)
+            self._next_pos.update(zip(reqs, n_pasts.tolist()))
         return seqs, n_pasts
 
     def stage(self, rows: TargetRows) -> DrafterInputs:
@@ -288,6 +328,63 @@ class RequestStaging:
         drafts from then on; the others are not affected.
         """
         self.no_drafts = set()
+        steady, self._steady = self._steady, None
+        if steady is not None and self.fast_paths and self._follows_on(rows, steady):
+            inputs = self._stage_steady(rows, steady)
+            if inputs is not None:
+                return inputs
+        self._materialize()
+        return self._stage_general(rows)
+
+    @staticmethod
+    def _follows_on(rows: TargetRows, steady: _Steady) -> bool:
+        """The step is the steady one: the last step's requests in its order, each with rows from its n_past."""
+        qsl = rows.query_start_loc
+        if rows.req_ids != steady.req_ids or qsl[0] or int(qsl[-1]) > len(rows.positions):
+            return False
+        firsts = qsl[:-1]
+        return bool((qsl[1:] > firsts).all()) and np.array_equal(rows.positions[firsts], steady.n_pasts)
+
+    def _stage_steady(self, rows: TargetRows, steady: _Steady) -> DrafterInputs | None:
+        """The steady step: no request to begin, end, roll back, refuse or publish; one batch call each.
+
+        None when the rows' batch call raised (it changed nothing): the general path retries the step.
+        """
+        n = len(steady.req_ids)
+        idx = list(range(n))
+        try:
+            seqs, n_pasts = self._process(rows, idx, steady)
+        except Exception:  # noqa: BLE001 - the general path retries request by request
+            return None
+        try:
+            plan = self.stager.draft_many(seqs, n_pasts)
+        except Exception:
+            # As the general path leaves it: the rows are in, no round is open.
+            self._lazy = _Steady(steady.req_ids, seqs, n_pasts, np.zeros(n, dtype=bool))
+            self._materialize()
+            raise
+        active = np.asarray(plan.active, dtype=bool)
+        self._all_active = bool(active.all())
+        self._lazy = _Steady(steady.req_ids, seqs, n_pasts, None if self._all_active else active)
+        self._plan, self._plan_index, self._seqs, self._n_pasts, self._fast = plan, idx, seqs, n_pasts, True
+        self.last = self._inputs(rows, n, idx, plan, active)
+        return self.last
+
+    def _materialize(self) -> None:
+        """Write the steady steps' changes to ``_next_pos`` and ``_open`` (before any step that reads them)."""
+        lazy, self._lazy = self._lazy, None
+        if lazy is None:
+            return
+        self._next_pos.update(zip(lazy.req_ids, lazy.n_pasts.tolist()))
+        if lazy.opened is None:
+            self._open.update(lazy.req_ids)
+        else:
+            self._open.difference_update(lazy.req_ids)
+            self._open.update(r for r, a in zip(lazy.req_ids, lazy.opened.tolist()) if a)
+
+    def _stage_general(self, rows: TargetRows) -> DrafterInputs:
+        """Any step: requests begun, ended, restarted, refused; prefix rows published."""
+        self._fast = False
         self._sync(rows)
         n = len(rows.req_ids)
         disabled = self.disabled
@@ -306,20 +403,26 @@ class RequestStaging:
                     self._refuse(rows.req_ids[i], err)
             idx = good
         reqs = rows.req_ids if len(idx) == n else [rows.req_ids[i] for i in idx]
-        if self.prefix is not None:
-            qsl = rows.query_start_loc
-            for i, req in zip(idx, reqs):
-                prompt = rows.prompts.get(req)
-                a = int(qsl[i])
-                # Rows past the prompt hold no prompt block: nothing to publish (publish would say so).
-                if prompt is not None and int(rows.positions[a]) < len(prompt):
-                    self.prefix.publish(req, prompt, int(rows.positions[a]), rows.rows[a:a + int(rows.n_valid[i])])
         if batch is not None:  # the batch call went through: its sequences and n_past are the plan's
             seqs, n_pasts = batch
         else:
             next_pos, seq_of = self._next_pos, self._seq_of
             n_pasts = np.fromiter((next_pos[r] for r in reqs), dtype=np.int64, count=len(reqs))
             seqs = np.fromiter((seq_of[r] for r in reqs), dtype=np.int64, count=len(reqs))
+        # A later step is steady only once every request's rows are past its prompt (nothing to publish).
+        self._past_prompts = True
+        if self.prefix is not None:
+            qsl = rows.query_start_loc
+            for i, req, n_past in zip(idx, reqs, n_pasts.tolist()):
+                prompt = rows.prompts.get(req)
+                if prompt is None:
+                    continue
+                a = int(qsl[i])
+                # Rows past the prompt hold no prompt block: nothing to publish (publish would say so).
+                if int(rows.positions[a]) < len(prompt):
+                    self.prefix.publish(req, prompt, int(rows.positions[a]), rows.rows[a:a + int(rows.n_valid[i])])
+                if n_past < len(prompt):
+                    self._past_prompts = False
         plan = self.stager.draft_many(seqs, n_pasts)
         active = np.asarray(plan.active, dtype=bool)
         self._all_active = bool(active.all())
@@ -327,8 +430,7 @@ class RequestStaging:
             self._open.update(reqs)
         else:
             self._open.update(r for r, a in zip(reqs, active.tolist()) if a)
-        self._plan = plan
-        self._plan_index = idx
+        self._plan, self._plan_index, self._seqs, self._n_pasts = plan, idx, seqs, n_pasts
         self.last = self._inputs(rows, n, idx, plan, active)
         return self.last
 
@@ -336,88 +438,62 @@ class RequestStaging:
         """The drafter's inputs from the plan: host arrays in numpy, then few device ops for the batch."""
         import torch
 
-        bs = self.kv_block_size
         nk = len(idx)
+        if nk == n and self._all_active and self.fast_paths:
+            return self._inputs_dense(rows, n, plan, active_k)
+        bs = self.kv_block_size
         offs = np.asarray(plan.row_offsets, dtype=np.int64)
         n_rows_k = offs[1:] - offs[:-1]
-        dense = nk == n and self._all_active
-        if dense:
-            # Every request drafts: the plan's per-request arrays and its row offsets are the batch's.
+        if nk == n:
             drafting = active_k.copy()
-            pos_base = np.asarray(plan.pos_base, np.int64)
-            rebase = np.asarray(plan.rebase, bool)
-            counts = n_rows_k
-            seq_lens = np.asarray(plan.crop_from).astype(np.int32)
-            qsl = offs
+            n_rows = n_rows_k
+            pb, rb, cf = (np.asarray(plan.pos_base, np.int64), np.asarray(plan.rebase, bool),
+                          np.asarray(plan.crop_from, np.int64))
         else:
-            if nk == n:
-                drafting = active_k.copy()
-                n_rows = n_rows_k
-                pb, rb, cf = (np.asarray(plan.pos_base, np.int64), np.asarray(plan.rebase, bool),
-                              np.asarray(plan.crop_from, np.int64))
-            else:
-                where = np.asarray(idx, dtype=np.int64)
-                drafting = np.zeros(n, dtype=bool)
-                drafting[where] = active_k
-                n_rows = np.zeros(n, dtype=np.int64)
-                n_rows[where] = n_rows_k
-                pb, rb, cf = np.zeros(n, np.int64), np.zeros(n, bool), np.ones(n, np.int64)
-                pb[where], rb[where], cf[where] = plan.pos_base, plan.rebase, plan.crop_from
-            pos_base = np.where(drafting, pb, 0)
-            rebase = drafting & rb
-            # A request that does not draft gets one placeholder row (the table's zero scratch row).
-            counts = np.where(drafting, n_rows, 1)
-            seq_lens = np.where(drafting, cf, 1).astype(np.int32)
-            qsl = np.zeros(n + 1, dtype=np.int64)
-            np.cumsum(counts, out=qsl[1:])
+            where = np.asarray(idx, dtype=np.int64)
+            drafting = np.zeros(n, dtype=bool)
+            drafting[where] = active_k
+            n_rows = np.zeros(n, dtype=np.int64)
+            n_rows[where] = n_rows_k
+            pb, rb, cf = np.zeros(n, np.int64), np.zeros(n, bool), np.ones(n, np.int64)
+            pb[where], rb[where], cf[where] = plan.pos_base, plan.rebase, plan.crop_from
+        pos_base = np.where(drafting, pb, 0)
+        rebase = drafting & rb
+        # A request that does not draft gets one placeholder row (the table's zero scratch row).
+        counts = np.where(drafting, n_rows, 1)
+        seq_lens = np.where(drafting, cf, 1).astype(np.int32)
+        qsl = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=qsl[1:])
         total = int(qsl[-1])
         n_plan = int(offs[-1]) if len(offs) else 0
         next_ids = rows.next_token_ids[:n].astype(np.int64, copy=False)
-        chain = self.kind == "chain"
-        if dense:
-            # Every request drafts (plan rows are in batch order): the plan's rows are the batch's.
-            gather = np.asarray(plan.slots, dtype=np.int64)
-            positions = np.asarray(plan.positions).astype(np.int64)
-            # vLLM's first pass reads input_ids[j] = token_ids[j + 1] (then the newest row's is the
-            # sampled token): the ids one place late, so row j gets its own id (a chain drafter's
-            # kept id) except a request's first row, which gets the previous request's sampled token.
-            token_ids = (np.array(plan.tokens, dtype=np.int32) if chain
-                         else np.repeat(next_ids, counts).astype(np.int32))
-            if total:
-                token_ids[qsl[1:-1]] = next_ids[:-1]
-                token_ids[0] = 0
-        else:
-            gather = np.full(total, self._scratch_slot, dtype=np.int64)
-            positions = np.zeros(total, dtype=np.int64)
-            succ = np.repeat(next_ids, counts)       # placeholders' ids, and every request's newest row's
-            if n_plan:
-                # Plan rows are in batch order (idx ascends) and only drafting requests have any.
-                starts_k = qsl[:-1] if nk == n else qsl[np.asarray(idx, dtype=np.int64)]
-                dest = np.arange(n_plan) + np.repeat(starts_k - offs[:-1], n_rows_k)
-                gather[dest] = plan.slots
-                positions[dest] = plan.positions
-                if chain and n_plan > 1:
-                    # The id after each row: the next row's, and the sampled token after the newest.
-                    tok = np.asarray(plan.tokens, dtype=np.int64)
-                    not_last = np.ones(n_plan, dtype=bool)
-                    not_last[offs[1:][n_rows_k > 0] - 1] = False
-                    succ[dest[not_last]] = tok[1:][not_last[:-1]]
-            token_ids = np.empty(total, dtype=np.int32)
-            if total:
-                token_ids[0] = 0
-                token_ids[1:] = succ[:-1]
+        gather = np.full(total, self._scratch_slot, dtype=np.int64)
+        positions = np.zeros(total, dtype=np.int64)
+        # vLLM's first pass reads input_ids[j] = token_ids[j + 1] (then the newest row's is the
+        # sampled token): the ids one place late. succ[j] is the id after row j.
+        succ = np.repeat(next_ids, counts)       # placeholders' ids, and every request's newest row's
+        if n_plan:
+            # Plan rows are in batch order (idx ascends) and only drafting requests have any.
+            starts_k = qsl[:-1] if nk == n else qsl[np.asarray(idx, dtype=np.int64)]
+            dest = np.arange(n_plan) + np.repeat(starts_k - offs[:-1], n_rows_k)
+            gather[dest] = plan.slots
+            positions[dest] = plan.positions
+            if self.kind == "chain" and n_plan > 1:
+                # The id after each row: the next row's, and the sampled token after the newest.
+                tok = np.asarray(plan.tokens, dtype=np.int64)
+                not_last = np.ones(n_plan, dtype=bool)
+                not_last[offs[1:][n_rows_k > 0] - 1] = False
+                succ[dest[not_last]] = tok[1:][not_last[:-1]]
+        token_ids = np.empty(total, dtype=np.int32)
+        if total:
+            token_ids[0] = 0
+            token_ids[1:] = succ[:-1]
         # The block tables shifted by slot_base // kv block size, on the host as indices: a column
         # past the table, or a request that does not draft, reads the null block.
         bt = rows.block_table[:n]
-        m = bt.shape[1]
-        col = np.arange(m, dtype=np.int64) + (pos_base // bs)[:, None]
-        null = col >= m
-        if not dense:
-            null |= ~drafting[:, None]
-        np.minimum(col, m - 1, out=col)
-        # Each row's KV slot: its block of the shifted table (flat index), and its offset in it.
-        blk, off = np.divmod(positions, bs)
-        blk += np.repeat(np.arange(n, dtype=np.int64) * m, counts)
+        col, null = self._shift_columns(pos_base, bt.shape[1])
+        null |= ~drafting[:, None]
+        blk, off = self._kv_blocks(positions, counts, bt.shape[1])
         dev = self.device
         ctx_rows = self.table.index_select(0, torch.from_numpy(gather).to(dev))
         shifted = bt.gather(1, torch.from_numpy(col).to(dev))
@@ -441,6 +517,77 @@ class RequestStaging:
             max_query_len=int(counts.max()) if n else 0,
             max_seq_len=int(seq_lens.max()) if n else 0,
         )
+
+    def _shift_columns(self, pos_base: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each request's block-table columns shifted by ``pos_base // kv block size`` (clamped), and
+        which of them fall past the table (they read the null block)."""
+        col = np.arange(m, dtype=np.int64) + (pos_base // self.kv_block_size)[:, None]
+        null = col >= m
+        np.minimum(col, m - 1, out=col)
+        return col, null
+
+    def _kv_blocks(self, positions: np.ndarray, counts: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's KV block as a flat index into the ``(N, m)`` shifted tables, and its offset in it."""
+        blk, off = np.divmod(positions, self.kv_block_size)
+        blk += np.repeat(np.arange(len(counts), dtype=np.int64) * m, counts)
+        return blk, off
+
+    def _inputs_dense(self, rows: TargetRows, n: int, plan: Any, active: np.ndarray) -> DrafterInputs:
+        """``_inputs`` when every request drafts: the plan's arrays are the batch's, laid out in two
+        host buffers that reach the device in two copies (int32: ids, query starts, sequence
+        lengths, shifted block tables; int64: positions, row slots, KV slots). With the block
+        tables on the host (vLLM's CPU platform) the shift and the KV slots are numpy work too."""
+        import torch
+
+        qsl = plan.row_offsets
+        counts = qsl[1:] - qsl[:-1]
+        total = int(qsl[-1])
+        next_ids = rows.next_token_ids
+        bt = rows.block_table          # (N, M): _target_rows gives the batch's rows only
+        m = bt.shape[1]
+        host_bt = bt.is_cpu if self.tables_on_host is None else self.tables_on_host
+        a, b, c = total, total + n + 1, total + 2 * n + 1   # the int32 buffer's parts end here
+        i32 = np.empty(c + (n * m if host_bt else 0), dtype=np.int32)
+        i64 = np.empty(3 * total, dtype=np.int64)
+        token_ids, seq_lens = i32[:a], i32[b:c]
+        positions, slots = i64[:total], i64[2 * total:]
+        # The ids one place late (as in _inputs): row j gets its own id (a chain drafter's kept id, a
+        # block drafter's sampled token) except a request's first row: the previous request's sampled token.
+        token_ids[:] = plan.tokens if self.kind == "chain" else np.repeat(next_ids, counts)
+        if total:
+            token_ids[qsl[1:-1]] = next_ids[:-1]
+            token_ids[0] = 0
+        i32[a:b] = qsl
+        seq_lens[:] = plan.crop_from
+        positions[:] = plan.positions
+        i64[total:2 * total] = plan.slots
+        pos_base = plan.pos_base
+        col, null = self._shift_columns(pos_base, m)
+        blk, off = self._kv_blocks(positions, counts, m)
+        dev = self.device
+        if host_bt:
+            shifted_np = i32[c:].reshape(n, m)
+            col += (np.arange(n, dtype=np.int64) * m)[:, None]
+            shifted_np[:] = bt.numpy().reshape(-1)[col]
+            shifted_np[null] = NULL_BLOCK
+            np.multiply(shifted_np.reshape(-1)[blk], self.kv_block_size, out=slots)
+            slots += off
+        d32 = torch.from_numpy(i32).to(dev)
+        d64 = torch.from_numpy(i64).to(dev)
+        if host_bt:
+            shifted, slot_mapping = torch.from_numpy(shifted_np).to(dev), d64[2 * total:]
+        else:
+            shifted = bt.gather(1, torch.from_numpy(col).to(dev))
+            shifted.masked_fill_(torch.from_numpy(null).to(dev), NULL_BLOCK)
+            slot_mapping = torch.add(torch.from_numpy(off).to(dev),
+                                     shifted.view(-1).index_select(0, torch.from_numpy(blk).to(dev)),
+                                     alpha=self.kv_block_size)
+        return DrafterInputs(
+            token_ids=d32[:a], positions=d64[:total], rows=self.table.index_select(0, d64[total:2 * total]),
+            query_start_loc=d32[a:b], query_start_loc_cpu=qsl, seq_lens=d32[b:c], seq_lens_cpu=seq_lens,
+            block_table=shifted, slot_mapping=slot_mapping, drafting=active.copy(), pos_base=pos_base,
+            rebase=plan.rebase, max_query_len=int(counts.max()) if n else 0,
+            max_seq_len=int(seq_lens.max()) if n else 0)
 
     def select(self, inp: DrafterInputs, sel: np.ndarray) -> DrafterInputs:
         """``inp`` for the requests ``sel`` only (batch indices, ascending): a retry without the others."""
@@ -497,8 +644,12 @@ class RequestStaging:
         n = len(rows.req_ids)
         if idx and len(idx) == n and self._all_active and ok.all():
             # The common step: every request drafted; nothing to count but the commit.
-            self.stager.commit_many(np.asarray(plan.seqs, dtype=np.int64))
-            self._count(dict.fromkeys(FALLBACK_REASONS, 0), [])
+            seqs = self._seqs
+            self.stager.commit_many(seqs)
+            self.step_fallbacks, self.no_drafts = dict.fromkeys(FALLBACK_REASONS, 0), set()
+            # The next step may be steady: every running request drafts, none disabled, none to publish.
+            if self._fast or (not self.disabled and len(self._seq_of) == n and self._past_prompts):
+                self._steady = _Steady(list(rows.req_ids), seqs, self._n_pasts)
             return
         drafted = np.zeros(n, dtype=bool)
         skipped = drafter = 0

@@ -9,11 +9,12 @@ purpose, so a 100-token prompt runs past it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from typing import Any
 
-__all__ = ["write_qwen3_dflash", "write_llama_eagle3", "TINY_VOCAB", "DRAFTER_TRAINED_RANGE", "OFFLINE_CPU_ENV",
+__all__ = ["write_qwen3_dflash", "write_llama_eagle3", "ModelShape", "TINY", "SMALL", "SHAPES", "TINY_VOCAB", "DRAFTER_TRAINED_RANGE", "OFFLINE_CPU_ENV",
            "use_offline_cpu_env", "close_engine"]
 
 #: vLLM's settings for an in-process CPU engine on these models with nothing downloaded:
@@ -49,25 +50,39 @@ DRAFTER_TRAINED_RANGE = 64
 #: The targets' context (``max_position_embeddings``).
 TARGET_CONTEXT = 512
 
-_HIDDEN = 64
-_HEADS = 2
-_KV_HEADS = 1
-_HEAD_DIM = 32
-_TARGET_LAYERS = 4
 
 
-def _common(hidden: int, layers: int, max_pos: int) -> dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class ModelShape:
+    """The size of a written target (its drafter: one layer of the same width)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    target_layers: int
+    vocab: int
+
+
+#: The tests' models: a step is almost all of vLLM's own host work (the plugin's share at its largest).
+TINY = ModelShape(hidden=64, heads=2, kv_heads=1, head_dim=32, target_layers=4, vocab=TINY_VOCAB)
+#: A small but not toy target (52M parameters: 8 layers of 512, a 32,000-token vocabulary), for the benchmark.
+SMALL = ModelShape(hidden=512, heads=8, kv_heads=4, head_dim=64, target_layers=8, vocab=32000)
+SHAPES = {"tiny": TINY, "small": SMALL}
+
+
+def _common(shape: ModelShape, layers: int, max_pos: int) -> dict[str, Any]:
     return {
-        "hidden_size": hidden,
-        "intermediate_size": 2 * hidden,
+        "hidden_size": shape.hidden,
+        "intermediate_size": 2 * shape.hidden,
         "num_hidden_layers": layers,
-        "num_attention_heads": _HEADS,
-        "num_key_value_heads": _KV_HEADS,
-        "head_dim": _HEAD_DIM,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
         "max_position_embeddings": max_pos,
         "rms_norm_eps": 1e-6,
         "rope_theta": 10000.0,
-        "vocab_size": TINY_VOCAB,
+        "vocab_size": shape.vocab,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
         "torch_dtype": "float32",
@@ -83,35 +98,35 @@ def _write(path: str, config: dict[str, Any]) -> str:
     return path
 
 
-def write_qwen3_dflash(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE,
+def write_qwen3_dflash(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE, shape: ModelShape = TINY,
                        target_layers: tuple[int, ...] = (1, 2)) -> tuple[str, str]:
     """``(target_dir, drafter_dir)``: a Qwen3 target and a DFlash drafter reading ``target_layers``."""
     target = _write(os.path.join(root, "qwen3-target"), {
-        **_common(_HIDDEN, _TARGET_LAYERS, TARGET_CONTEXT),
+        **_common(shape, shape.target_layers, TARGET_CONTEXT),
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "attention_bias": False})
     drafter = _write(os.path.join(root, "qwen3-dflash"), {
-        **_common(_HIDDEN, 1, trained_range),
+        **_common(shape, 1, trained_range),
         "architectures": ["DFlashDraftModel"], "model_type": "qwen3", "attention_bias": False,
-        "target_hidden_size": _HIDDEN, "num_target_layers": _TARGET_LAYERS,
-        "dflash_config": {"target_layer_ids": list(target_layers), "mask_token_id": TINY_VOCAB - 1,
+        "target_hidden_size": shape.hidden, "num_target_layers": shape.target_layers,
+        "dflash_config": {"target_layer_ids": list(target_layers), "mask_token_id": shape.vocab - 1,
                           "use_aux_hidden_state": True, "causal": True},
         "block_size": 4})
     return target, drafter
 
 
-def write_llama_eagle3(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE,
+def write_llama_eagle3(root: str, *, trained_range: int = DRAFTER_TRAINED_RANGE, shape: ModelShape = TINY,
                        aux_layers: tuple[int, ...] = (1, 2, 3),
                        stated_layers: tuple[int, ...] | None = None) -> tuple[str, str]:
     """``(target_dir, drafter_dir)``: a Llama target and an EAGLE-3 drafter reading ``aux_layers``
     (vLLM reads ``eagle_config``'s list); ``stated_layers`` states another top-level list (a
     config whose two lists disagree)."""
     target = _write(os.path.join(root, "llama-target"), {
-        **_common(_HIDDEN, _TARGET_LAYERS, TARGET_CONTEXT),
+        **_common(shape, shape.target_layers, TARGET_CONTEXT),
         "architectures": ["LlamaForCausalLM"], "model_type": "llama"})
     drafter = _write(os.path.join(root, "llama-eagle3"), {
-        **_common(_HIDDEN, 1, trained_range),
+        **_common(shape, 1, trained_range),
         "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "target_hidden_size": _HIDDEN, "draft_vocab_size": TINY_VOCAB,
+        "target_hidden_size": shape.hidden, "draft_vocab_size": shape.vocab,
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers)},
         "eagle_aux_hidden_state_layer_ids": list(aux_layers if stated_layers is None else stated_layers)})
     return target, drafter
