@@ -4,7 +4,8 @@ Each directory holds a ``config.json`` only: vLLM loads it with
 ``load_format="dummy"`` (random weights drawn from a fixed seed) and
 ``skip_tokenizer_init=True`` (prompts as token ids), so nothing is downloaded.
 The drafters state their trained range (``max_position_embeddings``) small on
-purpose, so a 100-token prompt runs past it.
+purpose, so a 100-token prompt runs past it. The tests use :data:`TINY`; the
+benchmark also :data:`SMALL`, a target whose step is not almost all host work.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import json
 import os
 from typing import Any
 
-__all__ = ["write_qwen3_dflash", "write_llama_eagle3", "ModelShape", "TINY", "SMALL", "SHAPES", "TINY_VOCAB", "DRAFTER_TRAINED_RANGE", "OFFLINE_CPU_ENV",
-           "use_offline_cpu_env", "close_engine"]
+__all__ = ["write_qwen3_dflash", "write_llama_eagle3", "ModelShape", "TINY", "SMALL", "SHAPES", "TINY_VOCAB",
+           "DRAFTER_TRAINED_RANGE", "OFFLINE_CPU_ENV", "use_offline_cpu_env", "close_engine"]
 
 #: vLLM's settings for an in-process CPU engine on these models with nothing downloaded:
 #: one process (the tests read the proposer's state), a small KV cache, hubs offline.
@@ -49,7 +50,6 @@ TINY_VOCAB = 512
 DRAFTER_TRAINED_RANGE = 64
 #: The targets' context (``max_position_embeddings``).
 TARGET_CONTEXT = 512
-
 
 
 @dataclasses.dataclass(frozen=True)
