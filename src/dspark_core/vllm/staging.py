@@ -441,7 +441,6 @@ class RequestStaging:
         nk = len(idx)
         if nk == n and self._all_active and self.fast_paths:
             return self._inputs_dense(rows, n, plan, active_k)
-        bs = self.kv_block_size
         offs = np.asarray(plan.row_offsets, dtype=np.int64)
         n_rows_k = offs[1:] - offs[:-1]
         if nk == n:
@@ -496,11 +495,8 @@ class RequestStaging:
         blk, off = self._kv_blocks(positions, counts, bt.shape[1])
         dev = self.device
         ctx_rows = self.table.index_select(0, torch.from_numpy(gather).to(dev))
-        shifted = bt.gather(1, torch.from_numpy(col).to(dev))
-        shifted.masked_fill_(torch.from_numpy(null).to(dev), NULL_BLOCK)
+        shifted, slot_mapping = self._shift_on_device(bt, col, null, blk, off)
         positions_t = torch.from_numpy(positions).to(dev)
-        slot_mapping = torch.add(torch.from_numpy(off).to(dev),
-                                 shifted.view(-1).index_select(0, torch.from_numpy(blk).to(dev)), alpha=bs)
         return DrafterInputs(
             token_ids=torch.from_numpy(token_ids).to(dev),
             positions=positions_t,
@@ -531,6 +527,20 @@ class RequestStaging:
         blk, off = np.divmod(positions, self.kv_block_size)
         blk += np.repeat(np.arange(len(counts), dtype=np.int64) * m, counts)
         return blk, off
+
+    def _shift_on_device(self, bt: Any, col: np.ndarray, null: np.ndarray, blk: np.ndarray,
+                         off: np.ndarray) -> tuple[Any, Any]:
+        """The shifted block tables and each row's KV slot as device operations on ``bt`` (where the
+        block tables live on the device): one gather, one masked fill, one index_select and one add."""
+        import torch
+
+        dev = self.device
+        shifted = bt.gather(1, torch.from_numpy(col).to(dev))
+        shifted.masked_fill_(torch.from_numpy(null).to(dev), NULL_BLOCK)
+        slot_mapping = torch.add(torch.from_numpy(off).to(dev),
+                                 shifted.view(-1).index_select(0, torch.from_numpy(blk).to(dev)),
+                                 alpha=self.kv_block_size)
+        return shifted, slot_mapping
 
     def _inputs_dense(self, rows: TargetRows, n: int, plan: Any, active: np.ndarray) -> DrafterInputs:
         """``_inputs`` when every request drafts: the plan's arrays are the batch's, laid out in two
@@ -577,11 +587,7 @@ class RequestStaging:
         if host_bt:
             shifted, slot_mapping = torch.from_numpy(shifted_np).to(dev), d64[2 * total:]
         else:
-            shifted = bt.gather(1, torch.from_numpy(col).to(dev))
-            shifted.masked_fill_(torch.from_numpy(null).to(dev), NULL_BLOCK)
-            slot_mapping = torch.add(torch.from_numpy(off).to(dev),
-                                     shifted.view(-1).index_select(0, torch.from_numpy(blk).to(dev)),
-                                     alpha=self.kv_block_size)
+            shifted, slot_mapping = self._shift_on_device(bt, col, null, blk, off)
         return DrafterInputs(
             token_ids=d32[:a], positions=d64[:total], rows=self.table.index_select(0, d64[total:2 * total]),
             query_start_loc=d32[a:b], query_start_loc_cpu=qsl, seq_lens=d32[b:c], seq_lens_cpu=seq_lens,
