@@ -7,8 +7,9 @@ request drafts through shortcuts (``_stage_steady``, ``_inputs_dense``). With
 tests check against vLLM itself; here a server-shaped run (requests joining,
 finishing, preempted and recomputed, chunked prefills, drafter failures, a
 refused request, rows recomputed in place, rebases past the window) goes through both, and every step's
-drafter inputs, fallbacks, prefix publishes and the Stager's counters must be
-equal. The device-side block-table shift (``tables_on_host = False``, what a
+drafter inputs, fallbacks, prefix publishes, the Stager's counters and every
+sequence's snapshot bytes must be equal, and every KV slot must be the one a
+paged-attention kernel reads (a loop oracle). The device-side block-table shift (``tables_on_host = False``, what a
 GPU runs) is checked on CPU tensors the same way.
 """
 
@@ -133,6 +134,11 @@ def _staging(kind: str, k: int, *, fast: bool, tables_on_host: bool | None = Non
     return st
 
 
+def _same_sequences(a: RequestStaging, b: RequestStaging) -> bool:
+    """The same requests on the same sequences, and every sequence's snapshot the same bytes."""
+    return a._seq_of == b._seq_of and all(a.stager.snapshot(q) == b.stager.snapshot(q) for q in a._seq_of.values())
+
+
 def _equal(a: DrafterInputs, b: DrafterInputs) -> list[str]:
     """The fields where two drafter inputs differ (values and dtypes)."""
     diff = []
@@ -149,6 +155,24 @@ def _equal(a: DrafterInputs, b: DrafterInputs) -> list[str]:
     return diff
 
 
+def _kv_slots_as_paged_attention_reads_them(rows: TargetRows, inp: DrafterInputs) -> list[int]:
+    """The rows whose KV slot is not what a paged-attention kernel reads for them (an oracle of
+    plain loops, independent of both paths): drafter position ``p`` of request ``i`` lives in
+    column ``pos_base[i] // KV_BLOCK + p // KV_BLOCK`` of the request's own block table (the
+    window's slot base rounded down to a block), at offset ``p % KV_BLOCK``; a column past the
+    table, or a request that does not draft, is the null block."""
+    bad = []
+    tables, qsl = rows.block_table.numpy(), inp.query_start_loc_cpu
+    for i in range(len(qsl) - 1):
+        for j in range(int(qsl[i]), int(qsl[i + 1])):
+            p = int(inp.positions[j])
+            col = int(inp.pos_base[i]) // KV_BLOCK + p // KV_BLOCK
+            block = int(tables[i, col]) if inp.drafting[i] and col < M else 0
+            if int(inp.slot_mapping[j]) != block * KV_BLOCK + p % KV_BLOCK:
+                bad.append(j)
+    return bad
+
+
 @pytest.mark.parametrize("kind,k,seed", [("chain", 3, 0), ("block", 3, 1), ("chain", 2, 2), ("block", 4, 3)])
 def test_fast_paths_give_the_general_paths_inputs(kind, k, seed):
     general = _staging(kind, k, fast=False)
@@ -160,6 +184,7 @@ def test_fast_paths_give_the_general_paths_inputs(kind, k, seed):
         for st in (fast, on_device):
             got = st.stage(rows)
             assert _equal(want, got) == [], f"step {i}"
+        assert not general._fast and _kv_slots_as_paged_attention_reads_them(rows, want) == [], f"step {i}"
         steady_steps += fast._fast
         dense_steps += int(want.drafting.all())
         rebases += int(want.rebase.any())
@@ -170,6 +195,7 @@ def test_fast_paths_give_the_general_paths_inputs(kind, k, seed):
             assert st.no_drafts == general.no_drafts and st.step_fallbacks == general.step_fallbacks, f"step {i}"
             assert st.stager.totals() == general.stager.totals(), f"step {i}"
             assert st.prefix.calls == general.prefix.calls, f"step {i}"
+            assert _same_sequences(st, general), f"step {i}"
     assert fast.fallbacks_by_reason == general.fallbacks_by_reason
     # The run really exercised both paths and the events that leave the steady one.
     assert steady_steps >= 40 and dense_steps > steady_steps and rebases >= 5 and failures >= 3
@@ -211,6 +237,7 @@ def test_a_refused_request_leaves_the_steady_path_alike():
         general.finish(rows, ok)
         fast.finish(rows, ok)
         assert fast.no_drafts == general.no_drafts and fast.stager.totals() == general.stager.totals()
+        assert _same_sequences(fast, general), f"step {i}"   # the refused step included
     assert general.fallbacks_by_reason["refused"] > 0 and not general.disabled   # refused, then finished
     assert fast.fallbacks_by_reason == general.fallbacks_by_reason
     assert steady_with_refused == 0 and steady_after > 0   # steady again once the refused request is gone
