@@ -32,7 +32,7 @@ from hypothesis import strategies as hst
 from dspark_core import Stager, StagerConfig
 from dspark_core.errors import StateError
 from dspark_core.reference import SEMANTIC_STATS, ReferenceStager
-from dspark_core.reference.batch_plan import pad_rows
+from dspark_core.reference.batch_plan import pad_rows, paged_rows
 
 D, B, W, N_SEQS = 32, 4, 48, 5
 
@@ -264,6 +264,70 @@ def test_the_twins_padded_layout_is_the_cores(counts: list[int], width: int, wid
     assert errors[0] == errors[1]
     assert (errors[0] is None) == all(c <= width for c in counts)
     assert got[0].tolist() == got[1].tolist()  # also both untouched when refused
+
+
+@settings(max_examples=150, deadline=None, phases=[Phase.generate])
+@given(data=hst.data(), n=hst.integers(0, 6), m=hst.integers(0, 6), block_tokens=hst.integers(0, 5),
+       spare=hst.integers(0, 3))
+def test_the_twins_paged_layout_is_the_cores(data: Any, n: int, m: int, block_tokens: int, spare: int) -> None:
+    """The core's paged layout (BatchPlan.paged) and the twin's, written independently: the same
+    shifted tables, KV slots and refusal (nothing written) on the same input, the tables read at
+    a row stride wider than their width (a slice of a server's persistent table)."""
+    from dspark_core._ext import _row_format
+
+    seqs = np.arange(40, 40 + n, dtype=np.int64)
+    counts = data.draw(hst.lists(hst.integers(0, 4), min_size=n, max_size=n))
+    pos_base = np.array(data.draw(hst.lists(hst.integers(-1, 3 * max(m, 1) * max(block_tokens, 1)),
+                                            min_size=n, max_size=n)), dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    reach = max(m, 1) * max(block_tokens, 1) + 2  # a few positions past the table, and negative ones
+    positions = np.array(data.draw(hst.lists(hst.integers(-1, reach), min_size=int(offsets[-1]),
+                                             max_size=int(offsets[-1]))), dtype=np.int32)
+    wide = np.arange(1000, 1000 + n * (m + spare), dtype=np.int32).reshape(n, m + spare)
+    tables = wide[:, :m]
+    got = [(np.full((n, m), -5, np.int32), np.full(len(positions), -5, np.int64)) for _ in range(2)]
+    errors = []
+    for fn, (t_out, s_out) in zip((_row_format.paged_rows, paged_rows), got):
+        try:
+            fn(seqs, pos_base, offsets, positions, tables, block_tokens, 0, t_out, s_out)
+            errors.append(None)
+        except ValueError as e:
+            errors.append(str(e))
+    assert errors[0] == errors[1]
+    assert got[0][0].tolist() == got[1][0].tolist() and got[0][1].tolist() == got[1][1].tolist()
+    if errors[0] is not None:
+        assert (got[0][0] == -5).all() and (got[0][1] == -5).all()  # nothing written
+
+
+def test_paged_lays_a_drafted_batch_into_each_windows_blocks():
+    """BatchPlan.paged on a real batch past the window: every row's slot holds its absolute
+    position's KV block of the shifted table, the window's first block first."""
+    kv = 4
+    stg = Stager(config(rows="external"))
+    seqs = np.array([0, 1, 2], dtype=np.int64)
+    for s in seqs.tolist():
+        stg.begin(int(s))
+    lengths = [5, 30, 70]  # inside, near and past W = 48
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    positions = np.concatenate([np.arange(k) for k in lengths]).astype(np.int64)
+    stg.process_many(seqs, cu, positions)
+    plan = stg.draft_many(seqs, np.array(lengths, dtype=np.int64))
+    m = 20
+    tables = (np.arange(3 * m, dtype=np.int32).reshape(3, m) * 7 + 3).astype(np.int32)
+    paged = plan.paged(tables, kv)
+    for i in range(3):
+        first = int(plan.pos_base[i]) // kv
+        want = [int(tables[i, j + first]) if j + first < m else 0 for j in range(m)]
+        assert paged.block_tables[i].tolist() == want
+        rows = slice(int(plan.row_offsets[i]), int(plan.row_offsets[i + 1]))
+        for p, slot in zip(plan.positions[rows].tolist(), paged.slots[rows].tolist()):
+            absolute = int(plan.pos_base[i]) + p
+            # the absolute position's block of the request's own table, at its window-relative offset
+            assert slot == int(tables[i, (first * kv + p) // kv]) * kv + (first * kv + p) % kv
+            assert (first * kv + p) <= absolute
+    assert int(plan.pos_base[2]) > 0 and paged.block_tables[2, -1] == 0  # the window moved: null past the table
+    with pytest.raises(ValueError, match=r"^paged: seqs\[1\] \(sequence 1\): drafter position 12 lies outside the 3 blocks"):
+        plan.paged(tables[:, :3], kv)
 
 
 def test_a_batch_plan_holds_values_only():

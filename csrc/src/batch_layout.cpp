@@ -1,10 +1,12 @@
-// A batch of plans as flat arrays (dspark/stager.hpp, plan_rows / pad_rows):
-// the CSR layout of their context rows, and the padded one from it.
+// A batch of plans as flat arrays (dspark/stager.hpp, plan_rows / pad_rows /
+// paged_rows): the CSR layout of their context rows, the padded one from it,
+// and where those rows' KV lives in a paged cache.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dspark/stager.hpp"
 
@@ -102,6 +104,46 @@ void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_o
 void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,
               std::size_t total, std::size_t max_rows, std::int64_t* out) {
     pad_rows_impl(seqs, n, row_offsets, values, total, max_rows, out);
+}
+
+void paged_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* pos_base, const std::int64_t* row_offsets,
+                const std::int32_t* positions, std::size_t total, const std::int32_t* block_tables, std::size_t m,
+                std::size_t table_stride, std::int64_t block_tokens, std::int32_t null_block, std::int32_t* shifted_out,
+                std::int64_t* slots_out) {
+    if (block_tokens < 1) throw std::invalid_argument("paged: block_tokens must be at least 1, got " + std::to_string(block_tokens));
+    const std::int64_t* cu = row_offsets;
+    bool ok = cu[0] == 0 && static_cast<std::uint64_t>(cu[n]) == total;
+    for (std::size_t i = 0; ok && i < n; ++i) ok = cu[i + 1] >= cu[i];
+    if (!ok) throw std::invalid_argument("paged: row_offsets must rise from 0 to the " + std::to_string(total) + " rows");
+    // Every row checked before anything is written: a refused batch leaves both outputs as they were.
+    const auto cols = static_cast<std::int64_t>(m);
+    for (std::size_t i = 0; i < n; ++i) {
+        if (pos_base[i] < 0 && cu[i + 1] > cu[i])
+            throw std::invalid_argument(batch_context("paged", i, seqs[i]) + "a skipped plan (pos_base " +
+                                        std::to_string(pos_base[i]) + ") has no rows, got " +
+                                        std::to_string(cu[i + 1] - cu[i]));
+        for (std::int64_t r = cu[i]; r < cu[i + 1]; ++r) {
+            const std::int64_t p = positions[r];
+            if (p < 0 || p / block_tokens >= cols)
+                throw std::invalid_argument(batch_context("paged", i, seqs[i]) + "drafter position " + std::to_string(p) +
+                                            " lies outside the " + std::to_string(m) + " blocks of " +
+                                            std::to_string(block_tokens) + " positions of its block table");
+        }
+    }
+    // shift: columns [shift, m) of the table, then null blocks (the window starts past them).
+    std::vector<std::int32_t> row(m);
+    for (std::size_t i = 0; i < n; ++i) {
+        const std::int32_t* table = block_tables + i * table_stride;
+        const std::int64_t shift = pos_base[i] < 0 ? cols : std::min(pos_base[i] / block_tokens, cols);
+        std::int32_t* shifted = shifted_out ? shifted_out + i * m : row.data();
+        std::copy(table + shift, table + cols, shifted);
+        std::fill(shifted + (cols - shift), shifted + cols, null_block);
+        if (slots_out)
+            for (std::int64_t r = cu[i]; r < cu[i + 1]; ++r) {
+                const std::int64_t p = positions[r];
+                slots_out[r] = static_cast<std::int64_t>(shifted[p / block_tokens]) * block_tokens + p % block_tokens;
+            }
+    }
 }
 
 }  // namespace dspark

@@ -643,6 +643,54 @@ TEST_CASE(crossing_forks_and_batches_never_deadlock) {
     }
 }
 
+// paged_rows against the rule written out: the table shifted by whole blocks,
+// each row's slot in its block; refusals leave the outputs as they were.
+TEST_CASE(paged_rows_shift_each_window_into_its_own_blocks) {
+    const std::int64_t bt = 4;  // KV block tokens
+    const std::size_t m = 5, stride = 7;  // columns used, columns per table row
+    const std::int64_t seqs[3] = {10, 11, 12};
+    const std::int64_t pos_base[3] = {9, -1, 0};  // a window from 9, a skipped plan, a window from 0
+    const std::int64_t offsets[4] = {0, 3, 3, 5};
+    const std::int32_t positions[5] = {0, 1, 6, 3, 4};
+    std::vector<std::int32_t> tables(3 * stride);
+    for (std::size_t k = 0; k < tables.size(); ++k) tables[k] = static_cast<std::int32_t>(100 + k);
+    std::vector<std::int32_t> shifted(3 * m, -7);
+    std::vector<std::int64_t> slots(5, -7);
+    dspark::paged_rows(seqs, 3, pos_base, offsets, positions, 5, tables.data(), m, stride, bt, 0, shifted.data(),
+                       slots.data());
+    // Plan 0: shift 9 / 4 = 2 columns, the last two null; plan 1 all null; plan 2 unshifted.
+    const std::vector<std::int32_t> want_shifted = {102, 103, 104, 0, 0, 0, 0, 0, 0, 0, 114, 115, 116, 117, 118};
+    CHECK(shifted == want_shifted);
+    // Row slots: block p / 4 of the shifted row, offset p % 4.
+    const std::vector<std::int64_t> want_slots = {102 * 4 + 0, 102 * 4 + 1, 103 * 4 + 2, 114 * 4 + 3, 115 * 4 + 0};
+    CHECK(slots == want_slots);
+    // Each refusal: the message names the sequence, nothing is written.
+    const std::int32_t far[5] = {0, 1, 20, 3, 4};  // block 5 of 5 columns
+    std::vector<std::int32_t> s2(3 * m, -7);
+    std::vector<std::int64_t> r2(5, -7);
+    bool named = false;
+    try {
+        dspark::paged_rows(seqs, 3, pos_base, offsets, far, 5, tables.data(), m, stride, bt, 0, s2.data(), r2.data());
+    } catch (const std::invalid_argument& e) {
+        named = std::string(e.what()).rfind("paged: seqs[0] (sequence 10): drafter position 20", 0) == 0;
+    }
+    CHECK(named);
+    const std::int64_t rows_on_skip[4] = {0, 3, 4, 5};
+    CHECK_THROWS(dspark::paged_rows(seqs, 3, pos_base, rows_on_skip, positions, 5, tables.data(), m, stride, bt, 0,
+                                    s2.data(), r2.data()), std::invalid_argument);
+    const std::int64_t falling[4] = {0, 3, 2, 5};
+    CHECK_THROWS(dspark::paged_rows(seqs, 3, pos_base, falling, positions, 5, tables.data(), m, stride, bt, 0,
+                                    s2.data(), r2.data()), std::invalid_argument);
+    CHECK_THROWS(dspark::paged_rows(seqs, 3, pos_base, offsets, positions, 5, tables.data(), m, stride, 0, 0,
+                                    s2.data(), r2.data()), std::invalid_argument);
+    CHECK(s2 == std::vector<std::int32_t>(3 * m, -7));
+    CHECK(r2 == std::vector<std::int64_t>(5, -7));
+    // Slots alone (no shifted tables asked for) are the same.
+    std::vector<std::int64_t> alone(5, -7);
+    dspark::paged_rows(seqs, 3, pos_base, offsets, positions, 5, tables.data(), m, stride, bt, 0, nullptr, alone.data());
+    CHECK(alone == want_slots);
+}
+
 TEST_MAIN()
 
 // pack_plans lays each plan's fields into the rows its name lists give

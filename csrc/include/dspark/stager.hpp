@@ -1120,6 +1120,25 @@ void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_o
 void pad_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* row_offsets, const std::int64_t* values,
               std::size_t total, std::size_t max_rows, std::int64_t* out);
 
+// The paged layout (a paged KV cache, as vLLM's and SGLang's): a windowed
+// drafter's KV for drafter position p of plan i lives in the request's own
+// blocks from its window's start, slot_base + p with slot_base = pos_base[i]
+// rounded down to a KV block of `block_tokens` positions. Plan i's block
+// table (block_tables + i * table_stride, m entries) shifted left by
+// pos_base[i] / block_tokens goes to shifted_out[i * m .. i * m + m), the
+// columns past the table reading `null_block` (a skipped plan, pos_base < 0:
+// every column); the context row r of the CSR rows [row_offsets[i],
+// row_offsets[i + 1]) at drafter position p = positions[r] gets the KV slot
+// slots_out[r] = shifted[i][p / block_tokens] * block_tokens + p % block_tokens.
+// std::invalid_argument, nothing written: block_tokens < 1, row_offsets not
+// rising from 0 to `total`, a skipped plan with rows, or a row whose position
+// is negative or whose block lies past the m columns ("paged: seqs[i] ...";
+// seqs: the batch's ids, for that message). Either output may be null (not written).
+void paged_rows(const std::int64_t* seqs, std::size_t n, const std::int64_t* pos_base, const std::int64_t* row_offsets,
+                const std::int32_t* positions, std::size_t total, const std::int32_t* block_tables, std::size_t m,
+                std::size_t table_stride, std::int64_t block_tokens, std::int32_t null_block, std::int32_t* shifted_out,
+                std::int64_t* slots_out);
+
 // "<call>: seqs[i] (sequence s): ": what a batch call's error about one of
 // its sequences starts with (the per-sequence call's error follows).
 std::string batch_context(const char* call, std::size_t i, std::int64_t seq);

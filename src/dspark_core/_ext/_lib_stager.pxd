@@ -305,6 +305,10 @@ cdef extern from "dspark/stager.hpp" namespace "dspark" nogil:
                   size_t max_rows, int32_t* out) except +dspark_translate_exception
     void pad_rows(const int64_t* seqs, size_t n, const int64_t* row_offsets, const int64_t* values, size_t total,
                   size_t max_rows, int64_t* out) except +dspark_translate_exception
+    void paged_rows(const int64_t* seqs, size_t n, const int64_t* pos_base, const int64_t* row_offsets,
+                    const int32_t* positions, size_t total, const int32_t* block_tables, size_t m, size_t table_stride,
+                    int64_t block_tokens, int32_t null_block, int32_t* shifted_out,
+                    int64_t* slots_out) except +dspark_translate_exception
     string batch_context(const char* call, size_t i, int64_t seq) except +dspark_translate_exception
 
 

@@ -93,6 +93,11 @@ def pad_rows(seqs: npt.ArrayLike, row_offsets: npt.ArrayLike, values: npt.ArrayL
              out: np.ndarray) -> None:
     """The core's padded layout (``BatchPlan.padded``)."""
 
+def paged_rows(seqs: npt.ArrayLike, pos_base: npt.ArrayLike, row_offsets: npt.ArrayLike, positions: npt.ArrayLike,
+               block_tables: npt.ArrayLike, block_tokens: int, null_block: int, tables_out: np.ndarray | None,
+               slots_out: np.ndarray | None) -> None:
+    """The core's paged layout (``BatchPlan.paged``)."""
+
 def find_nonfinite(src: npt.NDArray[Any]) -> int:
     """Flat index of the first NaN/Inf, or -1."""
 

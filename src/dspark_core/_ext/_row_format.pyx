@@ -37,6 +37,7 @@ from dspark_core._ext._lib_stager cimport (
     STEP_CONFIG_FIELDS as C_STEP_CONFIG_FIELDS, STEP_OUTPUTS as C_STEP_OUTPUTS,
     STEP_STATE_FIELDS as C_STEP_STATE_FIELDS,
     BATCH_META_ROWS as C_BATCH_META_ROWS, BATCH_FLAG_ROWS as C_BATCH_FLAG_ROWS, pad_rows as c_pad_rows,
+    paged_rows as c_paged_rows,
     ROUND_PLAN_FIELDS as C_ROUND_PLAN_FIELDS,
 )
 from dspark_core._ext._lib_prefix_store cimport (
@@ -371,6 +372,48 @@ def pad_rows(seqs, row_offsets, values, max_rows, out):
             c_pad_rows(sp, n, cp, <const int64_t*>cnp.PyArray_DATA(v), total, m, <int64_t*>cnp.PyArray_DATA(o))
     else:
         raise TypeError(f"pad_rows: values must be int32 or int64, got {v.dtype}")
+
+
+cdef cnp.ndarray _writable_out(out, dtype, shape, str name):
+    """An output the core writes through a raw pointer: exactly ``dtype`` and ``shape``, C-contiguous, writable."""
+    if not isinstance(out, cnp.ndarray) or out.dtype != dtype or out.shape != shape \
+            or not out.flags.c_contiguous or not out.flags.writeable:
+        raise ValueError(f"paged: {name} must be a writable C-contiguous {dtype} array of shape {shape}")
+    return out
+
+
+def paged_rows(seqs, pos_base, row_offsets, positions, block_tables, block_tokens, null_block, tables_out, slots_out):
+    """The core's paged layout (``BatchPlan.paged``): each plan's block table (int32 ``(N, M)``)
+    shifted to its window's first block into ``tables_out`` (int32 ``(N, M)``) and each context
+    row's KV slot into ``slots_out`` (int64, one per row); either may be None (not written).
+    ValueError (naming the sequence) for a row outside its table, nothing written."""
+    cdef cnp.ndarray sv = np.ascontiguousarray(seqs, _I64)
+    cdef cnp.ndarray pb = np.ascontiguousarray(pos_base, _I64)
+    cdef cnp.ndarray cu = np.ascontiguousarray(row_offsets, _I64)
+    cdef cnp.ndarray pv = np.ascontiguousarray(positions, _I32)
+    cdef cnp.ndarray bt = np.asarray(block_tables)
+    cdef size_t n = sv.shape[0]
+    if bt.ndim != 2 or bt.dtype != _I32 or bt.shape[0] != n:
+        raise ValueError(f"paged: block_tables must be int32 of shape ({n}, M), got {bt.dtype} of shape "
+                         f"{(<object>bt).shape}")
+    if bt.shape[1] > 1 and bt.strides[1] != 4 or bt.strides[0] < 0 or bt.strides[0] % 4:
+        bt = np.ascontiguousarray(bt)  # the core reads rows of consecutive ids at a whole-id stride
+    cdef size_t m = bt.shape[1], total = pv.shape[0]
+    cdef size_t stride = bt.strides[0] // 4 if n > 1 else m
+    if sv.ndim != 1 or pb.ndim != 1 or pb.shape[0] != n or cu.ndim != 1 or cu.shape[0] != n + 1 or pv.ndim != 1:
+        raise ValueError("paged: inconsistent shapes")
+    cdef int64_t tokens = block_tokens
+    cdef int32_t null = null_block
+    cdef int32_t* tp = NULL
+    cdef int64_t* op = NULL
+    if tables_out is not None:
+        tp = <int32_t*>cnp.PyArray_DATA(_writable_out(tables_out, _I32, (n, m), "tables_out"))
+    if slots_out is not None:
+        op = <int64_t*>cnp.PyArray_DATA(_writable_out(slots_out, _I64, (total,), "slots_out"))
+    with nogil:
+        c_paged_rows(<const int64_t*>cnp.PyArray_DATA(sv), n, <const int64_t*>cnp.PyArray_DATA(pb),
+                     <const int64_t*>cnp.PyArray_DATA(cu), <const int32_t*>cnp.PyArray_DATA(pv), total,
+                     <const int32_t*>cnp.PyArray_DATA(bt), m, stride, tokens, null, tp, op)
 
 
 def find_nonfinite(cnp.ndarray src not None):

@@ -6,7 +6,8 @@ array form the core's batch plan has (CSR rows, per-sequence columns).
 :meth:`BatchPlan.padded` lays a plan out with the core's ``pad_rows`` (a
 BatchPlan is a value that computes what it derives itself); :func:`pad_rows`
 is that layout spelled out again, and the differential tests compare the two
-on the same arrays.
+on the same arrays; :func:`paged_rows` is the core's paged layout
+(:meth:`BatchPlan.paged`) spelled out the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import numpy as np
 from ..stager.stage_plan import BatchPlan, StagePlan
 from .arguments import SKIP_REASONS, batch_context
 
-__all__ = ["batch_plan", "pad_rows"]
+__all__ = ["batch_plan", "pad_rows", "paged_rows"]
 
 
 def pad_rows(seqs: np.ndarray, row_offsets: np.ndarray, values: np.ndarray, max_rows: int, out: np.ndarray) -> None:
@@ -40,6 +41,47 @@ def pad_rows(seqs: np.ndarray, row_offsets: np.ndarray, values: np.ndarray, max_
     out[...] = -1
     for i in range(n):
         out[i, : cu[i + 1] - cu[i]] = values[cu[i]: cu[i + 1]]
+
+
+def paged_rows(seqs: np.ndarray, pos_base: np.ndarray, row_offsets: np.ndarray, positions: np.ndarray,
+               block_tables: np.ndarray, block_tokens: int, null_block: int, tables_out: np.ndarray | None,
+               slots_out: np.ndarray | None) -> None:
+    """Each window's KV blocks: the block table of sequence ``i`` from block ``pos_base[i] //
+    block_tokens`` on (``null_block`` past it; all of it for a skipped sequence, ``pos_base <
+    0``), and row ``r`` at ``table[p // block_tokens] * block_tokens + p % block_tokens``.
+
+    ``ValueError`` for ``block_tokens < 1``, offsets that do not rise from 0 to
+    ``len(positions)``, and (naming the sequence) a skipped sequence with rows or a
+    row whose position is negative or past the table; nothing is written then.
+    """
+    n, total, m = len(seqs), len(positions), block_tables.shape[1]
+    if block_tokens < 1:
+        raise ValueError(f"paged: block_tokens must be at least 1, got {block_tokens}")
+    cu = [int(v) for v in row_offsets]
+    if cu[0] != 0 or cu[n] != total or any(cu[i + 1] < cu[i] for i in range(n)):
+        raise ValueError(f"paged: row_offsets must rise from 0 to the {total} rows")
+    for i in range(n):
+        base = int(pos_base[i])
+        if base < 0 and cu[i + 1] > cu[i]:
+            raise ValueError(batch_context("paged", i, int(seqs[i])) +
+                             f"a skipped plan (pos_base {base}) has no rows, got {cu[i + 1] - cu[i]}")
+        for r in range(cu[i], cu[i + 1]):
+            p = int(positions[r])
+            if p < 0 or p // block_tokens >= m:
+                raise ValueError(batch_context("paged", i, int(seqs[i])) +
+                                 f"drafter position {p} lies outside the {m} blocks of {block_tokens} positions "
+                                 "of its block table")
+    for i in range(n):
+        base = int(pos_base[i])
+        table = [int(b) for b in block_tables[i]]
+        first = m if base < 0 else base // block_tokens
+        shifted = [table[j + first] if j + first < m else null_block for j in range(m)]
+        if tables_out is not None:
+            tables_out[i, :] = shifted
+        if slots_out is not None:
+            for r in range(cu[i], cu[i + 1]):
+                p = int(positions[r])
+                slots_out[r] = shifted[p // block_tokens] * block_tokens + p % block_tokens
 
 
 def _column(plans: Sequence[StagePlan], field: str, dtype: Any) -> np.ndarray:

@@ -32,7 +32,7 @@ import numpy as np
 from .._ext import _row_format
 from .core_tables import FAIL_STAGES, SKIP_REASONS
 
-__all__ = ["StagePlan", "split_runs", "BatchPlan", "BatchContext", "PaddedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
+__all__ = ["StagePlan", "split_runs", "BatchPlan", "BatchContext", "PaddedRows", "PagedRows", "BATCH_ARRAYS", "SKIP_REASONS", "FAIL_STAGES", "DISABLED_WARNING"]
 
 #: The one warning logged when a sequence is disabled (sequence, failures, stage).
 DISABLED_WARNING = (
@@ -326,6 +326,13 @@ class StagePlan:
             f"block=[{self.block_positions[0]}, {self.block_positions[-1] + 1}), "
             f"crop_from={self.crop_from}, pos_base={self.pos_base})"
         )
+
+
+class PagedRows(NamedTuple):
+    """A batch's context rows in a paged KV cache (:meth:`BatchPlan.paged`)."""
+
+    block_tables: np.ndarray  # int32 (N, M): each sequence's blocks from its window's first
+    slots: np.ndarray  # int64, one per context row: where its KV goes
 
 
 class PaddedRows(NamedTuple):
@@ -751,6 +758,31 @@ class BatchPlan:
         _row_format.pad_rows(self.seqs, self.row_offsets, self.positions, int(m), pos)
         _row_format.pad_rows(self.seqs, self.row_offsets, self.slots, int(m), slots)
         return PaddedRows(pos, slots)
+
+    def paged(self, block_tables: Any, block_tokens: int, *, null_block: int = 0,
+              tables_out: np.ndarray | None = None, slots_out: np.ndarray | None = None) -> PagedRows:
+        """Where the context rows' KV lives in a paged KV cache (vLLM's, SGLang's): :class:`PagedRows`.
+
+        A windowed drafter keeps drafter position ``p`` of sequence ``i`` in the
+        request's own blocks from its window's start: ``block_tables[i]`` (int32
+        ``(N, M)``, the request's KV blocks of ``block_tokens`` positions each)
+        shifted left by ``pos_base[i] // block_tokens`` columns, the columns
+        past the table reading ``null_block`` (every column of a skipped
+        sequence's), and each context row at slot ``shifted[i, p // block_tokens]
+        * block_tokens + p % block_tokens``. The drafter's attention then reads
+        only its window. ``tables_out`` (int32 ``(N, M)``) / ``slots_out`` (int64,
+        one per context row): write into these instead of new arrays. Raises
+        ``ValueError`` naming the sequence when a row's block lies past its table
+        (nothing written).
+        """
+        n = len(self.seqs)
+        bt = np.asarray(block_tables)
+        shape = (n, int(bt.shape[1]) if bt.ndim == 2 else 0)
+        tables = np.empty(shape, np.int32) if tables_out is None else tables_out
+        slots = np.empty(len(self.positions), np.int64) if slots_out is None else slots_out
+        _row_format.paged_rows(self.seqs, self.pos_base, self.row_offsets, self.positions, bt, int(block_tokens),
+                               int(null_block), tables, slots)
+        return PagedRows(tables, slots)
 
     # -- the per-sequence view (scripting) ----------------------------------
     def successors(self, lasts: Any) -> np.ndarray:

@@ -269,12 +269,12 @@ def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, 
         return stock_propose(proposer, num_speculative_tokens, sub.token_ids, sub.positions, sub.rows,
                              next_ids, None, new_cad, sampling_metadata, None, None, slot_mappings)
 
-    ok = np.ones(n, dtype=bool)
-    everyone = np.arange(n, dtype=np.int64)
+    ok: np.ndarray | None = None   # None: the drafter ran for every request
     try:
-        drafts = run(everyone)
+        drafts = run(np.arange(n, dtype=np.int64))
     except Exception as err:  # noqa: BLE001 - find the request that fails; the others keep drafting
         staging.note_failure(err)
+        ok = np.ones(n, dtype=bool)
         drafts = torch.zeros((n, num_speculative_tokens), dtype=torch.int64, device=next_token_ids.device)
         for i in range(n):
             if not inp.drafting[i]:
@@ -285,8 +285,8 @@ def _staged_propose(proposer: Any, staging: RequestStaging, stock_propose: Any, 
                 ok[i] = False
                 staging.note_request_failure(rows.req_ids[i], one_err)
     staging.finish(rows, ok)
-    keep_np = inp.drafting & ok
-    if keep_np.all():
+    if ok is None and staging.all_drafting:
         return drafts
+    keep_np = inp.drafting if ok is None else inp.drafting & ok
     keep = torch.from_numpy(keep_np).to(drafts.device).unsqueeze(1)
     return torch.where(keep, drafts, torch.zeros_like(drafts))

@@ -168,7 +168,7 @@ class RequestStaging:
         # bookkeeping: _steady holds the last step's requests, sequences and n_past, and _lazy
         # the step's changes to _next_pos and _open, which _materialize writes when a step is not steady.
         self.fast_paths = True                   # False: every step takes the general paths (tests compare them)
-        self.tables_on_host: bool | None = None  # shift block tables in numpy; None: where they are on the CPU
+        self.tables_on_host: bool | None = None  # shift block tables on the host (BatchPlan.paged); None: where they are on the CPU
         self._steady: _Steady | None = None
         self._lazy: _Steady | None = None
         self._seqs = np.zeros(0, dtype=np.int64)     # the latest step's planned sequences (the plan's seqs)
@@ -315,7 +315,8 @@ class RequestStaging:
         elif opened.any():
             n_acc = np.maximum(np.minimum(n_valid[opened] - 1, self.block_size), 0)
             self.stager.accept_many(seqs[opened], n_acc)
-        n_pasts = (rows.positions[starts] + n_valid).astype(np.int64)
+        # A steady step's rows start at the last n_past (_follows_on checked it): no gather.
+        n_pasts = steady.n_pasts + n_valid if steady is not None else (rows.positions[starts] + n_valid).astype(np.int64)
         if steady is None:
             self._open.difference_update(reqs)
             self._next_pos.update(zip(reqs, n_pasts.tolist()))
@@ -327,7 +328,8 @@ class RequestStaging:
         A request the Stager refuses (its rows, or its plan) decodes without
         drafts from then on; the others are not affected.
         """
-        self.no_drafts = set()
+        if self.no_drafts:
+            self.no_drafts = set()
         steady, self._steady = self._steady, None
         if steady is not None and self.fast_paths and self._follows_on(rows, steady):
             inputs = self._stage_steady(rows, steady)
@@ -343,7 +345,8 @@ class RequestStaging:
         if rows.req_ids != steady.req_ids or qsl[0] or int(qsl[-1]) > len(rows.positions):
             return False
         firsts = qsl[:-1]
-        return bool((qsl[1:] > firsts).all()) and np.array_equal(rows.positions[firsts], steady.n_pasts)
+        # (a == b).all(), not np.array_equal: the same answer on equal shapes, without its Python-level checks.
+        return bool((qsl[1:] > firsts).all() and (rows.positions[firsts] == steady.n_pasts).all())
 
     def _stage_steady(self, rows: TargetRows, steady: _Steady) -> DrafterInputs | None:
         """The steady step: no request to begin, end, roll back, refuse or publish; one batch call each.
@@ -363,7 +366,7 @@ class RequestStaging:
             self._lazy = _Steady(steady.req_ids, seqs, n_pasts, np.zeros(n, dtype=bool))
             self._materialize()
             raise
-        active = np.asarray(plan.active, dtype=bool)
+        active = plan.active
         self._all_active = bool(active.all())
         self._lazy = _Steady(steady.req_ids, seqs, n_pasts, None if self._all_active else active)
         self._plan, self._plan_index, self._seqs, self._n_pasts, self._fast = plan, idx, seqs, n_pasts, True
@@ -546,7 +549,8 @@ class RequestStaging:
         """``_inputs`` when every request drafts: the plan's arrays are the batch's, laid out in two
         host buffers that reach the device in two copies (int32: ids, query starts, sequence
         lengths, shifted block tables; int64: positions, row slots, KV slots). With the block
-        tables on the host (vLLM's CPU platform) the shift and the KV slots are numpy work too."""
+        tables on the host (vLLM's CPU platform) the shift and the KV slots are the core's paged layout
+        (``BatchPlan.paged``), written into the buffers, not device operations."""
         import torch
 
         qsl = plan.row_offsets
@@ -572,21 +576,17 @@ class RequestStaging:
         positions[:] = plan.positions
         i64[total:2 * total] = plan.slots
         pos_base = plan.pos_base
-        col, null = self._shift_columns(pos_base, m)
-        blk, off = self._kv_blocks(positions, counts, m)
         dev = self.device
-        if host_bt:
+        if host_bt:  # the core's paged layout, written into the int32 and int64 buffers
             shifted_np = i32[c:].reshape(n, m)
-            col += (np.arange(n, dtype=np.int64) * m)[:, None]
-            shifted_np[:] = bt.numpy().reshape(-1)[col]
-            shifted_np[null] = NULL_BLOCK
-            np.multiply(shifted_np.reshape(-1)[blk], self.kv_block_size, out=slots)
-            slots += off
+            plan.paged(bt.numpy(), self.kv_block_size, null_block=NULL_BLOCK, tables_out=shifted_np, slots_out=slots)
         d32 = torch.from_numpy(i32).to(dev)
         d64 = torch.from_numpy(i64).to(dev)
         if host_bt:
             shifted, slot_mapping = torch.from_numpy(shifted_np).to(dev), d64[2 * total:]
         else:
+            col, null = self._shift_columns(pos_base, m)
+            blk, off = self._kv_blocks(positions, counts, m)
             shifted, slot_mapping = self._shift_on_device(bt, col, null, blk, off)
         return DrafterInputs(
             token_ids=d32[:a], positions=d64[:total], rows=self.table.index_select(0, d64[total:2 * total]),
@@ -622,6 +622,11 @@ class RequestStaging:
             drafting=inp.drafting[sel], pos_base=inp.pos_base[sel], rebase=inp.rebase[sel],
             max_query_len=int(counts.max()), max_seq_len=int(seq_lens.max()))
 
+    @property
+    def all_drafting(self) -> bool:
+        """Every request of the latest step's batch opened its round (none refused or skipped)."""
+        return self.last is not None and self._all_active and len(self._plan_index) == len(self.last.drafting)
+
     def note_failure(self, err: BaseException) -> None:
         """A batched drafter call (or the staging) raised: logged once per error type."""
         key = "batch:" + type(err).__name__
@@ -637,26 +642,32 @@ class RequestStaging:
             logger.warning("dspark_core: the drafter raised for request %s (%s: %s): it decodes without "
                            "drafts this step", req_id, type(err).__name__, err)
 
-    def finish(self, rows: TargetRows, ok: np.ndarray) -> None:
+    def finish(self, rows: TargetRows, ok: np.ndarray | None = None) -> None:
         """Close the step's rounds: commit the requests whose drafts came back, fail the others.
 
         The requests without drafts this step (``no_drafts``) are counted by
         reason in ``step_fallbacks`` (and ``fallbacks_by_reason``, ``fallbacks``).
 
         Args:
-            ok: bool ``(N,)`` in batch order: the drafter ran for that request.
+            ok: bool ``(N,)`` in batch order: the drafter ran for that request
+                (None: it ran for every one).
         """
         plan, idx = self._plan, self._plan_index
         n = len(rows.req_ids)
-        if idx and len(idx) == n and self._all_active and ok.all():
+        if idx and len(idx) == n and self._all_active and (ok is None or ok.all()):
             # The common step: every request drafted; nothing to count but the commit.
             seqs = self._seqs
             self.stager.commit_many(seqs)
-            self.step_fallbacks, self.no_drafts = dict.fromkeys(FALLBACK_REASONS, 0), set()
+            if self.no_drafts or any(self.step_fallbacks.values()):
+                self.step_fallbacks, self.no_drafts = dict.fromkeys(FALLBACK_REASONS, 0), set()
             # The next step may be steady: every running request drafts, none disabled, none to publish.
-            if self._fast or (not self.disabled and len(self._seq_of) == n and self._past_prompts):
+            if self._fast:
+                self._steady = self._lazy   # this step's requests, sequences and n_past, every one open
+            elif not self.disabled and len(self._seq_of) == n and self._past_prompts:
                 self._steady = _Steady(list(rows.req_ids), seqs, self._n_pasts)
             return
+        if ok is None:
+            ok = np.ones(n, dtype=bool)
         drafted = np.zeros(n, dtype=bool)
         skipped = drafter = 0
         if idx:
